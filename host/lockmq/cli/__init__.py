@@ -1,0 +1,3 @@
+"""The `lockmq` command line."""
+def main(argv=None):
+    print("lockmq")
