@@ -1,3 +1,47 @@
-"""The `lockmq` command line."""
-def main(argv=None):
-    print("lockmq")
+"""The `lockmq` command line: one sub-command group per module in this package.
+
+Each module listed in ``GROUPS`` exposes ``register(subparsers)``, which adds its
+parser(s) and sets ``func`` (called with the parsed ``argparse.Namespace``; its
+return value is the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order shown in `lockmq --help`.
+GROUPS: list[str] = [
+    "demo",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full `lockmq` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="lockmq",
+        description="lockmq: durable messaging for smart-lock fleets.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in GROUPS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `lockmq` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
