@@ -1,0 +1,88 @@
+"""Settings of the storage engine: every limit is a field with a sane default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+@dataclass
+class StoreConfig:
+    """Configuration of one :class:`~lockmq.store.Store`.
+
+    Attributes:
+        data_dir: directory holding ``message.log/``, the indexes, the consume
+            positions, the dedup snapshot and the checkpoint. Created if missing.
+        segment_bytes: size at which a commit-log segment is closed and a new one
+            started (128 MiB). Also the upper bound of one record.
+        flush: ``"sync"`` (default) resolves :meth:`Store.append` only after the
+            fdatasync that covers the record; ``"async"`` resolves after ``write()``
+            and fdatasyncs every ``flush_interval_ms``. See docs/storage.md for what
+            ``async`` can lose.
+        flush_interval_ms: fdatasync period in ``async`` mode.
+        checkpoint_interval_ms: how often the indexes, the dedup table and the
+            checkpoint are made durable. Crash recovery re-reads at most the log
+            written since the last checkpoint, so this bounds start-up time.
+        checkpoint_bytes: also checkpoint after this many log bytes.
+        retention_ms: closed segments whose newest write is older than this are
+            deleted by :meth:`Store.enforce_retention` (unless a consumer cluster
+            still needs them). ``None`` keeps them forever.
+        retention_bytes: total commit-log size above which the oldest closed
+            segments are deleted, even if a cluster still needs them (logged and
+            counted). ``None`` means no size limit.
+        min_free_bytes: disk reserve; a batch that would leave less free space on
+            the file system is refused with :class:`StoreFull`.
+        dedup_window: how many sequence numbers below a lock's highest stored
+            sequence are remembered exactly; older ones count as duplicates.
+        dedup_max_sns: how many locks (SNs) the dedup table remembers; the least
+            recently written are forgotten first.
+        max_record_bytes: largest encoded record accepted (capped at segment_bytes).
+        max_batch_bytes: most bytes written by one group commit.
+        max_pending_bytes: bytes waiting for the writer above which
+            :meth:`Store.append` raises :class:`StoreBusy`.
+    """
+
+    data_dir: str | os.PathLike[str] = "./data"
+    segment_bytes: int = 128 * MiB
+    flush: str = "sync"
+    flush_interval_ms: int = 200
+    checkpoint_interval_ms: int = 2000
+    checkpoint_bytes: int = 64 * MiB
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    retention_bytes: int | None = None
+    min_free_bytes: int = 256 * MiB
+    dedup_window: int = 1024
+    dedup_max_sns: int = 200_000
+    max_record_bytes: int = 1 * MiB
+    max_batch_bytes: int = 4 * MiB
+    max_pending_bytes: int = 64 * MiB
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting that is out of range."""
+        if self.flush not in ("sync", "async"):
+            raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
+        if self.segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        if self.max_record_bytes < 64:
+            raise ValueError("max_record_bytes must be at least 64")
+        for name in ("flush_interval_ms", "checkpoint_interval_ms", "checkpoint_bytes",
+                     "dedup_window", "dedup_max_sns", "max_batch_bytes",
+                     "max_pending_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.min_free_bytes < 0:
+            raise ValueError("min_free_bytes must be >= 0")
+        if self.retention_ms is not None and self.retention_ms <= 0:
+            raise ValueError("retention_ms must be positive or None")
+        if self.retention_bytes is not None and self.retention_bytes <= 0:
+            raise ValueError("retention_bytes must be positive or None")
+        if self.max_batch_bytes < self.record_limit:
+            raise ValueError("max_batch_bytes must be >= max_record_bytes")
+
+    @property
+    def record_limit(self) -> int:
+        """The effective largest record: ``min(max_record_bytes, segment_bytes)``."""
+        return min(self.max_record_bytes, self.segment_bytes)

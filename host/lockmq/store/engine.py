@@ -1,0 +1,794 @@
+"""The storage engine: :class:`Store`.
+
+Threading model: every public method is called from one asyncio event loop (or,
+for a store used without a loop, one thread). Writes, fsyncs and checkpoints run
+in one writer thread, so the loop never blocks on the disk; reads are preads of
+page-cache data on the loop and never wait for an fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import errno
+import fcntl
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from . import checkpoint as ckpt
+from .config import StoreConfig
+from .dedup import DedupTable
+from .errors import (CorruptRecord, StoreBusy, StoreClosed, StoreFailed, StoreFull,
+                     StoreLocked)
+from .files import SEGMENT_DIR, fsync_dir, qstart_name, segment_name
+from .index import ENTRY, TopicIndex, index_file_name
+from .positions import PositionsFile
+from .recovery import RecoveryReport, recover, write_qstart
+from .records import (HEADER, Appended, NewRecord, StoredRecord, decode_record,
+                      encode_record, validate_cluster, validate_topic)
+
+log = logging.getLogger("lockmq.store")
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass
+class RetentionReport:
+    """What :meth:`Store.enforce_retention` deleted.
+
+    ``forced_segments`` were deleted by the size limit although a cluster still
+    needed records in them; ``forced_records`` counts, per topic, the needed
+    records that were lost that way.
+    """
+
+    deleted_segments: list[int] = field(default_factory=list)
+    deleted_bytes: int = 0
+    forced_segments: list[int] = field(default_factory=list)
+    forced_records: dict[str, int] = field(default_factory=dict)
+    log_start: int = 0
+    log_bytes: int = 0
+
+
+class _Topic:
+    __slots__ = ("name", "index", "end", "start")
+
+    def __init__(self, name: str, index: TopicIndex) -> None:
+        self.name = name
+        self.index = index
+        self.end = index.end  # visible (durable in sync mode) queue end
+        self.start = index.base  # first retained queue offset
+
+
+class _Chunk:
+    """Bytes of one batch that go to one segment."""
+
+    __slots__ = ("base", "file_pos", "parts", "new", "qstart")
+
+    def __init__(self, base: int, file_pos: int, new: bool, qstart: dict[str, int] | None):
+        self.base = base
+        self.file_pos = file_pos
+        self.parts: list[bytes] = []
+        self.new = new
+        self.qstart = qstart
+
+
+class _Plan:
+    __slots__ = ("entries", "results", "chunks", "index", "ids", "end", "ends", "nbytes",
+                 "active_base")
+
+    def __init__(self) -> None:
+        self.entries: list = []
+        self.results: list[list[Appended]] = []
+        self.chunks: list[_Chunk] = []
+        self.index: dict[str, tuple[_Topic, int, bytearray]] = {}
+        self.ids: list[tuple[str, int]] = []
+        self.end = 0
+        self.ends: dict[str, int] = {}
+        self.nbytes = 0
+        self.active_base = 0
+
+
+class Store:
+    """A durable log store: commit log, topic indexes, consume positions, dedup.
+
+    Open with :meth:`Store.open` (runs crash recovery), append with
+    ``await store.append([...])``, read with :meth:`read`, finish with
+    ``await store.close()``. See docs/storage.md and FORMAT.md.
+    """
+
+    def __init__(self, config: StoreConfig) -> None:
+        config.validate()
+        self.config = config
+        self.data_dir = os.path.abspath(os.fspath(config.data_dir))
+        self.seg_dir = os.path.join(self.data_dir, SEGMENT_DIR)
+        self._sync = config.flush == "sync"
+        self._dedup = DedupTable(config.dedup_window, config.dedup_max_sns)
+        self._topics: dict[str, _Topic] = {}
+        self._bases: list[int] = []
+        self._end = 0
+        self._active_fd = -1
+        self._read_fds: dict[int, int] = {}
+        self._pending: list = []
+        self._pending_bytes = 0
+        self._callbacks: list[Callable[[str, int], None]] = []
+        self._positions: dict[str, PositionsFile] = {}
+        self._exec: ThreadPoolExecutor | None = None
+        self._pos_exec: ThreadPoolExecutor | None = None
+        self._writer: asyncio.Task | None = None
+        self._flusher: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._closing = False
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._lock_fd = -1
+        self._last_ckpt_t = time.monotonic()
+        self._last_ckpt_end = 0
+        self._ckpt_running = False
+        self._unsynced = False
+        #: counters: appends, duplicates, batches, bytes, fsyncs, checkpoints,
+        #: store_full, forced_deletions
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("records", "duplicates", "batches", "bytes", "fsyncs", "checkpoints",
+             "store_full", "forced_deleted_records"), 0)
+        #: what crash recovery did when the store was opened
+        self.recovery = RecoveryReport()
+
+    # ------------------------------------------------------------------ open/close
+
+    @classmethod
+    def open(cls, config: StoreConfig) -> "Store":
+        """Open (creating if needed) the store in ``config.data_dir``.
+
+        Runs crash recovery synchronously; its outcome is in :attr:`recovery`
+        (and logged). Raises :class:`StoreLocked` if another process has the
+        directory open.
+        """
+        self = cls(config)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreLocked(f"{self.data_dir} is in use by another process") from None
+        try:
+            bases, indexes, rep = recover(self.data_dir, self._dedup)
+            self.recovery = rep
+            self._bases = bases
+            self._end = rep.log_end
+            for name, idx in indexes.items():
+                t = _Topic(name, idx)
+                t.start = idx.first_at_or_after(bases[0]) if idx.count else idx.end
+                if t.start - idx.base > 1_000_000:
+                    idx.rebase(t.start)
+                self._topics[name] = t
+            self._active_fd = os.open(os.path.join(self.seg_dir, segment_name(bases[-1])),
+                                      os.O_WRONLY)
+            self._checkpoint_now()
+        except BaseException:
+            self._release()
+            raise
+        if rep.bytes_cut or rep.full_scan or rep.scanned_records:
+            log.info("store %s recovered: %s", self.data_dir, rep)
+        return self
+
+    async def close(self) -> None:
+        """Write everything queued, fsync, checkpoint and close all files.
+
+        Appends made after ``close`` starts raise :class:`StoreClosed`.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        if self._writer is not None:
+            assert self._wake is not None
+            self._wake.set()
+            await self._writer
+        if self._flusher is not None:
+            self._flusher.cancel()
+            try:
+                await self._flusher
+            except asyncio.CancelledError:
+                pass
+        loop = asyncio.get_running_loop()
+        while self._ckpt_running:
+            await asyncio.sleep(0.005)
+        if self._failed is None:
+            await loop.run_in_executor(self._executor(), self._checkpoint_now)
+        self._closed = True
+        self._release()
+
+    def close_sync(self) -> None:
+        """Close a store that never appended from an event loop (tools, tests)."""
+        if self._closed:
+            return
+        if self._writer is not None:
+            raise RuntimeError("store is used from an event loop; await close() there")
+        self._closing = True
+        if self._failed is None:
+            self._checkpoint_now()
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        for t in self._topics.values():
+            t.index.close()
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+        for p in self._positions.values():
+            p.close()
+        if self._active_fd >= 0:
+            os.close(self._active_fd)
+            self._active_fd = -1
+        if self._exec is not None:
+            self._exec.shutdown(wait=True)
+        if self._pos_exec is not None:
+            self._pos_exec.shutdown(wait=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._exec is None:
+            self._exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-store")
+        return self._exec
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._writer = loop.create_task(self._run_writer(), name="lockmq-store-writer")
+        if not self._sync:
+            self._flusher = loop.create_task(self._run_flusher(), name="lockmq-store-flusher")
+
+    # ------------------------------------------------------------------ append
+
+    async def append(self, records: list[NewRecord]) -> list[Appended]:
+        """Append records; resolve when they are durable (``sync``) or written (``async``).
+
+        Records of all concurrent callers are gathered into one ``write()`` and one
+        fdatasync in the writer thread (group commit). A record whose ``(sn, seq)``
+        is already stored is not stored again: its result has ``duplicate=True``
+        (and offsets -1), and it resolves only once the earlier copy is durable.
+        Results are in the order of ``records``.
+
+        Raises:
+            InvalidRecord: a record breaks a rule; nothing of this call is stored.
+            StoreBusy: too much is queued; nothing of this call is stored.
+            StoreFull: the disk reserve is reached or the disk is full; nothing of
+                this call is stored.
+            StoreClosed, StoreFailed: the store takes no more writes.
+        """
+        if self._closing:
+            raise StoreClosed("store is closed")
+        if self._failed is not None:
+            raise StoreFailed(f"store failed earlier: {self._failed}") from self._failed
+        if not records:
+            return []
+        ts = time.time_ns() // 1000
+        maxrec = self.config.record_limit
+        enc = [encode_record(r, ts, maxrec) for r in records]
+        n = 0
+        for b in enc:
+            n += len(b)
+        if self._pending_bytes + n > self.config.max_pending_bytes and self._pending:
+            raise StoreBusy(f"{self._pending_bytes} bytes are waiting to be written")
+        if self._writer is None:
+            self._start()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((records, enc, n, fut, ts // 1_000_000))
+        self._pending_bytes += n
+        wake = self._wake
+        if not wake.is_set():  # type: ignore[union-attr]
+            wake.set()  # type: ignore[union-attr]
+        return await fut
+
+    async def _run_writer(self) -> None:
+        loop = asyncio.get_running_loop()
+        ex = self._executor()
+        wake = self._wake
+        assert wake is not None
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                wake.clear()
+                await wake.wait()
+                continue
+            batch = self._take_batch()
+            if self._failed is not None:
+                self._fail(batch, StoreFailed(f"store failed earlier: {self._failed}"))
+                continue
+            try:
+                plan = self._plan(batch)
+            except Exception as exc:  # pragma: no cover - a bug; keep the loop alive
+                log.exception("store: planning a batch failed")
+                self._fail(batch, exc)
+                continue
+            if plan.chunks:
+                try:
+                    await loop.run_in_executor(ex, self._write, plan)
+                except StoreFull as exc:
+                    self.stats["store_full"] += 1
+                    self._fail(batch, exc)
+                    continue
+                except BaseException as exc:
+                    log.error("store: write failed, refusing further writes: %r", exc)
+                    self._failed = exc
+                    self._fail(batch, StoreFailed(f"write failed: {exc!r}"))
+                    continue
+            self._complete(plan)
+            if (not self._ckpt_running and (
+                    time.monotonic() - self._last_ckpt_t > self.config.checkpoint_interval_ms / 1000
+                    or self._end - self._last_ckpt_end > self.config.checkpoint_bytes)):
+                self._ckpt_running = True
+                loop.run_in_executor(ex, self._checkpoint_job, self._snapshot()
+                                     ).add_done_callback(self._ckpt_done)
+
+    def _take_batch(self) -> list:
+        pend = self._pending
+        limit = self.config.max_batch_bytes
+        total = 0
+        k = 0
+        for k, item in enumerate(pend):
+            if total and total + item[2] > limit:
+                break
+            total += item[2]
+        else:
+            k = len(pend)
+        batch = pend[:k]
+        del pend[:k]
+        self._pending_bytes -= total
+        return batch
+
+    @staticmethod
+    def _fail(batch: list, exc: BaseException) -> None:
+        for item in batch:
+            fut = item[3]
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _plan(self, batch: list) -> _Plan:
+        """Classify duplicates, assign offsets, cut segment rolls (on the loop)."""
+        plan = _Plan()
+        seg_bytes = self.config.segment_bytes
+        contains = self._dedup.contains
+        seen: set[tuple[str, int]] = set()
+        topics = self._topics
+        pindex = plan.index
+        ids = plan.ids
+        pack = ENTRY.pack
+        pos = self._end
+        active_base = self._bases[-1]
+        chunk: _Chunk | None = None
+        parts: list[bytes] = []
+        for records, enc, _n, _fut, ts_s in batch:
+            res: list[Appended] = []
+            for rec, b in zip(records, enc):
+                key = (rec.sn, rec.seq)
+                if key in seen or contains(rec.sn, rec.seq):
+                    res.append(Appended(-1, rec.topic, -1, True))
+                    continue
+                seen.add(key)
+                size = len(b)
+                if chunk is None or (pos - active_base + size > seg_bytes and pos > active_base):
+                    if pos - active_base + size > seg_bytes and pos > active_base:
+                        active_base = pos
+                        qs = {name: (pindex[name][1] + len(pindex[name][2]) // 16
+                                     if name in pindex else t.end)
+                              for name, t in topics.items()}
+                        chunk = _Chunk(pos, 0, True, qs)
+                    else:
+                        chunk = _Chunk(active_base, pos - active_base, False, None)
+                    plan.chunks.append(chunk)
+                    parts = chunk.parts
+                topic = rec.topic
+                ent = pindex.get(topic)
+                if ent is None:
+                    t = topics.get(topic)
+                    if t is None:
+                        t = self._new_topic(topic)
+                    ent = pindex[topic] = (t, t.end, bytearray())
+                blob = ent[2]
+                q = ent[1] + len(blob) // 16
+                blob += pack(pos, size, ts_s)
+                parts.append(b)
+                ids.append(key)
+                res.append(Appended(pos, topic, q, False))
+                pos += size
+            plan.results.append(res)
+        plan.entries = batch
+        plan.end = pos
+        plan.nbytes = pos - self._end
+        plan.active_base = active_base
+        return plan
+
+    def _new_topic(self, topic: str) -> _Topic:
+        validate_topic(topic)
+        idx = TopicIndex.open(os.path.join(self.data_dir, index_file_name(topic)))
+        t = _Topic(topic, idx)
+        self._topics[topic] = t
+        return t
+
+    def _write(self, plan: _Plan) -> None:
+        """Writer thread: index entries, log bytes, fdatasync; undo on ENOSPC."""
+        cfg = self.config
+        st = os.statvfs(self.seg_dir)
+        free = st.f_bavail * st.f_frsize
+        if free - plan.nbytes < cfg.min_free_bytes:
+            raise StoreFull(f"only {free} bytes free on the data disk, reserve is "
+                            f"{cfg.min_free_bytes}")
+        idx_undo: list[tuple[TopicIndex, int]] = []
+        created: list[tuple[int, int]] = []
+        fds: list[int] = []
+        old_fd = self._active_fd
+        try:
+            for t, first, blob in plan.index.values():
+                idx_undo.append((t.index, t.index.count))
+                t.index.write_entries(first, bytes(blob))
+            for ch in plan.chunks:
+                if ch.new:
+                    fd = os.open(os.path.join(self.seg_dir, segment_name(ch.base)),
+                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    created.append((ch.base, fd))
+                else:
+                    fd = self._active_fd
+                data = b"".join(ch.parts)
+                view = memoryview(data)
+                p = ch.file_pos
+                while view:
+                    w = os.pwrite(fd, view, p)
+                    p += w
+                    view = view[w:]
+                fds.append(fd)
+            for ch in plan.chunks:
+                if ch.new:
+                    write_qstart(self.seg_dir, ch.base, ch.qstart or {})
+            if self._sync:
+                for fd in fds:
+                    os.fdatasync(fd)
+                self.stats["fsyncs"] += len(fds)
+            elif created:
+                # a closed segment is always durable, also in async mode
+                os.fdatasync(old_fd)
+                for fd in fds[:-1]:
+                    if fd != old_fd:
+                        os.fdatasync(fd)
+            if created:
+                fsync_dir(self.seg_dir)
+        except OSError as exc:
+            self._undo(plan, idx_undo, created)
+            if exc.errno in _NO_SPACE:
+                raise StoreFull(f"disk full: {exc}") from exc
+            raise
+        if created:
+            self._active_fd = created[-1][1]
+            for _b, fd in created[:-1]:
+                os.close(fd)
+            os.close(old_fd)
+        if not self._sync:
+            self._unsynced = True
+
+    def _undo(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]],
+              created: list[tuple[int, int]]) -> None:
+        try:
+            for idx, count in idx_undo:
+                idx.truncate(idx.base + count)
+            first = plan.chunks[0] if plan.chunks else None
+            if first is not None and not first.new:
+                os.ftruncate(self._active_fd, first.file_pos)
+            for base, fd in created:
+                os.close(fd)
+                os.unlink(os.path.join(self.seg_dir, segment_name(base)))
+                try:
+                    os.unlink(os.path.join(self.seg_dir, qstart_name(base)))
+                except FileNotFoundError:
+                    pass
+        except OSError as exc:  # cannot even undo: stop writing
+            self._failed = exc
+            log.error("store: undoing a failed batch failed: %r", exc)
+
+    def _complete(self, plan: _Plan) -> None:
+        """On the loop: publish the batch (it is durable or written)."""
+        for ch in plan.chunks:
+            if ch.new:
+                self._bases.append(ch.base)
+        self._end = plan.end
+        add = self._dedup.add
+        for sn, seq in plan.ids:
+            add(sn, seq)
+        self.stats["records"] += len(plan.ids)
+        self.stats["batches"] += 1
+        self.stats["bytes"] += plan.nbytes
+        touched = []
+        for t, first, blob in plan.index.values():
+            t.end = first + len(blob) // 16
+            touched.append(t)
+        for (_r, _enc, _n, fut, _ts), res in zip(plan.entries, plan.results):
+            if not fut.done():
+                fut.set_result(res)
+        dup = 0
+        for res in plan.results:
+            for a in res:
+                dup += a.duplicate
+        self.stats["duplicates"] += dup
+        for cb in self._callbacks:
+            for t in touched:
+                try:
+                    cb(t.name, t.end)
+                except Exception:  # a callback bug must not stop the store
+                    log.exception("store: on_durable callback failed")
+
+    async def _run_flusher(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if self._unsynced and self._failed is None:
+                try:
+                    await loop.run_in_executor(self._executor(), self._flush)
+                except OSError as exc:
+                    log.error("store: fdatasync failed, refusing further writes: %r", exc)
+                    self._failed = exc
+
+    def _flush(self) -> None:
+        self._unsynced = False
+        os.fdatasync(self._active_fd)
+        self.stats["fsyncs"] += 1
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def _snapshot(self) -> ckpt.Checkpoint:
+        return ckpt.Checkpoint(self._end, time.time_ns() // 1000,
+                               {name: t.end for name, t in self._topics.items()},
+                               self._dedup.items())  # type: ignore[arg-type]
+
+    def _checkpoint_job(self, cp: ckpt.Checkpoint) -> None:
+        """Writer thread: make ``cp`` durable."""
+        if not self._sync:
+            self._unsynced = False
+            os.fdatasync(self._active_fd)
+        for t in list(self._topics.values()):
+            t.index.sync()
+        fsync_dir(self.data_dir)
+        cp.dedup = DedupTable.encode(cp.dedup)  # type: ignore[arg-type]
+        ckpt.save(self.data_dir, cp)
+        self._last_ckpt_end = cp.log_end
+        self.stats["checkpoints"] += 1
+
+    def _ckpt_done(self, fut) -> None:
+        self._ckpt_running = False
+        self._last_ckpt_t = time.monotonic()
+        exc = fut.exception()
+        if exc is not None:
+            log.error("store: checkpoint failed: %r", exc)
+
+    def _checkpoint_now(self) -> None:
+        if self._active_fd >= 0:
+            os.fdatasync(self._active_fd)
+        self._checkpoint_job(self._snapshot())
+        self._last_ckpt_t = time.monotonic()
+
+    # ------------------------------------------------------------------ reads
+
+    def topics(self) -> list[str]:
+        """Names of all topics that have (or had) records, sorted."""
+        return sorted(self._topics)
+
+    def queue_end(self, topic: str) -> int:
+        """Queue offset after the last durable (``sync``) / written (``async``) record."""
+        t = self._topics.get(topic)
+        return 0 if t is None else t.end
+
+    def queue_start(self, topic: str) -> int:
+        """First queue offset still retained (equal to :meth:`queue_end` if none is)."""
+        t = self._topics.get(topic)
+        return 0 if t is None else min(t.start, t.end)
+
+    def read(self, topic: str, queue_offset: int, max_count: int) -> list[StoredRecord]:
+        """Return up to ``max_count`` records of ``topic`` from ``queue_offset`` on.
+
+        Only durable records (``sync``; written ones in ``async``) are returned.
+        An offset before :meth:`queue_start` (deleted by retention) reads from the
+        first retained record; check ``queue_offset`` of the results. Raises
+        :class:`CorruptRecord` if a record fails its checksum.
+        """
+        t = self._topics.get(topic)
+        if t is None or max_count <= 0:
+            return []
+        if queue_offset < t.start:
+            queue_offset = t.start
+        n = min(max_count, t.end - queue_offset)
+        if n <= 0:
+            return []
+        entries = t.index.read(queue_offset, n)
+        out: list[StoredRecord] = []
+        i = 0
+        bases = self._bases
+        while i < len(entries):
+            off, size, _s = entries[i]
+            k = bisect.bisect_right(bases, off) - 1
+            seg_base = bases[k]
+            seg_end = bases[k + 1] if k + 1 < len(bases) else self._end
+            j = i + 1
+            run_end = off + size
+            while j < len(entries) and entries[j][0] == run_end and \
+                    run_end + entries[j][1] <= seg_end:
+                run_end += entries[j][1]
+                j += 1
+            data = os.pread(self._read_fd(seg_base), run_end - off, off - seg_base)
+            if len(data) != run_end - off:
+                raise CorruptRecord(f"record at offset {off} of topic {topic!r} is missing")
+            p = 0
+            for m in range(i, j):
+                rec = decode_record(data, p, entries[m][0], queue_offset + m)
+                if rec.topic != topic:
+                    raise CorruptRecord(f"index of {topic!r} points at a {rec.topic!r} record")
+                out.append(rec)
+                p += entries[m][1]
+            i = j
+        return out
+
+    def _read_fd(self, base: int) -> int:
+        fd = self._read_fds.get(base)
+        if fd is None:
+            fd = os.open(os.path.join(self.seg_dir, segment_name(base)), os.O_RDONLY)
+            self._read_fds[base] = fd
+        return fd
+
+    def read_at(self, offset: int) -> StoredRecord:
+        """Read the record at commit-log ``offset`` (queue_offset is -1)."""
+        if not self._bases or not self._bases[0] <= offset < self._end:
+            raise ValueError(f"offset {offset} is outside the log")
+        k = bisect.bisect_right(self._bases, offset) - 1
+        fd = self._read_fd(self._bases[k])
+        head = os.pread(fd, 4, offset - self._bases[k])
+        length = HEADER.unpack_from(head + bytes(HEADER.size))[0]
+        data = os.pread(fd, 4 + length, offset - self._bases[k])
+        return decode_record(data, 0, offset)
+
+    def queue_offset_at_time(self, topic: str, broker_ts_ms: int) -> int:
+        """First retained queue offset whose record arrived at or after ``broker_ts_ms``
+        (one-second resolution), or :meth:`queue_end` if none."""
+        t = self._topics.get(topic)
+        if t is None:
+            return 0
+        q = t.index.first_at_or_after_time(broker_ts_ms // 1000, lo=t.start)
+        return min(q, t.end)
+
+    def last_seq(self, sn: str) -> int | None:
+        """Highest durably stored sequence number of lock ``sn`` (None if unknown)."""
+        return self._dedup.last_seq(sn)
+
+    def on_durable(self, callback: Callable[[str, int], None]) -> None:
+        """Call ``callback(topic, new_queue_end)`` on the loop whenever records of
+        ``topic`` become readable (durable in ``sync``, written in ``async``)."""
+        self._callbacks.append(callback)
+
+    @property
+    def log_start(self) -> int:
+        """Commit-log offset of the oldest retained byte."""
+        return self._bases[0]
+
+    @property
+    def log_end(self) -> int:
+        """Commit-log offset after the last written record."""
+        return self._end
+
+    # ------------------------------------------------------------------ positions
+
+    def _positions_file(self, cluster: str) -> PositionsFile:
+        p = self._positions.get(cluster)
+        if p is None:
+            validate_cluster(cluster)
+            p = self._positions[cluster] = PositionsFile(self.data_dir, cluster)
+        return p
+
+    def load_positions(self, cluster: str) -> dict[str, int]:
+        """Last saved ``{topic: queue offset}`` of consumer cluster ``cluster``."""
+        return self._positions_file(cluster).load()
+
+    async def save_positions(self, cluster: str, positions: dict[str, int]) -> None:
+        """Merge ``positions`` into the cluster's saved positions and make them
+        durable (fsync in a thread). A crash during the save leaves the previous
+        positions. Calls for the same store are applied in call order."""
+        pf = self._positions_file(cluster)
+        if self._pos_exec is None:
+            self._pos_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-positions")
+        await asyncio.get_running_loop().run_in_executor(self._pos_exec, pf.save,
+                                                         dict(positions))
+
+    def clusters(self) -> list[str]:
+        """Clusters that have a positions file."""
+        out = []
+        for name in os.listdir(self.data_dir):
+            if name.startswith("consume-") and name.endswith(".log"):
+                out.append(name[len("consume-"):-len(".log")])
+        return sorted(out)
+
+    # ------------------------------------------------------------------ retention
+
+    def enforce_retention(self, needed: dict[str, int] | None = None,
+                          now_ms: int | None = None) -> RetentionReport:
+        """Delete closed segments that are past the age or size limit.
+
+        ``needed`` maps topics to the lowest queue offset a consumer cluster still
+        needs. Age-based deletion never removes a segment holding a needed record;
+        the size limit (``retention_bytes``) does, and then the loss is logged and
+        counted in the report and in ``stats["forced_deleted_records"]``.
+        The active segment is never deleted. Runs on the caller's thread (unlink
+        is cheap); call it every minute or so.
+        """
+        cfg = self.config
+        rep = RetentionReport()
+        needed = needed or {}
+        now = time.time() * 1000 if now_ms is None else now_ms
+        protect = self._end
+        for topic, q in needed.items():
+            t = self._topics.get(topic)
+            if t is None or q >= t.end:
+                continue
+            q = max(q, t.start, t.index.base)
+            protect = min(protect, t.index.entry(q)[0])
+        bases = self._bases
+        k = 0  # segments [0, k) get deleted
+        while k < len(bases) - 1:
+            seg_end = bases[k + 1]
+            path = os.path.join(self.seg_dir, segment_name(bases[k]))
+            old = (cfg.retention_ms is not None
+                   and os.stat(path).st_mtime * 1000 < now - cfg.retention_ms)
+            if old and seg_end <= protect:
+                k += 1
+                continue
+            break
+        if cfg.retention_bytes is not None:
+            while k < len(bases) - 1 and self._end - bases[k] > cfg.retention_bytes:
+                if bases[k + 1] > protect:
+                    rep.forced_segments.append(bases[k])
+                k += 1
+        if k == 0:
+            rep.log_start, rep.log_bytes = bases[0], self._end - bases[0]
+            return rep
+        new_start = bases[k]
+        if rep.forced_segments:
+            for topic, q in needed.items():
+                t = self._topics.get(topic)
+                if t is None or q >= t.end:
+                    continue
+                lost = t.index.first_at_or_after(new_start, lo=max(q, t.start)) - max(q, t.start)
+                if lost > 0:
+                    rep.forced_records[topic] = lost
+                    self.stats["forced_deleted_records"] += lost
+            log.warning("store: size limit deleted segments %s still needed by consumers; "
+                        "records lost per topic: %s", rep.forced_segments, rep.forced_records)
+        for base in bases[:k]:
+            fd = self._read_fds.pop(base, None)
+            if fd is not None:
+                os.close(fd)
+            p = os.path.join(self.seg_dir, segment_name(base))
+            rep.deleted_bytes += os.path.getsize(p)
+            os.unlink(p)
+            try:
+                os.unlink(os.path.join(self.seg_dir, qstart_name(base)))
+            except FileNotFoundError:
+                pass
+            rep.deleted_segments.append(base)
+        del bases[:k]
+        for t in self._topics.values():
+            t.start = t.index.first_at_or_after(new_start, lo=t.start)
+        rep.log_start, rep.log_bytes = bases[0], self._end - bases[0]
+        log.info("store: retention deleted %d segments (%d bytes)", len(rep.deleted_segments),
+                 rep.deleted_bytes)
+        return rep
+
+
+def open_store(data_dir: str, **settings) -> Store:
+    """Shorthand: ``Store.open(StoreConfig(data_dir=data_dir, **settings))``."""
+    return Store.open(StoreConfig(data_dir=data_dir, **settings))
+
+
+__all__: Iterable[str] = ["Store", "RetentionReport", "open_store"]

@@ -1,0 +1,238 @@
+"""Record types and the commit-log record codec (layout in FORMAT.md).
+
+Pure functions over bytes; no file I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from typing import Any, Iterator, NamedTuple
+
+from .errors import CorruptRecord, InvalidRecord
+
+FORMAT_VERSION = 1
+FLAG_SYSTEM = 0x01
+FLAG_HEADERS = 0x02
+
+#: length, crc, format, flags, topic_len, sn_len, reserved, headers_len, seq,
+#: payload_len, lock_ts_ms, broker_ts_us
+HEADER = struct.Struct("<IIBBHBBHIIQQ")
+HEADER_SIZE = HEADER.size  # 40
+_LEN_CRC = struct.Struct("<II")
+_REST = struct.Struct("<BBHBBHIIQQ")  # the 32 header bytes after length and crc
+MAX_SEQ = 0xFFFFFFFF
+MAX_SN_LEN = 255
+MAX_HEADERS_LEN = 0xFFFF
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._$%-]{1,128}\Z")
+
+
+def validate_topic(topic: object) -> str:
+    """Return ``topic`` if it is a legal topic name, else raise :class:`InvalidRecord`.
+
+    A topic is 1..128 characters of ``[A-Za-z0-9._$%-]`` (it becomes part of a file
+    name). Topics starting with ``$`` are system topics.
+    """
+    if not isinstance(topic, str) or not _TOPIC_RE.match(topic):
+        raise InvalidRecord(
+            f"bad topic name {topic!r}: need 1..128 characters of [A-Za-z0-9._$%-]")
+    return topic
+
+
+def validate_cluster(cluster: object) -> str:
+    """Consumer-cluster names follow the topic rules (they name a file too)."""
+    if not isinstance(cluster, str) or not _TOPIC_RE.match(cluster):
+        raise ValueError(
+            f"bad cluster name {cluster!r}: need 1..128 characters of [A-Za-z0-9._$%-]")
+    return cluster
+
+
+class NewRecord:
+    """A record to append: what a producer sent.
+
+    Attributes:
+        topic: topic name (see :func:`validate_topic`).
+        sn: lock serial number or producer id, ASCII, 1..255 bytes.
+        seq: the lock's sequence number, 0..2**32-1. ``(sn, seq)`` is the message id.
+        lock_ts_ms: the lock's own clock in ms since the Unix epoch (0 = unknown).
+        payload: opaque bytes (for lock events, a protocol ``LockEvent``).
+        headers: optional JSON-serialisable dict (dead letters, retries).
+    """
+
+    __slots__ = ("topic", "sn", "seq", "lock_ts_ms", "payload", "headers")
+
+    def __init__(self, topic: str, sn: str, seq: int, lock_ts_ms: int = 0,
+                 payload: bytes = b"", headers: dict[str, Any] | None = None) -> None:
+        self.topic = topic
+        self.sn = sn
+        self.seq = seq
+        self.lock_ts_ms = lock_ts_ms
+        self.payload = payload
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return (f"NewRecord(topic={self.topic!r}, sn={self.sn!r}, seq={self.seq}, "
+                f"lock_ts_ms={self.lock_ts_ms}, payload={bytes(self.payload)[:32]!r}"
+                f"{'...' if len(self.payload) > 32 else ''}, headers={self.headers!r})")
+
+
+class Appended(NamedTuple):
+    """Outcome of appending one :class:`NewRecord`.
+
+    ``offset`` is the record's commit-log position and ``queue_offset`` its position
+    in the topic queue. For a duplicate (its ``(sn, seq)`` was stored before) both are
+    -1 and ``duplicate`` is True: the earlier copy is durable, nothing new was stored.
+    """
+
+    offset: int
+    topic: str
+    queue_offset: int
+    duplicate: bool
+
+
+class StoredRecord(NamedTuple):
+    """A record read back from the store."""
+
+    offset: int
+    queue_offset: int
+    topic: str
+    sn: str
+    seq: int
+    lock_ts_ms: int
+    broker_ts_us: int
+    headers: dict[str, Any] | None
+    payload: bytes
+
+    @property
+    def msg_id(self) -> str:
+        """The message id written ``sn:seq``."""
+        return f"{self.sn}:{self.seq}"
+
+
+def encode_record(rec: NewRecord, broker_ts_us: int, max_record_bytes: int) -> bytes:
+    """Validate ``rec`` and return its commit-log bytes (header, CRC and all)."""
+    topic = validate_topic(rec.topic)
+    sn = rec.sn
+    if not isinstance(sn, str):
+        raise InvalidRecord(f"sn must be str, not {type(sn).__name__}")
+    try:
+        sn_b = sn.encode("ascii")
+    except UnicodeEncodeError:
+        raise InvalidRecord(f"sn {sn!r} is not ASCII") from None
+    if not 0 < len(sn_b) <= MAX_SN_LEN:
+        raise InvalidRecord(f"sn must be 1..{MAX_SN_LEN} bytes, got {len(sn_b)}")
+    seq = rec.seq
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+        raise InvalidRecord(f"seq must be an int in 0..{MAX_SEQ}, got {seq!r}")
+    lock_ts = rec.lock_ts_ms
+    if type(lock_ts) is not int or not 0 <= lock_ts < 1 << 63:
+        raise InvalidRecord(f"lock_ts_ms must be a non-negative int, got {lock_ts!r}")
+    payload = rec.payload
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise InvalidRecord(f"payload must be bytes, not {type(payload).__name__}")
+    flags = FLAG_SYSTEM if topic[0] == "$" else 0
+    if rec.headers is not None:
+        if not isinstance(rec.headers, dict):
+            raise InvalidRecord("headers must be a dict or None")
+        try:
+            hdr_b = json.dumps(rec.headers, separators=(",", ":"),
+                               ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise InvalidRecord(f"headers are not JSON-serialisable: {exc}") from None
+        if len(hdr_b) > MAX_HEADERS_LEN:
+            raise InvalidRecord(f"headers JSON is {len(hdr_b)} bytes, max {MAX_HEADERS_LEN}")
+        flags |= FLAG_HEADERS
+    else:
+        hdr_b = b""
+    topic_b = topic.encode("ascii")
+    body = b"".join((
+        _REST.pack(FORMAT_VERSION, flags, len(topic_b), len(sn_b), 0, len(hdr_b), seq,
+                   len(payload), lock_ts, broker_ts_us),
+        topic_b, sn_b, hdr_b, payload))
+    size = len(body) + 8
+    if size > max_record_bytes:
+        raise InvalidRecord(f"record is {size} bytes, max_record_bytes is {max_record_bytes}")
+    return _LEN_CRC.pack(len(body) + 4, zlib.crc32(body)) + body
+
+
+class RecordView(NamedTuple):
+    """Fields of a record found while scanning (payload and headers not decoded)."""
+
+    pos: int
+    size: int
+    topic: str
+    sn: str
+    seq: int
+    lock_ts_ms: int
+    broker_ts_us: int
+
+
+def check_record(buf: bytes | memoryview, pos: int, end: int) -> str | None:
+    """Return why the record at ``buf[pos:]`` is bad, or None if it is whole and valid."""
+    if end - pos < HEADER_SIZE:
+        return "truncated header"
+    (length, crc, fmt, flags, tlen, slen, _res, hlen, _seq, plen, _lts,
+     _bts) = HEADER.unpack_from(buf, pos)
+    if length < HEADER_SIZE - 4:
+        return f"length field {length} too small"
+    if pos + 4 + length > end:
+        return f"length {length} runs past the end"
+    if zlib.crc32(buf[pos + 8:pos + 4 + length]) != crc:
+        return "checksum mismatch"
+    if fmt != FORMAT_VERSION:
+        return f"unknown format {fmt}"
+    if HEADER_SIZE + tlen + slen + hlen + plen != 4 + length:
+        return "field lengths do not add up"
+    return None
+
+
+def scan(buf: bytes | memoryview, pos: int, end: int) -> Iterator[RecordView]:
+    """Yield every valid record from ``pos`` on; stop at ``end`` or the first bad one.
+
+    The caller learns where scanning stopped from the last ``pos + size`` (or
+    ``pos`` if nothing was yielded) and calls :func:`check_record` there for the reason.
+    """
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    while end - pos >= HEADER_SIZE:
+        (length, crc, fmt, _flags, tlen, slen, _res, hlen, seq, plen, lts,
+         bts) = unpack(buf, pos)
+        nxt = pos + 4 + length
+        if (length < HEADER_SIZE - 4 or nxt > end or fmt != FORMAT_VERSION
+                or HEADER_SIZE + tlen + slen + hlen + plen != 4 + length
+                or crc32(buf[pos + 8:nxt]) != crc):
+            return
+        t0 = pos + HEADER_SIZE
+        try:
+            topic = bytes(buf[t0:t0 + tlen]).decode("ascii")
+            sn = bytes(buf[t0 + tlen:t0 + tlen + slen]).decode("ascii")
+        except UnicodeDecodeError:
+            return
+        yield RecordView(pos, 4 + length, topic, sn, seq, lts, bts)
+        pos = nxt
+
+
+def decode_record(buf: bytes | memoryview, pos: int = 0, offset: int = -1,
+                  queue_offset: int = -1) -> StoredRecord:
+    """Decode the record at ``buf[pos:]`` fully, verifying its checksum."""
+    why = check_record(buf, pos, len(buf))
+    if why is not None:
+        raise CorruptRecord(f"record at offset {offset}: {why}")
+    (length, _crc, _fmt, flags, tlen, slen, _res, hlen, seq, plen, lts,
+     bts) = HEADER.unpack_from(buf, pos)
+    p = pos + HEADER_SIZE
+    topic = bytes(buf[p:p + tlen]).decode("utf-8", "replace")
+    p += tlen
+    sn = bytes(buf[p:p + slen]).decode("ascii", "replace")
+    p += slen
+    headers = None
+    if hlen:
+        try:
+            headers = json.loads(bytes(buf[p:p + hlen]).decode("utf-8"))
+        except ValueError as exc:
+            raise CorruptRecord(f"record at offset {offset}: bad headers JSON: {exc}") from None
+    p += hlen
+    payload = bytes(buf[p:p + plen])
+    return StoredRecord(offset, queue_offset, topic, sn, seq, lts, bts, headers, payload)

@@ -1,0 +1,256 @@
+"""Crash recovery: bring the data directory to a consistent state at open.
+
+Starts from the checkpoint (or from the start of the log if there is none or it is
+unusable), scans the commit log after it, truncates a torn or corrupt tail and
+re-adds the index entries and dedup state of the scanned records. Work is
+proportional to the log written since the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+
+from . import checkpoint as ckpt
+from .dedup import DedupTable
+from .files import (SEGMENT_DIR, fsync_dir, list_segments, qstart_name, read_file,
+                    segment_name, seal, unseal)
+from .index import ENTRY, IndexError_, TopicIndex, index_file_name
+from .records import HEADER, HEADER_SIZE, check_record, scan
+
+log = logging.getLogger("lockmq.store")
+
+
+@dataclass
+class RecoveryReport:
+    """What :meth:`Store.open` found and did.
+
+    Attributes:
+        full_scan: True if no usable checkpoint existed and the whole log was read.
+        scanned_from: commit-log offset where scanning started.
+        scanned_bytes / scanned_records: log read and re-indexed after that point.
+        bytes_cut: bytes removed from the end of the log (torn or corrupt tail).
+        records_cut: records (whole or torn) that were in the removed bytes, as far
+            as their framing could still be followed.
+        cut_reason: why the tail was cut ("" if nothing was cut).
+        log_end: the log end after recovery.
+        seconds: wall time of recovery.
+        notes: anything else worth telling an operator.
+    """
+
+    full_scan: bool = False
+    scanned_from: int = 0
+    scanned_bytes: int = 0
+    scanned_records: int = 0
+    bytes_cut: int = 0
+    records_cut: int = 0
+    cut_reason: str = ""
+    log_end: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def write_qstart(seg_dir: str, base: int, ends: dict[str, int]) -> None:
+    """Write the queue-start sidecar of segment ``base``: each topic's queue end at
+    the segment's first byte (needed to rebuild indexes after retention)."""
+    data = seal(json.dumps(ends, sort_keys=True).encode("ascii"))
+    path = os.path.join(seg_dir, qstart_name(base))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_qstart(seg_dir: str, base: int) -> dict[str, int] | None:
+    """Read a queue-start sidecar (None if missing or damaged)."""
+    blob = read_file(os.path.join(seg_dir, qstart_name(base)))
+    data = None if blob is None else unseal(blob)
+    if data is None:
+        return None
+    try:
+        return {str(k): int(v) for k, v in json.loads(data).items()}
+    except (ValueError, AttributeError):
+        return None
+
+
+def count_cut_records(buf: bytes | memoryview, pos: int, end: int) -> int:
+    """Best-effort count of records in ``buf[pos:end]`` by following length fields."""
+    n = 0
+    while pos < end:
+        n += 1
+        if end - pos < HEADER_SIZE:
+            break
+        length = HEADER.unpack_from(buf, pos)[0]
+        if length < HEADER_SIZE - 4:
+            break
+        pos += 4 + length
+    return n
+
+
+def _map(path: str) -> tuple[int, mmap.mmap | None, int]:
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+    return fd, mm, size
+
+
+def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, TopicIndex],
+                                                       RecoveryReport]:
+    """Recover ``data_dir``; return segment bases, open topic indexes and the report.
+
+    ``dedup`` is filled with the recovered dedup state.
+    """
+    t0 = time.monotonic()
+    rep = RecoveryReport()
+    seg_dir = os.path.join(data_dir, SEGMENT_DIR)
+    os.makedirs(seg_dir, exist_ok=True)
+    for name in os.listdir(data_dir):
+        if name.endswith(".tmp"):
+            os.unlink(os.path.join(data_dir, name))
+    bases = list_segments(seg_dir)
+    if not bases:
+        fd = os.open(os.path.join(seg_dir, segment_name(0)), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+        fsync_dir(seg_dir)
+        fsync_dir(data_dir)
+        bases = [0]
+
+    # open every index file
+    indexes: dict[str, TopicIndex] = {}
+    bad_index = False
+    for name in os.listdir(data_dir):
+        if name.startswith("offset-") and name.endswith(".log"):
+            topic = name[len("offset-"):-len(".log")]
+            try:
+                indexes[topic] = TopicIndex.open(os.path.join(data_dir, name))
+            except IndexError_ as exc:
+                rep.notes.append(f"index of {topic!r} unusable ({exc}); rebuilding")
+                os.unlink(os.path.join(data_dir, name))
+                bad_index = True
+
+    cp = ckpt.load(data_dir)
+    last_base = bases[-1]
+    last_size = os.path.getsize(os.path.join(seg_dir, segment_name(last_base)))
+    log_end = last_base + last_size
+    usable = cp is not None and not bad_index and bases[0] <= cp.log_end <= log_end
+    if cp is None and (len(bases) > 1 or last_size > 0 or indexes):
+        rep.notes.append("no usable checkpoint; reading the whole log")
+    if usable:
+        assert cp is not None
+        for topic, end in cp.queue_ends.items():
+            idx = indexes.get(topic)
+            if idx is None or idx.end < end:
+                rep.notes.append(f"index of {topic!r} is shorter than the checkpoint says; "
+                                 "reading the whole log")
+                usable = False
+                break
+    if usable:
+        assert cp is not None
+        for topic, idx in indexes.items():
+            idx.truncate(cp.queue_ends.get(topic, idx.base))
+        try:
+            dedup.load(cp.dedup)
+        except (ValueError, UnicodeDecodeError):
+            rep.notes.append("dedup snapshot unreadable; dedup restarts empty")
+        scan_from = max(cp.log_end, bases[0])
+    else:
+        rep.full_scan = True
+        qs = read_qstart(seg_dir, bases[0]) if bases[0] > 0 else {}
+        if qs is None:
+            rep.notes.append(f"queue-start file of segment {bases[0]} missing: queue offsets "
+                             "restart at 0")
+            qs = {}
+        for topic, idx in indexes.items():
+            idx.reset(qs.get(topic, 0))
+        scan_from = bases[0]
+    rep.scanned_from = scan_from
+
+    # scan the tail
+    i = max(0, bisect.bisect_right(bases, scan_from) - 1)
+    pending: dict[str, bytearray] = {}
+    cut_at: int | None = None
+    for j in range(i, len(bases)):
+        base = bases[j]
+        path = os.path.join(seg_dir, segment_name(base))
+        fd, mm, size = _map(path)
+        try:
+            start = scan_from - base if j == i else 0
+            pos = start
+            if mm is not None:
+                for rv in scan(mm, start, size):
+                    ent = pending.get(rv.topic)
+                    if ent is None:
+                        ent = pending[rv.topic] = bytearray()
+                    ent += ENTRY.pack(base + rv.pos, rv.size, rv.broker_ts_us // 1_000_000)
+                    dedup.add(rv.sn, rv.seq)
+                    rep.scanned_records += 1
+                    pos = rv.pos + rv.size
+            rep.scanned_bytes += pos - start
+            expected_end = size
+            if j + 1 < len(bases) and base + size != bases[j + 1]:
+                rep.notes.append(f"segment {base} does not end where segment {bases[j + 1]} starts")
+            if pos < expected_end:
+                why = check_record(mm, pos, size) if mm is not None else "empty"
+                rep.cut_reason = f"{why} at offset {base + pos}"
+                rep.records_cut = count_cut_records(mm, pos, size) if mm is not None else 0
+                cut_at = base + pos
+        finally:
+            if mm is not None:
+                mm.close()
+            os.close(fd)
+        if cut_at is not None:
+            break
+    if cut_at is not None:
+        # cut this segment, remove later ones
+        k = bisect.bisect_right(bases, cut_at) - 1
+        cut_base = bases[k]
+        rep.bytes_cut = log_end - cut_at
+        for later in bases[k + 1:]:
+            p = os.path.join(seg_dir, segment_name(later))
+            fd, mm, size = _map(p)
+            try:
+                if mm is not None:
+                    rep.records_cut += count_cut_records(mm, 0, size)
+            finally:
+                if mm is not None:
+                    mm.close()
+                os.close(fd)
+            os.unlink(p)
+            try:
+                os.unlink(os.path.join(seg_dir, qstart_name(later)))
+            except FileNotFoundError:
+                pass
+        bases = bases[:k + 1]
+        with open(os.path.join(seg_dir, segment_name(cut_base)), "r+b") as f:
+            f.truncate(cut_at - cut_base)
+            os.fsync(f.fileno())
+        fsync_dir(seg_dir)
+        log_end = cut_at
+        log.warning("store recovery cut %d bytes (%d records) from the log end: %s",
+                    rep.bytes_cut, rep.records_cut, rep.cut_reason)
+
+    # add the scanned index entries
+    for topic, blob in pending.items():
+        idx = indexes.get(topic)
+        if idx is None:
+            base_q = 0
+            if rep.full_scan and bases[0] > 0:
+                qs = read_qstart(seg_dir, bases[0]) or {}
+                base_q = qs.get(topic, 0)
+            idx = indexes[topic] = TopicIndex.open(
+                os.path.join(data_dir, index_file_name(topic)), base_if_new=base_q)
+        idx.write_entries(idx.end, bytes(blob))
+    for idx in indexes.values():
+        idx.sync()
+    fsync_dir(data_dir)
+    rep.log_end = log_end
+    rep.seconds = time.monotonic() - t0
+    return bases, indexes, rep
