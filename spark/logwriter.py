@@ -1,0 +1,77 @@
+"""A minimal commit-log writer that follows FORMAT.md, for tests and benchmarks.
+
+Not the broker's storage engine (``lockmq.store``): no index, no fsync policy, no
+recovery. It exists to write edge cases the engine refuses to produce (torn and
+corrupt records) and to generate large benchmark logs quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+
+from .layout import SEGMENT_DIR, segment_name
+
+_REST = struct.Struct("<BBHBBHIIQQ")
+_LEN_CRC = struct.Struct("<II")
+
+
+def encode(topic: str, sn: str, seq: int, lock_ts_ms: int, broker_ts_us: int,
+           payload: bytes = b"", headers: dict | None = None) -> bytes:
+    """One record's bytes, exactly as FORMAT.md lays them out."""
+    t, s = topic.encode("utf-8"), sn.encode("ascii")
+    h = json.dumps(headers, separators=(",", ":")).encode("utf-8") if headers is not None else b""
+    flags = (1 if topic.startswith("$") else 0) | (2 if h else 0)
+    body = _REST.pack(1, flags, len(t), len(s), 0, len(h), seq, len(payload), lock_ts_ms,
+                      broker_ts_us) + t + s + h + payload
+    return _LEN_CRC.pack(len(body) + 4, zlib.crc32(body)) + body
+
+
+class LogWriter:
+    """Append records to ``<data_dir>/message.log/`` segments of ``segment_bytes`` each."""
+
+    def __init__(self, data_dir: str, segment_bytes: int = 1 << 20) -> None:
+        self.dir = os.path.join(data_dir, SEGMENT_DIR)
+        os.makedirs(self.dir, exist_ok=True)
+        self.segment_bytes = segment_bytes
+        self.base = 0
+        self.pos = 0
+        self._buf: list[bytes] = []
+        existing = sorted(n for n in os.listdir(self.dir) if n.endswith(".log"))
+        if existing:
+            self.base = int(existing[-1][:20])
+            self.pos = os.path.getsize(os.path.join(self.dir, existing[-1]))
+
+    @property
+    def offset(self) -> int:
+        """Log offset of the next record."""
+        return self.base + self.pos
+
+    def append_raw(self, rec: bytes) -> int:
+        """Append encoded bytes as one record; returns its offset."""
+        if self.pos and self.pos + len(rec) > self.segment_bytes:
+            self.flush()
+            self.base += self.pos
+            self.pos = 0
+        off = self.base + self.pos
+        self._buf.append(rec)
+        self.pos += len(rec)
+        return off
+
+    def append(self, topic: str, sn: str, seq: int, lock_ts_ms: int, broker_ts_us: int,
+               payload: bytes = b"", headers: dict | None = None) -> int:
+        """Encode and append one record; returns its offset."""
+        return self.append_raw(encode(topic, sn, seq, lock_ts_ms, broker_ts_us, payload, headers))
+
+    def flush(self) -> None:
+        """Write buffered records to the current segment file."""
+        path = os.path.join(self.dir, segment_name(self.base))
+        with open(path, "ab") as f:
+            f.write(b"".join(self._buf))
+        self._buf = []
+
+    def close(self) -> None:
+        """Flush (the current segment stays the log's newest)."""
+        self.flush()
