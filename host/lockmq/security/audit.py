@@ -1,0 +1,77 @@
+"""Security events: one log line and one counter each.
+
+Log lines go to the ``lockmq.security`` logger as ``event key=value ...`` with the
+same fields in ``extra={"event": ..., "fields": {...}}`` for structured handlers.
+Counters are ``security_<event>_total{reason=...}``; :meth:`Metrics.snapshot` gives
+them to the broker's metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+log = logging.getLogger("lockmq.security")
+
+#: Events logged at WARNING (refusals); everything else is INFO.
+_WARN = {"auth_failed", "auth_rate_limited", "permission_denied", "sn_mismatch",
+         "connection_refused", "rate_limited", "limit_exceeded", "auth_timeout",
+         "plain_token_refused"}
+
+
+def _fmt(value: Any) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' ="\n'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return text
+
+
+def _safe(value: Any, limit: int = 80) -> Any:
+    """Peer-chosen strings are cut and made printable before they reach a log."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value[:limit]).decode("ascii", "backslashreplace")
+    if isinstance(value, str):
+        value = value[:limit].encode("ascii", "backslashreplace").decode("ascii")
+    return value
+
+
+class Metrics:
+    """Thread-safe counters of security events by ``(event, reason)``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def inc(self, event: str, reason: str = "", n: int = 1) -> None:
+        """Add ``n`` to ``(event, reason)``."""
+        with self._lock:
+            self._counts[(event, reason)] += n
+
+    def get(self, event: str, reason: str | None = None) -> int:
+        """The count of ``event`` (all reasons when ``reason`` is None)."""
+        with self._lock:
+            if reason is not None:
+                return self._counts[(event, reason)]
+            return sum(v for (e, _), v in self._counts.items() if e == event)
+
+    def snapshot(self) -> dict[str, int]:
+        """``{"security_<event>_total{reason=\"...\"}": n}`` (Prometheus-style names)."""
+        with self._lock:
+            out = {}
+            for (event, reason), n in sorted(self._counts.items()):
+                label = f'{{reason="{reason}"}}' if reason else ""
+                out[f"security_{event}_total{label}"] = n
+            return out
+
+
+def record(metrics: Metrics, event: str, reason: str = "", **fields: Any) -> None:
+    """Count ``event`` and log it with its fields (peer-chosen values sanitised)."""
+    metrics.inc(event, reason)
+    clean = {k: _safe(v) for k, v in fields.items() if v is not None}
+    if reason:
+        clean = {"reason": reason, **clean}
+    text = " ".join([event] + [f"{k}={_fmt(v)}" for k, v in clean.items()])
+    log.log(logging.WARNING if event in _WARN else logging.INFO, text,
+            extra={"event": event, "fields": clean})

@@ -1,0 +1,149 @@
+"""Settings of lockmq.security: the broker config's ``[security]`` table.
+
+Every limit is a setting with a default sane for a building's gateway. Limits the
+broker already owns in ``[broker]`` (``max_connections``, ``max_frame``,
+``handshake_timeout_s``, ``max_conn_buffer_bytes``) are read from there by
+:meth:`SecurityConfig.from_broker_config` so that each setting exists once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass
+class SecurityConfig:
+    """Identity, transport and limit settings.
+
+    Attributes:
+        data_dir: the broker's data directory; the registry is ``security.db`` in it.
+        db_path: override of the registry file (default ``<data_dir>/security.db``).
+        master_key_file: 32-byte key that wraps every device key in the registry
+            (default ``<data_dir>/master.key``, created 0600 on first use). Keep it
+            on another disk or in a secrets store: the registry alone then reveals
+            no device key.
+        require_auth: refuse any connection that does not authenticate.
+        lock_topics: topic patterns a lock may publish to; ``{sn}`` is its own SN.
+        allow_plain_tokens_from: addresses that may send a bearer token over plain
+            TCP (default loopback only); everyone else must use TLS for tokens.
+        max_connections: connections held at once (0 = no limit here).
+        max_connections_per_address: connections from one IP address.
+        connect_rate: new connections per second from one address (token bucket).
+        connect_burst: bucket size of ``connect_rate``.
+        limit_exempt_addresses: addresses exempt from the per-address limits
+            (the gateway's own services; loopback by default).
+        auth_timeout_s: time a new connection has to authenticate.
+        max_frame_bytes: largest frame accepted.
+        max_buffered_bytes: bytes buffered for one connection (in and out).
+        lock_message_rate: messages per second one lock may publish (0 = no limit).
+        lock_message_burst: bucket size of ``lock_message_rate``.
+        auth_fail_per_address: failed authentications per address per window
+            before that address is refused for the rest of the window.
+        auth_fail_per_sn: failed authentications per claimed SN per window.
+        auth_fail_window_s: the failure-counting window.
+        nonce_ttl_s: a challenge nonce older than this is refused.
+        max_tracked_keys: entries each per-address / per-SN table keeps (LRU).
+        command_ttl_s: validity of a signed downlink command.
+        tls_cert: PEM server certificate (chain) for TLS; empty = no TLS.
+        tls_key: PEM private key of ``tls_cert``.
+        tls_port: port of the TLS listener (0 = TLS on the main port instead of
+            plain TCP, when a certificate is set).
+        tls_client_ca: PEM CA to require client certificates (empty = not required).
+        plain_port_enabled: keep a plain-TCP listener for locks without TLS.
+    """
+
+    data_dir: str = "./data"
+    db_path: str = ""
+    master_key_file: str = ""
+    require_auth: bool = True
+    lock_topics: list[str] = field(default_factory=lambda: ["lock.*", "locks.{sn}.*"])
+    allow_plain_tokens_from: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
+    max_connections: int = 0
+    max_connections_per_address: int = 64
+    connect_rate: float = 20.0
+    connect_burst: int = 64
+    limit_exempt_addresses: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
+    auth_timeout_s: float = 10.0
+    max_frame_bytes: int = 1024 * 1024
+    max_buffered_bytes: int = 4 * 1024 * 1024
+    lock_message_rate: float = 200.0
+    lock_message_burst: int = 1000
+    auth_fail_per_address: int = 20
+    auth_fail_per_sn: int = 30
+    auth_fail_window_s: float = 60.0
+    nonce_ttl_s: float = 30.0
+    max_tracked_keys: int = 65536
+    command_ttl_s: float = 60.0
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_port: int = 6843
+    tls_client_ca: str = ""
+    plain_port_enabled: bool = True
+
+    @property
+    def registry_path(self) -> str:
+        """Path of the SQLite registry (devices, tokens, command counters)."""
+        return self.db_path or os.path.join(self.data_dir, "security.db")
+
+    @property
+    def master_key_path(self) -> str:
+        """Path of the master key file."""
+        return self.master_key_file or os.path.join(self.data_dir, "master.key")
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting out of range."""
+        for name in ("max_connections", "lock_message_rate"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"security.{name} must be >= 0")
+        for name in ("max_connections_per_address", "connect_rate", "connect_burst",
+                     "auth_timeout_s", "max_frame_bytes", "max_buffered_bytes",
+                     "lock_message_burst", "auth_fail_per_address", "auth_fail_per_sn",
+                     "auth_fail_window_s", "nonce_ttl_s", "max_tracked_keys",
+                     "command_ttl_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"security.{name} must be positive")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("security.tls_cert and security.tls_key go together")
+        if not 0 <= self.tls_port <= 65535:
+            raise ValueError("security.tls_port must be in [0, 65535]")
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[str, Any], **base: Any) -> "SecurityConfig":
+        """Build from a ``[security]`` table; unknown keys are an error naming them.
+
+        ``base`` gives values (e.g. from ``[broker]``) that the table may override.
+        """
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = dict(base)
+        for key, value in table.items():
+            if key not in known:
+                raise ValueError(f"unknown setting security.{key}")
+            kwargs[key] = value
+        cfg = cls(**kwargs)
+        for f in dataclasses.fields(cls):
+            default = getattr(cls(), f.name)
+            value = getattr(cfg, f.name)
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                setattr(cfg, f.name, float(value))
+            elif type(default) is not type(value):
+                raise ValueError(f"security.{f.name} must be of type "
+                                 f"{type(default).__name__}, not {type(value).__name__}")
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_broker_config(cls, cfg: Any) -> "SecurityConfig":
+        """Build from a whole ``lockmq.config.Config`` (``[broker]`` + ``[security]``)."""
+        b = cfg.broker
+        base = {
+            "data_dir": str(b.data_dir),
+            "max_connections": int(b.max_connections),
+            "max_frame_bytes": int(b.max_frame),
+            "auth_timeout_s": float(b.handshake_timeout_s),
+            "max_buffered_bytes": int(b.max_conn_buffer_bytes),
+            "require_auth": b.auth != "off",
+        }
+        return cls.from_mapping(dict(cfg.security or {}), **base)

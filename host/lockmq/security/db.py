@@ -1,0 +1,63 @@
+"""The security registry's SQLite file: schema and connection settings.
+
+One file (``<data_dir>/security.db``) holds devices, tokens and per-lock command
+counters. WAL mode lets ``lockmq devices``/``lockmq tokens`` write while the broker
+reads; the broker reads per authentication, so a disabled device or a revoked token
+is refused at its next connect without a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    sn              TEXT PRIMARY KEY,
+    wrapped_key     BLOB NOT NULL,
+    key_version     INTEGER NOT NULL DEFAULT 1,
+    enabled         INTEGER NOT NULL DEFAULT 1,
+    note            TEXT NOT NULL DEFAULT '',
+    created_at      REAL NOT NULL,
+    updated_at      REAL NOT NULL,
+    last_command_id INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    secret_hash BLOB NOT NULL,
+    perms       TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    expires_at  REAL,
+    revoked_at  REAL
+);
+"""
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """Open (creating if needed) the registry at ``path``, mode 0600, schema applied."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.executescript(_SCHEMA)
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if row is None:
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                     (str(SCHEMA_VERSION),))
+    elif int(row[0]) > SCHEMA_VERSION:
+        conn.close()
+        raise ValueError(f"{path}: registry schema {row[0]} is newer than this lockmq "
+                         f"({SCHEMA_VERSION})")
+    return conn

@@ -1,0 +1,382 @@
+"""The Guard: the broker's single entry point to lockmq.security.
+
+One Guard per broker. The broker calls, in order:
+
+* :meth:`Guard.admit` when a connection is accepted (and :meth:`Guard.release`
+  when it closes, whatever happened);
+* :meth:`Guard.challenge` to get the nonce of the CHALLENGE frame;
+* :meth:`Guard.authenticate` with the AUTH body — it returns a
+  :class:`~lockmq.security.principal.Principal` or raises
+  :class:`~lockmq.security.errors.AuthFailed`; the broker closes the connection
+  if it has not succeeded within :attr:`Guard.auth_timeout_s`
+  (:meth:`Guard.auth_timed_out` logs and counts that);
+* per frame: :meth:`Guard.check_publish` / :meth:`Guard.check_consume` /
+  :meth:`Guard.check_command` / :meth:`Guard.check_frame_sn`;
+* :meth:`Guard.sign_command` when it sends a command down to a lock.
+
+Every refusal raises a :class:`~lockmq.security.errors.SecurityError` with the
+wire code, and is logged and counted (:attr:`Guard.metrics`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Any, Callable
+
+from . import audit, keys
+from .commands import SignedCommand, command_mac
+from .config import SecurityConfig
+from .errors import AuthFailed, AuthRateLimited, LimitExceeded, SecurityError
+from .limits import (ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
+                     check_frame_size)
+from .nonces import NonceBook
+from .principal import ADMIN, LOCK, SERVICE, Principal, Permissions, anonymous_admin
+from .registry import SN_RE, DeviceRegistry
+from .tokens import TokenError, TokenStore
+
+METHOD_DEVICE = "device"
+METHOD_TOKEN = "token"
+_DUMMY_KEY = b"\x00" * keys.KEY_BYTES
+
+
+def _field(body: Any, *names: str) -> Any:
+    """The first of ``names`` present in ``body`` (a dict or an object)."""
+    for name in names:
+        if isinstance(body, dict):
+            if name in body:
+                return body[name]
+        elif hasattr(body, name):
+            return getattr(body, name)
+    return None
+
+
+def _method(body: Any) -> str:
+    m = _field(body, "method")
+    if isinstance(m, (bytes, bytearray)):
+        m = bytes(m).decode("ascii", "replace")
+    if isinstance(m, int):  # numeric method ids: 1 device, 2 token
+        return {1: METHOD_DEVICE, 2: METHOD_TOKEN}.get(m, "")
+    m = str(getattr(m, "name", m) or "").lower()
+    if m in ("device", "hmac", "device_hmac"):
+        return METHOD_DEVICE
+    if m in ("token", "bearer"):
+        return METHOD_TOKEN
+    if m == "" and _field(body, "token") is not None:
+        return METHOD_TOKEN
+    if m == "" and _field(body, "proof") is not None:
+        return METHOD_DEVICE
+    return m
+
+
+def _as_sn(sn: Any) -> str:
+    if isinstance(sn, (bytes, bytearray)):
+        return bytes(sn).decode("ascii", "backslashreplace")
+    return "" if sn is None else str(sn)
+
+
+def _addr_key(peer_ip: str) -> str:
+    """Failures from one IPv6 /64 count together (one host owns a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(peer_ip)
+    except ValueError:
+        return peer_ip
+    if ip.version == 6 and not ip.is_loopback:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return peer_ip
+
+
+class Guard:
+    """Identity, permissions and limits of one broker.
+
+    Args:
+        cfg: the security settings.
+        registry: device registry (opened from ``cfg`` if not given).
+        tokens: token store (opened from ``cfg`` if not given).
+        clock: monotonic clock for rates and timeouts (tests inject one).
+        wall: Unix clock for token and command expiry.
+    """
+
+    def __init__(self, cfg: SecurityConfig, *, registry: DeviceRegistry | None = None,
+                 tokens: TokenStore | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.registry = registry or DeviceRegistry.open(cfg)
+        self.tokens = tokens or TokenStore(cfg.registry_path)
+        self.clock = clock
+        self.wall = wall
+        self.metrics = audit.Metrics()
+        self.connections = ConnectionLimiter(
+            cfg.max_connections, cfg.max_connections_per_address, cfg.connect_rate,
+            cfg.connect_burst, cfg.limit_exempt_addresses, cfg.max_tracked_keys, clock)
+        self.nonces = NonceBook(cfg.nonce_ttl_s, cfg.max_tracked_keys, clock)
+        self._fail_addr = FailureLimiter(cfg.auth_fail_per_address, cfg.auth_fail_window_s,
+                                         cfg.max_tracked_keys, clock)
+        self._fail_sn = FailureLimiter(cfg.auth_fail_per_sn, cfg.auth_fail_window_s,
+                                       cfg.max_tracked_keys, clock)
+        self.message_rate = MessageRateLimiter(cfg.lock_message_rate, cfg.lock_message_burst,
+                                               cfg.max_tracked_keys, clock)
+
+    @classmethod
+    def from_broker_config(cls, config: Any, **kwargs: Any) -> "Guard":
+        """A Guard from a whole ``lockmq.config.Config`` (``[broker]`` + ``[security]``)."""
+        return cls(SecurityConfig.from_broker_config(config), **kwargs)
+
+    def close(self) -> None:
+        """Close the registry files."""
+        self.registry.close()
+        self.tokens.close()
+
+    # -- settings the broker enforces ---------------------------------------------
+
+    @property
+    def auth_timeout_s(self) -> float:
+        """Seconds a new connection has to authenticate (slowloris defence)."""
+        return self.cfg.auth_timeout_s
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """Largest frame accepted (give it to the decoder)."""
+        return self.cfg.max_frame_bytes
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        """Bytes one connection may have buffered."""
+        return self.cfg.max_buffered_bytes
+
+    # -- connections ----------------------------------------------------------------
+
+    def admit(self, peer_ip: str) -> None:
+        """Count a new connection in; :class:`ConnectionRefused` names the limit hit."""
+        try:
+            self.connections.admit(peer_ip)
+        except LimitExceeded as exc:
+            audit.record(self.metrics, "connection_refused", exc.limit, addr=peer_ip)
+            raise
+        self.metrics.inc("connection_admitted")
+
+    def release(self, peer_ip: str) -> None:
+        """Count a closed connection out (call once per successful :meth:`admit`)."""
+        self.connections.release(peer_ip)
+
+    def challenge(self) -> bytes:
+        """A fresh, single-use 16-byte nonce for the CHALLENGE frame."""
+        return self.nonces.issue()
+
+    def forget_challenge(self, nonce: bytes) -> None:
+        """The connection holding ``nonce`` closed before authenticating."""
+        self.nonces.discard(nonce)
+
+    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> None:
+        """Log and count a connection closed for not authenticating in time."""
+        if nonce:
+            self.nonces.discard(nonce)
+        audit.record(self.metrics, "auth_timeout", "auth_timeout", addr=peer_ip,
+                     timeout_s=self.cfg.auth_timeout_s)
+
+    # -- authentication -------------------------------------------------------------
+
+    def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
+                     *, tls: bool = False) -> Principal:
+        """Check an AUTH answer to the challenge ``nonce``; return the Principal.
+
+        ``auth_body`` is the decoded AUTH body (dict or object) with ``method``
+        (device/token), and ``cnonce`` + ``proof`` (device) or ``token`` (token).
+        Raises :class:`AuthFailed` — the same public error for an unknown SN, a wrong
+        key, a disabled device, a replayed nonce or a bad token — or
+        :class:`AuthRateLimited` after too many failures.
+        """
+        sn = _as_sn(claimed_sn)
+        if not self.cfg.require_auth:
+            self.nonces.discard(nonce)
+            return anonymous_admin(sn or "anonymous")
+        addr_key = _addr_key(peer_ip)
+        exempt = peer_ip in self.connections.exempt
+        method = _method(auth_body)
+        try:
+            if not exempt:
+                self._fail_addr.check(addr_key, f"address {peer_ip}")
+            if method == METHOD_DEVICE:
+                self._fail_sn.check(sn, f"SN {sn[:64]!r}")
+            nonce_problem = self.nonces.consume(nonce) if nonce else "no_nonce"
+            if method == METHOD_DEVICE:
+                principal = self._auth_device(sn, auth_body, bytes(nonce or b""), nonce_problem)
+            elif method == METHOD_TOKEN:
+                principal = self._auth_token(sn, auth_body, peer_ip, tls, nonce_problem)
+            else:
+                raise AuthFailed(f"unknown auth method {method!r}", reason="bad_method")
+        except AuthRateLimited as exc:
+            audit.record(self.metrics, "auth_rate_limited", exc.reason, sn=sn, addr=peer_ip,
+                         method=method)
+            raise
+        except AuthFailed as exc:
+            if not exempt:
+                self._fail_addr.fail(addr_key)
+            if method == METHOD_DEVICE and SN_RE.match(sn):
+                self._fail_sn.fail(sn)
+            audit.record(self.metrics, "auth_failed", exc.reason, sn=sn, addr=peer_ip,
+                         method=method, tls=tls)
+            raise
+        principal.peer_ip = peer_ip
+        principal.tls = tls
+        if method == METHOD_DEVICE:
+            self._fail_sn.succeed(sn)
+        audit.record(self.metrics, "auth_ok", principal.kind, name=principal.name,
+                     addr=peer_ip, tls=tls, transport="tls" if tls else "PLAIN-TCP")
+        return principal
+
+    def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
+        cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
+        proof = bytes(_field(body, "proof", "mac") or b"")
+        known = bool(SN_RE.match(sn))
+        key = self.registry.key_for(sn) if known else None
+        # Compute the MAC whether or not the SN exists: same work, same answer.
+        want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
+        good = keys.equal(want, proof)
+        if nonce_problem:
+            raise AuthFailed(f"device {sn}: {nonce_problem}", reason=nonce_problem)
+        if not 8 <= len(cnonce) <= 64:
+            raise AuthFailed(f"device {sn}: client nonce of {len(cnonce)} bytes",
+                             reason="bad_cnonce")
+        if key is None:
+            reason = "unknown_sn"
+            if known:
+                try:
+                    if not self.registry.get(sn).enabled:
+                        reason = "device_disabled"
+                except KeyError:
+                    pass
+            raise AuthFailed(f"device {sn}: {reason}", reason=reason)
+        if not good:
+            raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
+                             reason="bad_proof")
+        return Principal(name=sn, kind=LOCK,
+                         lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
+                         session_nonce=nonce, client_nonce=cnonce)
+
+    def _auth_token(self, sn: str, body: Any, peer_ip: str, tls: bool,
+                    nonce_problem: str) -> Principal:
+        token = _field(body, "token")
+        if isinstance(token, (bytes, bytearray)):
+            token = bytes(token).decode("utf-8", "replace")
+        if not tls and peer_ip not in self.cfg.allow_plain_tokens_from:
+            audit.record(self.metrics, "plain_token_refused", "plain_token", addr=peer_ip)
+            raise AuthFailed(f"token sent over plain TCP from {peer_ip}", reason="plain_token")
+        if nonce_problem:
+            raise AuthFailed(f"token auth: {nonce_problem}", reason=nonce_problem)
+        try:
+            info = self.tokens.verify(str(token or ""), now=self.wall())
+        except TokenError as exc:
+            raise AuthFailed(str(exc), reason=exc.reason) from None
+        name = sn or info.name
+        if sn and sn != info.name and self.registry.key_for(sn) is not None:
+            raise AuthFailed(f"token {info.id} ({info.name}) claims lock SN {sn}",
+                             reason="token_claims_lock")
+        kind = ADMIN if info.permissions.admin else SERVICE
+        return Principal(name=name, kind=kind, permissions=info.permissions, token_id=info.id)
+
+    # -- per-frame checks -------------------------------------------------------------
+
+    def _refuse(self, exc: SecurityError, principal: Principal | None, **fields: Any) -> None:
+        event = "sn_mismatch" if exc.reason == "sn_mismatch" else (
+            "rate_limited" if exc.reason == "lock_message_rate" else (
+                "limit_exceeded" if isinstance(exc, LimitExceeded) else "permission_denied"))
+        audit.record(self.metrics, event, exc.reason,
+                     name=principal.name if principal else None,
+                     kind=principal.kind if principal else None, **fields)
+
+    def check_frame_sn(self, principal: Principal, sn: Any) -> None:
+        """A frame's SN must be the authenticated one (:class:`IdentityMismatch`)."""
+        try:
+            principal.check_frame_sn(sn)
+        except SecurityError as exc:
+            self._refuse(exc, principal, claimed=_as_sn(sn))
+            raise
+
+    def check_publish(self, principal: Principal, topic: str, sn: Any = None, n: int = 1) -> None:
+        """SN binding, topic permission and (for locks) the message rate of a publish."""
+        self.check_frame_sn(principal, sn)
+        try:
+            principal.require_publish(topic)
+            if principal.is_lock:
+                self.message_rate.check(principal.name, n)
+        except SecurityError as exc:
+            self._refuse(exc, principal, topic=topic)
+            raise
+
+    def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:
+        """May ``principal`` join ``cluster`` on ``topic``?"""
+        try:
+            principal.require_consume(topic, cluster)
+        except SecurityError as exc:
+            self._refuse(exc, principal, topic=topic, cluster=cluster)
+            raise
+
+    def check_command(self, principal: Principal, sn: str) -> None:
+        """May ``principal`` send a downlink command to lock ``sn``?"""
+        try:
+            principal.require_command(sn)
+        except SecurityError as exc:
+            self._refuse(exc, principal, target=sn)
+            raise
+        audit.record(self.metrics, "command_authorised", "", name=principal.name, target=sn)
+
+    def check_admin(self, principal: Principal, op: str = "") -> None:
+        """Admin operations need an admin principal."""
+        try:
+            principal.require_admin()
+        except SecurityError as exc:
+            self._refuse(exc, principal, op=op)
+            raise
+
+    def check_frame_size(self, nbytes: int, principal: Principal | None = None) -> None:
+        """Refuse a frame over ``max_frame_bytes``."""
+        try:
+            check_frame_size(nbytes, self.cfg.max_frame_bytes)
+        except SecurityError as exc:
+            self._refuse(exc, principal, size=nbytes)
+            raise
+
+    def check_buffered(self, nbytes: int, principal: Principal | None = None) -> None:
+        """Refuse a connection buffering over ``max_buffered_bytes``."""
+        try:
+            check_buffered(nbytes, self.cfg.max_buffered_bytes)
+        except SecurityError as exc:
+            self._refuse(exc, principal, buffered=nbytes)
+            raise
+
+    def record_protocol_error(self, peer_ip: str, reason: str) -> None:
+        """Count a malformed frame (the broker calls this when its decoder refuses one)."""
+        audit.record(self.metrics, "bad_frame", reason, addr=peer_ip)
+
+    # -- downlink commands --------------------------------------------------------------
+
+    def sign_command(self, sn: str, body: bytes, *, session_nonce: bytes = b"",
+                     ttl_s: float | None = None, expires_at: int | None = None) -> SignedCommand:
+        """Sign a command for lock ``sn`` at delivery time.
+
+        Allocates the next command id of ``sn`` (persisted, strictly increasing),
+        sets the expiry (``expires_at`` Unix seconds, else now + ``ttl_s`` or
+        ``command_ttl_s``) and computes the MAC over sn, id, expiry, the lock's
+        session nonce and the body (see :mod:`lockmq.security.commands`).
+        """
+        key = self.registry.key_for(sn)
+        if key is None:
+            raise AuthFailed(f"command to unknown or disabled lock {sn}", reason="unknown_sn")
+        if expires_at is None:
+            expires_at = int(self.wall() + (ttl_s if ttl_s is not None else self.cfg.command_ttl_s))
+        cid = self.registry.next_command_id(sn)
+        mac = command_mac(key, sn, cid, expires_at, session_nonce, body)
+        audit.record(self.metrics, "command_signed", "", target=sn, command_id=cid,
+                     expires_at=expires_at)
+        return SignedCommand(sn=sn, command_id=cid, expires_at=expires_at, mac=mac)
+
+    # -- introspection --------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """Counters and gauges for the broker's metrics endpoint."""
+        out: dict[str, Any] = dict(self.metrics.snapshot())
+        out["security_connections_open"] = self.connections.total
+        out["security_challenges_outstanding"] = len(self.nonces)
+        return out

@@ -1,0 +1,117 @@
+"""Key material: device secrets, the master key that wraps them, the auth proofs.
+
+HMAC here is the standard HMAC-SHA256 (RFC 2104); the protocol package carries a
+pure-Python copy for MicroPython and the shared test vectors prove they agree.
+
+Device keys are stored wrapped (AES-256-GCM under a master key read from a file,
+the SN as associated data), so a copy of the registry alone reveals no key and a
+wrapped key cannot be moved to another SN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+AUTH_LABEL = b"lockmq-auth-v1"
+SESSION_LABEL = b"lockmq-session-v1"
+KEY_BYTES = 32
+NONCE_BYTES = 16
+_WRAP_VERSION = b"\x01"
+
+
+def hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 of ``msg`` under ``key`` (32 bytes)."""
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def new_device_key() -> bytes:
+    """A fresh 256-bit device secret from the OS CSPRNG."""
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def new_nonce() -> bytes:
+    """A fresh 16-byte random nonce."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def sn_bytes(sn: str | bytes) -> bytes:
+    """The SN as it goes into MACs (ASCII bytes)."""
+    return sn if isinstance(sn, bytes) else sn.encode("ascii")
+
+
+def device_proof(key: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes) -> bytes:
+    """The lock's answer to a challenge: HMAC(key, "lockmq-auth-v1"|nonce|cnonce|sn)."""
+    return hmac_sha256(key, AUTH_LABEL + nonce + cnonce + sn_bytes(sn))
+
+
+def session_key(key: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes) -> bytes:
+    """A per-session key both sides can derive after a successful challenge."""
+    return hmac_sha256(key, SESSION_LABEL + nonce + cnonce + sn_bytes(sn))
+
+
+def equal(a: bytes, b: bytes) -> bool:
+    """Constant-time comparison."""
+    return hmac.compare_digest(a, b)
+
+
+def token_hash(secret: str) -> bytes:
+    """What the registry stores of a token: SHA-256 of its secret part.
+
+    Token secrets are 256 random bits, so a fast hash is enough (no password KDF).
+    """
+    return hashlib.sha256(secret.encode("utf-8")).digest()
+
+
+def load_or_create_master_key(path: str) -> bytes:
+    """Read the 32-byte master key at ``path``; create it (mode 0600) if missing.
+
+    Raises ``ValueError`` if the file exists with a wrong size or is readable by
+    group/others (a leaked master key defeats the wrapping).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise ValueError(f"master key {path} is readable by group/others "
+                             f"(mode {st.st_mode & 0o777:o}); chmod 600 it") from None
+        with open(path, "rb") as fh:
+            key = fh.read()
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"master key {path} must be {KEY_BYTES} bytes, not {len(key)}")
+        return key
+    key = secrets.token_bytes(KEY_BYTES)
+    try:
+        os.write(fd, key)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return key
+
+
+def _aead(master: bytes):  # type: ignore[no-untyped-def]
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError as exc:  # pragma: no cover - dependency missing
+        raise RuntimeError("the device registry needs the 'cryptography' package: "
+                           "pip install 'lockmq[security]'") from exc
+    return AESGCM(master)
+
+
+def wrap_key(master: bytes, sn: str, key: bytes) -> bytes:
+    """Encrypt a device key for storage: version | 12-byte nonce | AES-GCM(key)."""
+    iv = secrets.token_bytes(12)
+    return _WRAP_VERSION + iv + _aead(master).encrypt(iv, key, b"lockmq-device:" + sn_bytes(sn))
+
+
+def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
+    """Decrypt a stored device key; ``ValueError`` if it was altered or moved."""
+    if len(blob) < 13 or blob[:1] != _WRAP_VERSION:
+        raise ValueError("unknown wrapped-key format")
+    try:
+        return _aead(master).decrypt(blob[1:13], blob[13:], b"lockmq-device:" + sn_bytes(sn))
+    except Exception as exc:  # cryptography.exceptions.InvalidTag
+        raise ValueError(f"wrapped key of {sn} does not decrypt under this master key") from exc

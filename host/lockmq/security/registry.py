@@ -1,0 +1,224 @@
+"""The device registry: one row per lock, its wrapped secret, enabled flag and
+downlink command counter. Survives restarts (SQLite, fsync on commit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from . import db, keys
+
+SN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_sn(sn: str) -> str:
+    """Return ``sn`` if it is a valid lock serial number, else raise ``ValueError``.
+
+    1-64 characters of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit.
+    """
+    if not isinstance(sn, str) or not SN_RE.match(sn):
+        raise ValueError(f"invalid SN {sn!r}: 1-64 characters of A-Z a-z 0-9 . _ -, "
+                         "starting with a letter or digit")
+    return sn
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A registry row without its key."""
+
+    sn: str
+    enabled: bool
+    key_version: int
+    note: str
+    created_at: float
+    updated_at: float
+    last_command_id: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``lockmq devices list --json``."""
+        return dict(self.__dict__)
+
+
+class DeviceExists(ValueError):
+    """``add`` of an SN that is already registered."""
+
+
+class UnknownDevice(KeyError):
+    """An operation on an SN that is not registered."""
+
+
+class DeviceRegistry:
+    """Devices and their secrets in the security registry file.
+
+    Args:
+        path: the SQLite file (``SecurityConfig.registry_path``).
+        master_key: 32 bytes that wrap every stored device key.
+    """
+
+    def __init__(self, path: str, master_key: bytes) -> None:
+        self.path = path
+        self._master = master_key
+        self._db = db.connect(path)
+
+    @classmethod
+    def open(cls, cfg: Any) -> "DeviceRegistry":
+        """Open the registry of a :class:`~lockmq.security.config.SecurityConfig`."""
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.master_key_path)), exist_ok=True)
+        return cls(cfg.registry_path, keys.load_or_create_master_key(cfg.master_key_path))
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self._db.close()
+
+    # -- provisioning ------------------------------------------------------------
+
+    def add(self, sn: str, note: str = "") -> bytes:
+        """Register ``sn`` with a fresh key and return the key (shown once)."""
+        return self.add_many([sn], note=note)[sn]
+
+    def add_many(self, sns: Iterable[str], note: str = "") -> dict[str, bytes]:
+        """Register many SNs in one transaction (tests, benchmarks, fleet imports)."""
+        now = time.time()
+        out: dict[str, bytes] = {}
+        rows = []
+        for sn in sns:
+            check_sn(sn)
+            key = keys.new_device_key()
+            out[sn] = key
+            rows.append((sn, keys.wrap_key(self._master, sn, key), note, now, now))
+        try:
+            with self._tx():
+                self._db.executemany(
+                    "INSERT INTO devices(sn, wrapped_key, note, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?)", rows)
+        except sqlite3.IntegrityError as exc:
+            raise DeviceExists(f"device already registered ({exc})") from None
+        return out
+
+    def rekey(self, sn: str) -> bytes:
+        """Give ``sn`` a new key (the old one stops working at once) and return it."""
+        key = keys.new_device_key()
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE devices SET wrapped_key=?, key_version=key_version+1, updated_at=? "
+                "WHERE sn=?", (keys.wrap_key(self._master, sn, key), time.time(), sn))
+        if cur.rowcount != 1:
+            raise UnknownDevice(sn)
+        return key
+
+    def set_enabled(self, sn: str, enabled: bool) -> None:
+        """Enable or disable ``sn``; a disabled lock cannot authenticate."""
+        with self._tx():
+            cur = self._db.execute("UPDATE devices SET enabled=?, updated_at=? WHERE sn=?",
+                                   (1 if enabled else 0, time.time(), sn))
+        if cur.rowcount != 1:
+            raise UnknownDevice(sn)
+
+    def remove(self, sn: str) -> None:
+        """Forget ``sn`` entirely."""
+        with self._tx():
+            cur = self._db.execute("DELETE FROM devices WHERE sn=?", (sn,))
+        if cur.rowcount != 1:
+            raise UnknownDevice(sn)
+
+    # -- lookups -----------------------------------------------------------------
+
+    def key_for(self, sn: str) -> bytes | None:
+        """The key of an enabled device, or ``None`` (unknown or disabled)."""
+        row = self._db.execute("SELECT wrapped_key, enabled FROM devices WHERE sn=?",
+                               (sn,)).fetchone()
+        if row is None or not row[1]:
+            return None
+        return keys.unwrap_key(self._master, sn, row[0])
+
+    def get(self, sn: str) -> DeviceInfo:
+        """The row of ``sn``; ``UnknownDevice`` if absent."""
+        row = self._db.execute(
+            "SELECT sn, enabled, key_version, note, created_at, updated_at, last_command_id "
+            "FROM devices WHERE sn=?", (sn,)).fetchone()
+        if row is None:
+            raise UnknownDevice(sn)
+        return _info(row)
+
+    def list(self, pattern: str | None = None) -> list[DeviceInfo]:
+        """All devices (optionally those whose SN matches a SQL GLOB), by SN."""
+        sql = ("SELECT sn, enabled, key_version, note, created_at, updated_at, "
+               "last_command_id FROM devices")
+        args: tuple[Any, ...] = ()
+        if pattern:
+            sql += " WHERE sn GLOB ?"
+            args = (pattern,)
+        return [_info(r) for r in self._db.execute(sql + " ORDER BY sn", args)]
+
+    def count(self) -> int:
+        """Number of registered devices."""
+        return int(self._db.execute("SELECT COUNT(*) FROM devices").fetchone()[0])
+
+    # -- downlink commands -------------------------------------------------------
+
+    def next_command_id(self, sn: str) -> int:
+        """Allocate the next command id of ``sn`` (strictly increasing, persisted).
+
+        A lock refuses a command whose id is not above the last one it accepted, so
+        the counter must never go back — not even across broker restarts.
+        """
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE devices SET last_command_id=last_command_id+1 WHERE sn=? "
+                "RETURNING last_command_id", (sn,))
+            row = cur.fetchone()
+        if row is None:
+            raise UnknownDevice(sn)
+        return int(row[0])
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _tx(self) -> "_Tx":
+        return _Tx(self._db)
+
+
+class _Tx:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` / ``ROLLBACK`` on an autocommit connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._conn.execute("BEGIN IMMEDIATE")
+        return self._conn
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _info(row: tuple[Any, ...]) -> DeviceInfo:
+    return DeviceInfo(sn=row[0], enabled=bool(row[1]), key_version=int(row[2]), note=row[3],
+                      created_at=float(row[4]), updated_at=float(row[5]),
+                      last_command_id=int(row[6]))
+
+
+def provisioning_config(sn: str, key: bytes, **extra: Any) -> dict[str, Any]:
+    """The provisioning document of one lock (written to the board as config.json).
+
+    ``extra`` adds broker address, TLS settings and so on (see firmware/README.md).
+    """
+    doc: dict[str, Any] = {"sn": sn, "key": key.hex()}
+    doc.update({k: v for k, v in extra.items() if v is not None})
+    return doc
+
+
+def write_provisioning(path: str, doc: dict[str, Any]) -> None:
+    """Write a provisioning document with mode 0600 (it holds the device secret)."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
