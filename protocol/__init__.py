@@ -1,1 +1,36 @@
-"""placeholder"""
+"""lockmq wire protocol: a sans-IO codec shared by the lock firmware
+(MicroPython) and the host (CPython).
+
+Feed received bytes to a :class:`FrameDecoder` and take :class:`Frame`
+objects out; build bytes with :func:`encode_frame` and the body classes.
+No sockets, files or clocks here. The format is specified in SPEC.md.
+"""
+from ._constants import (VERSION, MIN_FRAME, MAX_SN, DEFAULT_MAX_FRAME, HARD_MAX_FRAME,
+                         NONCE_SIZE, NO_SEQ, Op, Flag, Role, AuthMethod, ErrorCode,
+                         EventType, Method, Result, CommandKind, CommandStatus, op_name)
+from ._errors import (ProtocolError, LocalProtocolError, RemoteProtocolError, BadFrame,
+                      UnsupportedVersion, FrameTooLarge, BadChecksum, UnknownOpcode, BadBody)
+from ._crc import crc16
+from ._hmac import hmac_sha256, compare_digest
+from ._frame import Frame, FrameDecoder, encode_frame
+from ._bodies import (Connect, Challenge, Auth, ConnectAck, Heartbeat, Disconnect, ErrorReply,
+                      Publish, PublishAck, Subscribe, SubscribeAck, Unsubscribe, Notify, Pull,
+                      Message, Messages, Ack, Nack, Command, CommandResult, encode_json,
+                      decode_json, decode_body, BODY_TYPES)
+from ._event import LockEvent
+from ._auth import auth_proof, command_mac, verify_auth_proof, verify_command
+
+__all__ = [
+    "VERSION", "MIN_FRAME", "MAX_SN", "DEFAULT_MAX_FRAME", "HARD_MAX_FRAME", "NONCE_SIZE",
+    "NO_SEQ", "Op", "Flag", "Role", "AuthMethod", "ErrorCode", "EventType", "Method", "Result",
+    "CommandKind", "CommandStatus", "op_name",
+    "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "BadFrame",
+    "UnsupportedVersion", "FrameTooLarge", "BadChecksum", "UnknownOpcode", "BadBody",
+    "crc16", "hmac_sha256", "compare_digest",
+    "Frame", "FrameDecoder", "encode_frame",
+    "Connect", "Challenge", "Auth", "ConnectAck", "Heartbeat", "Disconnect", "ErrorReply",
+    "Publish", "PublishAck", "Subscribe", "SubscribeAck", "Unsubscribe", "Notify", "Pull",
+    "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
+    "decode_json", "decode_body", "BODY_TYPES", "LockEvent",
+    "auth_proof", "command_mac", "verify_auth_proof", "verify_command",
+]

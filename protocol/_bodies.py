@@ -1,0 +1,565 @@
+# Body layouts, one class per opcode. Each has encode() -> bytes and a
+# static decode(body) that raises BadBody on a malformed body. Layouts are
+# documented byte by byte in SPEC.md.
+import json
+import struct
+
+from ._constants import Op, VERSION, NONCE_SIZE, NO_SEQ
+from ._codec import Reader, pack8, pack16, pack32, check_range
+from ._errors import BadBody, LocalProtocolError
+
+
+class _Body:
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(self) is type(other) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%r" % (k, getattr(self, k)) for k in self.__slots__))
+
+
+class Connect(_Body):
+    """Peer -> broker: who is connecting. Frame SN = lock SN or client id."""
+    __slots__ = ("role", "keepalive_s", "client", "proto_max")
+    OPCODE = Op.CONNECT
+
+    def __init__(self, role, keepalive_s=30, client="", proto_max=VERSION):
+        self.role = role
+        self.keepalive_s = keepalive_s
+        self.client = client
+        self.proto_max = proto_max
+
+    def encode(self):
+        return struct.pack(">BHB", self.role, self.keepalive_s, self.proto_max) + pack8(self.client, "client")
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "CONNECT")
+        role, keepalive_s, proto_max = r.unpack(">BHB", 4)
+        client = r.str8()
+        r.end()
+        return Connect(role, keepalive_s, client, proto_max)
+
+
+class Challenge(_Body):
+    """Broker -> peer: a fresh single-use nonce to sign."""
+    __slots__ = ("nonce", "server_time_ms", "methods")
+    OPCODE = Op.CHALLENGE
+
+    def __init__(self, nonce, server_time_ms, methods=3):
+        if len(nonce) != NONCE_SIZE:
+            raise LocalProtocolError("nonce must be %d bytes" % NONCE_SIZE)
+        self.nonce = bytes(nonce)
+        self.server_time_ms = server_time_ms
+        self.methods = methods
+
+    def encode(self):
+        return self.nonce + struct.pack(">QB", self.server_time_ms, self.methods)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "CHALLENGE")
+        nonce = bytes(r.take(NONCE_SIZE))
+        server_time_ms, methods = r.unpack(">QB", 9)
+        r.end()
+        return Challenge(nonce, server_time_ms, methods)
+
+
+class Auth(_Body):
+    """Peer -> broker: the answer to a challenge (HMAC proof or token)."""
+    __slots__ = ("method", "cnonce", "proof")
+    OPCODE = Op.AUTH
+
+    def __init__(self, method, cnonce, proof):
+        if len(cnonce) != NONCE_SIZE:
+            raise LocalProtocolError("client nonce must be %d bytes" % NONCE_SIZE)
+        self.method = method
+        self.cnonce = bytes(cnonce)
+        self.proof = bytes(proof)
+
+    def encode(self):
+        return struct.pack(">B", self.method) + self.cnonce + pack16(self.proof, "proof")
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "AUTH")
+        method = r.u8()
+        cnonce = bytes(r.take(NONCE_SIZE))
+        proof = r.bytes16()
+        r.end()
+        return Auth(method, cnonce, proof)
+
+
+class ConnectAck(_Body):
+    """Broker -> peer: the session is open, with its parameters."""
+    __slots__ = ("heartbeat_s", "max_frame", "server_time_ms", "last_seq", "session_id")
+    OPCODE = Op.CONNECT_ACK
+
+    def __init__(self, heartbeat_s, max_frame, server_time_ms, last_seq=NO_SEQ, session_id=0):
+        self.heartbeat_s = heartbeat_s
+        self.max_frame = max_frame
+        self.server_time_ms = server_time_ms
+        self.last_seq = last_seq
+        self.session_id = session_id
+
+    def encode(self):
+        return struct.pack(">HIQII", self.heartbeat_s, self.max_frame, self.server_time_ms,
+                           self.last_seq, self.session_id)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "CONNECT_ACK")
+        fields = r.unpack(">HIQII", 22)
+        r.end()
+        return ConnectAck(*fields)
+
+
+class Heartbeat(_Body):
+    """Liveness plus the lock's health; an empty body is allowed (services)."""
+    __slots__ = ("ts_ms", "uptime_s", "queued", "dropped", "battery_pct", "free_heap")
+    OPCODE = Op.HEARTBEAT
+
+    def __init__(self, ts_ms=0, uptime_s=0, queued=0, dropped=0, battery_pct=255, free_heap=0):
+        self.ts_ms = ts_ms
+        self.uptime_s = uptime_s
+        self.queued = queued
+        self.dropped = dropped
+        self.battery_pct = battery_pct
+        self.free_heap = free_heap
+
+    def encode(self):
+        return struct.pack(">QIIIBI", self.ts_ms, self.uptime_s, self.queued, self.dropped,
+                           self.battery_pct, self.free_heap)
+
+    @staticmethod
+    def decode(body):
+        if not body:
+            return Heartbeat()
+        r = Reader(body, "HEARTBEAT")
+        fields = r.unpack(">QIIIBI", 25)
+        r.end()
+        return Heartbeat(*fields)
+
+
+class Disconnect(_Body):
+    """Either side: I am closing, and why."""
+    __slots__ = ("code", "message")
+    OPCODE = Op.DISCONNECT
+
+    def __init__(self, code=0, message=""):
+        self.code = code
+        self.message = message
+
+    def encode(self):
+        return struct.pack(">H", self.code) + pack16(self.message, "message")
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "DISCONNECT")
+        code = r.u16()
+        message = r.str16()
+        r.end()
+        return Disconnect(code, message)
+
+
+class ErrorReply(_Body):
+    """An error, as an answer (RESPONSE flag, same opaque) or unsolicited."""
+    __slots__ = ("code", "retry_after_ms", "message")
+    OPCODE = Op.ERROR
+
+    def __init__(self, code, message="", retry_after_ms=0):
+        self.code = code
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+    def encode(self):
+        return struct.pack(">HI", self.code, self.retry_after_ms) + pack16(self.message, "message")
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "ERROR")
+        code, retry_after_ms = r.unpack(">HI", 6)
+        message = r.str16()
+        r.end()
+        return ErrorReply(code, message, retry_after_ms)
+
+
+_PUB = ">IQ"
+
+
+class Publish(_Body):
+    """Producer -> broker: one message. (frame SN, seq) is its global id."""
+    __slots__ = ("topic", "seq", "lock_ts_ms", "payload")
+    OPCODE = Op.PUBLISH
+
+    def __init__(self, topic, seq, lock_ts_ms, payload):
+        self.topic = topic
+        self.seq = seq
+        self.lock_ts_ms = lock_ts_ms
+        self.payload = payload
+
+    def encode(self):
+        check_range(self.seq, 32, "seq")
+        return pack8(self.topic, "topic") + struct.pack(_PUB, self.seq, self.lock_ts_ms) + self.payload
+
+    @staticmethod
+    def decode(body):
+        n = body[0] if body else 0
+        if len(body) < 13 + n:
+            raise BadBody("PUBLISH body truncated")
+        seq, lock_ts_ms = struct.unpack_from(_PUB, body, 1 + n)
+        try:
+            topic = bytes(body[1:1 + n]).decode()
+        except UnicodeError:
+            raise BadBody("PUBLISH topic is not UTF-8")
+        return Publish(topic, seq, lock_ts_ms, bytes(body[13 + n:]))
+
+
+class PublishAck(_Body):
+    """Broker -> producer: stored (status 0) or already stored (1, duplicate)."""
+    __slots__ = ("status", "offset")
+    OPCODE = Op.PUBLISH_ACK
+    STORED = 0
+    DUPLICATE = 1
+
+    def __init__(self, status, offset):
+        self.status = status
+        self.offset = offset
+
+    def encode(self):
+        return struct.pack(">BQ", self.status, self.offset)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "PUBLISH_ACK")
+        status, offset = r.unpack(">BQ", 9)
+        r.end()
+        return PublishAck(status, offset)
+
+
+class Subscribe(_Body):
+    """Consumer -> broker: join ``cluster`` on ``topic``."""
+    __slots__ = ("topic", "cluster", "flags", "max_inflight", "lease_ms")
+    OPCODE = Op.SUBSCRIBE
+    ORDERED = 0x01    # flags: per-lock ordering (one message per lock in flight)
+
+    def __init__(self, topic, cluster, flags=0, max_inflight=0, lease_ms=0):
+        self.topic = topic
+        self.cluster = cluster
+        self.flags = flags
+        self.max_inflight = max_inflight
+        self.lease_ms = lease_ms
+
+    def encode(self):
+        return (pack8(self.topic, "topic") + pack8(self.cluster, "cluster")
+                + struct.pack(">BHI", self.flags, self.max_inflight, self.lease_ms))
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "SUBSCRIBE")
+        topic = r.str8()
+        cluster = r.str8()
+        flags, max_inflight, lease_ms = r.unpack(">BHI", 7)
+        r.end()
+        return Subscribe(topic, cluster, flags, max_inflight, lease_ms)
+
+
+class SubscribeAck(_Body):
+    __slots__ = ("sub_id", "backlog")
+    OPCODE = Op.SUBSCRIBE_ACK
+
+    def __init__(self, sub_id, backlog):
+        self.sub_id = sub_id
+        self.backlog = backlog
+
+    def encode(self):
+        return struct.pack(">IQ", self.sub_id, self.backlog)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "SUBSCRIBE_ACK")
+        fields = r.unpack(">IQ", 12)
+        r.end()
+        return SubscribeAck(*fields)
+
+
+class Unsubscribe(_Body):
+    """Consumer -> broker: leave the subscription; its leases are released."""
+    __slots__ = ("sub_id",)
+    OPCODE = Op.UNSUBSCRIBE
+
+    def __init__(self, sub_id):
+        self.sub_id = sub_id
+
+    def encode(self):
+        return struct.pack(">I", self.sub_id)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "UNSUBSCRIBE")
+        sub_id = r.u32()
+        r.end()
+        return Unsubscribe(sub_id)
+
+
+class Notify(_Body):
+    """Broker -> idle consumer: messages are waiting for this subscription."""
+    __slots__ = ("sub_id", "available")
+    OPCODE = Op.NOTIFY
+
+    def __init__(self, sub_id, available):
+        self.sub_id = sub_id
+        self.available = available
+
+    def encode(self):
+        return struct.pack(">II", self.sub_id, self.available)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "NOTIFY")
+        fields = r.unpack(">II", 8)
+        r.end()
+        return Notify(*fields)
+
+
+class Pull(_Body):
+    """Consumer -> broker: lease up to ``max_messages``; wait up to ``wait_ms``."""
+    __slots__ = ("sub_id", "max_messages", "wait_ms")
+    OPCODE = Op.PULL
+
+    def __init__(self, sub_id, max_messages, wait_ms=0):
+        self.sub_id = sub_id
+        self.max_messages = max_messages
+        self.wait_ms = wait_ms
+
+    def encode(self):
+        return struct.pack(">IHI", self.sub_id, self.max_messages, self.wait_ms)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "PULL")
+        fields = r.unpack(">IHI", 10)
+        r.end()
+        return Pull(*fields)
+
+
+_MSG = ">QHIQQ"       # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
+_MSG_SIZE = 30
+
+
+class Message(_Body):
+    """One leased message inside MESSAGES; (queue_offset, delivery) is the lease."""
+    __slots__ = ("queue_offset", "delivery", "sn", "seq", "lock_ts_ms", "broker_ts_us",
+                 "topic", "headers", "payload")
+
+    def __init__(self, queue_offset, delivery, sn, seq, lock_ts_ms, broker_ts_us,
+                 topic, payload, headers=b""):
+        self.queue_offset = queue_offset
+        self.delivery = delivery
+        self.sn = sn
+        self.seq = seq
+        self.lock_ts_ms = lock_ts_ms
+        self.broker_ts_us = broker_ts_us
+        self.topic = topic
+        self.headers = headers
+        self.payload = payload
+
+    @property
+    def message_id(self):
+        """The globally unique id, ``sn:seq``."""
+        return "%s:%d" % (self.sn, self.seq)
+
+    @property
+    def lease(self):
+        return (self.queue_offset, self.delivery)
+
+    def encode(self):
+        return b"".join((struct.pack(_MSG, self.queue_offset, self.delivery, self.seq,
+                                     self.lock_ts_ms, self.broker_ts_us),
+                         pack8(self.sn, "sn"), pack8(self.topic, "topic"),
+                         pack16(self.headers, "headers"), pack32(self.payload)))
+
+
+class Messages(_Body):
+    """Broker -> consumer: a batch of leased messages (answer to PULL)."""
+    __slots__ = ("sub_id", "messages")
+    OPCODE = Op.MESSAGES
+
+    def __init__(self, sub_id, messages):
+        self.sub_id = sub_id
+        self.messages = messages
+
+    def encode(self):
+        parts = [struct.pack(">IH", self.sub_id, len(self.messages))]
+        for m in self.messages:
+            parts.append(m.encode())
+        return b"".join(parts)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "MESSAGES")
+        sub_id, count = r.unpack(">IH", 6)
+        out = []
+        for _ in range(count):
+            qo, delivery, seq, lock_ts_ms, broker_ts_us = r.unpack(_MSG, _MSG_SIZE)
+            sn = r.str8()
+            topic = r.str8()
+            headers = r.bytes16()
+            payload = r.bytes32()
+            out.append(Message(qo, delivery, sn, seq, lock_ts_ms, broker_ts_us, topic,
+                               payload, headers))
+        r.end()
+        return Messages(sub_id, out)
+
+
+def _pack_leases(leases):
+    parts = [struct.pack(">H", len(leases))]
+    for queue_offset, delivery in leases:
+        parts.append(struct.pack(">QH", queue_offset, delivery))
+    return b"".join(parts)
+
+
+def _read_leases(r):
+    out = []
+    for _ in range(r.u16()):
+        out.append(r.unpack(">QH", 10))
+    return out
+
+
+class Ack(_Body):
+    """Consumer -> broker: these leases are done."""
+    __slots__ = ("sub_id", "leases")
+    OPCODE = Op.ACK
+
+    def __init__(self, sub_id, leases):
+        self.sub_id = sub_id
+        self.leases = [tuple(x) for x in leases]
+
+    def encode(self):
+        return struct.pack(">I", self.sub_id) + _pack_leases(self.leases)
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "ACK")
+        sub_id = r.u32()
+        leases = _read_leases(r)
+        r.end()
+        return Ack(sub_id, leases)
+
+
+class Nack(_Body):
+    """Consumer -> broker: these leases failed; retry after ``delay_ms``
+    (0 = the broker's backoff level for the delivery count)."""
+    __slots__ = ("sub_id", "leases", "delay_ms", "reason")
+    OPCODE = Op.NACK
+
+    def __init__(self, sub_id, leases, delay_ms=0, reason=""):
+        self.sub_id = sub_id
+        self.leases = [tuple(x) for x in leases]
+        self.delay_ms = delay_ms
+        self.reason = reason
+
+    def encode(self):
+        return (struct.pack(">II", self.sub_id, self.delay_ms) + pack16(self.reason, "reason")
+                + _pack_leases(self.leases))
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "NACK")
+        sub_id, delay_ms = r.unpack(">II", 8)
+        reason = r.str16()
+        leases = _read_leases(r)
+        r.end()
+        return Nack(sub_id, leases, delay_ms, reason)
+
+
+class Command(_Body):
+    """A downlink command. Service -> broker with an empty ``mac``; broker ->
+    lock with ``mac`` = command_mac(device key, ...), which the lock checks,
+    together with the expiry and a ``cmd_id`` higher than the last it ran."""
+    __slots__ = ("target", "cmd_id", "expires_ms", "kind", "args", "mac")
+    OPCODE = Op.COMMAND
+
+    def __init__(self, target, cmd_id, expires_ms, kind, args=b"", mac=b""):
+        self.target = target
+        self.cmd_id = cmd_id
+        self.expires_ms = expires_ms
+        self.kind = kind
+        self.args = args
+        self.mac = mac
+
+    def encode(self):
+        return (pack8(self.target, "target") + struct.pack(">IQB", self.cmd_id, self.expires_ms, self.kind)
+                + pack16(self.args, "args") + pack8(self.mac, "mac"))
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "COMMAND")
+        target = r.str8()
+        cmd_id, expires_ms, kind = r.unpack(">IQB", 13)
+        args = r.bytes16()
+        mac = r.bytes8()
+        r.end()
+        return Command(target, cmd_id, expires_ms, kind, args, mac)
+
+
+class CommandResult(_Body):
+    """Lock -> broker -> sender: what became of a command."""
+    __slots__ = ("target", "cmd_id", "status", "detail")
+    OPCODE = Op.COMMAND_RESULT
+
+    def __init__(self, target, cmd_id, status, detail=""):
+        self.target = target
+        self.cmd_id = cmd_id
+        self.status = status
+        self.detail = detail
+
+    def encode(self):
+        return (pack8(self.target, "target") + struct.pack(">IB", self.cmd_id, self.status)
+                + pack16(self.detail, "detail"))
+
+    @staticmethod
+    def decode(body):
+        r = Reader(body, "COMMAND_RESULT")
+        target = r.str8()
+        cmd_id, status = r.unpack(">IB", 5)
+        detail = r.str16()
+        r.end()
+        return CommandResult(target, cmd_id, status, detail)
+
+
+def encode_json(obj):
+    """ADMIN_REQUEST / ADMIN_RESPONSE body: a UTF-8 JSON object."""
+    return json.dumps(obj).encode()
+
+
+def decode_json(body):
+    try:
+        obj = json.loads(bytes(body).decode())
+    except (ValueError, UnicodeError):
+        raise BadBody("admin body is not UTF-8 JSON")
+    if not isinstance(obj, dict):
+        raise BadBody("admin body must be a JSON object")
+    return obj
+
+
+BODY_TYPES = {}
+for _cls in (Connect, Challenge, Auth, ConnectAck, Heartbeat, Disconnect, ErrorReply, Publish,
+             PublishAck, Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Messages, Ack,
+             Nack, Command, CommandResult):
+    BODY_TYPES[_cls.OPCODE] = _cls
+
+
+def decode_body(opcode, body):
+    """Decode a frame body by opcode: a body object, a dict (admin), or b"" (OK)."""
+    cls = BODY_TYPES.get(opcode)
+    if cls is not None:
+        return cls.decode(body)
+    if opcode in (Op.ADMIN_REQUEST, Op.ADMIN_RESPONSE):
+        return decode_json(body)
+    if opcode == Op.OK:
+        return body
+    raise BadBody("no body layout for opcode 0x%04x" % opcode)

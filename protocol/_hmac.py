@@ -1,0 +1,32 @@
+# HMAC-SHA256 (RFC 2104) over hashlib.sha256: MicroPython has sha256 but no hmac
+# module, so both sides use this one, and the shared vectors check it against
+# RFC 4231.
+import hashlib
+
+_BLOCK = 64
+
+
+def _xor(key, pad):
+    return bytes([b ^ pad for b in key])
+
+
+def hmac_sha256(key, msg):
+    """HMAC-SHA256 of ``msg`` under ``key`` (both bytes); returns 32 bytes."""
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key + bytes(_BLOCK - len(key))
+    inner = hashlib.sha256(_xor(key, 0x36))
+    inner.update(msg)
+    outer = hashlib.sha256(_xor(key, 0x5C))
+    outer.update(inner.digest())
+    return outer.digest()
+
+
+def compare_digest(a, b):
+    """Constant-time equality of two byte strings."""
+    if len(a) != len(b):
+        return False
+    diff = 0
+    for i in range(len(a)):
+        diff |= a[i] ^ b[i]
+    return diff == 0
