@@ -1,0 +1,181 @@
+"""The virtual board: the real firmware in the MicroPython unix port, on a pty.
+
+A board's file system is a *flash folder* (``main.py``, ``lib/``, ``config.json``,
+and whatever the app writes at run time). Powering the board on runs::
+
+    MICROPYPATH=lib:.frozen micropython -X heapsize=<N> -i main.py
+
+in that folder, with ``HOME`` set to a private temporary folder. ``-i`` gives the
+behaviour of a board: when ``main.py`` ends (Ctrl-C, an uncaught exception) the
+REPL takes over, so the raw REPL works the way mpremote expects.
+
+The unix port *exits* where a board soft-reboots (Ctrl-D at a REPL prompt,
+``sys.exit()``). This wrapper respawns it and prints ``MPY: soft reboot``, as a
+board does: after an exit from the raw REPL it comes back in the raw REPL without
+running ``main.py`` (mpremote's soft reset); otherwise it runs ``main.py`` again.
+
+A power cut is SIGKILL of the interpreter (nothing flushed, no ``finally``) and
+a restart in the same folder: the files the app left are all that survives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .board import Board, Sink
+from .pty_process import PtyProcess
+
+RAW_BANNER = b"raw REPL; CTRL-B to exit"
+SOFT_REBOOT = b"MPY: soft reboot\r\n"
+
+
+def find_micropython() -> str | None:
+    """The unix-port interpreter: next to this Python (the venv) or on PATH."""
+    import sys
+
+    here = Path(sys.executable).with_name("micropython")
+    if here.exists():
+        return str(here)
+    return shutil.which("micropython")
+
+
+class VirtualBoard(Board):
+    """The firmware in the unix port, its flash a folder, its UART a pty."""
+
+    def __init__(
+        self,
+        flash_dir: str | os.PathLike[str],
+        heapsize: str = "128K",
+        name: str | None = None,
+        micropython: str | None = None,
+        script: str = "main.py",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.flash_dir = Path(flash_dir)
+        self.heapsize = heapsize
+        self.name = name or f"virtual:{self.flash_dir.name}"
+        self.script = script
+        mp = micropython or find_micropython()
+        if mp is None:
+            raise FileNotFoundError("micropython (the unix port) is not installed")
+        self.micropython = mp
+        self._home = tempfile.mkdtemp(prefix="hil-home-")
+        self._env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": self._home,
+            "MICROPYPATH": "lib:.frozen",
+            **(extra_env or {}),
+        }
+        self._sink: Sink | None = None
+        self._lock = threading.RLock()
+        self._proc: PtyProcess | None = None
+        self._generation = 0  # bumps on every spawn; stale exits are ignored
+        self._raw = False
+        self._want_raw_entry = False
+        self._tail = b""
+        self._closed = False
+        #: How many interpreters this board has started (boots + soft reboots).
+        self.boots = 0
+
+    # -- Board ------------------------------------------------------------------
+    def attach(self, sink: Sink) -> None:
+        self._sink = sink
+        self._power_on()
+
+    def write(self, data: bytes) -> None:
+        if b"\x02" in data:
+            self._raw = False
+        proc = self._proc
+        if proc is not None:
+            proc.write(data)
+
+    def reset(self) -> None:
+        self.power_cut(0.0)
+
+    def power_cut(self, off_s: float = 0.0) -> None:
+        self._kill()
+        if off_s > 0:
+            time.sleep(off_s)
+        with self._lock:
+            if not self._closed:
+                self._power_on()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._kill()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+    # -- helpers ----------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running interpreter, if any."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.alive() else None
+
+    def _argv(self, run_main: bool) -> list[str]:
+        argv = [self.micropython, "-X", f"heapsize={self.heapsize}"]
+        if run_main:
+            argv += ["-i", self.script]
+        return argv
+
+    def _power_on(self) -> None:
+        with self._lock:
+            self._spawn(run_main=True)
+
+    def _spawn(self, run_main: bool) -> None:
+        self._generation += 1
+        gen = self._generation
+        self._raw = False
+        self._tail = b""
+        self._want_raw_entry = not run_main
+        self.boots += 1
+        self._proc = PtyProcess(
+            self._argv(run_main),
+            cwd=str(self.flash_dir),
+            env=self._env,
+            sink=lambda data, gen=gen: self._on_output(gen, data),
+            on_exit=lambda rc, gen=gen: self._on_exit(gen, rc),
+        )
+
+    def _kill(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+            self._generation += 1  # the dying process's exit is not a soft reboot
+        if proc is not None:
+            proc.kill(signal.SIGKILL)
+            try:
+                proc.wait(10)
+            except Exception:  # pragma: no cover - a process that ignores SIGKILL
+                pass
+
+    def _on_output(self, gen: int, data: bytes) -> None:
+        if gen != self._generation:
+            return
+        tail = self._tail + data
+        if RAW_BANNER in tail:
+            self._raw = True
+        if self._want_raw_entry and b">>> " in tail:
+            # A soft reboot from the raw REPL comes back in the raw REPL.
+            self._want_raw_entry = False
+            proc = self._proc
+            if proc is not None:
+                proc.write(b"\x01")
+        self._tail = tail[-64:]
+        if self._sink is not None:
+            self._sink(data)
+
+    def _on_exit(self, gen: int, rc: int) -> None:
+        with self._lock:
+            if gen != self._generation or self._closed:
+                return  # killed on purpose (power cut) or closed
+            was_raw = self._raw
+            if self._sink is not None:
+                self._sink(SOFT_REBOOT)
+            self._spawn(run_main=not was_raw)
