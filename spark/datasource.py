@@ -13,8 +13,9 @@
 - ``startingOffsets`` / ``endingOffsets``: ``earliest`` / ``latest`` / JSON ``{"<log dir>": pos}``.
 - ``mode``: ``PERMISSIVE`` (corrupt records become rows with ``error`` set),
   ``DROPMALFORMED`` (skipped, counted on stderr) or ``FAILFAST``.
-- ``maxPartitionBytes`` (default 32 MiB) and ``minPartitions`` (default: the driver's
-  CPU count): how segments are packed into Spark partitions.
+- ``maxPartitionBytes`` (default 32 MiB), ``minPartitions`` (default: the driver's
+  CPU count) and ``minPartitionBytes`` (default 1 MiB): how segments are packed
+  into Spark partitions (a task costs ~50 ms, so small files share one).
 - ``maxRecordsPerTrigger`` / ``maxBytesPerTrigger``: streaming read limits.
 - ``batchRecords``: rows per Arrow batch (default 65536).
 
@@ -68,6 +69,7 @@ class _Options:
             raise ValueError(f"lockmq: mode must be one of {MODES}, got {self.mode!r}")
         self.max_partition_bytes = _int(opts, "maxpartitionbytes", planner.DEFAULT_MAX_PARTITION_BYTES)
         self.min_partitions = _int(opts, "minpartitions", os.cpu_count() or 1)
+        self.min_partition_bytes = _int(opts, "minpartitionbytes", planner.MIN_PARTITION_BYTES)
         self.batch_records = _int(opts, "batchrecords", 65536)
         self.max_records = _int(opts, "maxrecordspertrigger", 0) or None
         self.max_bytes = _int(opts, "maxbytespertrigger", 0) or None
@@ -121,7 +123,7 @@ class LockmqBatchReader(DataSourceReader):
         items, missing = planner.pieces(logs, start, end)
         if missing:
             _warn(f"{missing} bytes of the requested range were deleted by retention; skipped")
-        parts = planner.pack(items, o.max_partition_bytes, o.min_partitions)
+        parts = planner.pack(items, o.max_partition_bytes, o.min_partitions, o.min_partition_bytes)
         return [LogPartition(p) for p in parts]
 
     def read(self, partition: LogPartition) -> Iterator:
@@ -170,7 +172,8 @@ class LockmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         items, missing = planner.pieces(logs, start, end)
         if missing:
             _warn(f"{missing} bytes between the last offsets and now were deleted by retention; skipped")
-        parts = planner.pack(items, self.opts.max_partition_bytes, self.opts.min_partitions)
+        parts = planner.pack(items, self.opts.max_partition_bytes, self.opts.min_partitions,
+                             self.opts.min_partition_bytes)
         return [LogPartition(p) for p in parts]
 
     def read(self, partition: LogPartition) -> Iterator:

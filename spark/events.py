@@ -1,17 +1,22 @@
-"""Vectorised decoding of ``LockEvent`` payloads (protocol/SPEC.md) into Arrow columns.
+"""Vectorised decoding of ``LockEvent`` payloads (protocol/_event.py) into Arrow columns.
+
+The protocol's lock-event record, big-endian::
+
+    event_type u8 | method u8 | result u8 | value u16 | ts_ms u64 | cred_len u8 | credential
 
 A record carries a lock event when its topic is not a system topic (``$...``) and
-its payload has the ``LockEvent`` layout; other records get nulls in these columns.
-The layout constants below mirror the protocol's codec; tests check them against
-``lockmq.protocol`` on the same bytes.
+its payload has exactly this layout (``len == 14 + cred_len``); other records get
+nulls in these columns. Tests check this decoder against ``lockmq.protocol.LockEvent``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 UTC_US = pa.timestamp("us", tz="UTC")
+EVENT_HEADER_SIZE = 13  # bytes before cred_len
 
 # Names of the protocol's EventType / Method / Result codes (protocol/_constants.py).
 EVENT_TYPES = {
@@ -33,39 +38,72 @@ ARROW_FIELDS = [
     ("event_type", pa.string()),
     ("method", pa.string()),
     ("result", pa.string()),
+    ("value", pa.int32()),
     ("event_ts", UTC_US),
     ("credential_id", pa.string()),
 ]
-SPARK_DDL = "event_type STRING, method STRING, result STRING, event_ts TIMESTAMP, credential_id STRING"
+SPARK_DDL = ("event_type STRING, method STRING, result STRING, value INT, event_ts TIMESTAMP, "
+             "credential_id STRING")
+
+_HEX = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), dtype=np.uint8).reshape(256, 2)
+_MAX_MS = np.iinfo(np.int64).max // 1000
 
 
-def _lookup(codes: np.ndarray, names: dict[int, str], valid: np.ndarray) -> pa.Array:
-    """Map small integer codes to names as a string array (unknown codes -> "code:N")."""
-    table = np.array([names.get(i, f"code:{i}") for i in range(256)], dtype=object)
-    return pa.DictionaryArray.from_arrays(
-        pa.array(codes.astype(np.int32), mask=~valid), pa.array(table, type=pa.string())
-    ).cast(pa.string())
+def _names(table: dict[int, str]) -> pa.Array:
+    return pa.array([table.get(i, f"code:{i}") for i in range(256)], type=pa.string())
+
+
+_TYPE_NAMES, _METHOD_NAMES, _RESULT_NAMES = _names(EVENT_TYPES), _names(METHODS), _names(RESULTS)
+
+
+def _lookup(codes: np.ndarray, names: pa.Array, valid: np.ndarray) -> pa.Array:
+    """Small integer codes -> their names (null where not ``valid``)."""
+    idx = pa.array(codes.astype(np.int32), mask=~valid)
+    return pa.DictionaryArray.from_arrays(idx, names).cast(pa.string())
+
+
+def _take(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """``width`` bytes at each start, as an (n, width) uint8 array."""
+    return arr[starts[:, None] + np.arange(width, dtype=np.int64)]
 
 
 def decode(arr: np.ndarray, topic: pa.Array, pay_start: np.ndarray, pay_len: np.ndarray) -> dict[str, pa.Array]:
-    """Decode the LockEvent fields of every record whose payload is a LockEvent."""
-    from . import lockevent_layout as L
-
+    """The LockEvent columns for records whose payload starts at ``pay_start`` in ``arr``."""
     n = len(pay_start)
-    is_event = L.candidates(arr, pay_start, pay_len)
-    if n and is_event.any():
-        system = np.asarray(topic.to_numpy(zero_copy_only=False).astype("U1") == "$")
-        is_event &= ~system
-    if not n or not is_event.any():
+    is_event = pay_len >= EVENT_HEADER_SIZE + 1
+    if is_event.any():
+        cred_len = np.zeros(n, dtype=np.int64)
+        cred_len[is_event] = arr[pay_start[is_event] + EVENT_HEADER_SIZE]
+        is_event &= pay_len == EVENT_HEADER_SIZE + 1 + cred_len
+    if is_event.any():
+        first = pc.utf8_slice_codeunits(topic, 0, 1)
+        is_event &= ~np.asarray(pc.equal(first, "$").to_numpy(zero_copy_only=False), dtype=bool)
+    if not is_event.any():
         return {name: pa.nulls(n, typ) for name, typ in ARROW_FIELDS}
-    fields = L.extract(arr, pay_start, pay_len, is_event)
-    ts = fields["ts_ms"]
-    ts_ok = is_event & (ts > 0) & (ts <= (np.iinfo(np.int64).max // 1000))
-    cred = fields["credential"]
+    starts = np.where(is_event, pay_start, 0)
+    head = _take(arr, starts, EVENT_HEADER_SIZE)
+    value = head[:, 3:5].copy().view(">u2").reshape(-1).astype(np.int32)
+    ts = head[:, 5:13].copy().view(">u8").reshape(-1)
+    ts_ok = is_event & (ts > 0) & (ts <= _MAX_MS)
+    # credential bytes -> lowercase hex, gathered without a per-row loop
+    clen = np.where(is_event, cred_len, 0)
+    has_cred = clen > 0
+    offs = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(clen, out=offs[1:])
+    total = int(offs[-1])
+    idx = np.repeat(starts + EVENT_HEADER_SIZE + 1 - offs[:-1], clen) + np.arange(total, dtype=np.int64)
+    hexdata = _HEX[arr[idx]].reshape(-1)
+    cred = pa.Array.from_buffers(
+        pa.string(), n,
+        [pa.py_buffer(np.packbits(has_cred, bitorder="little")),
+         pa.py_buffer((offs * 2).astype(np.int32)), pa.py_buffer(hexdata)],
+        null_count=int(n - has_cred.sum()),
+    )
     return {
-        "event_type": _lookup(fields["event_type"], EVENT_TYPES, is_event),
-        "method": _lookup(fields["method"], METHODS, is_event),
-        "result": _lookup(fields["result"], RESULTS, is_event),
+        "event_type": _lookup(head[:, 0], _TYPE_NAMES, is_event),
+        "method": _lookup(head[:, 1], _METHOD_NAMES, is_event),
+        "result": _lookup(head[:, 2], _RESULT_NAMES, is_event),
+        "value": pa.array(value, mask=~is_event),
         "event_ts": pa.array(np.where(ts_ok, ts, 0).astype(np.int64) * 1000, type=UTC_US, mask=~ts_ok),
-        "credential_id": pa.array(cred, type=pa.string(), mask=~is_event | (cred == None)),  # noqa: E711
+        "credential_id": cred,
     }

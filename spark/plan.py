@@ -172,17 +172,19 @@ def pieces(logs: list[Log], start: dict[str, int], end: dict[str, int]) -> tuple
 
 
 def pack(items: list[Piece], max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
-         min_partitions: int = 1) -> list[list[Piece]]:
+         min_partitions: int = 1, min_partition_bytes: int = MIN_PARTITION_BYTES) -> list[list[Piece]]:
     """Group pieces into partitions of roughly equal bytes, splitting big pieces on record boundaries.
 
     Many small segment files share one partition (each Spark task costs ~50 ms);
     a big one is cut at record boundaries found by walking its record lengths.
+    Aims at ``min_partitions`` partitions, none above ``max_partition_bytes`` and
+    none below ``min_partition_bytes`` (unless there is less data than that).
     """
     total = sum(p.size for p in items)
     if not total:
         return []
     target = min(max_partition_bytes, math.ceil(total / max(1, min_partitions)))
-    target = max(target, min(MIN_PARTITION_BYTES, max_partition_bytes))
+    target = max(target, min(min_partition_bytes, max_partition_bytes), 1)
     slack = target + target // 4
     parts: list[list[Piece]] = []
     cur: list[Piece] = []
@@ -233,10 +235,10 @@ def pack(items: list[Piece], max_partition_bytes: int = DEFAULT_MAX_PARTITION_BY
 
 def plan(paths: list[str], start: dict[str, int] | None, end: dict[str, int] | None,
          gateway_id: str | None = None, max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
-         min_partitions: int = 1) -> tuple[list[list[Piece]], dict[str, int], dict[str, int], int]:
+         min_partitions: int = 1, min_partition_bytes: int = MIN_PARTITION_BYTES) -> tuple[list[list[Piece]], dict[str, int], dict[str, int], int]:
     """Discover logs and plan a read: ``(partitions, start, end, missing_bytes)``."""
     logs = discover(paths, gateway_id)
     s = earliest(logs) if start is None else {**earliest(logs), **start}
     e = latest(logs) if end is None else {**latest(logs), **end}
     items, missing = pieces(logs, s, e)
-    return pack(items, max_partition_bytes, min_partitions), s, e, missing
+    return pack(items, max_partition_bytes, min_partitions, min_partition_bytes), s, e, missing
