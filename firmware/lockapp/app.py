@@ -1,0 +1,132 @@
+# Wiring: loads config and state from flash, starts the tasks, runs until a reboot
+# or quit. run() is the board's main loop: a soft reboot builds everything again
+# from the files (on an ESP32 a reboot is machine.reset()).
+import gc
+import sys
+import time
+import asyncio
+from lockmq.protocol import LockEvent, EventType, Method, Result, Heartbeat
+from lockapp import VERSION, log, config, hw as hwmod, backoff
+from lockapp.clock import Clock
+from lockapp.seqno import SeqNo
+from lockapp.oqueue import OQueue
+from lockapp.events import Lock
+from lockapp.commands import Commands
+from lockapp.link import Link
+
+_TYPES = {"unlock": EventType.UNLOCK, "failed": EventType.FAILED_ATTEMPT,
+          "door_open": EventType.DOOR_LEFT_OPEN, "tamper": EventType.TAMPER,
+          "battery": EventType.LOW_BATTERY}
+
+
+class App:
+    def __init__(self):
+        self.cfg = cfg = config.load()
+        self.sn = cfg["sn"]
+        self.key = config.key_bytes(cfg)
+        self.clock = Clock()
+        self.hw = hwmod.make(cfg)
+        backoff.seed(self.sn.encode() + self.hw.unique_id())
+        self.q = OQueue("queue.dat", cfg["queue_max"])
+        self.seq = SeqNo("seq.dat", cfg["seq_block"])
+        if not self.seq.ok:
+            log.warn("sys seq file damaged; continuing above the queue")
+        self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
+        self.commands = Commands(self)
+        self.lock = Lock(self)
+        self.link = Link(self)
+        self.peak = 0
+        self._started = time.ticks_ms()
+        self._stop = asyncio.Event()
+        self.stop_reason = None
+        log.info("sys boot fw=%s sn=%s hw=%s" % (VERSION, self.sn, self.hw.name))
+        log.info("q loaded len=%d next_seq=%d dropped=%d torn=%d"
+                 % (len(self.q), self.seq.next, self.q.dropped, self.q.torn))
+
+    # -- events --------------------------------------------------------------------------
+    def emit(self, name, credential=b"", value=0, result=0, remote=False):
+        # Queue one event durably (flash) before anyone may send it.
+        if name == "failed":
+            result = Result.DENIED_UNKNOWN
+        method = Method.REMOTE if remote else (Method.CARD if credential else Method.NONE)
+        ts = self.clock.now_ms()
+        payload = LockEvent(_TYPES[name], ts, method, result, value, credential).encode()
+        seq = self.seq.take()
+        dropped = self.q.append(seq, payload)
+        if dropped is not None:
+            log.warn("evt dropped seq=%d total=%d" % (dropped, self.q.dropped))
+        log.info("evt queued seq=%d type=%s" % (seq, name))
+        self.link.signal.set()
+        self._sample_mem()
+        return seq
+
+    def heartbeat(self):
+        return Heartbeat(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
+                         len(self.q), self.q.dropped, self.lock.battery, gc.mem_free())
+
+    def change_config(self, changes):
+        self.cfg = config.apply_change(self.cfg, changes)
+        self.lock.cfg = self.cfg
+
+    # -- status ----------------------------------------------------------------------------
+    def _sample_mem(self):
+        a = gc.mem_alloc()
+        if a > self.peak:
+            self.peak = a
+
+    def log_mem(self):
+        self._sample_mem()
+        log.info("mem peak=%d alloc=%d free=%d" % (self.peak, gc.mem_alloc(), gc.mem_free()))
+
+    def log_status(self):
+        log.info("sys status q=%d next_seq=%d dropped=%d link=%s"
+                 % (len(self.q), self.seq.next, self.q.dropped, "up" if self.link.up else "down"))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def reboot(self, reason):
+        log.info("sys reboot reason=" + reason)
+        if self.hw.name != "sim":
+            time.sleep_ms(100)
+            self.hw.reset()
+        self.stop("reboot")
+
+    def stop(self, reason):
+        self.stop_reason = reason
+        self._stop.set()
+
+    async def _watchdog(self):
+        # Fed from the event loop: a blocked loop (hung call) stops the feeding and the
+        # hardware watchdog resets the board. Also samples the heap.
+        ms = self.cfg["wdt_ms"]
+        self.hw.wdt_start(ms)
+        while True:
+            self.hw.wdt_feed()
+            self._sample_mem()
+            await asyncio.sleep_ms(min(1000, ms // 4))
+
+    async def main(self):
+        tasks = [asyncio.create_task(self._watchdog()),
+                 asyncio.create_task(self.lock.watch()),
+                 asyncio.create_task(self.link.run())]
+        self.hw.start(self._input)
+        log.info("sys ready")
+        await self._stop.wait()
+        for t in tasks:
+            t.cancel()
+        self.hw.stop()
+        await asyncio.sleep_ms(0)
+        return self.stop_reason
+
+    def _input(self, cmd, args):
+        self.lock.on_input(cmd, args)
+
+
+def run():
+    while True:
+        gc.collect()
+        app = App()
+        reason = asyncio.run(app.main())
+        asyncio.new_event_loop()
+        app = None
+        if reason != "reboot":
+            sys.exit(0)

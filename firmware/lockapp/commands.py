@@ -1,0 +1,138 @@
+# Downlink commands: verify, then execute, then answer.
+# A command runs only if its MAC (HMAC-SHA256 under this lock's key, see
+# protocol command_mac) is right, it is addressed to this lock, it has not expired
+# (broker time, synced at connect) and its id is above the last one run. The last
+# id and its result are persisted BEFORE the command runs (at most once); a
+# redelivery of that same id gets the stored answer again without running twice.
+import json
+import struct
+from lockmq.protocol import (Command, CommandKind, CommandStatus, verify_command,
+                             ProtocolError)
+from lockapp import atomic, log
+
+PATH = "cmd.dat"
+NAMES = {CommandKind.UNLOCK: "unlock", CommandKind.CARDS_SET: "cards",
+         CommandKind.CONFIG: "config", CommandKind.REBOOT: "reboot",
+         CommandKind.FW_UPDATE: "fw_update"}
+
+
+class Commands:
+    def __init__(self, app, path=PATH):
+        self.app = app
+        self.path = path
+        self.last_id = 0
+        self.last_status = CommandStatus.OK
+        raw = atomic.read(path)
+        if raw is not None and len(raw) == 5:
+            self.last_id, self.last_status = struct.unpack(">IB", raw)
+        self.reboot_pending = False
+
+    def handle(self, body, now_ms):
+        # body: the COMMAND frame body. Returns (cmd_id, status, detail).
+        try:
+            cmd = Command.decode(body)
+        except ProtocolError:
+            log.warn("cmd refused id=0 reason=malformed")
+            return 0, CommandStatus.REFUSED, "malformed"
+        app = self.app
+        name = NAMES.get(cmd.kind, "kind%d" % cmd.kind)
+        if cmd.target != app.sn or not verify_command(app.key, app.sn, cmd):
+            return self._refuse(cmd, "bad_sig")
+        if cmd.cmd_id == self.last_id and cmd.cmd_id:
+            log.info("cmd %s id=%d dup status=%d" % (name, cmd.cmd_id, self.last_status))
+            return cmd.cmd_id, self.last_status, "duplicate"
+        if cmd.cmd_id < self.last_id:
+            return self._refuse(cmd, "replay")
+        if now_ms >= cmd.expires_ms:
+            log.warn("cmd refused id=%d reason=expired" % cmd.cmd_id)
+            return cmd.cmd_id, CommandStatus.EXPIRED, "expired"
+        status, detail = self._check(cmd)
+        if status == CommandStatus.OK:
+            self._persist(cmd.cmd_id, status)
+            try:
+                detail = self._run(cmd)
+            except Exception as e:
+                status, detail = CommandStatus.FAILED, str(e)
+                self._persist(cmd.cmd_id, status)
+        else:
+            self._persist(cmd.cmd_id, status)
+        if status == CommandStatus.OK:
+            log.info("cmd %s id=%d ok" % (name, cmd.cmd_id))
+        else:
+            log.warn("cmd %s id=%d failed err=%s" % (name, cmd.cmd_id, log.clean(detail)))
+        return cmd.cmd_id, status, detail
+
+    def _refuse(self, cmd, reason):
+        log.warn("cmd refused id=%d reason=%s" % (cmd.cmd_id, reason))
+        return cmd.cmd_id, CommandStatus.REFUSED, reason
+
+    def _persist(self, cmd_id, status):
+        atomic.write(self.path, struct.pack(">IB", cmd_id, status))
+        self.last_id = cmd_id
+        self.last_status = status
+
+    def _check(self, cmd):
+        # Parse/validate arguments without side effects.
+        k = cmd.kind
+        a = cmd.args
+        try:
+            if k == CommandKind.UNLOCK:
+                if len(a) != 2 or not 1 <= struct.unpack(">H", a)[0] <= 600:
+                    return CommandStatus.FAILED, "unlock seconds must be 1..600"
+            elif k == CommandKind.CARDS_SET:
+                parse_cards(a)
+            elif k == CommandKind.CONFIG:
+                obj = json.loads(bytes(a).decode())
+                if not isinstance(obj, dict):
+                    return CommandStatus.FAILED, "config must be a JSON object"
+            elif k == CommandKind.REBOOT:
+                pass
+            else:
+                return CommandStatus.UNSUPPORTED, "unsupported"
+        except (ValueError, IndexError) as e:
+            return CommandStatus.FAILED, "bad args: %s" % e
+        return CommandStatus.OK, ""
+
+    def _run(self, cmd):
+        app = self.app
+        k = cmd.kind
+        if k == CommandKind.UNLOCK:
+            seconds = struct.unpack(">H", cmd.args)[0]
+            app.lock.unlock(seconds)
+            app.emit("unlock", value=seconds, remote=True)
+            return "unlocked %ds" % seconds
+        if k == CommandKind.CARDS_SET:
+            cards = parse_cards(cmd.args)
+            app.lock.set_cards(cards)
+            return "%d cards" % len(cards)
+        if k == CommandKind.CONFIG:
+            app.change_config(json.loads(bytes(cmd.args).decode()))
+            return "applied"
+        if k == CommandKind.REBOOT:
+            self.reboot_pending = True
+            return "rebooting"
+        return ""
+
+
+def parse_cards(a):
+    # count u16, then count credentials as bytes8 (u8 length + bytes) -> hex list
+    n = struct.unpack(">H", a[:2])[0]
+    if n > 1000:
+        raise ValueError("too many cards")
+    out = []
+    p = 2
+    for _ in range(n):
+        ln = a[p]
+        c = bytes(a[p + 1:p + 1 + ln])
+        if len(c) != ln or ln == 0:
+            raise ValueError("card list truncated")
+        out.append(hexstr(c))
+        p += 1 + ln
+    if p != len(a):
+        raise ValueError("card list has trailing bytes")
+    return out
+
+
+def hexstr(b):
+    from binascii import hexlify
+    return hexlify(b).decode().upper()

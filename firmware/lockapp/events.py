@@ -1,0 +1,141 @@
+# The lock's own logic: turns inputs (card, door, tamper, battery, injected events)
+# into actions (relay, LEDs) and events for the offline queue.
+import json
+import asyncio
+from lockapp import atomic, log
+
+CARDS = "cards.json"
+TYPES = ("unlock", "failed", "door_open", "tamper", "battery")
+
+
+class Lock:
+    def __init__(self, app):
+        self.app = app
+        self.cfg = app.cfg
+        self.hw = app.hw
+        self.cards = load_cards()
+        self.door_open = False
+        self._door_since = 0
+        self._door_alarmed = False
+        self.battery = 100
+        self._unlock_until = 0
+        self._relay_task = None
+
+    # -- inputs ----------------------------------------------------------------------
+    def on_input(self, cmd, args):
+        app = self.app
+        if cmd == "card":
+            self.card(args[0].upper())
+        elif cmd == "badcard":
+            self._deny(args[0].upper())
+        elif cmd == "door":
+            self.door(args[0] == "open")
+        elif cmd == "tamper":
+            self.hw.buzzer(500)
+            app.emit("tamper")
+        elif cmd == "battery":
+            self.battery_level(int(args[0]))
+        elif cmd == "event":
+            n = int(args[1]) if len(args) > 1 else 1
+            if args[0] not in TYPES:
+                raise ValueError("unknown event type")
+            for _ in range(n):
+                app.emit(args[0])
+        elif cmd == "wifi":
+            self.hw.wifi = args[0] == "up"
+            log.info("hw wifi " + ("up" if self.hw.wifi else "down"))
+        elif cmd == "mem":
+            app.log_mem()
+        elif cmd == "status":
+            app.log_status()
+        elif cmd == "reboot":
+            app.reboot("stdin")
+        elif cmd == "quit":
+            app.stop("quit")
+        else:
+            raise ValueError("unknown command")
+
+    def card(self, card):
+        if card in self.cards:
+            self.unlock(self.cfg["unlock_s"])
+            self.app.emit("unlock", _cred(card))
+        else:
+            self._deny(card)
+
+    def _deny(self, card):
+        self.hw.led("red")
+        self.hw.buzzer(200)
+        self.app.emit("failed", _cred(card))
+
+    def door(self, is_open):
+        if is_open == self.door_open:
+            return
+        self.door_open = is_open
+        self._door_since = self.app.clock.now_ms()
+        self._door_alarmed = False
+
+    def battery_level(self, pct):
+        low = self.cfg["battery_low_pct"]
+        if pct < low <= self.battery:
+            self.app.emit("battery", value=pct)
+        self.battery = pct
+
+    # -- actions ---------------------------------------------------------------------
+    def unlock(self, seconds):
+        # Relay on for `seconds`; a new unlock extends the open time.
+        self._unlock_until = self.app.clock.now_ms() + seconds * 1000
+        if self._relay_task is None:
+            self.hw.relay(True)
+            self.hw.led("green")
+            self._relay_task = asyncio.create_task(self._relay_off())
+
+    async def _relay_off(self):
+        try:
+            while True:
+                left = self._unlock_until - self.app.clock.now_ms()
+                if left <= 0:
+                    break
+                await asyncio.sleep_ms(min(left, 1000))
+        finally:
+            self.hw.relay(False)
+            self.hw.led("off")
+            self._relay_task = None
+
+    async def watch(self):
+        # Door-left-open alarm, checked once a second.
+        while True:
+            await asyncio.sleep_ms(1000)
+            if self.door_open and not self._door_alarmed:
+                if self.app.clock.now_ms() - self._door_since >= self.cfg["door_open_alarm_s"] * 1000:
+                    self._door_alarmed = True
+                    self.hw.buzzer(1000)
+                    self.app.emit("door_open", value=self.cfg["door_open_alarm_s"])
+
+    def set_cards(self, cards):
+        cards = [c.upper() for c in cards]
+        for c in cards:
+            if not c or len(c) > 32:
+                raise ValueError("bad card id")
+            int(c, 16)
+        atomic.write(CARDS, json.dumps(cards).encode())
+        self.cards = cards
+
+
+def _cred(card):
+    # Credential id as bytes (the card's hex id); at most 16 bytes.
+    try:
+        b = bytes.fromhex(card) if len(card) % 2 == 0 else card.encode()
+    except ValueError:
+        b = card.encode()
+    return b[:16]
+
+
+def load_cards():
+    raw = atomic.read(CARDS)
+    if raw is None:
+        return []
+    try:
+        return [c.upper() for c in json.loads(raw)]
+    except Exception:
+        log.warn("sys cards unreadable file=" + CARDS)
+        return []

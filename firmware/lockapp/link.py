@@ -1,0 +1,291 @@
+# The broker link. run() is the ONE place every link failure ends up: a refused or
+# timed-out connect, an auth failure, a reset, a silent broker, a protocol error,
+# an unexpected frame - each raises out of _session() into run(), which logs
+# "W net down err=...", closes the socket, waits (exponential backoff, full jitter,
+# at least the broker's retry-after) and tries the next broker address.
+#
+# Session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK, then PUBLISH the offline
+# queue in order (up to `window` unacked), HEARTBEAT every interval, answer COMMANDs.
+# Every socket operation has a timeout; EAGAIN (unix port) and ETIMEDOUT (ESP32)
+# count as timeouts.
+import os
+import time
+import errno
+import struct
+import asyncio
+from lockmq.protocol import (Op, Flag, Role, AuthMethod, ErrorCode, NO_SEQ,
+                             FrameDecoder, encode_frame, Connect, Challenge, Auth,
+                             ConnectAck, Heartbeat, ErrorReply, Publish, PublishAck,
+                             CommandResult, auth_proof, ProtocolError)
+from lockapp import log, VERSION
+from lockapp.backoff import Backoff
+
+_TIMEOUT_ERRNOS = (errno.EAGAIN, errno.ETIMEDOUT, 11, 110, 116)
+# Broker errors that mean "later", not "never": the message is sent again.
+_RETRY_CODES = (ErrorCode.BUSY, ErrorCode.RATE_LIMITED, ErrorCode.STORAGE_FULL,
+                ErrorCode.INTERNAL, ErrorCode.SHUTTING_DOWN, ErrorCode.INFLIGHT_LIMIT)
+MAX_FRAME = 4096
+
+
+class LinkError(Exception):
+    # A link failure with a short reason (no spaces) and an optional retry-after.
+    def __init__(self, reason, retry_after_ms=0):
+        Exception.__init__(self, reason)
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
+
+
+def reason_of(e):
+    # Short, greppable reason for any exception that ended a session.
+    if isinstance(e, LinkError):
+        return e.reason
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(e, OSError):
+        code = e.args[0] if e.args else 0
+        if code in _TIMEOUT_ERRNOS:
+            return "timeout"
+        if code == errno.ECONNREFUSED:
+            return "refused"
+        if code == errno.ECONNRESET:
+            return "reset"
+        return "oserror%s" % code
+    if isinstance(e, ProtocolError):
+        return "protocol%d" % e.code
+    return "bug_" + type(e).__name__
+
+
+class Link:
+    def __init__(self, app):
+        self.app = app
+        cfg = app.cfg
+        self.backoff = Backoff(cfg["backoff_min_ms"], cfg["backoff_max_ms"])
+        self.up = False
+        self.signal = asyncio.Event()
+        self._idx = 0
+        self._w = None
+
+    # -- the one failure handler -------------------------------------------------------
+    async def run(self):
+        brokers = self.app.cfg["brokers"]
+        while True:
+            host, port = brokers[self._idx % len(brokers)]
+            host = str(host)
+            port = int(port)
+            retry_after = 0
+            try:
+                if not await self.app.hw.net_up():
+                    raise LinkError("wifi")
+                await self._session(host, port)
+            except Exception as e:  # every link failure comes here
+                retry_after = getattr(e, "retry_after_ms", 0)
+                log.warn("net down err=%s broker=%s:%d" % (reason_of(e), host, port))
+            finally:
+                self.up = False
+                self._close()
+            self._idx += 1
+            delay = self.backoff.next_ms(retry_after)
+            log.info("net backoff ms=%d attempt=%d" % (delay, self.backoff.attempt))
+            await asyncio.sleep_ms(delay)
+
+    def _close(self):
+        w = self._w
+        self._w = None
+        if w is not None:
+            try:
+                w.close()
+            except Exception:
+                pass
+
+    # -- one session ---------------------------------------------------------------------
+    async def _session(self, host, port):
+        app = self.app
+        cfg = app.cfg
+        tmo = cfg["io_timeout_ms"]
+        log.info("net connecting broker=%s:%d" % (host, port))
+        r, w = await asyncio.wait_for_ms(self._open(host, port), tmo)
+        self._w = w
+        self._r = r
+        self._dec = FrameDecoder(MAX_FRAME)
+        sn = app.sn
+        await self._send(Op.CONNECT, Connect(Role.LOCK, cfg["heartbeat_s"], "lockapp/" + VERSION).encode(), 1)
+        f = await self._expect(Op.CHALLENGE, tmo)
+        ch = Challenge.decode(f.body)
+        cnonce = os.urandom(16)
+        proof = auth_proof(app.key, ch.nonce, cnonce, sn)
+        await self._send(Op.AUTH, Auth(AuthMethod.DEVICE_HMAC, cnonce, proof).encode(), 2)
+        f = await self._expect(Op.CONNECT_ACK, tmo)
+        ack = ConnectAck.decode(f.body)
+        app.clock.sync(ack.server_time_ms)
+        if ack.last_seq != NO_SEQ:
+            app.seq.raise_floor(ack.last_seq + 1)
+        hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
+        self.up = True
+        self.backoff.reset()
+        log.info("net connected broker=%s:%d" % (host, port))
+        await self._pump_loop(hb_ms, tmo)
+
+    async def _open(self, host, port):
+        tls = self.app.cfg["tls"]
+        if not tls.get("enabled"):
+            return await asyncio.open_connection(host, port)
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        f = open(tls.get("ca", "ca.der"), "rb")
+        try:
+            ctx.load_verify_locations(cadata=f.read())
+        finally:
+            f.close()
+        return await asyncio.open_connection(host, port, ssl=ctx,
+                                             server_hostname=tls.get("server_hostname") or host)
+
+    async def _send(self, opcode, body, opaque, flags=0):
+        self._w.write(encode_frame(opcode, self.app.sn, body, opaque, flags))
+        await asyncio.wait_for_ms(self._w.drain(), self.app.cfg["io_timeout_ms"])
+
+    async def _read_frame(self, timeout_ms):
+        # The next frame, reading with a timeout; raises on EOF / timeout.
+        while True:
+            f = self._dec.next_frame()
+            if f is not None:
+                return f
+            data = await asyncio.wait_for_ms(self._r.read(512), timeout_ms)
+            if not data:
+                raise LinkError("closed")
+            self._dec.feed(data)
+
+    async def _expect(self, opcode, timeout_ms):
+        f = await self._read_frame(timeout_ms)
+        if f.opcode == opcode:
+            return f
+        if f.opcode == Op.ERROR:
+            e = ErrorReply.decode(f.body)
+            if e.code == ErrorCode.AUTH_FAILED:
+                log.error("net auth failed code=%d" % e.code)
+                raise LinkError("auth", e.retry_after_ms)
+            raise LinkError("error%d" % e.code, e.retry_after_ms)
+        raise LinkError("unexpected_op%d" % f.opcode)
+
+    # -- the session's steady state ------------------------------------------------------
+    async def _pump_loop(self, hb_ms, tmo):
+        app = self.app
+        q = app.q
+        window = app.cfg["window"]
+        inflight = {}          # opaque -> [seq, sent ticks]
+        opaque = 100
+        pause_until = None     # ticks: BUSY said wait
+        last_rx = time.ticks_ms()
+        last_hb = time.ticks_ms()
+        dead_ms = hb_ms * 5 // 2
+        self._err = None
+        rx = asyncio.create_task(self._rx_loop())
+        self._rx_frames = []
+        try:
+            while True:
+                if self._err is not None:
+                    raise self._err
+                now = time.ticks_ms()
+                # 1. frames from the reader task
+                while self._rx_frames:
+                    f = self._rx_frames.pop(0)
+                    last_rx = now
+                    pause = await self._on_frame(f, inflight)
+                    if pause:
+                        pause_until = time.ticks_add(now, pause)
+                if app.commands.reboot_pending:
+                    app.reboot("cmd")
+                    return
+                # 2. publish the queue in order, up to `window` unacked
+                if pause_until is not None and time.ticks_diff(pause_until, now) <= 0:
+                    pause_until = None
+                if pause_until is None and len(inflight) < window and len(q):
+                    sending = [v[0] for v in inflight.values()]
+                    for seq in q.seqs():
+                        if len(inflight) >= window:
+                            break
+                        if seq in sending or q.is_acked(seq):
+                            continue
+                        data = q.get(seq)
+                        if data is None:
+                            continue
+                        opaque += 1
+                        inflight[opaque] = [seq, now]
+                        # the LockEvent record: type, method, result u8, value u16, ts_ms u64
+                        ts = struct.unpack_from(">Q", data, 5)[0]
+                        await self._send(Op.PUBLISH, Publish(app.cfg["topic"], seq, ts, data).encode(), opaque)
+                # 3. heartbeat
+                if time.ticks_diff(now, last_hb) >= hb_ms:
+                    last_hb = now
+                    await self._send(Op.HEARTBEAT, app.heartbeat().encode(), 1)
+                    app.log_mem()
+                # 4. liveness: silent broker, unanswered publish
+                if time.ticks_diff(now, last_rx) > dead_ms:
+                    raise LinkError("silent")
+                for v in inflight.values():
+                    if time.ticks_diff(now, v[1]) > tmo:
+                        raise LinkError("ack_timeout")
+                # 5. sleep until something happens (new event, frame) or 200 ms
+                self.signal.clear()
+                if not self._rx_frames and self._err is None:
+                    try:
+                        await asyncio.wait_for_ms(self.signal.wait(), 200)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            rx.cancel()
+
+    async def _rx_loop(self):
+        try:
+            while True:
+                data = await self._r.read(512)
+                if not data:
+                    raise LinkError("closed")
+                self._dec.feed(data)
+                while True:
+                    f = self._dec.next_frame()
+                    if f is None:
+                        break
+                    self._rx_frames.append(f)
+                    if len(self._rx_frames) > 64:
+                        raise LinkError("rx_overflow")
+                self.signal.set()
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:
+            self._err = e
+            self.signal.set()
+
+    async def _on_frame(self, f, inflight):
+        # Handle one frame from the broker; returns a pause in ms (BUSY) or 0.
+        app = self.app
+        op = f.opcode
+        if op == Op.PUBLISH_ACK:
+            v = inflight.pop(f.opaque, None)
+            if v is not None:
+                PublishAck.decode(f.body)
+                app.q.ack(v[0])
+                log.info("evt acked seq=%d" % v[0])
+            return 0
+        if op == Op.ERROR:
+            e = ErrorReply.decode(f.body)
+            v = inflight.pop(f.opaque, None) if f.flags & Flag.RESPONSE else None
+            if v is None:
+                raise LinkError("error%d" % e.code, e.retry_after_ms)
+            if e.code in _RETRY_CODES:
+                ms = e.retry_after_ms or 1000
+                log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], e.code))
+                return ms
+            # Refused for good (malformed, forbidden...): drop it, counted, logged.
+            app.q.reject(v[0])
+            log.error("evt rejected seq=%d code=%d total=%d" % (v[0], e.code, app.q.dropped))
+            return 0
+        if op == Op.COMMAND:
+            cmd_id, status, detail = app.commands.handle(f.body, app.clock.now_ms())
+            await self._send(Op.COMMAND_RESULT,
+                             CommandResult(app.sn, cmd_id, status, detail[:200]).encode(),
+                             f.opaque, Flag.RESPONSE)
+            return 0
+        if op == Op.DISCONNECT:
+            raise LinkError("disconnect")
+        # HEARTBEAT answers, OK and anything else: liveness only.
+        return 0

@@ -1,0 +1,256 @@
+# The offline queue: every event is appended here (and flushed) BEFORE it is sent,
+# and removed only after the broker's ack. One append-only file of records:
+#
+#   off size
+#     0   1  magic 0xA5
+#     1   1  kind  'E' event | 'H' head
+#     2   2  n     body length, big-endian
+#     4   n  body  E: seq u32 + data      H: head u32 + dropped u32
+#   4+n   4  crc32 of bytes [1, 4+n), big-endian
+#
+# An H record says "every E with seq < head is gone" (acked or dropped) and carries
+# the running count of dropped events. Removing = appending an H record; the file is
+# rewritten (temp file + atomic rename) when dead records outweigh live ones. At load
+# the file is scanned; a torn tail (power cut mid-append) fails its checksum and is
+# cut off by rewriting the valid records. Bounded: when `max_len` events are waiting,
+# the OLDEST is dropped and counted (never silently: the count is persisted, logged
+# and reported).
+import os
+import struct
+from lockapp import atomic
+
+try:
+    from binascii import crc32
+except ImportError:  # pragma: no cover - ports built without binascii.crc32
+    def crc32(data, crc=0):
+        crc = ~crc & 0xFFFFFFFF
+        for b in data:
+            crc ^= b
+            for _ in range(8):
+                crc = (crc >> 1) ^ (0xEDB88320 & -(crc & 1))
+        return ~crc & 0xFFFFFFFF
+
+MAGIC = 0xA5
+KIND_E = 0x45
+KIND_H = 0x48
+MAX_BODY = 1024
+COMPACT_MIN = 4096
+
+
+def _record(kind, body):
+    hdr = struct.pack(">BBH", MAGIC, kind, len(body))
+    crc = crc32(body, crc32(hdr[1:]))
+    return hdr + body + struct.pack(">I", crc & 0xFFFFFFFF)
+
+
+class OQueue:
+    def __init__(self, path, max_len=256):
+        if max_len < 1:
+            raise ValueError("queue_max must be >= 1")
+        self.path = path
+        self.max_len = max_len
+        self.head = 0          # every seq < head is gone
+        self.dropped = 0       # events dropped because the queue was full (persisted)
+        self.max_seq = 0       # highest seq ever seen in the file
+        self.torn = 0          # bytes cut off at load
+        self._seqs = []        # live entries, oldest first
+        self._offs = []        # their record offsets in the file
+        self._acked = []       # acked but not yet at the head
+        self._size = 0
+        self.load()
+
+    def __len__(self):
+        return len(self._seqs)
+
+    def load(self):
+        atomic.remove(self.path + ".new")
+        self._seqs = []
+        self._offs = []
+        self._acked = []
+        good = 0
+        try:
+            f = open(self.path, "rb")
+        except OSError:
+            f = None
+        if f is not None:
+            try:
+                good = self._scan(f)
+            finally:
+                f.close()
+        size = atomic.size(self.path)
+        self._size = good
+        self.torn = size - good if size > good else 0
+        if self.torn:
+            self._rewrite()
+        return self.torn
+
+    def _scan(self, f):
+        off = 0
+        while True:
+            hdr = f.read(4)
+            if len(hdr) < 4:
+                break
+            magic, kind, n = struct.unpack(">BBH", hdr)
+            if magic != MAGIC or kind not in (KIND_E, KIND_H) or n > MAX_BODY or n < 4:
+                break
+            rest = f.read(n + 4)
+            if len(rest) < n + 4:
+                break
+            body = rest[:n]
+            if crc32(body, crc32(hdr[1:])) & 0xFFFFFFFF != struct.unpack(">I", rest[n:])[0]:
+                break
+            if kind == KIND_E:
+                seq = struct.unpack(">I", body[:4])[0]
+                if seq > self.max_seq:
+                    self.max_seq = seq
+                if seq >= self.head:
+                    self._seqs.append(seq)
+                    self._offs.append(off)
+            else:
+                self.head, self.dropped = struct.unpack(">II", body[:8])
+                while self._seqs and self._seqs[0] < self.head:
+                    self._seqs.pop(0)
+                    self._offs.pop(0)
+            off += n + 8
+        return off
+
+    # -- adding ------------------------------------------------------------------
+    def append(self, seq, data):
+        # Durably add one event. Returns the seq of the entry dropped to make room,
+        # or None. Raises ValueError on a seq that is not increasing.
+        if seq <= self.max_seq or seq < self.head:
+            raise ValueError("queue: seq %d not above %d" % (seq, self.max_seq))
+        if len(data) + 4 > MAX_BODY:
+            raise ValueError("queue: event too large")
+        out = b""
+        dropped_seq = None
+        if len(self._seqs) >= self.max_len:
+            dropped_seq = self._seqs[0]
+            self.dropped += 1
+            self._pop_head()
+            self.head = self._seqs[0] if self._seqs else seq
+            out = _record(KIND_H, struct.pack(">II", self.head, self.dropped))
+        rec = _record(KIND_E, struct.pack(">I", seq) + data)
+        off = self._append(out + rec) + len(out)
+        self._seqs.append(seq)
+        self._offs.append(off)
+        if seq > self.max_seq:
+            self.max_seq = seq
+        return dropped_seq
+
+    def _append(self, b):
+        f = open(self.path, "ab")
+        try:
+            f.write(b)
+            f.flush()
+        finally:
+            f.close()
+        off = self._size
+        self._size += len(b)
+        return off
+
+    # -- reading -----------------------------------------------------------------
+    def seqs(self):
+        return self._seqs
+
+    def read(self, start, count):
+        # Up to `count` live entries from index `start`: list of (seq, data).
+        out = []
+        if start >= len(self._seqs):
+            return out
+        f = open(self.path, "rb")
+        try:
+            for i in range(start, min(len(self._seqs), start + count)):
+                f.seek(self._offs[i])
+                hdr = f.read(4)
+                n = struct.unpack(">H", hdr[2:])[0]
+                body = f.read(n)
+                out.append((struct.unpack(">I", body[:4])[0], body[4:]))
+        finally:
+            f.close()
+        return out
+
+    def get(self, seq):
+        # The data of live entry `seq`, or None.
+        try:
+            i = self._seqs.index(seq)
+        except ValueError:
+            return None
+        return self.read(i, 1)[0][1]
+
+    def is_acked(self, seq):
+        return seq in self._acked
+
+    # -- removing ----------------------------------------------------------------
+    def ack(self, seq):
+        # The broker acked seq. Entries leave only from the head (in order); an ack
+        # that arrives early is remembered in RAM. Returns how many left the queue.
+        if seq not in self._seqs or seq in self._acked:
+            return 0
+        self._acked.append(seq)
+        n = 0
+        last = None
+        while self._seqs and self._seqs[0] in self._acked:
+            last = self._seqs[0]
+            self._acked.remove(last)
+            self._pop_head()
+            n += 1
+        if n:
+            self.head = self._seqs[0] if self._seqs else last + 1
+            self._append(_record(KIND_H, struct.pack(">II", self.head, self.dropped)))
+            self._maybe_compact()
+        return n
+
+    def reject(self, seq):
+        # The broker refused seq for good: remove it, counted with the dropped.
+        if seq in self._seqs and seq not in self._acked:
+            self.dropped += 1
+            self.ack(seq)
+
+    def _pop_head(self):
+        seq = self._seqs.pop(0)
+        self._offs.pop(0)
+        if seq in self._acked:
+            self._acked.remove(seq)
+
+    def _maybe_compact(self):
+        # Dead bytes are (nearly) the prefix before the oldest live record.
+        if self._size < COMPACT_MIN:
+            return
+        dead = self._offs[0] if self._offs else self._size
+        if dead >= COMPACT_MIN and 2 * dead >= self._size:
+            self._rewrite()
+
+    def file_bytes(self):
+        return self._size
+
+    def _rewrite(self):
+        # Copy the live records into a new file, then rename it over the old one.
+        tmp = self.path + ".new"
+        entries = []
+        src = None
+        try:
+            src = open(self.path, "rb")
+        except OSError:
+            pass
+        dst = open(tmp, "wb")
+        try:
+            h = _record(KIND_H, struct.pack(">II", self.head, self.dropped))
+            dst.write(h)
+            off = len(h)
+            for i in range(len(self._seqs)):
+                src.seek(self._offs[i])
+                hdr = src.read(4)
+                n = struct.unpack(">H", hdr[2:])[0]
+                rec = hdr + src.read(n + 4)
+                dst.write(rec)
+                entries.append(off)
+                off += len(rec)
+            dst.flush()
+        finally:
+            dst.close()
+            if src is not None:
+                src.close()
+        os.rename(tmp, self.path)
+        self._offs = entries
+        self._size = off

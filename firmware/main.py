@@ -1,0 +1,3 @@
+# Board boot file: the app lives in lib/lockapp (compiled .mpy).
+import lockapp.app
+lockapp.app.run()

