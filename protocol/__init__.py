@@ -14,11 +14,17 @@ from ._crc import crc16
 from ._hmac import hmac_sha256, compare_digest
 from ._frame import Frame, FrameDecoder, encode_frame
 from ._bodies import (Connect, Challenge, Auth, ConnectAck, Heartbeat, Disconnect, ErrorReply,
-                      Publish, PublishAck, Subscribe, SubscribeAck, Unsubscribe, Notify, Pull,
-                      Message, Messages, Ack, Nack, Command, CommandResult, encode_json,
-                      decode_json, decode_body, BODY_TYPES)
+                      Publish, PublishAck, Command, CommandResult, encode_json, decode_json,
+                      decode_body, BODY_TYPES)
 from ._event import LockEvent
 from ._auth import auth_proof, command_mac, verify_auth_proof, verify_command
+
+import sys
+if sys.implementation.name != "micropython":
+    # A lock never consumes: on the device these stay out of RAM (import
+    # lockmq.protocol._consume explicitly to have them there).
+    from ._consume import (Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Message,
+                           Messages, Ack, Nack)
 
 __all__ = [
     "VERSION", "MIN_FRAME", "MAX_SN", "DEFAULT_MAX_FRAME", "HARD_MAX_FRAME", "NONCE_SIZE",

@@ -13,7 +13,7 @@ class ProtocolError(Exception):
     fatal = True
 
     def __init__(self, message, code=None):
-        Exception.__init__(self, message)
+        super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code

@@ -1,0 +1,151 @@
+"""Regenerate protocol/vectors.json, the shared test vectors.
+
+The vectors pin the wire format: CPython (tests/protocol/test_vectors.py) and
+MicroPython (tests/protocol/mpy_vectors.py) both check every one of them. Run
+this only when the format changes on purpose:  python tests/protocol/make_vectors.py
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from lockmq import protocol as p
+
+OUT = Path(__file__).resolve().parents[2] / "protocol" / "vectors.json"
+SN = "LK-0A1B2C3D"
+TS = 1_763_800_000_123          # 2025-11-22T08:26:40.123Z
+
+
+def frame_vector(name: str, opcode: int, body_obj, opaque: int = 0, flags: int = 0,
+                 sn: str = SN) -> dict:
+    body = body_obj.encode() if hasattr(body_obj, "encode") else body_obj
+    data = p.encode_frame(opcode, sn, body, opaque, flags)
+    return {"name": name, "hex": data.hex(), "opcode": opcode, "sn": sn, "flags": flags,
+            "opaque": opaque, "body_hex": body.hex(), "fields": fields_of(body_obj)}
+
+
+def fields_of(obj) -> dict:
+    if isinstance(obj, (bytes, bytearray)):
+        return {}
+    out = {}
+    for k in obj.__slots__:
+        v = getattr(obj, k)
+        if isinstance(v, (bytes, bytearray)):
+            out[k] = {"hex": bytes(v).hex()}
+        elif isinstance(v, list):
+            out[k] = [fields_of(x) if hasattr(x, "__slots__") else list(x) for x in v]
+        else:
+            out[k] = v
+    return out
+
+
+def main() -> None:
+    event = p.LockEvent(p.EventType.UNLOCK, TS, p.Method.CARD, p.Result.OK, 0,
+                        bytes.fromhex("0a1b2c3d4e5f6071"))
+    denied = p.LockEvent(p.EventType.FAILED_ATTEMPT, TS + 1500, p.Method.PIN,
+                         p.Result.DENIED_UNKNOWN, 0, b"")
+    nonce = bytes(range(16))
+    cnonce = bytes(range(16, 32))
+    key = bytes.fromhex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+    proof = p.auth_proof(key, nonce, cnonce, SN)
+    cmd = p.Command(SN, 7, TS + 60_000, p.CommandKind.UNLOCK, struct.pack(">H", 5))
+    cmd.mac = p.command_mac(key, SN, cmd.cmd_id, cmd.expires_ms, cmd.kind, cmd.args)
+    msg = p.Message(1041, 1, SN, 42, TS, TS * 1000 + 250, "lock.events", event.encode())
+
+    frames = [
+        frame_vector("connect", p.Op.CONNECT, p.Connect(p.Role.LOCK, 30, "lockapp/0.1"), 1),
+        frame_vector("challenge", p.Op.CHALLENGE, p.Challenge(nonce, TS, 3), 1, p.Flag.RESPONSE),
+        frame_vector("auth", p.Op.AUTH, p.Auth(p.AuthMethod.DEVICE_HMAC, cnonce, proof), 2),
+        frame_vector("connect_ack", p.Op.CONNECT_ACK, p.ConnectAck(30, 65536, TS, 41, 9), 2,
+                     p.Flag.RESPONSE),
+        frame_vector("publish_unlock", p.Op.PUBLISH, p.Publish("lock.events", 42, TS, event.encode()), 3),
+        frame_vector("publish_oneway", p.Op.PUBLISH,
+                     p.Publish("lock.events", 43, TS + 1500, denied.encode()), 0, p.Flag.ONEWAY),
+        frame_vector("publish_ack", p.Op.PUBLISH_ACK, p.PublishAck(0, 8192), 3, p.Flag.RESPONSE),
+        frame_vector("publish_dup_ack", p.Op.PUBLISH_ACK, p.PublishAck(1, 8192), 4, p.Flag.RESPONSE),
+        frame_vector("heartbeat", p.Op.HEARTBEAT, p.Heartbeat(TS, 3600, 2, 0, 87, 61440), 5),
+        frame_vector("heartbeat_empty", p.Op.HEARTBEAT, b"", 6, 0, "svc-billing-1"),
+        frame_vector("error_busy", p.Op.ERROR, p.ErrorReply(p.ErrorCode.BUSY, "store is full", 250),
+                     3, p.Flag.RESPONSE),
+        frame_vector("disconnect", p.Op.DISCONNECT, p.Disconnect(0, "bye"), 0),
+        frame_vector("subscribe", p.Op.SUBSCRIBE,
+                     p.Subscribe("lock.events", "billing", p.Subscribe.ORDERED, 64, 30000), 10, 0,
+                     "svc-billing-1"),
+        frame_vector("subscribe_ack", p.Op.SUBSCRIBE_ACK, p.SubscribeAck(1, 1200), 10,
+                     p.Flag.RESPONSE, "svc-billing-1"),
+        frame_vector("notify", p.Op.NOTIFY, p.Notify(1, 17), 0, 0, "svc-billing-1"),
+        frame_vector("pull", p.Op.PULL, p.Pull(1, 32, 1000), 11, 0, "svc-billing-1"),
+        frame_vector("messages", p.Op.MESSAGES, p.Messages(1, [msg]), 11, p.Flag.RESPONSE,
+                     "svc-billing-1"),
+        frame_vector("ack", p.Op.ACK, p.Ack(1, [(1041, 1), (1042, 1)]), 12, 0, "svc-billing-1"),
+        frame_vector("nack", p.Op.NACK, p.Nack(1, [(1043, 2)], 0, "db timeout"), 13, 0,
+                     "svc-billing-1"),
+        frame_vector("unsubscribe", p.Op.UNSUBSCRIBE, p.Unsubscribe(1), 14, 0, "svc-billing-1"),
+        frame_vector("command", p.Op.COMMAND, cmd, 20),
+        frame_vector("command_result", p.Op.COMMAND_RESULT,
+                     p.CommandResult(SN, 7, p.CommandStatus.OK, "unlocked 5 s"), 20, p.Flag.RESPONSE),
+        frame_vector("ok", p.Op.OK, b"", 21, p.Flag.RESPONSE),
+        frame_vector("admin_request", p.Op.ADMIN_REQUEST,
+                     p.encode_json({"op": "topics", "args": {}}), 30, 0, "admin"),
+    ]
+
+    good = p.encode_frame(p.Op.PUBLISH, SN, p.Publish("lock.events", 42, TS, event.encode()).encode(), 3)
+    bad_crc = bytearray(good)
+    bad_crc[-1] ^= 0x01
+    flipped = bytearray(good)
+    flipped[20] ^= 0x40
+    huge = bytearray(good)
+    huge[1:5] = struct.pack(">I", 100_000_000)
+    tiny = bytearray(good)
+    tiny[1:5] = struct.pack(">I", 9)
+    v2 = bytearray(good)
+    v2[0] = 2
+    unknown = p.encode_frame(0x7ABC, SN, b"future", 0)
+    sn_too_long = bytearray(good)
+    sn_too_long[7] = 200
+    invalid = [
+        {"name": "bad_checksum", "hex": bytes(bad_crc).hex(), "error": "BadChecksum", "code": 4},
+        {"name": "bit_flip_in_body", "hex": bytes(flipped).hex(), "error": "BadChecksum", "code": 4},
+        {"name": "length_over_limit", "hex": bytes(huge[:5]).hex(), "error": "FrameTooLarge", "code": 3},
+        {"name": "length_below_minimum", "hex": bytes(tiny).hex(), "error": "BadFrame", "code": 1},
+        {"name": "unknown_version", "hex": bytes(v2).hex(), "error": "UnsupportedVersion", "code": 2},
+        {"name": "unknown_opcode", "hex": unknown.hex(), "error": "UnknownOpcode", "code": 5},
+        {"name": "sn_longer_than_frame", "hex": bytes(sn_too_long).hex(), "error": "BadFrame", "code": 1},
+    ]
+    bad_bodies = [
+        {"name": "publish_truncated", "opcode": p.Op.PUBLISH, "body_hex": "0b6c6f636b2e657665",
+         "error": "BadBody", "code": 6},
+        {"name": "ack_trailing_bytes", "opcode": p.Op.ACK, "body_hex": "000000010000ff",
+         "error": "BadBody", "code": 6},
+        {"name": "error_message_not_utf8", "opcode": p.Op.ERROR, "body_hex": "0014000000000002fffe",
+         "error": "BadBody", "code": 6},
+        {"name": "event_credential_overrun", "opcode": -1,
+         "body_hex": event.encode()[:-2].hex(), "error": "BadBody", "code": 6},
+    ]
+    crc = [{"data_hex": d.hex(), "crc": p.crc16(d)} for d in
+           (b"123456789", b"", b"\x00", bytes(range(256)), good[:-2])]
+    hmac = [  # RFC 4231 cases 1, 2 and 6, then the lockmq proof above
+        {"key_hex": "0b" * 20, "msg_hex": b"Hi There".hex(),
+         "mac_hex": "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+        {"key_hex": b"Jefe".hex(), "msg_hex": b"what do ya want for nothing?".hex(),
+         "mac_hex": "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+        {"key_hex": "aa" * 131,
+         "msg_hex": b"Test Using Larger Than Block-Size Key - Hash Key First".hex(),
+         "mac_hex": "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+        {"key_hex": key.hex(), "msg_hex": (b"lockmq-auth-v1" + nonce + cnonce + SN.encode()).hex(),
+         "mac_hex": proof.hex()},
+    ]
+    events = [{"hex": e.encode().hex(), "fields": fields_of(e)} for e in (event, denied)]
+    doc = {"comment": "lockmq protocol v1 shared test vectors; generated by "
+                      "tests/protocol/make_vectors.py",
+           "crc16": crc, "hmac_sha256": hmac, "frames": frames, "events": events,
+           "invalid_frames": invalid, "invalid_bodies": bad_bodies,
+           "auth": {"key_hex": key.hex(), "nonce_hex": nonce.hex(), "cnonce_hex": cnonce.hex(),
+                    "sn": SN, "proof_hex": proof.hex()}}
+    OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {OUT}: {len(frames)} frames, {len(invalid)} invalid frames")
+
+
+if __name__ == "__main__":
+    main()

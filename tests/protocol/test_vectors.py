@@ -1,0 +1,80 @@
+"""The shared test vectors, checked by CPython and by the real MicroPython.
+
+The same file (protocol/vectors.json) and the same checks
+(vector_checks.py) run under both interpreters: this is what proves the lock's
+table-driven CRC, its HMAC and its codec agree with the host's crcmod-based one.
+"""
+from __future__ import annotations
+
+import hmac as std_hmac
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lockmq import protocol as p
+from lockmq.protocol._crc import crc16_crcmod, crc16_table
+
+from . import vector_checks
+from .conftest import HERE, PROTOCOL, build_mpy_lib, run_micropython
+
+VECTORS = PROTOCOL / "vectors.json"
+
+
+def test_vectors_pass_under_cpython() -> None:
+    passed, failures = vector_checks.run(str(VECTORS), [crc16_table, crc16_crcmod])
+    assert failures == []
+    assert passed > 100
+
+
+def test_crc_implementations_agree_and_match_the_standard_check_value() -> None:
+    assert crc16_crcmod(b"123456789") == 0x29B1          # CRC-16/CCITT-FALSE check value
+    assert crc16_table(b"123456789") == 0x29B1
+    data = bytes(range(256)) * 3
+    for cut in range(0, len(data), 37):
+        assert crc16_table(data[:cut]) == crc16_crcmod(data[:cut])
+
+
+def test_hmac_matches_the_standard_library() -> None:
+    for key in (b"", b"k", b"x" * 64, b"y" * 65, bytes(range(200))):
+        for msg in (b"", b"lockmq", bytes(1000)):
+            assert p.hmac_sha256(key, msg) == std_hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def test_vectors_file_is_what_the_generator_makes(tmp_path: Path) -> None:
+    # Guards against editing vectors.json by hand or changing the codec silently.
+    from . import make_vectors
+    out = tmp_path / "v.json"
+    original = make_vectors.OUT
+    make_vectors.OUT = out
+    try:
+        make_vectors.main()
+    finally:
+        make_vectors.OUT = original
+    assert json.loads(out.read_text()) == json.loads(VECTORS.read_text())
+
+
+def _run_vectors_under_micropython(tmp_path: Path, compile_mpy: bool, heap: str):
+    lib = build_mpy_lib(tmp_path, compile_mpy)
+    for name in ("vector_checks.py", "mpy_vectors.py"):
+        shutil.copy(HERE / name, tmp_path / name)
+    return run_micropython(tmp_path / "mpy_vectors.py", [str(VECTORS)], tmp_path,
+                           [lib, tmp_path], heap)
+
+
+def test_vectors_pass_under_micropython_from_source(tmp_path: Path) -> None:
+    proc = _run_vectors_under_micropython(tmp_path, compile_mpy=False, heap="512K")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 failed" in proc.stdout
+
+
+def test_vectors_pass_under_micropython_as_shipped_mpy_with_esp32_sized_heap(tmp_path: Path) -> None:
+    # The artifacts a board runs: mpy-cross -march=xtensawin bytecode. The unix
+    # port is a 64-bit build (objects about twice an ESP32's), so 128K here is
+    # about what an ESP32 gives a MicroPython app.
+    proc = _run_vectors_under_micropython(tmp_path, compile_mpy=True, heap="128K")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    passed = int(proc.stdout.strip().splitlines()[-1].split()[0])
+    assert passed > 100

@@ -1,0 +1,122 @@
+# Checks of protocol/vectors.json that run unchanged under CPython (pytest,
+# test_vectors.py) and MicroPython (mpy_vectors.py). MicroPython subset only.
+import json
+from binascii import unhexlify
+
+from lockmq import protocol as p
+import lockmq.protocol._consume  # noqa: F401  (consumer bodies, not loaded on a lock by default)
+from lockmq.protocol._crc import crc16_table
+
+
+def _h(s):
+    return unhexlify(s)
+
+
+def _plain(obj):
+    # The JSON form of a decoded body, to compare with the vector's "fields".
+    if isinstance(obj, (bytes, bytearray)):
+        return {"hex": bytes(obj).hex() if hasattr(obj, "hex") else _hex(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if hasattr(obj, "__slots__"):
+        out = {}
+        for k in obj.__slots__:
+            out[k] = _plain(getattr(obj, k))
+        return out
+    return obj
+
+
+def _hex(b):
+    from binascii import hexlify
+    return hexlify(b).decode()
+
+
+def _expect_error(fn, name, code):
+    try:
+        fn()
+    except p.ProtocolError as e:
+        if type(e).__name__ != name or e.code != code:
+            return "raised %s(code %d), expected %s(code %d)" % (type(e).__name__, e.code, name, code)
+        return None
+    return "no error, expected %s" % name
+
+
+def _decode_all(data, chunk):
+    dec = p.FrameDecoder()
+    out = []
+    for i in range(0, len(data), chunk):
+        dec.feed(data[i:i + chunk])
+        for f in dec.frames():
+            out.append(f)
+    return out, dec
+
+
+def run(path, crc_functions=None):
+    """Check every vector; returns (passed, [failure messages])."""
+    with open(path) as fh:
+        v = json.load(fh)
+    crc_functions = crc_functions or [crc16_table, p.crc16]
+    passed = 0
+    failures = []
+
+    def check(ok, what):
+        if ok:
+            return 1
+        failures.append(what)
+        return 0
+
+    for c in v["crc16"]:
+        for fn in crc_functions:
+            passed += check(fn(_h(c["data_hex"])) == c["crc"], "crc16 %s" % c["data_hex"][:16])
+    for c in v["hmac_sha256"]:
+        passed += check(p.hmac_sha256(_h(c["key_hex"]), _h(c["msg_hex"])) == _h(c["mac_hex"]),
+                        "hmac %s" % c["mac_hex"][:16])
+    a = v["auth"]
+    passed += check(p.verify_auth_proof(_h(a["key_hex"]), _h(a["nonce_hex"]), _h(a["cnonce_hex"]),
+                                        a["sn"], _h(a["proof_hex"])), "auth proof")
+    all_frames = b""
+    for f in v["frames"]:
+        data = _h(f["hex"])
+        all_frames += data
+        enc = p.encode_frame(f["opcode"], f["sn"], _h(f["body_hex"]), f["opaque"], f["flags"])
+        passed += check(enc == data, "encode %s" % f["name"])
+        got, _ = _decode_all(data, 1)
+        fr = got[0] if len(got) == 1 else None
+        passed += check(fr is not None and fr.opcode == f["opcode"] and fr.sn == f["sn"]
+                        and fr.flags == f["flags"] and fr.opaque == f["opaque"]
+                        and fr.body == _h(f["body_hex"]), "decode %s" % f["name"])
+        if fr is not None and f["fields"]:
+            body = p.decode_body(fr.opcode, fr.body)
+            passed += check(_plain(body) == f["fields"], "body fields %s" % f["name"])
+            passed += check(body.encode() == fr.body, "body re-encode %s" % f["name"])
+        if f["name"] == "command":
+            body = p.decode_body(fr.opcode, fr.body)
+            passed += check(p.verify_command(_h(a["key_hex"]), f["sn"], body), "command mac")
+            body.args = b"\x00\x3c"
+            passed += check(not p.verify_command(_h(a["key_hex"]), f["sn"], body),
+                            "tampered command refused")
+    for chunk in (1, 7, 64, 4096):
+        got, dec = _decode_all(all_frames, chunk)
+        passed += check(len(got) == len(v["frames"]) and dec.buffered() == 0,
+                        "stream in chunks of %d" % chunk)
+    for e in v["events"]:
+        ev = p.LockEvent.decode(_h(e["hex"]))
+        passed += check(_plain(ev) == e["fields"] and ev.encode() == _h(e["hex"]), "lock event")
+    for bad in v["invalid_frames"]:
+        def decode_bad(data=_h(bad["hex"])):
+            dec = p.FrameDecoder()
+            dec.feed(data)
+            for _ in dec.frames():
+                pass
+        passed += check(_expect_error(decode_bad, bad["error"], bad["code"]) is None,
+                        "invalid frame %s: %s" % (bad["name"], _expect_error(decode_bad, bad["error"], bad["code"])))
+    for bad in v["invalid_bodies"]:
+        if bad["opcode"] < 0:
+            def decode_bad(data=_h(bad["body_hex"])):
+                p.LockEvent.decode(data)
+        else:
+            def decode_bad(op=bad["opcode"], data=_h(bad["body_hex"])):
+                p.decode_body(op, data)
+        err = _expect_error(decode_bad, bad["error"], bad["code"])
+        passed += check(err is None, "invalid body %s: %s" % (bad["name"], err))
+    return passed, failures
