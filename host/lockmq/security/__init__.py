@@ -4,9 +4,10 @@ The broker uses one :class:`Guard`; the CLI uses :class:`DeviceRegistry` and
 :class:`TokenStore` directly. See docs/security.md.
 """
 
-from .commands import CommandVerifier, SignedCommand, command_mac
+from .commands import CommandRefused, CommandVerifier, SignedCommand, command_mac
 from .config import SecurityConfig
-from .errors import (AuthFailed, AuthRateLimited, ConnectionRefused, IdentityMismatch,
+from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, ConnectionRefused, FrameTooLarge,
+                     IdentityMismatch, Replayed, TokenExpired,
                      LimitExceeded, PermissionDenied, RateLimited, SecurityError)
 from .guard import METHOD_DEVICE, METHOD_TOKEN, Guard
 from .keys import device_proof, hmac_sha256, session_key
@@ -17,9 +18,10 @@ from .tokens import TokenStore
 __all__ = [
     "Guard", "Principal", "Permissions", "SecurityConfig",
     "SecurityError", "AuthFailed", "AuthRateLimited", "PermissionDenied", "IdentityMismatch",
-    "LimitExceeded", "ConnectionRefused", "RateLimited",
+    "LimitExceeded", "ConnectionRefused", "RateLimited", "Replayed", "TokenExpired",
+    "AuthTimeout", "FrameTooLarge",
     "DeviceRegistry", "TokenStore", "check_sn", "provisioning_config",
-    "CommandVerifier", "SignedCommand", "command_mac",
+    "CommandRefused", "CommandVerifier", "SignedCommand", "command_mac",
     "device_proof", "hmac_sha256", "session_key",
     "METHOD_DEVICE", "METHOD_TOKEN",
 ]

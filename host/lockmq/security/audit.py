@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("lockmq.security")
 
@@ -43,6 +43,8 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str]] = Counter()
+        #: Optional extra log sink ``sink(event, level=..., **fields)`` (the broker's log).
+        self.sink: Callable[..., None] | None = None
 
     def inc(self, event: str, reason: str = "", n: int = 1) -> None:
         """Add ``n`` to ``(event, reason)``."""
@@ -73,5 +75,11 @@ def record(metrics: Metrics, event: str, reason: str = "", **fields: Any) -> Non
     if reason:
         clean = {"reason": reason, **clean}
     text = " ".join([event] + [f"{k}={_fmt(v)}" for k, v in clean.items()])
-    log.log(logging.WARNING if event in _WARN else logging.INFO, text,
-            extra={"event": event, "fields": clean})
+    level = logging.WARNING if event in _WARN else logging.INFO
+    log.log(level, text, extra={"event": event, "fields": clean})
+    if metrics.sink is not None:
+        try:
+            metrics.sink("security_" + event, level="warning" if level == logging.WARNING
+                         else "info", **clean)
+        except Exception:  # a broken sink must not break authentication
+            log.exception("security log sink failed")

@@ -1,61 +1,59 @@
 """Downlink command authentication: the broker signs, the lock verifies.
 
-A command to lock ``sn`` carries a command id (strictly increasing per lock,
-persisted in the registry), an expiry (Unix seconds, broker clock) and a MAC::
+The MAC is the protocol's ``command_mac`` (lockmq.protocol, shared with the
+firmware)::
 
-    mac = HMAC-SHA256(device_key, "lockmq-cmd-v1" | u8 len(sn) | sn
-                      | u64 command_id | u32 expires_at | session_nonce | body)
+    mac = HMAC-SHA256(device_key, "lockmq-cmd-v1" | sn | u32 cmd_id | u64 expires_ms
+                      | u8 kind | args)
 
-(integers big-endian). ``session_nonce`` is the broker's challenge nonce of the
-lock's current session (16 bytes; empty when no session binding is used), so a
-command captured in one session is refused in any other even by a lock that lost
-its stored counter. The lock refuses a command whose MAC is wrong, whose id is not
-above the last id it accepted (it persists that id), or whose expiry has passed.
-
-The broker signs at delivery time (a command queued for an offline lock is signed
-when the lock is back), so the expiry counts from delivery, not from queueing.
-:class:`CommandVerifier` is the lock-side reference the firmware mirrors.
+``cmd_id`` is strictly increasing per lock and persisted in the registry
+(``devices.last_command_id``), so it never goes back, not even across broker
+restarts; ``expires_ms`` is Unix milliseconds on the broker clock (the lock learns
+that clock from CHALLENGE/CONNECT_ACK ``server_time_ms``). The lock refuses a
+command whose MAC is wrong, whose id is not above the last id it ran (it persists
+that id), or whose expiry has passed. :class:`CommandVerifier` is that lock-side
+logic, for tests and as the reference the firmware mirrors.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
+
+from lockmq.protocol import command_mac as _protocol_command_mac
 
 from . import keys
 from .errors import SecurityError
 
-CMD_LABEL = b"lockmq-cmd-v1"
 
-
-def command_message(sn: str | bytes, command_id: int, expires_at: int,
-                    session_nonce: bytes, body: bytes) -> bytes:
-    """The exact bytes the command MAC covers."""
-    s = keys.sn_bytes(sn)
-    return (CMD_LABEL + bytes((len(s),)) + s + struct.pack(">QI", command_id, expires_at)
-            + bytes(session_nonce) + bytes(body))
-
-
-def command_mac(key: bytes, sn: str | bytes, command_id: int, expires_at: int,
-                session_nonce: bytes, body: bytes) -> bytes:
-    """HMAC-SHA256 of :func:`command_message` under the device key."""
-    return keys.hmac_sha256(key, command_message(sn, command_id, expires_at, session_nonce, body))
+def command_mac(key: bytes, sn: str, cmd_id: int, expires_ms: int, kind: int,
+                args: bytes) -> bytes:
+    """The protocol's command MAC (see the module docstring)."""
+    return _protocol_command_mac(key, sn, cmd_id, expires_ms, kind, bytes(args))
 
 
 @dataclass(frozen=True)
 class SignedCommand:
-    """What the broker puts in a downlink COMMAND frame besides the body."""
+    """A command ready for the lock: the fields of a protocol ``Command`` body."""
 
-    sn: str
-    command_id: int
-    expires_at: int
+    target: str
+    cmd_id: int
+    expires_ms: int
+    kind: int
+    args: bytes
     mac: bytes
+
+    def to_body(self):  # type: ignore[no-untyped-def]
+        """The protocol ``Command`` body to send to the lock."""
+        from lockmq.protocol import Command
+
+        return Command(self.target, self.cmd_id, self.expires_ms, self.kind, self.args, self.mac)
 
 
 class CommandRefused(SecurityError):
     """The lock-side refusal of a command (bad MAC, replay, expired)."""
 
-    code_name = "FORBIDDEN"
+    code_name = "REPLAY"
+    fallback_code = 15
     public_message = "command refused"
 
 
@@ -65,7 +63,7 @@ class CommandVerifier:
     Args:
         sn: the lock's SN.
         key: its device key.
-        last_id: the highest command id it accepted so far (persisted by the lock).
+        last_id: the highest command id it ran so far (persisted by the lock).
     """
 
     def __init__(self, sn: str, key: bytes, last_id: int = 0) -> None:
@@ -73,15 +71,19 @@ class CommandVerifier:
         self.key = key
         self.last_id = last_id
 
-    def verify(self, command_id: int, expires_at: int, session_nonce: bytes, body: bytes,
-               mac: bytes, now: float) -> None:
-        """Accept the command (updating ``last_id``) or raise :class:`CommandRefused`."""
-        want = command_mac(self.key, self.sn, command_id, expires_at, session_nonce, body)
-        if not keys.equal(want, bytes(mac)):
+    def verify(self, command: object, now_ms: int) -> None:
+        """Accept a protocol ``Command`` (updating ``last_id``) or raise CommandRefused."""
+        cmd_id = int(getattr(command, "cmd_id"))
+        expires_ms = int(getattr(command, "expires_ms"))
+        want = command_mac(self.key, self.sn, cmd_id, expires_ms, int(getattr(command, "kind")),
+                           bytes(getattr(command, "args")))
+        if getattr(command, "target", self.sn) != self.sn:
+            raise CommandRefused(f"command for {getattr(command, 'target')!r}", reason="not_mine")
+        if not keys.equal(want, bytes(getattr(command, "mac"))):
             raise CommandRefused("command MAC does not verify", reason="bad_mac")
-        if command_id <= self.last_id:
-            raise CommandRefused(f"command id {command_id} <= last accepted {self.last_id}",
+        if cmd_id <= self.last_id:
+            raise CommandRefused(f"command id {cmd_id} <= last run {self.last_id}",
                                  reason="replayed")
-        if now >= expires_at:
-            raise CommandRefused(f"command expired at {expires_at}", reason="expired")
-        self.last_id = command_id
+        if now_ms >= expires_ms:
+            raise CommandRefused(f"command expired at {expires_ms}", reason="expired")
+        self.last_id = cmd_id

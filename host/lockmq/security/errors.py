@@ -31,7 +31,7 @@ class SecurityError(Exception):
     """
 
     code_name = "FORBIDDEN"
-    fallback_code = 0x0403
+    fallback_code = 12
     public_message = "forbidden"
     close = False
 
@@ -51,7 +51,7 @@ class AuthFailed(SecurityError):
     expired nonce, bad or expired token: all look the same on the wire."""
 
     code_name = "AUTH_FAILED"
-    fallback_code = 0x0401
+    fallback_code = 11
     public_message = "authentication failed"
     close = True
 
@@ -60,21 +60,49 @@ class AuthRateLimited(AuthFailed):
     """Too many failed attempts from this address or for this SN: try later."""
 
     code_name = "RATE_LIMITED"
-    fallback_code = 0x0429
+    fallback_code = 21
     public_message = "too many failed attempts, retry later"
+
+
+class Replayed(AuthFailed):
+    """An AUTH answer that was already used (a captured exchange played again).
+
+    Saying so leaks nothing: the replayer learns no more than it already had."""
+
+    code_name = "REPLAY"
+    fallback_code = 15
+    public_message = "replayed authentication"
+
+
+class TokenExpired(AuthFailed):
+    """A token with the right secret but past its expiry (only its holder sees this)."""
+
+    code_name = "TOKEN_EXPIRED"
+    fallback_code = 14
+    public_message = "token expired"
+
+
+class AuthTimeout(AuthFailed):
+    """The connection did not authenticate within ``auth_timeout_s``."""
+
+    code_name = "AUTH_TIMEOUT"
+    fallback_code = 16
+    public_message = "authentication timed out"
 
 
 class PermissionDenied(SecurityError):
     """An authenticated principal asked for something it has no right to."""
 
     code_name = "FORBIDDEN"
-    fallback_code = 0x0403
+    fallback_code = 12
     public_message = "not permitted"
 
 
 class IdentityMismatch(PermissionDenied):
     """A frame after connect claims an SN other than the authenticated one."""
 
+    code_name = "SN_MISMATCH"
+    fallback_code = 13
     public_message = "frame SN does not match the authenticated identity"
     close = True
 
@@ -83,7 +111,7 @@ class LimitExceeded(SecurityError):
     """A configured limit was hit. ``limit`` names the setting."""
 
     code_name = "BUSY"
-    fallback_code = 0x0503
+    fallback_code = 20
     public_message = "limit exceeded"
 
     def __init__(self, limit: str, detail: str = "", *, retry_after_ms: int = 0,
@@ -98,7 +126,8 @@ class LimitExceeded(SecurityError):
 class ConnectionRefused(LimitExceeded):
     """A new connection refused by a connection limit (the broker closes it)."""
 
-    code_name = "BUSY"
+    code_name = "TOO_MANY_CONNECTIONS"
+    fallback_code = 22
 
     def __init__(self, limit: str, detail: str = "", *, retry_after_ms: int = 1000) -> None:
         super().__init__(limit, detail, retry_after_ms=retry_after_ms, close=True)
@@ -108,4 +137,14 @@ class RateLimited(LimitExceeded):
     """A per-lock message rate exceeded: the frame is refused, retry later."""
 
     code_name = "RATE_LIMITED"
-    fallback_code = 0x0429
+    fallback_code = 21
+
+
+class FrameTooLarge(LimitExceeded):
+    """A frame over ``max_frame_bytes`` (the connection is closed)."""
+
+    code_name = "FRAME_TOO_LARGE"
+    fallback_code = 3
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("max_frame_bytes", detail, close=True)

@@ -27,8 +27,9 @@ from typing import Any, Callable
 from . import audit, keys
 from .commands import SignedCommand, command_mac
 from .config import SecurityConfig
-from .errors import AuthFailed, AuthRateLimited, LimitExceeded, SecurityError
-from .limits import (ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
+from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, Replayed,
+                     SecurityError, TokenExpired)
+from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
                      check_frame_size)
 from .nonces import NonceBook
 from .principal import ADMIN, LOCK, SERVICE, Principal, Permissions, anonymous_admin
@@ -93,13 +94,16 @@ class Guard:
         cfg: the security settings.
         registry: device registry (opened from ``cfg`` if not given).
         tokens: token store (opened from ``cfg`` if not given).
+        log: the broker's event log (``log(event, level=..., **fields)``); every
+            security event is also written there. Python logging always gets it.
         clock: monotonic clock for rates and timeouts (tests inject one).
         wall: Unix clock for token and command expiry.
     """
 
     def __init__(self, cfg: SecurityConfig, *, registry: DeviceRegistry | None = None,
                  tokens: TokenStore | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 log: Callable[..., None] | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.registry = registry or DeviceRegistry.open(cfg)
@@ -117,6 +121,9 @@ class Guard:
                                        cfg.max_tracked_keys, clock)
         self.message_rate = MessageRateLimiter(cfg.lock_message_rate, cfg.lock_message_burst,
                                                cfg.max_tracked_keys, clock)
+        # Proofs accepted recently: the same proof again is a replayed exchange.
+        self._used_proofs: LRU[bytes, bool] = LRU(cfg.max_tracked_keys)
+        self.metrics.sink = log
 
     @classmethod
     def from_broker_config(cls, config: Any, **kwargs: Any) -> "Guard":
@@ -168,12 +175,17 @@ class Guard:
         """The connection holding ``nonce`` closed before authenticating."""
         self.nonces.discard(nonce)
 
-    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> None:
-        """Log and count a connection closed for not authenticating in time."""
+    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> AuthTimeout:
+        """Log and count a connection closed for not authenticating in time.
+
+        Returns the :class:`AuthTimeout` error to send before closing.
+        """
         if nonce:
             self.nonces.discard(nonce)
         audit.record(self.metrics, "auth_timeout", "auth_timeout", addr=peer_ip,
                      timeout_s=self.cfg.auth_timeout_s)
+        return AuthTimeout(f"no authentication from {peer_ip} within "
+                           f"{self.cfg.auth_timeout_s} s", reason="auth_timeout")
 
     # -- authentication -------------------------------------------------------------
 
@@ -234,8 +246,9 @@ class Guard:
         # Compute the MAC whether or not the SN exists: same work, same answer.
         want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
         good = keys.equal(want, proof)
-        if nonce_problem:
-            raise AuthFailed(f"device {sn}: {nonce_problem}", reason=nonce_problem)
+        if nonce_problem or self._used_proofs.get(proof):
+            raise Replayed(f"device {sn}: {nonce_problem or 'proof already used'}",
+                           reason="replayed")
         if not 8 <= len(cnonce) <= 64:
             raise AuthFailed(f"device {sn}: client nonce of {len(cnonce)} bytes",
                              reason="bad_cnonce")
@@ -251,6 +264,7 @@ class Guard:
         if not good:
             raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
                              reason="bad_proof")
+        self._used_proofs.put(proof, True)
         return Principal(name=sn, kind=LOCK,
                          lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
                          session_nonce=nonce, client_nonce=cnonce)
@@ -258,16 +272,20 @@ class Guard:
     def _auth_token(self, sn: str, body: Any, peer_ip: str, tls: bool,
                     nonce_problem: str) -> Principal:
         token = _field(body, "token")
+        if token is None:  # protocol AUTH: the token travels in the proof field
+            token = _field(body, "proof")
         if isinstance(token, (bytes, bytearray)):
             token = bytes(token).decode("utf-8", "replace")
         if not tls and peer_ip not in self.cfg.allow_plain_tokens_from:
             audit.record(self.metrics, "plain_token_refused", "plain_token", addr=peer_ip)
             raise AuthFailed(f"token sent over plain TCP from {peer_ip}", reason="plain_token")
         if nonce_problem:
-            raise AuthFailed(f"token auth: {nonce_problem}", reason=nonce_problem)
+            raise Replayed(f"token auth: {nonce_problem}", reason="replayed")
         try:
             info = self.tokens.verify(str(token or ""), now=self.wall())
         except TokenError as exc:
+            if exc.reason == "token_expired":
+                raise TokenExpired(str(exc), reason=exc.reason) from None
             raise AuthFailed(str(exc), reason=exc.reason) from None
         name = sn or info.name
         if sn and sn != info.name and self.registry.key_for(sn) is not None:
@@ -352,25 +370,37 @@ class Guard:
 
     # -- downlink commands --------------------------------------------------------------
 
-    def sign_command(self, sn: str, body: bytes, *, session_nonce: bytes = b"",
-                     ttl_s: float | None = None, expires_at: int | None = None) -> SignedCommand:
-        """Sign a command for lock ``sn`` at delivery time.
+    def next_command_id(self, sn: str) -> int:
+        """The next command id of lock ``sn``: persisted, strictly increasing."""
+        return self.registry.next_command_id(sn)
 
-        Allocates the next command id of ``sn`` (persisted, strictly increasing),
-        sets the expiry (``expires_at`` Unix seconds, else now + ``ttl_s`` or
-        ``command_ttl_s``) and computes the MAC over sn, id, expiry, the lock's
-        session nonce and the body (see :mod:`lockmq.security.commands`).
+    def sign_command(self, sn: str, cmd_id: int, expires_ms: int, kind: int, args: bytes,
+                     principal: Principal | None = None) -> bytes:
+        """The MAC of a COMMAND for lock ``sn`` (the protocol's ``command_mac``).
+
+        Call at delivery time, with ``cmd_id`` from :meth:`next_command_id` (or any
+        id above every id used before for this lock: the registry remembers the
+        highest signed id so that :meth:`next_command_id` never goes back).
+        ``principal`` is the lock's session (unused by the MAC; logged).
+        Raises :class:`AuthFailed` for an unknown or disabled lock.
         """
         key = self.registry.key_for(sn)
         if key is None:
             raise AuthFailed(f"command to unknown or disabled lock {sn}", reason="unknown_sn")
-        if expires_at is None:
-            expires_at = int(self.wall() + (ttl_s if ttl_s is not None else self.cfg.command_ttl_s))
-        cid = self.registry.next_command_id(sn)
-        mac = command_mac(key, sn, cid, expires_at, session_nonce, body)
-        audit.record(self.metrics, "command_signed", "", target=sn, command_id=cid,
-                     expires_at=expires_at)
-        return SignedCommand(sn=sn, command_id=cid, expires_at=expires_at, mac=mac)
+        self.registry.note_command_id(sn, cmd_id)
+        mac = command_mac(key, sn, cmd_id, expires_ms, kind, args)
+        audit.record(self.metrics, "command_signed", "", target=sn, cmd_id=cmd_id, kind=kind,
+                     expires_ms=expires_ms)
+        return mac
+
+    def sign(self, sn: str, kind: int, args: bytes = b"", *,
+             ttl_s: float | None = None) -> SignedCommand:
+        """Allocate an id, set the expiry (now + ``ttl_s`` or ``command_ttl_s``) and sign."""
+        cid = self.next_command_id(sn)
+        expires_ms = int((self.wall() + (self.cfg.command_ttl_s if ttl_s is None else ttl_s))
+                         * 1000)
+        mac = self.sign_command(sn, cid, expires_ms, kind, args)
+        return SignedCommand(sn, cid, expires_ms, kind, bytes(args), mac)
 
     # -- introspection --------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
 
-from .errors import AuthRateLimited, ConnectionRefused, LimitExceeded, RateLimited
+from .errors import AuthRateLimited, ConnectionRefused, FrameTooLarge, LimitExceeded, RateLimited
 
 Clock = Callable[[], float]
 K = TypeVar("K", bound=Hashable)
@@ -213,5 +213,4 @@ def check_buffered(nbytes: int, limit: int) -> None:
 def check_frame_size(nbytes: int, limit: int) -> None:
     """Raise :class:`LimitExceeded` (closing) for a frame larger than ``limit``."""
     if nbytes > limit:
-        raise LimitExceeded("max_frame_bytes", f"frame of {nbytes} bytes (max {limit})",
-                            close=True)
+        raise FrameTooLarge(f"frame of {nbytes} bytes (max {limit})")

@@ -176,6 +176,12 @@ class DeviceRegistry:
             raise UnknownDevice(sn)
         return int(row[0])
 
+    def note_command_id(self, sn: str, cmd_id: int) -> None:
+        """Record that ``cmd_id`` was signed for ``sn`` (the counter only goes up)."""
+        with self._tx():
+            self._db.execute("UPDATE devices SET last_command_id=MAX(last_command_id, ?) "
+                             "WHERE sn=?", (int(cmd_id), sn))
+
     # -- helpers -----------------------------------------------------------------
 
     def _tx(self) -> "_Tx":

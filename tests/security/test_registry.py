@@ -1,0 +1,115 @@
+"""The device registry on real SQLite: provisioning, persistence, key wrapping."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+
+import pytest
+
+from lockmq.security import DeviceRegistry, SecurityConfig, check_sn
+from lockmq.security.keys import load_or_create_master_key, unwrap_key
+from lockmq.security.registry import (DeviceExists, UnknownDevice, provisioning_config,
+                                      write_provisioning)
+
+
+@pytest.fixture
+def reg(tmp_path):
+    cfg = SecurityConfig(data_dir=str(tmp_path))
+    r = DeviceRegistry.open(cfg)
+    yield r
+    r.close()
+
+
+def test_add_then_key_survives_reopen(tmp_path, reg):
+    key = reg.add("LOCK-0001", note="door 1")
+    assert len(key) == 32
+    reg.close()
+    again = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    try:
+        assert again.key_for("LOCK-0001") == key
+        info = again.get("LOCK-0001")
+        assert info.enabled and info.key_version == 1 and info.note == "door 1"
+    finally:
+        again.close()
+
+
+def test_duplicate_and_invalid_sn_are_refused(reg):
+    reg.add("A1")
+    with pytest.raises(DeviceExists):
+        reg.add("A1")
+    for bad in ("", "-x", "a b", "x" * 65, "é", "a/b"):
+        with pytest.raises(ValueError):
+            check_sn(bad)
+        with pytest.raises(ValueError):
+            reg.add(bad)
+
+
+def test_disable_enable_rekey_remove(reg):
+    k1 = reg.add("L1")
+    reg.set_enabled("L1", False)
+    assert reg.key_for("L1") is None
+    reg.set_enabled("L1", True)
+    assert reg.key_for("L1") == k1
+    k2 = reg.rekey("L1")
+    assert k2 != k1 and reg.key_for("L1") == k2 and reg.get("L1").key_version == 2
+    reg.remove("L1")
+    assert reg.key_for("L1") is None
+    for op in (lambda: reg.rekey("L1"), lambda: reg.set_enabled("L1", False),
+               lambda: reg.get("L1")):
+        with pytest.raises(UnknownDevice):
+            op()
+
+
+def test_stolen_registry_alone_reveals_no_key(tmp_path, reg):
+    key = reg.add("L2")
+    raw = open(reg.path, "rb").read() + b"".join(
+        open(reg.path + s, "rb").read() for s in ("-wal",) if os.path.exists(reg.path + s))
+    assert key not in raw and key.hex().encode() not in raw
+    blob = sqlite3.connect(reg.path).execute(
+        "SELECT wrapped_key FROM devices WHERE sn='L2'").fetchone()[0]
+    with pytest.raises(ValueError):
+        unwrap_key(os.urandom(32), "L2", blob)      # another master key
+    master = load_or_create_master_key(str(tmp_path / "master.key"))
+    assert unwrap_key(master, "L2", blob) == key
+    with pytest.raises(ValueError):
+        unwrap_key(master, "L3", blob)              # moved to another SN
+
+
+def test_master_key_file_is_private(tmp_path, reg):
+    path = tmp_path / "master.key"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        load_or_create_master_key(str(path))
+
+
+def test_command_ids_only_go_up_across_restarts(tmp_path, reg):
+    reg.add("L4")
+    assert [reg.next_command_id("L4") for _ in range(3)] == [1, 2, 3]
+    reg.note_command_id("L4", 10)
+    reg.note_command_id("L4", 5)        # never backwards
+    reg.close()
+    again = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    try:
+        assert again.next_command_id("L4") == 11
+    finally:
+        again.close()
+
+
+def test_bulk_add_and_list(reg):
+    keys = reg.add_many([f"B{i:03d}" for i in range(50)])
+    assert len(set(keys.values())) == 50
+    assert reg.count() == 50
+    assert [d.sn for d in reg.list("B00*")] == [f"B00{i}" for i in range(10)]
+
+
+def test_provisioning_file(tmp_path):
+    doc = provisioning_config("L5", b"\x01" * 32, broker_host="10.0.0.2", broker_port=6800)
+    path = tmp_path / "config.json"
+    write_provisioning(str(path), doc)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    back = json.loads(path.read_text())
+    assert back["sn"] == "L5" and bytes.fromhex(back["key"]) == b"\x01" * 32
