@@ -1,0 +1,72 @@
+"""Exceptions raised by the lockmq client.
+
+One base, :class:`LockmqError`; a broker refusal carries the broker's error code, its
+retry hint and a readable message, as the ERROR frame does.
+"""
+
+from __future__ import annotations
+
+
+class LockmqError(Exception):
+    """Base of every client error."""
+
+
+class ConnectionLost(LockmqError):
+    """The connection closed (or never opened) before the answer arrived.
+
+    For a publish this means *unknown outcome*: the broker may have stored the
+    message. Retrying is safe — the broker stores a retransmitted ``(sn, seq)`` once.
+    """
+
+
+class ClientClosed(LockmqError):
+    """The producer or consumer was closed."""
+
+
+class BrokerError(LockmqError):
+    """The broker answered with an ERROR frame.
+
+    Attributes:
+        code: the broker's numeric error code.
+        name: the code's symbolic name when known (``"BUSY"``, ``"FORBIDDEN"``...).
+        retry_after_ms: the broker's hint (0 = do not retry as is).
+        detail: the broker's message.
+    """
+
+    def __init__(self, code: int, retry_after_ms: int, detail: str, name: str = "") -> None:
+        self.code = code
+        self.name = name or str(code)
+        self.retry_after_ms = retry_after_ms
+        self.detail = detail
+        hint = f", retry after {retry_after_ms} ms" if retry_after_ms else ""
+        super().__init__(f"broker error {self.name} ({code}){hint}: {detail}")
+
+
+class BusyError(BrokerError):
+    """The broker cannot take more right now; ``retry_after_ms`` says when to retry."""
+
+
+class AuthError(BrokerError):
+    """The broker refused the credentials (unknown device, bad proof, bad token)."""
+
+
+class ForbiddenError(BrokerError):
+    """The credentials are valid but do not allow this operation."""
+
+
+class CommandError(LockmqError):
+    """A downlink command did not produce the lock's answer.
+
+    Attributes:
+        reason: ``"expired"`` (the lock stayed offline past the expiry),
+            ``"forbidden"``, ``"unknown_lock"``, ``"timeout"`` or the broker's code.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"command failed: {reason}" + (f": {detail}" if detail else ""))
+
+
+class AdminError(LockmqError):
+    """An admin request was refused or failed on the broker."""

@@ -1,0 +1,173 @@
+"""Opening an authenticated session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK.
+
+Used by the producer, the consumer, the admin client and the lock simulator alike.
+Two ways to prove who we are:
+
+* a **token** (services, operators): ``Credentials.token("id.secret")``;
+* a **device key** (locks): ``Credentials.device(key)``; the proof is
+  ``HMAC-SHA256(key, b"lockmq-auth-v1" + nonce + cnonce + sn)``.
+
+With no credentials the client still answers a challenge (with an empty token),
+which a broker running ``auth = "off"`` accepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import ssl as _ssl
+from dataclasses import dataclass
+from typing import Callable
+
+from lockmq.protocol import (
+    Auth,
+    AuthMethod,
+    Challenge,
+    Connect,
+    ConnectAck,
+    ErrorCode,
+    ErrorReply,
+    Op,
+    Role,
+)
+
+from ._conn import FrameConnection
+from .errors import AuthError, BrokerError, BusyError, ConnectionLost, ForbiddenError
+
+AUTH_LABEL = b"lockmq-auth-v1"
+CLIENT_NAME = "lockmq-py/0.1"
+DEFAULT_PORT = 6800
+DEFAULT_MAX_FRAME = 1024 * 1024
+
+_BUSY = {ErrorCode.BUSY, ErrorCode.RATE_LIMITED, ErrorCode.TOO_MANY_CONNECTIONS,
+         ErrorCode.STORAGE_FULL, ErrorCode.INFLIGHT_LIMIT, ErrorCode.SHUTTING_DOWN}
+_AUTH = {ErrorCode.NOT_AUTHENTICATED, ErrorCode.AUTH_FAILED, ErrorCode.TOKEN_EXPIRED,
+         ErrorCode.REPLAY, ErrorCode.AUTH_TIMEOUT, ErrorCode.SN_MISMATCH}
+_CODE_NAMES = {v: k for k, v in vars(ErrorCode).items() if not k.startswith("_")}
+
+
+def error_from_body(body: bytes) -> BrokerError:
+    """Turn an ERROR frame's body into the matching :class:`BrokerError` subclass."""
+    err = ErrorReply.decode(body)
+    name = _CODE_NAMES.get(err.code, "")
+    cls: type[BrokerError] = BrokerError
+    if err.code in _BUSY:
+        cls = BusyError
+    elif err.code in _AUTH:
+        cls = AuthError
+    elif err.code == ErrorCode.FORBIDDEN:
+        cls = ForbiddenError
+    return cls(err.code, err.retry_after_ms, err.message, name)
+
+
+def device_proof(key: bytes, nonce: bytes, cnonce: bytes, sn: str) -> bytes:
+    """The lock's answer to a challenge."""
+    return hmac.new(key, AUTH_LABEL + nonce + cnonce + sn.encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How a connection proves its identity (see module docs)."""
+
+    method: int
+    secret: bytes
+
+    @staticmethod
+    def token(token: str | None) -> "Credentials":
+        """A service/operator token (``None``: an empty token, for ``auth = "off"``)."""
+        return Credentials(AuthMethod.TOKEN, (token or "").encode())
+
+    @staticmethod
+    def device(key: bytes) -> "Credentials":
+        """A lock's per-device key."""
+        return Credentials(AuthMethod.DEVICE_HMAC, bytes(key))
+
+    def answer(self, challenge: Challenge, sn: str) -> Auth:
+        """The AUTH body answering ``challenge`` for identity ``sn``."""
+        cnonce = os.urandom(16)
+        if self.method == AuthMethod.DEVICE_HMAC:
+            proof = device_proof(self.secret, challenge.nonce, cnonce, sn)
+        else:
+            proof = self.secret
+        return Auth(self.method, cnonce, proof)
+
+
+@dataclass
+class Endpoint:
+    """Where a broker listens and how to reach it.
+
+    Attributes:
+        host, port: the broker's address (default 127.0.0.1:6800).
+        ssl: an :class:`ssl.SSLContext` for TLS, or None for plain TCP.
+        connect_timeout_s: limit on TCP connect plus handshake.
+        max_frame: largest frame accepted from the broker.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    ssl: _ssl.SSLContext | None = None
+    connect_timeout_s: float = 10.0
+    max_frame: int = DEFAULT_MAX_FRAME
+
+    @staticmethod
+    def parse(address: str) -> "Endpoint":
+        """``host:port``, ``host`` or ``:port``."""
+        host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
+        return Endpoint(host or "127.0.0.1", int(port) if port else DEFAULT_PORT)
+
+
+async def open_session(
+    endpoint: Endpoint,
+    sn: str,
+    role: int,
+    credentials: Credentials,
+    on_frame: Callable[[object], None] | None = None,
+    on_lost: Callable[[BaseException | None], None] | None = None,
+    keepalive_s: int = 30,
+) -> tuple[FrameConnection, ConnectAck]:
+    """Connect, authenticate and return the live connection and the broker's ack.
+
+    Raises :class:`AuthError`, :class:`BusyError` (too many connections, ...),
+    :class:`BrokerError` or :class:`ConnectionLost`.
+    """
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+
+    def factory() -> FrameConnection:
+        return FrameConnection(sn, endpoint.max_frame, on_frame=inbox.put_nowait,
+                               on_lost=lambda exc: inbox.put_nowait(None))
+
+    async def handshake() -> tuple[FrameConnection, ConnectAck]:
+        try:
+            _, conn = await loop.create_connection(
+                factory, endpoint.host, endpoint.port, ssl=endpoint.ssl
+            )
+        except OSError as exc:
+            raise ConnectionLost(f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}") from exc
+        try:
+            conn.send(Op.CONNECT, Connect(role, keepalive_s, CLIENT_NAME).encode(), conn.new_opaque())
+            while True:
+                frame = await inbox.get()
+                if frame is None:
+                    raise ConnectionLost("broker closed the connection during the handshake")
+                if frame.opcode == Op.CHALLENGE:
+                    challenge = Challenge.decode(frame.body)
+                    conn.send(Op.AUTH, credentials.answer(challenge, sn).encode(), conn.new_opaque())
+                elif frame.opcode == Op.CONNECT_ACK:
+                    ack = ConnectAck.decode(frame.body)
+                    break
+                elif frame.opcode == Op.ERROR:
+                    raise error_from_body(frame.body)
+                # Anything else before the ack is ignored.
+        except BaseException:
+            conn.close()
+            raise
+        conn.on_frame = on_frame
+        conn.on_lost = on_lost
+        if conn.transport is None:
+            raise ConnectionLost("broker closed the connection after the handshake")
+        return conn, ack
+
+    return await asyncio.wait_for(handshake(), endpoint.connect_timeout_s)
