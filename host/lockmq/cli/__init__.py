@@ -14,6 +14,8 @@ import sys
 # Order is the order shown in `lockmq --help`.
 GROUPS: list[str] = [
     "demo",
+    "store",
+    "broker",
 ]
 
 

@@ -1,0 +1,213 @@
+"""Admin operations: ADMIN_REQUEST ``{"op": name, "args": {...}}`` -> ADMIN_RESPONSE.
+
+Every reply is a JSON object with ``"ok": true`` and the op's fields, or
+``{"ok": false, "error": CODE_NAME, "message": "..."}``. The ops and their replies
+are documented in docs/operators.md ("Admin operations"). Read-only ops are open to
+every service or admin principal; ``dlq.replay`` needs an admin; locks get none.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from lockmq.store import NewRecord
+
+from .clusters import DLQ_PREFIX, RETRY_PREFIX
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+MAX_LIST = 1000
+
+
+class AdminError(Exception):
+    """A refused admin request."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _int(args: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = 1 << 62) -> int:
+    v = args.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise AdminError("INVALID_ARGUMENT", f"{key} must be an integer in [{lo}, {hi}]")
+    return v
+
+
+def _str(args: dict[str, Any], key: str) -> str:
+    v = args.get(key)
+    if not isinstance(v, str) or not v:
+        raise AdminError("INVALID_ARGUMENT", f"{key} (a non-empty string) is required")
+    return v
+
+
+class Admin:
+    """Dispatches admin requests to the broker's views."""
+
+    WRITE_OPS = {"dlq.replay"}
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "ping": self.ping,
+            "stats": self.stats,
+            "topics": self.topics,
+            "clusters": self.clusters,
+            "devices": self.devices,
+            "connections": self.connections,
+            "commands": self.commands,
+            "config": self.config,
+            "dlq.list": self.dlq_list,
+            "dlq.replay": self.dlq_replay,
+        }
+
+    def handle(self, principal: Any, req: dict[str, Any]) -> Any:
+        """Answer one request (a dict, or an awaitable of one for write ops)."""
+        op = req.get("op")
+        args = req.get("args") or {}
+        try:
+            if principal is None or getattr(principal, "kind", "") == "lock":
+                raise AdminError("FORBIDDEN", "locks may not use admin operations")
+            if not isinstance(op, str) or op not in self.ops:
+                raise AdminError("INVALID_ARGUMENT",
+                                 f"unknown op {op!r}; ops: {', '.join(sorted(self.ops))}")
+            if not isinstance(args, dict):
+                raise AdminError("INVALID_ARGUMENT", "args must be a JSON object")
+            if op in self.WRITE_OPS and not principal.is_admin:
+                raise AdminError("FORBIDDEN", f"{op} needs an admin token")
+            out = self.ops[op](args)
+        except AdminError as exc:
+            return {"ok": False, "error": exc.code, "message": exc.message}
+        if hasattr(out, "__await__"):
+            return self._finish(out)
+        return out
+
+    async def _finish(self, aw: Any) -> dict[str, Any]:
+        try:
+            return await aw
+        except AdminError as exc:
+            return {"ok": False, "error": exc.code, "message": exc.message}
+        except Exception as exc:  # noqa: BLE001 -- e.g. StoreBusy
+            return {"ok": False, "error": "BUSY" if "Busy" in type(exc).__name__ else "INTERNAL",
+                    "message": str(exc)}
+
+    # -- read-only ops ----------------------------------------------------------------
+
+    def ping(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``ping``: liveness and server time."""
+        return {"ok": True, "server_time_ms": int(time.time() * 1000)}
+
+    def stats(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``stats``: broker counters, store counters, per-cluster counters, gauges."""
+        b = self.broker
+        store = b.core.store
+        return {"ok": True, "broker": b.stats.snapshot(),
+                "store": dict(store.stats) if store else {},
+                "log_bytes": (store.log_end - store.log_start) if store else 0,
+                "connections": len(b.conns), "max_connections": b.max_connections,
+                "devices_online": len(b.devices.online_by_sn),
+                "clusters": {c.name: dict(c.stats, inflight=len(c.leases),
+                                          backlog=c.backlog(), capped=c.capped)
+                             for c in b.core.clusters.values()}}
+
+    def topics(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``topics``: every topic, its queue range and its clusters."""
+        return {"ok": True, "topics": self.broker.core.topics_info()}
+
+    def clusters(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``clusters`` [cluster]: members, in-flight, backlog/lag per cluster."""
+        out = self.broker.core.clusters_info()
+        name = args.get("cluster")
+        if name:
+            out = [c for c in out if c["name"] == name]
+        return {"ok": True, "clusters": out}
+
+    def devices(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``devices``: locks online now."""
+        d = self.broker.devices.info()
+        return {"ok": True, "count": len(d), "devices": d}
+
+    def connections(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``connections``: every open connection."""
+        conns = [c.info() for c in list(self.broker.conns.values())[:MAX_LIST]]
+        return {"ok": True, "count": len(self.broker.conns), "connections": conns}
+
+    def commands(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``commands``: downlink commands waiting per lock."""
+        return {"ok": True, **self.broker.commands.info()}
+
+    def config(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``config``: the settings in force (security settings left out)."""
+        d = self.broker.config.to_dict()
+        d.pop("security", None)
+        return {"ok": True, "config": d}
+
+    # -- dead letters -----------------------------------------------------------------
+
+    def dlq_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``dlq.list`` {cluster, offset=0, limit=100}: dead letters of a cluster."""
+        cluster = _str(args, "cluster")
+        offset = _int(args, "offset", 0)
+        limit = _int(args, "limit", 100, 1, MAX_LIST)
+        store = self.broker.core.store
+        assert store is not None
+        topic = DLQ_PREFIX + cluster
+        recs = store.read(topic, offset, limit)
+        msgs = []
+        for r in recs:
+            h = r.headers or {}
+            payload = bytes(r.payload)
+            msgs.append({
+                "dlq_offset": r.queue_offset,
+                "msg_id": f"{h.get('orig_sn', r.sn)}:{h.get('orig_seq', r.seq)}",
+                "topic": h.get("orig_topic"), "sn": h.get("orig_sn"), "seq": h.get("orig_seq"),
+                "reason": h.get("reason"), "deliveries": h.get("deliveries"),
+                "retries": h.get("retries"), "dead_ms": h.get("dead_ms"),
+                "lock_ts_ms": r.lock_ts_ms, "broker_ts_us": h.get("orig_broker_ts_us"),
+                "payload_len": len(payload), "payload_hex": payload[:256].hex(),
+            })
+        end = store.queue_end(topic)
+        return {"ok": True, "cluster": cluster, "queue_start": store.queue_start(topic),
+                "queue_end": end, "messages": msgs,
+                "next_offset": (recs[-1].queue_offset + 1) if recs else max(offset, end)}
+
+    async def dlq_replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``dlq.replay`` {cluster, offset, count=1} or {cluster, offsets: [...]}: send dead
+        letters back to the cluster (through ``$retry.<cluster>``, due now, retries 0)."""
+        cluster = _str(args, "cluster")
+        store = self.broker.core.store
+        assert store is not None
+        topic = DLQ_PREFIX + cluster
+        if "offsets" in args:
+            offs = args["offsets"]
+            if not isinstance(offs, list) or not all(isinstance(o, int) for o in offs) \
+                    or len(offs) > MAX_LIST:
+                raise AdminError("INVALID_ARGUMENT", "offsets must be a list of integers")
+            wanted = sorted(set(offs))
+        else:
+            start = _int(args, "offset", 0)
+            count = _int(args, "count", 1, 1, MAX_LIST)
+            wanted = list(range(start, start + count))
+        recs = []
+        for o in wanted:
+            got = store.read(topic, o, 1)
+            if got and got[0].queue_offset == o:
+                recs.append(got[0])
+        if not recs:
+            raise AdminError("INVALID_ARGUMENT", f"no dead letters at those offsets of {topic}")
+        now = int(time.time() * 1000)
+        out = []
+        for r in recs:
+            h = dict(r.headers or {})
+            h.update({"due_ms": now, "retries": 0, "deliveries": 0,
+                      "reason": f"replayed from {topic}@{r.queue_offset}",
+                      "replayed_ms": now})
+            out.append(NewRecord(RETRY_PREFIX + cluster, "", 0, r.lock_ts_ms,
+                                 bytes(r.payload), h))
+        await self.broker.core.append_system(out)
+        self.broker.log("dlq_replay", cluster=cluster, count=len(out))
+        return {"ok": True, "cluster": cluster, "replayed": len(out),
+                "offsets": [r.queue_offset for r in recs]}

@@ -1,0 +1,578 @@
+"""Consumer clusters: one topic queue, competing members, leases, retries, dead letters.
+
+The paper's consumption model (section 2.1.3): all messages of a topic form one
+queue; a *cluster* subscribes to the topic and its members compete for the messages,
+joining and leaving at any time -- there are no partitions. Several clusters on one
+topic each get every message (each has its own position).
+
+How one cluster reads its topic
+-------------------------------
+A :class:`Source` is a topic read in queue order. ``committed`` is the first queue
+offset not yet finished (everything below it is acked, retried or dead-lettered) and
+is what is persisted (``consume-<cluster>.log``); ``next`` is the next offset to read.
+Offsets in ``[committed, next)`` are the cluster's *window*: leased, waiting to be
+(re)delivered, or finished out of order. A restart restarts from ``committed``, so it
+redelivers at most the window, never the backlog.
+
+Each delivery is a :class:`Lease` with a fresh id and a deadline (the visibility
+timeout). Ack finishes it; a lease that expires goes back to the front of the ready
+queue (and to the dead-letter topic after ``max_retries + 1`` deliveries); when a
+member leaves, its leases are released at once.
+
+Retries (RocketMQ's design): a nack writes the message to ``$retry.<cluster>`` with
+its due time and retry count in the record headers, then finishes the original. The
+cluster reads its retry topic as a second :class:`Source` and holds each retry
+record until it is due, so retries survive a restart. After ``max_retries`` nacks the
+message goes to ``$dlq.<cluster>`` with the reason and the delivery count.
+
+Per-lock ordering (``ordered``): two messages of the same lock are never in flight at
+once. A message whose lock is busy waits behind it; a nacked message stays in memory
+until its retry is due (the committed position does not move past it, so a restart
+still redelivers it) and keeps its lock blocked, so the lock's order holds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+from lockmq.store.records import NewRecord, StoredRecord
+
+RETRY_PREFIX = "$retry."
+DLQ_PREFIX = "$dlq."
+#: A message read from the retry topic is leased as ``RETRY_BIT | its queue offset
+#: in $retry.<cluster>`` so that the wire lease ``(queue_offset, delivery)`` is unique
+#: within the subscription.
+RETRY_BIT = 1 << 63
+MAX_DELIVERY = 0xFFFF
+
+
+class ClusterError(Exception):
+    """A consumer request the cluster refuses; ``code`` names a protocol ErrorCode."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ClusterHost(Protocol):
+    """What a cluster needs from the broker core (implemented in ``core.py``)."""
+
+    def read(self, topic: str, queue_offset: int, max_count: int) -> list[StoredRecord]:
+        """Durable records of ``topic`` from ``queue_offset`` on."""
+
+    def queue_end(self, topic: str) -> int:
+        """One past the last durable queue offset of ``topic``."""
+
+    def append_system(self, records: list[NewRecord]) -> Awaitable[Any]:
+        """Store broker-generated records (retry, dead letters); resolves when durable."""
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run a background coroutine owned by the broker."""
+
+    def log(self, event: str, **fields: Any) -> None:
+        """Write one structured log line."""
+
+
+@dataclass
+class ClusterSettings:
+    """The ``[consumers]`` settings a cluster uses (see lockmq.config)."""
+
+    visibility_timeout_ms: int = 30_000
+    max_inflight_per_member: int = 1024
+    max_inflight_per_cluster: int = 16_384
+    max_pull: int = 512
+    max_retries: int = 16
+    retry_levels_s: list[float] = field(default_factory=lambda: [1.0])
+    time_scale: float = 1.0
+    max_retry_held: int = 100_000
+
+    def retry_delay_ms(self, retries: int) -> float:
+        """Backoff before retry number ``retries`` (1-based); the last level repeats."""
+        levels = self.retry_levels_s
+        i = min(max(retries, 1), len(levels)) - 1
+        return levels[i] * 1000.0 * self.time_scale
+
+
+class Source:
+    """One topic read in queue order by one cluster (see the module docstring)."""
+
+    __slots__ = ("topic", "committed", "next", "done_above", "dirty")
+
+    def __init__(self, topic: str, committed: int) -> None:
+        self.topic = topic
+        self.committed = committed
+        self.next = committed
+        self.done_above: set[int] = set()
+        self.dirty = False
+
+    def finish(self, qoff: int) -> None:
+        """Mark ``qoff`` finished and move ``committed`` over finished offsets."""
+        if qoff < self.committed:
+            return
+        if qoff == self.committed:
+            c = qoff + 1
+            done = self.done_above
+            while c in done:
+                done.discard(c)
+                c += 1
+            self.committed = c
+            self.dirty = True
+        else:
+            self.done_above.add(qoff)
+
+    def skip_to(self, qoff: int) -> None:
+        """The store no longer has offsets below ``qoff`` (retention): skip them."""
+        if qoff <= self.next:
+            return
+        if self.committed == self.next:
+            self.committed = qoff
+            self.dirty = True
+        else:
+            for q in range(self.next, qoff):
+                self.finish(q)
+        self.next = qoff
+
+
+class Lease:
+    """A message of the cluster's window: ready, leased to a member, or held."""
+
+    __slots__ = ("wire", "source", "qoff", "rec", "member", "deadline", "deliveries",
+                 "retries")
+
+    def __init__(self, source: Source, qoff: int, rec: StoredRecord, deliveries: int = 0,
+                 retries: int = 0, retry_source: bool = False) -> None:
+        #: the queue offset shown to the consumer (with RETRY_BIT for retry records)
+        self.wire = qoff | RETRY_BIT if retry_source else qoff
+        self.source = source
+        self.qoff = qoff
+        self.rec = rec
+        self.member: Member | None = None
+        self.deadline = 0.0
+        self.deliveries = deliveries
+        self.retries = retries
+
+
+class Member:
+    """One subscribed consumer connection in a cluster."""
+
+    __slots__ = ("member_id", "name", "peer", "notify", "leases", "wants_notify",
+                 "capped", "joined_ms", "delivered", "acked", "nacked", "max_inflight",
+                 "lease_ms", "conn")
+
+    def __init__(self, member_id: int, name: str, peer: str,
+                 notify: Callable[["Member"], None], max_inflight: int = 0,
+                 lease_ms: int = 0, conn: Any = None) -> None:
+        #: the subscription id on the member's connection
+        self.member_id = member_id
+        #: 0 = the cluster's setting; else min(this, the setting)
+        self.max_inflight = max_inflight
+        #: 0 = the cluster's visibility timeout
+        self.lease_ms = lease_ms
+        self.conn = conn
+        self.name = name
+        self.peer = peer
+        self.notify = notify
+        self.leases: set[int] = set()
+        self.wants_notify = True
+        self.capped = False
+        self.joined_ms = int(time.time() * 1000)
+        self.delivered = 0
+        self.acked = 0
+        self.nacked = 0
+
+    def info(self) -> dict[str, Any]:
+        """Admin view of the member."""
+        return {"id": self.member_id, "name": self.name, "peer": self.peer,
+                "inflight": len(self.leases), "delivered": self.delivered,
+                "acked": self.acked, "nacked": self.nacked, "joined_ms": self.joined_ms,
+                "idle": self.wants_notify}
+
+
+class Cluster:
+    """A consumer cluster on one topic (see the module docstring)."""
+
+    def __init__(self, name: str, topic: str, ordered: bool, settings: ClusterSettings,
+                 host: ClusterHost, positions: dict[str, int], start_latest: bool) -> None:
+        self.name = name
+        self.topic = topic
+        self.ordered = ordered
+        self.s = settings
+        self.host = host
+        self.retry_topic = RETRY_PREFIX + name
+        self.dlq_topic = DLQ_PREFIX + name
+        if topic in positions:
+            main_pos = positions[topic]
+        else:
+            main_pos = host.queue_end(topic) if start_latest else 0
+        self.main = Source(topic, main_pos)
+        self.main.dirty = topic not in positions
+        self.retry = Source(self.retry_topic, positions.get(self.retry_topic, 0))
+        self.members: dict[int, Member] = {}   # keyed by id(member)
+        self.leases: dict[int, Lease] = {}
+        self.ready: deque[Lease] = deque()
+        self.waiting: dict[str, deque[Lease]] = {}   # ordered: sn -> messages behind it
+        self.waiting_count = 0
+        self.busy_sns: set[str] = set()
+        self.delayed: list[tuple[float, int, Lease]] = []   # in-memory retries (monotonic)
+        self.retry_due: list[tuple[float, int, Lease]] = []  # retry records (wall ms)
+        self.expiry: list[tuple[float, int, int]] = []   # deadline, wire, delivery
+        self.pending_writes = 0   # nacks/dead letters being written
+        self._tie = itertools.count()
+        self.capped = False
+        self.stats = {"delivered": 0, "acked": 0, "nacked": 0, "redelivered": 0,
+                      "released": 0, "retried": 0, "dead_lettered": 0,
+                      "member_cap_hits": 0, "cluster_cap_hits": 0, "unknown_lease": 0}
+
+    # -- membership -----------------------------------------------------------------
+
+    def join(self, member: Member) -> None:
+        """Add a member; it is notified at once if there is work."""
+        self.members[id(member)] = member
+        self.host.log("member_join", cluster=self.name, topic=self.topic,
+                      member=member.member_id, name=member.name, peer=member.peer,
+                      members=len(self.members))
+        self.wake()
+
+    def leave(self, member: Member, reason: str = "left") -> int:
+        """Remove a member and release its leases at once; returns how many."""
+        self.members.pop(id(member), None)
+        released = 0
+        for wire in sorted(member.leases, reverse=True):
+            lease = self.leases.pop(wire, None)
+            if lease is None:
+                continue
+            lease.member = None
+            self.ready.appendleft(lease)
+            released += 1
+        member.leases.clear()
+        self.stats["released"] += released
+        self.host.log("member_leave", cluster=self.name, member=member.member_id,
+                      reason=reason, released=released, members=len(self.members))
+        if released:
+            self.wake()
+        return released
+
+    # -- load -----------------------------------------------------------------------
+
+    @property
+    def load(self) -> int:
+        """Messages held by the cluster: leased, ready, waiting for their lock, delayed."""
+        return (len(self.leases) + len(self.ready) + self.waiting_count + len(self.delayed)
+                + self.pending_writes)
+
+    def backlog(self) -> int:
+        """Messages of the topic not yet finished by this cluster (lag)."""
+        return max(0, self.host.queue_end(self.topic) - self.main.committed)
+
+    def has_work(self) -> bool:
+        """True if a pull could return something now."""
+        if self.ready:
+            return True
+        return (self.load < self.s.max_inflight_per_cluster
+                and self.main.next < self.host.queue_end(self.topic))
+
+    def wake(self) -> None:
+        """Send NOTIFY to idle members (those whose last pull came back empty)."""
+        if not self.members or not self.has_work():
+            return
+        for m in list(self.members.values()):
+            if m.wants_notify and len(m.leases) < self.member_cap(m):
+                m.wants_notify = False
+                m.notify(m)
+
+    # -- reading --------------------------------------------------------------------
+
+    def _enqueue(self, lease: Lease) -> None:
+        if self.ordered:
+            sn = lease.rec.sn
+            if sn in self.busy_sns:
+                self.waiting.setdefault(sn, deque()).append(lease)
+                self.waiting_count += 1
+                return
+            self.busy_sns.add(sn)
+        self.ready.append(lease)
+
+    def _sn_free(self, lease: Lease) -> None:
+        if not self.ordered:
+            return
+        sn = lease.rec.sn
+        q = self.waiting.get(sn)
+        if q:
+            nxt = q.popleft()
+            self.waiting_count -= 1
+            if not q:
+                del self.waiting[sn]
+            self.ready.append(nxt)   # the lock stays busy: its next message is up
+        else:
+            self.busy_sns.discard(sn)
+
+    def _fill(self, want: int) -> None:
+        """Read new messages of the topic into the ready queue, up to the cluster cap."""
+        src = self.main
+        cap = self.s.max_inflight_per_cluster
+        end = self.host.queue_end(self.topic)
+        while len(self.ready) < want and src.next < end:
+            room = cap - self.load
+            if room <= 0:
+                if not self.capped:
+                    self.capped = True
+                    self.stats["cluster_cap_hits"] += 1
+                    self.host.log("cluster_inflight_cap", cluster=self.name,
+                                  cap=cap, load=self.load, level="warning")
+                return
+            n = min(room, max(want - len(self.ready), 1), self.s.max_pull)
+            recs = self.host.read(self.topic, src.next, n)
+            if not recs:
+                break
+            for rec in recs:
+                if rec.queue_offset > src.next:
+                    src.skip_to(rec.queue_offset)
+                src.next = rec.queue_offset + 1
+                self._enqueue(Lease(src, rec.queue_offset, rec))
+        self.capped = False
+
+    def _fill_retry(self) -> None:
+        """Read retry records into the due-time heap (bounded by max_retry_held)."""
+        src = self.retry
+        end = self.host.queue_end(self.retry_topic)
+        while src.next < end and len(self.retry_due) < self.s.max_retry_held:
+            recs = self.host.read(self.retry_topic, src.next,
+                                  min(256, self.s.max_retry_held - len(self.retry_due)))
+            if not recs:
+                break
+            for rec in recs:
+                if rec.queue_offset > src.next:
+                    src.skip_to(rec.queue_offset)
+                src.next = rec.queue_offset + 1
+                h = rec.headers or {}
+                view = StoredRecord(
+                    int(h.get("orig_offset", rec.offset)), int(h.get("orig_queue_offset", -1)),
+                    str(h.get("orig_topic", self.topic)), str(h.get("orig_sn", rec.sn)),
+                    int(h.get("orig_seq", rec.seq)), int(h.get("orig_lock_ts_ms", rec.lock_ts_ms)),
+                    int(h.get("orig_broker_ts_us", rec.broker_ts_us)), h.get("orig_headers"),
+                    rec.payload)
+                lease = Lease(src, rec.queue_offset, view, int(h.get("deliveries", 0)),
+                              int(h.get("retries", 0)), retry_source=True)
+                heapq.heappush(self.retry_due, (float(h.get("due_ms", 0)), next(self._tie),
+                                                lease))
+
+    def _release_due(self) -> bool:
+        """Move due retries to the ready queue; True if any moved."""
+        moved = False
+        now_wall = time.time() * 1000.0
+        due = self.retry_due
+        while due and due[0][0] <= now_wall:
+            self._enqueue(heapq.heappop(due)[2])
+            moved = True
+        now = time.monotonic()
+        d = self.delayed
+        while d and d[0][0] <= now:
+            self.ready.append(heapq.heappop(d)[2])   # ordered: its lock is still busy
+            moved = True
+        return moved
+
+    # -- the consumer's requests ------------------------------------------------------
+
+    def member_cap(self, member: Member) -> int:
+        """In-flight cap of ``member`` (its SUBSCRIBE may lower the setting)."""
+        cap = self.s.max_inflight_per_member
+        return min(cap, member.max_inflight) if member.max_inflight else cap
+
+    def pull(self, member: Member, max_count: int) -> list[Lease]:
+        """Lease up to ``max_count`` messages to ``member`` (empty: it will get NOTIFY)."""
+        room = self.member_cap(member) - len(member.leases)
+        n = min(max_count, self.s.max_pull, room)
+        if n <= 0:
+            if not member.capped:
+                member.capped = True
+                self.stats["member_cap_hits"] += 1
+                self.host.log("member_inflight_cap", cluster=self.name,
+                              member=member.member_id, cap=self.member_cap(member),
+                              level="warning")
+            member.wants_notify = True
+            return []
+        member.capped = False
+        self._release_due()
+        if len(self.ready) < n:
+            self._fill(n)
+        out: list[Lease] = []
+        deadline = time.monotonic() + (member.lease_ms or self.s.visibility_timeout_ms) / 1000.0
+        ready = self.ready
+        while ready and len(out) < n:
+            lease = ready.popleft()
+            lease.member = member
+            lease.deadline = deadline
+            lease.deliveries = min(lease.deliveries + 1, MAX_DELIVERY)
+            if lease.deliveries > 1:
+                self.stats["redelivered"] += 1
+            self.leases[lease.wire] = lease
+            member.leases.add(lease.wire)
+            heapq.heappush(self.expiry, (deadline, lease.wire, lease.deliveries))
+            out.append(lease)
+        member.delivered += len(out)
+        self.stats["delivered"] += len(out)
+        member.wants_notify = not out
+        return out
+
+    def _take(self, member: Member, wire: int, delivery: int) -> Lease:
+        lease = self.leases.get(wire)
+        if lease is None or lease.member is not member or lease.deliveries != delivery:
+            self.stats["unknown_lease"] += 1
+            raise ClusterError("UNKNOWN_LEASE",
+                               f"lease ({wire}, {delivery}) is unknown, expired or not "
+                               f"yours (cluster {self.name})")
+        del self.leases[wire]
+        member.leases.discard(wire)
+        return lease
+
+    def ack(self, member: Member, wire: int, delivery: int) -> None:
+        """Finish a leased message; raises :class:`ClusterError` for an unknown lease."""
+        lease = self._take(member, wire, delivery)
+        lease.source.finish(lease.qoff)
+        self._sn_free(lease)
+        member.acked += 1
+        self.stats["acked"] += 1
+
+    def nack(self, member: Member, wire: int, delivery: int, delay_ms: int | None = None,
+             reason: str = "") -> str:
+        """Retry a leased message later (or dead-letter it). Returns what was done:
+        ``"retry"`` or ``"dlq"``."""
+        lease = self._take(member, wire, delivery)
+        member.nacked += 1
+        self.stats["nacked"] += 1
+        lease.retries += 1
+        reason = reason or "nack"
+        if lease.retries > self.s.max_retries:
+            self._dead_letter(lease, reason)
+            return "dlq"
+        delay = self.s.retry_delay_ms(lease.retries) if delay_ms is None else float(delay_ms)
+        self.stats["retried"] += 1
+        if self.ordered:
+            heapq.heappush(self.delayed, (time.monotonic() + delay / 1000.0,
+                                          next(self._tie), lease))
+        else:
+            self._write_retry(lease, delay, reason)
+        return "retry"
+
+    # -- retry and dead-letter writes -----------------------------------------------
+
+    def _orig_headers(self, lease: Lease) -> dict[str, Any]:
+        r = lease.rec
+        return {"cluster": self.name, "orig_topic": r.topic, "orig_sn": r.sn,
+                "orig_seq": r.seq, "orig_lock_ts_ms": r.lock_ts_ms,
+                "orig_broker_ts_us": r.broker_ts_us, "orig_offset": r.offset,
+                "orig_queue_offset": r.queue_offset, "orig_headers": r.headers,
+                "deliveries": lease.deliveries, "retries": lease.retries}
+
+    def _write_retry(self, lease: Lease, delay_ms: float, reason: str) -> None:
+        h = self._orig_headers(lease)
+        h["due_ms"] = int(time.time() * 1000 + delay_ms)
+        h["reason"] = reason
+        self._write(lease, NewRecord(self.retry_topic, "", 0, lease.rec.lock_ts_ms,
+                                     lease.rec.payload, h), "retry", delay_ms)
+
+    def _dead_letter(self, lease: Lease, reason: str) -> None:
+        h = self._orig_headers(lease)
+        h["reason"] = reason
+        h["dead_ms"] = int(time.time() * 1000)
+        self.stats["dead_lettered"] += 1
+        self.host.log("dead_letter", cluster=self.name, msg=f"{lease.rec.sn}:{lease.rec.seq}",
+                      reason=reason, deliveries=lease.deliveries, level="warning")
+        self._write(lease, NewRecord(self.dlq_topic, "", 0, lease.rec.lock_ts_ms,
+                                     lease.rec.payload, h), "dlq", 0.0)
+
+    def _write(self, lease: Lease, rec: NewRecord, what: str, delay_ms: float) -> None:
+        """Store ``rec`` (sn/seq assigned by the host), then finish ``lease``.
+
+        If the store refuses, the message stays in memory and is retried later (it
+        is never dropped: the committed position does not move past it)."""
+        self.pending_writes += 1
+
+        async def run() -> None:
+            try:
+                await self.host.append_system([rec])
+            except Exception as exc:  # noqa: BLE001 -- any store error: keep it in memory
+                self.pending_writes -= 1
+                self.host.log("system_write_failed", cluster=self.name, what=what,
+                              error=repr(exc), level="warning")
+                back = max(delay_ms, 1000.0 * self.s.time_scale)
+                if what == "dlq":
+                    lease.retries -= 1  # the next nack tries the dead-letter write again
+                heapq.heappush(self.delayed, (time.monotonic() + back / 1000.0,
+                                              next(self._tie), lease))
+                return
+            self.pending_writes -= 1
+            lease.source.finish(lease.qoff)
+            self._sn_free(lease)
+            self.wake()
+
+        self.host.spawn(run())
+
+    # -- timers ---------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Expire leases, release due retries, read the retry topic, wake idle members."""
+        now = time.monotonic()
+        exp = self.expiry
+        woke = False
+        while exp and exp[0][0] <= now:
+            _, wire, delivery = heapq.heappop(exp)
+            lease = self.leases.get(wire)
+            if lease is None or lease.deliveries != delivery:
+                continue
+            del self.leases[wire]
+            member = lease.member
+            if member is not None:
+                member.leases.discard(wire)
+            lease.member = None
+            if lease.deliveries > self.s.max_retries:
+                lease.retries = max(lease.retries, lease.deliveries)
+                self._dead_letter(lease, "lease expired")
+                continue
+            self.stats["redelivered_after_timeout"] = \
+                self.stats.get("redelivered_after_timeout", 0) + 1
+            self.ready.appendleft(lease)
+            woke = True
+        if len(self.retry_due) < self.s.max_retry_held:
+            self._fill_retry()
+        if self._release_due():
+            woke = True
+        if woke or any(m.wants_notify for m in self.members.values()):
+            self.wake()
+
+    # -- persistence and admin ------------------------------------------------------
+
+    def positions(self) -> dict[str, int]:
+        """What ``consume-<cluster>.log`` holds: committed offset per source topic."""
+        return {self.main.topic: self.main.committed, self.retry.topic: self.retry.committed}
+
+    def take_dirty(self) -> bool:
+        """True (once) if a position moved since the last call."""
+        d = self.main.dirty or self.retry.dirty
+        self.main.dirty = self.retry.dirty = False
+        return d
+
+    def info(self) -> dict[str, Any]:
+        """Admin view of the cluster (``clusters`` admin op)."""
+        end = self.host.queue_end(self.topic)
+        return {
+            "name": self.name, "topic": self.topic, "ordered": self.ordered,
+            "members": [m.info() for m in self.members.values()],
+            "inflight": len(self.leases), "ready": len(self.ready),
+            "waiting_for_lock": self.waiting_count, "delayed": len(self.delayed),
+            "retry_scheduled": len(self.retry_due) + (
+                self.host.queue_end(self.retry_topic) - self.retry.next),
+            "committed": self.main.committed, "next": self.main.next, "queue_end": end,
+            "backlog": max(0, end - self.main.committed),
+            "unread": max(0, end - self.main.next),
+            "dlq_size": self.host.queue_end(self.dlq_topic),
+            "cluster_cap": self.s.max_inflight_per_cluster, "cluster_capped": self.capped,
+            "member_cap": self.s.max_inflight_per_member,
+            "stats": dict(self.stats),
+        }

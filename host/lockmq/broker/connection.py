@@ -1,0 +1,650 @@
+"""One client connection: an asyncio Protocol (the hot path; no streams).
+
+Every read feeds the decoder and handles *all* whole frames in it; the publishes of
+one read become one store append; every answer produced in one loop iteration goes
+out in one socket write. A malformed frame gets an ERROR frame and the connection
+is closed; other connections are not affected. Memory per connection is bounded by
+``max_frame`` (decoder) and ``max_conn_buffer_bytes`` (unsent answers and publishes
+waiting for the store: above it the broker stops reading from this peer).
+
+Session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK; afterwards every frame is
+bound to the authenticated principal (a lock's frame with another SN is refused
+with SN_MISMATCH and the connection closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from lockmq.protocol import (NO_SEQ, Ack, Auth, Challenge, CommandResult, Command,
+                             Connect, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
+                             Message, Messages, Nack, Notify, Op, ProtocolError, Publish,
+                             PublishAck, Pull, Role, Subscribe, SubscribeAck, UnknownOpcode,
+                             Unsubscribe, decode_json, encode_frame, encode_json, op_name)
+from lockmq.store import (InvalidRecord, NewRecord, StoreBusy, StoreClosed, StoreFull,
+                          validate_topic)
+
+from .clusters import Cluster, ClusterError, Lease, Member
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+_RESP = Flag.RESPONSE
+_conn_ids = iter(range(1, 1 << 62))
+
+
+def _code(name: str) -> int:
+    return int(getattr(ErrorCode, name, ErrorCode.INTERNAL))
+
+
+class Connection(asyncio.Protocol):
+    """A peer's connection: lock, service (producer/consumer/commander) or admin."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.id = next(_conn_ids)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.peer_ip = ""
+        self.state = "new"           # new -> challenged -> open -> closed
+        self.claimed_sn = ""
+        self.role = 0
+        self.nonce = b""
+        self.principal: Any = None
+        self.decoder = FrameDecoder(broker.config.broker.max_frame)
+        self.out: list[bytes] = []
+        self.out_scheduled = False
+        self.last_seen = time.monotonic()
+        self.connected_at = time.time()
+        self.subs: dict[int, tuple[Cluster, Member]] = {}
+        self._next_sub = 1
+        self._pub: list[tuple[int, bool, NewRecord]] = []
+        self._pub_bytes = 0
+        self._paused_for_pub = False
+        self._paused_for_write = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._admitted = False
+        self.is_device = False       # registered in the online list
+        self.heartbeat: Heartbeat | None = None
+        self.close_reason = ""
+
+    # -- asyncio callbacks ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Admit the connection (limits) and start the handshake timer."""
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        b = self.broker
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer_ip = str(peer[0])
+            self.peer = f"{peer[0]}:{peer[1]}"
+        b.stats.inc("connections_accepted")
+        b.conns[self.id] = self
+        transport.set_write_buffer_limits(high=b.config.broker.max_conn_buffer_bytes)
+        limit = b.max_connections
+        try:
+            if limit and len(b.conns) > limit:
+                raise _Refused("TOO_MANY_CONNECTIONS",
+                               f"the broker holds {limit} connections (max_connections)")
+            b.guard.admit(self.peer_ip)
+            self._admitted = True
+        except Exception as exc:  # noqa: BLE001 -- the guard's error carries the code
+            b.stats.inc("connections_refused")
+            code = getattr(exc, "code", _code("TOO_MANY_CONNECTIONS"))
+            if isinstance(exc, _Refused):
+                code = _code(exc.code_name)
+            b.log("connection_refused", conn=self.id, peer=self.peer,
+                  reason=getattr(exc, "reason", str(exc)), level="warning")
+            self.fatal(int(code), getattr(exc, "public_message", str(exc)),
+                       retry_after_ms=getattr(exc, "retry_after_ms", 1000) or 1000)
+            return
+        self._handshake_timer = asyncio.get_running_loop().call_later(
+            b.config.broker.handshake_timeout_s, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Release leases, report the device offline, give back the admission."""
+        b = self.broker
+        self.state = "closed"
+        b.conns.pop(self.id, None)
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        for sub_id, (cluster, member) in list(self.subs.items()):
+            cluster.leave(member, reason="disconnected")
+        self.subs.clear()
+        if self.is_device:
+            b.devices.offline(self, "evicted" if self.close_reason == "evicted" else "offline")
+        b.commands.connection_closed(self)
+        if self._admitted:
+            self._admitted = False
+            try:
+                b.guard.release(self.peer_ip)
+            except Exception:  # noqa: BLE001
+                pass
+        b.stats.inc("connections_closed")
+        if self.principal is not None or self.close_reason:
+            b.log("disconnect", conn=self.id, peer=self.peer, sn=self.claimed_sn,
+                  reason=self.close_reason or (repr(exc) if exc else "peer closed"),
+                  level="debug" if not self.close_reason else "info")
+
+    def pause_writing(self) -> None:
+        """The peer does not read its answers: stop reading its requests."""
+        self._paused_for_write = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        """The socket drained: read again."""
+        self._paused_for_write = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self._paused_for_write or self._paused_for_pub:
+            if t.is_reading():
+                t.pause_reading()
+                self.broker.stats.inc("reads_paused")
+        elif not t.is_reading():
+            t.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        """Decode every whole frame of this read and handle it."""
+        b = self.broker
+        b.stats.c["bytes_in"] += len(data)
+        self.last_seen = time.monotonic()
+        dec = self.decoder
+        try:
+            dec.feed(data)
+        except ProtocolError as exc:
+            self._bad_input(exc)
+            return
+        n = 0
+        while self.state != "closed":
+            try:
+                frame = dec.next_frame()
+            except UnknownOpcode as exc:
+                self.send_error(exc.code, exc.message, 0)
+                continue
+            except ProtocolError as exc:
+                self._bad_input(exc)
+                break
+            if frame is None:
+                break
+            n += 1
+            try:
+                self._handle(frame)
+            except ProtocolError as exc:
+                self._bad_input(exc)
+                break
+        b.stats.c["frames_in"] += n
+        if self._pub:
+            self._submit_publishes()
+        if self.out:
+            self.flush()
+
+    # -- output -----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes; everything queued in one loop iteration is written at once."""
+        if self.state == "closed":
+            return
+        self.out.append(data)
+        if not self.out_scheduled:
+            self.out_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
+        """Encode and queue one frame (broker frames carry an empty SN)."""
+        self.broker.stats.c["frames_out"] += 1
+        self.send(encode_frame(opcode, "", body, opaque, flags))
+
+    def flush(self) -> None:
+        """Write everything queued in one ``write`` call."""
+        self.out_scheduled = False
+        if not self.out or self.transport is None or self.transport.is_closing():
+            self.out.clear()
+            return
+        data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+        self.out.clear()
+        self.broker.stats.c["bytes_out"] += len(data)
+        self.transport.write(data)
+
+    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0,
+                   response: bool = True) -> None:
+        """Queue an ERROR frame (as the answer to ``opaque``)."""
+        from lockmq.protocol import ErrorReply
+
+        self.broker.stats.c["errors_sent"] += 1
+        self.send_frame(Op.ERROR, ErrorReply(int(code), message[:1000], retry_after_ms).encode(),
+                        opaque, _RESP if response else 0)
+
+    def fatal(self, code: int, message: str, retry_after_ms: int = 0, opaque: int = 0) -> None:
+        """Send ERROR and close the connection (after the write is flushed)."""
+        if self.state == "closed":
+            return
+        self.send_error(code, message, opaque, retry_after_ms)
+        self.close(message)
+
+    def close(self, reason: str) -> None:
+        """Flush what is queued and close."""
+        if not self.close_reason:
+            self.close_reason = reason
+        self.flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self.state = "closed"
+
+    def _bad_input(self, exc: ProtocolError) -> None:
+        self.broker.stats.inc("bad_frames")
+        self.broker.log("bad_frame", conn=self.id, peer=self.peer, sn=self.claimed_sn,
+                        code=exc.code, error=exc.message, level="warning")
+        self.fatal(exc.code, exc.message)
+
+    def _handshake_timeout(self) -> None:
+        if self.state in ("new", "challenged"):
+            self.broker.stats.inc("handshakes_failed")
+            self.fatal(_code("AUTH_TIMEOUT"), "authentication not finished in time")
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    def _handle(self, frame: Any) -> None:
+        op = frame.opcode
+        if self.state == "open":
+            if frame.sn:
+                try:
+                    self.principal.check_frame_sn(frame.sn)
+                except Exception as exc:  # noqa: BLE001 -- IdentityMismatch
+                    self.broker.log("sn_mismatch", conn=self.id, peer=self.peer,
+                                    principal=self.principal.name, frame_sn=frame.sn,
+                                    level="warning")
+                    self.fatal(_code("SN_MISMATCH"), getattr(exc, "public_message", str(exc)),
+                               opaque=frame.opaque)
+                    return
+            handler = _HANDLERS.get(op)
+            if handler is None:
+                self.send_error(_code("UNEXPECTED_FRAME"),
+                                f"{op_name(op)} is not a request a client may send",
+                                frame.opaque)
+                return
+            handler(self, frame)
+        elif self.state == "new":
+            if op != Op.CONNECT:
+                self.fatal(_code("NOT_AUTHENTICATED"),
+                           f"expected CONNECT, got {op_name(op)}", opaque=frame.opaque)
+                return
+            self._on_connect(frame)
+        elif self.state == "challenged":
+            if op != Op.AUTH:
+                self.fatal(_code("NOT_AUTHENTICATED"), f"expected AUTH, got {op_name(op)}",
+                           opaque=frame.opaque)
+                return
+            self._on_auth(frame)
+
+    # -- handshake --------------------------------------------------------------------
+
+    def _on_connect(self, frame: Any) -> None:
+        c = Connect.decode(frame.body)
+        self.claimed_sn = frame.sn
+        self.role = c.role
+        self.nonce = self.broker.guard.challenge()
+        self.state = "challenged"
+        self.send_frame(Op.CHALLENGE, Challenge(self.nonce, int(time.time() * 1000)).encode(),
+                        frame.opaque, _RESP)
+
+    def _on_auth(self, frame: Any) -> None:
+        b = self.broker
+        auth = Auth.decode(frame.body)
+        try:
+            principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip)
+        except Exception as exc:  # noqa: BLE001 -- AuthFailed and friends
+            b.stats.inc("handshakes_failed")
+            b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,
+                  reason=getattr(exc, "reason", repr(exc)), level="warning")
+            code = getattr(exc, "code", _code("AUTH_FAILED"))
+            self.fatal(int(code), getattr(exc, "public_message", "authentication failed"),
+                       retry_after_ms=getattr(exc, "retry_after_ms", 0), opaque=frame.opaque)
+            return
+        self.principal = principal
+        self.state = "open"
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        b.stats.inc("handshakes_ok")
+        last_seq = NO_SEQ
+        is_lock = getattr(principal, "kind", "") == "lock"
+        if is_lock:
+            s = b.core.store.last_seq(principal.name) if b.core.store else None
+            last_seq = NO_SEQ if s is None else s
+        cfg = b.config
+        self.send_frame(Op.CONNECT_ACK, ConnectAck(
+            int(cfg.devices.heartbeat_s), cfg.broker.max_frame, int(time.time() * 1000),
+            last_seq, self.id & 0xFFFFFFFF).encode(), frame.opaque, _RESP)
+        b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
+              kind=principal.kind, level="debug" if not is_lock else "info")
+        if is_lock:
+            b.devices.online(self)
+            b.commands.lock_online(self)
+
+    # -- requests after the handshake -------------------------------------------------
+
+    def _on_heartbeat(self, frame: Any) -> None:
+        self.heartbeat = Heartbeat.decode(frame.body)
+        if not frame.flags & Flag.ONEWAY:
+            self.send_frame(Op.HEARTBEAT, b"", frame.opaque, _RESP)
+
+    def _on_disconnect(self, frame: Any) -> None:
+        self.close("client disconnect")
+
+    def _on_publish(self, frame: Any) -> None:
+        p = Publish.decode(frame.body)
+        b = self.broker
+        oneway = bool(frame.flags & Flag.ONEWAY)
+        b.stats.c["publish_received"] += 1
+        if oneway:
+            b.stats.c["publish_oneway"] += 1
+        try:
+            validate_topic(p.topic)
+        except InvalidRecord as exc:
+            b.stats.inc("publish_refused")
+            self.send_error(_code("INVALID_ARGUMENT"), str(exc), frame.opaque)
+            return
+        if not self.principal.may_publish(p.topic):
+            b.stats.inc("publish_refused")
+            self.send_error(_code("FORBIDDEN"),
+                            f"{self.principal.name} may not publish to {p.topic!r}",
+                            frame.opaque)
+            return
+        if b.closing:
+            self.send_error(_code("SHUTTING_DOWN"), "the broker is shutting down",
+                            frame.opaque, retry_after_ms=1000)
+            return
+        sn = frame.sn or self.principal.name
+        self._pub.append((frame.opaque, oneway,
+                          NewRecord(p.topic, sn, p.seq, p.lock_ts_ms, p.payload)))
+        if len(self._pub) >= b.config.broker.max_publish_batch:
+            self._submit_publishes()
+
+    def _submit_publishes(self) -> None:
+        batch = self._pub
+        self._pub = []
+        size = 0
+        for _, _, r in batch:
+            size += len(r.payload) + 64
+        self._pub_bytes += size
+        if self._pub_bytes > self.broker.config.broker.max_conn_buffer_bytes:
+            self._paused_for_pub = True
+            self._update_reading()
+        asyncio.ensure_future(self._store_publishes(batch, size))
+
+    async def _store_publishes(self, batch: list[tuple[int, bool, NewRecord]], size: int
+                               ) -> None:
+        b = self.broker
+        b.stats.c["store_batches"] += 1
+        try:
+            try:
+                res = await b.core.store.append([r for _, _, r in batch])
+            except InvalidRecord:
+                # one bad record refuses the whole call: store them one by one
+                res = []
+                for _, _, r in batch:
+                    try:
+                        res.extend(await b.core.store.append([r]))
+                    except InvalidRecord as exc:
+                        res.append(exc)
+        except StoreBusy as exc:
+            b.stats.c["publish_busy"] += len(batch)
+            full = isinstance(exc, StoreFull)
+            retry = b.config_busy_retry_ms(full)
+            b.log_busy(full, exc)
+            msg = ("busy: storage full, retry later" if full
+                   else "busy: the store is behind, retry later")
+            for opaque, _oneway, _r in batch:
+                self.send_error(_code("BUSY"), msg, opaque, retry_after_ms=retry)
+            self._pub_done(size)
+            return
+        except StoreClosed:
+            for opaque, _oneway, _r in batch:
+                self.send_error(_code("SHUTTING_DOWN"), "the broker is shutting down",
+                                opaque, retry_after_ms=1000)
+            self._pub_done(size)
+            return
+        except Exception as exc:  # noqa: BLE001 -- StoreFailed etc.: never ack
+            b.log("publish_failed", conn=self.id, error=repr(exc), level="error")
+            for opaque, _oneway, _r in batch:
+                self.send_error(_code("INTERNAL"), "storage error", opaque, retry_after_ms=1000)
+            self._pub_done(size)
+            return
+        stored = dup = 0
+        for (opaque, oneway, _r), a in zip(batch, res):
+            if isinstance(a, Exception):
+                self.send_error(_code("INVALID_ARGUMENT"), str(a), opaque)
+                continue
+            if a.duplicate:
+                dup += 1
+            else:
+                stored += 1
+            if not oneway:
+                self.send_frame(Op.PUBLISH_ACK, PublishAck(
+                    PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED,
+                    max(a.queue_offset, 0)).encode(), opaque, _RESP)
+        b.stats.c["publish_stored"] += stored
+        b.stats.c["publish_duplicates"] += dup
+        self._pub_done(size)
+
+    def _pub_done(self, size: int) -> None:
+        self._pub_bytes -= size
+        if self._paused_for_pub and self._pub_bytes <= \
+                self.broker.config.broker.max_conn_buffer_bytes // 2:
+            self._paused_for_pub = False
+            self._update_reading()
+
+    # -- consumers ----------------------------------------------------------------------
+
+    def _on_subscribe(self, frame: Any) -> None:
+        s = Subscribe.decode(frame.body)
+        b = self.broker
+        if not self.principal.may_consume(s.topic, s.cluster):
+            self.send_error(_code("FORBIDDEN"), f"{self.principal.name} may not consume "
+                            f"{s.topic!r} as {s.cluster!r}", frame.opaque)
+            return
+        ordered = bool(s.flags & Subscribe.ORDERED) or b.config.consumers.ordered_default
+        try:
+            cluster = b.core.cluster(s.cluster, s.topic, ordered)
+        except ClusterError as exc:
+            self.send_error(_code(exc.code), exc.message, frame.opaque)
+            return
+        sub_id = self._next_sub
+        self._next_sub += 1
+        member = Member(sub_id, self.principal.name, self.peer, self._wake_member,
+                        s.max_inflight, s.lease_ms, conn=self)
+        member.wants_notify = False
+        self.subs[sub_id] = (cluster, member)
+        self.send_frame(Op.SUBSCRIBE_ACK, SubscribeAck(sub_id, cluster.backlog()).encode(),
+                        frame.opaque, _RESP)
+        member.wants_notify = True
+        cluster.join(member)
+
+    def _sub(self, sub_id: int, opaque: int) -> tuple[Cluster, Member] | None:
+        s = self.subs.get(sub_id)
+        if s is None:
+            self.send_error(_code("UNKNOWN_SUBSCRIPTION"),
+                            f"no subscription {sub_id} on this connection", opaque)
+        return s
+
+    def _on_unsubscribe(self, frame: Any) -> None:
+        u = Unsubscribe.decode(frame.body)
+        s = self._sub(u.sub_id, frame.opaque)
+        if s is None:
+            return
+        del self.subs[u.sub_id]
+        self._unpark(s[1])
+        s[0].leave(s[1], reason="unsubscribed")
+        self.send_frame(Op.OK, b"", frame.opaque, _RESP)
+
+    def _on_pull(self, frame: Any) -> None:
+        p = Pull.decode(frame.body)
+        s = self._sub(p.sub_id, frame.opaque)
+        if s is None:
+            return
+        cluster, member = s
+        self.broker.stats.c["pulls"] += 1
+        self._unpark(member, answer=True)
+        leases = cluster.pull(member, max(1, p.max_messages))
+        if leases or p.wait_ms <= 0:
+            self._send_messages(p.sub_id, leases, frame.opaque)
+            return
+        wait = min(p.wait_ms, self.broker.config.consumers.visibility_timeout_ms, 60_000)
+        timer = asyncio.get_running_loop().call_later(
+            wait / 1000.0, self._park_expired, member)
+        self.broker.parked[id(member)] = (frame.opaque, max(1, p.max_messages), timer)
+
+    def _unpark(self, member: Member, answer: bool = False) -> None:
+        parked = self.broker.parked.pop(id(member), None)
+        if parked is not None:
+            parked[2].cancel()
+            if answer:
+                self._send_messages(member.member_id, [], parked[0])
+
+    def _park_expired(self, member: Member) -> None:
+        parked = self.broker.parked.pop(id(member), None)
+        if parked is not None:
+            self._send_messages(member.member_id, [], parked[0])
+
+    def _wake_member(self, member: Member) -> None:
+        """Called by the cluster when work arrives for an idle member."""
+        if self.state == "closed":
+            return
+        s = self.subs.get(member.member_id)
+        if s is None:
+            return
+        cluster = s[0]
+        parked = self.broker.parked.get(id(member))
+        if parked is not None:
+            leases = cluster.pull(member, parked[1])
+            if leases:
+                del self.broker.parked[id(member)]
+                parked[2].cancel()
+                self._send_messages(member.member_id, leases, parked[0])
+            return
+        self.broker.stats.c["notifies"] += 1
+        avail = min(0xFFFFFFFF, len(cluster.ready) + max(
+            0, self.broker.core.queue_end(cluster.topic) - cluster.main.next))
+        self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
+
+    def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
+        msgs = []
+        for lease in leases:
+            r = lease.rec
+            hdr = b""
+            if r.headers or lease.retries:
+                h = dict(r.headers or {})
+                if lease.retries:
+                    h["retries"] = lease.retries
+                hdr = json.dumps(h, separators=(",", ":")).encode()
+            msgs.append(Message(lease.wire, lease.deliveries, r.sn, r.seq, r.lock_ts_ms,
+                                r.broker_ts_us, r.topic, r.payload, hdr))
+        self.broker.stats.c["messages_delivered"] += len(msgs)
+        self.send_frame(Op.MESSAGES, Messages(sub_id, msgs).encode(), opaque, _RESP)
+
+    def _on_ack(self, frame: Any) -> None:
+        a = Ack.decode(frame.body)
+        s = self._sub(a.sub_id, frame.opaque)
+        if s is None:
+            return
+        cluster, member = s
+        bad = []
+        for qoff, delivery in a.leases:
+            try:
+                cluster.ack(member, qoff, delivery)
+            except ClusterError:
+                bad.append((qoff, delivery))
+        self.broker.stats.c["acks"] += len(a.leases) - len(bad)
+        self._lease_reply(frame, bad, len(a.leases))
+        if member.wants_notify or cluster.capped:
+            cluster.wake()
+
+    def _on_nack(self, frame: Any) -> None:
+        n = Nack.decode(frame.body)
+        s = self._sub(n.sub_id, frame.opaque)
+        if s is None:
+            return
+        cluster, member = s
+        bad = []
+        for qoff, delivery in n.leases:
+            try:
+                cluster.nack(member, qoff, delivery, n.delay_ms or None, n.reason)
+            except ClusterError:
+                bad.append((qoff, delivery))
+        self.broker.stats.c["nacks"] += len(n.leases) - len(bad)
+        self._lease_reply(frame, bad, len(n.leases))
+        if member.wants_notify or cluster.capped:
+            cluster.wake()
+
+    def _lease_reply(self, frame: Any, bad: list[tuple[int, int]], total: int) -> None:
+        if bad:
+            self.broker.stats.c["unknown_leases"] += len(bad)
+            shown = ", ".join(f"({q},{d})" for q, d in bad[:20])
+            self.send_error(_code("UNKNOWN_LEASE"),
+                            f"{len(bad)} of {total} leases unknown, expired or not yours "
+                            f"(the others were applied): {shown}", frame.opaque)
+        elif not frame.flags & Flag.ONEWAY:
+            self.send_frame(Op.OK, b"", frame.opaque, _RESP)
+
+    # -- commands and admin -----------------------------------------------------------
+
+    def _on_command(self, frame: Any) -> None:
+        self.broker.commands.submit(self, frame.opaque, Command.decode(frame.body))
+
+    def _on_command_result(self, frame: Any) -> None:
+        self.broker.commands.result(self, CommandResult.decode(frame.body))
+
+    def _on_admin(self, frame: Any) -> None:
+        req = decode_json(frame.body)
+        self.broker.stats.c["admin_requests"] += 1
+        reply = self.broker.admin.handle(self.principal, req)
+        if asyncio.isfuture(reply) or asyncio.iscoroutine(reply):
+            async def later() -> None:
+                out = await reply
+                self.send_frame(Op.ADMIN_RESPONSE, encode_json(out), frame.opaque, _RESP)
+            asyncio.ensure_future(later())
+            return
+        self.send_frame(Op.ADMIN_RESPONSE, encode_json(reply), frame.opaque, _RESP)
+
+    def info(self) -> dict[str, Any]:
+        """Admin view of the connection."""
+        p = self.principal
+        return {"conn": self.id, "peer": self.peer, "name": p.name if p else self.claimed_sn,
+                "kind": p.kind if p else self.state,
+                "since_ms": int(self.connected_at * 1000),
+                "idle_s": round(time.monotonic() - self.last_seen, 3),
+                "subscriptions": len(self.subs)}
+
+
+class _Refused(Exception):
+    def __init__(self, code_name: str, message: str) -> None:
+        super().__init__(message)
+        self.code_name = code_name
+        self.public_message = message
+        self.reason = code_name.lower()
+        self.retry_after_ms = 1000
+
+
+_HANDLERS = {
+    Op.HEARTBEAT: Connection._on_heartbeat,
+    Op.DISCONNECT: Connection._on_disconnect,
+    Op.PUBLISH: Connection._on_publish,
+    Op.SUBSCRIBE: Connection._on_subscribe,
+    Op.UNSUBSCRIBE: Connection._on_unsubscribe,
+    Op.PULL: Connection._on_pull,
+    Op.ACK: Connection._on_ack,
+    Op.NACK: Connection._on_nack,
+    Op.COMMAND: Connection._on_command,
+    Op.COMMAND_RESULT: Connection._on_command_result,
+    Op.ADMIN_REQUEST: Connection._on_admin,
+}
+
+__all__ = ["Connection", "Role"]

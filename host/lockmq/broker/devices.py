@@ -1,0 +1,120 @@
+"""Devices: the online list, heartbeats, eviction and the ``$devices`` topic.
+
+Like RocketMQ's NameServer with brokers: every connection is expected to send
+something (any frame counts, HEARTBEAT at least every ``heartbeat_s``); one silent
+for ``evict_after_s`` is closed. For locks, every change is published as one JSON
+record on the system topic ``$devices`` (consumable by any cluster)::
+
+    {"sn": "LOCK-0001", "event": "online" | "offline" | "evicted",
+     "ts_ms": 1763780000000, "peer": "10.0.0.7:51234", "reason": "..."}
+
+``reason`` is present on ``offline`` (``"disconnected"``, ``"replaced"`` when the
+same SN connected again) and ``evicted`` (``"silent 120 s"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from lockmq.protocol import Disconnect, ErrorCode, Op
+
+if TYPE_CHECKING:
+    from .connection import Connection
+    from .server import Broker
+
+
+class Devices:
+    """The locks online now, keyed by SN (one connection per SN)."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.online_by_sn: dict[str, "Connection"] = {}
+        self._task: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        """Start the silence sweep."""
+        self._task = asyncio.get_running_loop().create_task(self._sweep_loop(),
+                                                            name="lockmq-devices")
+
+    async def stop(self) -> None:
+        """Stop the sweep."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def _event(self, sn: str, event: str, peer: str, reason: str = "") -> None:
+        b = self.broker
+        body: dict[str, Any] = {"sn": sn, "event": event, "ts_ms": int(time.time() * 1000),
+                                "peer": peer}
+        if reason:
+            body["reason"] = reason
+        b.core.publish_system(b.config.devices.events_topic,
+                              json.dumps(body, separators=(",", ":")).encode())
+        b.log("device_" + event, sn=sn, peer=peer, reason=reason or None,
+              online=len(self.online_by_sn))
+
+    def online(self, conn: "Connection") -> None:
+        """A lock authenticated: register it (closing an older connection of its SN)."""
+        sn = conn.principal.name
+        old = self.online_by_sn.get(sn)
+        if old is not None and old is not conn:
+            old.is_device = False
+            self._event(sn, "offline", old.peer, "replaced")
+            self.broker.stats.inc("devices_offline_events")
+            old.send_frame(Op.DISCONNECT, Disconnect(0, "replaced by a new connection of "
+                                                        "this SN").encode())
+            old.close("replaced")
+        self.online_by_sn[sn] = conn
+        conn.is_device = True
+        self.broker.stats.inc("devices_online_events")
+        self._event(sn, "online", conn.peer)
+
+    def offline(self, conn: "Connection", event: str = "offline") -> None:
+        """A lock's connection ended (``event`` is ``offline`` or ``evicted``)."""
+        if not conn.is_device:
+            return
+        conn.is_device = False
+        sn = conn.principal.name
+        if self.online_by_sn.get(sn) is conn:
+            del self.online_by_sn[sn]
+        if event == "evicted":
+            self.broker.stats.inc("devices_evicted")
+            reason = f"silent {self.broker.config.devices.evict_after_s:g} s"
+        else:
+            self.broker.stats.inc("devices_offline_events")
+            reason = "disconnected"
+        self._event(sn, event, conn.peer, reason)
+
+    async def _sweep_loop(self) -> None:
+        cfg = self.broker.config.devices
+        while True:
+            await asyncio.sleep(cfg.sweep_interval_s)
+            limit = time.monotonic() - cfg.evict_after_s
+            for conn in list(self.broker.conns.values()):
+                if conn.last_seen < limit and conn.state == "open":
+                    conn.send_frame(Op.DISCONNECT, Disconnect(
+                        int(ErrorCode.AUTH_TIMEOUT), "no heartbeat for "
+                        f"{cfg.evict_after_s:g} s").encode())
+                    conn.close("evicted")
+
+    def info(self) -> list[dict[str, Any]]:
+        """The ``devices`` admin op: locks online now."""
+        out = []
+        now = time.monotonic()
+        for sn, conn in sorted(self.online_by_sn.items()):
+            hb = conn.heartbeat
+            d: dict[str, Any] = {"sn": sn, "peer": conn.peer,
+                                 "since_ms": int(conn.connected_at * 1000),
+                                 "idle_s": round(now - conn.last_seen, 3)}
+            if hb is not None:
+                d.update({"uptime_s": hb.uptime_s, "queued": hb.queued, "dropped": hb.dropped,
+                          "battery_pct": None if hb.battery_pct == 255 else hb.battery_pct,
+                          "free_heap": hb.free_heap})
+            out.append(d)
+        return out

@@ -1,0 +1,198 @@
+"""The broker process: listeners, the pieces wired together, start-up and shutdown.
+
+The counterpart of the paper's SmartDepBrokerServer (Netty boss/worker): the event
+loop (uvloop when installed) accepts connections and runs every connection's
+:class:`~lockmq.broker.connection.Connection`; the store's writer thread does the
+group-commit fsync. ``run(config)`` is what ``lockmq broker`` calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import signal
+import socket
+import sys
+from typing import Any
+
+from lockmq.config import Config
+
+from .admin import Admin
+from .auth import make_guard
+from .commands import Commands
+from .connection import Connection
+from .core import BrokerCore
+from .devices import Devices
+from .logs import EventLog, Stats
+from .status import StatusPage
+
+#: file descriptors kept for the store, logs and the status page
+FD_RESERVE = 64
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; return (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        target = max(soft, 1 << 20)
+    else:
+        target = hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft, hard
+
+
+def _somaxconn() -> int | None:
+    try:
+        with open("/proc/sys/net/core/somaxconn") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class Broker:
+    """One running broker. ``await start()``, then ``await stop()``."""
+
+    def __init__(self, config: Config, log: EventLog | None = None) -> None:
+        self.config = config
+        self.log = log or EventLog(config.broker.log_level, config.broker.log_format)
+        self.stats = Stats()
+        self.core = BrokerCore(config, self.log, self.stats)
+        self.guard: Any = make_guard(config, self.log)
+        self.devices = Devices(self)
+        self.commands = Commands(self)
+        self.admin = Admin(self)
+        self.status = StatusPage(self)
+        self.conns: dict[int, Connection] = {}
+        #: parked PULLs (long poll): id(member) -> (opaque, max, timer)
+        self.parked: dict[int, tuple[int, int, asyncio.TimerHandle]] = {}
+        self.server: asyncio.base_events.Server | None = None
+        self.port = 0
+        self.status_port = 0
+        self.max_connections = 0
+        self.closing = False
+        self._busy_logged = 0.0
+        self._stopped = asyncio.Event()
+
+    # -- helpers used by connections --------------------------------------------------
+
+    def config_busy_retry_ms(self, full: bool) -> int:
+        """The retry-after hint of a BUSY answer."""
+        return 5000 if full else 50
+
+    def log_busy(self, full: bool, exc: Exception) -> None:
+        """Log store back-pressure at most once a second."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._busy_logged >= 1.0:
+            self._busy_logged = loop.time()
+            self.log("publish_busy", reason="storage full" if full else "store queue full",
+                     detail=str(exc), total=self.stats.c["publish_busy"], level="warning")
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store, listen, and log how many connections the broker can hold."""
+        cfg = self.config.broker
+        soft, hard = raise_nofile_limit()
+        fd_limit = max(16, soft - FD_RESERVE)
+        self.max_connections = min(cfg.max_connections, fd_limit) if cfg.max_connections \
+            else fd_limit
+        self.core.open()
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: Connection(self), cfg.host, cfg.port, backlog=cfg.backlog,
+            reuse_address=True)
+        sock = self.server.sockets[0]
+        self.port = sock.getsockname()[1]
+        for s in self.server.sockets:
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        if cfg.status_port:
+            self.status_port = await self.status.start(cfg.status_host, cfg.status_port)
+        self.devices.start()
+        self.commands.start()
+        smax = _somaxconn()
+        self.log("broker_started", host=cfg.host, port=self.port,
+                 status_port=self.status_port or None, data_dir=cfg.data_dir,
+                 max_connections=self.max_connections, nofile_soft=soft, nofile_hard=hard,
+                 backlog=min(cfg.backlog, smax) if smax else cfg.backlog,
+                 loop=type(loop).__module__.split(".")[0], auth=cfg.auth,
+                 flush=self.core.store.config.flush if self.core.store else None)
+        if smax is not None and smax < cfg.backlog:
+            self.log("backlog_capped", asked=cfg.backlog, somaxconn=smax, level="warning",
+                     hint="raise net.core.somaxconn for connection storms")
+
+    async def stop(self) -> None:
+        """Graceful shutdown: stop accepting, answer in-flight writes, flush, close."""
+        if self.closing:
+            await self._stopped.wait()
+            return
+        self.closing = True
+        self.log("broker_stopping", connections=len(self.conns))
+        if self.server is not None:
+            self.server.close()
+        await self.status.stop()
+        await self.devices.stop()
+        await self.commands.stop()
+        # let publishes already handed to the store finish and be acked
+        grace = self.config.broker.shutdown_grace_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while loop.time() < deadline and any(c._pub_bytes > 0 for c in self.conns.values()):
+            await asyncio.sleep(0.01)
+        for conn in list(self.conns.values()):
+            conn.flush()
+            conn.close("broker shutdown")
+        await self.core.close()
+        if self.server is not None:
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        self.log("broker_stopped", stats=None, **{k: self.stats.c[k] for k in (
+            "publish_stored", "messages_delivered", "acks")})
+        self._stopped.set()
+
+
+async def serve(config: Config, ready: Any = None) -> None:
+    """Run a broker until SIGTERM or SIGINT, then shut down gracefully."""
+    broker = Broker(config)
+    await broker.start()
+    if ready is not None:
+        ready(broker)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await stop.wait()
+    broker.log("signal", action="shutdown")
+    await broker.stop()
+
+
+def run(config: Config) -> int:
+    """Run the broker in this process (uvloop when installed); returns an exit code."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        uvloop = None
+    try:
+        if uvloop is not None:
+            if sys.version_info >= (3, 12):
+                uvloop.run(serve(config))
+            else:
+                uvloop.install()
+                asyncio.run(serve(config))
+        else:
+            asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        return 130
+    return 0

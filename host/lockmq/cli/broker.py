@@ -1,0 +1,97 @@
+"""``lockmq broker``: run the message broker on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = """\
+Run the lockmq broker. With no options it listens on port 6800 (the lockmq
+protocol) and 6801 (HTTP status page on 127.0.0.1), stores data in ./data with
+durable acks (fsync before each ack, group commit), and requires every peer to
+authenticate. One TOML file (--config) changes any setting; the flags below
+override the file. `lockmq broker --print-config` prints every setting with its
+default. Stop it with SIGTERM or Ctrl-C: it stops accepting, answers the
+publishes it already took, saves consumer positions and closes the store.
+
+Main settings (table.key in the TOML file):
+  broker.port (6800)               broker.status_port (6801, 0 = off)
+  broker.data_dir ("./data")       broker.auth ("required" | "off")
+  broker.max_frame (1 MiB)         broker.max_conn_buffer_bytes (4 MiB)
+  broker.max_connections (0 = open-file limit)   broker.backlog (4096)
+  devices.heartbeat_s (30)         devices.evict_after_s (120)
+  consumers.visibility_timeout_ms (30000)  consumers.max_retries (16)
+  consumers.retry_levels_s (1s 5s 10s 30s 1m ... 2h)  consumers.time_scale (1.0)
+  consumers.max_inflight_per_member (1024) consumers.max_inflight_per_cluster (16384)
+  store.flush ("sync" | "async")   store.retention_ms (7 days)
+  store.min_free_bytes (256 MiB)   store.max_pending_bytes (64 MiB)
+See docs/operators.md for all of them.
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``broker`` command."""
+    p = subparsers.add_parser("broker", help="run the message broker",
+                              description=HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", "-c", metavar="FILE", help="TOML configuration file")
+    p.add_argument("--host", help="address to listen on (broker.host, default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="protocol port (broker.port, default 6800)")
+    p.add_argument("--status-port", type=int,
+                   help="HTTP status page port (broker.status_port, default 6801; 0 = off)")
+    p.add_argument("--data-dir", help="data directory (broker.data_dir, default ./data)")
+    p.add_argument("--auth", choices=("required", "off"),
+                   help="authentication (broker.auth; 'off' only for tests/development)")
+    p.add_argument("--flush", choices=("sync", "async"),
+                   help="durability (store.flush): ack after fsync (sync) or after write")
+    p.add_argument("--time-scale", type=float,
+                   help="multiply retry delays (consumers.time_scale; 0.001 for tests)")
+    p.add_argument("--visibility-timeout-ms", type=int,
+                   help="lease time of a delivered message (consumers.visibility_timeout_ms)")
+    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="log level (broker.log_level)")
+    p.add_argument("--log-format", choices=("kv", "json"), help="log line format")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every setting with its default as TOML and exit")
+    p.add_argument("--check-config", action="store_true",
+                   help="load and validate the configuration, then exit")
+    p.set_defaults(func=main)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The flags given on the command line, as config tables."""
+    o: dict[str, dict[str, Any]] = {"broker": {}, "store": {}, "consumers": {}}
+    for flag, table, key in (("host", "broker", "host"), ("port", "broker", "port"),
+                             ("status_port", "broker", "status_port"),
+                             ("data_dir", "broker", "data_dir"), ("auth", "broker", "auth"),
+                             ("flush", "store", "flush"),
+                             ("time_scale", "consumers", "time_scale"),
+                             ("visibility_timeout_ms", "consumers", "visibility_timeout_ms"),
+                             ("log_level", "broker", "log_level"),
+                             ("log_format", "broker", "log_format")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            o[table][key] = v
+    return {k: v for k, v in o.items() if v}
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the broker (or print / check the configuration)."""
+    from lockmq.config import default_toml, load_config
+
+    if args.print_config:
+        sys.stdout.write(default_toml())
+        return 0
+    try:
+        config = load_config(args.config, overrides_from_args(args))
+        config.store_config()
+    except (OSError, ValueError) as exc:
+        print(f"lockmq broker: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print("configuration ok")
+        return 0
+    from lockmq.broker import run
+
+    return run(config)

@@ -1,0 +1,307 @@
+"""The broker's configuration: one TOML file, every limit a setting with a default.
+
+``lockmq broker`` runs on the embedded defaults below (port 6800 as in the paper,
+data in ``./data``). A TOML file given with ``--config`` changes any of them; the
+command-line flags (``--port``, ``--data-dir`` ...) override the file. Each table of
+the file maps to one dataclass here::
+
+    [broker]        # network, limits per connection, auth, logging
+    port = 6800
+    [devices]       # heartbeats and eviction
+    [consumers]     # leases, in-flight caps, retries, dead letters, ordering
+    [commands]      # downlink commands to locks
+    [store]         # passed to lockmq.store.StoreConfig (durability, retention ...)
+    [security]      # passed to lockmq.security (keys, tokens, rate limits)
+
+An unknown table or key is an error that names it: a typo must not silently fall
+back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+#: RocketMQ's delay levels, in seconds: 1s 5s 10s 30s 1m 2m 3m ... 10m 20m 30m 1h 2h.
+ROCKETMQ_LEVELS_S: tuple[float, ...] = (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+
+
+@dataclass
+class BrokerSection:
+    """Network, per-connection limits, authentication and logging.
+
+    Attributes:
+        host: address to listen on.
+        port: TCP port of the lockmq protocol (the paper's 6800).
+        status_port: HTTP status page and metrics (0 disables it).
+        status_host: address of the status page (default loopback only).
+        backlog: listen backlog asked of the kernel (capped by net.core.somaxconn).
+        max_frame: largest frame accepted, in bytes (checked before buffering).
+        max_conn_buffer_bytes: unsent bytes queued for one connection above which the
+            broker stops reading from it until the peer drains its socket.
+        max_connections: connections held at once; 0 = as many as the open-file
+            limit allows (minus a reserve for log files).
+        handshake_timeout_s: time a new connection has to finish CONNECT/AUTH.
+        auth: ``"required"`` (default; every connection authenticates through
+            lockmq.security) or ``"off"`` (tests and development: any claimed
+            identity is accepted, every principal may do everything).
+        max_publish_batch: most publish frames handed to the store in one append.
+        position_flush_ms: how often consumer positions are saved.
+        shutdown_grace_s: time given to in-flight writes on SIGTERM/SIGINT.
+        log_level: DEBUG, INFO, WARNING or ERROR.
+        log_format: ``"kv"`` (key=value, one line per event) or ``"json"``.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = 6800
+    status_port: int = 6801
+    status_host: str = "127.0.0.1"
+    data_dir: str = "./data"
+    backlog: int = 4096
+    max_frame: int = 1024 * 1024
+    max_conn_buffer_bytes: int = 4 * 1024 * 1024
+    max_connections: int = 0
+    handshake_timeout_s: float = 10.0
+    auth: str = "required"
+    max_publish_batch: int = 4096
+    position_flush_ms: int = 200
+    shutdown_grace_s: float = 5.0
+    log_level: str = "INFO"
+    log_format: str = "kv"
+
+
+@dataclass
+class DevicesSection:
+    """Heartbeats and the online list (RocketMQ NameServer: 30 s / 120 s).
+
+    Attributes:
+        heartbeat_s: interval told to clients in CONNECT_ACK.
+        evict_after_s: a connection silent this long is closed and, for a lock,
+            reported ``evicted`` on ``$devices``.
+        sweep_interval_s: how often silence is checked.
+        events_topic: system topic of online/offline/evicted events.
+    """
+
+    heartbeat_s: float = 30.0
+    evict_after_s: float = 120.0
+    sweep_interval_s: float = 5.0
+    events_topic: str = "$devices"
+
+
+@dataclass
+class ConsumersSection:
+    """Consumer clusters: leases, caps, retries and dead letters.
+
+    Attributes:
+        visibility_timeout_ms: an unacked delivery is redelivered after this long.
+        max_inflight_per_member: leased messages one member may hold.
+        max_inflight_per_cluster: leased (or held for ordering) messages per cluster.
+        max_pull: most messages returned by one PULL.
+        max_retries: nacks before a message goes to ``$dlq.<cluster>`` (RocketMQ: 16).
+        retry_levels_s: backoff of the n-th retry (the last level repeats).
+        time_scale: multiplies every retry delay and the visibility timeout
+            (0.001 makes RocketMQ's levels milliseconds, for tests).
+        ordered_default: per-lock ordering when SUBSCRIBE does not say.
+        start: where a new cluster starts: ``"earliest"`` (all retained messages)
+            or ``"latest"`` (only messages published after it first subscribes).
+        max_retry_held: retry messages held in memory waiting for their due time
+            per cluster; beyond it the retry topic is read later.
+        lease_sweep_ms: how often expired leases are looked for.
+    """
+
+    visibility_timeout_ms: int = 30_000
+    max_inflight_per_member: int = 1024
+    max_inflight_per_cluster: int = 16_384
+    max_pull: int = 512
+    max_retries: int = 16
+    retry_levels_s: list[float] = field(default_factory=lambda: list(ROCKETMQ_LEVELS_S))
+    time_scale: float = 1.0
+    ordered_default: bool = False
+    start: str = "earliest"
+    max_retry_held: int = 100_000
+    lease_sweep_ms: int = 100
+
+
+@dataclass
+class CommandsSection:
+    """Downlink commands (remote unlock, card list sync ...).
+
+    Attributes:
+        default_expiry_s: expiry of a command that does not give one.
+        max_expiry_s: longest expiry accepted.
+        max_pending_per_lock: commands waiting for one offline lock.
+        max_pending_total: commands waiting in the whole broker.
+        result_timeout_s: how long a forwarded command waits for the lock's result.
+    """
+
+    default_expiry_s: float = 60.0
+    max_expiry_s: float = 24 * 3600.0
+    max_pending_per_lock: int = 64
+    max_pending_total: int = 100_000
+    result_timeout_s: float = 30.0
+
+
+@dataclass
+class Config:
+    """The whole broker configuration (one TOML file)."""
+
+    broker: BrokerSection = field(default_factory=BrokerSection)
+    devices: DevicesSection = field(default_factory=DevicesSection)
+    consumers: ConsumersSection = field(default_factory=ConsumersSection)
+    commands: CommandsSection = field(default_factory=CommandsSection)
+    #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
+    store: dict[str, Any] = field(default_factory=dict)
+    #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
+    security: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting that is out of range."""
+        b, d, c, k = self.broker, self.devices, self.consumers, self.commands
+        if not 0 <= b.port <= 65535 or not 0 <= b.status_port <= 65535:
+            raise ValueError("broker.port and broker.status_port must be in [0, 65535]")
+        if b.auth not in ("required", "off"):
+            raise ValueError(f"broker.auth must be 'required' or 'off', not {b.auth!r}")
+        if b.log_format not in ("kv", "json"):
+            raise ValueError("broker.log_format must be 'kv' or 'json'")
+        if b.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError("broker.log_level must be DEBUG, INFO, WARNING or ERROR")
+        for name in ("backlog", "max_frame", "max_conn_buffer_bytes", "max_publish_batch",
+                     "position_flush_ms"):
+            if getattr(b, name) <= 0:
+                raise ValueError(f"broker.{name} must be positive")
+        if b.max_frame < 64:
+            raise ValueError("broker.max_frame must be at least 64")
+        if b.max_connections < 0:
+            raise ValueError("broker.max_connections must be >= 0")
+        if d.heartbeat_s <= 0 or d.evict_after_s <= d.heartbeat_s or d.sweep_interval_s <= 0:
+            raise ValueError("devices: heartbeat_s > 0, evict_after_s > heartbeat_s, "
+                             "sweep_interval_s > 0")
+        if not d.events_topic.startswith("$"):
+            raise ValueError("devices.events_topic must be a system topic (start with '$')")
+        for name in ("visibility_timeout_ms", "max_inflight_per_member",
+                     "max_inflight_per_cluster", "max_pull", "max_retry_held",
+                     "lease_sweep_ms"):
+            if getattr(c, name) <= 0:
+                raise ValueError(f"consumers.{name} must be positive")
+        if c.max_retries < 0:
+            raise ValueError("consumers.max_retries must be >= 0")
+        if not c.retry_levels_s or any(x < 0 for x in c.retry_levels_s):
+            raise ValueError("consumers.retry_levels_s must be a non-empty list of delays >= 0")
+        if c.time_scale <= 0:
+            raise ValueError("consumers.time_scale must be positive")
+        if c.start not in ("earliest", "latest"):
+            raise ValueError("consumers.start must be 'earliest' or 'latest'")
+        if k.default_expiry_s <= 0 or k.max_expiry_s < k.default_expiry_s:
+            raise ValueError("commands: 0 < default_expiry_s <= max_expiry_s")
+        for name in ("max_pending_per_lock", "max_pending_total"):
+            if getattr(k, name) <= 0:
+                raise ValueError(f"commands.{name} must be positive")
+        if k.result_timeout_s <= 0:
+            raise ValueError("commands.result_timeout_s must be positive")
+
+    def store_config(self) -> Any:
+        """The ``lockmq.store.StoreConfig`` of this broker (``data_dir`` from ``[broker]``)."""
+        from lockmq.store.config import StoreConfig
+
+        known = {f.name for f in dataclasses.fields(StoreConfig)}
+        for key in self.store:
+            if key not in known:
+                raise ValueError(f"unknown setting store.{key}")
+        kwargs = dict(self.store)
+        kwargs["data_dir"] = self.broker.data_dir
+        cfg = StoreConfig(**kwargs)
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """All settings as plain data (for the ``config`` admin op and the logs)."""
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {
+    "broker": BrokerSection,
+    "devices": DevicesSection,
+    "consumers": ConsumersSection,
+    "commands": CommandsSection,
+}
+
+
+def _apply(section: Any, table: dict[str, Any], prefix: str) -> None:
+    known = {f.name: f for f in dataclasses.fields(section)}
+    for key, value in table.items():
+        if key not in known:
+            raise ValueError(f"unknown setting {prefix}.{key}")
+        default = getattr(section, key)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"{prefix}.{key} must be true or false")
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
+                and value.is_integer():
+            value = int(value)
+        if default is not None and not isinstance(value, type(default)):
+            raise ValueError(f"{prefix}.{key} must be of type {type(default).__name__}, "
+                             f"not {type(value).__name__}")
+        setattr(section, key, value)
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Build and validate a :class:`Config` from parsed TOML tables."""
+    cfg = Config()
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"top-level key {name!r} must be a table ([{name}])")
+        if name in _SECTIONS:
+            _apply(getattr(cfg, name), table, name)
+        elif name in ("store", "security"):
+            getattr(cfg, name).update(table)
+        else:
+            raise ValueError(f"unknown table [{name}]")
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Read a TOML file (or the defaults when ``path`` is None) and apply overrides.
+
+    ``overrides`` has the same shape as the file: ``{"broker": {"port": 7000}}``.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    for name, table in (overrides or {}).items():
+        data.setdefault(name, {}).update(table)
+    return config_from_dict(data)
+
+
+def default_toml() -> str:
+    """The defaults as a commented TOML file (``lockmq broker --print-config``)."""
+    cfg = Config()
+    lines = ["# lockmq broker configuration (all values are the defaults)"]
+    for name in _SECTIONS:
+        lines.append(f"\n[{name}]")
+        for f in dataclasses.fields(getattr(cfg, name)):
+            lines.append(f"{f.name} = {_toml_value(getattr(getattr(cfg, name), f.name))}")
+    lines.append("\n[store]\n# see lockmq.store.StoreConfig: flush, segment_bytes, "
+                 "retention_ms, min_free_bytes ...")
+    lines.append("\n[security]\n# see docs/security.md")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(type(v))

@@ -1,0 +1,69 @@
+"""Producers over real TCP: sync, pipelined (async) and oneway sends; duplicates."""
+
+from __future__ import annotations
+
+import time
+
+from lockmq.protocol import Flag, Op, Publish, PublishAck, decode_body
+
+from .conftest import Peer, drain
+
+
+def test_sync_publish_then_consume_and_ack(broker):
+    prod = Peer(broker.port, sn="LOCK-1")
+    for seq in range(5):
+        ack = prod.publish("locks", seq, f"rec{seq}".encode())
+        assert ack.status == PublishAck.STORED
+        assert ack.offset == seq
+    cons = Peer(broker.port, sn="svc-a")
+    sub = cons.subscribe("locks", "backend")
+    assert sub.backlog == 5
+    msgs = drain(cons, sub.sub_id, 5)
+    assert [m.payload for m in msgs] == [f"rec{i}".encode() for i in range(5)]
+    assert all(m.sn == "LOCK-1" and m.topic == "locks" and m.delivery == 1 for m in msgs)
+    info = cons.admin("clusters", cluster="backend")["clusters"][0]
+    assert info["backlog"] == 0 and info["inflight"] == 0
+
+
+def test_pipelined_publish_acks_match_opaque(broker):
+    prod = Peer(broker.port, sn="LOCK-2")
+    n = 500
+    ops = {}
+    data = b"".join(
+        _frame(prod, Publish("locks", seq, 0, b"x" * 24), ops, seq) for seq in range(n))
+    prod.raw(data)                      # all in flight at once
+    offsets = set()
+    for op, seq in ops.items():
+        f = prod.wait(op)
+        assert f.opcode == Op.PUBLISH_ACK
+        offsets.add(decode_body(f.opcode, f.body).offset)
+    assert offsets == set(range(n))
+
+
+def _frame(peer: Peer, pub: Publish, ops: dict, seq: int) -> bytes:
+    from lockmq.protocol import encode_frame
+    op = peer.next_opaque()
+    ops[op] = seq
+    return encode_frame(Op.PUBLISH, peer.sn, pub.encode(), op)
+
+
+def test_oneway_publish_is_stored_without_answer(broker):
+    prod = Peer(broker.port, sn="LOCK-3")
+    for seq in range(20):
+        prod.send(Op.PUBLISH, Publish("oneway", seq, 0, b"o").encode(), flags=Flag.ONEWAY)
+    # a sync publish after them is answered; the oneways before it got no answer
+    ack = prod.publish("oneway", 20)
+    assert ack.offset == 20
+    assert not prod.answers and not prod.unsolicited
+
+
+def test_retransmit_is_acked_again_but_stored_once(broker):
+    prod = Peer(broker.port, sn="LOCK-4")
+    assert prod.publish("locks", 7, b"a").status == PublishAck.STORED
+    again = prod.publish("locks", 7, b"a")
+    assert again.status == PublishAck.DUPLICATE
+    # a new connection of the same lock (after a lost ack) too
+    prod2 = Peer(broker.port, sn="LOCK-4")
+    assert prod2.publish("locks", 7, b"a").status == PublishAck.DUPLICATE
+    topics = {t["topic"]: t for t in prod2.admin("topics")["topics"]}
+    assert topics["locks"]["queue_end"] == 1
