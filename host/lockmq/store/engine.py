@@ -14,6 +14,7 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,13 +55,17 @@ class RetentionReport:
 
 
 class _Topic:
-    __slots__ = ("name", "index", "end", "start")
+    """State of one topic. ``next`` belongs to the writer thread (next queue offset
+    to assign); ``end`` and ``start`` to the event loop (visible end, first retained)."""
+
+    __slots__ = ("name", "index", "end", "start", "next")
 
     def __init__(self, name: str, index: TopicIndex) -> None:
         self.name = name
         self.index = index
-        self.end = index.end  # visible (durable in sync mode) queue end
-        self.start = index.base  # first retained queue offset
+        self.end = index.end
+        self.next = index.end
+        self.start = index.base
 
 
 class _Chunk:
@@ -116,18 +121,22 @@ class Store:
         self._pending_bytes = 0
         self._callbacks: list[Callable[[str, int], None]] = []
         self._positions: dict[str, PositionsFile] = {}
-        self._exec: ThreadPoolExecutor | None = None
         self._pos_exec: ThreadPoolExecutor | None = None
-        self._writer: asyncio.Task | None = None
-        self._flusher: asyncio.Task | None = None
-        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._done: asyncio.Future | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._w_idle = False
+        self._w_end = 0
+        self._w_active_base = 0
+        self._max_record = config.record_limit
+        self._max_pending = config.max_pending_bytes
         self._closing = False
         self._closed = False
         self._failed: BaseException | None = None
         self._lock_fd = -1
         self._last_ckpt_t = time.monotonic()
         self._last_ckpt_end = 0
-        self._ckpt_running = False
         self._unsynced = False
         #: counters: appends, duplicates, batches, bytes, fsyncs, checkpoints,
         #: store_full, forced_deletions
@@ -159,8 +168,9 @@ class Store:
             bases, indexes, rep = recover(self.data_dir, self._dedup)
             self.recovery = rep
             self._bases = bases
-            self._end = rep.log_end
-            for name, idx in indexes.items():
+            self._end = self._w_end = rep.log_end
+            self._w_active_base = bases[-1]
+            for name, idx in sorted(indexes.items()):
                 t = _Topic(name, idx)
                 t.start = idx.first_at_or_after(bases[0]) if idx.count else idx.end
                 if t.start - idx.base > 1_000_000:
@@ -184,21 +194,14 @@ class Store:
         if self._closed:
             return
         self._closing = True
-        if self._writer is not None:
-            assert self._wake is not None
-            self._wake.set()
-            await self._writer
-        if self._flusher is not None:
-            self._flusher.cancel()
-            try:
-                await self._flusher
-            except asyncio.CancelledError:
-                pass
-        loop = asyncio.get_running_loop()
-        while self._ckpt_running:
-            await asyncio.sleep(0.005)
-        if self._failed is None:
-            await loop.run_in_executor(self._executor(), self._checkpoint_now)
+        if self._thread is not None:
+            with self._cond:
+                self._cond.notify()
+            assert self._done is not None
+            await self._done
+            self._thread.join()
+        elif self._failed is None:
+            self._checkpoint_now()
         self._closed = True
         self._release()
 
@@ -206,7 +209,7 @@ class Store:
         """Close a store that never appended from an event loop (tools, tests)."""
         if self._closed:
             return
-        if self._writer is not None:
+        if self._thread is not None:
             raise RuntimeError("store is used from an event loop; await close() there")
         self._closing = True
         if self._failed is None:
@@ -225,25 +228,19 @@ class Store:
         if self._active_fd >= 0:
             os.close(self._active_fd)
             self._active_fd = -1
-        if self._exec is not None:
-            self._exec.shutdown(wait=True)
         if self._pos_exec is not None:
             self._pos_exec.shutdown(wait=True)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._exec is None:
-            self._exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-store")
-        return self._exec
-
     def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._writer = loop.create_task(self._run_writer(), name="lockmq-store-writer")
-        if not self._sync:
-            self._flusher = loop.create_task(self._run_flusher(), name="lockmq-store-flusher")
+        """Start the writer thread, bound to the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._done = self._loop.create_future()
+        self._thread = threading.Thread(target=self._writer_main, name="lockmq-store-writer",
+                                        daemon=True)
+        self._thread.start()
 
     # ------------------------------------------------------------------ append
 
@@ -251,10 +248,11 @@ class Store:
         """Append records; resolve when they are durable (``sync``) or written (``async``).
 
         Records of all concurrent callers are gathered into one ``write()`` and one
-        fdatasync in the writer thread (group commit). A record whose ``(sn, seq)``
-        is already stored is not stored again: its result has ``duplicate=True``
-        (and offsets -1), and it resolves only once the earlier copy is durable.
-        Results are in the order of ``records``.
+        fdatasync in the writer thread (group commit): while one batch is being
+        fsynced, the next one gathers. A record whose ``(sn, seq)`` is already
+        stored is not stored again: its result has ``duplicate=True`` (offsets -1);
+        the earlier copy is durable when the call resolves. Results are in the
+        order of ``records``.
 
         Raises:
             InvalidRecord: a record breaks a rule; nothing of this call is stored.
@@ -266,84 +264,154 @@ class Store:
         if self._closing:
             raise StoreClosed("store is closed")
         if self._failed is not None:
-            raise StoreFailed(f"store failed earlier: {self._failed}") from self._failed
+            raise StoreFailed(f"store failed earlier: {self._failed!r}") from self._failed
         if not records:
             return []
         ts = time.time_ns() // 1000
-        maxrec = self.config.record_limit
-        enc = [encode_record(r, ts, maxrec) for r in records]
+        maxrec = self._max_record
+        topics = self._topics
+        enc = []
         n = 0
-        for b in enc:
+        for r in records:
+            b = encode_record(r, ts, maxrec)
             n += len(b)
-        if self._pending_bytes + n > self.config.max_pending_bytes and self._pending:
-            raise StoreBusy(f"{self._pending_bytes} bytes are waiting to be written")
-        if self._writer is None:
+            enc.append(b)
+            if r.topic not in topics:
+                self._new_topic(r.topic)
+        if self._thread is None:
             self._start()
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((records, enc, n, fut, ts // 1_000_000))
-        self._pending_bytes += n
-        wake = self._wake
-        if not wake.is_set():  # type: ignore[union-attr]
-            wake.set()  # type: ignore[union-attr]
+        fut = self._loop.create_future()  # type: ignore[union-attr]
+        with self._cond:
+            if self._pending and self._pending_bytes + n > self._max_pending:
+                raise StoreBusy(f"{self._pending_bytes} bytes are waiting to be written")
+            self._pending.append((records, enc, n, fut, ts // 1_000_000))
+            self._pending_bytes += n
+            if self._w_idle:
+                self._cond.notify()
         return await fut
 
-    async def _run_writer(self) -> None:
-        loop = asyncio.get_running_loop()
-        ex = self._executor()
-        wake = self._wake
-        assert wake is not None
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                wake.clear()
-                await wake.wait()
-                continue
-            batch = self._take_batch()
-            if self._failed is not None:
-                self._fail(batch, StoreFailed(f"store failed earlier: {self._failed}"))
-                continue
-            try:
-                plan = self._plan(batch)
-            except Exception as exc:  # pragma: no cover - a bug; keep the loop alive
-                log.exception("store: planning a batch failed")
-                self._fail(batch, exc)
-                continue
-            if plan.chunks:
-                try:
-                    await loop.run_in_executor(ex, self._write, plan)
-                except StoreFull as exc:
-                    self.stats["store_full"] += 1
-                    self._fail(batch, exc)
-                    continue
-                except BaseException as exc:
-                    log.error("store: write failed, refusing further writes: %r", exc)
-                    self._failed = exc
-                    self._fail(batch, StoreFailed(f"write failed: {exc!r}"))
-                    continue
-            self._complete(plan)
-            if (not self._ckpt_running and (
-                    time.monotonic() - self._last_ckpt_t > self.config.checkpoint_interval_ms / 1000
-                    or self._end - self._last_ckpt_end > self.config.checkpoint_bytes)):
-                self._ckpt_running = True
-                loop.run_in_executor(ex, self._checkpoint_job, self._snapshot()
-                                     ).add_done_callback(self._ckpt_done)
+    def _new_topic(self, topic: str) -> _Topic:
+        validate_topic(topic)
+        idx = TopicIndex.open(os.path.join(self.data_dir, index_file_name(topic)))
+        t = _Topic(topic, idx)
+        self._topics[topic] = t
+        return t
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _writer_main(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        cond = self._cond
+        flush_s = self.config.flush_interval_ms / 1000
+        ckpt_s = self.config.checkpoint_interval_ms / 1000
+        next_flush = time.monotonic() + flush_s
+        try:
+            while True:
+                with cond:
+                    while not self._pending and not self._closing:
+                        timeout = None
+                        if not self._sync and self._unsynced:
+                            timeout = max(0.0, next_flush - time.monotonic())
+                            if timeout == 0.0:
+                                break
+                        self._w_idle = True
+                        cond.wait(timeout)
+                        self._w_idle = False
+                    batch = self._take_batch()
+                if batch:
+                    self._process(batch)
+                elif self._closing:
+                    break
+                now = time.monotonic()
+                if not self._sync and self._unsynced and now >= next_flush \
+                        and self._failed is None:
+                    try:
+                        self._flush()
+                    except OSError as exc:
+                        log.error("store: fdatasync failed, refusing further writes: %r", exc)
+                        self._failed = exc
+                    next_flush = now + flush_s
+                if self._failed is None and (
+                        now - self._last_ckpt_t > ckpt_s
+                        or self._w_end - self._last_ckpt_end > self.config.checkpoint_bytes):
+                    try:
+                        self._checkpoint_now()
+                    except OSError as exc:
+                        log.error("store: checkpoint failed: %r", exc)
+                        self._last_ckpt_t = now
+            if self._failed is None:
+                self._checkpoint_now()
+        except BaseException as exc:  # pragma: no cover - must never kill silently
+            log.exception("store: writer thread died")
+            self._failed = exc
+            with cond:
+                rest, self._pending = self._pending, []
+            loop.call_soon_threadsafe(self._fail, rest, StoreFailed(f"writer died: {exc!r}"))
+        finally:
+            loop.call_soon_threadsafe(self._writer_done)
+
+    def _writer_done(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
     def _take_batch(self) -> list:
+        """Take queued appends up to ``max_batch_bytes`` (caller holds the lock)."""
         pend = self._pending
+        if not pend:
+            return []
         limit = self.config.max_batch_bytes
         total = 0
-        k = 0
-        for k, item in enumerate(pend):
+        k = len(pend)
+        for i, item in enumerate(pend):
             if total and total + item[2] > limit:
+                k = i
                 break
             total += item[2]
+        if k == len(pend):
+            batch, self._pending = pend, []
         else:
-            k = len(pend)
-        batch = pend[:k]
-        del pend[:k]
+            batch = pend[:k]
+            del pend[:k]
         self._pending_bytes -= total
         return batch
+
+    def _process(self, batch: list) -> None:
+        loop = self._loop
+        assert loop is not None
+        if self._failed is not None:
+            loop.call_soon_threadsafe(self._fail, batch,
+                                      StoreFailed(f"store failed earlier: {self._failed!r}"))
+            return
+        plan = self._plan(batch)
+        if plan.chunks:
+            try:
+                self._write(plan)
+            except StoreFull as exc:
+                self.stats["store_full"] += 1
+                self._rollback(plan)
+                loop.call_soon_threadsafe(self._fail, batch, exc)
+                return
+            except BaseException as exc:
+                log.error("store: write failed, refusing further writes: %r", exc)
+                self._failed = exc
+                self._rollback(plan)
+                loop.call_soon_threadsafe(self._fail, batch,
+                                          StoreFailed(f"write failed: {exc!r}"))
+                return
+        add = self._dedup.add
+        for sn, seq in plan.ids:
+            add(sn, seq)
+        self._w_end = plan.end
+        self.stats["records"] += len(plan.ids)
+        self.stats["batches"] += 1
+        self.stats["bytes"] += plan.nbytes
+        loop.call_soon_threadsafe(self._complete, plan)
+
+    @staticmethod
+    def _rollback(plan: _Plan) -> None:
+        for t, first, _blob in plan.index.values():
+            t.next = first
 
     @staticmethod
     def _fail(batch: list, exc: BaseException) -> None:
@@ -353,7 +421,7 @@ class Store:
                 fut.set_exception(exc)
 
     def _plan(self, batch: list) -> _Plan:
-        """Classify duplicates, assign offsets, cut segment rolls (on the loop)."""
+        """Classify duplicates, assign offsets and queue offsets, cut segment rolls."""
         plan = _Plan()
         seg_bytes = self.config.segment_bytes
         contains = self._dedup.contains
@@ -362,37 +430,39 @@ class Store:
         pindex = plan.index
         ids = plan.ids
         pack = ENTRY.pack
-        pos = self._end
-        active_base = self._bases[-1]
+        pos = self._w_end
+        active_base = self._w_active_base
         chunk: _Chunk | None = None
         parts: list[bytes] = []
+        dup = 0
         for records, enc, _n, _fut, ts_s in batch:
             res: list[Appended] = []
             for rec, b in zip(records, enc):
                 key = (rec.sn, rec.seq)
                 if key in seen or contains(rec.sn, rec.seq):
                     res.append(Appended(-1, rec.topic, -1, True))
+                    dup += 1
                     continue
                 seen.add(key)
                 size = len(b)
-                if chunk is None or (pos - active_base + size > seg_bytes and pos > active_base):
-                    if pos - active_base + size > seg_bytes and pos > active_base:
-                        active_base = pos
-                        qs = {name: (pindex[name][1] + len(pindex[name][2]) // 16
-                                     if name in pindex else t.end)
-                              for name, t in topics.items()}
-                        chunk = _Chunk(pos, 0, True, qs)
-                    else:
-                        chunk = _Chunk(active_base, pos - active_base, False, None)
+                if pos - active_base + size > seg_bytes and pos > active_base:
+                    active_base = pos
+                    qs = {}
+                    for name, t in list(topics.items()):
+                        e = pindex.get(name)
+                        qs[name] = e[1] + len(e[2]) // 16 if e is not None else t.next
+                    chunk = _Chunk(pos, 0, True, qs)
+                    plan.chunks.append(chunk)
+                    parts = chunk.parts
+                elif chunk is None:
+                    chunk = _Chunk(active_base, pos - active_base, False, None)
                     plan.chunks.append(chunk)
                     parts = chunk.parts
                 topic = rec.topic
                 ent = pindex.get(topic)
                 if ent is None:
-                    t = topics.get(topic)
-                    if t is None:
-                        t = self._new_topic(topic)
-                    ent = pindex[topic] = (t, t.end, bytearray())
+                    t = topics[topic]
+                    ent = pindex[topic] = (t, t.next, bytearray())
                 blob = ent[2]
                 q = ent[1] + len(blob) // 16
                 blob += pack(pos, size, ts_s)
@@ -401,27 +471,24 @@ class Store:
                 res.append(Appended(pos, topic, q, False))
                 pos += size
             plan.results.append(res)
+        for t, first, blob in pindex.values():
+            t.next = first + len(blob) // 16
+        self.stats["duplicates"] += dup
         plan.entries = batch
         plan.end = pos
-        plan.nbytes = pos - self._end
+        plan.nbytes = pos - self._w_end
         plan.active_base = active_base
         return plan
-
-    def _new_topic(self, topic: str) -> _Topic:
-        validate_topic(topic)
-        idx = TopicIndex.open(os.path.join(self.data_dir, index_file_name(topic)))
-        t = _Topic(topic, idx)
-        self._topics[topic] = t
-        return t
 
     def _write(self, plan: _Plan) -> None:
         """Writer thread: index entries, log bytes, fdatasync; undo on ENOSPC."""
         cfg = self.config
-        st = os.statvfs(self.seg_dir)
-        free = st.f_bavail * st.f_frsize
-        if free - plan.nbytes < cfg.min_free_bytes:
-            raise StoreFull(f"only {free} bytes free on the data disk, reserve is "
-                            f"{cfg.min_free_bytes}")
+        if cfg.min_free_bytes:
+            st = os.statvfs(self.seg_dir)
+            free = st.f_bavail * st.f_frsize
+            if free - plan.nbytes < cfg.min_free_bytes:
+                raise StoreFull(f"only {free} bytes free on the data disk, reserve is "
+                                f"{cfg.min_free_bytes}")
         idx_undo: list[tuple[TopicIndex, int]] = []
         created: list[tuple[int, int]] = []
         fds: list[int] = []
@@ -437,13 +504,16 @@ class Store:
                     created.append((ch.base, fd))
                 else:
                     fd = self._active_fd
-                data = b"".join(ch.parts)
-                view = memoryview(data)
+                data = ch.parts[0] if len(ch.parts) == 1 else b"".join(ch.parts)
                 p = ch.file_pos
-                while view:
-                    w = os.pwrite(fd, view, p)
+                w = os.pwrite(fd, data, p)
+                if w != len(data):
+                    view = memoryview(data)[w:]
                     p += w
-                    view = view[w:]
+                    while view:
+                        w = os.pwrite(fd, view, p)
+                        p += w
+                        view = view[w:]
                 fds.append(fd)
             for ch in plan.chunks:
                 if ch.new:
@@ -467,6 +537,7 @@ class Store:
             raise
         if created:
             self._active_fd = created[-1][1]
+            self._w_active_base = created[-1][0]
             for _b, fd in created[:-1]:
                 os.close(fd)
             os.close(old_fd)
@@ -493,17 +564,11 @@ class Store:
             log.error("store: undoing a failed batch failed: %r", exc)
 
     def _complete(self, plan: _Plan) -> None:
-        """On the loop: publish the batch (it is durable or written)."""
+        """On the loop: publish the batch (it is durable, or written in async mode)."""
         for ch in plan.chunks:
             if ch.new:
                 self._bases.append(ch.base)
         self._end = plan.end
-        add = self._dedup.add
-        for sn, seq in plan.ids:
-            add(sn, seq)
-        self.stats["records"] += len(plan.ids)
-        self.stats["batches"] += 1
-        self.stats["bytes"] += plan.nbytes
         touched = []
         for t, first, blob in plan.index.values():
             t.end = first + len(blob) // 16
@@ -511,29 +576,12 @@ class Store:
         for (_r, _enc, _n, fut, _ts), res in zip(plan.entries, plan.results):
             if not fut.done():
                 fut.set_result(res)
-        dup = 0
-        for res in plan.results:
-            for a in res:
-                dup += a.duplicate
-        self.stats["duplicates"] += dup
         for cb in self._callbacks:
             for t in touched:
                 try:
                     cb(t.name, t.end)
                 except Exception:  # a callback bug must not stop the store
                     log.exception("store: on_durable callback failed")
-
-    async def _run_flusher(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self.config.flush_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            if self._unsynced and self._failed is None:
-                try:
-                    await loop.run_in_executor(self._executor(), self._flush)
-                except OSError as exc:
-                    log.error("store: fdatasync failed, refusing further writes: %r", exc)
-                    self._failed = exc
 
     def _flush(self) -> None:
         self._unsynced = False
@@ -542,36 +590,22 @@ class Store:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def _snapshot(self) -> ckpt.Checkpoint:
-        return ckpt.Checkpoint(self._end, time.time_ns() // 1000,
-                               {name: t.end for name, t in self._topics.items()},
-                               self._dedup.items())  # type: ignore[arg-type]
-
-    def _checkpoint_job(self, cp: ckpt.Checkpoint) -> None:
-        """Writer thread: make ``cp`` durable."""
-        if not self._sync:
-            self._unsynced = False
+    def _checkpoint_now(self) -> None:
+        """Make the current written state the recovery starting point (writer thread,
+        or the opening/closing thread when no writer runs)."""
+        cp = ckpt.Checkpoint(self._w_end, time.time_ns() // 1000,
+                             {name: t.next for name, t in list(self._topics.items())},
+                             DedupTable.encode(self._dedup.items()))
+        self._unsynced = False
+        if self._active_fd >= 0:
             os.fdatasync(self._active_fd)
         for t in list(self._topics.values()):
             t.index.sync()
         fsync_dir(self.data_dir)
-        cp.dedup = DedupTable.encode(cp.dedup)  # type: ignore[arg-type]
         ckpt.save(self.data_dir, cp)
         self._last_ckpt_end = cp.log_end
+        self._last_ckpt_t = time.monotonic()
         self.stats["checkpoints"] += 1
-
-    def _ckpt_done(self, fut) -> None:
-        self._ckpt_running = False
-        self._last_ckpt_t = time.monotonic()
-        exc = fut.exception()
-        if exc is not None:
-            log.error("store: checkpoint failed: %r", exc)
-
-    def _checkpoint_now(self) -> None:
-        if self._active_fd >= 0:
-            os.fdatasync(self._active_fd)
-        self._checkpoint_job(self._snapshot())
-        self._last_ckpt_t = time.monotonic()
 
     # ------------------------------------------------------------------ reads
 

@@ -111,49 +111,76 @@ class StoredRecord(NamedTuple):
         return f"{self.sn}:{self.seq}"
 
 
+_topic_cache: dict[str, tuple[bytes, int]] = {}
+
+
+def _topic_bytes(topic: object) -> tuple[bytes, int]:
+    got = _topic_cache.get(topic)  # type: ignore[arg-type]
+    if got is None:
+        name = validate_topic(topic)
+        got = (name.encode("ascii"), FLAG_SYSTEM if name[0] == "$" else 0)
+        if len(_topic_cache) > 4096:
+            _topic_cache.clear()
+        _topic_cache[name] = got
+    return got
+
+
+def _slow_checks(rec: NewRecord) -> None:
+    """Explain exactly what is wrong with a record the fast path refused."""
+    if not isinstance(rec.sn, str):
+        raise InvalidRecord(f"sn must be str, not {type(rec.sn).__name__}")
+    if not rec.sn.isascii():
+        raise InvalidRecord(f"sn {rec.sn!r} is not ASCII")
+    if not 0 < len(rec.sn) <= MAX_SN_LEN:
+        raise InvalidRecord(f"sn must be 1..{MAX_SN_LEN} bytes, got {len(rec.sn)}")
+    if type(rec.seq) is not int or not 0 <= rec.seq <= MAX_SEQ:
+        raise InvalidRecord(f"seq must be an int in 0..{MAX_SEQ}, got {rec.seq!r}")
+    if type(rec.lock_ts_ms) is not int or not 0 <= rec.lock_ts_ms < 1 << 63:
+        raise InvalidRecord(f"lock_ts_ms must be a non-negative int, got {rec.lock_ts_ms!r}")
+    if not isinstance(rec.payload, (bytes, bytearray, memoryview)):
+        raise InvalidRecord(f"payload must be bytes, not {type(rec.payload).__name__}")
+    if rec.headers is not None and not isinstance(rec.headers, dict):
+        raise InvalidRecord("headers must be a dict or None")
+
+
 def encode_record(rec: NewRecord, broker_ts_us: int, max_record_bytes: int) -> bytes:
-    """Validate ``rec`` and return its commit-log bytes (header, CRC and all)."""
-    topic = validate_topic(rec.topic)
+    """Validate ``rec`` and return its commit-log bytes (header, CRC and all).
+
+    Raises :class:`InvalidRecord` naming the broken rule.
+    """
+    topic_b, flags = _topic_bytes(rec.topic)
     sn = rec.sn
-    if not isinstance(sn, str):
-        raise InvalidRecord(f"sn must be str, not {type(sn).__name__}")
-    try:
-        sn_b = sn.encode("ascii")
-    except UnicodeEncodeError:
-        raise InvalidRecord(f"sn {sn!r} is not ASCII") from None
-    if not 0 < len(sn_b) <= MAX_SN_LEN:
-        raise InvalidRecord(f"sn must be 1..{MAX_SN_LEN} bytes, got {len(sn_b)}")
     seq = rec.seq
-    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
-        raise InvalidRecord(f"seq must be an int in 0..{MAX_SEQ}, got {seq!r}")
     lock_ts = rec.lock_ts_ms
-    if type(lock_ts) is not int or not 0 <= lock_ts < 1 << 63:
-        raise InvalidRecord(f"lock_ts_ms must be a non-negative int, got {lock_ts!r}")
     payload = rec.payload
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise InvalidRecord(f"payload must be bytes, not {type(payload).__name__}")
-    flags = FLAG_SYSTEM if topic[0] == "$" else 0
-    if rec.headers is not None:
-        if not isinstance(rec.headers, dict):
-            raise InvalidRecord("headers must be a dict or None")
+    if (type(sn) is not str or not sn.isascii() or not 0 < len(sn) <= MAX_SN_LEN
+            or type(seq) is not int or not 0 <= seq <= MAX_SEQ
+            or type(lock_ts) is not int or not 0 <= lock_ts < 1 << 63):
+        _slow_checks(rec)
+    if type(payload) is not bytes:
+        if not isinstance(payload, (bytearray, memoryview)):
+            _slow_checks(rec)
+        payload = bytes(payload)
+    headers = rec.headers
+    if headers is None:
+        hdr_b = b""
+    else:
+        if not isinstance(headers, dict):
+            _slow_checks(rec)
         try:
-            hdr_b = json.dumps(rec.headers, separators=(",", ":"),
+            hdr_b = json.dumps(headers, separators=(",", ":"),
                                ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError) as exc:
             raise InvalidRecord(f"headers are not JSON-serialisable: {exc}") from None
         if len(hdr_b) > MAX_HEADERS_LEN:
             raise InvalidRecord(f"headers JSON is {len(hdr_b)} bytes, max {MAX_HEADERS_LEN}")
         flags |= FLAG_HEADERS
-    else:
-        hdr_b = b""
-    topic_b = topic.encode("ascii")
-    body = b"".join((
-        _REST.pack(FORMAT_VERSION, flags, len(topic_b), len(sn_b), 0, len(hdr_b), seq,
-                   len(payload), lock_ts, broker_ts_us),
-        topic_b, sn_b, hdr_b, payload))
-    size = len(body) + 8
-    if size > max_record_bytes:
-        raise InvalidRecord(f"record is {size} bytes, max_record_bytes is {max_record_bytes}")
+    sn_b = sn.encode("ascii")
+    body = _REST.pack(FORMAT_VERSION, flags, len(topic_b), len(sn_b), 0, len(hdr_b), seq,
+                      len(payload), lock_ts, broker_ts_us) + topic_b + sn_b + hdr_b + payload
+    if len(body) + 8 > max_record_bytes:
+        raise InvalidRecord(f"record is {len(body) + 8} bytes, max_record_bytes is "
+                            f"{max_record_bytes}")
     return _LEN_CRC.pack(len(body) + 4, zlib.crc32(body)) + body
 
 

@@ -1,0 +1,110 @@
+"""`lockmq store check DIR` and `lockmq store dump DIR`: offline tools for the data directory."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+
+
+def _parse_time(text: str) -> int:
+    """Epoch milliseconds from an integer (ms) or an ISO 8601 time (UTC if no zone)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (use epoch ms or ISO 8601, e.g. 2026-11-22T03:00:00Z)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return int(t.timestamp() * 1000)
+
+
+def _iso_us(us: int) -> str:
+    return dt.datetime.fromtimestamp(us / 1e6, dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def _check(args: argparse.Namespace) -> int:
+    from lockmq.store.inspect import check_dir
+    try:
+        rep = check_dir(args.dir)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.dir}: {rep.segments} segments, {rep.log_bytes} bytes, {rep.records} records "
+          f"with a valid checksum")
+    for topic, n in sorted(rep.topics.items()):
+        print(f"  topic {topic}: {n} records")
+    for note in rep.notes:
+        print(f"note: {note}")
+    for prob in rep.problems:
+        print(f"CORRUPT: {prob}")
+    print("OK" if rep.ok else f"FAILED: {len(rep.problems)} problem(s)")
+    return 0 if rep.ok else 1
+
+
+def _dump(args: argparse.Namespace) -> int:
+    from lockmq.store.errors import CorruptRecord
+    from lockmq.store.inspect import iter_records
+    since_us = None if args.since is None else args.since * 1000
+    until_us = None if args.until is None else args.until * 1000
+    shown = 0
+    try:
+        for rec in iter_records(args.dir):
+            if args.topic is not None and rec.topic != args.topic:
+                continue
+            if args.sn is not None and rec.sn != args.sn:
+                continue
+            if since_us is not None and rec.broker_ts_us < since_us:
+                continue
+            if until_us is not None and rec.broker_ts_us >= until_us:
+                continue
+            if args.json:
+                print(json.dumps({
+                    "offset": rec.offset, "topic": rec.topic, "sn": rec.sn, "seq": rec.seq,
+                    "lock_ts_ms": rec.lock_ts_ms, "broker_ts_us": rec.broker_ts_us,
+                    "headers": rec.headers, "payload": rec.payload.hex()}))
+            else:
+                lock_t = _iso_us(rec.lock_ts_ms * 1000) if rec.lock_ts_ms else "-"
+                line = (f"offset={rec.offset} topic={rec.topic} id={rec.sn}:{rec.seq} "
+                        f"broker_ts={_iso_us(rec.broker_ts_us)} lock_ts={lock_t} "
+                        f"payload={rec.payload.hex()}")
+                if rec.headers is not None:
+                    line += " headers=" + json.dumps(rec.headers, ensure_ascii=False)
+                print(line)
+            shown += 1
+            if args.limit is not None and shown >= args.limit:
+                break
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except CorruptRecord as exc:
+        print(f"CORRUPT: {exc} (dump stops here; run `lockmq store check`)", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `store` command group."""
+    p = subparsers.add_parser("store", help="inspect a broker data directory (offline)")
+    sub = p.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    c = sub.add_parser("check", help="verify every checksum; exit 1 on corruption")
+    c.add_argument("dir", help="data directory (the one holding message.log/)")
+    c.set_defaults(func=_check)
+    d = sub.add_parser("dump", help="print records, oldest first")
+    d.add_argument("dir", help="data directory (the one holding message.log/)")
+    d.add_argument("--topic", help="only this topic")
+    d.add_argument("--sn", help="only this lock serial number / producer id")
+    d.add_argument("--since", type=_parse_time,
+                   help="broker time at or after (epoch ms or ISO 8601, UTC default)")
+    d.add_argument("--until", type=_parse_time, help="broker time before (same forms)")
+    d.add_argument("--limit", type=int, help="stop after this many records")
+    d.add_argument("--json", action="store_true", help="one JSON object per line")
+    d.set_defaults(func=_dump)
