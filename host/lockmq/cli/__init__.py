@@ -16,6 +16,9 @@ GROUPS: list[str] = [
     "demo",
     "store",
     "broker",
+    "devices",
+    "tokens",
+    "certs",
 ]
 
 

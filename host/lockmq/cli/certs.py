@@ -1,0 +1,63 @@
+"""``lockmq certs``: a CA and a server certificate for one gateway's TLS port.
+
+    lockmq certs init ./tls --host gateway.local --ip 192.168.1.10
+
+writes ca.pem, ca.der (for the locks: MicroPython's ssl takes the CA as DER),
+ca.key (0600; keep it offline), server.pem and server.key (0600). Then set in the
+broker config::
+
+    [security]
+    tls_cert = "./tls/server.pem"
+    tls_key = "./tls/server.key"
+    tls_port = 6843          # 0 = TLS on the main port, no plain port
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``lockmq certs``."""
+    p = sub.add_parser("certs", help="TLS: create a gateway CA and server certificate",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    csub = p.add_subparsers(dest="certs_cmd", metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    i = csub.add_parser("init", help="create ca.* and server.* in DIR")
+    i.add_argument("dir")
+    i.add_argument("--host", action="append", default=[], help="DNS name of the broker")
+    i.add_argument("--ip", action="append", default=[], help="IP address of the broker")
+    i.add_argument("--ca-name", default="lockmq gateway CA")
+    i.add_argument("--force", action="store_true", help="replace existing files")
+    i.set_defaults(func=cmd_init)
+    d = csub.add_parser("der", help="export a PEM certificate as DER (for a lock)")
+    d.add_argument("pem")
+    d.add_argument("der")
+    d.set_defaults(func=cmd_der)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Create the CA and the server certificate."""
+    from lockmq.security.certs import init_ca_and_server
+
+    hosts = args.host or ([] if args.ip else ["localhost"])
+    ips = args.ip or ([] if args.host else ["127.0.0.1"])
+    try:
+        files = init_ca_and_server(args.dir, hosts, ips, args.ca_name, force=args.force)
+    except (FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for label, path in files.__dict__.items():
+        print(f"{label:<11} {path}")
+    print(f"server certificate names: {', '.join(hosts + ips)}")
+    return 0
+
+
+def cmd_der(args: argparse.Namespace) -> int:
+    """PEM to DER."""
+    from lockmq.security.certs import pem_to_der
+
+    pem_to_der(args.pem, args.der)
+    print(args.der)
+    return 0

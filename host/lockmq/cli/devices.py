@@ -1,0 +1,192 @@
+"""``lockmq devices``: the device registry — provision, list, disable, re-key locks.
+
+``lockmq devices add SN --out config.json --broker HOST:PORT`` creates the lock's
+secret, stores it (wrapped) in the broker's registry and writes the provisioning
+config (firmware/README.md's config.json shape) that ``lockmq firmware build``
+puts on the board. The file holds the secret: it is written 0600; delete it once
+the board is flashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from lockmq.security import DeviceRegistry, provisioning_config
+from lockmq.security.registry import DeviceExists, UnknownDevice, write_provisioning
+
+from ._security_common import add_registry_options, security_config, when
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``lockmq devices`` and its sub-commands."""
+    p = sub.add_parser("devices", help="device registry: provision, list, disable, re-key locks",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dsub = p.add_subparsers(dest="devices_cmd", metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    a = dsub.add_parser("add", help="register lock(s) and write provisioning config(s)")
+    a.add_argument("sn", nargs="+", help="lock serial number(s)")
+    a.add_argument("--note", default="", help="free text kept with the device")
+    _provision_options(a)
+    add_registry_options(a)
+    a.set_defaults(func=cmd_add)
+
+    ls = dsub.add_parser("list", help="list registered locks")
+    ls.add_argument("--pattern", help="only SNs matching this glob")
+    ls.add_argument("--json", action="store_true", help="JSON lines output")
+    add_registry_options(ls)
+    ls.set_defaults(func=cmd_list)
+
+    for name, helptext, func in (("disable", "refuse the lock at its next connect", cmd_disable),
+                                 ("enable", "allow a disabled lock again", cmd_enable),
+                                 ("remove", "forget the lock entirely", cmd_remove),
+                                 ("show", "one lock's registry row", cmd_show)):
+        s = dsub.add_parser(name, help=helptext)
+        s.add_argument("sn")
+        add_registry_options(s)
+        s.set_defaults(func=func)
+
+    r = dsub.add_parser("rekey", help="give a lock a new secret (the old one stops working)")
+    r.add_argument("sn")
+    _provision_options(r)
+    add_registry_options(r)
+    r.set_defaults(func=cmd_rekey)
+
+
+def _provision_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="PATH",
+                   help="provisioning config to write (a file for one SN, a directory "
+                        "for several: DIR/<SN>.json); default ./<SN>.json")
+    p.add_argument("--broker", action="append", default=[], metavar="HOST:PORT",
+                   help="broker address(es) for the lock (repeatable)")
+    p.add_argument("--tls-ca", metavar="CA.DER",
+                   help="enable TLS on the lock with this CA (DER, from `lockmq certs init`)")
+    p.add_argument("--server-hostname", default="", help="name in the broker's certificate")
+    p.add_argument("--show-key", action="store_true",
+                   help="also print the key (hex) on stdout")
+
+
+def _registry(args: argparse.Namespace) -> DeviceRegistry:
+    return DeviceRegistry.open(security_config(args))
+
+
+def _brokers(values: list[str]) -> list[list[object]] | None:
+    out: list[list[object]] = []
+    for v in values:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise SystemExit(f"--broker must be HOST:PORT, not {v!r}")
+        out.append([host, int(port)])
+    return out or None
+
+
+def _write_docs(args: argparse.Namespace, keys: dict[str, bytes]) -> None:
+    extra: dict[str, object] = {}
+    brokers = _brokers(args.broker)
+    if brokers:
+        extra["brokers"] = brokers
+    if args.tls_ca:
+        extra["tls"] = {"enabled": True, "ca": os.path.basename(args.tls_ca),
+                        "server_hostname": args.server_hostname}
+    many = len(keys) > 1
+    for sn, key in keys.items():
+        if args.out and (many or os.path.isdir(args.out)):
+            os.makedirs(args.out, exist_ok=True)
+            path = os.path.join(args.out, f"{sn}.json")
+        else:
+            path = args.out or f"{sn}.json"
+        write_provisioning(path, provisioning_config(sn, key, **extra))
+        line = f"{sn}: provisioning config written to {path} (mode 0600; holds the secret)"
+        if args.show_key:
+            line += f" key={key.hex()}"
+        print(line)
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    """Register locks; write their provisioning configs."""
+    reg = _registry(args)
+    try:
+        keys = reg.add_many(args.sn, note=args.note)
+    except (DeviceExists, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        reg.close()
+    _write_docs(args, keys)
+    return 0
+
+
+def cmd_rekey(args: argparse.Namespace) -> int:
+    """New secret for a lock."""
+    reg = _registry(args)
+    try:
+        key = reg.rekey(args.sn)
+    except UnknownDevice:
+        print(f"error: no device {args.sn}", file=sys.stderr)
+        return 1
+    finally:
+        reg.close()
+    _write_docs(args, {args.sn: key})
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print the registry."""
+    reg = _registry(args)
+    try:
+        rows = reg.list(args.pattern)
+    finally:
+        reg.close()
+    if args.json:
+        for d in rows:
+            print(json.dumps(d.to_dict()))
+        return 0
+    print(f"{'SN':<24} {'STATE':<9} {'KEY':>4} {'LAST CMD':>8}  {'UPDATED (UTC)':<16}  NOTE")
+    for d in rows:
+        print(f"{d.sn:<24} {'enabled' if d.enabled else 'DISABLED':<9} v{d.key_version:<3} "
+              f"{d.last_command_id:>8}  {when(d.updated_at):<16}  {d.note}")
+    print(f"{len(rows)} device(s)")
+    return 0
+
+
+def _simple(args: argparse.Namespace, op: str) -> int:
+    reg = _registry(args)
+    try:
+        if op == "show":
+            print(json.dumps(reg.get(args.sn).to_dict(), indent=2))
+        elif op == "remove":
+            reg.remove(args.sn)
+            print(f"{args.sn}: removed")
+        else:
+            reg.set_enabled(args.sn, op == "enable")
+            print(f"{args.sn}: {op}d" + ("; refused from its next connect" if op == "disable"
+                                        else ""))
+    except UnknownDevice:
+        print(f"error: no device {args.sn}", file=sys.stderr)
+        return 1
+    finally:
+        reg.close()
+    return 0
+
+
+def cmd_disable(args: argparse.Namespace) -> int:
+    """Disable a lock."""
+    return _simple(args, "disable")
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    """Enable a lock."""
+    return _simple(args, "enable")
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Remove a lock."""
+    return _simple(args, "remove")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Show a lock."""
+    return _simple(args, "show")

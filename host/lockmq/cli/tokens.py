@@ -1,0 +1,125 @@
+"""``lockmq tokens``: tokens of backend services and admin tools.
+
+A token is shown once, at creation; the registry keeps only its hash. Each token has
+permissions and an expiry (default 90 days)::
+
+    lockmq tokens create billing --consume 'lock.*:billing' --ttl 30d
+    lockmq tokens create opener  --command 'LOCK-*'
+    lockmq tokens create ops     --admin --ttl 12h
+    lockmq tokens list
+    lockmq tokens revoke <id or name>
+
+Patterns are shell globs. ``--consume TOPIC:CLUSTER`` (a bare TOPIC means any cluster).
+Over plain TCP a token is accepted only from the addresses in ``[security]
+allow_plain_tokens_from`` (loopback by default); elsewhere use TLS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lockmq.security import Permissions, TokenStore
+from lockmq.security.tokens import parse_duration
+
+from ._security_common import add_registry_options, security_config, when
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``lockmq tokens`` and its sub-commands."""
+    p = sub.add_parser("tokens", help="service/admin tokens: create, list, revoke",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tsub = p.add_subparsers(dest="tokens_cmd", metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    c = tsub.add_parser("create", help="create a token (printed once)")
+    c.add_argument("name", help="who uses it (service name)")
+    c.add_argument("--publish", action="append", default=[], metavar="TOPIC_GLOB")
+    c.add_argument("--consume", action="append", default=[], metavar="TOPIC_GLOB[:CLUSTER_GLOB]")
+    c.add_argument("--command", action="append", default=[], metavar="SN_GLOB",
+                   help="locks it may send downlink commands to")
+    c.add_argument("--admin", action="store_true", help="every right, admin operations too")
+    c.add_argument("--ttl", default="90d", help="lifetime: 30m, 12h, 90d, 1w or never")
+    c.add_argument("--json", action="store_true")
+    add_registry_options(c)
+    c.set_defaults(func=cmd_create)
+
+    ls = tsub.add_parser("list", help="list tokens (never their secrets)")
+    ls.add_argument("--json", action="store_true", help="JSON lines output")
+    ls.add_argument("--all", action="store_true", help="include revoked and expired tokens")
+    add_registry_options(ls)
+    ls.set_defaults(func=cmd_list)
+
+    r = tsub.add_parser("revoke", help="revoke a token by id, or every token of a name")
+    r.add_argument("id", help="token id (16 hex digits) or name")
+    add_registry_options(r)
+    r.set_defaults(func=cmd_revoke)
+
+
+def _store(args: argparse.Namespace) -> TokenStore:
+    return TokenStore(security_config(args).registry_path)
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    """Create a token and print it."""
+    perms = Permissions(publish=tuple(args.publish), consume=tuple(args.consume),
+                        command=tuple(args.command), admin=args.admin)
+    if perms == Permissions():
+        print("error: give at least one of --publish --consume --command --admin",
+              file=sys.stderr)
+        return 2
+    try:
+        ttl = parse_duration(args.ttl)
+    except ValueError as exc:
+        print(f"error: --ttl: {exc}", file=sys.stderr)
+        return 2
+    store = _store(args)
+    try:
+        token, info = store.create(args.name, perms, ttl_s=ttl)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"token": token, **info.to_dict()}))
+    else:
+        print(token)
+        print(f"# id={info.id} name={info.name} rights: {perms.describe()} "
+              f"expires={when(info.expires_at)} — shown once; store it in a secret store",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """List tokens."""
+    store = _store(args)
+    try:
+        rows = [t for t in store.list() if args.all or t.state() == "active"]
+    finally:
+        store.close()
+    if args.json:
+        for t in rows:
+            print(json.dumps(t.to_dict()))
+        return 0
+    print(f"{'ID':<16}  {'NAME':<20} {'STATE':<8} {'EXPIRES (UTC)':<16}  RIGHTS")
+    for t in rows:
+        print(f"{t.id:<16}  {t.name:<20} {t.state():<8} {when(t.expires_at):<16}  "
+              f"{t.permissions.describe()}")
+    print(f"{len(rows)} token(s)")
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    """Revoke a token."""
+    store = _store(args)
+    try:
+        ok = store.revoke(args.id)
+    finally:
+        store.close()
+    if not ok:
+        print(f"error: no active token {args.id}", file=sys.stderr)
+        return 1
+    print(f"{args.id}: revoked; refused from its next connect")
+    return 0
