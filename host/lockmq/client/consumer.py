@@ -68,6 +68,9 @@ class AsyncConsumer(SessionClient):
         target_per_worker: backlog per worker above which the pool grows.
         idle_shrink_s: idle time after which the pool gives back one worker.
         batch: most messages asked for by one PULL.
+        prefetch: leased messages held locally beyond one per worker, so workers
+            do not wait for a round trip (default ``batch``). They count against
+            the broker's in-flight caps and lease timeout.
         ordered: ask the broker for per-lock ordering (one message per lock in
             flight in the whole cluster).
         lease_ms: visibility timeout to ask for (0 = the broker's default).
@@ -89,6 +92,7 @@ class AsyncConsumer(SessionClient):
         target_per_worker: int = 50,
         idle_shrink_s: float = 5.0,
         batch: int = 32,
+        prefetch: int | None = None,
         ordered: bool = False,
         lease_ms: int = 0,
         max_inflight: int = 0,
@@ -108,6 +112,7 @@ class AsyncConsumer(SessionClient):
             getattr(handler, "__call__", None))
         self.autoscaler = Autoscaler(min_workers, max_workers, target_per_worker, idle_shrink_s)
         self.batch = max(1, min(batch, 0xFFFF))
+        self.prefetch = self.batch if prefetch is None else max(0, prefetch)
         self.ordered = ordered
         self.lease_ms = lease_ms
         self.max_inflight = max_inflight
@@ -232,13 +237,14 @@ class AsyncConsumer(SessionClient):
     async def _fetch_loop(self, conn: FrameConnection, generation: int) -> None:
         """Pull while workers are idle; otherwise wait for a NOTIFY or a free worker."""
         while conn.is_open and not self._stopping and generation == self.generation:
-            room = max(len(self._workers), self._target_workers) - self._local()
-            if room <= 0:
+            workers = max(len(self._workers), self._target_workers)
+            local = self._local()
+            if local > workers + self.prefetch // 2:
                 self._want_more.clear()
                 await self._want_more.wait()
                 continue
             self._notified.clear()
-            want = min(self.batch, room + max(0, self._target_workers // 2))
+            want = max(1, min(self.batch, workers + self.prefetch - local))
             try:
                 frame = await conn.request(Op.PULL, Pull(self.sub_id, want, 0).encode())
             except ConnectionLost:
