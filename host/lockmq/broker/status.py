@@ -91,6 +91,9 @@ class StatusPage:
             lines.append(f"lockmq_cluster_members{lab} {len(c.members)}")
             for k, v in c.stats.items():
                 lines.append(f"lockmq_cluster_{k}{lab} {v}")
+        guard_status = getattr(b.guard, "status", None)   # lockmq.security counters
+        for k, v in (guard_status() if guard_status else {}).items():
+            lines.append(f"lockmq_{k} {v}")
         return "\n".join(lines) + "\n"
 
     def summary(self) -> str:
