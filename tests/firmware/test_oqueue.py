@@ -1,0 +1,262 @@
+"""The offline queue and the sequence numbers, under the real MicroPython unix port,
+using the compiled .mpy files that ship (lib/lockapp/*.mpy)."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import struct
+import subprocess
+import time
+import zlib
+
+from .conftest import MICROPYTHON, micropython_env, run_mpy
+
+
+def _parse(data: bytes) -> list[tuple[int, str, bytes]]:
+    """Records of a queue file per its documented format: (end offset, kind, body)."""
+    out, off = [], 0
+    while off + 4 <= len(data):
+        magic, kind, n = struct.unpack_from(">BBH", data, off)
+        end = off + 4 + n + 4
+        if magic != 0xA5 or end > len(data):
+            break
+        body = data[off + 4:off + 4 + n]
+        if zlib.crc32(data[off + 1:off + 4 + n]) != struct.unpack_from(">I", data, off + 4 + n)[0]:
+            break
+        out.append((end, chr(kind), body))
+        off = end
+    return out
+
+
+def _expected_after(records, cut: int) -> tuple[list[int], int, int]:
+    head, dropped, live = 0, 0, []
+    for end, kind, body in records:
+        if end > cut:
+            break
+        if kind == "E":
+            live.append(struct.unpack(">I", body[:4])[0])
+        else:
+            head, dropped = struct.unpack(">II", body[:8])
+            live = [s for s in live if s >= head]
+    return live, head, dropped
+
+
+def test_append_ack_reload_out_of_order(built, tmp_path):
+    out = run_mpy("""
+from lockapp.oqueue import OQueue
+q = OQueue("q.dat", 16)
+for s in range(1, 11):
+    q.append(s, b"event-%d" % s)
+for s in (1, 2, 3, 4):
+    q.ack(s)
+print("A", q.seqs())
+q.ack(7)              # early ack: 5 and 6 still wait
+print("B", q.seqs())
+q.ack(5); q.ack(6)
+print("C", q.seqs())
+q2 = OQueue("q.dat", 16)
+print("D", q2.seqs(), q2.head, q2.torn, [d for s, d in q2.read(0, 2)])
+try:
+    q2.append(10, b"x")
+except ValueError:
+    print("E refused")
+""", tmp_path, built / "lib")
+    lines = out.splitlines()
+    assert lines[0] == "A [5, 6, 7, 8, 9, 10]"
+    assert lines[1] == "B [5, 6, 7, 8, 9, 10]"
+    assert lines[2] == "C [8, 9, 10]"
+    assert lines[3] == "D [8, 9, 10] 8 0 [b'event-8', b'event-9']"
+    assert lines[4] == "E refused"
+
+
+def test_torn_append_at_every_byte(built, tmp_path):
+    """A power cut can stop an append after any byte: each prefix of the file loads
+    to exactly the records wholly written, and later appends survive a reload."""
+    run_mpy("""
+from lockapp.oqueue import OQueue
+q = OQueue("full.dat", 6)
+for s in range(1, 7):
+    q.append(s, b"payload-%d" % s)
+q.ack(1); q.ack(2)
+q.append(7, b"payload-7")
+for s in range(8, 11):
+    q.append(s, b"payload-%d" % s)   # queue full: 3, 4 dropped
+""", tmp_path, built / "lib")
+    data = (tmp_path / "full.dat").read_bytes()
+    records = _parse(data)
+    assert records and records[-1][0] == len(data), "file does not follow the documented format"
+    cuts = list(range(len(data) + 1))
+    (tmp_path / "cuts.json").write_text(json.dumps(cuts))
+    out = run_mpy("""
+import json
+from lockapp.oqueue import OQueue
+full = open("full.dat", "rb").read()
+for cut in json.load(open("cuts.json")):
+    f = open("q.dat", "wb"); f.write(full[:cut]); f.close()
+    q = OQueue("q.dat", 6)
+    before = list(q.seqs())
+    h, d, t = q.head, q.dropped, q.torn
+    nxt = max(q.max_seq, q.head) + 1
+    q.append(nxt, b"after")
+    q2 = OQueue("q.dat", 6)
+    print(json.dumps([cut, before, h, d, t, q2.seqs(), q2.torn,
+                      q2.read(len(q2) - 1, 1)[0][1] == b"after"]))
+""", tmp_path, built / "lib")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == len(cuts)
+    ends = {0} | {r[0] for r in records}
+    for cut, before, head, dropped, torn, after, torn2, last_ok in rows:
+        live, ehead, edropped = _expected_after(records, cut)
+        assert before == live, cut
+        assert (head, dropped) == (ehead, edropped), cut
+        complete = max(e for e in ends if e <= cut)
+        assert torn == cut - complete, cut
+        kept = live[1:] if len(live) == 6 else live   # full: the oldest made room
+        assert after[:-1] == kept and torn2 == 0 and last_ok, cut
+    # the final state: 3 and 4 were dropped (oldest first), counted and persisted
+    assert rows[-1][1] == [5, 6, 7, 8, 9, 10] and rows[-1][3] == 2
+
+
+def test_corrupt_byte_drops_only_the_tail(built, tmp_path):
+    run_mpy("""
+from lockapp.oqueue import OQueue
+q = OQueue("q.dat", 8)
+for s in range(1, 5):
+    q.append(s, b"0123456789")
+""", tmp_path, built / "lib")
+    p = tmp_path / "q.dat"
+    data = bytearray(p.read_bytes())
+    ends = [r[0] for r in _parse(bytes(data))]
+    data[ends[2] + 6] ^= 0x40          # inside record 4's body
+    p.write_bytes(bytes(data))
+    out = run_mpy("""
+from lockapp.oqueue import OQueue
+q = OQueue("q.dat", 8)
+print(q.seqs(), q.torn)
+""", tmp_path, built / "lib")
+    assert out.strip() == f"[1, 2, 3] {len(data) - ends[2]}"
+
+
+def test_bounded_drops_oldest_and_counts(built, tmp_path):
+    out = run_mpy("""
+from lockapp.oqueue import OQueue
+q = OQueue("q.dat", 5)
+print([q.append(s, b"e") for s in range(1, 9)])
+q2 = OQueue("q.dat", 5)
+print(q2.seqs(), q2.dropped)
+""", tmp_path, built / "lib")
+    assert out.splitlines() == ["[None, None, None, None, None, 1, 2, 3]", "[4, 5, 6, 7, 8] 3"]
+
+
+def test_compaction_keeps_the_file_small(built, tmp_path):
+    out = run_mpy("""
+import os
+from lockapp.oqueue import OQueue
+q = OQueue("q.dat", 64)
+biggest = 0
+s = 0
+for round in range(300):
+    for _ in range(3):
+        s += 1
+        q.append(s, b"x" * 24)
+    for seq in list(q.seqs())[:2]:
+        q.ack(seq)
+    biggest = max(biggest, os.stat("q.dat")[6])
+print(len(q), biggest, os.stat("q.dat")[6])
+q2 = OQueue("q.dat", 64)
+print(q2.seqs() == q.seqs(), q2.dropped, q2.torn)
+""", tmp_path, built / "lib", timeout=120)
+    live, dropped, s = [], 0, 0          # the model: drop the oldest when full
+    for _ in range(300):
+        for _ in range(3):
+            s += 1
+            if len(live) >= 64:
+                live.pop(0)
+                dropped += 1
+            live.append(s)
+        del live[:2]
+    first, second = out.splitlines()
+    n, biggest, _size = map(int, first.split())
+    assert n == len(live) and dropped > 0
+    assert biggest < 64 * 48 + 3 * 4096   # never grows without bound
+    assert second == f"True {dropped} 0"
+
+
+def test_seq_never_reused_across_restarts(built, tmp_path):
+    script = """
+from lockapp.seqno import SeqNo
+s = SeqNo("seq.dat", 4)
+print([s.take() for _ in range(3)])
+"""
+    runs = [run_mpy(script, tmp_path, built / "lib").strip() for _ in range(3)]
+    assert runs == ["[1, 2, 3]", "[5, 6, 7]", "[9, 10, 11]"]
+
+
+def test_kill9_during_appends_and_acks(built, tmp_path):
+    """SIGKILL the interpreter at random instants while it appends and acks: what it
+    reported queued and not acked is there after restart; nothing comes back twice;
+    no sequence number is ever handed out twice."""
+    script = (tmp_path / "work.py")
+    script.write_text("""
+from lockapp.oqueue import OQueue
+from lockapp.seqno import SeqNo
+q = OQueue("q.dat", 1000)
+s = SeqNo("seq.dat", 8)
+s.raise_floor(max(q.max_seq, q.head) + 1)
+print("L", " ".join(str(x) for x in q.seqs()))
+n = 0
+while True:
+    seq = s.take()
+    q.append(seq, b"evt")
+    print("Q", seq)
+    n += 1
+    if n % 3 == 0 or len(q) > 50:     # stays far below the bound: no drops
+        a = q.seqs()[0]
+        print("T", a)
+        q.ack(a)
+        print("A", a)
+""")
+    rng = random.Random(5)
+    home = tmp_path / "home"
+    home.mkdir()
+    queued: set[int] = set()      # reported queued ("Q" printed after append returned)
+    acked: set[int] = set()       # reported acked
+    trying: set[int] = set()      # an ack in progress at the kill
+    taken: list[int] = []         # every seq ever seen handed out
+    for round_ in range(8):
+        proc = subprocess.Popen([MICROPYTHON, "-X", "heapsize=256K", "work.py"], cwd=tmp_path,
+                                env=micropython_env(built / "lib", home),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        first = proc.stdout.readline().decode()
+        assert first.startswith("L"), first
+        loaded = [int(x) for x in first.split()[1:]]
+        assert loaded == sorted(set(loaded))
+        assert set(loaded) >= queued - acked - trying, (round_, sorted(queued - acked - trying - set(loaded)))
+        assert not set(loaded) & acked
+        extra = set(loaded) - queued          # an append cut before its "Q" line
+        assert len(extra) <= 1 and all(x > max(taken, default=0) for x in extra)
+        taken += sorted(extra)
+        queued |= extra
+        acked |= trying - set(loaded)
+        time.sleep(rng.uniform(0.02, 0.25))
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=10)
+        trying = set()
+        for line in out.decode(errors="replace").splitlines()[1:]:
+            parts = line.split()
+            if len(parts) != 2 or not parts[1].isdigit():
+                continue      # the line cut by the kill
+            kind, seq = parts[0], int(parts[1])
+            if kind == "Q":
+                queued.add(seq)
+                taken.append(seq)
+            elif kind == "T":
+                trying = {seq}
+            elif kind == "A":
+                acked.add(seq)
+                trying = set()
+    assert len(taken) > 20, "the writer made too little progress to test anything"
+    assert len(taken) == len(set(taken)), "a sequence number was reused"
+    assert taken == sorted(taken)
