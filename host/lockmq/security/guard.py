@@ -402,6 +402,30 @@ class Guard:
         mac = self.sign_command(sn, cid, expires_ms, kind, args)
         return SignedCommand(sn, cid, expires_ms, kind, bytes(args), mac)
 
+    # -- transport ------------------------------------------------------------------------
+
+    def listeners(self, port: int) -> list[dict[str, Any]]:
+        """The listeners to open: ``[{"port": int, "tls": bool}]`` (see docs/security.md)."""
+        from .tls import describe_listeners
+
+        return describe_listeners(self.cfg, port)
+
+    def tls_context(self) -> Any:
+        """The server ``ssl.SSLContext`` from ``[security] tls_cert/tls_key`` (None if unset)."""
+        from .tls import server_context_from_config
+
+        return server_context_from_config(self.cfg)
+
+    def log_listener(self, port: int, tls: bool) -> None:
+        """Log a listener; a plain-TCP one is marked clearly as unencrypted."""
+        if tls:
+            audit.record(self.metrics, "listener", "tls", port=port, transport="TLS")
+        else:
+            audit.record(self.metrics, "listener", "plain", port=port,
+                         transport="PLAIN-TCP-UNENCRYPTED",
+                         note="frames and tokens readable on the network; for locks "
+                              "without TLS only")
+
     # -- introspection --------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
