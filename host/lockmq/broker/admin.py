@@ -2,8 +2,8 @@
 
 Every reply is a JSON object with ``"ok": true`` and the op's fields, or
 ``{"ok": false, "error": CODE_NAME, "message": "..."}``. The ops and their replies
-are documented in docs/operators.md ("Admin operations"). Read-only ops are open to
-every service or admin principal; ``dlq.replay`` needs an admin; locks get none.
+are documented in docs/operators.md ("Admin operations"). Every op needs an admin
+principal (the connection asks ``guard.check_admin`` first); locks get none.
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ def _str(args: dict[str, Any], key: str) -> str:
 class Admin:
     """Dispatches admin requests to the broker's views."""
 
-    WRITE_OPS = {"dlq.replay"}
-
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -71,13 +69,12 @@ class Admin:
         try:
             if principal is None or getattr(principal, "kind", "") == "lock":
                 raise AdminError("FORBIDDEN", "locks may not use admin operations")
+            # (the connection already asked guard.check_admin)
             if not isinstance(op, str) or op not in self.ops:
                 raise AdminError("INVALID_ARGUMENT",
                                  f"unknown op {op!r}; ops: {', '.join(sorted(self.ops))}")
             if not isinstance(args, dict):
                 raise AdminError("INVALID_ARGUMENT", "args must be a JSON object")
-            if op in self.WRITE_OPS and not principal.is_admin:
-                raise AdminError("FORBIDDEN", f"{op} needs an admin token")
             out = self.ops[op](args)
         except AdminError as exc:
             return {"ok": False, "error": exc.code, "message": exc.message}
@@ -109,6 +106,7 @@ class Admin:
                 "log_bytes": (store.log_end - store.log_start) if store else 0,
                 "connections": len(b.conns), "max_connections": b.max_connections,
                 "devices_online": len(b.devices.online_by_sn),
+                "security": b.guard.status(),
                 "clusters": {c.name: dict(c.stats, inflight=len(c.leases),
                                           backlog=c.backlog(), capped=c.capped)
                              for c in b.core.clusters.values()}}

@@ -10,13 +10,18 @@ admin -- and no limits apply. The broker never implements security logic itself.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
-from lockmq.protocol import AuthMethod, NONCE_SIZE
+from lockmq.protocol import NONCE_SIZE, AuthMethod, ErrorCode
 
 
 class OpenGuard:
-    """The guard of ``auth = "off"``: admits everyone, signs nothing."""
+    """The guard of ``auth = "off"``: same interface as ``lockmq.security.Guard``
+    (see docs/security.md), admits everyone, checks nothing, signs nothing."""
+
+    def __init__(self) -> None:
+        self._cmd_ids: dict[str, int] = {}
 
     def admit(self, peer_ip: str) -> None:
         """No connection limits."""
@@ -28,7 +33,15 @@ class OpenGuard:
         """A fresh nonce (still sent, so clients run the same handshake)."""
         return os.urandom(NONCE_SIZE)
 
-    def authenticate(self, claimed_sn: str, auth_body: Any, nonce: bytes, peer_ip: str) -> Any:
+    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> Exception:
+        """The error for a handshake that took too long."""
+        err = Exception("authentication not finished in time")
+        err.code = int(ErrorCode.AUTH_TIMEOUT)  # type: ignore[attr-defined]
+        err.public_message = str(err)  # type: ignore[attr-defined]
+        return err
+
+    def authenticate(self, claimed_sn: str, auth_body: Any, nonce: bytes, peer_ip: str,
+                     tls: bool = False) -> Any:
         """Accept any claim: device method -> lock ``claimed_sn``; else admin."""
         from lockmq.security.principal import Permissions, Principal
 
@@ -38,10 +51,48 @@ class OpenGuard:
         return Principal(name=claimed_sn or "anonymous", kind="admin",
                          permissions=Permissions(admin=True), peer_ip=peer_ip)
 
+    def check_frame_sn(self, principal: Any, sn: Any) -> None:
+        """Even with auth off a lock may only speak as itself."""
+        principal.check_frame_sn(sn)
+
+    def check_publish(self, principal: Any, topic: str, sn: Any = None, n: int = 1) -> None:
+        """SN binding only (locks may not write system topics)."""
+        principal.check_frame_sn(sn)
+        principal.require_publish(topic)
+
+    def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
+        """Locks may not consume."""
+        principal.require_consume(topic, cluster)
+
+    def check_command(self, principal: Any, sn: str) -> None:
+        """Locks may not send commands."""
+        principal.require_command(sn)
+
+    def check_admin(self, principal: Any, op: str = "") -> None:
+        """Locks may not use admin ops."""
+        principal.require_admin()
+
+    def record_protocol_error(self, peer_ip: str, reason: str) -> None:
+        """Nothing to count here (the broker counts bad frames itself)."""
+
+    def next_command_id(self, sn: str) -> int:
+        """Increasing per lock, and with wall time across restarts."""
+        base = int((time.time() - 1_700_000_000) * 10)
+        nid = max(self._cmd_ids.get(sn, 0) + 1, base) & 0xFFFFFFFF
+        self._cmd_ids[sn] = nid
+        return nid
+
     def sign_command(self, sn: str, cmd_id: int, expires_ms: int, kind: int, args: bytes,
                      principal: Any = None) -> bytes:
         """No key: commands go out unsigned (the lock must run with auth off too)."""
         return b""
+
+    def status(self) -> dict[str, Any]:
+        """No security counters."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to close."""
 
 
 def make_guard(config: Any, log: Any) -> Any:
@@ -50,13 +101,6 @@ def make_guard(config: Any, log: Any) -> Any:
         log("auth_off", level="warning",
             note="every peer is trusted; use only for tests and development")
         return OpenGuard()
-    try:
-        from lockmq.security import Guard  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise RuntimeError(
-            "auth = \"required\" but lockmq.security provides no Guard "
-            f"({exc}); set [broker] auth = \"off\" for development") from None
-    maker = getattr(Guard, "from_broker_config", None)
-    if maker is not None:
-        return maker(config)
-    return Guard(config)
+    from lockmq.security import Guard
+
+    return Guard.from_broker_config(config, log=log)

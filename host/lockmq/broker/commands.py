@@ -53,7 +53,6 @@ class Commands:
         self.queued: dict[str, deque[Pending]] = {}
         self.forwarded: dict[tuple[str, int], Pending] = {}
         self.total = 0
-        self._last_id: dict[str, int] = {}
         self._task: asyncio.Task[Any] | None = None
 
     def start(self) -> None:
@@ -70,24 +69,16 @@ class Commands:
             except asyncio.CancelledError:
                 pass
 
-    def _next_id(self, sn: str) -> int:
-        # Grows with wall time (10 per second since 2023-11) so that ids stay
-        # increasing across broker restarts; +1 within a burst.
-        base = int((time.time() - 1_700_000_000) * 10)
-        nid = max(self._last_id.get(sn, 0) + 1, base) & 0xFFFFFFFF
-        self._last_id[sn] = nid
-        return nid
-
     def submit(self, sender: "Connection", opaque: int, cmd: Command) -> None:
         """A service's COMMAND: check, queue, forward if the lock is online."""
         b = self.broker
         cfg = b.config.commands
         b.stats.inc("commands_received")
-        if not sender.principal.may_command(cmd.target) or sender.principal.kind == "lock":
+        try:
+            b.guard.check_command(sender.principal, cmd.target)
+        except Exception as exc:  # noqa: BLE001 -- SecurityError
             b.stats.inc("commands_refused")
-            sender.send_error(int(ErrorCode.FORBIDDEN),
-                              f"{sender.principal.name} may not command lock {cmd.target!r}",
-                              opaque)
+            sender.refused(exc, opaque)
             return
         now_ms = int(time.time() * 1000)
         if cmd.expires_ms == 0:
@@ -135,14 +126,16 @@ class Commands:
     def _forward(self, lock: "Connection", p: Pending) -> None:
         b = self.broker
         sn = lock.principal.name
-        if not p.broker_id:
-            p.broker_id = self._next_id(sn)
         c = p.cmd
         try:
+            if not p.broker_id:
+                p.broker_id = b.guard.next_command_id(sn)
             mac = b.guard.sign_command(sn, p.broker_id, c.expires_ms, c.kind, c.args,
                                        principal=lock.principal)
-        except TypeError:
-            mac = b.guard.sign_command(sn, p.broker_id, c.expires_ms, c.kind, c.args)
+        except Exception as exc:  # noqa: BLE001 -- AuthFailed: unknown/disabled lock
+            b.stats.inc("commands_refused")
+            self._answer(p, CommandStatus.REFUSED, f"cannot sign for this lock: {exc}")
+            return
         out = Command(sn, p.broker_id, c.expires_ms, c.kind, c.args, mac)
         p.sent_at = time.monotonic()
         self.forwarded[(sn, p.broker_id)] = p

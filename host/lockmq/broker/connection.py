@@ -238,8 +238,22 @@ class Connection(asyncio.Protocol):
             self.transport.close()
         self.state = "closed"
 
+    def refused(self, exc: Exception, opaque: int) -> None:
+        """Answer a refusal of the guard (a SecurityError): ERROR, and close if it says so."""
+        code = int(getattr(exc, "code", _code("FORBIDDEN")))
+        msg = str(getattr(exc, "public_message", "") or exc)
+        retry = int(getattr(exc, "retry_after_ms", 0) or 0)
+        if getattr(exc, "close", False):
+            self.fatal(code, msg, retry_after_ms=retry, opaque=opaque)
+        else:
+            self.send_error(code, msg, opaque, retry_after_ms=retry)
+
     def _bad_input(self, exc: ProtocolError) -> None:
         self.broker.stats.inc("bad_frames")
+        try:
+            self.broker.guard.record_protocol_error(self.peer_ip, type(exc).__name__)
+        except Exception:  # noqa: BLE001
+            pass
         self.broker.log("bad_frame", conn=self.id, peer=self.peer, sn=self.claimed_sn,
                         code=exc.code, error=exc.message, level="warning")
         self.fatal(exc.code, exc.message)
@@ -247,22 +261,20 @@ class Connection(asyncio.Protocol):
     def _handshake_timeout(self) -> None:
         if self.state in ("new", "challenged"):
             self.broker.stats.inc("handshakes_failed")
-            self.fatal(_code("AUTH_TIMEOUT"), "authentication not finished in time")
+            err = self.broker.guard.auth_timed_out(self.peer_ip, self.nonce or None)
+            self.fatal(int(getattr(err, "code", _code("AUTH_TIMEOUT"))),
+                       str(getattr(err, "public_message", "") or err))
 
     # -- dispatch ---------------------------------------------------------------------
 
     def _handle(self, frame: Any) -> None:
         op = frame.opcode
         if self.state == "open":
-            if frame.sn:
+            if frame.sn and op != Op.PUBLISH:   # publishes: guard.check_publish
                 try:
-                    self.principal.check_frame_sn(frame.sn)
+                    self.broker.guard.check_frame_sn(self.principal, frame.sn)
                 except Exception as exc:  # noqa: BLE001 -- IdentityMismatch
-                    self.broker.log("sn_mismatch", conn=self.id, peer=self.peer,
-                                    principal=self.principal.name, frame_sn=frame.sn,
-                                    level="warning")
-                    self.fatal(_code("SN_MISMATCH"), getattr(exc, "public_message", str(exc)),
-                               opaque=frame.opaque)
+                    self._sn_mismatch(exc, frame)
                     return
             handler = _HANDLERS.get(op)
             if handler is None:
@@ -284,6 +296,12 @@ class Connection(asyncio.Protocol):
                 return
             self._on_auth(frame)
 
+    def _sn_mismatch(self, exc: Exception, frame: Any) -> None:
+        self.broker.log("sn_mismatch", conn=self.id, peer=self.peer,
+                        principal=self.principal.name, frame_sn=frame.sn, level="warning")
+        self.fatal(_code("SN_MISMATCH"), str(getattr(exc, "public_message", "") or exc),
+                   opaque=frame.opaque)
+
     # -- handshake --------------------------------------------------------------------
 
     def _on_connect(self, frame: Any) -> None:
@@ -299,7 +317,8 @@ class Connection(asyncio.Protocol):
         b = self.broker
         auth = Auth.decode(frame.body)
         try:
-            principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip)
+            principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip,
+                                             tls=False)
         except Exception as exc:  # noqa: BLE001 -- AuthFailed and friends
             b.stats.inc("handshakes_failed")
             b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,
@@ -352,11 +371,14 @@ class Connection(asyncio.Protocol):
             b.stats.inc("publish_refused")
             self.send_error(_code("INVALID_ARGUMENT"), str(exc), frame.opaque)
             return
-        if not self.principal.may_publish(p.topic):
+        try:
+            b.guard.check_publish(self.principal, p.topic, sn=frame.sn or None, n=1)
+        except Exception as exc:  # noqa: BLE001 -- SecurityError
             b.stats.inc("publish_refused")
-            self.send_error(_code("FORBIDDEN"),
-                            f"{self.principal.name} may not publish to {p.topic!r}",
-                            frame.opaque)
+            if getattr(exc, "reason", "") == "sn_mismatch":
+                self._sn_mismatch(exc, frame)
+            else:
+                self.refused(exc, frame.opaque)
             return
         if b.closing:
             self.send_error(_code("SHUTTING_DOWN"), "the broker is shutting down",
@@ -447,9 +469,10 @@ class Connection(asyncio.Protocol):
     def _on_subscribe(self, frame: Any) -> None:
         s = Subscribe.decode(frame.body)
         b = self.broker
-        if not self.principal.may_consume(s.topic, s.cluster):
-            self.send_error(_code("FORBIDDEN"), f"{self.principal.name} may not consume "
-                            f"{s.topic!r} as {s.cluster!r}", frame.opaque)
+        try:
+            b.guard.check_consume(self.principal, s.topic, s.cluster)
+        except Exception as exc:  # noqa: BLE001 -- SecurityError
+            self.refused(exc, frame.opaque)
             return
         ordered = bool(s.flags & Subscribe.ORDERED) or b.config.consumers.ordered_default
         try:
@@ -605,6 +628,14 @@ class Connection(asyncio.Protocol):
     def _on_admin(self, frame: Any) -> None:
         req = decode_json(frame.body)
         self.broker.stats.c["admin_requests"] += 1
+        try:
+            self.broker.guard.check_admin(self.principal, str(req.get("op", "")))
+        except Exception as exc:  # noqa: BLE001 -- SecurityError
+            self.send_frame(Op.ADMIN_RESPONSE, encode_json(
+                {"ok": False, "error": "FORBIDDEN",
+                 "message": str(getattr(exc, "public_message", "") or exc)}),
+                frame.opaque, _RESP)
+            return
         reply = self.broker.admin.handle(self.principal, req)
         if asyncio.isfuture(reply) or asyncio.iscoroutine(reply):
             async def later() -> None:

@@ -150,6 +150,10 @@ class Broker:
             conn.flush()
             conn.close("broker shutdown")
         await self.core.close()
+        try:
+            self.guard.close()
+        except Exception:  # noqa: BLE001
+            pass
         if self.server is not None:
             try:
                 await asyncio.wait_for(self.server.wait_closed(), 1.0)
