@@ -19,6 +19,8 @@ GROUPS: list[str] = [
     "devices",
     "tokens",
     "certs",
+    "export",
+    "spark",
 ]
 
 

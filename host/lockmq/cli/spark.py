@@ -1,0 +1,90 @@
+"""``lockmq spark``: run the Spark ingest job and the reports (local or any --master)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = """\
+Spark jobs over the broker's commit logs (PySpark >= 4.2 and Java 17 needed):
+
+  lockmq spark ingest SRC [SRC ...] --warehouse DIR
+      decode the logs under SRC (data directories, exports, folders of exports),
+      drop repeated message ids (sn:seq, also against earlier runs), append to
+      DIR/events partitioned by date, move the checkpoint; a rerun adds nothing.
+  lockmq spark report --warehouse DIR [--out DIR]
+      daily activity, failed-attempt bursts, offline periods, clock delay,
+      sequence gaps; each a Parquet table plus one printed line.
+
+Runs on local[*] by default; --master (or spark-submit spark/ingest_job.py ...)
+for a cluster. See docs/spark.md.
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``spark`` command group."""
+    p = subparsers.add_parser("spark", help="Spark ingest job and reports",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="spark_command", metavar="COMMAND")
+    ing = sub.add_parser("ingest", help="ingest commit logs into Parquet")
+    ing.add_argument("sources", nargs="+", metavar="SRC")
+    _common(ing)
+    ing.add_argument("--gateway-id", help="gateway id for logs that carry none")
+    ing.set_defaults(func=run_ingest)
+    rep = sub.add_parser("report", help="compute the operator reports")
+    _common(rep)
+    rep.add_argument("--out", help="where report tables go (default WAREHOUSE/reports)")
+    rep.add_argument("--only", action="append", metavar="NAME", help="run only this report (repeatable)")
+    rep.add_argument("--burst-count", type=int, default=5, help="failed attempts that make a burst (5)")
+    rep.add_argument("--burst-window", type=float, default=120.0, metavar="S", help="burst window, s (120)")
+    rep.add_argument("--offline-after", type=float, default=120.0, metavar="S",
+                     help="silence that counts as offline, s (120: the broker's eviction time)")
+    rep.add_argument("--clock-tolerance", type=float, default=30.0, metavar="S",
+                     help="median lock-to-broker delay above which a lock's clock is off, s (30)")
+    rep.set_defaults(func=run_report)
+    p.set_defaults(func=lambda _args: (p.print_help(), 2)[1])
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--warehouse", "-w", required=True, metavar="DIR", help="Parquet warehouse directory")
+    p.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    """``lockmq spark ingest``."""
+    from lockmq.spark.ingest import ingest
+    from lockmq.spark.session import get_session
+
+    spark = get_session("lockmq-ingest", master=args.master)
+    try:
+        res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"lockmq spark ingest: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    print(res.summary())
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """``lockmq spark report``."""
+    from lockmq.spark.reports import ReportSettings, run_reports
+    from lockmq.spark.session import get_session
+
+    settings = ReportSettings(args.burst_count, args.burst_window, args.offline_after, args.clock_tolerance)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        print(f"lockmq spark report: {exc}", file=sys.stderr)
+        return 2
+    spark = get_session("lockmq-report", master=args.master)
+    try:
+        run_reports(spark, args.warehouse, args.out, settings, args.only)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"lockmq spark report: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    return 0

@@ -1,0 +1,157 @@
+"""The ingest job: commit-log segments -> deduplicated Parquet partitioned by date.
+
+    warehouse/
+      events/date=YYYY-MM-DD/*.parquet      one row per message id (sn:seq)
+      duplicates/date=YYYY-MM-DD/*.parquet  every further copy seen (retransmissions,
+                                            overlapping exports, already-ingested ids)
+      corrupt/*.parquet                      error rows (CRC mismatch ...) with raw bytes
+      _lockmq/state.json                     checkpoint: log position reached per log
+
+A run reads each log from its checkpointed position to its current end (both
+fixed on the driver before reading, so the run is deterministic), keeps the
+first copy of every message id (earliest broker time, then lowest offset) that
+is not already in ``events``, appends it, and only then moves the checkpoint. A
+rerun therefore reads nothing new; a run that died before its checkpoint is
+redone and the anti-join against ``events`` keeps it from adding anything twice.
+Timestamps are written as microseconds (TIMESTAMP_MICROS), dates are UTC dates
+of the broker time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from . import plan as planner
+
+STATE_DIR = "_lockmq"
+STATE_FILE = "state.json"
+
+
+@dataclass
+class IngestResult:
+    """What one ingest run did."""
+
+    run_id: str
+    read: int = 0
+    new: int = 0
+    duplicates: int = 0
+    corrupt: int = 0
+    missing_bytes: int = 0
+    logs: int = 0
+    seconds: float = 0.0
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line for people."""
+        return (f"ingest {self.run_id}: {self.logs} log(s), read {self.read} records, "
+                f"{self.new} new, {self.duplicates} duplicate(s), {self.corrupt} corrupt, "
+                f"{self.missing_bytes} bytes lost to retention, {self.seconds:.1f} s")
+
+
+def load_state(warehouse: str) -> dict:
+    """The checkpoint of a warehouse ({} if it has none)."""
+    path = os.path.join(warehouse, STATE_DIR, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"lockmq: {path} is not an ingest checkpoint")
+    return doc
+
+
+def save_state(warehouse: str, state: dict) -> None:
+    """Write the checkpoint atomically (temp file, fsync, rename)."""
+    d = os.path.join(warehouse, STATE_DIR)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{STATE_FILE}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(d, STATE_FILE))
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _has_table(path: str) -> bool:
+    return os.path.isdir(path) and any(n.startswith("date=") or n.endswith(".parquet") for n in os.listdir(path))
+
+
+def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = None,
+           max_partition_bytes: int = planner.DEFAULT_MAX_PARTITION_BYTES) -> IngestResult:
+    """Ingest the logs under ``sources`` into ``warehouse`` (see the module docstring)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    t0 = time.monotonic()
+    warehouse = os.path.abspath(warehouse)
+    os.makedirs(warehouse, exist_ok=True)
+    state = load_state(warehouse)
+    done: dict[str, int] = state.get("offsets", {})
+    logs = planner.discover(sources, gateway_id)
+    first = planner.earliest(logs)
+    start = {k: max(done.get(k, v), 0) for k, v in first.items()}
+    end = planner.latest(logs)
+    end = {k: max(v, start[k]) for k, v in end.items()}
+    _, missing = planner.pieces(logs, start, end)
+    res = IngestResult(run_id=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6],
+                       logs=len(logs), missing_bytes=missing, offsets=end)
+    if all(end[k] <= start[k] for k in end):
+        res.seconds = time.monotonic() - t0
+        return res
+    reader = (spark.read.format("lockmq")
+              .option("paths", ",".join(os.path.abspath(s) for s in sources))
+              .option("startingOffsets", json.dumps(start))
+              .option("endingOffsets", json.dumps(end))
+              .option("maxPartitionBytes", max_partition_bytes)
+              .option("minPartitions", spark.sparkContext.defaultParallelism))
+    if gateway_id:
+        reader = reader.option("gatewayId", gateway_id)
+    raw = reader.load().persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        good = raw.filter(F.col("error").isNull()).drop("error").withColumn("date", F.to_date("broker_ts"))
+        w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
+        ranked = good.withColumn("_copy", F.row_number().over(w))
+        events_path = os.path.join(warehouse, "events")
+        if _has_table(events_path):
+            known = spark.read.parquet(events_path).select("message_id").withColumn("_known", F.lit(True))
+            ranked = ranked.join(known, "message_id", "left").withColumn(
+                "_known", F.coalesce(F.col("_known"), F.lit(False)))
+        else:
+            ranked = ranked.withColumn("_known", F.lit(False))
+        ranked = ranked.persist(StorageLevel.MEMORY_AND_DISK)
+        new = ranked.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
+        dups = (ranked.filter((F.col("_copy") > 1) | F.col("_known"))
+                .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
+                            .otherwise(F.lit("repeated copy")))
+                .withColumn("ingest_run", F.lit(res.run_id)).drop("_copy", "_known", "payload"))
+        cols = [c for c in new.columns if c != "date"] + ["date"]
+        new.select(cols).write.mode("append").partitionBy("date").parquet(events_path)
+        dups.write.mode("append").partitionBy("date").parquet(os.path.join(warehouse, "duplicates"))
+        counts = ranked.agg(F.count(F.lit(1)).alias("n"),
+                            F.sum(((F.col("_copy") == 1) & ~F.col("_known")).cast("long")).alias("new")).first()
+        res.read, res.new = int(counts["n"] or 0), int(counts["new"] or 0)
+        res.duplicates = res.read - res.new
+        bad = raw.filter(F.col("error").isNotNull()).withColumn("ingest_run", F.lit(res.run_id))
+        res.corrupt = bad.count()
+        if res.corrupt:
+            bad.write.mode("append").parquet(os.path.join(warehouse, "corrupt"))
+        ranked.unpersist()
+    finally:
+        raw.unpersist()
+    done.update(end)
+    runs = state.get("runs", [])[-99:]
+    res.seconds = time.monotonic() - t0
+    runs.append({k: v for k, v in asdict(res).items() if k != "offsets"})
+    save_state(warehouse, {"version": 1, "offsets": done, "runs": runs})
+    return res

@@ -1,0 +1,41 @@
+"""The ingest job as a spark-submit application.
+
+    spark-submit --master spark://host:7077 --py-files lockmq-0.1.0-py3-none-any.whl \\
+        spark/ingest_job.py /landing/exports --warehouse /warehouse/lockmq [--report]
+
+Also runs as ``python -m lockmq.spark.ingest_job ...`` (local[*]). The master and
+resources come from spark-submit; this file only parses its own arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, ingest, optionally run the reports."""
+    p = argparse.ArgumentParser(prog="ingest_job", description="lockmq commit logs -> Parquet")
+    p.add_argument("sources", nargs="+", metavar="SRC")
+    p.add_argument("--warehouse", "-w", required=True)
+    p.add_argument("--gateway-id")
+    p.add_argument("--report", action="store_true", help="run the reports after ingesting")
+    args = p.parse_args(argv)
+
+    from lockmq.spark.ingest import ingest
+    from lockmq.spark.reports import run_reports
+    from lockmq.spark.session import get_session
+
+    spark = get_session("lockmq-ingest")
+    try:
+        res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id)
+        print(res.summary())
+        if args.report:
+            run_reports(spark, args.warehouse)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
