@@ -64,8 +64,8 @@ class StoreConfig:
         """Raise ``ValueError`` naming the first setting that is out of range."""
         if self.flush not in ("sync", "async"):
             raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
-        if self.segment_bytes < 4096:
-            raise ValueError("segment_bytes must be at least 4096")
+        if self.segment_bytes < 1024:
+            raise ValueError("segment_bytes must be at least 1024")
         if self.max_record_bytes < 64:
             raise ValueError("max_record_bytes must be at least 64")
         for name in ("flush_interval_ms", "checkpoint_interval_ms", "checkpoint_bytes",

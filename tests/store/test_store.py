@@ -1,0 +1,154 @@
+"""Appending and reading through the Store: round trips, rolls, dedup, modes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from lockmq.store import (InvalidRecord, NewRecord, Store, StoreClosed, StoreLocked,
+                          validate_topic)
+from lockmq.store.inspect import check_dir
+
+from .conftest import config, fill, payload_for, rec, run
+
+
+def test_round_trip_across_segment_rolls(data_dir):
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=4096))
+        res = await fill(s, "locks", "SN1", range(500), batch=37)
+        res += await fill(s, "alarms", "SN2", range(120), batch=1)
+        assert [a.queue_offset for a in res[:500]] == list(range(500))
+        assert not any(a.duplicate for a in res)
+        assert len(os.listdir(os.path.join(data_dir, "message.log"))) > 10
+        got = s.read("locks", 0, 1000)
+        assert [r.seq for r in got] == list(range(500))
+        assert all(r.payload == payload_for("SN1", r.seq) for r in got)
+        assert [r.queue_offset for r in got] == list(range(500))
+        assert [r.offset for r in got] == [a.offset for a in res[:500]]
+        assert [r.seq for r in s.read("locks", 123, 7)] == list(range(123, 130))
+        assert s.read("locks", 500, 10) == []
+        assert s.read("nope", 0, 10) == []
+        assert s.queue_end("locks") == 500 and s.queue_end("alarms") == 120
+        assert s.topics() == ["alarms", "locks"]
+        assert s.read_at(res[42].offset).seq == 42
+        await s.close()
+        s = Store.open(config(data_dir, segment_bytes=4096))
+        assert [r.seq for r in s.read("locks", 0, 1000)] == list(range(500))
+        assert [r.seq for r in s.read("alarms", 0, 1000)] == list(range(120))
+        s.close_sync()
+    run(main())
+    assert check_dir(str(data_dir)).ok
+
+
+def test_concurrent_writers_are_batched_and_all_stored(data_dir):
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=64 * 1024))
+        woke = []
+        s.on_durable(lambda topic, end: woke.append((topic, end)))
+
+        async def writer(i):
+            return [await s.append([rec("t", f"L{i}", k)]) for k in range(20)]
+        out = await asyncio.gather(*[writer(i) for i in range(200)])
+        assert s.stats["batches"] < 4000  # group commit: far fewer batches than appends
+        assert s.queue_end("t") == 4000
+        qoffs = sorted(a[0].queue_offset for w in out for a in w)
+        assert qoffs == list(range(4000))
+        assert woke and woke[-1] == ("t", 4000)
+        assert all(b >= a for (_, a), (_, b) in zip(woke, woke[1:]))
+        got = s.read("t", 0, 5000)
+        assert len(got) == 4000 and all(r.payload == payload_for(r.sn, r.seq) for r in got)
+        await s.close()
+    run(main())
+
+
+def test_duplicates_are_not_stored_again_also_after_restart(data_dir):
+    async def main():
+        s = Store.open(config(data_dir))
+        first = await s.append([rec("t", "A", 1), rec("t", "A", 2), rec("t", "A", 2)])
+        assert [a.duplicate for a in first] == [False, False, True]
+        again = await s.append([rec("t", "A", 1), rec("u", "B", 1)])
+        assert [a.duplicate for a in again] == [True, False]
+        assert again[0].offset == -1 and again[0].queue_offset == -1
+        assert s.last_seq("A") == 2 and s.last_seq("B") == 1 and s.last_seq("C") is None
+        assert s.stats["duplicates"] == 2
+        await s.close()
+        s = Store.open(config(data_dir))
+        assert s.last_seq("A") == 2
+        res = await s.append([rec("t", "A", 2), rec("t", "A", 3)])
+        assert [a.duplicate for a in res] == [True, False]
+        assert s.queue_end("t") == 3
+        await s.close()
+        # without a checkpoint the dedup table is rebuilt from the log
+        os.unlink(os.path.join(data_dir, "checkpoint"))
+        s = Store.open(config(data_dir))
+        assert s.recovery.full_scan
+        res = await s.append([rec("t", "A", 3), rec("t", "A", 1), rec("t", "A", 4)])
+        assert [a.duplicate for a in res] == [True, True, False]
+        await s.close()
+    run(main())
+
+
+def test_bad_record_refuses_the_whole_call(data_dir):
+    async def main():
+        s = Store.open(config(data_dir))
+        with pytest.raises(InvalidRecord):
+            await s.append([rec("t", "A", 1), NewRecord("t", "A", -1)])
+        with pytest.raises(InvalidRecord):
+            await s.append([NewRecord("bad topic", "A", 1)])
+        assert s.queue_end("t") == 0
+        assert (await s.append([rec("t", "A", 1)]))[0].queue_offset == 0
+        assert await s.append([]) == []
+        await s.close()
+        with pytest.raises(StoreClosed):
+            await s.append([rec("t", "A", 2)])
+    run(main())
+
+
+def test_async_mode_acks_after_write_and_survives_close(data_dir):
+    async def main():
+        s = Store.open(config(data_dir, flush="async", flush_interval_ms=20))
+        await asyncio.gather(*[s.append([rec("t", f"S{i}", 1)]) for i in range(300)])
+        assert s.queue_end("t") == 300
+        await asyncio.sleep(0.1)
+        assert s.stats["fsyncs"] >= 1
+        await s.close()
+        s = Store.open(config(data_dir, flush="async"))
+        assert len(s.read("t", 0, 1000)) == 300
+        s.close_sync()
+    run(main())
+
+
+def test_directory_is_locked_against_a_second_store(data_dir):
+    s = Store.open(config(data_dir))
+    with pytest.raises(StoreLocked):
+        Store.open(config(data_dir))
+    s.close_sync()
+    Store.open(config(data_dir)).close_sync()
+
+
+def test_queue_offset_at_time(data_dir):
+    async def main():
+        s = Store.open(config(data_dir))
+        await fill(s, "t", "A", range(10))
+        now_ms = s.read("t", 0, 1)[0].broker_ts_us // 1000
+        assert s.queue_offset_at_time("t", now_ms - 5000) == 0
+        assert s.queue_offset_at_time("t", now_ms + 5000) == 10
+        await s.close()
+    run(main())
+
+
+def test_topic_names_become_safe_file_names(data_dir):
+    async def main():
+        s = Store.open(config(data_dir))
+        for t in ["$dlq.cluster-1", "$retry.c%2", "..", "a.b_c-D"]:
+            validate_topic(t)
+            await s.append([rec(t, "X" + t, 1)])
+        await s.close()
+        names = set(os.listdir(data_dir))
+        assert "offset-$dlq.cluster-1.log" in names and "offset-...log" in names
+        s = Store.open(config(data_dir))
+        assert s.topics() == sorted(["$dlq.cluster-1", "$retry.c%2", "..", "a.b_c-D"])
+        s.close_sync()
+    run(main())
