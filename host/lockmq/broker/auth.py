@@ -33,6 +33,9 @@ class OpenGuard:
         """A fresh nonce (still sent, so clients run the same handshake)."""
         return os.urandom(NONCE_SIZE)
 
+    def forget_challenge(self, nonce: bytes) -> None:
+        """No nonce book to clean."""
+
     def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> Exception:
         """The error for a handshake that took too long."""
         err = Exception("authentication not finished in time")

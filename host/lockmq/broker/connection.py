@@ -70,6 +70,7 @@ class Connection(asyncio.Protocol):
         self.is_device = False       # registered in the online list
         self.heartbeat: Heartbeat | None = None
         self.close_reason = ""
+        self.tls = False
 
     # -- asyncio callbacks ----------------------------------------------------------
 
@@ -78,6 +79,7 @@ class Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         b = self.broker
+        self.tls = transport.get_extra_info("ssl_object") is not None
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer_ip = str(peer[0])
@@ -115,6 +117,11 @@ class Connection(asyncio.Protocol):
         for sub_id, (cluster, member) in list(self.subs.items()):
             cluster.leave(member, reason="disconnected")
         self.subs.clear()
+        if self.principal is None and self.nonce and hasattr(b.guard, "forget_challenge"):
+            try:
+                b.guard.forget_challenge(self.nonce)
+            except Exception:  # noqa: BLE001
+                pass
         if self.is_device:
             b.devices.offline(self, "evicted" if self.close_reason == "evicted" else "offline")
         b.commands.connection_closed(self)
@@ -318,7 +325,7 @@ class Connection(asyncio.Protocol):
         auth = Auth.decode(frame.body)
         try:
             principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip,
-                                             tls=False)
+                                             tls=self.tls)
         except Exception as exc:  # noqa: BLE001 -- AuthFailed and friends
             b.stats.inc("handshakes_failed")
             b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,

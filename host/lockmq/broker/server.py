@@ -71,7 +71,9 @@ class Broker:
         #: parked PULLs (long poll): id(member) -> (opaque, max, timer)
         self.parked: dict[int, tuple[int, int, asyncio.TimerHandle]] = {}
         self.server: asyncio.base_events.Server | None = None
+        self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
+        self.tls_port = 0
         self.status_port = 0
         self.max_connections = 0
         self.closing = False
@@ -103,22 +105,34 @@ class Broker:
             else fd_limit
         self.core.open()
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: Connection(self), cfg.host, cfg.port, backlog=cfg.backlog,
-            reuse_address=True)
-        sock = self.server.sockets[0]
-        self.port = sock.getsockname()[1]
-        for s in self.server.sockets:
-            try:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        ctx = getattr(self.guard, "tls_context", lambda: None)()
+        listeners = getattr(self.guard, "listeners",
+                            lambda p: [{"port": p, "tls": False}])(cfg.port)
+        for lst in listeners:
+            tls = bool(lst["tls"]) and ctx is not None
+            srv = await loop.create_server(
+                lambda: Connection(self), cfg.host, lst["port"], backlog=cfg.backlog,
+                reuse_address=True, ssl=ctx if tls else None,
+                ssl_handshake_timeout=cfg.handshake_timeout_s if tls else None)
+            port = srv.sockets[0].getsockname()[1]
+            for s in srv.sockets:
+                try:
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
+            if hasattr(self.guard, "log_listener"):
+                self.guard.log_listener(port, tls)
+            self.servers.append(srv)
+            if self.server is None:
+                self.server, self.port = srv, port
+            if tls:
+                self.tls_port = port
         if cfg.status_port:
             self.status_port = await self.status.start(cfg.status_host, cfg.status_port)
         self.devices.start()
         self.commands.start()
         smax = _somaxconn()
-        self.log("broker_started", host=cfg.host, port=self.port,
+        self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
                  max_connections=self.max_connections, nofile_soft=soft, nofile_hard=hard,
                  backlog=min(cfg.backlog, smax) if smax else cfg.backlog,
@@ -135,8 +149,8 @@ class Broker:
             return
         self.closing = True
         self.log("broker_stopping", connections=len(self.conns))
-        if self.server is not None:
-            self.server.close()
+        for srv in self.servers:
+            srv.close()
         await self.status.stop()
         await self.devices.stop()
         await self.commands.stop()
@@ -154,9 +168,9 @@ class Broker:
             self.guard.close()
         except Exception:  # noqa: BLE001
             pass
-        if self.server is not None:
+        for srv in self.servers:
             try:
-                await asyncio.wait_for(self.server.wait_closed(), 1.0)
+                await asyncio.wait_for(srv.wait_closed(), 1.0)
             except asyncio.TimeoutError:
                 pass
         self.log("broker_stopped", stats=None, **{k: self.stats.c[k] for k in (

@@ -84,6 +84,12 @@ class StatusPage:
         if b.core.store is not None:
             for k, v in b.core.store.stats.items():
                 lines.append(f"lockmq_store_{k} {v}")
+        try:
+            for k, v in b.guard.status().items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    lines.append(f"lockmq_{k} {v}")
+        except Exception:  # noqa: BLE001
+            pass
         for c in b.core.clusters.values():
             lab = f'{{cluster="{c.name}",topic="{c.topic}"}}'
             lines.append(f"lockmq_cluster_backlog{lab} {c.backlog()}")
