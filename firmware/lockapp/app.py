@@ -124,7 +124,11 @@ class App:
 def run():
     while True:
         gc.collect()
-        app = App()
+        try:
+            app = App()
+        except config.ConfigError as e:
+            log.error("sys config err=" + log.clean(e))
+            raise
         reason = asyncio.run(app.main())
         asyncio.new_event_loop()
         app = None

@@ -35,8 +35,8 @@ SETTABLE = {
     "unlock_s": (1, 600),
     "door_open_alarm_s": (5, 86400),
     "battery_low_pct": (1, 99),
-    "backoff_min_ms": (100, 60000),
-    "backoff_max_ms": (1000, 3600000),
+    "backoff_min_ms": (10, 60000),
+    "backoff_max_ms": (100, 3600000),
     "io_timeout_ms": (1000, 120000),
 }
 
@@ -83,6 +83,8 @@ def check(cfg):
         lo, hi = SETTABLE[k]
         if not (lo <= cfg[k] <= hi):
             raise ConfigError("config: %s out of range %d..%d" % (k, lo, hi))
+    if cfg["backoff_min_ms"] > cfg["backoff_max_ms"]:
+        raise ConfigError("config: backoff_min_ms above backoff_max_ms")
     return cfg
 
 

@@ -28,17 +28,21 @@ MAX_FRAME = 4096
 
 
 class LinkError(Exception):
-    # A link failure with a short reason (no spaces) and an optional retry-after.
-    def __init__(self, reason, retry_after_ms=0):
-        Exception.__init__(self, reason)
-        self.reason = reason
-        self.retry_after_ms = retry_after_ms
+    # A link failure: args = (short reason without spaces, retry-after ms).
+    # (MicroPython exception instances take no attributes: everything is in args.)
+    pass
+
+
+def retry_after_of(e):
+    if isinstance(e, LinkError) and len(e.args) > 1:
+        return e.args[1]
+    return 0
 
 
 def reason_of(e):
     # Short, greppable reason for any exception that ended a session.
     if isinstance(e, LinkError):
-        return e.reason
+        return e.args[0]
     if isinstance(e, asyncio.TimeoutError):
         return "timeout"
     if isinstance(e, OSError):
@@ -78,8 +82,11 @@ class Link:
                     raise LinkError("wifi")
                 await self._session(host, port)
             except Exception as e:  # every link failure comes here
-                retry_after = getattr(e, "retry_after_ms", 0)
-                log.warn("net down err=%s broker=%s:%d" % (reason_of(e), host, port))
+                retry_after = retry_after_of(e)
+                reason = reason_of(e)
+                if reason == "auth":
+                    log.error("net auth failed broker=%s:%d" % (host, port))
+                log.warn("net down err=%s broker=%s:%d" % (reason, host, port))
             finally:
                 self.up = False
                 self._close()
@@ -161,7 +168,6 @@ class Link:
         if f.opcode == Op.ERROR:
             e = ErrorReply.decode(f.body)
             if e.code == ErrorCode.AUTH_FAILED:
-                log.error("net auth failed code=%d" % e.code)
                 raise LinkError("auth", e.retry_after_ms)
             raise LinkError("error%d" % e.code, e.retry_after_ms)
         raise LinkError("unexpected_op%d" % f.opcode)

@@ -1,0 +1,147 @@
+"""The firmware's broker link against a real-socket broker (tests/firmware/minibroker):
+authentication, publish/ack, the offline queue across broker outages and power
+cuts, BUSY, failover, exactly-once storage via (sn, seq)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lockmq.protocol import EventType, Method
+
+from .conftest import KEY, SN, Lock, set_config
+from .minibroker import MiniBroker
+
+
+@pytest.fixture
+def broker():
+    b = MiniBroker({SN: KEY}, heartbeat_s=5)
+    yield b
+    b.close()
+
+
+def _fast(folder, broker_ports, **kw):
+    set_config(folder, brokers=[["127.0.0.1", p] for p in broker_ports],
+               backoff_min_ms=100, backoff_max_ms=800, io_timeout_ms=3000, **kw)
+
+
+def test_boot_connect_publish_ack(flash, broker, lock_factory):
+    _fast(flash, [broker.port])
+    lk: Lock = lock_factory(flash)
+    lk.expect(r"^I sys boot fw=\S+ sn=LOCK0001 hw=sim$")
+    lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$")
+    lk.send("card 0A1B2C3D")
+    lk.send("badcard 77")
+    lk.send("event tamper 3")
+    for seq in range(1, 6):
+        lk.expect(rf"^I evt acked seq={seq}$")
+    assert broker.seqs(SN) == [1, 2, 3, 4, 5]
+    ev = broker.stored[(SN, 1)]
+    assert (ev.event_type, ev.method, ev.credential) == (EventType.UNLOCK, Method.CARD, bytes.fromhex("0A1B2C3D"))
+    assert broker.stored[(SN, 2)].event_type == EventType.FAILED_ATTEMPT
+    lk.send("status")
+    lk.expect(r"^I sys status q=0 next_seq=6 dropped=0 link=up$")
+
+
+def test_offline_queue_then_delivery_in_order(flash, lock_factory):
+    b = MiniBroker({SN: KEY})
+    port = b.port
+    b.stop()                                   # broker down while events happen
+    try:
+        _fast(flash, [port])
+        lk = lock_factory(flash)
+        lk.expect(r"^I sys ready$")
+        lk.send("event unlock 20")
+        lk.expect(r"^I evt queued seq=20 type=unlock$")
+        lk.expect(r"^W net down err=refused")
+        lk.kill()                              # and a power cut on top
+        lk.start()
+        lk.expect(r"^I q loaded len=20 next_seq=65 ")
+        b.port = port
+        b.start()
+        lk.expect(r"^I evt acked seq=20$", timeout=20)
+        assert b.seqs(SN) == list(range(1, 21))
+        lk.send("event unlock")
+        lk.expect(r"^I evt queued seq=65 type=unlock$")   # the reserved block is skipped
+        lk.expect(r"^I evt acked seq=65$")
+    finally:
+        b.close()
+
+
+def test_broker_restart_mid_stream_nothing_lost_nothing_twice(flash, lock_factory):
+    b = MiniBroker({SN: KEY})
+    try:
+        _fast(flash, [b.port])
+        lk = lock_factory(flash)
+        lk.expect(r"^I net connected")
+        lk.send("event unlock 200")
+        lk.expect(r"^I evt acked seq=40$")
+        b.stop()
+        lk.expect(r"^W net down")
+        b.start()
+        lk.expect(r"^I net connected")
+        assert b.wait_for(lambda: len(b.seqs(SN)) == 200, 30), lk.log()
+        assert b.seqs(SN) == list(range(1, 201))
+        lk.expect(r"^I evt acked seq=200$", timeout=20)
+    finally:
+        b.close()
+
+
+def test_power_cut_mid_stream_exactly_once(flash, broker, lock_factory):
+    _fast(flash, [broker.port])
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    lk.send("event failed 150")
+    lk.expect(r"^I evt acked seq=30$")
+    lk.kill()                                  # acks in flight are lost; records are not
+    lk.start()
+    lk.expect(r"^I sys ready")
+    lk.expect(r"^I net connected")
+    assert broker.wait_for(lambda: len(broker.seqs(SN)) == 150, 30), lk.log()
+    lk.send("status")
+    lk.expect(r"^I sys status q=0 ", timeout=20)
+    assert broker.seqs(SN) == list(range(1, 151))   # stored once each, in order
+
+
+def test_busy_is_retried_after_the_delay(flash, broker, lock_factory):
+    _fast(flash, [broker.port])
+    broker.busy_next = 3
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    lk.send("event tamper")
+    lk.expect(r"^W evt busy retry_ms=300 seq=1 code=20$")
+    lk.expect(r"^I evt acked seq=1$")
+    assert broker.seqs(SN) == [1] and broker.publishes == 4
+
+
+def test_wrong_key_is_refused_and_backs_off(flash, broker, lock_factory):
+    _fast(flash, [broker.port], key="ff" * 32)
+    lk = lock_factory(flash)
+    lk.expect(r"^E net auth failed")
+    lk.expect(r"^W net down err=auth")
+    delays = [int(lk.expect(r"^I net backoff ms=(\d+) attempt=\d+$").group(1)) for _ in range(4)]
+    assert all(100 <= d <= 800 for d in delays)
+    assert broker.auth_failures >= 2 and broker.sessions == 0
+
+
+def test_failover_to_the_next_broker(flash, broker, lock_factory):
+    dead = MiniBroker({SN: KEY})
+    dead_port = dead.port
+    dead.close()
+    _fast(flash, [dead_port, broker.port])
+    lk = lock_factory(flash)
+    lk.expect(rf"^W net down err=refused broker=127.0.0.1:{dead_port}$")
+    lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$")
+    lk.send("event battery")
+    lk.expect(r"^I evt acked seq=1$")
+
+
+def test_heartbeat_reports_queue_and_heap(flash, lock_factory):
+    b = MiniBroker({SN: KEY}, heartbeat_s=5)
+    try:
+        _fast(flash, [b.port], heartbeat_s=5)
+        lk = lock_factory(flash)
+        lk.expect(r"^I net connected")
+        lk.expect(r"^I mem peak=\d+ alloc=\d+ free=\d+$", timeout=12)
+        assert b.heartbeats and b.heartbeats[0].free_heap > 0 and b.heartbeats[0].queued == 0
+    finally:
+        b.close()
