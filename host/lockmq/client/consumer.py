@@ -40,6 +40,8 @@ from lockmq.protocol import (
     Subscribe,
     SubscribeAck,
     Unsubscribe,
+    decode_json,
+    encode_json,
 )
 
 from ._base import SessionClient, default_client_id
@@ -78,6 +80,11 @@ class AsyncConsumer(SessionClient):
         nack_delay_ms: retry delay sent with a nack (0 = the broker's backoff level).
         token / credentials: authentication.
         consumer_id: the SN field of this member's frames (default: generated).
+        reconnect: reconnect and re-join after the link drops (default True).
+        long_poll_ms: how long an empty PULL waits at the broker for messages.
+        backlog_poll_s: how often the cluster's backlog is read from the broker
+            (the ``clusters`` admin op) to size the worker pool; 0 = only from
+            NOTIFY and full batches.
     """
 
     def __init__(
@@ -101,6 +108,8 @@ class AsyncConsumer(SessionClient):
         credentials: Credentials | None = None,
         consumer_id: str | None = None,
         reconnect: bool = True,
+        long_poll_ms: int = 1000,
+        backlog_poll_s: float = 1.0,
     ) -> None:
         super().__init__(endpoint, client_id=consumer_id or default_client_id(cluster),
                          role=Role.SERVICE, credentials=credentials, token=token,
@@ -119,6 +128,11 @@ class AsyncConsumer(SessionClient):
         self.nack_delay_ms = nack_delay_ms
         self.sub_id = 0
         self.backlog = 0
+        self.cluster_info: dict[str, Any] = {}
+        self.long_poll_ms = long_poll_ms
+        self.backlog_poll_s = backlog_poll_s
+        self._local_backlog = 0
+        self._backlog_forbidden = False
         self.generation = 0
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
         self._workers: set[asyncio.Task] = set()
@@ -235,7 +249,10 @@ class AsyncConsumer(SessionClient):
         return self._queue.qsize() + self._busy
 
     async def _fetch_loop(self, conn: FrameConnection, generation: int) -> None:
-        """Pull while workers are idle; otherwise wait for a NOTIFY or a free worker."""
+        """Pull while workers are idle or about to be; when the queue is empty, the
+        next PULL waits at the broker (long poll) until messages arrive — no busy
+        polling. A NOTIFY also ends a wait."""
+        long_poll = False
         while conn.is_open and not self._stopping and generation == self.generation:
             workers = max(len(self._workers), self._target_workers)
             local = self._local()
@@ -245,8 +262,9 @@ class AsyncConsumer(SessionClient):
                 continue
             self._notified.clear()
             want = max(1, min(self.batch, workers + self.prefetch - local))
+            wait_ms = self.long_poll_ms if long_poll else 0
             try:
-                frame = await conn.request(Op.PULL, Pull(self.sub_id, want, 0).encode())
+                frame = await conn.request(Op.PULL, Pull(self.sub_id, want, wait_ms).encode())
             except ConnectionLost:
                 return
             self.stats["pulls"] += 1
@@ -259,16 +277,11 @@ class AsyncConsumer(SessionClient):
             for m in batch:
                 self._queue.put_nowait(Message.from_wire(m, self.sub_id, generation))
             self.stats["received"] += len(batch)
+            long_poll = not batch
             if len(batch) >= want:
-                self.backlog = max(self.backlog - len(batch), len(batch))
-            elif not batch:
-                self.backlog = 0
-                # Nothing waiting: sleep until the broker notifies us (with a
-                # slow safety poll in case a NOTIFY crossed our PULL).
-                try:
-                    await asyncio.wait_for(self._notified.wait(), 1.0)
-                except asyncio.TimeoutError:
-                    pass
+                self._local_backlog = max(self._local_backlog, want)
+            else:
+                self._local_backlog = 0
 
     # -- workers -----------------------------------------------------------------------------
     def _start_worker(self) -> None:
@@ -367,11 +380,15 @@ class AsyncConsumer(SessionClient):
 
     # -- scaling -------------------------------------------------------------------------------
     async def _scale_loop(self, every_s: float = 0.25) -> None:
+        next_poll = 0.0
         while not self._stopping:
             await asyncio.sleep(every_s)
-            backlog = self.backlog + self._queue.qsize()
-            target = self.autoscaler.decide(self._target_workers, backlog, self._busy,
-                                            time.monotonic())
+            now = time.monotonic()
+            if now >= next_poll and self.backlog_poll_s > 0:
+                next_poll = now + self.backlog_poll_s
+                await self._poll_backlog()
+            backlog = max(self.backlog, self._local_backlog) + self._queue.qsize()
+            target = self.autoscaler.decide(self._target_workers, backlog, self._busy, now)
             if target != self._target_workers:
                 log.debug("workers %d -> %d (backlog %d)", self._target_workers, target, backlog)
             self._target_workers = target
@@ -384,6 +401,29 @@ class AsyncConsumer(SessionClient):
                 for task in list(self._idle)[:surplus]:
                     self._idle.discard(task)
                     task.cancel()
+
+    async def _poll_backlog(self) -> None:
+        """Ask the broker for the cluster's backlog (the ``clusters`` admin op)."""
+        conn = self.conn
+        if conn is None or not conn.is_open or self._backlog_forbidden:
+            return
+        try:
+            frame = await asyncio.wait_for(conn.request(
+                Op.ADMIN_REQUEST, encode_json({"op": "clusters",
+                                               "args": {"cluster": self.cluster}})), 5)
+        except (LockmqError, asyncio.TimeoutError):
+            return
+        if frame.opcode != Op.ADMIN_RESPONSE:
+            self._backlog_forbidden = True
+            return
+        resp = decode_json(frame.body)
+        if resp.get("ok") is False:
+            self._backlog_forbidden = resp.get("error") == "FORBIDDEN"
+            return
+        for info in resp.get("clusters", []):
+            if info.get("name") == self.cluster and info.get("topic") == self.topic:
+                self.backlog = int(info.get("unread", 0)) + int(info.get("ready", 0))
+                self.cluster_info = info
 
     async def __aenter__(self) -> "AsyncConsumer":
         await self.start()

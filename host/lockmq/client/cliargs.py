@@ -1,0 +1,87 @@
+"""Pieces shared by the client-side commands (produce, consume, topics, clusters, dlq,
+sim, demo): the broker address and token options, and human-readable output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from lockmq.protocol import CommandKind, EventType, LockEvent, Method, Result
+
+DEFAULT_BROKER = "127.0.0.1:6800"
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """``--broker HOST:PORT`` and ``--token`` (both also from the environment)."""
+    p.add_argument("--broker", "-b", default=os.environ.get("LOCKMQ_BROKER", DEFAULT_BROKER),
+                   metavar="HOST:PORT",
+                   help="broker address (env LOCKMQ_BROKER; default %(default)s)")
+    p.add_argument("--token", default=os.environ.get("LOCKMQ_TOKEN"),
+                   help="service/admin token (env LOCKMQ_TOKEN; not needed when the "
+                        "broker runs with auth = \"off\")")
+
+
+def _names(cls: type) -> dict[int, str]:
+    return {v: k.lower() for k, v in vars(cls).items() if not k.startswith("_")}
+
+
+EVENT_NAMES = _names(EventType)
+METHOD_NAMES = _names(Method)
+RESULT_NAMES = _names(Result)
+COMMAND_KINDS = {k.lower(): v for k, v in vars(CommandKind).items() if not k.startswith("_")}
+
+
+def describe_event(payload: bytes) -> str | None:
+    """A one-line description of a LockEvent payload, or None if it is not one."""
+    try:
+        ev = LockEvent.decode(payload)
+    except Exception:  # noqa: BLE001 - any payload may arrive
+        return None
+    return (f"{EVENT_NAMES.get(ev.event_type, ev.event_type)} "
+            f"method={METHOD_NAMES.get(ev.method, ev.method)} "
+            f"result={RESULT_NAMES.get(ev.result, ev.result)} value={ev.value} "
+            f"ts_ms={ev.ts_ms} credential={ev.credential.hex()}")
+
+
+def render_payload(payload: bytes, fmt: str) -> str:
+    """``fmt``: text, hex, event, or auto (event when it decodes, text when printable)."""
+    if fmt == "hex":
+        return payload.hex()
+    if fmt in ("event", "auto"):
+        d = describe_event(payload)
+        if d is not None:
+            return d
+        if fmt == "event":
+            return "(not a lock event) " + payload.hex()
+    try:
+        text = payload.decode()
+        if text.isprintable():
+            return text
+    except UnicodeError:
+        pass
+    return payload.hex()
+
+
+def print_json(obj: Any) -> None:
+    """Pretty JSON on stdout."""
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """A plain aligned table (column names as headers)."""
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c)
+              for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def fail(message: str, code: int = 1) -> int:
+    """Print ``lockmq: message`` on stderr and return ``code``."""
+    print(f"lockmq: {message}", file=sys.stderr)
+    return code
