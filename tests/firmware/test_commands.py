@@ -1,0 +1,119 @@
+"""Downlink commands end to end: signed by the broker side with the device key,
+verified by the firmware (MAC, target, expiry, replay with the last id persisted),
+executed, answered with COMMAND_RESULT."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+
+import pytest
+
+from lockmq.protocol import CommandKind, CommandStatus, EventType, Method
+
+from .conftest import KEY, SN, set_config
+from .minibroker import MiniBroker
+
+
+@pytest.fixture
+def broker():
+    b = MiniBroker({SN: KEY}, heartbeat_s=30)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def lock(flash, broker, lock_factory):
+    set_config(flash, brokers=[["127.0.0.1", broker.port]], backoff_min_ms=100,
+               backoff_max_ms=500, io_timeout_ms=3000)
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    return lk
+
+
+def test_remote_unlock_runs_and_reports(lock, broker):
+    res = broker.send_command(SN, 1, CommandKind.UNLOCK, struct.pack(">H", 2)).result(10)
+    assert (res.cmd_id, res.status) == (1, CommandStatus.OK)
+    lock.expect(r"^I hw relay on$")
+    lock.expect(r"^I cmd unlock id=1 ok$")
+    lock.expect(r"^I evt acked seq=1$")
+    ev = broker.stored[(SN, 1)]
+    assert (ev.event_type, ev.method, ev.value) == (EventType.UNLOCK, Method.REMOTE, 2)
+    lock.expect(r"^I hw relay off$", timeout=6)
+
+
+@pytest.mark.parametrize("case", ["bad_mac", "other_key", "expired"])
+def test_refused_commands_do_nothing(lock, broker, case):
+    kw: dict = {}
+    if case == "bad_mac":
+        kw["mac"] = bytes(32)
+    elif case == "other_key":
+        kw["key"] = b"k" * 32
+    else:
+        kw["expires_ms"] = int(time.time() * 1000) - 1000
+    res = broker.send_command(SN, 7, CommandKind.UNLOCK, struct.pack(">H", 5), **kw).result(10)
+    if case == "expired":
+        assert res.status == CommandStatus.EXPIRED
+        lock.expect(r"^W cmd refused id=7 reason=expired$")
+    else:
+        assert res.status == CommandStatus.REFUSED
+        lock.expect(r"^W cmd refused id=7 reason=bad_sig$")
+    assert not lock.grep(r"relay on")
+    # a refused command does not burn its id: the genuine one still runs
+    res = broker.send_command(SN, 7, CommandKind.UNLOCK, struct.pack(">H", 1)).result(10)
+    assert res.status == CommandStatus.OK
+    lock.expect(r"^I hw relay on$")
+
+
+def test_replay_refused_even_after_power_cut(lock, broker):
+    args = struct.pack(">H", 1)
+    assert broker.send_command(SN, 5, CommandKind.UNLOCK, args).result(10).status == CommandStatus.OK
+    lock.kill()
+    lock.start()
+    lock.expect(r"^I net connected")
+    res = broker.send_command(SN, 4, CommandKind.UNLOCK, args).result(10)
+    assert res.status == CommandStatus.REFUSED
+    lock.expect(r"^W cmd refused id=4 reason=replay$")
+    # the same id again: answered from the persisted result, not run twice
+    res = broker.send_command(SN, 5, CommandKind.UNLOCK, args).result(10)
+    assert (res.status, res.detail) == (CommandStatus.OK, "duplicate")
+    assert len(lock.grep(r"^I cmd unlock id=5 ok$")) == 1
+
+
+def test_card_list_update_then_card_opens(lock, broker):
+    cards = [bytes.fromhex("DEADBEEF"), bytes.fromhex("01020304050607")]
+    args = struct.pack(">H", 2) + b"".join(bytes([len(c)]) + c for c in cards)
+    res = broker.send_command(SN, 1, CommandKind.CARDS_SET, args).result(10)
+    assert res.status == CommandStatus.OK and res.detail == "2 cards"
+    lock.send("card deadbeef")
+    lock.expect(r"^I hw relay on$")
+    lock.send("card 0A1B2C3D")                    # no longer on the list
+    lock.expect(r"^I evt queued seq=2 type=failed$")
+    assert json.loads((lock.folder / "cards.json").read_text()) == ["DEADBEEF", "01020304050607"]
+
+
+def test_bad_card_list_fails_without_side_effects(lock, broker):
+    res = broker.send_command(SN, 1, CommandKind.CARDS_SET, struct.pack(">H", 3) + b"\x02ab").result(10)
+    assert res.status == CommandStatus.FAILED
+    lock.expect(r"^W cmd cards id=1 failed err=")
+    assert json.loads((lock.folder / "cards.json").read_text()) == ["0A1B2C3D"]
+
+
+def test_config_change_persists(lock, broker):
+    res = broker.send_command(SN, 1, CommandKind.CONFIG, json.dumps({"unlock_s": 9}).encode()).result(10)
+    assert res.status == CommandStatus.OK
+    assert json.loads((lock.folder / "config.json").read_text())["unlock_s"] == 9
+    res = broker.send_command(SN, 2, CommandKind.CONFIG, json.dumps({"sn": "EVIL"}).encode()).result(10)
+    assert res.status == CommandStatus.FAILED and "cannot be changed" in res.detail
+    assert json.loads((lock.folder / "config.json").read_text())["sn"] == SN
+
+
+def test_reboot_command(lock, broker):
+    res = broker.send_command(SN, 1, CommandKind.REBOOT).result(10)
+    assert res.status == CommandStatus.OK
+    lock.expect(r"^I sys reboot reason=cmd$")
+    lock.expect(r"^I sys boot ")
+    lock.expect(r"^I net connected")
+    res = broker.send_command(SN, 2, CommandKind.FW_UPDATE, b"{}").result(10)
+    assert res.status == CommandStatus.UNSUPPORTED
