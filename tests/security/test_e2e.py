@@ -1,0 +1,251 @@
+"""End to end over real TCP against a real ``lockmq broker`` process (auth required).
+
+Each refusal of the issue's list is checked three ways: the ERROR code the peer
+gets, the broker's log line, and the ``/metrics`` counter.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode,
+                             Op, Role, Subscribe, decode_body)
+from lockmq.security import (CommandRefused, CommandVerifier, DeviceRegistry, Permissions,
+                             SecurityConfig, TokenStore)
+
+from .conftest import BrokerProcess
+from .wire import Refused, Wire
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("secure")
+    data = root / "data"
+    data.mkdir()
+    cfg = SecurityConfig(data_dir=str(data))
+    reg = DeviceRegistry.open(cfg)
+    keys = reg.add_many(["LOCK-A", "LOCK-B", "LOCK-C", "LOCK-D"])
+    tokens = TokenStore(cfg.registry_path)
+    tok = {
+        "reader": tokens.create("reader", Permissions(consume=("lock.*:billing",)))[0],
+        "opener": tokens.create("opener", Permissions(command=("LOCK-A",)))[0],
+        "expired": tokens.create("old", Permissions(admin=True), ttl_s=60,
+                                 now=time.time() - 3600)[0],
+    }
+    broker = BrokerProcess(str(data), {"broker": {"handshake_timeout_s": 2.0,
+                                                  "max_frame": 65536}})
+    yield broker, reg, keys, tok
+    broker.stop()
+    reg.close()
+    tokens.close()
+
+
+def refusal(fn) -> Refused:
+    with pytest.raises(Refused) as ei:
+        fn()
+    return ei.value
+
+
+def test_registered_lock_publishes(env):
+    broker, _, keys, _ = env
+    w = Wire(broker.port, "LOCK-A")
+    try:
+        ack = w.auth_lock(keys["LOCK-A"])
+        assert ack.heartbeat_s > 0
+        assert w.publish("lock.events", 1).status is not None
+        assert w.publish("locks.LOCK-A.alarm", 2) is not None
+    finally:
+        w.close()
+
+
+def test_unknown_sn_and_wrong_key_get_the_same_answer(env):
+    broker, _, _, _ = env
+    mark = broker.mark()
+    errs = []
+    for sn in ("NOBODY-1", "LOCK-B"):
+        w = Wire(broker.port, sn)
+        try:
+            errs.append(refusal(lambda: w.auth_lock(os.urandom(32))))
+            assert w.read(5) is None            # and the connection is closed
+        finally:
+            w.close()
+    a, b = errs
+    assert a.code == b.code == ErrorCode.AUTH_FAILED
+    assert a.err.message == b.err.message
+    broker.wait_log(r"auth_failed.*reason=unknown_sn.*NOBODY-1|auth_failed.*NOBODY-1.*"
+                    r"reason=unknown_sn", start=mark)
+    broker.wait_log(r"auth_failed.*LOCK-B.*reason=bad_proof|auth_failed.*reason=bad_proof"
+                    r".*LOCK-B", start=mark)
+    m = broker.metrics()
+    assert m['lockmq_security_auth_failed_total{reason="unknown_sn"}'] >= 1
+    assert m['lockmq_security_auth_failed_total{reason="bad_proof"}'] >= 1
+
+
+def test_replayed_challenge_answer_is_refused(env):
+    broker, _, keys, _ = env
+    w = Wire(broker.port, "LOCK-C")
+    w.auth_lock(keys["LOCK-C"])
+    recorded = w.sent_auth
+    w.close()
+    mark = broker.mark()
+    eve = Wire(broker.port, "LOCK-C")          # an eavesdropper replays the answer
+    try:
+        eve.hello(Role.LOCK)
+        err = refusal(lambda: eve.request(Op.AUTH, recorded))
+        assert err.code == ErrorCode.REPLAY
+    finally:
+        eve.close()
+    broker.wait_log(r"auth_failed.*reason=replayed", start=mark)
+    assert broker.metrics()['lockmq_security_auth_failed_total{reason="replayed"}'] >= 1
+
+
+def test_frame_claiming_another_sn_is_refused(env):
+    broker, _, keys, _ = env
+    mark = broker.mark()
+    w = Wire(broker.port, "LOCK-D")
+    try:
+        w.auth_lock(keys["LOCK-D"])
+        err = refusal(lambda: w.publish("lock.events", 1, sn="LOCK-A"))
+        assert err.code == ErrorCode.SN_MISMATCH
+        assert w.read(5) is None
+    finally:
+        w.close()
+    broker.wait_log(r"sn_mismatch", start=mark)
+    assert broker.metrics()['lockmq_security_sn_mismatch_total{reason="sn_mismatch"}'] >= 1
+
+
+def test_lock_may_not_publish_to_another_locks_topic(env):
+    broker, _, keys, _ = env
+    w = Wire(broker.port, "LOCK-B")
+    try:
+        w.auth_lock(keys["LOCK-B"])
+        err = refusal(lambda: w.publish("locks.LOCK-A.events", 1))
+        assert err.code == ErrorCode.FORBIDDEN
+        assert w.publish("lock.events", 2) is not None      # the connection goes on
+    finally:
+        w.close()
+
+
+def test_service_without_permission_is_refused(env):
+    broker, _, _, tok = env
+    mark = broker.mark()
+    w = Wire(broker.port, "")
+    try:
+        w.auth_token(tok["reader"])
+        assert w.request(Op.SUBSCRIBE, Subscribe("lock.events", "billing").encode())
+        err = refusal(lambda: w.request(Op.SUBSCRIBE, Subscribe("lock.events", "audit").encode()))
+        assert err.code == ErrorCode.FORBIDDEN
+        err = refusal(lambda: w.request(Op.COMMAND, Command(
+            "LOCK-A", 1, 0, CommandKind.UNLOCK, b"\x00\x05").encode()))
+        assert err.code == ErrorCode.FORBIDDEN
+        err = refusal(lambda: w.publish("lock.events", 1))
+        assert err.code == ErrorCode.FORBIDDEN
+    finally:
+        w.close()
+    m = broker.metrics()
+    assert m['lockmq_security_permission_denied_total{reason="consume_denied"}'] >= 1
+    assert m['lockmq_security_permission_denied_total{reason="command_denied"}'] >= 1
+    assert m['lockmq_security_permission_denied_total{reason="publish_denied"}'] >= 1
+    broker.wait_log(r"permission_denied.*reason=command_denied", start=mark)
+
+
+def test_expired_token_is_refused(env):
+    broker, _, _, tok = env
+    mark = broker.mark()
+    w = Wire(broker.port, "")
+    try:
+        err = refusal(lambda: w.auth_token(tok["expired"]))
+        assert err.code == ErrorCode.TOKEN_EXPIRED
+    finally:
+        w.close()
+    broker.wait_log(r"auth_failed.*reason=token_expired", start=mark)
+    assert broker.metrics()['lockmq_security_auth_failed_total{reason="token_expired"}'] >= 1
+
+
+def test_downlink_command_is_signed_and_a_replay_is_refused_by_the_lock(env):
+    broker, _, keys, tok = env
+    lock = Wire(broker.port, "LOCK-A")
+    svc = Wire(broker.port, "")
+    try:
+        lock.auth_lock(keys["LOCK-A"])
+        svc.auth_token(tok["opener"])
+        verifier = CommandVerifier("LOCK-A", keys["LOCK-A"])
+        got = []
+        for i in range(2):
+            op = svc.send(Op.COMMAND, Command("LOCK-A", 100 + i, 0, CommandKind.UNLOCK,
+                                              b"\x00\x05").encode())
+            f = lock.read()
+            while f.opcode != Op.COMMAND:
+                f = lock.read()
+            cmd = decode_body(f.opcode, f.body)
+            verifier.verify(cmd, int(time.time() * 1000))        # genuine: accepted
+            got.append(cmd)
+            lock.send(Op.COMMAND_RESULT, CommandResult("LOCK-A", cmd.cmd_id,
+                                                       CommandStatus.OK).encode())
+            res = svc.answer(op)
+            assert (res.status, res.cmd_id) == (CommandStatus.OK, 100 + i)
+        assert got[1].cmd_id > got[0].cmd_id and len(got[0].mac) == 32
+        with pytest.raises(CommandRefused) as ei:                 # replayed frame
+            verifier.verify(got[0], int(time.time() * 1000))
+        assert ei.value.reason == "replayed"
+        forged = Command("LOCK-A", got[1].cmd_id + 1, got[1].expires_ms, CommandKind.UNLOCK,
+                         b"\x00\x05", bytes(32))
+        with pytest.raises(CommandRefused):
+            verifier.verify(forged, int(time.time() * 1000))
+    finally:
+        lock.close()
+        svc.close()
+    assert broker.metrics()['lockmq_security_command_signed_total'] >= 2
+
+
+def test_silent_socket_is_closed_after_the_auth_timeout(env):
+    broker, _, _, _ = env
+    mark = broker.mark()
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
+    w = Wire.__new__(Wire)
+    Wire.__init__  # noqa: B018 -- reuse the reader on a raw socket
+    w.sock, w.dec, w.pending = s, __import__("lockmq.protocol").protocol.FrameDecoder(65536), []
+    try:
+        seen = w.wait_closed(timeout=30)
+        assert [e.code for e in seen if hasattr(e, "code")] == [ErrorCode.AUTH_TIMEOUT]
+    finally:
+        s.close()
+    broker.wait_log(r"auth_timeout", start=mark)
+    assert broker.metrics()['lockmq_security_auth_timeout_total{reason="auth_timeout"}'] >= 1
+
+
+def test_oversized_frame_is_refused_before_buffering(env):
+    broker, _, _, _ = env
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
+    w = Wire.__new__(Wire)
+    w.sock, w.dec, w.pending = s, __import__("lockmq.protocol").protocol.FrameDecoder(65536), []
+    try:
+        # version 1, length 100 MB, opcode PUBLISH, empty SN: refused from the header
+        s.sendall(struct.pack(">BIHB", 1, 100_000_000, Op.PUBLISH, 0))
+        seen = w.wait_closed(timeout=30)
+        assert [e.code for e in seen if hasattr(e, "code")] == [ErrorCode.FRAME_TOO_LARGE]
+    finally:
+        s.close()
+    assert broker.metrics()['lockmq_security_bad_frame_total{reason="FrameTooLarge"}'] >= 1
+
+
+def test_disabled_lock_is_refused_at_its_next_connect(env):
+    broker, reg, keys, _ = env
+    reg.add("LOCK-X")
+    key = reg.rekey("LOCK-X")
+    w = Wire(broker.port, "LOCK-X")
+    w.auth_lock(key)
+    w.close()
+    reg.set_enabled("LOCK-X", False)
+    w = Wire(broker.port, "LOCK-X")
+    try:
+        assert refusal(lambda: w.auth_lock(key)).code == ErrorCode.AUTH_FAILED
+    finally:
+        w.close()
