@@ -40,7 +40,11 @@ class BrokerThread:
         for k, v in settings.items():
             tables.setdefault(k, {}).update(v)
         self.config = config_from_dict(tables)
-        self.loop = asyncio.new_event_loop()
+        try:   # the loop the broker uses in production
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
         self.broker: Any = None
         self.port = 0
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -76,8 +76,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Admit the connection (limits) and start the handshake timer."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  (uvloop: not a subclass)
         b = self.broker
         self.tls = transport.get_extra_info("ssl_object") is not None
         peer = transport.get_extra_info("peername")

@@ -1,0 +1,93 @@
+"""Devices ($devices events, heartbeats, eviction) and downlink commands."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, Flag, Heartbeat,
+                             Op, Role, decode_body, encode_frame)
+
+from .conftest import Peer, drain
+
+
+def _events(cons: Peer, sub: int, n: int) -> list[dict]:
+    return [json.loads(m.payload) for m in drain(cons, sub, n)]
+
+
+def test_connect_disconnect_and_replace_are_published(broker):
+    watch = Peer(broker.port)
+    sub = watch.subscribe("$devices", "ops").sub_id
+    lock = Peer(broker.port, sn="LOCK-9", role=Role.LOCK)
+    assert watch.admin("devices")["devices"][0]["sn"] == "LOCK-9"
+    lock2 = Peer(broker.port, sn="LOCK-9", role=Role.LOCK)      # same SN again
+    assert lock.read_frame().opcode == Op.DISCONNECT             # the old one is told
+    lock2.close()
+    ev = _events(watch, sub, 4)
+    assert [(e["sn"], e["event"], e.get("reason")) for e in ev] == [
+        ("LOCK-9", "online", None), ("LOCK-9", "offline", "replaced"),
+        ("LOCK-9", "online", None), ("LOCK-9", "offline", "disconnected")]
+    assert all(e["ts_ms"] > 0 and e["peer"].startswith("127.0.0.1:") for e in ev)
+    assert watch.admin("devices")["count"] == 0
+
+
+def test_heartbeat_is_answered_and_silent_lock_is_evicted(make_broker):
+    broker = make_broker(devices={"heartbeat_s": 0.2, "evict_after_s": 0.6,
+                                  "sweep_interval_s": 0.1})
+    watch = Peer(broker.port)
+    sub = watch.subscribe("$devices", "ops").sub_id
+    lock = Peer(broker.port, sn="LOCK-H", role=Role.LOCK)
+    hb = lock.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80, 1000).encode())
+    assert isinstance(hb, Heartbeat)
+    d = watch.admin("devices")["devices"][0]
+    assert d["battery_pct"] == 80 and d["uptime_s"] == 5
+    # the watcher keeps itself alive with heartbeats; the lock goes silent
+    events = []
+    deadline = time.monotonic() + 10
+    while len(events) < 2 and time.monotonic() < deadline:
+        watch.send(Op.HEARTBEAT, b"", flags=Flag.ONEWAY)
+        got = watch.pull(sub, 10, wait_ms=150).messages
+        if got:
+            watch.ack(sub, [m.lease for m in got])
+            events += [json.loads(m.payload) for m in got]
+    assert [e["event"] for e in events] == ["online", "evicted"]
+    assert lock.read_frame().opcode == Op.DISCONNECT
+    assert lock.read_frame() is None
+
+
+def test_command_waits_for_offline_lock_and_result_reaches_sender(broker):
+    svc = Peer(broker.port, sn="door-service")
+    op = svc.send(Op.COMMAND, Command("LOCK-7", 42, 0, CommandKind.UNLOCK,
+                                      b"\x00\x05").encode())
+    assert svc.admin("commands")["queued"] == {"LOCK-7": 1}
+    lock = Peer(broker.port, sn="LOCK-7", role=Role.LOCK)
+    f = lock.wait_unsolicited(Op.COMMAND)
+    assert f.target == "LOCK-7" and f.kind == CommandKind.UNLOCK and f.args == b"\x00\x05"
+    lock.send(Op.COMMAND_RESULT, CommandResult("LOCK-7", f.cmd_id, CommandStatus.OK,
+                                               "opened").encode())
+    res = decode_body(*(lambda fr: (fr.opcode, fr.body))(svc.wait(op)))
+    assert isinstance(res, CommandResult)
+    assert (res.cmd_id, res.status, res.detail) == (42, CommandStatus.OK, "opened")
+
+
+def test_command_to_lock_that_stays_offline_expires(broker):
+    svc = Peer(broker.port, sn="door-service")
+    op = svc.send(Op.COMMAND, Command("LOCK-X", 7, int(time.time() * 1000) + 300,
+                                      CommandKind.REBOOT).encode())
+    f = svc.wait(op, timeout=10)
+    res = decode_body(f.opcode, f.body)
+    assert res.status == CommandStatus.OFFLINE and res.cmd_id == 7
+
+
+def test_command_resent_after_lock_reconnects_without_answering(broker):
+    svc = Peer(broker.port, sn="door-service")
+    lock = Peer(broker.port, sn="LOCK-R", role=Role.LOCK)
+    op = svc.send(Op.COMMAND, Command("LOCK-R", 1, 0, CommandKind.UNLOCK, b"\x00\x01").encode())
+    first = lock.wait_unsolicited(Op.COMMAND)
+    lock.close()                                        # gone before answering
+    lock2 = Peer(broker.port, sn="LOCK-R", role=Role.LOCK)
+    again = lock2.wait_unsolicited(Op.COMMAND)
+    assert again.cmd_id == first.cmd_id
+    lock2.send(Op.COMMAND_RESULT, CommandResult("LOCK-R", again.cmd_id, CommandStatus.OK).encode())
+    f = svc.wait(op)
+    assert decode_body(f.opcode, f.body).status == CommandStatus.OK

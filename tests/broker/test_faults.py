@@ -1,0 +1,134 @@
+"""Bad input and back-pressure: malformed frames, identity, BUSY, memory bounds."""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import pytest
+from lockmq.protocol import (Connect, ErrorCode, Flag, Op, Publish, PublishAck, Role,
+                             decode_body, encode_frame)
+
+from .conftest import BrokerError, Peer, drain
+
+
+def _closed_with(peer: Peer, code: int) -> None:
+    f = peer.read_frame()
+    assert f is not None and f.opcode == Op.ERROR, f
+    assert decode_body(f.opcode, f.body).code == code
+    assert peer.read_frame() is None          # then the broker closed the socket
+
+
+@pytest.mark.parametrize("garbage,code", [
+    (b"\x07" + b"\x00" * 20, ErrorCode.UNSUPPORTED_VERSION),
+    (b"\x01\x7f\xff\xff\xff" + b"\x00" * 10, ErrorCode.FRAME_TOO_LARGE),
+    (b"\x01\x00\x00\x00\x03" + b"\x00" * 10, ErrorCode.BAD_FRAME),
+])
+def test_malformed_frame_gets_error_and_close_others_unaffected(broker, garbage, code):
+    good = Peer(broker.port, sn="LOCK-G", role=Role.LOCK)
+    bad = Peer(broker.port, sn="LOCK-B", role=Role.LOCK)
+    bad.raw(garbage)
+    _closed_with(bad, code)
+    assert good.publish("t", 1).status == PublishAck.STORED
+
+
+def test_bad_checksum_and_bad_body_close_the_connection(broker):
+    p = Peer(broker.port, sn="LOCK-C", role=Role.LOCK)
+    frame = bytearray(encode_frame(Op.PUBLISH, "LOCK-C", Publish("t", 1, 0, b"x").encode(), 9))
+    frame[-1] ^= 0xFF
+    p.raw(bytes(frame))
+    _closed_with(p, ErrorCode.BAD_CHECKSUM)
+    q = Peer(broker.port, sn="LOCK-D", role=Role.LOCK)
+    q.raw(encode_frame(Op.PUBLISH, "LOCK-D", b"\x05ab", 3))     # truncated PUBLISH body
+    _closed_with(q, ErrorCode.BAD_BODY)
+
+
+def test_split_and_sticky_frames_are_decoded(broker):
+    p = Peer(broker.port, sn="LOCK-S", role=Role.LOCK)
+    data = b"".join(encode_frame(Op.PUBLISH, "LOCK-S", Publish("t", i, 0, b"y").encode(), 100 + i)
+                    for i in range(50))
+    for i in range(0, len(data), 7):            # 7-byte pieces
+        p.raw(data[i:i + 7])
+    for i in range(50):
+        assert p.wait(100 + i).opcode == Op.PUBLISH_ACK
+
+
+def test_unknown_opcode_is_refused_but_connection_kept(broker):
+    p = Peer(broker.port)
+    p.raw(encode_frame(0x7777, "svc", b"", 5))
+    f = p.read_frame()
+    assert f.opcode == Op.ERROR and decode_body(f.opcode, f.body).code == ErrorCode.UNKNOWN_OPCODE
+    assert p.admin("ping")["ok"]
+
+
+def test_request_before_handshake_is_refused(broker):
+    p = Peer(broker.port, handshake=False)
+    p.send(Op.PUBLISH, Publish("t", 1, 0, b"x").encode())
+    _closed_with(p, ErrorCode.NOT_AUTHENTICATED)
+
+
+def test_lock_frame_with_another_sn_is_refused(broker):
+    p = Peer(broker.port, sn="LOCK-1", role=Role.LOCK)
+    p.send(Op.PUBLISH, Publish("t", 1, 0, b"x").encode(), sn="LOCK-2")
+    _closed_with(p, ErrorCode.SN_MISMATCH)
+
+
+def test_lock_may_not_publish_to_system_topics_or_consume(broker):
+    p = Peer(broker.port, sn="LOCK-1", role=Role.LOCK)
+    with pytest.raises(BrokerError) as ei:
+        p.publish("$devices", 1)
+    assert ei.value.code == ErrorCode.FORBIDDEN
+    with pytest.raises(BrokerError) as ei:
+        p.subscribe("t", "c")
+    assert ei.value.code == ErrorCode.FORBIDDEN
+    assert p.publish("t", 2).status == PublishAck.STORED    # still connected
+
+
+def test_full_disk_answers_busy_with_retry_after(make_broker):
+    broker = make_broker(store={"min_free_bytes": 1 << 60})   # more than any disk
+    p = Peer(broker.port, sn="LOCK-F", role=Role.LOCK)
+    for seq in range(3):
+        with pytest.raises(BrokerError) as ei:
+            p.publish("t", seq)
+        assert ei.value.code == ErrorCode.BUSY and ei.value.err.retry_after_ms > 0
+    # a oneway publish that is refused is told too (same opaque)
+    op = p.send(Op.PUBLISH, Publish("t", 9, 0, b"x").encode(), flags=Flag.ONEWAY)
+    f = p.wait(op)
+    assert f.opcode == Op.ERROR
+    stats = Peer(broker.port).admin("stats")
+    assert stats["ok"], stats
+    assert stats["broker"]["publish_busy"] == 4 and stats["broker"]["publish_stored"] == 0
+
+
+def test_store_queue_full_answers_busy_and_never_drops(make_broker):
+    broker = make_broker(store={"max_pending_bytes": 4096})
+    n_conn, n_msg = 4, 400
+    results: dict[str, list[int]] = {}
+
+    def producer(i: int) -> None:
+        p = Peer(broker.port, sn=f"LOCK-{i}", role=Role.LOCK)
+        frames, ops = [], []
+        for seq in range(n_msg):
+            op = p.next_opaque()
+            ops.append(op)
+            frames.append(encode_frame(Op.PUBLISH, p.sn, Publish("q", seq, 0, b"z" * 200).encode(), op))
+        p.raw(b"".join(frames))
+        res = []
+        for op in ops:
+            f = p.wait(op)
+            res.append(f.opcode)
+        results[p.sn] = res
+
+    ts = [threading.Thread(target=producer, args=(i,)) for i in range(n_conn)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    acked = sum(r.count(Op.PUBLISH_ACK) for r in results.values())
+    busy = sum(r.count(Op.ERROR) for r in results.values())
+    assert acked + busy == n_conn * n_msg          # every publish answered
+    assert busy > 0 and acked > 0
+    c = Peer(broker.port)
+    sub = c.subscribe("q", "g").sub_id
+    assert len(drain(c, sub, acked)) == acked      # every acked one is stored
+    assert c.pull(sub, 10).messages == []          # and no refused one
