@@ -12,7 +12,8 @@ from lockmq.store import NewRecord, Store, StoreConfig
 
 def payload_for(sn: str, seq: int, size: int = 24) -> bytes:
     """Deterministic payload of a message id, so a reader can tell garbage from data."""
-    return hashlib.sha256(f"{sn}:{seq}".encode()).digest()[:size]
+    digest = hashlib.sha256(f"{sn}:{seq}".encode()).digest()
+    return (digest * (size // len(digest) + 1))[:size]
 
 
 def rec(topic: str, sn: str, seq: int, size: int = 24, headers=None) -> NewRecord:

@@ -52,9 +52,19 @@ def _file_and_pos(image, offset):
     return os.path.join(seg_dir, segment_name(base)), offset - base
 
 
+@pytest.fixture(scope="module")
+def _crash_image_once(tmp_path_factory):
+    base = tmp_path_factory.mktemp("crash")
+    return _crash_image(base / "data", base)
+
+
 @pytest.fixture
-def crash_image(data_dir, tmp_path):
-    return _crash_image(data_dir, tmp_path)
+def crash_image(_crash_image_once, tmp_path):
+    """A private copy of the crash image (tests damage it)."""
+    image0, cp_end, acked = _crash_image_once
+    image = tmp_path / "copy"
+    shutil.copytree(image0, image)
+    return image, cp_end, acked
 
 
 @pytest.mark.parametrize("seed", range(40))

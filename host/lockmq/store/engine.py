@@ -178,7 +178,10 @@ class Store:
                 self._topics[name] = t
             self._active_fd = os.open(os.path.join(self.seg_dir, segment_name(bases[-1])),
                                       os.O_WRONLY)
-            self._checkpoint_now()
+            try:
+                self._checkpoint_now()
+            except OSError as exc:  # e.g. a full disk: the store can still serve reads
+                log.warning("store: checkpoint after recovery failed: %r", exc)
         except BaseException:
             self._release()
             raise
@@ -201,9 +204,16 @@ class Store:
             await self._done
             self._thread.join()
         elif self._failed is None:
-            self._checkpoint_now()
+            self._try_checkpoint()
         self._closed = True
         self._release()
+
+    def _try_checkpoint(self) -> None:
+        try:
+            self._checkpoint_now()
+        except OSError as exc:
+            log.warning("store: checkpoint at close failed (%r); the next open re-reads "
+                        "the log tail instead", exc)
 
     def close_sync(self) -> None:
         """Close a store that never appended from an event loop (tools, tests)."""
@@ -213,7 +223,7 @@ class Store:
             raise RuntimeError("store is used from an event loop; await close() there")
         self._closing = True
         if self._failed is None:
-            self._checkpoint_now()
+            self._try_checkpoint()
         self._closed = True
         self._release()
 
@@ -341,7 +351,11 @@ class Store:
                         log.error("store: checkpoint failed: %r", exc)
                         self._last_ckpt_t = now
             if self._failed is None:
-                self._checkpoint_now()
+                try:
+                    self._checkpoint_now()
+                except OSError as exc:
+                    log.warning("store: checkpoint at close failed (%r); the next open "
+                                "re-reads the log tail instead", exc)
         except BaseException as exc:  # pragma: no cover - must never kill silently
             log.exception("store: writer thread died")
             self._failed = exc
