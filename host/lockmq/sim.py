@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import struct
 import time
@@ -415,7 +414,7 @@ def register_locks(cfg: SimConfig, data_dir: str | None = None) -> dict[str, byt
     from lockmq.security.config import SecurityConfig
     from lockmq.security.registry import DeviceExists, DeviceRegistry
 
-    scfg = SecurityConfig() if data_dir is None else SecurityConfig(data_dir=data_dir)  # type: ignore[call-arg]
+    scfg = SecurityConfig() if data_dir is None else SecurityConfig(data_dir=data_dir)
     reg = DeviceRegistry.open(scfg)
     try:
         out: dict[str, bytes] = {}
@@ -433,6 +432,16 @@ def register_locks(cfg: SimConfig, data_dir: str | None = None) -> dict[str, byt
         reg.close()
 
 
-def _env_seed() -> int | None:
-    v = os.environ.get("LOCKMQ_SIM_SEED")
-    return int(v) if v else None
+def raise_nofile() -> int:
+    """Raise this process's soft open-file limit to the hard limit (thousands of
+    simulated locks need thousands of sockets); return the new soft limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft

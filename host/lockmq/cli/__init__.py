@@ -14,6 +14,12 @@ import sys
 # Order is the order shown in `lockmq --help`.
 GROUPS: list[str] = [
     "demo",
+    "produce",
+    "consume",
+    "topics",
+    "clusters",
+    "dlq",
+    "sim",
     "store",
     "broker",
     "devices",

@@ -1,0 +1,94 @@
+"""``lockmq dlq list|replay``: a cluster's dead letters — inspect and send back.
+
+A message lands in the cluster's dead-letter topic after its last retry (the
+broker's ``max_retries``), with the reason and delivery count. ``replay`` sends
+chosen dead letters back to the cluster as new deliveries (retry count reset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+from lockmq.client import Admin, LockmqError
+from lockmq.client.cliargs import add_connection_args, fail, print_json, print_table, render_payload
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``lockmq dlq list`` and ``lockmq dlq replay``."""
+    p = sub.add_parser("dlq", help="dead letters of a consumer cluster: list, replay",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    dsub = p.add_subparsers(dest="dlq_command", metavar="ACTION")
+    pl = dsub.add_parser("list", help="list a cluster's dead letters")
+    add_connection_args(pl)
+    pl.add_argument("cluster")
+    pl.add_argument("--offset", type=int, default=0, help="first dead-letter offset")
+    pl.add_argument("--limit", type=int, default=100, help="at most this many")
+    pl.add_argument("--json", action="store_true", help="print the broker's JSON answer")
+    pl.set_defaults(func=run_list)
+    pr = dsub.add_parser("replay", help="send dead letters back to their cluster")
+    add_connection_args(pr)
+    pr.add_argument("cluster")
+    which = pr.add_mutually_exclusive_group(required=True)
+    which.add_argument("--offsets", type=int, nargs="+", help="dead-letter offsets to replay")
+    which.add_argument("--all", action="store_true", help="replay every dead letter listed "
+                       "from --offset (at most 1000)")
+    pr.add_argument("--offset", type=int, default=0, help="with --all: where to start")
+    pr.set_defaults(func=run_replay)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _when(ms: object) -> str:
+    if not isinstance(ms, int) or ms <= 0:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Entry point of ``lockmq dlq list``."""
+    try:
+        with Admin(args.broker, token=args.token) as admin:
+            resp = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
+                                 limit=args.limit)
+    except (LockmqError, OSError) as exc:
+        return fail(str(exc))
+    if args.json:
+        print_json(resp)
+        return 0
+    msgs = resp.get("messages", [])
+    if not msgs:
+        print(f"no dead letters for {args.cluster} (dead-letter queue ends at "
+              f"{resp.get('queue_end', 0)})")
+        return 0
+    rows = [{"offset": m["dlq_offset"], "msg_id": m["msg_id"], "topic": m.get("topic"),
+             "deliveries": m.get("deliveries"), "dead_at": _when(m.get("dead_ms")),
+             "reason": (m.get("reason") or "")[:60],
+             "payload": render_payload(bytes.fromhex(m.get("payload_hex", "")), "auto")[:50]}
+            for m in msgs]
+    print_table(rows, ["offset", "msg_id", "topic", "deliveries", "dead_at", "reason", "payload"])
+    if resp.get("next_offset", 0) < resp.get("queue_end", 0):
+        print(f"... more from --offset {resp['next_offset']}")
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Entry point of ``lockmq dlq replay``."""
+    try:
+        with Admin(args.broker, token=args.token) as admin:
+            if args.all:
+                listed = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
+                                       limit=1000)
+                offsets = [m["dlq_offset"] for m in listed.get("messages", [])]
+                if not offsets:
+                    print(f"no dead letters for {args.cluster}")
+                    return 0
+            else:
+                offsets = args.offsets
+            resp = admin.request("dlq.replay", cluster=args.cluster, offsets=offsets)
+    except (LockmqError, OSError) as exc:
+        return fail(str(exc))
+    print(f"replayed {resp.get('replayed', 0)} dead letters to {args.cluster}: "
+          f"offsets {resp.get('offsets')}")
+    return 0
