@@ -129,7 +129,10 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
                 "_known", F.coalesce(F.col("_known"), F.lit(False)))
         else:
             ranked = ranked.withColumn("_known", F.lit(False))
-        ranked = ranked.persist(StorageLevel.MEMORY_AND_DISK)
+        # Cut the lineage before writing: appending to `events` makes Spark re-run
+        # plans that read `events` (cache refresh by path), which would turn every
+        # new id into a "known" one.
+        ranked = ranked.localCheckpoint(eager=True)
         new = ranked.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
         dups = (ranked.filter((F.col("_copy") > 1) | F.col("_known"))
                 .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
@@ -146,7 +149,6 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
         res.corrupt = bad.count()
         if res.corrupt:
             bad.write.mode("append").parquet(os.path.join(warehouse, "corrupt"))
-        ranked.unpersist()
     finally:
         raw.unpersist()
     done.update(end)
