@@ -1,0 +1,298 @@
+"""Benchmark of the storage engine (lockmq.store): one command, prints everything.
+
+    .venv/bin/python bench/bench_store.py                 # full run (1 GiB recovery log)
+    .venv/bin/python bench/bench_store.py --recovery-bytes 64M --runs 3 --seconds 2
+
+Measures, with 24-byte payloads (the paper's unlock record):
+  * appends/s and MB/s at flush=sync with 1, 100 and 1000 concurrent writers
+    (asyncio tasks each awaiting one append at a time), and at flush=async;
+  * in the same run, the floor: a plain loop that writes the same bytes with the same
+    fsync cadence as the store did (same bytes per write, same writes per fdatasync),
+    and the naive floor: one write+fdatasync per record;
+  * start-up time of a store holding a --recovery-bytes log: clean restart, and after
+    a crash that left --tail-bytes of log behind the last checkpoint (and with
+    --full-rebuild, after losing the checkpoint).
+Prints machine info and min/median/max over --runs runs, ratios against the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from lockmq.store import NewRecord, Store, StoreConfig
+from lockmq.store.records import encode_record
+
+PAYLOAD = bytes(range(24))
+
+
+def size_arg(text: str) -> int:
+    """'1G', '64M', '512k' or a plain number of bytes."""
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().rstrip("ib")
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(t)
+
+
+def machine_info(bench_dir: str) -> dict:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    fs = "?"
+    try:
+        fs = subprocess.run(["df", "-T", bench_dir], capture_output=True, text=True
+                            ).stdout.splitlines()[1].split()[1]
+    except (OSError, IndexError):
+        pass
+    try:
+        import uvloop
+        uv = uvloop.__version__
+    except ImportError:
+        uv = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0],
+            "implementation": platform.python_implementation(), "os": platform.platform(),
+            "uvloop": uv, "filesystem": fs, "loadavg": os.getloadavg()}
+
+
+def stats3(xs: list[float]) -> str:
+    return f"min {min(xs):>10,.0f}  median {statistics.median(xs):>10,.0f}  max {max(xs):>10,.0f}"
+
+
+def ratio3(xs: list[float]) -> str:
+    return f"min {min(xs):.2f}  median {statistics.median(xs):.2f}  max {max(xs):.2f}"
+
+
+async def store_run(path: str, flush: str, writers: int, seconds: float) -> dict:
+    """Run ``writers`` concurrent appenders for ``seconds``; return counters."""
+    s = Store.open(StoreConfig(data_dir=path, flush=flush, min_free_bytes=0))
+    stop = False
+    count = 0
+
+    async def writer(w: int) -> None:
+        nonlocal count
+        sn = f"LOCK{w:06d}"
+        seq = 0
+        append = s.append
+        while not stop:
+            await append([NewRecord("locks", sn, seq, 1_700_000_000_000, PAYLOAD)])
+            seq += 1
+            count += 1
+
+    tasks = [asyncio.ensure_future(writer(w)) for w in range(writers)]
+    await asyncio.sleep(0.2)  # warm up
+    c0, b0, f0, n0 = count, s.stats["bytes"], s.stats["fsyncs"], s.stats["batches"]
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    c1, b1, f1, n1 = count, s.stats["bytes"], s.stats["fsyncs"], s.stats["batches"]
+    dt = time.perf_counter() - t0
+    stop = True
+    await asyncio.gather(*tasks)
+    await s.close()
+    return {"records": c1 - c0, "bytes": b1 - b0, "fsyncs": f1 - f0, "batches": n1 - n0,
+            "seconds": dt}
+
+
+def floor_run(path: str, record: bytes, write_bytes: int, writes_per_fsync: float,
+              seconds: float) -> float:
+    """Plain loop: write ``write_bytes`` of records per write(), fdatasync every
+    ``writes_per_fsync`` writes. Returns records/s."""
+    per_write = max(1, round(write_bytes / len(record)))
+    chunk = record * per_write
+    fd = os.open(os.path.join(path, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        every = max(1, round(writes_per_fsync))
+        n = 0
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while True:
+            os.write(fd, chunk)
+            n += 1
+            if n % every == 0:
+                os.fdatasync(fd)
+                if time.perf_counter() >= end:
+                    break
+        dt = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(os.path.join(path, "floor.log"))
+    return n * per_write / dt
+
+
+def throughput(args, bench_dir: str, loop_name: str) -> dict:
+    record = encode_record(NewRecord("locks", "LOCK000000", 0, 1_700_000_000_000, PAYLOAD),
+                           time.time_ns() // 1000, 1 << 20)
+    cases = [("sync", w) for w in args.writers] + [("async", w) for w in args.async_writers]
+    out = {}
+    print(f"\nappends, 24-byte payloads ({len(record)}-byte records), {args.seconds}s per run, "
+          f"{args.runs} runs, event loop: {loop_name}")
+    naive = []
+    for _ in range(args.runs):
+        naive.append(floor_run(bench_dir, record, len(record), 1, min(1.0, args.seconds)))
+    print(f"  naive floor (write+fdatasync per record)   rec/s {stats3(naive)}")
+    out["naive_floor_rec_s"] = naive
+    for flush, writers in cases:
+        rates, floors, ratios, mbs, batch = [], [], [], [], []
+        for _ in range(args.runs):
+            d = tempfile.mkdtemp(dir=bench_dir)
+            try:
+                r = asyncio.run(store_run(d, flush, writers, args.seconds))
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            rate = r["records"] / r["seconds"]
+            write_bytes = r["bytes"] / max(1, r["batches"])
+            wpf = r["batches"] / max(1, r["fsyncs"])
+            fl = floor_run(bench_dir, record, int(write_bytes), wpf, min(1.0, args.seconds))
+            rates.append(rate)
+            floors.append(fl)
+            ratios.append(rate / fl)
+            mbs.append(r["bytes"] / r["seconds"] / 1e6)
+            batch.append(r["records"] / max(1, r["batches"]))
+        label = f"{flush:5} {writers:5} writers"
+        print(f"  {label}  rec/s {stats3(rates)}   MB/s median {statistics.median(mbs):.2f}"
+              f"   records/batch median {statistics.median(batch):.0f}")
+        print(f"  {'':19}  floor {stats3(floors)}   store/floor {ratio3(ratios)}")
+        out[f"{flush}_{writers}"] = {"rec_s": rates, "floor_rec_s": floors, "ratio": ratios,
+                                     "mb_s": mbs, "records_per_batch": batch}
+    return out
+
+
+TAIL_CHILD = r"""
+import asyncio, os, sys
+from lockmq.store import NewRecord, Store, StoreConfig
+async def main():
+    s = Store.open(StoreConfig(data_dir=sys.argv[1], flush="async", min_free_bytes=0,
+                               checkpoint_interval_ms=10**9, checkpoint_bytes=1 << 62))
+    want, seq, payload = int(sys.argv[2]), 0, bytes(range(24))
+    while s.log_end - s.recovery.log_end < want:
+        await s.append([NewRecord("locks", "TAIL", seq + k, 0, payload) for k in range(5000)])
+        seq += 5000
+    os._exit(0)  # a crash: no close, no checkpoint
+asyncio.run(main())
+"""
+
+
+async def build_log(path: str, nbytes: int) -> None:
+    s = Store.open(StoreConfig(data_dir=path, flush="async", min_free_bytes=0))
+    seq = 0
+    sns = [f"LOCK{i:06d}" for i in range(1000)]
+    while s.log_end < nbytes:
+        await s.append([NewRecord("locks", sns[(seq + k) % 1000], seq + k, 1_700_000_000_000,
+                                  PAYLOAD) for k in range(5000)])
+        seq += 5000
+    await s.close()
+
+
+def recovery(args, bench_dir: str) -> dict:
+    path = os.path.join(bench_dir, "recovery")
+    print(f"\nstart-up recovery, log of {args.recovery_bytes / (1 << 20):,.0f} MiB "
+          f"(building it...)", flush=True)
+    t0 = time.perf_counter()
+    asyncio.run(build_log(path, args.recovery_bytes))
+    print(f"  built in {time.perf_counter() - t0:.1f}s", flush=True)
+    out = {}
+
+    def timed_open() -> tuple[float, Store]:
+        t = time.perf_counter()
+        s = Store.open(StoreConfig(data_dir=path, min_free_bytes=0))
+        return time.perf_counter() - t, s
+
+    clean = []
+    for _ in range(args.runs):
+        dt, s = timed_open()
+        s.close_sync()
+        clean.append(dt)
+    print(f"  clean restart                       seconds min {min(clean):.3f}  "
+          f"median {statistics.median(clean):.3f}  max {max(clean):.3f}")
+    out["clean_s"] = clean
+
+    # crash with a tail behind the checkpoint
+    subprocess.run([sys.executable, "-c", TAIL_CHILD, path, str(args.tail_bytes)], check=True)
+    cp = os.path.join(path, "checkpoint")
+    with open(cp, "rb") as f:
+        cp_blob = f.read()
+    crash, scanned = [], 0
+    for _ in range(args.runs):
+        with open(cp, "wb") as f:  # put back the pre-crash checkpoint each run
+            f.write(cp_blob)
+        dt, s = timed_open()
+        scanned = s.recovery.scanned_bytes
+        total = s.log_end - s.log_start
+        s.close_sync()
+        crash.append(dt)
+    print(f"  after a crash, {scanned / (1 << 20):.1f} MiB tail of {total / (1 << 20):,.0f} MiB"
+          f"  seconds min {min(crash):.3f}  median {statistics.median(crash):.3f}  "
+          f"max {max(crash):.3f}")
+    out["crash_s"] = crash
+    out["crash_tail_bytes"] = scanned
+    if args.full_rebuild:
+        full = []
+        for _ in range(max(1, args.runs // 2)):
+            os.unlink(cp)
+            dt, s = timed_open()
+            s.close_sync()
+            full.append(dt)
+        print(f"  no checkpoint (reads everything)    seconds min {min(full):.3f}  "
+              f"median {statistics.median(full):.3f}  max {max(full):.3f}")
+        out["full_rebuild_s"] = full
+    shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dir", default=None,
+                   help="where to write (default: a temp dir under the current directory; "
+                        "use a real disk, not tmpfs)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run")
+    p.add_argument("--writers", type=lambda t: [int(x) for x in t.split(",")],
+                   default=[1, 100, 1000], help="sync writer counts (default 1,100,1000)")
+    p.add_argument("--async-writers", type=lambda t: [int(x) for x in t.split(",")],
+                   default=[1000], help="async writer counts (default 1000)")
+    p.add_argument("--recovery-bytes", type=size_arg, default=1 << 30,
+                   help="log size for the start-up test (default 1G; 0 skips it)")
+    p.add_argument("--tail-bytes", type=size_arg, default=32 << 20,
+                   help="log written after the last checkpoint before the crash (default 32M)")
+    p.add_argument("--full-rebuild", action="store_true",
+                   help="also time start-up without a checkpoint (reads the whole log)")
+    p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
+    args = p.parse_args()
+    loop_name = "asyncio"
+    if not args.no_uvloop:
+        try:
+            import uvloop
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+            loop_name = f"uvloop {uvloop.__version__}"
+        except ImportError:
+            pass
+    bench_dir = tempfile.mkdtemp(prefix="lockmq-bench-", dir=args.dir or os.getcwd())
+    try:
+        info = machine_info(bench_dir)
+        print("machine: " + json.dumps(info))
+        result = {"machine": info, "throughput": throughput(args, bench_dir, loop_name)}
+        if args.recovery_bytes:
+            result["recovery"] = recovery(args, bench_dir)
+        print("\njson: " + json.dumps(result))
+    finally:
+        shutil.rmtree(bench_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
