@@ -172,6 +172,11 @@ class FaultProxy:
             self.stats.upstream_failures += 1
             _abort(writer)  # the broker is down: the board sees a reset, as if refused
             return
+        if self.mode == CUT:  # cut while we were connecting upstream
+            self.stats.refused += 1
+            _abort(up_w)
+            _abort(writer)
+            return
         self.stats.open.update((writer, up_w))
         try:
             pair = (writer, up_w)

@@ -3,16 +3,19 @@
 A board's file system is a *flash folder* (``main.py``, ``lib/``, ``config.json``,
 and whatever the app writes at run time). Powering the board on runs::
 
-    MICROPYPATH=lib:.frozen micropython -X heapsize=<N> -i main.py
+    MICROPYPATH=lib:.frozen micropython -X heapsize=<N> main.py
 
-in that folder, with ``HOME`` set to a private temporary folder. ``-i`` gives the
-behaviour of a board: when ``main.py`` ends (Ctrl-C, an uncaught exception) the
-REPL takes over, so the raw REPL works the way mpremote expects.
+in that folder, with ``HOME`` set to a private temporary folder.
 
-The unix port *exits* where a board soft-reboots (Ctrl-D at a REPL prompt,
-``sys.exit()``). This wrapper respawns it and prints ``MPY: soft reboot``, as a
-board does: after an exit from the raw REPL it comes back in the raw REPL without
-running ``main.py`` (mpremote's soft reset); otherwise it runs ``main.py`` again.
+The unix port *exits* where a board carries on; this wrapper respawns it so the
+board behaves like one:
+
+* exit from the raw REPL (Ctrl-D at an empty prompt: mpremote's soft reset) ->
+  ``MPY: soft reboot``, back in the raw REPL, ``main.py`` not run;
+* ``main.py`` ends with an uncaught exception (status 1) or Ctrl-C (130) -> the
+  REPL takes over (a fresh interpreter at ``>>>``), as on a board;
+* any other exit (``sys.exit()``, Ctrl-D at the friendly REPL) -> ``MPY: soft
+  reboot`` and ``main.py`` runs again.
 
 A power cut is SIGKILL of the interpreter (nothing flushed, no ``finally``) and
 a restart in the same folder: the files the app left are all that survives.
@@ -33,6 +36,10 @@ from .pty_process import PtyProcess
 
 RAW_BANNER = b"raw REPL; CTRL-B to exit"
 SOFT_REBOOT = b"MPY: soft reboot\r\n"
+PROMPTS = (b">>> ", RAW_BANNER)
+#: Longest time input is held while the app is being interrupted (the app may
+#: catch KeyboardInterrupt and carry on; then the input goes to it).
+HOLD_MAX_S = 3.0
 
 
 def find_micropython() -> str | None:
@@ -80,6 +87,9 @@ class VirtualBoard(Board):
         self._want_raw_entry = False
         self._tail = b""
         self._closed = False
+        self._app_running = False
+        self._holding = False
+        self._held = bytearray()
         #: How many interpreters this board has started (boots + soft reboots).
         self.boots = 0
 
@@ -89,11 +99,33 @@ class VirtualBoard(Board):
         self._power_on()
 
     def write(self, data: bytes) -> None:
-        if b"\x02" in data:
-            self._raw = False
-        proc = self._proc
+        with self._lock:
+            if b"\x02" in data:
+                self._raw = False
+            if self._holding:
+                self._held += data
+                return
+            if self._app_running and b"\x03" in data:
+                # Ctrl-C ends the app; the REPL comes in a new interpreter. Bytes
+                # typed meanwhile would go to the dying one (or be flushed by the
+                # REPL's tty setup), so hold them until the next prompt.
+                cut = data.index(b"\x03") + 1
+                data, rest = data[:cut], data[cut:]
+                self._holding = True
+                self._held += rest
+                timer = threading.Timer(HOLD_MAX_S, self._release_held)
+                timer.daemon = True
+                timer.start()
+            proc = self._proc
         if proc is not None:
             proc.write(data)
+
+    def _release_held(self) -> None:
+        with self._lock:
+            held, self._held, self._holding = bytes(self._held), bytearray(), False
+            proc = self._proc
+        if held and proc is not None:
+            proc.write(held)
 
     def reset(self) -> None:
         self.power_cut(0.0)
@@ -122,19 +154,20 @@ class VirtualBoard(Board):
     def _argv(self, run_main: bool) -> list[str]:
         argv = [self.micropython, "-X", f"heapsize={self.heapsize}"]
         if run_main:
-            argv += ["-i", self.script]
+            argv.append(self.script)
         return argv
 
     def _power_on(self) -> None:
         with self._lock:
             self._spawn(run_main=True)
 
-    def _spawn(self, run_main: bool) -> None:
+    def _spawn(self, run_main: bool, enter_raw: bool = False) -> None:
         self._generation += 1
         gen = self._generation
         self._raw = False
         self._tail = b""
-        self._want_raw_entry = not run_main
+        self._want_raw_entry = enter_raw
+        self._app_running = run_main
         self.boots += 1
         self._proc = PtyProcess(
             self._argv(run_main),
@@ -161,6 +194,9 @@ class VirtualBoard(Board):
         tail = self._tail + data
         if RAW_BANNER in tail:
             self._raw = True
+        at_prompt = any(p in tail for p in PROMPTS)
+        if at_prompt:
+            self._app_running = False
         if self._want_raw_entry and b">>> " in tail:
             # A soft reboot from the raw REPL comes back in the raw REPL.
             self._want_raw_entry = False
@@ -170,12 +206,16 @@ class VirtualBoard(Board):
         self._tail = tail[-64:]
         if self._sink is not None:
             self._sink(data)
+        if at_prompt and self._holding:
+            self._release_held()
 
     def _on_exit(self, gen: int, rc: int) -> None:
         with self._lock:
             if gen != self._generation or self._closed:
                 return  # killed on purpose (power cut) or closed
-            was_raw = self._raw
+            if not self._raw and rc in (1, 130):  # traceback or KeyboardInterrupt
+                self._spawn(run_main=False)  # main.py failed: the REPL takes over
+                return
             if self._sink is not None:
                 self._sink(SOFT_REBOOT)
-            self._spawn(run_main=not was_raw)
+            self._spawn(run_main=not self._raw, enter_raw=self._raw)

@@ -1,0 +1,137 @@
+"""The pytest side of the rig: options, fixtures, and board logs on every failure.
+
+Loaded by ``hil/conftest.py``; other projects can load it with
+``-p lockmq.hil.plugin``. Options::
+
+    --target virtual | serial:PORT | qemu
+    --qemu-path PATH  --qemu-machine esp32|microbit  --qemu-firmware FILE
+    --heapsize 128K  --baud 115200  --power-cut-cmd CMD  --board-broker-host HOST
+
+Fixtures: ``hil_target`` (the :class:`TargetSpec`), ``board_factory`` (make DUTs
+on the chosen target; they are closed after the test and their output is attached
+to the report of a failing test), ``fault_proxy_factory``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from .dut import Dut
+from .proxy import FaultProxy
+from .target import TargetSpec, TargetUnavailable
+
+_DUTS_KEY = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("hil", "lockmq hardware-in-the-loop rig")
+    g.addoption("--target", default="virtual",
+                help="virtual (default), serial:PORT (pyserial URL: /dev/ttyUSB0, socket://h:p, "
+                     "rfc2217://h:p) or qemu")
+    g.addoption("--qemu-path", default=None, help="QEMU binary (Espressif's qemu-system-xtensa for esp32)")
+    g.addoption("--qemu-machine", default="esp32", choices=["esp32", "microbit"],
+                help="QEMU machine: esp32 (Espressif's fork) or microbit (Debian's qemu-system-arm)")
+    g.addoption("--qemu-firmware", default=None,
+                help="esp32: MicroPython firmware .bin merged into the flash image; microbit: .hex")
+    g.addoption("--heapsize", default="128K", help="virtual boards: micropython -X heapsize=")
+    g.addoption("--baud", type=int, default=115200, help="serial target baud rate")
+    g.addoption("--power-cut-cmd", default=None,
+                help="serial target: shell command that cuts power and restores it "
+                     "({off} = seconds off), e.g. a uhubctl or relay command")
+    g.addoption("--board-broker-host", default="127.0.0.1",
+                help="address the board uses to reach the rig's broker (a LAN address for a real board)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hil: hardware-in-the-loop test (runs on the --target board)")
+    config.addinivalue_line("markers", "virtual_only: needs many boards or host access to the flash; "
+                                       "skipped on serial and qemu targets")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"hil target: {config.getoption('--target')}"
+
+
+@pytest.fixture(scope="session")
+def hil_target(pytestconfig: pytest.Config) -> TargetSpec:
+    """The target this run drives."""
+    opt = pytestconfig.getoption
+    return TargetSpec.parse(
+        opt("--target"),
+        baudrate=opt("--baud"),
+        power_cut_cmd=opt("--power-cut-cmd"),
+        qemu_path=opt("--qemu-path"),
+        qemu_machine=opt("--qemu-machine"),
+        qemu_firmware=opt("--qemu-firmware"),
+        heapsize=opt("--heapsize"),
+        board_broker_host=opt("--board-broker-host"),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _virtual_only(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("virtual_only") and request.config.getoption("--target") != "virtual":
+        pytest.skip(f"needs the virtual target (running on {request.config.getoption('--target')})")
+
+
+BoardFactory = Callable[..., Dut]
+
+
+@pytest.fixture
+def board_factory(request: pytest.FixtureRequest, hil_target: TargetSpec, tmp_path: Path) -> Iterator[BoardFactory]:
+    """``make(name, flash_dir=None, heapsize=None) -> Dut`` on the chosen target.
+
+    Skips the test (with the reason) when the target cannot run here or when the
+    test wants more boards than the target has.
+    """
+    duts: list[Dut] = []
+    request.node.stash[_DUTS_KEY] = duts
+
+    def make(name: str, flash_dir: Path | None = None, heapsize: str | None = None,
+             default_timeout: float = 10.0) -> Dut:
+        if len(duts) >= hil_target.max_boards:
+            pytest.skip(f"{hil_target.label} has {hil_target.max_boards} board(s); this test needs more")
+        try:
+            board = hil_target.make_board(name, flash_dir, heapsize)
+        except TargetUnavailable as exc:
+            pytest.skip(str(exc))
+        dut = Dut(board, name=name, log_path=tmp_path / f"{name}.log", default_timeout=default_timeout)
+        duts.append(dut)
+        return dut
+
+    yield make
+    for dut in reversed(duts):
+        try:
+            dut.close()
+        except Exception:  # a board that will not close must not hide the test's result
+            pass
+
+
+@pytest.fixture
+def fault_proxy_factory() -> Iterator[Callable[[tuple[str, int]], FaultProxy]]:
+    """``make((host, port)) -> FaultProxy`` (started; closed after the test)."""
+    proxies: list[FaultProxy] = []
+
+    def make(upstream: tuple[str, int]) -> FaultProxy:
+        p = FaultProxy(upstream).start()
+        proxies.append(p)
+        return p
+
+    yield make
+    for p in proxies:
+        p.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach every board's captured output to the report of a failed phase."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.passed or report.skipped:
+        return
+    for dut in item.stash.get(_DUTS_KEY, []):
+        where = f" (full log: {dut.log_path})" if dut.log_path else ""
+        report.sections.append((f"board {dut.name} output{where}", dut.log_tail()))

@@ -1,0 +1,105 @@
+"""The serial path (pyserial ``serial_for_url``) against a board served by vboard.
+
+The "board" is the unix port behind :mod:`lockmq.hil.vboard`, in its own process,
+on a pty (opened like /dev/ttyUSB0) and on ``socket://``: the same bytes a real
+board's UART carries. Also checks that unmodified mpremote drives it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from lockmq.hil import Dut, SerialBoard
+from lockmq.hil.virtual import find_micropython
+
+pytestmark = pytest.mark.skipif(find_micropython() is None, reason="MicroPython unix port not installed")
+
+APP = textwrap.dedent(
+    """
+    import time
+    try:
+        n = int(open('boots.txt').read())
+    except OSError:
+        n = 0
+    f = open('boots.txt', 'w'); f.write(str(n + 1)); f.close()
+    print('served boot', n + 1)
+    while True:
+        print('beat')
+        time.sleep(0.2)
+    """
+)
+
+
+class Served:
+    """A vboard process; ``url`` is what pyserial opens."""
+
+    def __init__(self, flash: Path, how: list[str]) -> None:
+        self.flash = flash
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lockmq.hil.vboard", str(flash), *how, "--heapsize", "64K"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # "vboard ready <where> pid=<n>"
+        assert line.startswith("vboard ready"), line
+        self.url = line.split()[2]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture(params=["pty", "tcp"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    (flash / "main.py").write_text(APP)
+    how = ["--pty", str(tmp_path / "board.tty")] if request.param == "pty" else ["--tcp", "0"]
+    s = Served(flash, how)
+    yield s
+    s.stop()
+
+
+def test_serial_dut_exec_put_file_reset_and_power_cut(served: Served, tmp_path: Path) -> None:
+    cmd = f"kill -USR1 {served.proc.pid}"  # what a relay/uhubctl command does to a real board
+    board = SerialBoard(served.url, power_cut_cmd=cmd)
+    assert board.reset_mode == "repl"  # no RTS wiring on a pty or socket
+    with Dut(board, log_path=tmp_path / "serial.log") as dut:
+        dut.expect("beat")
+        assert dut.exec("import sys\nprint(sys.implementation.name)") == "micropython\n"
+        dut.put_file(b"\x00\x01binary\xff" * 300, "lib/x.bin")
+        assert (served.flash / "lib" / "x.bin").read_bytes() == b"\x00\x01binary\xff" * 300
+        dut.reset()  # soft reboot through the REPL reruns main.py
+        dut.expect(r"served boot \d+")
+        dut.expect("beat")
+        before = int((served.flash / "boots.txt").read_text())
+        dut.power_cut()
+        dut.expect(f"served boot {before + 1}")
+
+
+def test_mpremote_works_unmodified(served: Served, tmp_path: Path) -> None:
+    mpremote = Path(sys.executable).with_name("mpremote")
+    if not mpremote.exists():
+        pytest.skip("mpremote not installed")
+    src = tmp_path / "hello.py"
+    src.write_text("print('hello from a copied file')\n")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    run = lambda *a: subprocess.run([str(mpremote), "connect", served.url, *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=60, env=env)
+    cp = run("fs", "cp", str(src), ":hello.py")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert (served.flash / "hello.py").read_text() == src.read_text()
+    ex = run("exec", "import hello")
+    assert ex.returncode == 0 and "hello from a copied file" in ex.stdout, ex.stdout + ex.stderr
