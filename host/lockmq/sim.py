@@ -355,9 +355,13 @@ async def run_sim(
     progress_every_s: float = 1.0,
     seed: int | None = None,
     stats: SimStats | None = None,
+    linger: "asyncio.Future | None" = None,
 ) -> SimStats:
     """Run the simulated fleet until every lock has sent its records, ``duration_s``
-    passed or ``stop`` is set. Returns the counters."""
+    passed or ``stop`` is set. Returns the counters.
+
+    ``linger``: with ``stay_connected``, the locks stay online after their last
+    record until this future is done too (e.g. a command sent to one of them)."""
     stop = stop or asyncio.Event()
     stats = stats or SimStats()
     rng = random.Random(seed)
@@ -379,6 +383,8 @@ async def run_sim(
         await asyncio.wait(waiters, timeout=cfg.duration_s, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
             w.cancel()
+        if linger is not None and not stop.is_set():
+            await asyncio.wait([linger], timeout=cfg.ack_timeout_s)
         stop.set()
         done_all.set()
         # Locks finish the record they are on (bounded by the ack timeout).

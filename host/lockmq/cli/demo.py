@@ -159,7 +159,8 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App) -> 
         await m.start()
     cfg = SimConfig(locks=args.locks, topic=TOPIC, events_per_lock=args.events or None,
                     duration_s=args.duration, rate_per_lock=args.rate,
-                    connect_spread_s=min(1.0, args.locks / 1000), payload_bytes=22)
+                    connect_spread_s=min(1.0, args.locks / 1000), payload_bytes=22,
+                    stay_connected=True)
     stats = SimStats()
     last = [0, time.monotonic()]
 
@@ -176,9 +177,10 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App) -> 
               f"lag {max(0, stats.acked - done):5d}  workers {workers:2d}  "
               f"{rate:7.0f} msg/s", flush=True)
 
-    sim = asyncio.ensure_future(run_sim(cfg, Endpoint("127.0.0.1", broker.port), stats=stats))
     # One remote unlock while the fleet runs: service -> broker -> lock -> back.
-    command = asyncio.ensure_future(_try_command(broker, cfg.sn(0)))
+    command = asyncio.ensure_future(_try_command(broker, cfg.sn(0), stats))
+    sim = asyncio.ensure_future(run_sim(cfg, Endpoint("127.0.0.1", broker.port), stats=stats,
+                                        linger=command))
     while not sim.done():
         await asyncio.wait([sim], timeout=1.0)
         progress()
@@ -222,11 +224,12 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App) -> 
     return 0 if ok else 1
 
 
-async def _try_command(broker: EmbeddedBroker, sn: str) -> str:
-    """Send a remote unlock to ``sn`` once it is online; describe the outcome."""
+async def _try_command(broker: EmbeddedBroker, sn: str, stats: SimStats) -> str:
+    """Send a remote unlock to ``sn`` once the fleet is online; describe the outcome."""
     try:
         async with AsyncProducer(broker.address, name="demo-service") as svc:
-            await asyncio.sleep(0.5)
+            while stats.acked == 0:
+                await asyncio.sleep(0.01)
             out = await svc.command(sn, CommandKind.UNLOCK, (5).to_bytes(2, "big"),
                                     expires_in_s=10, timeout_s=15)
             return f"{sn} answered: {out.detail}"

@@ -1,0 +1,52 @@
+"""The client commands, run through ``lockmq.cli.main`` against a real broker."""
+
+from __future__ import annotations
+
+from lockmq.cli import main
+
+
+def test_demo_runs_end_to_end_and_reports_ok(capsys):
+    rc = main(["demo", "--locks", "8", "--events", "10", "--rate", "0", "--consumers", "2",
+               "--fail-every", "25", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "records published       80, acknowledged 80" in out
+    assert "consumed exactly once   80 messages, 80 access-log rows, 80 distinct ids" in out
+    assert "SIM-000001 answered" in out
+    assert "OK: every acknowledged record was processed once" in out
+
+
+def test_produce_consume_topics_clusters(broker, capsys):
+    b = ["--broker", broker.address]
+    assert main(["produce", *b, "cli.t", "alpha", "beta"]) == 0
+    assert main(["produce", *b, "cli.t", "--count", "30", "--mode", "async", "-q"]) == 0
+    assert main(["produce", *b, "cli.t", "--count", "5", "--mode", "oneway", "-q",
+                 "--lock-events"]) == 0
+    assert main(["sim", *b, "--locks", "3", "--events", "4", "--rate", "0", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["consume", *b, "cli.t", "-c", "readers", "-n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "alpha" in out and "beta" in out
+    assert main(["topics", *b]) == 0
+    out = capsys.readouterr().out
+    assert "cli.t" in out and "lock.events" in out
+    assert main(["clusters", *b, "readers"]) == 0
+    out = capsys.readouterr().out
+    assert "readers" in out and "cli.t" in out
+
+
+def test_dlq_list_and_replay(broker, capsys, tmp_path):
+    b = ["--broker", broker.address]
+    assert main(["produce", *b, "cli.jobs", "poison", "-q"]) == 0
+    # every delivery fails: max_retries = 2 in the test broker, then the dead letter
+    assert main(["consume", *b, "cli.jobs", "-c", "w", "--fail-rate", "1",
+                 "--duration", "1.5", "--format", "none"]) == 0
+    capsys.readouterr()
+    assert main(["dlq", "list", *b, "w"]) == 0
+    out = capsys.readouterr().out
+    assert "failed on purpose" in out and "poison" in out
+    assert main(["dlq", "replay", *b, "w", "--all"]) == 0
+    assert "replayed 1" in capsys.readouterr().out
+    db = str(tmp_path / "seen.db")
+    assert main(["consume", *b, "cli.jobs", "-c", "w", "-n", "1", "--idempotency", db]) == 0
+    assert "poison" in capsys.readouterr().out
