@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 
@@ -342,3 +343,25 @@ def test_from_broker_config(tmp_path):
     with pytest.raises(ValueError, match="security.nope"):
         Guard.from_broker_config(load_config(overrides={"broker": {"data_dir": str(tmp_path)},
                                                         "security": {"nope": 1}}))
+
+
+def test_log_lines_are_rate_limited_but_counters_count_everything(tmp_path, clock):
+    from lockmq.security import Guard, SecurityConfig
+    from lockmq.security.audit import LOG_BURST
+    seen = []
+    g = Guard(SecurityConfig(data_dir=str(tmp_path), limit_exempt_addresses=[],
+                             auth_fail_per_address=10**6, auth_fail_per_sn=10**6),
+              clock=clock, log=lambda event, level="info", **f: seen.append((event, f)))
+    try:
+        n = LOG_BURST + 300
+        for i in range(n):
+            g.record_protocol_error(f"10.0.{i % 200}.1", "BadChecksum")
+        assert g.metrics.get("bad_frame") == n
+        lines = [f for e, f in seen if e == "security_bad_frame"]
+        assert LOG_BURST <= len(lines) < n
+        time.sleep(0.2)   # the log budget uses the real monotonic clock
+        g.record_protocol_error("10.9.9.9", "BadChecksum")
+        last = [f for e, f in seen if e == "security_bad_frame"][-1]
+        assert last.get("suppressed", 0) >= 1
+    finally:
+        g.close()

@@ -4,16 +4,26 @@ Log lines go to the ``lockmq.security`` logger as ``event key=value ...`` with t
 same fields in ``extra={"event": ..., "fields": {...}}`` for structured handlers.
 Counters are ``security_<event>_total{reason=...}``; :meth:`Metrics.snapshot` gives
 them to the broker's metrics endpoint.
+
+A flood of hostile connections must not become a flood of log lines (a full disk is
+a denial of service too): each event type may log ``LOG_RATE`` lines per second
+(burst ``LOG_BURST``); the lines it drops are counted and the next line it writes
+says ``suppressed=N``. Counters always count everything.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
 log = logging.getLogger("lockmq.security")
+
+#: Log lines per second per event type, and the burst allowed.
+LOG_RATE = 20.0
+LOG_BURST = 200
 
 #: Events logged at WARNING (refusals); everything else is INFO.
 _WARN = {"auth_failed", "auth_rate_limited", "permission_denied", "sn_mismatch",
@@ -45,6 +55,23 @@ class Metrics:
         self._counts: Counter[tuple[str, str]] = Counter()
         #: Optional extra log sink ``sink(event, level=..., **fields)`` (the broker's log).
         self.sink: Callable[..., None] | None = None
+        self._log_budget: dict[str, list[float]] = {}   # event -> [tokens, stamp, dropped]
+
+    def may_log(self, event: str, now: float | None = None) -> int:
+        """-1 if a line for ``event`` is over the log rate, else the lines dropped before."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            b = self._log_budget.get(event)
+            if b is None:
+                b = self._log_budget[event] = [float(LOG_BURST), now, 0.0]
+            b[0] = min(float(LOG_BURST), b[0] + (now - b[1]) * LOG_RATE)
+            b[1] = now
+            if b[0] < 1.0:
+                b[2] += 1
+                return -1
+            b[0] -= 1.0
+            dropped, b[2] = int(b[2]), 0.0
+            return dropped
 
     def inc(self, event: str, reason: str = "", n: int = 1) -> None:
         """Add ``n`` to ``(event, reason)``."""
@@ -71,12 +98,18 @@ class Metrics:
 def record(metrics: Metrics, event: str, reason: str = "", **fields: Any) -> None:
     """Count ``event`` and log it with its fields (peer-chosen values sanitised)."""
     metrics.inc(event, reason)
+    dropped = metrics.may_log(event)
+    if dropped < 0:
+        return
     clean = {k: _safe(v) for k, v in fields.items() if v is not None}
     if reason:
         clean = {"reason": reason, **clean}
+    if dropped:
+        clean["suppressed"] = dropped
     text = " ".join([event] + [f"{k}={_fmt(v)}" for k, v in clean.items()])
     level = logging.WARNING if event in _WARN else logging.INFO
-    log.log(level, text, extra={"event": event, "fields": clean})
+    if metrics.sink is None or log.hasHandlers():   # no double lines via lastResort
+        log.log(level, text, extra={"event": event, "fields": clean})
     if metrics.sink is not None:
         try:
             metrics.sink("security_" + event, level="warning" if level == logging.WARNING
