@@ -32,8 +32,9 @@ class Wire:
     """One connection to a broker on 127.0.0.1."""
 
     def __init__(self, port: int, sn: str = "", tls: ssl.SSLContext | None = None,
-                 server_hostname: str = "127.0.0.1") -> None:
-        raw = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+                 server_hostname: str = "127.0.0.1", source: str | None = None) -> None:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT,
+                                       source_address=(source, 0) if source else None)
         self.sock = tls.wrap_socket(raw, server_hostname=server_hostname) if tls else raw
         self.sn = sn
         self.dec = FrameDecoder(16 * 1024 * 1024)

@@ -1,0 +1,90 @@
+"""TLS end to end: a real ``lockmq broker`` with a TLS port made by ``lockmq certs``.
+
+The lock verifies the gateway with the CA as DER (what MicroPython's ssl takes);
+the plain port stays open for locks without TLS and is logged as unencrypted; a
+token over plain TCP from anywhere but the configured addresses is refused.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+from lockmq.protocol import ErrorCode
+from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+from lockmq.security.certs import init_ca_and_server
+from lockmq.security.tls import client_context
+
+from .conftest import BrokerProcess, free_port
+from .wire import Refused, Wire
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def tls_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tls")
+    data = root / "data"
+    data.mkdir()
+    files = init_ca_and_server(str(root / "certs"), ["gw.local"], ["127.0.0.1"])
+    cfg = SecurityConfig(data_dir=str(data))
+    reg = DeviceRegistry.open(cfg)
+    key = reg.add("TLS-LOCK")
+    tokens = TokenStore(cfg.registry_path)
+    token, _ = tokens.create("ops", Permissions(admin=True))
+    tls_port = free_port()
+    broker = BrokerProcess(str(data), {"security": {
+        "tls_cert": files.server_pem, "tls_key": files.server_key, "tls_port": tls_port}})
+    yield broker, tls_port, files, key, token
+    broker.stop()
+    reg.close()
+    tokens.close()
+
+
+def test_lock_over_tls_verifies_the_gateway_with_a_der_ca(tls_env):
+    broker, tls_port, files, key, _ = tls_env
+    ctx = client_context(cadata=open(files.ca_der, "rb").read())
+    w = Wire(tls_port, "TLS-LOCK", tls=ctx)
+    try:
+        assert isinstance(w.sock, ssl.SSLSocket) and w.sock.version() in ("TLSv1.2", "TLSv1.3")
+        w.auth_lock(key)
+        assert w.publish("lock.events", 1) is not None
+    finally:
+        w.close()
+    broker.wait_log(r"auth_ok.*name=TLS-LOCK.*tls=True")
+
+
+def test_a_client_with_another_ca_cannot_connect(tls_env, tmp_path):
+    _, tls_port, _, _, _ = tls_env
+    other = init_ca_and_server(str(tmp_path / "other"), ["gw.local"], ["127.0.0.1"])
+    with pytest.raises(ssl.SSLCertVerificationError):
+        Wire(tls_port, "TLS-LOCK", tls=client_context(other.ca_pem))
+
+
+def test_plain_port_is_open_and_logged_as_unencrypted(tls_env):
+    broker, _, _, key, _ = tls_env
+    broker.wait_log(r"listener.*PLAIN-TCP-UNENCRYPTED")
+    w = Wire(broker.port, "TLS-LOCK")
+    try:
+        w.auth_lock(key)
+    finally:
+        w.close()
+    broker.wait_log(r"auth_ok.*name=TLS-LOCK.*tls=False.*transport=PLAIN-TCP")
+
+
+def test_token_needs_tls_unless_from_an_allowed_address(tls_env):
+    broker, tls_port, files, _, token = tls_env
+    w = Wire(broker.port, "", source="127.0.0.7")      # plain TCP, not 127.0.0.1
+    try:
+        with pytest.raises(Refused) as ei:
+            w.auth_token(token)
+        assert ei.value.code == ErrorCode.AUTH_FAILED
+    finally:
+        w.close()
+    broker.wait_log(r"plain_token_refused")
+    w = Wire(tls_port, "", tls=client_context(files.ca_pem), source="127.0.0.7")
+    try:
+        w.auth_token(token)                                # same token over TLS: fine
+    finally:
+        w.close()
