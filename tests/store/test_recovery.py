@@ -198,3 +198,25 @@ def test_empty_and_fresh_directories(data_dir):
     s = Store.open(config(data_dir))
     assert s.log_end == 0
     s.close_sync()
+
+
+def test_lost_tail_of_a_closed_segment_cuts_everything_after_it(crash_image):
+    image, cp_end, acked = crash_image
+    seg_dir = os.path.join(image, "message.log")
+    bases = list_segments(seg_dir)
+    assert len(bases) >= 3 and bases[-2] > cp_end
+    victim = bases[-2]
+    inside = sorted(o for o, *_ in acked if victim < o < bases[-1])
+    boundary = inside[len(inside) // 2]  # drop the second half of the segment, cleanly
+    with open(os.path.join(seg_dir, segment_name(victim)), "r+b") as f:
+        f.truncate(boundary - victim)
+    s = Store.open(config(image, segment_bytes=SEG))
+    rep = s.recovery
+    assert s.log_end == boundary and "starts at" in rep.cut_reason
+    assert rep.bytes_cut > 0 and rep.records_cut > 0
+    assert list_segments(seg_dir) == bases[:-1]
+    kept = sorted((o, sn, seq) for o, _t, sn, seq in acked if o < boundary)
+    got = sorted((g.offset, g.sn, g.seq) for t in ("a", "b") for g in s.read(t, 0, 1000))
+    assert got == kept
+    s.close_sync()
+    assert check_dir(str(image)).ok

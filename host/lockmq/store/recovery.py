@@ -14,6 +14,7 @@ import logging
 import mmap
 import os
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from . import checkpoint as ckpt
@@ -21,7 +22,7 @@ from .dedup import DedupTable
 from .files import (SEGMENT_DIR, fsync_dir, list_segments, qstart_name, read_file,
                     segment_name, seal, unseal)
 from .index import ENTRY, IndexError_, TopicIndex, index_file_name
-from .records import HEADER, HEADER_SIZE, check_record, scan
+from .records import HEADER, HEADER_SIZE, check_record
 
 log = logging.getLogger("lockmq.store")
 
@@ -92,6 +93,52 @@ def count_cut_records(buf: bytes | memoryview, pos: int, end: int) -> int:
             break
         pos += 4 + length
     return n
+
+
+def _scan_segment(mm: mmap.mmap, pos: int, end: int, base: int,
+                  pending: dict[str, bytearray], dedup: DedupTable) -> tuple[int, int]:
+    """Index every valid record of a mapped segment from ``pos``; return where the
+    valid records end and how many there were. The hot loop of recovery."""
+    mv = memoryview(mm)
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    pack = ENTRY.pack
+    add = dedup.add
+    names: dict[bytes, str] = {}
+    blobs: dict[str, bytearray] = pending
+    n = 0
+    hsize = HEADER_SIZE
+    try:
+        while end - pos >= hsize:
+            (length, crc, fmt, _flags, tlen, slen, _res, hlen, seq, plen, _lts,
+             bts) = unpack(mv, pos)
+            nxt = pos + 4 + length
+            if (nxt > end or fmt != 1 or hsize + tlen + slen + hlen + plen != 4 + length
+                    or crc32(mv[pos + 8:nxt]) != crc):
+                break
+            t0 = pos + hsize
+            tb = mm[t0:t0 + tlen + slen]
+            name = names.get(tb)
+            if name is None:
+                if len(names) > 100_000:
+                    names.clear()
+                try:
+                    topic = tb[:tlen].decode("ascii")
+                    sn = tb[tlen:].decode("ascii")
+                except UnicodeDecodeError:
+                    break
+                names[tb] = name = topic + "\0" + sn
+            topic, _, sn = name.partition("\0")
+            blob = blobs.get(topic)
+            if blob is None:
+                blob = blobs[topic] = bytearray()
+            blob += pack(base + pos, 4 + length, bts // 1_000_000)
+            add(sn, seq)
+            n += 1
+            pos = nxt
+    finally:
+        mv.release()
+    return pos, n
 
 
 def _map(path: str) -> tuple[int, mmap.mmap | None, int]:
@@ -176,7 +223,7 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
     # scan the tail
     i = max(0, bisect.bisect_right(bases, scan_from) - 1)
     pending: dict[str, bytearray] = {}
-    cut_at: int | None = None
+    cut: tuple[int, int] | None = None  # (segment index, position in it)
     for j in range(i, len(bases)):
         base = bases[j]
         path = os.path.join(seg_dir, segment_name(base))
@@ -185,40 +232,38 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
             start = scan_from - base if j == i else 0
             pos = start
             if mm is not None:
-                for rv in scan(mm, start, size):
-                    ent = pending.get(rv.topic)
-                    if ent is None:
-                        ent = pending[rv.topic] = bytearray()
-                    ent += ENTRY.pack(base + rv.pos, rv.size, rv.broker_ts_us // 1_000_000)
-                    dedup.add(rv.sn, rv.seq)
-                    rep.scanned_records += 1
-                    pos = rv.pos + rv.size
+                pos, n = _scan_segment(mm, start, size, base, pending, dedup)
+                rep.scanned_records += n
             rep.scanned_bytes += pos - start
-            expected_end = size
-            if j + 1 < len(bases) and base + size != bases[j + 1]:
-                rep.notes.append(f"segment {base} does not end where segment {bases[j + 1]} starts")
-            if pos < expected_end:
+            if pos < size:
                 why = check_record(mm, pos, size) if mm is not None else "empty"
                 rep.cut_reason = f"{why} at offset {base + pos}"
                 rep.records_cut = count_cut_records(mm, pos, size) if mm is not None else 0
-                cut_at = base + pos
+                rep.bytes_cut = size - pos
+                cut = (j, pos)
+            elif j + 1 < len(bases) and base + size != bases[j + 1]:
+                # a lost tail of a closed segment (or a stray file): later segments
+                # would sit at the wrong offsets, so they go
+                rep.cut_reason = (f"segment {base} ends at {base + size} but the next one "
+                                  f"starts at {bases[j + 1]}")
+                cut = (j, size)
         finally:
             if mm is not None:
                 mm.close()
             os.close(fd)
-        if cut_at is not None:
+        if cut is not None:
             break
-    if cut_at is not None:
+    if cut is not None:
         # cut this segment, remove later ones
-        k = bisect.bisect_right(bases, cut_at) - 1
+        k, cut_pos = cut
         cut_base = bases[k]
-        rep.bytes_cut = log_end - cut_at
         for later in bases[k + 1:]:
             p = os.path.join(seg_dir, segment_name(later))
             fd, mm, size = _map(p)
             try:
                 if mm is not None:
                     rep.records_cut += count_cut_records(mm, 0, size)
+                rep.bytes_cut += size
             finally:
                 if mm is not None:
                     mm.close()
@@ -230,10 +275,10 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
                 pass
         bases = bases[:k + 1]
         with open(os.path.join(seg_dir, segment_name(cut_base)), "r+b") as f:
-            f.truncate(cut_at - cut_base)
+            f.truncate(cut_pos)
             os.fsync(f.fileno())
         fsync_dir(seg_dir)
-        log_end = cut_at
+        log_end = cut_base + cut_pos
         log.warning("store recovery cut %d bytes (%d records) from the log end: %s",
                     rep.bytes_cut, rep.records_cut, rep.cut_reason)
 
