@@ -221,7 +221,8 @@ class Cluster:
         self.busy_sns: set[str] = set()
         self.delayed: list[tuple[float, int, Lease]] = []   # in-memory retries (monotonic)
         self.retry_due: list[tuple[float, int, Lease]] = []  # retry records (wall ms)
-        self.expiry: list[tuple[float, int, int]] = []   # deadline, wire, delivery
+        # one entry per PULL: (deadline, tie, [(wire, delivery), ...])
+        self.expiry: list[tuple[float, int, list[tuple[int, int]]]] = []
         self.pending_writes = 0   # nacks/dead letters being written
         self._tie = itertools.count()
         self.capped = False
@@ -404,17 +405,29 @@ class Cluster:
         out: list[Lease] = []
         deadline = time.monotonic() + (member.lease_ms or self.s.visibility_timeout_ms) / 1000.0
         ready = self.ready
-        while ready and len(out) < n:
-            lease = ready.popleft()
+        leases = self.leases
+        mleases = member.leases
+        keys: list[tuple[int, int]] = []
+        redelivered = 0
+        popleft = ready.popleft
+        for _ in range(min(n, len(ready))):
+            lease = popleft()
             lease.member = member
             lease.deadline = deadline
-            lease.deliveries = min(lease.deliveries + 1, MAX_DELIVERY)
-            if lease.deliveries > 1:
-                self.stats["redelivered"] += 1
-            self.leases[lease.wire] = lease
-            member.leases.add(lease.wire)
-            heapq.heappush(self.expiry, (deadline, lease.wire, lease.deliveries))
+            d = lease.deliveries + 1
+            if d > 1:
+                redelivered += 1
+                if d > MAX_DELIVERY:
+                    d = MAX_DELIVERY
+            lease.deliveries = d
+            w = lease.wire
+            leases[w] = lease
+            mleases.add(w)
+            keys.append((w, d))
             out.append(lease)
+        if keys:
+            heapq.heappush(self.expiry, (deadline, next(self._tie), keys))
+        self.stats["redelivered"] += redelivered
         member.delivered += len(out)
         self.stats["delivered"] += len(out)
         member.wants_notify = not out
@@ -433,9 +446,15 @@ class Cluster:
 
     def ack(self, member: Member, wire: int, delivery: int) -> None:
         """Finish a leased message; raises :class:`ClusterError` for an unknown lease."""
-        lease = self._take(member, wire, delivery)
+        lease = self.leases.get(wire)
+        if lease is None or lease.member is not member or lease.deliveries != delivery:
+            self._take(member, wire, delivery)   # raises UNKNOWN_LEASE
+            return
+        del self.leases[wire]
+        member.leases.discard(wire)
         lease.source.finish(lease.qoff)
-        self._sn_free(lease)
+        if self.ordered:
+            self._sn_free(lease)
         member.acked += 1
         self.stats["acked"] += 1
 
@@ -522,23 +541,27 @@ class Cluster:
         exp = self.expiry
         woke = False
         while exp and exp[0][0] <= now:
-            _, wire, delivery = heapq.heappop(exp)
-            lease = self.leases.get(wire)
-            if lease is None or lease.deliveries != delivery:
-                continue
-            del self.leases[wire]
-            member = lease.member
-            if member is not None:
-                member.leases.discard(wire)
-            lease.member = None
-            if lease.deliveries > self.s.max_retries:
-                lease.retries = max(lease.retries, lease.deliveries)
-                self._dead_letter(lease, "lease expired")
-                continue
-            self.stats["redelivered_after_timeout"] = \
-                self.stats.get("redelivered_after_timeout", 0) + 1
-            self.ready.appendleft(lease)
-            woke = True
+            keys = heapq.heappop(exp)[2]
+            back = []
+            for wire, delivery in keys:
+                lease = self.leases.get(wire)
+                if lease is None or lease.deliveries != delivery:
+                    continue            # acked, nacked or released since
+                del self.leases[wire]
+                member = lease.member
+                if member is not None:
+                    member.leases.discard(wire)
+                lease.member = None
+                if lease.deliveries > self.s.max_retries:
+                    lease.retries = max(lease.retries, lease.deliveries)
+                    self._dead_letter(lease, "lease expired")
+                    continue
+                back.append(lease)
+            if back:
+                self.stats["redelivered_after_timeout"] = \
+                    self.stats.get("redelivered_after_timeout", 0) + len(back)
+                self.ready.extendleft(reversed(back))
+                woke = True
         if len(self.retry_due) < self.s.max_retry_held:
             self._fill_retry()
         if self._release_due():

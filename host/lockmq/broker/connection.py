@@ -19,15 +19,16 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.protocol import (NO_SEQ, Ack, Auth, Challenge, CommandResult, Command,
+from lockmq.protocol import (NO_SEQ, Auth, Challenge, CommandResult, Command,
                              Connect, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
-                             Message, Messages, Nack, Notify, Op, ProtocolError, Publish,
+                             Notify, Op, ProtocolError, Publish,
                              PublishAck, Pull, Role, Subscribe, SubscribeAck, UnknownOpcode,
                              Unsubscribe, decode_json, encode_frame, encode_json, op_name)
 from lockmq.store import (InvalidRecord, NewRecord, StoreBusy, StoreClosed, StoreFull,
                           validate_topic)
 
 from .clusters import Cluster, ClusterError, Lease, Member
+from .wire import decode_ack, decode_nack, encode_messages
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -565,7 +566,7 @@ class Connection(asyncio.Protocol):
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        msgs = []
+        items = []
         for lease in leases:
             r = lease.rec
             hdr = b""
@@ -574,42 +575,43 @@ class Connection(asyncio.Protocol):
                 if lease.retries:
                     h["retries"] = lease.retries
                 hdr = json.dumps(h, separators=(",", ":")).encode()
-            msgs.append(Message(lease.wire, lease.deliveries, r.sn, r.seq, r.lock_ts_ms,
-                                r.broker_ts_us, r.topic, r.payload, hdr))
-        self.broker.stats.c["messages_delivered"] += len(msgs)
-        self.send_frame(Op.MESSAGES, Messages(sub_id, msgs).encode(), opaque, _RESP)
+            items.append((lease.wire, lease.deliveries, r.sn, r.seq, r.lock_ts_ms,
+                          r.broker_ts_us, r.topic, r.payload, hdr))
+        self.broker.stats.c["messages_delivered"] += len(items)
+        self.send_frame(Op.MESSAGES, encode_messages(sub_id, items), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:
-        a = Ack.decode(frame.body)
-        s = self._sub(a.sub_id, frame.opaque)
+        sub_id, leases = decode_ack(frame.body)
+        s = self._sub(sub_id, frame.opaque)
         if s is None:
             return
         cluster, member = s
         bad = []
-        for qoff, delivery in a.leases:
+        ack = cluster.ack
+        for qoff, delivery in leases:
             try:
-                cluster.ack(member, qoff, delivery)
+                ack(member, qoff, delivery)
             except ClusterError:
                 bad.append((qoff, delivery))
-        self.broker.stats.c["acks"] += len(a.leases) - len(bad)
-        self._lease_reply(frame, bad, len(a.leases))
+        self.broker.stats.c["acks"] += len(leases) - len(bad)
+        self._lease_reply(frame, bad, len(leases))
         if member.wants_notify or cluster.capped:
             cluster.wake()
 
     def _on_nack(self, frame: Any) -> None:
-        n = Nack.decode(frame.body)
-        s = self._sub(n.sub_id, frame.opaque)
+        sub_id, delay_ms, reason, leases = decode_nack(frame.body)
+        s = self._sub(sub_id, frame.opaque)
         if s is None:
             return
         cluster, member = s
         bad = []
-        for qoff, delivery in n.leases:
+        for qoff, delivery in leases:
             try:
-                cluster.nack(member, qoff, delivery, n.delay_ms or None, n.reason)
+                cluster.nack(member, qoff, delivery, delay_ms or None, reason)
             except ClusterError:
                 bad.append((qoff, delivery))
-        self.broker.stats.c["nacks"] += len(n.leases) - len(bad)
-        self._lease_reply(frame, bad, len(n.leases))
+        self.broker.stats.c["nacks"] += len(leases) - len(bad)
+        self._lease_reply(frame, bad, len(leases))
         if member.wants_notify or cluster.capped:
             cluster.wake()
 

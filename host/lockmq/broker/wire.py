@@ -1,0 +1,96 @@
+"""Hot-path codecs of the consumer side: MESSAGES out, ACK/NACK leases in.
+
+Byte-for-byte the layouts of ``lockmq.protocol`` (``Messages``, ``Ack``, ``Nack``;
+see protocol/SPEC.md), written with precompiled structs and cached SN/topic bytes
+because the broker encodes every delivered message and decodes every lease. The
+tests check them against the protocol's own codec.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable
+
+from lockmq.protocol import BadBody
+
+_MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
+_HEAD = struct.Struct(">IH")        # sub_id, count
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_LEASE = struct.Struct(">QH")
+_NACK = struct.Struct(">II")        # sub_id, delay_ms
+_NO_HEADERS = b"\x00\x00"
+_CACHE_MAX = 100_000
+_str8: dict[str, bytes] = {}
+
+
+def _s8(s: str) -> bytes:
+    b = _str8.get(s)
+    if b is None:
+        raw = s.encode()
+        if len(raw) > 255:
+            raise ValueError(f"{s[:20]!r}... is longer than 255 bytes")
+        b = bytes((len(raw),)) + raw
+        if len(_str8) >= _CACHE_MAX:
+            _str8.clear()
+        _str8[s] = b
+    return b
+
+
+def encode_messages(sub_id: int, items: Iterable[tuple[int, int, str, int, int, int, str,
+                                                        bytes, bytes]]) -> bytes:
+    """MESSAGES body from ``(queue_offset, delivery, sn, seq, lock_ts_ms, broker_ts_us,
+    topic, payload, headers)`` tuples."""
+    parts = [b""]
+    n = 0
+    pack = _MSG.pack
+    u32 = _U32.pack
+    append = parts.append
+    for qo, dlv, sn, seq, lts, bts, topic, payload, hdr in items:
+        append(pack(qo, dlv, seq, lts, bts))
+        append(_s8(sn))
+        append(_s8(topic))
+        if hdr:
+            append(_U16.pack(len(hdr)))
+            append(hdr)
+        else:
+            append(_NO_HEADERS)
+        append(u32(len(payload)))
+        append(payload)
+        n += 1
+    parts[0] = _HEAD.pack(sub_id, n)
+    return b"".join(parts)
+
+
+def _leases(body: bytes, pos: int, what: str) -> list[tuple[int, int]]:
+    if len(body) < pos + 2:
+        raise BadBody(f"{what} body truncated")
+    (count,) = _U16.unpack_from(body, pos)
+    pos += 2
+    if len(body) != pos + count * 10:
+        raise BadBody(f"{what} body: {count} leases need {count * 10} bytes, "
+                      f"got {len(body) - pos}")
+    return list(_LEASE.iter_unpack(body[pos:]))
+
+
+def decode_ack(body: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """ACK body -> (sub_id, leases)."""
+    if len(body) < 4:
+        raise BadBody("ACK body truncated")
+    (sub_id,) = _U32.unpack_from(body, 0)
+    return sub_id, _leases(body, 4, "ACK")
+
+
+def decode_nack(body: bytes) -> tuple[int, int, str, list[tuple[int, int]]]:
+    """NACK body -> (sub_id, delay_ms, reason, leases)."""
+    if len(body) < 10:
+        raise BadBody("NACK body truncated")
+    sub_id, delay_ms = _NACK.unpack_from(body, 0)
+    (rlen,) = _U16.unpack_from(body, 8)
+    if len(body) < 10 + rlen:
+        raise BadBody("NACK reason truncated")
+    try:
+        reason = bytes(body[10:10 + rlen]).decode()
+    except UnicodeError:
+        raise BadBody("NACK reason is not UTF-8") from None
+    return sub_id, delay_ms, reason, _leases(body, 10 + rlen, "NACK")
