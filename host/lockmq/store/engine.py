@@ -449,22 +449,28 @@ class Store:
         chunk: _Chunk | None = None
         parts: list[bytes] = []
         dup = 0
+        seg_limit = active_base + seg_bytes
+        new_app = tuple.__new__
+        counters: dict[str, list] = {}
         for records, enc, _n, _fut, ts_s in batch:
             res: list[Appended] = []
             for rec, b in zip(records, enc):
-                key = (rec.sn, rec.seq)
-                if key in seen or contains(rec.sn, rec.seq):
-                    res.append(Appended(-1, rec.topic, -1, True))
+                sn = rec.sn
+                seq = rec.seq
+                key = (sn, seq)
+                if key in seen or contains(sn, seq):
+                    res.append(new_app(Appended, (-1, rec.topic, -1, True)))
                     dup += 1
                     continue
                 seen.add(key)
                 size = len(b)
-                if pos - active_base + size > seg_bytes and pos > active_base:
+                if pos + size > seg_limit and pos > active_base:
                     active_base = pos
+                    seg_limit = pos + seg_bytes
                     qs = {}
                     for name, t in list(topics.items()):
-                        e = pindex.get(name)
-                        qs[name] = e[1] + len(e[2]) // 16 if e is not None else t.next
+                        c = counters.get(name)
+                        qs[name] = c[1] if c is not None else t.next
                     chunk = _Chunk(pos, 0, True, qs)
                     plan.chunks.append(chunk)
                     parts = chunk.parts
@@ -473,16 +479,18 @@ class Store:
                     plan.chunks.append(chunk)
                     parts = chunk.parts
                 topic = rec.topic
-                ent = pindex.get(topic)
-                if ent is None:
+                c = counters.get(topic)
+                if c is None:
                     t = topics[topic]
-                    ent = pindex[topic] = (t, t.next, bytearray())
-                blob = ent[2]
-                q = ent[1] + len(blob) // 16
-                blob += pack(pos, size, ts_s)
+                    blob = bytearray()
+                    pindex[topic] = (t, t.next, blob)
+                    c = counters[topic] = [blob, t.next]
+                q = c[1]
+                c[1] = q + 1
+                c[0] += pack(pos, size, ts_s)
                 parts.append(b)
                 ids.append(key)
-                res.append(Appended(pos, topic, q, False))
+                res.append(new_app(Appended, (pos, topic, q, False)))
                 pos += size
             plan.results.append(res)
         for t, first, blob in pindex.values():
