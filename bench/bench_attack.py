@@ -49,12 +49,10 @@ from lockmq.protocol import (Auth, AuthMethod, Connect, FrameDecoder, Op, Publis
                              Role, auth_proof, decode_body, encode_frame)
 
 RUN_BROKER = (
-    "import argparse, os, sys\n"
+    "import os, sys\n"
     "if os.environ.get('LOCKMQ_BENCH_LOOP') == 'asyncio': sys.modules['uvloop'] = None\n"
-    "from lockmq.cli import broker\n"
-    "p = argparse.ArgumentParser(prog='lockmq'); s = p.add_subparsers()\n"
-    "broker.register(s)\n"
-    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))\n"
+    "from lockmq.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))   # exactly the `lockmq` command\n"
 )
 
 

@@ -58,12 +58,10 @@ import urllib.request
 
 # LOCKMQ_SECTEST_UVLOOP=0 hides uvloop from the broker process (plain asyncio loop).
 _RUN_BROKER = (
-    "import argparse, os, sys\n"
+    "import os, sys\n"
     "if os.environ.get('LOCKMQ_SECTEST_UVLOOP', '1') == '0': sys.modules['uvloop'] = None\n"
-    "from lockmq.cli import broker\n"
-    "p = argparse.ArgumentParser(prog='lockmq'); s = p.add_subparsers()\n"
-    "broker.register(s)\n"
-    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))\n"
+    "from lockmq.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))   # exactly the `lockmq` command\n"
 )
 
 
