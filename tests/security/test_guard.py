@@ -213,18 +213,27 @@ def test_failed_attempts_are_rate_limited_per_address_and_sn(guard, clock):
     with pytest.raises(AuthRateLimited) as ei:
         guard.authenticate("X0", lock_auth(os.urandom(32), "X0", nonce), nonce, "10.1.1.1")
     assert ei.value.code == ErrorCode.RATE_LIMITED and ei.value.retry_after_ms > 0
-    # per SN, from many addresses
-    for i in range(guard.cfg.auth_fail_per_sn):
+    # per SN, from many addresses: failures past the limit are answered RATE_LIMITED ...
+    for i in range(guard.cfg.auth_fail_per_sn - 1):
         nonce = guard.challenge()
-        with pytest.raises(AuthFailed):
+        with pytest.raises(AuthFailed) as ei:
             guard.authenticate("LOCK-A", lock_auth(os.urandom(32), "LOCK-A", nonce), nonce,
                                f"10.2.{i}.1")
+        assert not isinstance(ei.value, AuthRateLimited)
     nonce = guard.challenge()
     with pytest.raises(AuthRateLimited):
         guard.authenticate("LOCK-A", lock_auth(os.urandom(32), "LOCK-A", nonce), nonce, "10.3.0.1")
-    assert guard.metrics.get("auth_rate_limited") == 2
-    clock.advance(guard.cfg.auth_fail_window_s)
+    assert guard.metrics.get("auth_rate_limited", "per_address") == 1
+    assert guard.metrics.get("auth_rate_limited", "per_sn") == 1
+    # ... but never lock the real lock out: its correct proof still gets in at once
     key = guard.registry.rekey("LOCK-A")
+    nonce = guard.challenge()
+    assert guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, "10.4.0.1")
+    # the blocked address waits for the end of its window
+    nonce = guard.challenge()
+    with pytest.raises(AuthRateLimited):
+        guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, "10.1.1.1")
+    clock.advance(guard.cfg.auth_fail_window_s)
     nonce = guard.challenge()
     assert guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, "10.1.1.1")
 

@@ -207,10 +207,13 @@ class Guard:
         exempt = peer_ip in self.connections.exempt
         method = _method(auth_body)
         try:
-            if not exempt:
+            if not exempt:   # per address: refused before any work
                 self._fail_addr.check(addr_key, f"address {peer_ip}")
-            if method == METHOD_DEVICE:
-                self._fail_sn.check(sn, f"SN {sn[:64]!r}")
+        except AuthRateLimited as exc:
+            audit.record(self.metrics, "auth_rate_limited", "per_address", sn=sn,
+                         addr=peer_ip, method=method)
+            raise
+        try:
             nonce_problem = self.nonces.consume(nonce) if nonce else "no_nonce"
             if method == METHOD_DEVICE:
                 principal = self._auth_device(sn, auth_body, bytes(nonce or b""), nonce_problem)
@@ -218,15 +221,21 @@ class Guard:
                 principal = self._auth_token(sn, auth_body, peer_ip, tls, nonce_problem)
             else:
                 raise AuthFailed(f"unknown auth method {method!r}", reason="bad_method")
-        except AuthRateLimited as exc:
-            audit.record(self.metrics, "auth_rate_limited", exc.reason, sn=sn, addr=peer_ip,
-                         method=method)
-            raise
         except AuthFailed as exc:
             if not exempt:
                 self._fail_addr.fail(addr_key)
-            if method == METHOD_DEVICE and SN_RE.match(sn):
+            per_sn = method == METHOD_DEVICE and bool(SN_RE.match(sn))
+            if per_sn:
                 self._fail_sn.fail(sn)
+                # Per SN, failures never block a correct proof (else anyone could lock a
+                # lock out by failing in its name): past the limit, a *failed* attempt
+                # for that SN is answered RATE_LIMITED, which slows a guesser down.
+                try:
+                    self._fail_sn.check(sn, f"SN {sn[:64]!r}")
+                except AuthRateLimited as limited:
+                    audit.record(self.metrics, "auth_rate_limited", "per_sn", sn=sn,
+                                 addr=peer_ip, method=method, failure=exc.reason)
+                    raise limited from None
             audit.record(self.metrics, "auth_failed", exc.reason, sn=sn, addr=peer_ip,
                          method=method, tls=tls)
             raise
