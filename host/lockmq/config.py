@@ -85,12 +85,15 @@ class DevicesSection:
             reported ``evicted`` on ``$devices``.
         sweep_interval_s: how often silence is checked.
         events_topic: system topic of online/offline/evicted events.
+        heartbeats_topic: system topic where each lock heartbeat is written as JSON
+            (lock health; the Spark offline report reads it); empty = off.
     """
 
     heartbeat_s: float = 30.0
     evict_after_s: float = 120.0
     sweep_interval_s: float = 5.0
     events_topic: str = "$devices"
+    heartbeats_topic: str = "$heartbeats"
 
 
 @dataclass
@@ -183,6 +186,8 @@ class Config:
                              "sweep_interval_s > 0")
         if not d.events_topic.startswith("$"):
             raise ValueError("devices.events_topic must be a system topic (start with '$')")
+        if d.heartbeats_topic and not d.heartbeats_topic.startswith("$"):
+            raise ValueError("devices.heartbeats_topic must be a system topic or empty")
         for name in ("visibility_timeout_ms", "max_inflight_per_member",
                      "max_inflight_per_cluster", "max_pull", "max_retry_held",
                      "lease_sweep_ms"):

@@ -23,7 +23,9 @@ def test_connect_disconnect_and_replace_are_published(broker):
     lock2 = Peer(broker.port, sn="LOCK-9", role=Role.LOCK)      # same SN again
     assert lock.read_frame().opcode == Op.DISCONNECT             # the old one is told
     lock2.close()
-    ev = _events(watch, sub, 4)
+    ev = _events(watch, sub, 5)
+    assert ev[0]["event"] == "broker_start" and "sn" not in ev[0]
+    ev = ev[1:]
     assert [(e["sn"], e["event"], e.get("reason")) for e in ev] == [
         ("LOCK-9", "online", None), ("LOCK-9", "offline", "replaced"),
         ("LOCK-9", "online", None), ("LOCK-9", "offline", "disconnected")]
@@ -41,16 +43,19 @@ def test_heartbeat_is_answered_and_silent_lock_is_evicted(make_broker):
     assert isinstance(hb, Heartbeat)
     d = watch.admin("devices")["devices"][0]
     assert d["battery_pct"] == 80 and d["uptime_s"] == 5
+    hsub = watch.subscribe("$heartbeats", "health").sub_id
+    [h] = [json.loads(m.payload) for m in drain(watch, hsub, 1)]
+    assert h["sn"] == "LOCK-H" and h["battery_pct"] == 80 and h["uptime_s"] == 5
     # the watcher keeps itself alive with heartbeats; the lock goes silent
     events = []
     deadline = time.monotonic() + 10
-    while len(events) < 2 and time.monotonic() < deadline:
+    while len(events) < 3 and time.monotonic() < deadline:
         watch.send(Op.HEARTBEAT, b"", flags=Flag.ONEWAY)
         got = watch.pull(sub, 10, wait_ms=150).messages
         if got:
             watch.ack(sub, [m.lease for m in got])
             events += [json.loads(m.payload) for m in got]
-    assert [e["event"] for e in events] == ["online", "evicted"]
+    assert [e["event"] for e in events] == ["broker_start", "online", "evicted"]
     assert lock.read_frame().opcode == Op.DISCONNECT
     assert lock.read_frame() is None
 

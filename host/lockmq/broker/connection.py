@@ -359,6 +359,8 @@ class Connection(asyncio.Protocol):
 
     def _on_heartbeat(self, frame: Any) -> None:
         self.heartbeat = Heartbeat.decode(frame.body)
+        if self.is_device and frame.body:
+            self.broker.devices.heartbeat(self, self.heartbeat)
         if not frame.flags & Flag.ONEWAY:
             self.send_frame(Op.HEARTBEAT, b"", frame.opaque, _RESP)
 

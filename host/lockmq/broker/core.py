@@ -116,14 +116,15 @@ class BrokerCore:
         if not task.cancelled() and task.exception() is not None:
             self.log("task_failed", error=repr(task.exception()), level="error")
 
-    def publish_system(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None
-                       ) -> None:
+    def publish_system(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None,
+                       lock_ts_ms: int = 0) -> None:
         """Fire-and-forget a system record (``$devices`` events ...); failures are logged."""
+        ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(time.time() * 1000)
 
         async def run() -> None:
             try:
-                await self.append_system([NewRecord(topic, BROKER_SN, 0,
-                                                    int(time.time() * 1000), payload, headers)])
+                await self.append_system([NewRecord(topic, BROKER_SN, 0, ts, payload,
+                                                    headers)])
             except Exception as exc:  # noqa: BLE001
                 self.log("system_publish_failed", topic=topic, error=repr(exc), level="warning")
 

@@ -9,7 +9,15 @@ record on the system topic ``$devices`` (consumable by any cluster)::
      "ts_ms": 1763780000000, "peer": "10.0.0.7:51234", "reason": "..."}
 
 ``reason`` is present on ``offline`` (``"disconnected"``, ``"replaced"`` when the
-same SN connected again) and ``evicted`` (``"silent 120 s"``).
+same SN connected again, ``"broker shutdown"``) and ``evicted`` (``"silent 120 s"``).
+When the broker starts it writes ``{"event": "broker_start", "ts_ms": ..., "peer": ""}``
+(no ``sn``): every lock is offline until its own ``online`` event (after a crash no
+``offline`` events could be written).
+
+Each HEARTBEAT of a lock is also written to ``heartbeats_topic`` (``$heartbeats``;
+empty = off) as ``{"sn", "ts_ms", "uptime_s", "queued", "dropped", "battery_pct",
+"free_heap"}`` with the lock's clock (``ts_ms``) as the record's lock time -- the
+sightings the Spark offline report reads.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.protocol import Disconnect, ErrorCode, Op
+from lockmq.protocol import Disconnect, Op
+
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -52,6 +61,8 @@ class Devices:
         b = self.broker
         body: dict[str, Any] = {"sn": sn, "event": event, "ts_ms": int(time.time() * 1000),
                                 "peer": peer}
+        if not sn:
+            del body["sn"]
         if reason:
             body["reason"] = reason
         b.core.publish_system(b.config.devices.events_topic,
@@ -75,7 +86,12 @@ class Devices:
         self.broker.stats.inc("devices_online_events")
         self._event(sn, "online", conn.peer)
 
-    def offline(self, conn: "Connection", event: str = "offline") -> None:
+    def broker_started(self) -> None:
+        """Tell ``$devices`` consumers that every lock is offline until it reconnects
+        (after a crash no ``offline`` events were written)."""
+        self._event("", "broker_start", "")
+
+    def offline(self, conn: "Connection", event: str = "offline", reason: str = "") -> None:
         """A lock's connection ended (``event`` is ``offline`` or ``evicted``)."""
         if not conn.is_device:
             return
@@ -88,7 +104,7 @@ class Devices:
             reason = f"silent {self.broker.config.devices.evict_after_s:g} s"
         else:
             self.broker.stats.inc("devices_offline_events")
-            reason = "disconnected"
+            reason = reason or "disconnected"
         self._event(sn, event, conn.peer, reason)
 
     async def _sweep_loop(self) -> None:
@@ -99,9 +115,21 @@ class Devices:
             for conn in list(self.broker.conns.values()):
                 if conn.last_seen < limit and conn.state == "open":
                     conn.send_frame(Op.DISCONNECT, Disconnect(
-                        int(ErrorCode.AUTH_TIMEOUT), "no heartbeat for "
+                        0, "no heartbeat for "
                         f"{cfg.evict_after_s:g} s").encode())
                     conn.close("evicted")
+
+    def heartbeat(self, conn: "Connection", hb: Any) -> None:
+        """A lock's HEARTBEAT: publish it to the heartbeats topic (if set)."""
+        topic = self.broker.config.devices.heartbeats_topic
+        if not topic or not conn.is_device:
+            return
+        body = {"sn": conn.principal.name, "ts_ms": hb.ts_ms, "uptime_s": hb.uptime_s,
+                "queued": hb.queued, "dropped": hb.dropped,
+                "battery_pct": None if hb.battery_pct == 255 else hb.battery_pct,
+                "free_heap": hb.free_heap}
+        self.broker.core.publish_system(topic, json.dumps(body, separators=(",", ":")).encode(),
+                                        lock_ts_ms=hb.ts_ms)
 
     def info(self) -> list[dict[str, Any]]:
         """The ``devices`` admin op: locks online now."""

@@ -131,6 +131,7 @@ class Broker:
             self.status_port = await self.status.start(cfg.status_host, cfg.status_port)
         self.devices.start()
         self.commands.start()
+        self.devices.broker_started()
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
@@ -154,6 +155,9 @@ class Broker:
         await self.status.stop()
         await self.devices.stop()
         await self.commands.stop()
+        # locks go offline with the broker (consumers of $devices see it)
+        for conn in list(self.devices.online_by_sn.values()):
+            self.devices.offline(conn, "offline", reason="broker shutdown")
         # let publishes already handed to the store finish and be acked
         grace = self.config.broker.shutdown_grace_s
         loop = asyncio.get_running_loop()
