@@ -11,8 +11,8 @@ from lockapp.clock import Clock
 from lockapp.seqno import SeqNo
 from lockapp.oqueue import OQueue
 from lockapp.events import Lock
-from lockapp.commands import Commands
 from lockapp.link import Link
+from lockapp.commands import Commands
 
 _TYPES = {"unlock": EventType.UNLOCK, "failed": EventType.FAILED_ATTEMPT,
           "door_open": EventType.DOOR_LEFT_OPEN, "tamper": EventType.TAMPER,
@@ -32,7 +32,8 @@ class App:
         if not self.seq.ok:
             log.warn("sys seq file damaged; continuing above the queue")
         self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
-        self.commands = Commands(self)
+        self._commands = Commands(self)
+        self.reboot_pending = False
         self.lock = Lock(self)
         self.link = Link(self)
         self.peak = 0
@@ -57,26 +58,34 @@ class App:
             log.warn("evt dropped seq=%d total=%d" % (dropped, self.q.dropped))
         log.info("evt queued seq=%d type=%s" % (seq, name))
         self.link.signal.set()
-        self._sample_mem()
         return seq
+
+    def commands(self):
+        # Loaded at boot like everything the app may need: the heap use measured at
+        # boot is the heap use in service.
+        return self._commands
 
     def heartbeat(self):
         return Heartbeat(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
                          len(self.q), self.q.dropped, self.lock.battery, gc.mem_free())
 
     def change_config(self, changes):
-        self.cfg = config.apply_change(self.cfg, changes)
+        from lockapp.cfgchange import apply_change
+        self.cfg = apply_change(self.cfg, changes)
         self.lock.cfg = self.cfg
 
     # -- status ----------------------------------------------------------------------------
     def _sample_mem(self):
+        # Live heap = what is allocated right after a collection; peak = its maximum.
+        gc.collect()
         a = gc.mem_alloc()
         if a > self.peak:
             self.peak = a
+        return a
 
     def log_mem(self):
-        self._sample_mem()
-        log.info("mem peak=%d alloc=%d free=%d" % (self.peak, gc.mem_alloc(), gc.mem_free()))
+        a = self._sample_mem()
+        log.info("mem peak=%d alloc=%d free=%d" % (self.peak, a, gc.mem_free()))
 
     def log_status(self):
         log.info("sys status q=%d next_seq=%d dropped=%d link=%s"

@@ -25,7 +25,6 @@ class Commands:
         raw = atomic.read(path)
         if raw is not None and len(raw) == 5:
             self.last_id, self.last_status = struct.unpack(">IB", raw)
-        self.reboot_pending = False
 
     def handle(self, body, now_ms):
         # body: the COMMAND frame body. Returns (cmd_id, status, detail).
@@ -109,7 +108,7 @@ class Commands:
             app.change_config(json.loads(bytes(cmd.args).decode()))
             return "applied"
         if k == CommandKind.REBOOT:
-            self.reboot_pending = True
+            app.reboot_pending = True
             return "rebooting"
         return ""
 

@@ -4,6 +4,8 @@ import json
 from binascii import unhexlify
 from lockapp import atomic
 
+# Pin numbers (config "pins", ESP32 only) have their defaults in hw_esp32.PINS.
+
 PATH = "config.json"
 
 DEFAULTS = {
@@ -25,21 +27,7 @@ DEFAULTS = {
     "io_timeout_ms": 10000,
     "window": 8,
     "wdt_ms": 30000,
-    "pins": {"relay": 4, "door": 5, "tamper": 18, "led_green": 2, "led_red": 15,
-             "buzzer": 19, "battery_adc": 34, "reader_uart": 2, "reader_rx": 16},
 }
-
-# Keys a downlink "config change" may set, with their type and allowed range.
-SETTABLE = {
-    "heartbeat_s": (5, 3600),
-    "unlock_s": (1, 600),
-    "door_open_alarm_s": (5, 86400),
-    "battery_low_pct": (1, 99),
-    "backoff_min_ms": (10, 60000),
-    "backoff_max_ms": (100, 3600000),
-    "io_timeout_ms": (1000, 120000),
-}
-
 
 class ConfigError(ValueError):
     pass
@@ -79,10 +67,10 @@ def check(cfg):
     for b in cfg["brokers"]:
         if len(b) != 2 or not (0 < int(b[1]) < 65536):
             raise ConfigError("config: broker entries are [host, port]")
-    for k in SETTABLE:
-        lo, hi = SETTABLE[k]
-        if not (lo <= cfg[k] <= hi):
-            raise ConfigError("config: %s out of range %d..%d" % (k, lo, hi))
+    for k in ("heartbeat_s", "unlock_s", "door_open_alarm_s", "battery_low_pct",
+              "backoff_min_ms", "backoff_max_ms", "io_timeout_ms"):
+        if not isinstance(cfg[k], int) or cfg[k] < 1:
+            raise ConfigError("config: %s must be a positive integer" % k)
     if cfg["backoff_min_ms"] > cfg["backoff_max_ms"]:
         raise ConfigError("config: backoff_min_ms above backoff_max_ms")
     return cfg
@@ -90,22 +78,3 @@ def check(cfg):
 
 def key_bytes(cfg):
     return unhexlify(cfg["key"])
-
-
-def apply_change(cfg, changes, path=PATH):
-    # Validate and persist a downlink change; returns the new config. Only SETTABLE
-    # keys and "brokers" may change; anything else is refused as a whole.
-    new = merged(cfg)
-    for k in changes:
-        if k == "brokers":
-            new[k] = changes[k]
-        elif k in SETTABLE:
-            v = changes[k]
-            if not isinstance(v, int):
-                raise ConfigError("config: %s must be an integer" % k)
-            new[k] = v
-        else:
-            raise ConfigError("config: %s cannot be changed remotely" % k)
-    check(new)
-    atomic.write(path, json.dumps(new).encode())
-    return new

@@ -12,12 +12,18 @@ except ImportError:  # pragma: no cover - boards without Wi-Fi
     network = None
 
 
+# Default pins; config "pins" overrides any of them.
+PINS = {"relay": 4, "door": 5, "tamper": 18, "led_green": 2, "led_red": 15,
+        "buzzer": 19, "battery_adc": 34, "reader_uart": 2, "reader_rx": 16}
+
+
 class Esp32Hw:
     name = "esp32"
 
     def __init__(self, cfg):
         self.cfg = cfg
-        p = cfg["pins"]
+        p = dict(PINS)
+        p.update(cfg.get("pins", {}))
         Pin = machine.Pin
         self._relay = Pin(p["relay"], Pin.OUT, value=0)
         self._door = Pin(p["door"], Pin.IN, Pin.PULL_UP)

@@ -198,7 +198,7 @@ class Link:
                     pause = await self._on_frame(f, inflight)
                     if pause:
                         pause_until = time.ticks_add(now, pause)
-                if app.commands.reboot_pending:
+                if app.reboot_pending:
                     app.reboot("cmd")
                     return
                 # 2. publish the queue in order, up to `window` unacked
@@ -206,9 +206,10 @@ class Link:
                     pause_until = None
                 if pause_until is None and len(inflight) < window and len(q):
                     sending = [v[0] for v in inflight.values()]
-                    for seq in q.seqs():
+                    for i in range(len(q)):
                         if len(inflight) >= window:
                             break
+                        seq = q.seq_at(i)
                         if seq in sending or q.is_acked(seq):
                             continue
                         data = q.get(seq)
@@ -286,7 +287,7 @@ class Link:
             log.error("evt rejected seq=%d code=%d total=%d" % (v[0], e.code, app.q.dropped))
             return 0
         if op == Op.COMMAND:
-            cmd_id, status, detail = app.commands.handle(f.body, app.clock.now_ms())
+            cmd_id, status, detail = app.commands().handle(f.body, app.clock.now_ms())
             await self._send(Op.COMMAND_RESULT,
                              CommandResult(app.sn, cmd_id, status, detail[:200]).encode(),
                              f.opaque, Flag.RESPONSE)

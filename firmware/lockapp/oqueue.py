@@ -17,6 +17,7 @@
 # and reported).
 import os
 import struct
+from array import array
 from lockapp import atomic
 
 try:
@@ -53,19 +54,42 @@ class OQueue:
         self.dropped = 0       # events dropped because the queue was full (persisted)
         self.max_seq = 0       # highest seq ever seen in the file
         self.torn = 0          # bytes cut off at load
-        self._seqs = []        # live entries, oldest first
-        self._offs = []        # their record offsets in the file
+        # Live entries in two fixed rings (allocated once: no heap growth or
+        # fragmentation however full the queue gets): seq and record offset.
+        self._seq = array("I", bytes(4 * max_len))
+        self._off = array("I", bytes(4 * max_len))
+        self._h = 0            # ring index of the oldest live entry
+        self._n = 0            # live entries
         self._acked = []       # acked but not yet at the head
         self._size = 0
         self.load()
 
     def __len__(self):
-        return len(self._seqs)
+        return self._n
+
+    def seq_at(self, i):
+        return self._seq[(self._h + i) % self.max_len]
+
+    def _off_at(self, i):
+        return self._off[(self._h + i) % self.max_len]
+
+    def _push(self, seq, off):
+        j = (self._h + self._n) % self.max_len
+        self._seq[j] = seq
+        self._off[j] = off
+        self._n += 1
+
+    def index(self, seq):
+        # Position of live entry seq, or -1.
+        for i in range(self._n):
+            if self.seq_at(i) == seq:
+                return i
+        return -1
 
     def load(self):
         atomic.remove(self.path + ".new")
-        self._seqs = []
-        self._offs = []
+        self._h = 0
+        self._n = 0
         self._acked = []
         good = 0
         try:
@@ -104,13 +128,14 @@ class OQueue:
                 if seq > self.max_seq:
                     self.max_seq = seq
                 if seq >= self.head:
-                    self._seqs.append(seq)
-                    self._offs.append(off)
+                    if self._n >= self.max_len:   # queue_max lowered since: oldest go
+                        self._pop_head()
+                        self.dropped += 1
+                    self._push(seq, off)
             else:
                 self.head, self.dropped = struct.unpack(">II", body[:8])
-                while self._seqs and self._seqs[0] < self.head:
-                    self._seqs.pop(0)
-                    self._offs.pop(0)
+                while self._n and self.seq_at(0) < self.head:
+                    self._pop_head()
             off += n + 8
         return off
 
@@ -124,16 +149,15 @@ class OQueue:
             raise ValueError("queue: event too large")
         out = b""
         dropped_seq = None
-        if len(self._seqs) >= self.max_len:
-            dropped_seq = self._seqs[0]
+        if self._n >= self.max_len:
+            dropped_seq = self.seq_at(0)
             self.dropped += 1
             self._pop_head()
-            self.head = self._seqs[0] if self._seqs else seq
+            self.head = self.seq_at(0) if self._n else seq
             out = _record(KIND_H, struct.pack(">II", self.head, self.dropped))
         rec = _record(KIND_E, struct.pack(">I", seq) + data)
         off = self._append(out + rec) + len(out)
-        self._seqs.append(seq)
-        self._offs.append(off)
+        self._push(seq, off)
         if seq > self.max_seq:
             self.max_seq = seq
         return dropped_seq
@@ -151,17 +175,18 @@ class OQueue:
 
     # -- reading -----------------------------------------------------------------
     def seqs(self):
-        return self._seqs
+        # A list of the live seqs, oldest first (allocates: for tests and tools).
+        return [self.seq_at(i) for i in range(self._n)]
 
     def read(self, start, count):
         # Up to `count` live entries from index `start`: list of (seq, data).
         out = []
-        if start >= len(self._seqs):
+        if start >= self._n:
             return out
         f = open(self.path, "rb")
         try:
-            for i in range(start, min(len(self._seqs), start + count)):
-                f.seek(self._offs[i])
+            for i in range(start, min(self._n, start + count)):
+                f.seek(self._off_at(i))
                 hdr = f.read(4)
                 n = struct.unpack(">H", hdr[2:])[0]
                 body = f.read(n)
@@ -172,9 +197,8 @@ class OQueue:
 
     def get(self, seq):
         # The data of live entry `seq`, or None.
-        try:
-            i = self._seqs.index(seq)
-        except ValueError:
+        i = self.index(seq)
+        if i < 0:
             return None
         return self.read(i, 1)[0][1]
 
@@ -185,31 +209,31 @@ class OQueue:
     def ack(self, seq):
         # The broker acked seq. Entries leave only from the head (in order); an ack
         # that arrives early is remembered in RAM. Returns how many left the queue.
-        if seq not in self._seqs or seq in self._acked:
+        if seq in self._acked or self.index(seq) < 0:
             return 0
         self._acked.append(seq)
         n = 0
         last = None
-        while self._seqs and self._seqs[0] in self._acked:
-            last = self._seqs[0]
-            self._acked.remove(last)
+        while self._n and self.seq_at(0) in self._acked:
+            last = self.seq_at(0)
             self._pop_head()
             n += 1
         if n:
-            self.head = self._seqs[0] if self._seqs else last + 1
+            self.head = self.seq_at(0) if self._n else last + 1
             self._append(_record(KIND_H, struct.pack(">II", self.head, self.dropped)))
             self._maybe_compact()
         return n
 
     def reject(self, seq):
         # The broker refused seq for good: remove it, counted with the dropped.
-        if seq in self._seqs and seq not in self._acked:
+        if seq not in self._acked and self.index(seq) >= 0:
             self.dropped += 1
             self.ack(seq)
 
     def _pop_head(self):
-        seq = self._seqs.pop(0)
-        self._offs.pop(0)
+        seq = self.seq_at(0)
+        self._h = (self._h + 1) % self.max_len
+        self._n -= 1
         if seq in self._acked:
             self._acked.remove(seq)
 
@@ -217,7 +241,7 @@ class OQueue:
         # Dead bytes are (nearly) the prefix before the oldest live record.
         if self._size < COMPACT_MIN:
             return
-        dead = self._offs[0] if self._offs else self._size
+        dead = self._off_at(0) if self._n else self._size
         if dead >= COMPACT_MIN and 2 * dead >= self._size:
             self._rewrite()
 
@@ -226,8 +250,15 @@ class OQueue:
 
     def _rewrite(self):
         # Copy the live records into a new file, then rename it over the old one.
+        # On any failure the in-RAM index is rebuilt from what is on flash.
+        try:
+            self._copy_live()
+        except Exception:
+            self.load()
+            raise
+
+    def _copy_live(self):
         tmp = self.path + ".new"
-        entries = []
         src = None
         try:
             src = open(self.path, "rb")
@@ -238,13 +269,14 @@ class OQueue:
             h = _record(KIND_H, struct.pack(">II", self.head, self.dropped))
             dst.write(h)
             off = len(h)
-            for i in range(len(self._seqs)):
-                src.seek(self._offs[i])
+            for i in range(self._n):
+                j = (self._h + i) % self.max_len
+                src.seek(self._off[j])
                 hdr = src.read(4)
                 n = struct.unpack(">H", hdr[2:])[0]
                 rec = hdr + src.read(n + 4)
                 dst.write(rec)
-                entries.append(off)
+                self._off[j] = off     # new offsets, applied only if the rename happens
                 off += len(rec)
             dst.flush()
         finally:
@@ -252,5 +284,4 @@ class OQueue:
             if src is not None:
                 src.close()
         os.rename(tmp, self.path)
-        self._offs = entries
         self._size = off

@@ -244,7 +244,7 @@ while True:
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=10)
         trying = set()
-        for line in out.decode(errors="replace").splitlines()[1:]:
+        for line in out.decode(errors="replace").splitlines():
             parts = line.split()
             if len(parts) != 2 or not parts[1].isdigit():
                 continue      # the line cut by the kill
