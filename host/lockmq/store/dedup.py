@@ -1,9 +1,15 @@
 """Which ``(sn, seq)`` message ids are already stored: bounded, snapshot-able.
 
-Per lock (SN) the table keeps the highest stored sequence ``hw`` and a bit set
-``gaps`` of the sequences in ``[hw - window, hw)`` that are *not* stored (bit ``i``
-is ``hw - 1 - i``). A lock sending in order therefore costs one small tuple.
-A sequence more than ``window`` below ``hw`` counts as a duplicate. SNs are kept in
+Per lock (SN) the table keeps the highest stored sequence ``hw``, how many of the
+sequences just below it it knows about (``known``, at most ``window``) and a bit set
+``gaps`` of the known ones that are *not* stored (bit ``i`` is ``hw - 1 - i``):
+
+* ``seq > hw``: new;  ``seq == hw``: duplicate;
+* ``hw - known <= seq < hw``: duplicate unless its gap bit is set;
+* ``hw - window <= seq < hw - known``: never seen by this table: new;
+* ``seq < hw - window``: too old to track: counted as a duplicate.
+
+A lock sending in order costs one small tuple ``(hw, known, 0)``. SNs are kept in
 least-recently-written order and the oldest is forgotten beyond ``max_sns``.
 Sequence numbers are compared as plain integers (no wrap-around at 2**32).
 """
@@ -14,7 +20,7 @@ import struct
 from collections import OrderedDict
 from typing import Iterable
 
-_ENTRY = struct.Struct("<BIH")  # sn_len, hw, gaps_len (then sn, gaps bytes)
+_ENTRY = struct.Struct("<BIHH")  # sn_len, hw, known, gaps_len (then sn, gaps bytes)
 
 
 class DedupTable:
@@ -23,8 +29,7 @@ class DedupTable:
     def __init__(self, window: int, max_sns: int) -> None:
         self.window = window
         self.max_sns = max_sns
-        self._mask = (1 << window) - 1
-        self._t: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._t: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -35,12 +40,14 @@ class DedupTable:
         e = self._t.get(sn)
         if e is None:
             return False
-        hw, gaps = e
-        if seq > hw:
-            return False
+        hw, known, gaps = e
+        if seq >= hw:
+            return seq == hw
         d = hw - seq
-        if d == 0 or d > self.window:
+        if d > self.window:
             return True
+        if d > known:
+            return False
         return not (gaps >> (d - 1)) & 1
 
     def add(self, sn: str, seq: int) -> None:
@@ -48,23 +55,31 @@ class DedupTable:
         t = self._t
         e = t.get(sn)
         if e is None:
-            t[sn] = (seq, self._mask)
+            t[sn] = (seq, 0, 0)
             if len(t) > self.max_sns:
                 t.popitem(last=False)
                 self.evicted += 1
             return
-        hw, gaps = e
-        if seq > hw:
+        hw, known, gaps = e
+        w = self.window
+        if seq == hw + 1:
+            if gaps:
+                gaps = (gaps << 1) & ((1 << w) - 1)
+            t[sn] = (seq, known + 1 if known < w else w, gaps)
+        elif seq > hw:
             k = seq - hw
-            if k > self.window:
-                gaps = self._mask
-            else:
-                gaps = ((gaps << k) | ((1 << (k - 1)) - 1)) & self._mask
-            t[sn] = (seq, gaps)
+            known = min(w, known + k)
+            gaps = ((gaps << k) | ((1 << (k - 1)) - 1)) & ((1 << known) - 1)
+            t[sn] = (seq, known, gaps)
         elif seq < hw:
             d = hw - seq
-            if d <= self.window:
-                t[sn] = (hw, gaps & ~(1 << (d - 1)))
+            if d <= w:
+                if d > known:  # sequences between the known ones and seq: not stored
+                    gaps |= ((1 << (d - 1)) - 1) & ~((1 << known) - 1)
+                    known = d
+                else:
+                    gaps &= ~(1 << (d - 1))
+                t[sn] = (hw, known, gaps)
         t.move_to_end(sn)
 
     def last_seq(self, sn: str) -> int | None:
@@ -72,36 +87,40 @@ class DedupTable:
         e = self._t.get(sn)
         return None if e is None else e[0]
 
-    def items(self) -> list[tuple[str, tuple[int, int]]]:
+    def items(self) -> list[tuple[str, tuple[int, int, int]]]:
         """A copy of the entries, least recently written first (cheap to take)."""
         return list(self._t.items())
 
     @staticmethod
-    def encode(items: Iterable[tuple[str, tuple[int, int]]]) -> bytes:
+    def encode(items: Iterable[tuple[str, tuple[int, int, int]]]) -> bytes:
         """Serialise entries as returned by :meth:`items`."""
         out = []
         pack = _ENTRY.pack
-        for sn, (hw, gaps) in items:
+        append = out.append
+        for sn, (hw, known, gaps) in items:
             sn_b = sn.encode("ascii")
-            g = gaps.to_bytes((gaps.bit_length() + 7) // 8, "little") if gaps else b""
-            out.append(pack(len(sn_b), hw, len(g)))
-            out.append(sn_b)
-            out.append(g)
+            if gaps:
+                g = gaps.to_bytes((gaps.bit_length() + 7) // 8, "little")
+                append(pack(len(sn_b), hw, known, len(g)) + sn_b + g)
+            else:
+                append(pack(len(sn_b), hw, known, 0) + sn_b)
         return b"".join(out)
 
     def load(self, data: bytes | memoryview) -> None:
         """Replace the table's contents with entries serialised by :meth:`encode`."""
-        t: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        t: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         pos, end = 0, len(data)
         unpack = _ENTRY.unpack_from
+        w = self.window
+        mask = (1 << w) - 1
         while pos < end:
-            slen, hw, glen = unpack(data, pos)
+            slen, hw, known, glen = unpack(data, pos)
             pos += _ENTRY.size
             sn = bytes(data[pos:pos + slen]).decode("ascii")
             pos += slen
-            gaps = int.from_bytes(data[pos:pos + glen], "little") & self._mask
+            gaps = int.from_bytes(data[pos:pos + glen], "little") & mask
             pos += glen
-            t[sn] = (hw, gaps)
+            t[sn] = (hw, min(known, w), gaps)
         while len(t) > self.max_sns:
             t.popitem(last=False)
         self._t = t

@@ -315,15 +315,25 @@ class Store:
         cond = self._cond
         flush_s = self.config.flush_interval_ms / 1000
         ckpt_s = self.config.checkpoint_interval_ms / 1000
+        ckpt_bytes = self.config.checkpoint_bytes
         next_flush = time.monotonic() + flush_s
+        ckpt_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-checkpoint")
+        ckpt_fut = None
         try:
             while True:
                 with cond:
                     while not self._pending and not self._closing:
-                        timeout = None
+                        # idle: wake up for the async flush and for a due checkpoint
+                        now = time.monotonic()
+                        due = []
                         if not self._sync and self._unsynced:
-                            timeout = max(0.0, next_flush - time.monotonic())
-                            if timeout == 0.0:
+                            due.append(next_flush)
+                        if self._w_end != self._last_ckpt_end and self._failed is None:
+                            due.append(self._last_ckpt_t + ckpt_s)
+                        timeout = None
+                        if due:
+                            timeout = min(due) - now
+                            if timeout <= 0:
                                 break
                         self._w_idle = True
                         cond.wait(timeout)
@@ -342,14 +352,20 @@ class Store:
                         log.error("store: fdatasync failed, refusing further writes: %r", exc)
                         self._failed = exc
                     next_flush = now + flush_s
-                if self._failed is None and (
-                        now - self._last_ckpt_t > ckpt_s
-                        or self._w_end - self._last_ckpt_end > self.config.checkpoint_bytes):
+                if (self._failed is None and (ckpt_fut is None or ckpt_fut.done())
+                        and self._w_end != self._last_ckpt_end
+                        and (now - self._last_ckpt_t > ckpt_s
+                             or self._w_end - self._last_ckpt_end > ckpt_bytes)):
+                    # the snapshot is taken here, between batches; the slow part
+                    # (fsync of indexes, encoding, the file) runs beside the writer
+                    self._last_ckpt_t = now
                     try:
-                        self._checkpoint_now()
+                        cp = self._checkpoint_snapshot()
+                        ckpt_fut = ckpt_exec.submit(self._checkpoint_write, cp)
                     except OSError as exc:
                         log.error("store: checkpoint failed: %r", exc)
-                        self._last_ckpt_t = now
+            if ckpt_fut is not None:
+                ckpt_fut.exception()  # wait for it; errors were logged
             if self._failed is None:
                 try:
                     self._checkpoint_now()
@@ -363,6 +379,7 @@ class Store:
                 rest, self._pending = self._pending, []
             loop.call_soon_threadsafe(self._fail, rest, StoreFailed(f"writer died: {exc!r}"))
         finally:
+            ckpt_exec.shutdown(wait=True)
             loop.call_soon_threadsafe(self._writer_done)
 
     def _writer_done(self) -> None:
@@ -612,22 +629,38 @@ class Store:
 
     # ------------------------------------------------------------------ checkpoint
 
+    def _checkpoint_snapshot(self) -> ckpt.Checkpoint:
+        """Writer thread, between batches: capture the state at the written log end
+        (in async mode after making the log durable up to there)."""
+        if not self._sync and self._active_fd >= 0:
+            self._unsynced = False
+            os.fdatasync(self._active_fd)
+        return ckpt.Checkpoint(self._w_end, time.time_ns() // 1000,
+                               {name: t.next for name, t in list(self._topics.items())},
+                               self._dedup.items())  # type: ignore[arg-type]
+
+    def _checkpoint_write(self, cp: ckpt.Checkpoint) -> None:
+        """Make a snapshot the recovery start point: fsync the indexes (they hold
+        every entry below the snapshot's queue ends), then replace the checkpoint."""
+        try:
+            for t in list(self._topics.values()):
+                t.index.sync()
+            fsync_dir(self.data_dir)
+            cp.dedup = DedupTable.encode(cp.dedup)  # type: ignore[arg-type]
+            ckpt.save(self.data_dir, cp)
+        except OSError as exc:
+            log.error("store: checkpoint failed: %r", exc)
+            raise
+        self._last_ckpt_end = cp.log_end
+        self.stats["checkpoints"] += 1
+
     def _checkpoint_now(self) -> None:
-        """Make the current written state the recovery starting point (writer thread,
-        or the opening/closing thread when no writer runs)."""
-        cp = ckpt.Checkpoint(self._w_end, time.time_ns() // 1000,
-                             {name: t.next for name, t in list(self._topics.items())},
-                             DedupTable.encode(self._dedup.items()))
-        self._unsynced = False
+        """Checkpoint synchronously (at open, at close, without a writer thread)."""
         if self._active_fd >= 0:
             os.fdatasync(self._active_fd)
-        for t in list(self._topics.values()):
-            t.index.sync()
-        fsync_dir(self.data_dir)
-        ckpt.save(self.data_dir, cp)
-        self._last_ckpt_end = cp.log_end
+        cp = self._checkpoint_snapshot()
+        self._checkpoint_write(cp)
         self._last_ckpt_t = time.monotonic()
-        self.stats["checkpoints"] += 1
 
     # ------------------------------------------------------------------ reads
 
