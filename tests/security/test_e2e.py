@@ -36,6 +36,7 @@ def env(tmp_path_factory):
     tok = {
         "reader": tokens.create("reader", Permissions(consume=("lock.*:billing",)))[0],
         "opener": tokens.create("opener", Permissions(command=("LOCK-A",)))[0],
+        "ops": tokens.create("ops", Permissions(admin=True), ttl_s=3600)[0],
         "expired": tokens.create("old", Permissions(admin=True), ttl_s=60,
                                  now=time.time() - 3600)[0],
     }
@@ -247,5 +248,23 @@ def test_disabled_lock_is_refused_at_its_next_connect(env):
     w = Wire(broker.port, "LOCK-X")
     try:
         assert refusal(lambda: w.auth_lock(key)).code == ErrorCode.AUTH_FAILED
+    finally:
+        w.close()
+
+
+def test_devices_online_lists_connected_locks(env, capsys):
+    from .test_cli import run
+    broker, _, keys, tok = env
+    w = Wire(broker.port, "LOCK-C")
+    try:
+        w.auth_lock(keys["LOCK-C"])
+        assert run("devices", "online", "--broker", f"127.0.0.1:{broker.port}",
+                   "--token", tok["ops"], "--json") == 0
+        import json
+        sns = [d["sn"] for d in json.loads(capsys.readouterr().out)]
+        assert "LOCK-C" in sns
+        for bad in ("expired", "reader"):       # expired token; token without admin
+            assert run("devices", "online", "--broker", f"127.0.0.1:{broker.port}",
+                       "--token", tok[bad]) == 1
     finally:
         w.close()

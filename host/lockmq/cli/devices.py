@@ -1,5 +1,8 @@
 """``lockmq devices``: the device registry — provision, list, disable, re-key locks.
 
+``lockmq devices online`` asks a running broker which locks are connected now; the
+other actions work on the registry file directly (no broker needed).
+
 ``lockmq devices add SN --out config.json --broker HOST:PORT`` creates the lock's
 secret, stores it (wrapped) in the broker's registry and writes the provisioning
 config (firmware/README.md's config.json shape) that ``lockmq firmware build``
@@ -48,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         s.add_argument("sn")
         add_registry_options(s)
         s.set_defaults(func=func)
+
+    o = dsub.add_parser("online", help="locks connected to a running broker now")
+    from lockmq.client.cliargs import add_connection_args
+    add_connection_args(o)
+    o.add_argument("--tls-ca", metavar="CA.PEM", help="connect with TLS, verifying this CA")
+    o.add_argument("--json", action="store_true", help="print the broker's JSON answer")
+    o.set_defaults(func=cmd_online)
 
     r = dsub.add_parser("rekey", help="give a lock a new secret (the old one stops working)")
     r.add_argument("sn")
@@ -190,3 +200,31 @@ def cmd_remove(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """Show a lock."""
     return _simple(args, "show")
+
+
+def cmd_online(args: argparse.Namespace) -> int:
+    """Ask the broker (``devices`` admin op) which locks are online."""
+    from lockmq.client import Admin, LockmqError
+    from lockmq.client.session import Endpoint
+
+    endpoint = Endpoint.parse(args.broker)
+    if args.tls_ca:
+        from lockmq.security.tls import client_context
+        endpoint.ssl = client_context(args.tls_ca)
+    try:
+        with Admin(endpoint, token=args.token) as admin:
+            resp = admin.request("devices")
+    except (LockmqError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    devs = resp.get("devices", [])
+    if args.json:
+        print(json.dumps(devs, indent=2))
+        return 0
+    print(f"{'SN':<24} {'PEER':<22} {'IDLE s':>7} {'QUEUED':>6} {'BATTERY':>7}")
+    for d in devs:
+        batt = d.get("battery_pct")
+        print(f"{d['sn']:<24} {d.get('peer', '?'):<22} {d.get('idle_s', 0):>7.1f} "
+              f"{d.get('queued', '-'):>6} {'-' if batt is None else f'{batt}%':>7}")
+    print(f"{resp.get('count', len(devs))} lock(s) online")
+    return 0
