@@ -378,7 +378,7 @@ class Connection(asyncio.Protocol):
             validate_topic(p.topic)
         except InvalidRecord as exc:
             b.stats.inc("publish_refused")
-            self.send_error(_code("INVALID_ARGUMENT"), str(exc), frame.opaque)
+            self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(exc), frame.opaque)
             return
         try:
             b.guard.check_publish(self.principal, p.topic, sn=frame.sn or None, n=1)
@@ -386,18 +386,29 @@ class Connection(asyncio.Protocol):
             b.stats.inc("publish_refused")
             if getattr(exc, "reason", "") == "sn_mismatch":
                 self._sn_mismatch(exc, frame)
-            else:
+            elif getattr(exc, "close", False) or not oneway:
                 self.refused(exc, frame.opaque)
+            else:
+                b.stats.c["publish_oneway_refused"] += 1
             return
         if b.closing:
-            self.send_error(_code("SHUTTING_DOWN"), "the broker is shutting down",
-                            frame.opaque, retry_after_ms=1000)
+            self._pub_error(oneway, _code("SHUTTING_DOWN"), "the broker is shutting down",
+                            frame.opaque, 1000)
             return
         sn = frame.sn or self.principal.name
         self._pub.append((frame.opaque, oneway,
                           NewRecord(p.topic, sn, p.seq, p.lock_ts_ms, p.payload)))
         if len(self._pub) >= b.config.broker.max_publish_batch:
             self._submit_publishes()
+
+    def _pub_error(self, oneway: bool, code: int, msg: str, opaque: int,
+                   retry_after_ms: int = 0) -> None:
+        """Answer a refused publish -- unless it was ONEWAY (SPEC: never an answer;
+        it is counted in ``publish_oneway_refused``)."""
+        if oneway:
+            self.broker.stats.c["publish_oneway_refused"] += 1
+        else:
+            self.send_error(code, msg, opaque, retry_after_ms=retry_after_ms)
 
     def _submit_publishes(self) -> None:
         batch = self._pub
@@ -431,28 +442,29 @@ class Connection(asyncio.Protocol):
             full = isinstance(exc, StoreFull)
             retry = b.config_busy_retry_ms(full)
             b.log_busy(full, exc)
-            msg = ("busy: storage full, retry later" if full
+            msg = ("storage full (disk reserve reached), retry later" if full
                    else "busy: the store is behind, retry later")
-            for opaque, _oneway, _r in batch:
-                self.send_error(_code("BUSY"), msg, opaque, retry_after_ms=retry)
+            code = _code("STORAGE_FULL") if full else _code("BUSY")
+            for opaque, oneway, _r in batch:
+                self._pub_error(oneway, code, msg, opaque, retry)
             self._pub_done(size)
             return
         except StoreClosed:
-            for opaque, _oneway, _r in batch:
-                self.send_error(_code("SHUTTING_DOWN"), "the broker is shutting down",
-                                opaque, retry_after_ms=1000)
+            for opaque, oneway, _r in batch:
+                self._pub_error(oneway, _code("SHUTTING_DOWN"), "the broker is shutting down",
+                                opaque, 1000)
             self._pub_done(size)
             return
         except Exception as exc:  # noqa: BLE001 -- StoreFailed etc.: never ack
             b.log("publish_failed", conn=self.id, error=repr(exc), level="error")
-            for opaque, _oneway, _r in batch:
-                self.send_error(_code("INTERNAL"), "storage error", opaque, retry_after_ms=1000)
+            for opaque, oneway, _r in batch:
+                self._pub_error(oneway, _code("INTERNAL"), "storage error", opaque, 1000)
             self._pub_done(size)
             return
         stored = dup = 0
         for (opaque, oneway, _r), a in zip(batch, res):
             if isinstance(a, Exception):
-                self.send_error(_code("INVALID_ARGUMENT"), str(a), opaque)
+                self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
                 continue
             if a.duplicate:
                 dup += 1
@@ -461,7 +473,7 @@ class Connection(asyncio.Protocol):
             if not oneway:
                 self.send_frame(Op.PUBLISH_ACK, PublishAck(
                     PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED,
-                    max(a.queue_offset, 0)).encode(), opaque, _RESP)
+                    max(a.offset, 0)).encode(), opaque, _RESP)
         b.stats.c["publish_stored"] += stored
         b.stats.c["publish_duplicates"] += dup
         self._pub_done(size)
@@ -620,6 +632,8 @@ class Connection(asyncio.Protocol):
     def _lease_reply(self, frame: Any, bad: list[tuple[int, int]], total: int) -> None:
         if bad:
             self.broker.stats.c["unknown_leases"] += len(bad)
+            if frame.flags & Flag.ONEWAY:
+                return
             shown = ", ".join(f"({q},{d})" for q, d in bad[:20])
             self.send_error(_code("UNKNOWN_LEASE"),
                             f"{len(bad)} of {total} leases unknown, expired or not yours "

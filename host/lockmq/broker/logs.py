@@ -59,6 +59,7 @@ class Stats:
         "handshakes_ok", "handshakes_failed", "frames_in", "frames_out", "bytes_in",
         "bytes_out", "bad_frames", "publish_received", "publish_stored",
         "publish_duplicates", "publish_busy", "publish_refused", "publish_oneway",
+        "publish_oneway_refused",
         "store_batches", "acks", "nacks", "unknown_leases", "pulls", "messages_delivered",
         "notifies", "devices_online_events", "devices_offline_events", "devices_evicted",
         "commands_received", "commands_forwarded", "commands_results", "commands_expired",

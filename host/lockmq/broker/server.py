@@ -83,7 +83,7 @@ class Broker:
     # -- helpers used by connections --------------------------------------------------
 
     def config_busy_retry_ms(self, full: bool) -> int:
-        """The retry-after hint of a BUSY answer."""
+        """The retry-after hint of a BUSY / STORAGE_FULL answer."""
         return 5000 if full else 50
 
     def log_busy(self, full: bool, exc: Exception) -> None:
