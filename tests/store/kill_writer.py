@@ -1,6 +1,6 @@
 """Child process of test_kill: append forever and print every acknowledged id.
 
-Usage: python kill_writer.py DATA_DIR WRITERS. Prints ``READY`` once open, then one
+Usage: python kill_writer.py DATA_DIR WRITERS [sync|async]. Prints ``READY`` once open, then one
 ``ACK sn seq`` line per acknowledged record (flushed), until it is killed.
 """
 
@@ -18,9 +18,10 @@ def payload_for(sn: str, seq: int) -> bytes:
     return (hashlib.sha256(f"{sn}:{seq}".encode()).digest() * 4)[:8 + seq % 97]
 
 
-async def main(data_dir: str, writers: int) -> None:
-    store = Store.open(StoreConfig(data_dir=data_dir, segment_bytes=16 * 1024,
-                                   checkpoint_interval_ms=30, min_free_bytes=0))
+async def main(data_dir: str, writers: int, flush: str) -> None:
+    store = Store.open(StoreConfig(data_dir=data_dir, segment_bytes=16 * 1024, flush=flush,
+                                   flush_interval_ms=5, checkpoint_interval_ms=30,
+                                   min_free_bytes=0))
     out = sys.stdout
 
     async def writer(w: int) -> None:
@@ -40,4 +41,4 @@ async def main(data_dir: str, writers: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "sync"))

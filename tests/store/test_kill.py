@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from lockmq.store import Store
 from lockmq.store.inspect import check_dir
 
@@ -19,9 +21,10 @@ from .kill_writer import payload_for
 CHILD = os.path.join(os.path.dirname(__file__), "kill_writer.py")
 
 
-def _run_and_kill(data_dir: str, delay: float, writers: int) -> list[tuple[str, int]]:
+def _run_and_kill(data_dir: str, delay: float, writers: int,
+                  flush: str) -> list[tuple[str, int]]:
     """Start the child, SIGKILL it ``delay`` s after READY, return the acks it printed."""
-    proc = subprocess.Popen([sys.executable, CHILD, data_dir, str(writers)],
+    proc = subprocess.Popen([sys.executable, CHILD, data_dir, str(writers), flush],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
@@ -55,12 +58,15 @@ def _run_and_kill(data_dir: str, delay: float, writers: int) -> list[tuple[str, 
     return acks
 
 
-def test_sigkill_at_random_moments_loses_no_acknowledged_record(data_dir):
+@pytest.mark.parametrize("flush,kills", [("sync", 10), ("async", 5)])
+def test_sigkill_at_random_moments_loses_no_acknowledged_record(data_dir, flush, kills):
+    """In async mode an ack means "written": a killed process (not a power cut)
+    must not lose those either."""
     rnd = random.Random(1234)
     acked: set[tuple[str, int]] = set()
-    kills = 12
     for i in range(kills):
-        acked.update(_run_and_kill(str(data_dir), rnd.uniform(0.0, 0.35), rnd.choice([1, 8, 40])))
+        acked.update(_run_and_kill(str(data_dir), rnd.uniform(0.0, 0.35),
+                                   rnd.choice([1, 8, 40]), flush))
         s = Store.open(config(data_dir, segment_bytes=16 * 1024))
         try:
             found: dict[tuple[str, int], int] = {}

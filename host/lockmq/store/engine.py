@@ -36,6 +36,10 @@ log = logging.getLogger("lockmq.store")
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
+#: at open, an index with more dead entries (before the log start) than this is
+#: rewritten without them
+REBASE_DEAD_ENTRIES = 1_000_000
+
 
 @dataclass
 class RetentionReport:
@@ -173,7 +177,7 @@ class Store:
             for name, idx in sorted(indexes.items()):
                 t = _Topic(name, idx)
                 t.start = idx.first_at_or_after(bases[0]) if idx.count else idx.end
-                if t.start - idx.base > 1_000_000:
+                if t.start - idx.base > REBASE_DEAD_ENTRIES:
                     idx.rebase(t.start)
                 self._topics[name] = t
             self._active_fd = os.open(os.path.join(self.seg_dir, segment_name(bases[-1])),

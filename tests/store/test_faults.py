@@ -1,0 +1,114 @@
+"""Injected I/O faults: ENOSPC mid-write, a failed fsync, a full queue, index rewrite."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+
+from lockmq.store import Store, StoreBusy, StoreFailed, StoreFull, engine
+from lockmq.store.inspect import check_dir
+
+from .conftest import config, rec, run
+
+
+def _in_writer() -> bool:
+    return threading.current_thread().name == "lockmq-store-writer"
+
+
+def test_injected_enospc_cuts_the_batch_back(data_dir, monkeypatch):
+    real_pwrite = os.pwrite
+    fail = {"on": False}
+
+    def pwrite(fd, data, pos):
+        if fail["on"] and _in_writer() and len(data) > 16 * 3:
+            n = real_pwrite(fd, bytes(data)[:len(data) // 2], pos)  # half lands, then ENOSPC
+            assert n > 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, pos)
+
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=1 << 20))
+        ok = await s.append([rec("t", "A", i) for i in range(10)])
+        end = s.log_end
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        fail["on"] = True
+        with pytest.raises(StoreFull, match="disk full"):
+            await s.append([rec("t", "A", i) for i in range(10, 20)])
+        fail["on"] = False
+        assert s.log_end == end and s.queue_end("t") == 10
+        seg = os.path.join(data_dir, "message.log", "00000000000000000000.log")
+        assert os.path.getsize(seg) == end  # the half-written batch is gone
+        again = await s.append([rec("t", "A", i) for i in range(10, 20)])  # not duplicates
+        assert not any(a.duplicate for a in again)
+        assert [a.queue_offset for a in again] == list(range(10, 20))
+        assert [r.seq for r in s.read("t", 0, 100)] == list(range(20))
+        assert ok[0].offset == 0
+        await s.close()
+    run(main())
+    assert check_dir(str(data_dir)).ok
+
+
+def test_failed_fsync_stops_all_writes_until_restart(data_dir, monkeypatch):
+    real = os.fdatasync
+    state = {"fail": False}
+
+    def fdatasync(fd):
+        if state["fail"] and _in_writer():
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    async def main():
+        s = Store.open(config(data_dir))
+        await s.append([rec("t", "A", 1)])
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        state["fail"] = True
+        with pytest.raises(StoreFailed):
+            await s.append([rec("t", "A", 2)])
+        state["fail"] = False
+        with pytest.raises(StoreFailed):  # no more writes, even though fsync works again
+            await s.append([rec("t", "A", 3)])
+        assert s.queue_end("t") == 1 and [r.seq for r in s.read("t", 0, 9)] == [1]
+        await s.close()
+        s = Store.open(config(data_dir))
+        assert [r.seq for r in s.read("t", 0, 9)] == [1]
+        assert not (await s.append([rec("t", "A", 2)]))[0].duplicate
+        await s.close()
+    run(main())
+
+
+def test_full_queue_answers_busy(data_dir):
+    import asyncio
+
+    async def main():
+        s = Store.open(config(data_dir, max_pending_bytes=2000, max_batch_bytes=4096,
+                              max_record_bytes=1024))
+        outcomes = await asyncio.gather(
+            *[s.append([rec("t", f"S{i}", 1)]) for i in range(300)], return_exceptions=True)
+        busy = [o for o in outcomes if isinstance(o, StoreBusy)]
+        done = [o for o in outcomes if isinstance(o, list)]
+        assert busy and done and len(busy) + len(done) == 300
+        assert s.queue_end("t") == len(done)
+        await s.close()
+    run(main())
+
+
+def test_index_with_many_dead_entries_is_rewritten_at_open(data_dir, monkeypatch):
+    monkeypatch.setattr(engine, "REBASE_DEAD_ENTRIES", 10)
+
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=2048, retention_ms=1))
+        for i in range(0, 200, 5):
+            await s.append([rec("t", "A", k) for k in range(i, i + 5)])
+        s.enforce_retention({}, now_ms=10**15)
+        start, end = s.queue_start("t"), s.queue_end("t")
+        assert start > 10
+        await s.close()
+        s = Store.open(config(data_dir, segment_bytes=2048))
+        assert (s.queue_start("t"), s.queue_end("t")) == (start, end)
+        assert os.path.getsize(os.path.join(data_dir, "offset-t.log")) == 16 + 16 * (end - start)
+        assert [r.seq for r in s.read("t", start, 3)] == [start, start + 1, start + 2]
+        await s.close()
+    run(main())
