@@ -14,6 +14,7 @@ import sys
 # Order is the order shown in `lockmq --help`.
 GROUPS: list[str] = [
     "demo",
+    "firmware",
     "produce",
     "consume",
     "topics",

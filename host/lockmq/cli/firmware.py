@@ -1,0 +1,125 @@
+"""`lockmq firmware ...`: build, flash, deploy and monitor the lock firmware.
+
+Conventions (flash folder layout, config.json, log lines): firmware/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+
+from lockmq.firmware_tools.build import BuildError, DeviceConfig, build_folder, parse_broker
+from lockmq.firmware_tools.lfsimage import FS_OFFSET, FS_SIZE, make_image
+
+
+def _int(text: str) -> int:
+    return int(text, 0)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("firmware", help="build, flash, deploy and monitor the lock firmware")
+    fw = p.add_subparsers(dest="fw_command", metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    b = fw.add_parser("build", help="compile the app into a board's flash folder and LittleFS image")
+    b.add_argument("--out", required=True, help="the flash folder to write")
+    b.add_argument("--sn", required=True, help="the lock's serial number")
+    b.add_argument("--key", help="the device key, hex (default: a new random 32-byte key, printed)")
+    b.add_argument("--broker", action="append", required=True, metavar="HOST:PORT",
+                   help="a broker address; repeat for failover, tried in order")
+    b.add_argument("--wifi-ssid", default="")
+    b.add_argument("--wifi-pass", default="")
+    b.add_argument("--heartbeat-s", type=int, default=30)
+    b.add_argument("--hw", choices=["auto", "sim", "esp32"], default="auto")
+    b.add_argument("--topic", default="lock.events")
+    b.add_argument("--tls", action="store_true", help="connect with TLS (put the CA as ca.der)")
+    b.add_argument("--tls-server-hostname", default="")
+    b.add_argument("--card", action="append", metavar="HEX", help="seed the card list")
+    b.add_argument("--source", action="store_true", help="copy .py instead of compiling (debug)")
+    b.add_argument("--fs-image", help="LittleFS image path (default: OUT.lfs)")
+    b.add_argument("--fs-size", type=_int, default=FS_SIZE, help=f"image size (default {FS_SIZE:#x})")
+    b.add_argument("--no-image", action="store_true", help="skip the LittleFS image")
+    b.set_defaults(func=_build)
+
+    f = fw.add_parser("flash", help="write MicroPython and the app's LittleFS image with esptool")
+    f.add_argument("--port", required=True, help="serial port or socket://host:port")
+    f.add_argument("--firmware", help="the MicroPython image (micropython.bin) to write at 0x1000")
+    f.add_argument("--fs-image", help="the app's LittleFS image (from build)")
+    f.add_argument("--fs-offset", type=_int, default=FS_OFFSET, help=f"default {FS_OFFSET:#x}")
+    f.add_argument("--fw-offset", type=_int, default=0x1000)
+    f.add_argument("--baud", type=int, default=460800)
+    f.add_argument("--chip", default="esp32")
+    f.add_argument("--before", help="esptool --before (default: default-reset; no-reset for URLs)")
+    f.add_argument("--after", help="esptool --after (default: hard-reset; no-reset for URLs)")
+    f.add_argument("--no-stub", action="store_true", default=None)
+    f.add_argument("--no-compress", action="store_true")
+    f.set_defaults(func=_flash)
+
+    d = fw.add_parser("deploy", help="copy a flash folder onto a board running MicroPython (mpremote)")
+    d.add_argument("--port", required=True)
+    d.add_argument("--dir", required=True, help="the flash folder (from build)")
+    d.add_argument("--keep-config", action="store_true", help="leave the board's config.json")
+    d.add_argument("--reset", choices=["hard", "soft", "none"], default="hard")
+    d.set_defaults(func=_deploy)
+
+    m = fw.add_parser("monitor", help="show the board's log")
+    m.add_argument("--port", required=True)
+    m.add_argument("--baud", type=int, default=115200)
+    m.add_argument("--until", help="exit 0 when a line matches this regex")
+    m.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
+    m.add_argument("--send", action="append", help="write this line to the board first")
+    m.set_defaults(func=_monitor)
+
+
+def _fail(e: Exception) -> int:
+    print(f"lockmq firmware: {e}", file=sys.stderr)
+    return 2
+
+
+def _build(a: argparse.Namespace) -> int:
+    try:
+        key = a.key
+        if key is None:
+            key = secrets.token_hex(32)
+            print(f"key {key}")
+        cfg = DeviceConfig(sn=a.sn, key=key, brokers=[parse_broker(x) for x in a.broker],
+                           wifi_ssid=a.wifi_ssid, wifi_pass=a.wifi_pass, heartbeat_s=a.heartbeat_s,
+                           hw=a.hw, topic=a.topic, tls=a.tls,
+                           tls_server_hostname=a.tls_server_hostname)
+        out = build_folder(a.out, cfg, source=a.source, cards=a.card)
+        print(f"flash folder {out}")
+        if not a.no_image:
+            image = make_image(out, a.fs_image or str(out).rstrip("/") + ".lfs", fs_size=a.fs_size)
+            print(f"littlefs image {image} ({a.fs_size} bytes, block 4096)")
+    except BuildError as e:
+        return _fail(e)
+    return 0
+
+
+def _flash(a: argparse.Namespace) -> int:
+    from lockmq.firmware_tools.flash import flash
+    try:
+        return flash(a.port, a.firmware, a.fs_image, fw_offset=a.fw_offset, fs_offset=a.fs_offset,
+                     baud=a.baud, chip=a.chip, before=a.before, after=a.after,
+                     no_stub=a.no_stub, compress=not a.no_compress)
+    except BuildError as e:
+        return _fail(e)
+
+
+def _deploy(a: argparse.Namespace) -> int:
+    from lockmq.firmware_tools.deploy import deploy
+    try:
+        return deploy(a.port, a.dir, config=not a.keep_config, reset=a.reset)
+    except BuildError as e:
+        return _fail(e)
+
+
+def _monitor(a: argparse.Namespace) -> int:
+    from lockmq.firmware_tools.monitor import monitor
+    try:
+        return monitor(a.port, baud=a.baud, until=a.until, timeout=a.timeout, send=a.send)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as e:
+        return _fail(e)
