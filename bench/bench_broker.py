@@ -1,0 +1,302 @@
+"""Broker benchmark: lockmq against its floors, one command.
+
+    .venv/bin/python bench/bench_broker.py            # full run (~5 min)
+    .venv/bin/python bench/bench_broker.py --quick    # small sizes (~1-2 min)
+
+Prints the machine, then min/median/max over ``--runs`` runs of each figure, for
+three servers driven by the same load generator (``bench/loadgen.py``, 24-byte
+LockEvent records, pinned with ``taskset`` to another core than the server):
+
+* ``ack``    — the ack floor: parse the frames, ack each, store nothing;
+* ``fsync``  — the durable floor: append every read's records to a file and ack
+  after one shared fdatasync (group commit);
+* ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir).
+
+Scenarios: sync send from 100 and 1,000 locks (one record at a time, wait for the
+ack); pipelined (100 locks x 32 in flight); a storm of N locks connecting within
+one second, one record each; consumer-cluster delivery (4 consumers drain a
+preloaded topic; broker only); end-to-end publish->consume latency (broker only).
+Each broker figure is also given as a ratio to both floors, and checked against
+the issue's targets. Nothing here asserts: it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
+
+
+# -- machine ---------------------------------------------------------------------------
+def machine_info() -> dict[str, Any]:
+    """CPU, cores, memory, kernel, Python, event loop, file system of the data dir."""
+    info: dict[str, Any] = {"python": platform.python_version(), "kernel": platform.release(),
+                            "cores": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as fh:
+            info["mem_gb"] = round(int(fh.readline().split()[1]) / 1024 / 1024, 1)
+        with open("/proc/loadavg") as fh:
+            info["loadavg"] = fh.read().split()[:3]
+    except OSError:
+        pass
+    try:
+        import uvloop
+
+        info["uvloop"] = uvloop.__version__
+    except ImportError:
+        info["uvloop"] = None
+    return info
+
+
+def fdatasync_rate(directory: str, seconds: float = 0.5) -> float:
+    """fdatasync calls per second on ``directory`` (small appends)."""
+    path = os.path.join(directory, "fsync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    n = 0
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < seconds:
+            os.write(fd, b"x" * 64)
+            os.fdatasync(fd)
+            n += 1
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return n / (time.monotonic() - t0)
+
+
+# -- servers ---------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not start listening")
+
+
+class Server:
+    """One server process pinned to ``core`` with ``taskset``."""
+
+    def __init__(self, kind: str, core: str, base_dir: str, flush: str) -> None:
+        self.kind = kind
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix=f"{kind}-", dir=base_dir)
+        if kind == "broker":
+            cmd = BROKER_CMD + ["--host", "127.0.0.1", "--port", str(self.port),
+                                "--status-port", "0", "--data-dir", self.dir, "--auth", "off",
+                                "--flush", flush, "--log-level", "WARNING"]
+        else:
+            cmd = [PY, os.path.join(HERE, "floors.py"), "--mode", kind, "--port",
+                   str(self.port), "--dir", self.dir]
+        self.log = open(os.path.join(base_dir, f"{kind}-{self.port}.log"), "wb")
+        self.proc = subprocess.Popen(["taskset", "-c", core] + cmd, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        wait_listening(self.port, self.proc)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def loadgen(core: str, port: int, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run one load-generator scenario pinned to ``core``; its JSON result."""
+    cmd = ["taskset", "-c", core, PY, os.path.join(HERE, "loadgen.py"), *args,
+           "--port", str(port)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]}
+    return json.loads(lines[-1])
+
+
+# -- scenarios -------------------------------------------------------------------------
+def scenarios(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every scenario: name, servers, load-generator args, the figures it reports."""
+    d = str(a.duration)
+    out = [
+        {"name": "sync-100", "servers": ("ack", "fsync", "broker"),
+         "args": ["publish", "--locks", "100", "--window", "1", "--duration", d],
+         "figures": ("rate", "p50_ms", "p99_ms")},
+        {"name": "sync-1000", "servers": ("ack", "fsync", "broker"),
+         "args": ["publish", "--locks", "1000", "--window", "1", "--duration", d],
+         "figures": ("rate", "p50_ms", "p99_ms")},
+        {"name": "pipelined-100x32", "servers": ("ack", "fsync", "broker"),
+         "args": ["publish", "--locks", "100", "--window", "32", "--duration", d],
+         "figures": ("rate", "p50_ms", "p99_ms")},
+        {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", "broker"),
+         "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
+         "figures": ("acked_pct", "p50_ms", "p99_ms")},
+        {"name": f"deliver-{a.consumers}c", "servers": ("broker",),
+         "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
+                  str(a.consumers)],
+         "figures": ("rate", "lost", "duplicates")},
+        {"name": "e2e-latency", "servers": ("broker",),
+         "args": ["e2e", "--locks", "100", "--rate", str(a.e2e_rate), "--duration",
+                  str(a.e2e_duration)],
+         "figures": ("p50_ms", "p99_ms", "lost")},
+    ]
+    if a.only:
+        out = [s for s in out if any(s["name"].startswith(o) for o in a.only)]
+    return out
+
+
+def stats3(values: list[float]) -> tuple[float, float, float]:
+    return min(values), statistics.median(values), max(values)
+
+
+def fmt(v: float) -> str:
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+TARGETS = {
+    # (scenario prefix, figure): (description, check(broker_median, floors) -> bool)
+    ("sync-100", "rate"): ("sync >= 0.8 x durable floor",
+                           lambda b, f: b >= 0.8 * f.get("fsync", float("inf"))),
+    ("sync-1000", "rate"): ("sync >= 0.8 x durable floor",
+                            lambda b, f: b >= 0.8 * f.get("fsync", float("inf"))),
+    ("pipelined", "rate"): ("pipelined >= 0.25 x durable floor",
+                            lambda b, f: b >= 0.25 * f.get("fsync", float("inf"))),
+    ("storm", "acked_pct"): ("100 % acknowledged", lambda b, f: b >= 100.0),
+    ("storm", "p99_ms"): ("p99 < 300 ms", lambda b, f: b < 300.0),
+    ("deliver", "rate"): (">= 100k msg/s", lambda b, f: b >= 100_000),
+    ("deliver", "lost"): ("nothing lost", lambda b, f: b == 0),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes: 1 s runs, 2,000-lock storm, 20,000 deliveries")
+    ap.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per publish run")
+    ap.add_argument("--storm-locks", type=int, default=10_000)
+    ap.add_argument("--storm-spread", type=float, default=1.0,
+                    help="seconds over which the storm's locks connect")
+    ap.add_argument("--deliver-messages", type=int, default=200_000)
+    ap.add_argument("--consumers", type=int, default=4)
+    ap.add_argument("--e2e-rate", type=float, default=2000.0, help="msg/s for the latency run")
+    ap.add_argument("--e2e-duration", type=float, default=5.0)
+    ap.add_argument("--flush", choices=("sync", "async"), default="sync",
+                    help="broker durability mode (default sync: ack after fdatasync)")
+    ap.add_argument("--server-core", default="0")
+    ap.add_argument("--client-core", default="1")
+    ap.add_argument("--only", nargs="*", help="run only scenarios starting with these names")
+    ap.add_argument("--dir", default=None, help="where servers keep data (default: a temp dir)")
+    ap.add_argument("--json", metavar="PATH", help="also write all results as JSON")
+    a = ap.parse_args()
+    if a.quick:
+        a.duration = min(a.duration, 1.0)
+        a.storm_locks = min(a.storm_locks, 2000)
+        a.deliver_messages = min(a.deliver_messages, 20_000)
+        a.e2e_duration = min(a.e2e_duration, 2.0)
+    if shutil.which("taskset") is None:
+        print("bench: taskset (util-linux) is needed to pin server and load generator",
+              file=sys.stderr)
+        return 2
+    base = a.dir or tempfile.mkdtemp(prefix="lockmq-bench-")
+    os.makedirs(base, exist_ok=True)
+    info = machine_info()
+    info["fdatasync_per_s"] = round(fdatasync_rate(base))
+    print("lockmq broker benchmark")
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+    print(f"server on core {a.server_core}, load generator on core {a.client_core} (taskset); "
+          f"{a.runs} runs per figure; records of 24 bytes; broker flush={a.flush}, auth=off")
+    print(f"data under {base}\n", flush=True)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for sc in scenarios(a):
+        results[sc["name"]] = {}
+        for kind in sc["servers"]:
+            runs = []
+            for r in range(a.runs):
+                srv = Server(kind, a.server_core, base, a.flush)
+                try:
+                    res = loadgen(a.client_core, srv.port, sc["args"], timeout=600)
+                finally:
+                    srv.stop()
+                runs.append(res)
+                brief = {k: (round(v, 2) if isinstance(v, float) else v)
+                         for k, v in res.items() if k in sc["figures"] or k == "error"}
+                print(f"  {sc['name']:18s} {kind:6s} run {r + 1}: {brief}", flush=True)
+            results[sc["name"]][kind] = runs
+    report(results, scenarios(a))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"machine": info, "args": vars(a), "results": results}, fh, indent=1)
+    if not a.dir:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
+    """The summary table: min/median/max, ratios to the floors, targets."""
+    print("\nsummary (min / median / max over runs; ratio = broker median / floor median)")
+    print(f"{'scenario':18s} {'figure':10s} {'server':7s} {'min':>10s} {'median':>10s} "
+          f"{'max':>10s}  {'x ack':>6s} {'x fsync':>7s}  target")
+    for sc in scs:
+        name = sc["name"]
+        for fig in sc["figures"]:
+            medians: dict[str, float] = {}
+            for kind in sc["servers"]:
+                vals = [r[fig] for r in results[name].get(kind, []) if fig in r]
+                if not vals:
+                    print(f"{name:18s} {fig:10s} {kind:7s} {'(failed)':>10s}")
+                    continue
+                lo, med, hi = stats3([float(v) for v in vals])
+                medians[kind] = med
+                ratio_a = ratio_f = ""
+                target = ""
+                if kind == "broker":
+                    if "ack" in medians and medians["ack"]:
+                        ratio_a = f"{med / medians['ack']:.2f}"
+                    if "fsync" in medians and medians["fsync"]:
+                        ratio_f = f"{med / medians['fsync']:.2f}"
+                    for (prefix, tfig), (desc, check) in TARGETS.items():
+                        if name.startswith(prefix) and fig == tfig:
+                            target = f"{desc}: {'MET' if check(med, medians) else 'NOT MET'}"
+                print(f"{name:18s} {fig:10s} {kind:7s} {fmt(lo):>10s} {fmt(med):>10s} "
+                      f"{fmt(hi):>10s}  {ratio_a:>6s} {ratio_f:>7s}  {target}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

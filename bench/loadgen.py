@@ -1,0 +1,521 @@
+"""The benchmark's load generator: lean simulated locks and consumers over real TCP.
+
+Run by ``bench_broker.py`` pinned to its own core (``taskset``); each invocation
+runs one scenario against one server and prints one JSON line of results. The
+same code drives the real broker and the two floors, so their ratio is fair.
+
+Scenarios:
+  publish   N locks, each with W records in flight (W = 1: sync send), for D s
+  storm     N locks connecting within S seconds, each sending one record
+  deliver   preload M records, then C consumers of one cluster drain them
+  e2e       publish at a fixed rate while a consumer receives; latency per record
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import random
+import resource
+import socket
+import struct
+import sys
+import time
+
+from lockmq.client._conn import FrameConnection
+from lockmq.client.session import Credentials, Endpoint, error_from_body, open_session
+from lockmq.client.errors import BusyError, LockmqError
+from lockmq.protocol import (
+    Ack,
+    Auth,
+    Challenge,
+    Connect,
+    FrameDecoder,
+    encode_frame,
+    EventType,
+    Flag,
+    LockEvent,
+    Messages,
+    Method,
+    Op,
+    Pull,
+    Role,
+    Subscribe,
+    SubscribeAck,
+)
+
+RECORD_BYTES = 24
+KEY = b"lockmq-bench-key-0000000000000000"
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (0 for an empty list)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def record(rng: random.Random) -> bytes:
+    """A 24-byte LockEvent (unlock by card, 10-byte credential)."""
+    ev = LockEvent(EventType.UNLOCK, int(time.time() * 1000), Method.CARD, 0,
+                   rng.randrange(60), rng.getrandbits(80).to_bytes(10, "big"))
+    data = ev.encode()
+    assert len(data) == RECORD_BYTES
+    return data
+
+
+def publish_body(topic_prefix: bytes, seq: int, payload: bytes) -> bytes:
+    """A PUBLISH body built without an object per message (topic, seq, ts, payload)."""
+    return topic_prefix + struct.pack(">IQ", seq, int(time.time() * 1000)) + payload
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def connect_lock(ep: Endpoint, sn: str, retries: int = 50) -> tuple[FrameConnection, int]:
+    """Open a lock session (retrying refusals); return it and the failed attempts."""
+    fails = 0
+    delay = 0.05
+    while True:
+        try:
+            conn, _ = await open_session(ep, sn, Role.LOCK, Credentials.device(KEY))
+            return conn, fails
+        except (LockmqError, OSError, asyncio.TimeoutError):
+            fails += 1
+            if fails > retries:
+                raise
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, 2.0)
+
+
+async def send_one(conn: FrameConnection, body: bytes, counters: dict[str, int]) -> None:
+    """Send one PUBLISH and wait for its ack, retrying after BUSY."""
+    while True:
+        frame = await conn.request(Op.PUBLISH, body)
+        if frame.opcode == Op.PUBLISH_ACK:
+            return
+        err = error_from_body(frame.body) if frame.opcode == Op.ERROR else None
+        if isinstance(err, BusyError):
+            counters["busy"] += 1
+            await asyncio.sleep(max(0.001, err.retry_after_ms / 1000))
+            continue
+        counters["errors"] += 1
+        return
+
+
+async def connect_all(ep: Endpoint, sns: list[str], parallel: int = 256) -> list[FrameConnection]:
+    """Connect many locks, ``parallel`` handshakes at a time."""
+    out: list[FrameConnection] = []
+    for i in range(0, len(sns), parallel):
+        got = await asyncio.gather(*[connect_lock(ep, sn) for sn in sns[i:i + parallel]])
+        out.extend(c for c, _ in got)
+    return out
+
+
+class LeanLock(asyncio.Protocol):
+    """A callback-driven simulated lock: handshake, then keep ``window`` records in
+    flight until told to stop. No task or future per message, one socket write per
+    read — so the generator, not its own overhead, sets the pace."""
+
+    def __init__(self, sn: str, topic_prefix: bytes, payload: bytes, window: int,
+                 stats: dict, lat: list, sample: int, on_ready, on_acked=None,
+                 max_records: int | None = None) -> None:
+        self.sn = sn
+        self.snb = sn.encode()
+        self.tp = topic_prefix
+        self.payload = payload
+        self.window = window
+        self.stats = stats
+        self.lat = lat
+        self.sample = sample
+        self.on_ready = on_ready
+        self.on_acked = on_acked
+        self.max_records = max_records
+        self.dec = FrameDecoder(1 << 20)
+        self.transport = None
+        self.seq = 0
+        self.sent_at: dict[int, tuple[int, float, bytes]] = {}
+        self.running = False
+        self.out: list[bytes] = []
+        self.t_connect = 0.0
+        self.acked = 0
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self.transport = transport
+        self.t_connect = time.monotonic()
+        transport.write(encode_frame(Op.CONNECT, self.snb, Connect(Role.LOCK, 30, "bench").encode(), 1))
+
+    def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+        self.transport = None
+        if self.sent_at:
+            self.stats["lost_in_flight"] += len(self.sent_at)
+
+    def start(self) -> None:
+        """Begin publishing (fill the window)."""
+        self.running = True
+        for _ in range(self.window):
+            self._publish()
+        self._flush()
+
+    def _publish(self) -> None:
+        if self.max_records is not None and self.seq >= self.max_records:
+            return
+        seq = self.seq
+        self.seq = seq + 1
+        body = self.tp + struct.pack(">IQ", seq, int(time.time() * 1000)) + self.payload
+        opaque = seq + 1
+        self.sent_at[opaque] = (seq, time.monotonic(), body)
+        self.out.append(encode_frame(Op.PUBLISH, self.snb, body, opaque))
+
+    def _flush(self) -> None:
+        if self.out and self.transport is not None:
+            self.transport.write(b"".join(self.out))
+        self.out = []
+
+    def _resend(self, opaque: int) -> None:
+        entry = self.sent_at.get(opaque)
+        if entry is not None and self.transport is not None:
+            self.transport.write(encode_frame(Op.PUBLISH, self.snb, entry[2], opaque))
+
+    def data_received(self, data: bytes) -> None:
+        self.dec.feed(data)
+        stats = self.stats
+        while True:
+            f = self.dec.next_frame()
+            if f is None:
+                break
+            op = f.opcode
+            if op == Op.PUBLISH_ACK:
+                entry = self.sent_at.pop(f.opaque, None)
+                if entry is None:
+                    continue
+                stats["acked"] += 1
+                self.acked += 1
+                if self.acked % self.sample == 0:
+                    self.lat.append((time.monotonic() - entry[1]) * 1000)
+                if self.on_acked is not None:
+                    self.on_acked(self)
+                if self.running:
+                    self._publish()
+            elif op == Op.CHALLENGE:
+                ch = Challenge.decode(f.body)
+                cn = os.urandom(16)
+                proof = hmac.new(KEY, b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
+                                 hashlib.sha256).digest()
+                self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
+            elif op == Op.CONNECT_ACK:
+                self.on_ready(self)
+            elif op == Op.ERROR:
+                err = error_from_body(f.body)
+                if isinstance(err, BusyError) and f.opaque in self.sent_at:
+                    stats["busy"] += 1
+                    asyncio.get_running_loop().call_later(
+                        max(0.001, err.retry_after_ms / 1000), self._resend, f.opaque)
+                else:
+                    stats["errors"] += 1
+                    if f.opaque in (1, 2):
+                        self.on_ready(self, err)
+        self._flush()
+
+
+async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[no-untyped-def]
+    """Open one LeanLock connection; retry refused connects with backoff."""
+    loop = asyncio.get_running_loop()
+    delay = 0.05
+    for _ in range(20):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            # connect the socket ourselves: no resolver thread per connection
+            await loop.sock_connect(sock, (ep.host, ep.port))
+            _, proto = await loop.create_connection(make, sock=sock)
+            return proto
+        except OSError:
+            sock.close()
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(2.0, delay * 2)
+    return None
+
+
+async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: float,
+                           topic: str, prefix: str) -> dict:
+    """N locks, W in flight each, for ``duration`` seconds: acks/s and latency."""
+    rng = random.Random(1)
+    tp = struct.pack(">B", len(topic)) + topic.encode()
+    payload = record(rng)
+    stats = {"acked": 0, "busy": 0, "errors": 0, "lost_in_flight": 0}
+    lat: list[float] = []
+    sample = max(1, (locks * window) // 500)
+    ready: list[LeanLock] = []
+    all_ready = asyncio.Event()
+
+    def on_ready(lock: LeanLock, err: object = None) -> None:
+        ready.append(lock)
+        if len(ready) == locks:
+            all_ready.set()
+
+    protos: list[LeanLock] = []
+    for i in range(0, locks, 256):
+        got = await asyncio.gather(*[lean_connect(ep, lambda j=j: LeanLock(
+            f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready))
+            for j in range(i, min(locks, i + 256))])
+        protos.extend(p for p in got if p is not None)
+    await asyncio.wait_for(all_ready.wait(), 60)
+    await asyncio.sleep(0.2)
+    t0 = time.monotonic()
+    for p in protos:
+        p.start()
+    await asyncio.sleep(duration)
+    for p in protos:
+        p.running = False
+    acked_at_end = stats["acked"]
+    elapsed = time.monotonic() - t0
+    # let the in-flight records finish before closing (they are not counted)
+    deadline = time.monotonic() + 10
+    while any(p.sent_at for p in protos) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    for p in protos:
+        if p.transport is not None:
+            p.transport.close()
+    return {"acked": acked_at_end, "busy": stats["busy"], "errors": stats["errors"],
+            "unacked_at_close": sum(len(p.sent_at) for p in protos),
+            "seconds": elapsed, "rate": acked_at_end / elapsed,
+            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99)}
+
+
+async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
+                         prefix: str) -> dict:
+    """N locks connect within ``spread`` s, each sends one record: % acked, latency
+    from the start of its connect to its ack."""
+    rng = random.Random(2)
+    tp = struct.pack(">B", len(topic)) + topic.encode()
+    payload = record(rng)
+    stats = {"acked": 0, "busy": 0, "errors": 0, "lost_in_flight": 0}
+    lat: list[float] = []
+    protos: list[LeanLock] = []
+    all_done = asyncio.Event()
+    failed = [0]
+
+    def on_ready(lock: LeanLock, err: object = None) -> None:
+        if err is not None:
+            failed[0] += 1
+            return
+        lock.start()
+        lock._flush()
+
+    def on_acked(lock: LeanLock) -> None:
+        lat.append((time.monotonic() - lock.t_start) * 1000)
+        if len(lat) + failed[0] >= locks:
+            all_done.set()
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(rng.uniform(0, spread))
+        t_start = time.monotonic()
+
+        def make() -> LeanLock:
+            p = LeanLock(f"{prefix}{i:06d}", tp, payload, 1, stats, [], 1 << 30, on_ready,
+                         on_acked, max_records=1)
+            p.t_start = t_start  # type: ignore[attr-defined]
+            return p
+
+        p = await lean_connect(ep, make)
+        if p is None:
+            failed[0] += 1
+            if len(lat) + failed[0] >= locks:
+                all_done.set()
+            return
+        protos.append(p)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*[one(i) for i in range(locks)])
+    try:
+        await asyncio.wait_for(all_done.wait(), 30 + spread)
+    except asyncio.TimeoutError:
+        pass
+    elapsed = time.monotonic() - t0
+    for p in protos:
+        if p.transport is not None:
+            p.transport.close()
+    return {"locks": locks, "acked": len(lat), "acked_pct": 100.0 * len(lat) / locks,
+            "failed": failed[0], "busy": stats["busy"], "errors": stats["errors"],
+            "seconds": elapsed, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "max_ms": max(lat) if lat else 0.0}
+
+
+async def _consumer(ep: Endpoint, topic: str, cluster: str, name: str, batch: int,
+                    seen: set, target: int, done: asyncio.Event, on_msg=None) -> int:
+    """A lean consumer: two PULLs in flight, one oneway ACK per batch."""
+    conn, _ = await open_session(ep, name, Role.SERVICE, Credentials.token(None))
+    frame = await conn.request(Op.SUBSCRIBE, Subscribe(topic, cluster, 0, 0, 0).encode())
+    if frame.opcode != Op.SUBSCRIBE_ACK:
+        raise RuntimeError(f"subscribe refused: {error_from_body(frame.body)}")
+    sub = SubscribeAck.decode(frame.body).sub_id
+    got = 0
+    pull = Pull(sub, batch, 200).encode()
+    pending = [conn.request(Op.PULL, pull), conn.request(Op.PULL, pull)]
+    while not done.is_set():
+        fut = pending.pop(0)
+        try:
+            frame = await asyncio.wait_for(fut, 5)
+        except asyncio.TimeoutError:
+            break
+        if frame.opcode == Op.MESSAGES:
+            msgs = Messages.decode(frame.body).messages
+            if msgs:
+                now = time.monotonic()
+                for m in msgs:
+                    seen.add((m.sn, m.seq))
+                    if on_msg is not None:
+                        on_msg(m, now)
+                got += len(msgs)
+                conn.send(Op.ACK, Ack(sub, [(m.queue_offset, m.delivery) for m in msgs]).encode(),
+                          0, Flag.ONEWAY)
+                if len(seen) >= target:
+                    done.set()
+        if not done.is_set():
+            pending.append(conn.request(Op.PULL, pull))
+    conn.close()
+    return got
+
+
+async def scenario_deliver(ep: Endpoint, messages: int, consumers: int, topic: str,
+                           prefix: str, batch: int) -> dict:
+    """Preload ``messages`` records, then ``consumers`` members drain them."""
+    rng = random.Random(3)
+    locks = 100
+    per = messages // locks
+    sns = [f"{prefix}{i:06d}" for i in range(locks)]
+    conns = await connect_all(ep, sns)
+    tp = struct.pack(">B", len(topic)) + topic.encode()
+    payload = record(rng)
+    counters = {"busy": 0, "errors": 0}
+
+    async def preload(conn: FrameConnection) -> None:
+        for base in range(0, per, 32):
+            await asyncio.gather(*[send_one(conn, publish_body(tp, s, payload), counters)
+                                   for s in range(base, min(per, base + 32))])
+
+    t0 = time.monotonic()
+    await asyncio.gather(*[preload(c) for c in conns])
+    preload_s = time.monotonic() - t0
+    for c in conns:
+        c.close()
+    total = per * locks
+    seen: set = set()
+    done = asyncio.Event()
+    t0 = time.monotonic()
+    counts = await asyncio.wait_for(asyncio.gather(*[
+        _consumer(ep, topic, "bench-cluster", f"bench-consumer-{k}", batch, seen, total, done)
+        for k in range(consumers)]), max(60, total / 5000))
+    elapsed = time.monotonic() - t0
+    return {"messages": total, "received": sum(counts), "unique": len(seen),
+            "lost": total - len(seen), "duplicates": sum(counts) - len(seen),
+            "seconds": elapsed, "rate": len(seen) / elapsed, "preload_s": preload_s,
+            "per_consumer": counts}
+
+
+async def scenario_e2e(ep: Endpoint, locks: int, rate: float, duration: float, topic: str,
+                       prefix: str) -> dict:
+    """Publish at ``rate`` msg/s in total while one consumer receives: latency."""
+    rng = random.Random(4)
+    sns = [f"{prefix}{i:06d}" for i in range(locks)]
+    conns = await connect_all(ep, sns)
+    tp = struct.pack(">B", len(topic)) + topic.encode()
+    payload = record(rng)
+    sent: dict[tuple[str, int], float] = {}
+    lat: list[float] = []
+    counters = {"busy": 0, "errors": 0}
+    seen: set = set()
+    done = asyncio.Event()
+
+    def on_msg(m, now: float) -> None:
+        t = sent.pop((m.sn, m.seq), None)
+        if t is not None:
+            lat.append((now - t) * 1000)
+
+    total = int(rate * duration) // locks * locks
+    consumer = asyncio.ensure_future(_consumer(ep, topic, "bench-e2e", "bench-e2e-consumer",
+                                               256, seen, total, done, on_msg))
+    await asyncio.sleep(0.3)
+    interval = locks / rate
+
+    async def lock(i: int, conn: FrameConnection) -> None:
+        await asyncio.sleep(rng.uniform(0, interval))
+        for seq in range(total // locks):
+            sent[(sns[i], seq)] = time.monotonic()
+            await send_one(conn, publish_body(tp, seq, payload), counters)
+            await asyncio.sleep(interval)
+
+    await asyncio.gather(*[lock(i, c) for i, c in enumerate(conns)])
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    except asyncio.TimeoutError:
+        pass
+    done.set()
+    await consumer
+    for c in conns:
+        c.close()
+    return {"messages": total, "received": len(seen), "lost": total - len(seen),
+            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "max_ms": max(lat) if lat else 0.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=("publish", "storm", "deliver", "e2e"))
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--locks", type=int, default=100)
+    ap.add_argument("--window", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--spread", type=float, default=1.0)
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--consumers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=2000.0)
+    ap.add_argument("--topic", default="bench.events")
+    ap.add_argument("--prefix", default="BENCH-")
+    args = ap.parse_args()
+    raise_nofile()
+    ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
+    if args.scenario == "publish":
+        coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,
+                                args.prefix)
+    elif args.scenario == "storm":
+        coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
+    elif args.scenario == "deliver":
+        coro = scenario_deliver(ep, args.messages, args.consumers, args.topic, args.prefix,
+                                args.batch)
+    else:
+        coro = scenario_e2e(ep, args.locks, args.rate, args.duration, args.topic, args.prefix)
+    try:
+        import uvloop
+
+        result = uvloop.run(coro) if sys.version_info >= (3, 12) else _run_uvloop(coro)
+    except ImportError:
+        result = asyncio.run(coro)
+    print(json.dumps(result), flush=True)
+
+
+def _run_uvloop(coro):  # type: ignore[no-untyped-def]
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
