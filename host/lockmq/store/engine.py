@@ -107,6 +107,11 @@ class Store:
     Open with :meth:`Store.open` (runs crash recovery), append with
     ``await store.append([...])``, read with :meth:`read`, finish with
     ``await store.close()``. See docs/storage.md and FORMAT.md.
+
+    All methods are meant for one thread: the event loop that made the first
+    :meth:`append` (the writer thread reports back to that loop). Reads, positions
+    and retention work before any append too, e.g. from a tool without a loop;
+    then finish with :meth:`close_sync`.
     """
 
     def __init__(self, config: StoreConfig) -> None:
