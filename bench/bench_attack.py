@@ -29,12 +29,10 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import re
 import shutil
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile

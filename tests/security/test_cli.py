@@ -7,7 +7,6 @@ import json
 import os
 import stat
 
-import pytest
 
 from lockmq.cli import certs, devices, tokens
 from lockmq.security import DeviceRegistry, SecurityConfig, TokenStore

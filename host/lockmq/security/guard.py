@@ -32,7 +32,7 @@ from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, Re
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
                      check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, LOCK, SERVICE, Principal, Permissions, anonymous_admin
+from .principal import ADMIN, LOCK, SERVICE, Principal, anonymous_admin
 from .registry import SN_RE, DeviceRegistry
 from .tokens import TokenError, TokenStore
 
