@@ -7,7 +7,6 @@ import json
 import os
 import stat
 
-
 from lockmq.cli import certs, devices, tokens
 from lockmq.security import DeviceRegistry, SecurityConfig, TokenStore
 
