@@ -133,3 +133,32 @@ def test_per_lock_ordering_never_two_of_one_lock_in_flight(make_broker):
             time.sleep(0.01)
     assert nacked_once
     assert processed == {sn: list(range(10)) for sn in "ABC"}
+
+
+def test_retry_levels_keep_restart_redelivery_small(make_broker, tmp_path):
+    """A long retry does not hold back the saved position of short ones: after a
+    restart a finished short retry is not delivered again (one topic per level)."""
+    data = str(tmp_path / "d")
+    cfg = {"time_scale": 0.001, "retry_levels_s": [20, 2500], "max_retries": 5}
+    b1 = make_broker(data_dir=data, consumers=cfg)
+    _publish(b1.port, "lv", [("L5", 1), ("L5", 2)])
+    cons = Peer(b1.port)
+    sub = cons.subscribe("lv", "w").sub_id
+    got = {m.seq: m for m in cons.pull(sub, 10).messages}
+    cons.nack(sub, [got[1].lease], delay_ms=2500)     # level 1: due in 2.5 s
+    cons.nack(sub, [got[2].lease])                    # level 0: due in 20 ms
+    again = _pull_one(cons, sub)
+    assert again.seq == 2 and again.delivery == 2
+    assert again.lease[0] >> 63 == 1                  # a retry-topic lease
+    cons.ack(sub, [again.lease])
+    time.sleep(0.3)                                   # positions saved (every 20 ms here)
+    b1.stop()
+    b2 = make_broker(data_dir=data, consumers=cfg)
+    cons2 = Peer(b2.port)
+    sub2 = cons2.subscribe("lv", "w").sub_id
+    m = _pull_one(cons2, sub2, timeout=15)
+    assert (m.seq, m.delivery) == (1, 2)              # only the long retry comes back
+    cons2.ack(sub2, [m.lease])
+    assert cons2.pull(sub2, 10, wait_ms=300).messages == []
+    info = cons2.admin("clusters", cluster="w")["clusters"][0]
+    assert info["backlog"] == 0 and info["retry_scheduled"] == 0

@@ -203,8 +203,13 @@ class Admin:
             h.update({"due_ms": now, "retries": 0, "deliveries": 0,
                       "reason": f"replayed from {topic}@{r.queue_offset}",
                       "replayed_ms": now})
-            out.append(NewRecord(RETRY_PREFIX + cluster, "", 0, r.lock_ts_ms,
+            h["level"] = 0
+            out.append(NewRecord(f"{RETRY_PREFIX}{cluster}.0", "", 0, r.lock_ts_ms,
                                  bytes(r.payload), h))
+        live = self.broker.core.clusters.get(cluster)
+        if live is not None:
+            for rec in out:
+                live.replay_record(rec)
         await self.broker.core.append_system(out)
         self.broker.log("dlq_replay", cluster=cluster, count=len(out))
         return {"ok": True, "cluster": cluster, "replayed": len(out),

@@ -19,11 +19,14 @@ timeout). Ack finishes it; a lease that expires goes back to the front of the re
 queue (and to the dead-letter topic after ``max_retries + 1`` deliveries); when a
 member leaves, its leases are released at once.
 
-Retries (RocketMQ's design): a nack writes the message to ``$retry.<cluster>`` with
-its due time and retry count in the record headers, then finishes the original. The
-cluster reads its retry topic as a second :class:`Source` and holds each retry
-record until it is due, so retries survive a restart. After ``max_retries`` nacks the
-message goes to ``$dlq.<cluster>`` with the reason and the delivery count.
+Retries (RocketMQ's design: one queue per delay level): a nack writes the message to
+``$retry.<cluster>.<level>`` (level = index in ``retry_levels_s``) with its due time
+and retry count in the record headers, then finishes the original. Within one level
+due times grow in append order, so the cluster reads each level topic in order as a
+:class:`Source`, releasing the head record when it is due and peeking no further:
+retries survive a restart, memory holds only a small read-ahead per level, and the
+saved retry positions stay close behind. After ``max_retries`` nacks the message goes
+to ``$dlq.<cluster>`` with the reason and the delivery count.
 
 Per-lock ordering (``ordered``): two messages of the same lock are never in flight at
 once. A message whose lock is busy waits behind it; a nacked message stays in memory
@@ -44,10 +47,12 @@ from lockmq.store.records import NewRecord, StoredRecord
 
 RETRY_PREFIX = "$retry."
 DLQ_PREFIX = "$dlq."
-#: A message read from the retry topic is leased as ``RETRY_BIT | its queue offset
-#: in $retry.<cluster>`` so that the wire lease ``(queue_offset, delivery)`` is unique
-#: within the subscription.
+#: A message read from retry level L is leased as ``RETRY_BIT | L << 56 | its queue
+#: offset in $retry.<cluster>.<L>`` so that the wire lease ``(queue_offset, delivery)``
+#: is unique within the subscription.
 RETRY_BIT = 1 << 63
+LEVEL_SHIFT = 56
+RETRY_READ_AHEAD = 64
 MAX_DELIVERY = 0xFFFF
 
 
@@ -92,11 +97,25 @@ class ClusterSettings:
     time_scale: float = 1.0
     max_retry_held: int = 100_000
 
+    def retry_level(self, retries: int) -> int:
+        """Level (index into ``retry_levels_s``) of retry number ``retries`` (1-based);
+        the last level repeats."""
+        return min(max(retries, 1), len(self.retry_levels_s)) - 1
+
+    def level_delay_ms(self, level: int) -> float:
+        """Delay of a level, scaled by ``time_scale``."""
+        return self.retry_levels_s[level] * 1000.0 * self.time_scale
+
+    def level_for_delay(self, delay_ms: float) -> int:
+        """The first level at least ``delay_ms`` long (the last if none is)."""
+        for i in range(len(self.retry_levels_s)):
+            if self.level_delay_ms(i) >= delay_ms:
+                return i
+        return len(self.retry_levels_s) - 1
+
     def retry_delay_ms(self, retries: int) -> float:
         """Backoff before retry number ``retries`` (1-based); the last level repeats."""
-        levels = self.retry_levels_s
-        i = min(max(retries, 1), len(levels)) - 1
-        return levels[i] * 1000.0 * self.time_scale
+        return self.level_delay_ms(self.retry_level(retries))
 
 
 class Source:
@@ -146,9 +165,9 @@ class Lease:
                  "retries")
 
     def __init__(self, source: Source, qoff: int, rec: StoredRecord, deliveries: int = 0,
-                 retries: int = 0, retry_source: bool = False) -> None:
+                 retries: int = 0, retry_level: int = -1) -> None:
         #: the queue offset shown to the consumer (with RETRY_BIT for retry records)
-        self.wire = qoff | RETRY_BIT if retry_source else qoff
+        self.wire = qoff if retry_level < 0 else RETRY_BIT | retry_level << LEVEL_SHIFT | qoff
         self.source = source
         self.qoff = qoff
         self.rec = rec
@@ -204,7 +223,7 @@ class Cluster:
         self.ordered = ordered
         self.s = settings
         self.host = host
-        self.retry_topic = RETRY_PREFIX + name
+        self.retry_prefix = f"{RETRY_PREFIX}{name}."
         self.dlq_topic = DLQ_PREFIX + name
         if topic in positions:
             main_pos = positions[topic]
@@ -212,7 +231,12 @@ class Cluster:
             main_pos = host.queue_end(topic) if start_latest else 0
         self.main = Source(topic, main_pos)
         self.main.dirty = topic not in positions
-        self.retry = Source(self.retry_topic, positions.get(self.retry_topic, 0))
+        # retry level -> its Source and the records read ahead of it (not yet due)
+        self.retry_sources: dict[int, Source] = {}
+        self.retry_ahead: dict[int, deque[tuple[float, Lease]]] = {}
+        for t in list(getattr(host, "topics", lambda: [])()) + list(positions):
+            if t.startswith(self.retry_prefix) and t[len(self.retry_prefix):].isdigit():
+                self._retry_source(int(t[len(self.retry_prefix):]), positions.get(t, 0))
         self.members: dict[int, Member] = {}   # keyed by id(member)
         self.leases: dict[int, Lease] = {}
         self.ready: deque[Lease] = deque()
@@ -220,7 +244,6 @@ class Cluster:
         self.waiting_count = 0
         self.busy_sns: set[str] = set()
         self.delayed: list[tuple[float, int, Lease]] = []   # in-memory retries (monotonic)
-        self.retry_due: list[tuple[float, int, Lease]] = []  # retry records (wall ms)
         # one entry per PULL: (deadline, tie, [(wire, delivery), ...])
         self.expiry: list[tuple[float, int, list[tuple[int, int]]]] = []
         self.pending_writes = 0   # nacks/dead letters being written
@@ -338,39 +361,62 @@ class Cluster:
                 self._enqueue(Lease(src, rec.queue_offset, rec))
         self.capped = False
 
-    def _fill_retry(self) -> None:
-        """Read retry records into the due-time heap (bounded by max_retry_held)."""
-        src = self.retry
-        end = self.host.queue_end(self.retry_topic)
-        while src.next < end and len(self.retry_due) < self.s.max_retry_held:
-            recs = self.host.read(self.retry_topic, src.next,
-                                  min(256, self.s.max_retry_held - len(self.retry_due)))
-            if not recs:
-                break
-            for rec in recs:
-                if rec.queue_offset > src.next:
-                    src.skip_to(rec.queue_offset)
-                src.next = rec.queue_offset + 1
-                h = rec.headers or {}
-                view = StoredRecord(
-                    int(h.get("orig_offset", rec.offset)), int(h.get("orig_queue_offset", -1)),
-                    str(h.get("orig_topic", self.topic)), str(h.get("orig_sn", rec.sn)),
-                    int(h.get("orig_seq", rec.seq)), int(h.get("orig_lock_ts_ms", rec.lock_ts_ms)),
-                    int(h.get("orig_broker_ts_us", rec.broker_ts_us)), h.get("orig_headers"),
-                    rec.payload)
-                lease = Lease(src, rec.queue_offset, view, int(h.get("deliveries", 0)),
-                              int(h.get("retries", 0)), retry_source=True)
-                heapq.heappush(self.retry_due, (float(h.get("due_ms", 0)), next(self._tie),
-                                                lease))
+    def retry_topic(self, level: int) -> str:
+        """The retry topic of ``level``: ``$retry.<cluster>.<level>``."""
+        return f"{self.retry_prefix}{level}"
 
-    def _release_due(self) -> bool:
-        """Move due retries to the ready queue; True if any moved."""
+    def _retry_source(self, level: int, committed: int = 0) -> Source:
+        src = self.retry_sources.get(level)
+        if src is None:
+            src = self.retry_sources[level] = Source(self.retry_topic(level), committed)
+            self.retry_ahead[level] = deque()
+        return src
+
+    def _retry_view(self, rec: StoredRecord, level: int, src: Source) -> tuple[float, Lease]:
+        h = rec.headers or {}
+        view = StoredRecord(
+            int(h.get("orig_offset", rec.offset)), int(h.get("orig_queue_offset", -1)),
+            str(h.get("orig_topic", self.topic)), str(h.get("orig_sn", rec.sn)),
+            int(h.get("orig_seq", rec.seq)), int(h.get("orig_lock_ts_ms", rec.lock_ts_ms)),
+            int(h.get("orig_broker_ts_us", rec.broker_ts_us)), h.get("orig_headers"),
+            rec.payload)
+        lease = Lease(src, rec.queue_offset, view, int(h.get("deliveries", 0)),
+                      int(h.get("retries", 0)), retry_level=level)
+        return float(h.get("due_ms", 0)), lease
+
+    def _release_retries(self) -> bool:
+        """Move due retry records of every level to the ready queue; True if any moved.
+
+        Each level is read in order; reading stops at the first record not yet due
+        (a small read-ahead is kept), so memory does not grow with the retry backlog.
+        """
         moved = False
         now_wall = time.time() * 1000.0
-        due = self.retry_due
-        while due and due[0][0] <= now_wall:
-            self._enqueue(heapq.heappop(due)[2])
-            moved = True
+        room = self.s.max_retry_held
+        for level, src in self.retry_sources.items():
+            ahead = self.retry_ahead[level]
+            while True:
+                if not ahead:
+                    if src.next >= self.host.queue_end(src.topic):
+                        break
+                    recs = self.host.read(src.topic, src.next, RETRY_READ_AHEAD)
+                    if not recs:
+                        break
+                    for rec in recs:
+                        if rec.queue_offset > src.next:
+                            src.skip_to(rec.queue_offset)
+                        src.next = rec.queue_offset + 1
+                        ahead.append(self._retry_view(rec, level, src))
+                if ahead[0][0] > now_wall or len(self.ready) >= room:
+                    break
+                self._enqueue(ahead.popleft()[1])
+                moved = True
+        return moved
+
+    def _release_due(self) -> bool:
+        """Move due retries (retry topics and in-memory ones) to the ready queue;
+        True if any moved."""
+        moved = self._release_retries() if self.retry_sources else False
         now = time.monotonic()
         d = self.delayed
         while d and d[0][0] <= now:
@@ -470,13 +516,18 @@ class Cluster:
         if lease.retries > self.s.max_retries:
             self._dead_letter(lease, reason)
             return "dlq"
-        delay = self.s.retry_delay_ms(lease.retries) if delay_ms is None else float(delay_ms)
+        if delay_ms is None:
+            level = self.s.retry_level(lease.retries)
+            delay = self.s.level_delay_ms(level)
+        else:
+            delay = float(delay_ms)
+            level = self.s.level_for_delay(delay)
         self.stats["retried"] += 1
         if self.ordered:
             heapq.heappush(self.delayed, (time.monotonic() + delay / 1000.0,
                                           next(self._tie), lease))
         else:
-            self._write_retry(lease, delay, reason)
+            self._write_retry(lease, level, delay, reason)
         return "retry"
 
     # -- retry and dead-letter writes -----------------------------------------------
@@ -489,12 +540,20 @@ class Cluster:
                 "orig_queue_offset": r.queue_offset, "orig_headers": r.headers,
                 "deliveries": lease.deliveries, "retries": lease.retries}
 
-    def _write_retry(self, lease: Lease, delay_ms: float, reason: str) -> None:
+    def _write_retry(self, lease: Lease, level: int, delay_ms: float, reason: str) -> None:
         h = self._orig_headers(lease)
         h["due_ms"] = int(time.time() * 1000 + delay_ms)
         h["reason"] = reason
-        self._write(lease, NewRecord(self.retry_topic, "", 0, lease.rec.lock_ts_ms,
+        h["level"] = level
+        self._retry_source(level)
+        self._write(lease, NewRecord(self.retry_topic(level), "", 0, lease.rec.lock_ts_ms,
                                      lease.rec.payload, h), "retry", delay_ms)
+
+    def replay_record(self, rec: NewRecord) -> NewRecord:
+        """Point a replayed dead letter at retry level 0 (due now); see ``dlq.replay``."""
+        rec.topic = self.retry_topic(0)
+        self._retry_source(0)
+        return rec
 
     def _dead_letter(self, lease: Lease, reason: str) -> None:
         h = self._orig_headers(lease)
@@ -562,8 +621,6 @@ class Cluster:
                     self.stats.get("redelivered_after_timeout", 0) + len(back)
                 self.ready.extendleft(reversed(back))
                 woke = True
-        if len(self.retry_due) < self.s.max_retry_held:
-            self._fill_retry()
         if self._release_due():
             woke = True
         if woke or any(m.wants_notify for m in self.members.values()):
@@ -573,12 +630,18 @@ class Cluster:
 
     def positions(self) -> dict[str, int]:
         """What ``consume-<cluster>.log`` holds: committed offset per source topic."""
-        return {self.main.topic: self.main.committed, self.retry.topic: self.retry.committed}
+        out = {self.main.topic: self.main.committed}
+        for src in self.retry_sources.values():
+            out[src.topic] = src.committed
+        return out
 
     def take_dirty(self) -> bool:
         """True (once) if a position moved since the last call."""
-        d = self.main.dirty or self.retry.dirty
-        self.main.dirty = self.retry.dirty = False
+        d = self.main.dirty
+        self.main.dirty = False
+        for src in self.retry_sources.values():
+            d = d or src.dirty
+            src.dirty = False
         return d
 
     def info(self) -> dict[str, Any]:
@@ -589,8 +652,9 @@ class Cluster:
             "members": [m.info() for m in self.members.values()],
             "inflight": len(self.leases), "ready": len(self.ready),
             "waiting_for_lock": self.waiting_count, "delayed": len(self.delayed),
-            "retry_scheduled": len(self.retry_due) + (
-                self.host.queue_end(self.retry_topic) - self.retry.next),
+            "retry_scheduled": sum(
+                len(self.retry_ahead[lv]) + self.host.queue_end(src.topic) - src.next
+                for lv, src in self.retry_sources.items()),
             "committed": self.main.committed, "next": self.main.next, "queue_end": end,
             "backlog": max(0, end - self.main.committed),
             "unread": max(0, end - self.main.next),

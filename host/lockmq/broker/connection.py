@@ -135,7 +135,7 @@ class Connection(asyncio.Protocol):
         if self.principal is not None or self.close_reason:
             b.log("disconnect", conn=self.id, peer=self.peer, sn=self.claimed_sn,
                   reason=self.close_reason or (repr(exc) if exc else "peer closed"),
-                  level="debug" if not self.close_reason else "info")
+                  level="debug")
 
     def pause_writing(self) -> None:
         """The peer does not read its answers: stop reading its requests."""
@@ -350,7 +350,7 @@ class Connection(asyncio.Protocol):
             int(cfg.devices.heartbeat_s), cfg.broker.max_frame, int(time.time() * 1000),
             last_seq, self.id & 0xFFFFFFFF).encode(), frame.opaque, _RESP)
         b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
-              kind=principal.kind, level="debug" if not is_lock else "info")
+              kind=principal.kind, level="debug")
         if is_lock:
             b.devices.online(self)
             b.commands.lock_online(self)

@@ -95,6 +95,11 @@ class BrokerCore:
         assert self.store is not None
         return self.store.queue_end(topic)
 
+    def topics(self) -> list[str]:
+        """Every topic in the store."""
+        assert self.store is not None
+        return self.store.topics()
+
     async def append_system(self, records: list[NewRecord]) -> list[Appended]:
         """Store broker-generated records under ``$broker`` with fresh sequence numbers."""
         assert self.store is not None
@@ -159,7 +164,7 @@ class BrokerCore:
         self.clusters[name] = c
         self.by_topic.setdefault(topic, []).append(c)
         self.log("cluster_open", cluster=name, topic=topic, ordered=ordered,
-                 committed=c.main.committed, retry_committed=c.retry.committed,
+                 committed=c.main.committed, retry_levels=len(c.retry_sources),
                  backlog=c.backlog())
         return c
 

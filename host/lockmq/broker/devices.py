@@ -67,8 +67,11 @@ class Devices:
             body["reason"] = reason
         b.core.publish_system(b.config.devices.events_topic,
                               json.dumps(body, separators=(",", ":")).encode())
-        b.log("device_" + event, sn=sn, peer=peer, reason=reason or None,
-              online=len(self.online_by_sn))
+        # one line per lock event only at DEBUG (a storm of 10,000 locks would flood
+        # the log); evictions and broker events are always logged
+        b.log("device_" + event, sn=sn or None, peer=peer, reason=reason or None,
+              online=len(self.online_by_sn),
+              level="info" if event in ("evicted", "broker_start") else "debug")
 
     def online(self, conn: "Connection") -> None:
         """A lock authenticated: register it (closing an older connection of its SN)."""
