@@ -276,7 +276,7 @@ async def worker():
 async def slowloris():
     try:
         r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port,
-                                                              local_addr=(src(), 0)), 2)
+                                                              local_addr=(src(), 0)), 10)
     except (OSError, asyncio.TimeoutError):
         return
     st["slowloris_opened"] += 1
