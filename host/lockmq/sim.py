@@ -71,8 +71,9 @@ class SimConfig:
         heartbeat: send heartbeats at the broker's interval.
         answer_commands: reply to downlink commands.
         ack_timeout_s: a record not acknowledged by then is sent again.
-        stay_connected: keep the connection open after the last record until the
-            whole run ends (the storm measures held connections).
+        stay_connected: keep the connections open after the last record until
+            ``stop`` is set or ``duration_s`` passes (or, with run_sim's
+            ``linger``, until that future is done too) — e.g. to receive commands.
     """
 
     locks: int = 10
@@ -360,8 +361,8 @@ async def run_sim(
     """Run the simulated fleet until every lock has sent its records, ``duration_s``
     passed or ``stop`` is set. Returns the counters.
 
-    ``linger``: with ``stay_connected``, the locks stay online after their last
-    record until this future is done too (e.g. a command sent to one of them)."""
+    ``linger``: the run also waits for this future after the last record (with
+    ``stay_connected`` the locks stay online meanwhile, e.g. for a command)."""
     stop = stop or asyncio.Event()
     stats = stats or SimStats()
     rng = random.Random(seed)
@@ -379,12 +380,15 @@ async def run_sim(
 
     rep = asyncio.ensure_future(reporter()) if progress is not None else None
     try:
-        waiters = [asyncio.ensure_future(stop.wait()), all_sent]
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if linger is not None:
+            waiters.append(asyncio.ensure_future(_both(all_sent, linger)))
+        elif not cfg.stay_connected:
+            waiters.append(all_sent)
         await asyncio.wait(waiters, timeout=cfg.duration_s, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
             w.cancel()
-        if linger is not None and not stop.is_set():
-            await asyncio.wait([linger], timeout=cfg.ack_timeout_s)
+        all_sent.cancel()
         stop.set()
         done_all.set()
         # Locks finish the record they are on (bounded by the ack timeout).
@@ -398,6 +402,10 @@ async def run_sim(
         for lock in locks:
             lock.close()
     return stats
+
+
+async def _both(a: "asyncio.Future", b: "asyncio.Future") -> None:
+    await asyncio.wait([a, b])
 
 
 async def _wait_finished(stats: SimStats, cfg: SimConfig) -> None:

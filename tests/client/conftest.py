@@ -13,7 +13,7 @@ FAST = {"consumers": {"time_scale": 0.01, "max_retries": 2, "visibility_timeout_
 
 
 def _uvloop() -> bool:
-    return os.environ.get("LOCKMQ_TEST_UVLOOP", "0") == "1"
+    return os.environ.get("LOCKMQ_TEST_UVLOOP", "1") == "1"
 
 
 @pytest.fixture

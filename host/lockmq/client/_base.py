@@ -92,6 +92,15 @@ class SessionClient:
             await self._on_connected(conn, ack)
         except (ConnectionLost, OSError):
             return False
+        except BaseException:
+            # Refused while resuming (e.g. FORBIDDEN on SUBSCRIBE): do not leave a
+            # half-open session behind.
+            self.conn = None
+            if self._heartbeat_task is not None:
+                self._heartbeat_task.cancel()
+            conn.on_lost = None
+            conn.close()
+            raise
         if not conn.is_open:
             return False
         self.connected.set()

@@ -24,12 +24,12 @@ class EmbeddedBroker:
         auth: ``"off"`` (default here: tests and demos) or ``"required"``.
         overrides: extra config tables, e.g. ``{"consumers": {"time_scale": 0.01}}``.
         log_level: the broker's log level.
-        uvloop: run the broker on uvloop when installed (default: the asyncio loop).
+        uvloop: run the broker on uvloop when installed (else the asyncio loop).
     """
 
     def __init__(self, data_dir: str, port: int = 0, auth: str = "off",
                  overrides: dict[str, dict[str, Any]] | None = None,
-                 log_level: str = "WARNING", uvloop: bool = False) -> None:
+                 log_level: str = "WARNING", uvloop: bool = True) -> None:
         self.data_dir = data_dir
         self.port = port
         self.auth = auth
