@@ -374,3 +374,21 @@ def test_log_lines_are_rate_limited_but_counters_count_everything(tmp_path, cloc
         assert last.get("suppressed", 0) >= 1
     finally:
         g.close()
+
+
+def test_service_cannot_claim_a_disabled_locks_sn_either(guard):
+    guard.registry.add("LOCK-OFF")
+    guard.registry.set_enabled("LOCK-OFF", False)
+    token, _ = guard.tokens.create("svc2", Permissions(publish=("*",)))
+    nonce = guard.challenge()
+    with pytest.raises(AuthFailed) as ei:
+        guard.authenticate("LOCK-OFF", token_auth(token), nonce, "127.0.0.1")
+    assert ei.value.reason == "token_claims_lock"
+
+
+def test_registry_lookup_states(guard):
+    key = guard.registry.add("LOCK-L")
+    assert guard.registry.lookup("LOCK-L") == (key, "enabled")
+    guard.registry.set_enabled("LOCK-L", False)
+    assert guard.registry.lookup("LOCK-L") == (None, "disabled")
+    assert guard.registry.lookup("NOPE") == (None, "unknown")

@@ -250,8 +250,7 @@ class Guard:
     def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
         cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
         proof = bytes(_field(body, "proof", "mac") or b"")
-        known = bool(SN_RE.match(sn))
-        key = self.registry.key_for(sn) if known else None
+        key, state = self.registry.lookup(sn) if SN_RE.match(sn) else (None, "unknown")
         # Compute the MAC whether or not the SN exists: same work, same answer.
         want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
         good = keys.equal(want, proof)
@@ -262,13 +261,7 @@ class Guard:
             raise AuthFailed(f"device {sn}: client nonce of {len(cnonce)} bytes",
                              reason="bad_cnonce")
         if key is None:
-            reason = "unknown_sn"
-            if known:
-                try:
-                    if not self.registry.get(sn).enabled:
-                        reason = "device_disabled"
-                except KeyError:
-                    pass
+            reason = "device_disabled" if state == "disabled" else "unknown_sn"
             raise AuthFailed(f"device {sn}: {reason}", reason=reason)
         if not good:
             raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
@@ -297,7 +290,7 @@ class Guard:
                 raise TokenExpired(str(exc), reason=exc.reason) from None
             raise AuthFailed(str(exc), reason=exc.reason) from None
         name = sn or info.name
-        if sn and sn != info.name and self.registry.key_for(sn) is not None:
+        if sn and sn != info.name and self.registry.exists(sn):
             raise AuthFailed(f"token {info.id} ({info.name}) claims lock SN {sn}",
                              reason="token_claims_lock")
         kind = ADMIN if info.permissions.admin else SERVICE

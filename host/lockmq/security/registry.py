@@ -136,6 +136,32 @@ class DeviceRegistry:
             return None
         return keys.unwrap_key(self._master, sn, row[0])
 
+    def lookup(self, sn: str) -> tuple[bytes | None, str]:
+        """``(key, state)`` in one query, state ``enabled``/``disabled``/``unknown``.
+
+        Does the same decryption work in every case (a dummy one when there is no
+        usable key), so the time taken does not say whether ``sn`` exists.
+        """
+        row = self._db.execute("SELECT wrapped_key, enabled FROM devices WHERE sn=?",
+                               (sn,)).fetchone()
+        if row is not None and row[1]:
+            return keys.unwrap_key(self._master, sn, row[0]), "enabled"
+        try:
+            keys.unwrap_key(self._master, sn, self._dummy_blob())
+        except ValueError:
+            pass
+        return None, "unknown" if row is None else "disabled"
+
+    def exists(self, sn: str) -> bool:
+        """Whether ``sn`` is registered (enabled or not)."""
+        return self._db.execute("SELECT 1 FROM devices WHERE sn=?", (sn,)).fetchone() is not None
+
+    def _dummy_blob(self) -> bytes:
+        blob = getattr(self, "_dummy", None)
+        if blob is None:
+            blob = self._dummy = keys.wrap_key(self._master, "-", keys.new_device_key())
+        return blob
+
     def get(self, sn: str) -> DeviceInfo:
         """The row of ``sn``; ``UnknownDevice`` if absent."""
         row = self._db.execute(
