@@ -7,6 +7,9 @@ or ``pytest hil --target qemu --qemu-path ...``; see hil/README.md.
 from lockmq.hil.plugin import (  # noqa: F401  (pytest finds hooks and fixtures by name)
     _virtual_only,
     board_factory,
+    broker,
+    firmware_template,
+    lock_factory,
     fault_proxy_factory,
     hil_target,
     pytest_addoption,

@@ -9,7 +9,10 @@ Loaded by ``hil/conftest.py``; other projects can load it with
 
 Fixtures: ``hil_target`` (the :class:`TargetSpec`), ``board_factory`` (make DUTs
 on the chosen target; they are closed after the test and their output is attached
-to the report of a failing test), ``fault_proxy_factory``.
+to the report of a failing test), ``fault_proxy_factory``, and for the scenarios
+``firmware_template`` (one ``lockmq firmware build`` per session), ``broker`` (a
+``lockmq broker`` process) and ``lock_factory`` (a provisioned lock running the
+firmware on the chosen target). Missing pieces skip with the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from typing import Callable, Iterator
 
 import pytest
 
+from .broker import BrokerProcess, broker_available
 from .dut import Dut
+from .firmware import build, firmware_available, make_flash
+from .lock import Lock
 from .proxy import FaultProxy
 from .target import TargetSpec, TargetUnavailable
 
@@ -41,6 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--power-cut-cmd", default=None,
                 help="serial target: shell command that cuts power and restores it "
                      "({off} = seconds off), e.g. a uhubctl or relay command")
+    g.addoption("--flash-template", default=None,
+                help="use this flash folder (from `lockmq firmware build`) instead of building one")
     g.addoption("--board-broker-host", default="127.0.0.1",
                 help="address the board uses to reach the rig's broker (a LAN address for a real board)")
 
@@ -135,3 +143,69 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     for dut in item.stash.get(_DUTS_KEY, []):
         where = f" (full log: {dut.log_path})" if dut.log_path else ""
         report.sections.append((f"board {dut.name} output{where}", dut.log_tail()))
+
+
+#: Settings every scenario lock gets (bounded waits; the defaults suit the field).
+TEST_SETTINGS: dict[str, object] = {
+    "backoff_min_ms": 100,
+    "backoff_max_ms": 2000,
+    "io_timeout_ms": 3000,
+    "heartbeat_s": 5,
+}
+
+
+@pytest.fixture(scope="session")
+def firmware_template(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """One flash folder built with ``lockmq firmware build`` (copied for every lock)."""
+    given = pytestconfig.getoption("--flash-template")
+    if given:
+        return Path(given)
+    why = firmware_available()
+    if why:
+        pytest.skip(why)
+    return build(tmp_path_factory.mktemp("firmware") / "template")
+
+
+@pytest.fixture
+def broker(tmp_path: Path, hil_target: TargetSpec) -> Iterator[BrokerProcess]:
+    """A running ``lockmq broker`` (auth required, durable acks) for this test."""
+    why = broker_available()
+    if why:
+        pytest.skip(why)
+    b = BrokerProcess(tmp_path / "broker", host=hil_target.board_broker_host)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+        # kept in tmp_path for a post-mortem: b.log_path
+
+
+LockFactory = Callable[..., Lock]
+
+
+@pytest.fixture
+def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_template: Path,
+                 tmp_path: Path) -> LockFactory:
+    """``make(sn, key, brokers, heapsize=None, **settings) -> Lock``: a fresh lock board.
+
+    ``brokers``: the addresses the lock dials (the broker's, or a fault proxy's).
+    ``settings`` go into config.json on top of :data:`TEST_SETTINGS`.
+    """
+    if not hil_target.runs_firmware:
+        pytest.skip(f"{hil_target.label} cannot run the lock firmware (no file system or network); "
+                    "only the rig's own tests run there")
+
+    def make(sn: str, key: str, brokers: list[tuple[str, int]], heapsize: str | None = None,
+             **settings: object) -> Lock:
+        flash = make_flash(firmware_template, tmp_path / "boards" / sn, sn, key, brokers,
+                           **{**TEST_SETTINGS, **settings})
+        if hil_target.kind == "virtual":
+            return Lock(board_factory(sn, flash, heapsize), sn, key, flash)
+        if hil_target.kind == "qemu":
+            return Lock(board_factory(sn, flash, heapsize, default_timeout=30.0), sn, key, None)
+        lock = Lock(board_factory(sn, None, heapsize, default_timeout=20.0), sn, key, None)
+        lock.deploy(flash, fresh=True)
+        return lock
+
+    return make

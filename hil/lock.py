@@ -1,0 +1,112 @@
+"""A lock under test: a DUT running the lock firmware, with its identity and log helpers.
+
+The firmware's contract (firmware/README.md): one log line per event
+(``I evt queued seq=17 type=unlock``, ``I evt acked seq=17``, ``I net connected
+...``) and line commands on stdin for the simulated hardware (``card 0A1B2C3D``,
+``event unlock 100``, ``status`` ...).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .dut import Dut
+from .errors import DutError
+from .firmware import STATE_FILES, code_files
+
+STATUS = re.compile(rb"I sys status q=(\d+) next_seq=(\d+) dropped=(\d+) link=(\w+)")
+QUEUED = re.compile(r"I evt queued seq=(\d+) type=(\w+)")
+ACKED = re.compile(r"I evt acked seq=(\d+)")
+
+
+class Lock:
+    """The firmware on one board. Unknown attributes go to the :class:`Dut`."""
+
+    def __init__(self, dut: Dut, sn: str, key: str, flash: Path | None) -> None:
+        self.dut = dut
+        self.sn = sn
+        self.key = key
+        self.flash = flash
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dut, name)
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.sn} on {self.dut.name}>"
+
+    # -- log ------------------------------------------------------------------------
+    def full_log(self) -> str:
+        """Everything the board printed in this test (from the log file when there is one)."""
+        if self.dut.log_path and self.dut.log_path.exists():
+            return self.dut.log_path.read_text(errors="replace")
+        return self.dut.log_text()
+
+    def queued_seqs(self) -> list[int]:
+        """Sequence numbers the lock reported as durably queued, in log order."""
+        return [int(m.group(1)) for m in QUEUED.finditer(self.full_log())]
+
+    def acked_seqs(self) -> list[int]:
+        """Sequence numbers the lock saw acknowledged, in log order."""
+        return [int(m.group(1)) for m in ACKED.finditer(self.full_log())]
+
+    def fail(self, message: str) -> DutError:
+        """An assertion error carrying this board's output."""
+        return DutError(message, self.dut.name, self.dut.log_tail())
+
+    # -- actions --------------------------------------------------------------------
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until ``I sys ready`` (stdin commands are accepted from then on)."""
+        self.dut.expect(r"I sys ready", timeout)
+
+    def wait_online(self, timeout: float = 30.0) -> re.Match[bytes]:
+        """Until the next ``I net connected``."""
+        return self.dut.expect(rb"I net connected broker=\S+", timeout)
+
+    def command(self, line: str) -> None:
+        """Send one simulated-hardware command line."""
+        self.dut.writeline(line)
+
+    def events(self, kind: str = "unlock", n: int = 1) -> None:
+        """Ask the simulated hardware for ``n`` events of ``kind``."""
+        self.command(f"event {kind} {n}")
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """``status``: queue length, next sequence, dropped count, link state."""
+        self.command("status")
+        m = self.dut.expect(STATUS, timeout)
+        return {"q": int(m.group(1)), "next_seq": int(m.group(2)),
+                "dropped": int(m.group(3)), "link": m.group(4).decode()}
+
+    def wait_drained(self, timeout: float = 60.0, poll_s: float = 0.5) -> dict[str, Any]:
+        """Poll ``status`` until the offline queue is empty and the link is up."""
+        deadline = time.monotonic() + timeout
+        st: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st["q"] == 0 and st["link"] == "up":
+                return st
+            time.sleep(poll_s)
+        raise self.fail(f"{self.sn}: queue not drained within {timeout:g} s (last status {st})")
+
+    def deploy(self, flash: Path, fresh: bool = False) -> None:
+        """Copy a flash folder's code and config to the board through the raw REPL
+        (what ``mpremote cp`` / ``lockmq firmware deploy`` do), then reset it.
+        ``fresh`` also deletes the app's state files (a new board)."""
+        old = [str(p.relative_to(flash)) for p in code_files(flash)]
+        gone = list(STATE_FILES) if fresh else []
+        self.dut.exec(
+            "import os\n"
+            "def _rm(d):\n"
+            " for n in os.listdir(d):\n"
+            "  p=d+'/'+n\n"
+            "  try:\n   os.remove(p)\n  except OSError:\n   _rm(p)\n   os.rmdir(p)\n"
+            "try:\n _rm('lib')\nexcept OSError:\n pass\n"
+            f"for f in {gone!r}:\n try:\n  os.remove(f)\n except OSError:\n  pass\n",
+            timeout=30,
+        )
+        for rel in old:
+            self.dut.put_file(flash / rel, rel, timeout=30)
+        self.dut.reset()
