@@ -295,6 +295,17 @@ class AsyncProducer(SessionClient):
                     f"message {self.producer_id}:{p.seq} not acknowledged within "
                     f"{self.send_timeout_s:.0f} s"))
 
+    async def close(self, flush_timeout_s: float | None = 10.0) -> None:
+        """Wait up to ``flush_timeout_s`` for unacknowledged messages (0/None: do not
+        wait), then disconnect; messages still unacknowledged fail with
+        :class:`ClientClosed` (they may or may not have been stored)."""
+        if flush_timeout_s and self._pending and not self.closing:
+            try:
+                await self.flush(flush_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        await super().close()
+
     def _on_closed(self) -> None:
         for p in list(self._pending.values()):
             self._fail(p, ClientClosed("producer closed before the broker acknowledged"))

@@ -155,12 +155,7 @@ class Producer:
     def close(self, flush_timeout: float | None = 10.0) -> None:
         """Wait for in-flight acks (up to ``flush_timeout``), then disconnect."""
         try:
-            if flush_timeout:
-                try:
-                    self._lt.run(self._p.flush(flush_timeout))
-                except (asyncio.TimeoutError, concurrent.futures.TimeoutError):
-                    pass
-            self._lt.run(self._p.close())
+            self._lt.run(self._p.close(flush_timeout))
         finally:
             self._lt.stop()
 
