@@ -90,3 +90,50 @@ def test_token_device_keys_and_permissions(secured):
     assert denied.reason == "forbidden"
     assert stats.acked == 10 and stats.errors == 0
     assert len(got) == 1
+
+
+def test_tls_connection_with_a_token(tmp_path):
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    from lockmq.security.config import SecurityConfig
+    from lockmq.security.principal import Permissions
+    from lockmq.security.tokens import TokenStore
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_pem, key_pem = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_pem))
+    cert.private_key_pem.write_to_path(str(key_pem))
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    store = TokenStore(SecurityConfig(data_dir=data).registry_path)
+    token, _ = store.create("tls-service", Permissions(publish=("secure",),
+                                                       consume=("secure:readers",)))
+    store.close()
+    b = EmbeddedBroker(data, auth="required", overrides={"security": {
+        "tls_cert": str(cert_pem), "tls_key": str(key_pem), "tls_port": 0}}).start()
+    try:
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        ep = Endpoint("127.0.0.1", b.port, ssl=ctx)
+
+        async def main():
+            got = []
+
+            async def handler(msg):
+                got.append(msg.payload)
+
+            async with AsyncProducer(ep, token=token) as p:
+                await p.send("secure", b"over tls")
+            c = AsyncConsumer(ep, topic="secure", cluster="readers", handler=handler,
+                              token=token)
+            await c.start()
+            while not got:
+                await asyncio.sleep(0.02)
+            await c.stop()
+            return got
+
+        assert asyncio.run(asyncio.wait_for(main(), 30)) == [b"over tls"]
+    finally:
+        b.stop()
