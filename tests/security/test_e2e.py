@@ -268,3 +268,24 @@ def test_devices_online_lists_connected_locks(env, capsys):
                        "--token", tok[bad]) == 1
     finally:
         w.close()
+
+
+def test_unauthenticated_peers_get_only_small_frames(env):
+    """Before AUTH a frame may be at most preauth_max_frame_bytes (4 KiB): an
+    unauthenticated socket cannot make the broker buffer max_frame bytes."""
+    broker, _, keys, _ = env
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
+    w = Wire.__new__(Wire)
+    w.sock, w.dec, w.pending = s, __import__("lockmq.protocol").protocol.FrameDecoder(65536), []
+    try:
+        s.sendall(struct.pack(">BIHB", 1, 8192, Op.CONNECT, 0))   # within max_frame (64 KiB)
+        seen = w.wait_closed(timeout=30)
+        assert [e.code for e in seen if hasattr(e, "code")] == [ErrorCode.FRAME_TOO_LARGE]
+    finally:
+        s.close()
+    w = Wire(broker.port, "LOCK-B")                                # after AUTH: full limit
+    try:
+        w.auth_lock(keys["LOCK-B"])
+        assert w.publish("lock.events", 99, payload=b"z" * 20000) is not None
+    finally:
+        w.close()

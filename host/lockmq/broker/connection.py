@@ -55,7 +55,11 @@ class Connection(asyncio.Protocol):
         self.role = 0
         self.nonce = b""
         self.principal: Any = None
-        self.decoder = FrameDecoder(broker.config.broker.max_frame)
+        # Until AUTH succeeds only small frames (security: unauthenticated sockets
+        # must not make the broker buffer max_frame each); raised in _on_auth.
+        preauth = getattr(broker.guard, "preauth_max_frame", None)
+        self.decoder = FrameDecoder(min(preauth, broker.config.broker.max_frame) if preauth
+                                    else broker.config.broker.max_frame)
         self.out: list[bytes] = []
         self.out_scheduled = False
         self.last_seen = time.monotonic()
@@ -336,6 +340,7 @@ class Connection(asyncio.Protocol):
             return
         self.principal = principal
         self.state = "open"
+        self.decoder.max_frame = b.config.broker.max_frame   # authenticated: full limit
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None

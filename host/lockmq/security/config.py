@@ -37,6 +37,9 @@ class SecurityConfig:
             (the gateway's own services; loopback by default).
         auth_timeout_s: time a new connection has to authenticate.
         max_frame_bytes: largest frame accepted.
+        preauth_max_frame_bytes: largest frame accepted before the peer has
+            authenticated (CONNECT and AUTH are a few hundred bytes). Without it, every
+            unauthenticated socket could make the broker buffer ``max_frame_bytes``.
         max_buffered_bytes: bytes buffered for one connection (in and out).
         lock_message_rate: messages per second one lock may publish (0 = no limit).
         lock_message_burst: bucket size of ``lock_message_rate``.
@@ -68,6 +71,7 @@ class SecurityConfig:
     limit_exempt_addresses: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
     auth_timeout_s: float = 10.0
     max_frame_bytes: int = 1024 * 1024
+    preauth_max_frame_bytes: int = 4096
     max_buffered_bytes: int = 4 * 1024 * 1024
     lock_message_rate: float = 200.0
     lock_message_burst: int = 1000
@@ -99,12 +103,15 @@ class SecurityConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"security.{name} must be >= 0")
         for name in ("max_connections_per_address", "connect_rate", "connect_burst",
-                     "auth_timeout_s", "max_frame_bytes", "max_buffered_bytes",
+                     "auth_timeout_s", "max_frame_bytes", "preauth_max_frame_bytes",
+                     "max_buffered_bytes",
                      "lock_message_burst", "auth_fail_per_address", "auth_fail_per_sn",
                      "auth_fail_window_s", "nonce_ttl_s", "max_tracked_keys",
                      "command_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"security.{name} must be positive")
+        if not 512 <= self.preauth_max_frame_bytes <= 65536:
+            raise ValueError("security.preauth_max_frame_bytes must be in [512, 65536]")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("security.tls_cert and security.tls_key go together")
         if not 0 <= self.tls_port <= 65535:

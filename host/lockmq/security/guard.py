@@ -148,6 +148,12 @@ class Guard:
         return self.cfg.max_frame_bytes
 
     @property
+    def preauth_max_frame(self) -> int:
+        """Largest frame before authentication (give it to a new connection's decoder,
+        then raise the decoder's limit to :attr:`max_frame_bytes` after AUTH)."""
+        return min(self.cfg.preauth_max_frame_bytes, self.cfg.max_frame_bytes)
+
+    @property
     def max_buffered_bytes(self) -> int:
         """Bytes one connection may have buffered."""
         return self.cfg.max_buffered_bytes
