@@ -289,3 +289,15 @@ def test_unauthenticated_peers_get_only_small_frames(env):
         assert w.publish("lock.events", 99, payload=b"z" * 20000) is not None
     finally:
         w.close()
+
+
+def test_challenges_of_closed_connections_are_forgotten(env):
+    broker, _, _, _ = env
+    for _ in range(20):
+        w = Wire(broker.port, "LOCK-A")
+        w.hello(1)
+        w.close()
+    deadline = time.monotonic() + 30
+    while broker.metrics()["lockmq_security_challenges_outstanding"] > 0:
+        assert time.monotonic() < deadline, "challenges of closed connections kept"
+        time.sleep(0.05)
