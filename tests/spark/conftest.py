@@ -20,6 +20,9 @@ def spark():
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java")
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Python workers connect back to the JVM within this many seconds; a busy
+    # shared machine can exceed the default 15 s.
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from lockmq.spark.session import get_session

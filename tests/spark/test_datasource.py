@@ -47,50 +47,37 @@ def test_schema_and_sql(spark, store_log):
     assert n == 12
 
 
-def test_stream_with_read_limit_then_rerun_adds_nothing(spark, tmp_path, fleet_records):
+def test_stream_limits_torn_tail_rerun_and_retention(spark, tmp_path, fleet_records):
+    """Three availableNow runs over one checkpoint, on a log the real engine writes."""
     src = str(tmp_path / "data")
     half = len(fleet_records) // 2
     generate.write_store(src, fleet_records[:half], segment_bytes=64 * 1024)
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    # 1: read limit -> several micro-batches of at most 2000 records
     batches = _stream_once(spark, src, out, ckpt, maxRecordsPerTrigger=2000)
     assert len(batches) == -(-half // 2000)
     assert all(b["numInputRows"] <= 2000 for b in batches)
     assert spark.read.parquet(out).count() == half
-    assert _stream_once(spark, src, out, ckpt, maxRecordsPerTrigger=2000) == []  # nothing new
-    generate.write_store(src, fleet_records[half:], segment_bytes=64 * 1024)
-    _stream_once(spark, src, out, ckpt, maxBytesPerTrigger=200_000)
-    got = spark.read.parquet(out)
-    assert got.count() == len(fleet_records)
-    assert got.select("message_id").distinct().count() == len(fleet_records)
-
-
-def test_stream_torn_tail_and_retention(spark, tmp_path, fleet_records):
-    src = str(tmp_path / "data")
-    generate.write_store(src, fleet_records[:3000], segment_bytes=64 * 1024)
-    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
-    _stream_once(spark, src, out, ckpt)
-    assert spark.read.parquet(out).count() == 3000
-    # a writer is in the middle of a record on the live segment
+    # 2: a writer is in the middle of a record on the live segment: nothing new to read
     seg = list_segments(src)[-1]
     rec = encode("lock.events", "LATE1", 1, 1_767_225_600_000, 1_767_225_600_000_000, b"tail")
     with open(seg.path, "ab") as f:
         f.write(rec[:21])
-    _stream_once(spark, src, out, ckpt)
-    assert spark.read.parquet(out).count() == 3000  # not read while incomplete
+    assert _stream_once(spark, src, out, ckpt, maxRecordsPerTrigger=2000) == []
+    # 3: the record completes, more records arrive (new segments), and retention
+    #    deletes the two oldest segments between runs
     with open(seg.path, "ab") as f:
         f.write(rec[21:])
-        f.flush()
-    _stream_once(spark, src, out, ckpt)
-    late = spark.read.parquet(out).filter("sn = 'LATE1'").collect()
-    assert len(late) == 1 and late[0].error is None
-    # retention deletes the oldest segments between runs; new data still flows
-    os.remove(list_segments(src)[0].path)
-    os.remove(list_segments(src)[0].path)
-    with open(seg.path, "ab") as f:
-        f.write(encode("lock.events", "LATE2", 1, 1_767_225_600_000, 1_767_225_600_000_000, b"x"))
-    _stream_once(spark, src, out, ckpt)
-    assert spark.read.parquet(out).filter("sn = 'LATE2'").count() == 1
-    assert spark.read.parquet(out).count() == 3002
+    for old in list_segments(src)[:2]:
+        os.remove(old.path)
+    generate.write_store(src, fleet_records[half:], segment_bytes=64 * 1024)
+    batches = _stream_once(spark, src, out, ckpt, maxBytesPerTrigger=300_000)
+    assert len(batches) >= 2
+    got = spark.read.parquet(out)
+    assert got.count() == len(fleet_records) + 1
+    assert got.select("message_id").distinct().count() == len(fleet_records) + 1
+    late = got.filter("sn = 'LATE1'").collect()
+    assert len(late) == 1 and late[0].error is None and bytes(late[0].payload) == b"tail"
 
 
 def test_batch_offsets_options(spark, store_log):

@@ -218,3 +218,16 @@ def test_read_limits(tmp_path):
 def test_missing_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such log directory"):
         find_logs(str(tmp_path / "nope"))
+
+
+def test_retention_gap_is_skipped_and_counted(tmp_path):
+    d = str(tmp_path / "data")
+    _write(d, 600, segment_bytes=4096)
+    logs = find_logs(d)
+    start = plan.earliest(logs)
+    gone = list_segments(d)[:3]
+    for s in gone:
+        os.remove(s.path)
+    items, missing = plan.pieces(logs, start, plan.latest(logs))
+    assert missing == sum(s.size for s in gone)
+    assert items[0].base == gone[-1].end
