@@ -96,3 +96,16 @@ def test_command_resent_after_lock_reconnects_without_answering(broker):
     lock2.send(Op.COMMAND_RESULT, CommandResult("LOCK-R", again.cmd_id, CommandStatus.OK).encode())
     f = svc.wait(op)
     assert decode_body(f.opcode, f.body).status == CommandStatus.OK
+
+
+def test_command_on_a_replaced_connection_goes_to_the_new_one(broker):
+    svc = Peer(broker.port, sn="door-service")
+    old = Peer(broker.port, sn="LOCK-N", role=Role.LOCK)
+    op = svc.send(Op.COMMAND, Command("LOCK-N", 3, 0, CommandKind.UNLOCK, b"\x00\x02").encode())
+    first = old.wait_unsolicited(Op.COMMAND)
+    new = Peer(broker.port, sn="LOCK-N", role=Role.LOCK)   # the lock reconnected
+    again = new.wait_unsolicited(Op.COMMAND)
+    assert again.cmd_id == first.cmd_id
+    new.send(Op.COMMAND_RESULT, CommandResult("LOCK-N", again.cmd_id, CommandStatus.OK).encode())
+    f = svc.wait(op)
+    assert decode_body(f.opcode, f.body).status == CommandStatus.OK

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class Pending:
     """A command on its way to a lock."""
 
-    __slots__ = ("sender", "opaque", "cmd", "broker_id", "sent_at", "received_ms")
+    __slots__ = ("sender", "opaque", "cmd", "broker_id", "sent_at", "received_ms", "lock_conn")
 
     def __init__(self, sender: "Connection", opaque: int, cmd: Command, broker_id: int) -> None:
         self.sender = sender
@@ -43,6 +43,7 @@ class Pending:
         self.broker_id = broker_id
         self.sent_at = 0.0
         self.received_ms = int(time.time() * 1000)
+        self.lock_conn: "Connection | None" = None
 
 
 class Commands:
@@ -138,6 +139,7 @@ class Commands:
             return
         out = Command(sn, p.broker_id, c.expires_ms, c.kind, c.args, mac)
         p.sent_at = time.monotonic()
+        p.lock_conn = lock
         self.forwarded[(sn, p.broker_id)] = p
         lock.send_frame(Op.COMMAND, out.encode(), p.broker_id)
         b.stats.inc("commands_forwarded")
@@ -167,15 +169,23 @@ class Commands:
             Flag.RESPONSE)
 
     def connection_closed(self, conn: "Connection") -> None:
-        """A lock left before answering: its forwarded commands wait for it again."""
+        """A lock left before answering: the commands sent on that connection wait for
+        the lock again (or go at once to its newer connection, if it reconnected)."""
         if not conn.principal or conn.principal.kind != "lock":
             return
         sn = conn.principal.name
-        back = [k for k in self.forwarded if k[0] == sn]
-        for k in back:
+        back = [k for k, p in self.forwarded.items() if k[0] == sn and p.lock_conn is conn]
+        if not back:
+            return
+        q = self.queued.setdefault(sn, deque())
+        for k in reversed(back):
             p = self.forwarded.pop(k)
-            self.queued.setdefault(sn, deque()).appendleft(p)
+            p.lock_conn = None
+            q.appendleft(p)
             self.total += 1
+        now_online = self.broker.devices.online_by_sn.get(sn)
+        if now_online is not None and now_online is not conn and now_online.state == "open":
+            self._forward_all(now_online)
 
     async def _sweep_loop(self) -> None:
         while True:
