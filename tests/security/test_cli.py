@@ -84,3 +84,11 @@ def test_certs_init_refuses_to_overwrite(tmp_path, capsys):
     assert stat.S_IMODE(os.stat(os.path.join(d, "server.key")).st_mode) == 0o600
     assert run("certs", "init", d, "--ip", "127.0.0.1") == 1
     assert run("certs", "init", d, "--ip", "127.0.0.1", "--force") == 0
+
+
+def test_tokens_warn_when_publish_covers_lock_topics(tmp_path, capsys):
+    data = str(tmp_path / "data")
+    assert run("tokens", "create", "ingest", "--publish", "lock.*", "--data-dir", data) == 0
+    assert "covers the locks' own topics" in capsys.readouterr().err
+    assert run("tokens", "create", "billing", "--publish", "billing.*", "--data-dir", data) == 0
+    assert "covers" not in capsys.readouterr().err

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from fnmatch import fnmatchcase
 
 from lockmq.security import Permissions, TokenStore
 from lockmq.security.tokens import parse_duration
@@ -74,7 +75,14 @@ def cmd_create(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: --ttl: {exc}", file=sys.stderr)
         return 2
-    store = _store(args)
+    cfg = security_config(args)
+    lockish = [p for p in perms.publish
+               if any(fnmatchcase(t, p) for t in _lock_topic_examples(cfg.lock_topics))]
+    if lockish:
+        print(f"warning: --publish {','.join(lockish)} covers the locks' own topics: this "
+              "service could write records there under any producer id that is not a "
+              "registered lock (see docs/security.md)", file=sys.stderr)
+    store = TokenStore(cfg.registry_path)
     try:
         token, info = store.create(args.name, perms, ttl_s=ttl)
     except ValueError as exc:
@@ -90,6 +98,11 @@ def cmd_create(args: argparse.Namespace) -> int:
               f"expires={when(info.expires_at)} — shown once; store it in a secret store",
               file=sys.stderr)
     return 0
+
+
+def _lock_topic_examples(patterns: list[str]) -> list[str]:
+    """Concrete topics a lock may publish to, for overlap warnings."""
+    return [p.replace("{sn}", "LOCK-X").replace("*", "events") for p in patterns]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
