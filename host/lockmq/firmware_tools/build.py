@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,18 +127,20 @@ def _compile(mpy_cross: str, src: Path, dst: Path, source_name: str) -> None:
 
 
 def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cross: str | None) -> list[Path]:
-    out = []
     dst_dir.mkdir(parents=True, exist_ok=True)
+    jobs = []
     for py in sorted(src_dir.glob("*.py")):
         if source:
-            target = dst_dir / py.name
-            shutil.copyfile(py, target)
+            shutil.copyfile(py, dst_dir / py.name)
+            jobs.append(dst_dir / py.name)
         else:
-            target = dst_dir / (py.stem + ".mpy")
-            assert mpy_cross is not None
-            _compile(mpy_cross, py, target, f"{pkg}/{py.name}")
-        out.append(target)
-    return out
+            jobs.append((py, dst_dir / (py.stem + ".mpy")))
+    if source:
+        return jobs
+    assert mpy_cross is not None
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(lambda j: _compile(mpy_cross, j[0], j[1], f"{pkg}/{j[0].name}"), jobs))
+    return [t for _, t in jobs]
 
 
 def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
@@ -148,6 +151,11 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     so rebuilding into a board's folder is a firmware update that keeps its queue.
     """
     config.validate()
+    for c in cards or []:
+        try:
+            int(c, 16)
+        except ValueError:
+            raise BuildError(f"card id {c!r} is not hex") from None
     out = Path(out)
     fw = firmware_src()
     mpy_cross = None if source else find_mpy_cross()
@@ -162,11 +170,6 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     shutil.copyfile(fw / "main.py", out / "main.py")
     _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
     if cards is not None:
-        for c in cards:
-            try:
-                int(c, 16)
-            except ValueError:
-                raise BuildError(f"card id {c!r} is not hex") from None
         _write_atomic(out / "cards.json", json.dumps([c.upper() for c in cards]).encode())
     return out
 

@@ -38,7 +38,7 @@ def mpremote_argv(port: str, folder: str | Path, *, config: bool = True,
     if reset not in ("hard", "soft", "none"):
         raise BuildError("--reset must be hard, soft or none")
     argv = [sys.executable, "-m", "mpremote", "connect", port, "exec", _RM_LIB,
-            "+", "fs", "cp", "-r", str(root / "lib"), ":",
+            "+", "fs", "cp", "-r", str(root / "lib"), ":lib",
             "+", "fs", "cp", str(root / "main.py"), ":main.py"]
     if config and (root / "config.json").is_file():
         argv += ["+", "fs", "cp", str(root / "config.json"), ":config.json"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from littlefs import LittleFS
+from littlefs import LittleFS, LittleFSError
 
 from .build import BuildError, folder_files
 
@@ -27,6 +27,20 @@ def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
     fs = LittleFS(block_size=block_size, block_count=fs_size // block_size,
                   read_size=READ_SIZE, prog_size=PROG_SIZE, lookahead_size=LOOKAHEAD)
     root = Path(folder)
+    try:
+        _fill(fs, root)
+    except LittleFSError as e:
+        if e.code == LittleFSError.Error.LFS_ERR_NOSPC:
+            raise BuildError(f"the files of {root} do not fit a {fs_size}-byte file system") from None
+        raise
+    out = Path(image)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(bytes(fs.context.buffer))
+    os.replace(tmp, out)
+    return out
+
+
+def _fill(fs: LittleFS, root: Path) -> None:
     for rel in folder_files(root):
         parent = ""
         for part in rel.parts[:-1]:
@@ -37,11 +51,6 @@ def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
                 pass
         with fs.open("/" + rel.as_posix(), "wb") as f:
             f.write((root / rel).read_bytes())
-    out = Path(image)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(bytes(fs.context.buffer))
-    os.replace(tmp, out)
-    return out
 
 
 def list_image(image: str | os.PathLike[str], block_size: int = BLOCK_SIZE) -> dict[str, bytes]:

@@ -1,0 +1,183 @@
+"""`lockmq firmware build/flash/deploy/monitor` against what runs here: the real
+build (mpy-cross, littlefs-python), esptool write-flash to an ESP32 ROM stand-in on
+socket://, mpremote and the monitor against the HIL rig's pty virtual board."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lockmq.cli import main as lockmq_main
+
+from .conftest import run_mpy
+from .esp_rom import EspRom
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _build(out: Path, *extra: str) -> int:
+    return lockmq_main(["firmware", "build", "--out", str(out), "--sn", "LOCK0042",
+                        "--key", "11" * 32, "--broker", "127.0.0.1:6800",
+                        "--broker", "127.0.0.1:6801", "--hw", "sim", *extra])
+
+
+def test_build_writes_the_documented_folder(tmp_path):
+    out = tmp_path / "board"
+    assert _build(out, "--fs-size", "0x40000", "--card", "0a1b") == 0
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"main.py", "config.json", "cards.json", "lib/lockmq/__init__.py",
+            "lib/lockmq/protocol/__init__.mpy", "lib/lockmq/protocol/_frame.mpy",
+            "lib/lockapp/app.mpy", "lib/lockapp/oqueue.mpy"} <= files
+    assert not [f for f in files if f.endswith(".py") and f not in ("main.py", "lib/lockmq/__init__.py")]
+    assert (out / "lib/lockmq/__init__.py").read_bytes() == b""
+    assert (out / "lib/lockapp/app.mpy").read_bytes()[:2] == b"M\x06"     # mpy v6
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["sn"] == "LOCK0042" and cfg["key"] == "11" * 32
+    assert cfg["brokers"] == [["127.0.0.1", 6800], ["127.0.0.1", 6801]] and cfg["hw"] == "sim"
+    assert json.loads((out / "cards.json").read_text()) == ["0A1B"]
+    assert (tmp_path / "board.lfs").stat().st_size == 0x40000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--key", "zz"], "--key must be hex"),
+    (["--key", "00" * 8], "at least 16 bytes"),
+    (["--broker", "nohostport"], "is not HOST:PORT"),
+    (["--fs-size", "1000"], "multiple of 4096"),
+    (["--card", "xyz"], "not hex"),
+])
+def test_build_refuses_bad_input(tmp_path, capsys, args, message):
+    out = tmp_path / "board"
+    argv = ["firmware", "build", "--out", str(out), "--sn", "L1", "--broker", "127.0.0.1:1",
+            "--key", "22" * 32, *args]
+    assert lockmq_main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_littlefs_image_mounts_in_micropython(tmp_path):
+    out = tmp_path / "board"
+    assert _build(out, "--fs-size", "0x40000") == 0
+    (tmp_path / "img").mkdir()
+    out2 = run_mpy("""
+import os, vfs, json
+class Ram:
+    def __init__(self, data):
+        self.data = data
+    def readblocks(self, n, buf, off=0):
+        a = n * 4096 + off
+        buf[:] = self.data[a:a + len(buf)]
+    def writeblocks(self, n, buf, off=None):
+        a = n * 4096 + (off or 0)
+        self.data[a:a + len(buf)] = buf
+    def ioctl(self, op, arg):
+        if op == 4: return len(self.data) // 4096
+        if op == 5: return 4096
+        if op == 6: return 0
+img = bytearray(open("../board.lfs", "rb").read())
+vfs.mount(vfs.VfsLfs2(Ram(img), readsize=32, progsize=32, lookahead=32), "/flash")
+cfg = json.load(open("/flash/config.json"))
+f = open("/flash/queue.dat", "wb"); f.write(b"written on the board"); f.close()
+print(cfg["sn"], sorted(os.listdir("/flash")), sorted(os.listdir("/flash/lib/lockapp"))[:3])
+print(len(open("/flash/lib/lockapp/app.mpy", "rb").read()), open("/flash/queue.dat", "rb").read())
+""", tmp_path / "img", tmp_path, heap="2M")
+    first, second = out2.splitlines()
+    assert first == "LOCK0042 ['config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
+    assert second == f"{(out / 'lib/lockapp/app.mpy').stat().st_size} b'written on the board'"
+
+
+def test_flash_writes_both_images_through_the_rom_protocol(tmp_path):
+    out = tmp_path / "board"
+    assert _build(out, "--fs-size", "0x40000") == 0
+    fw = tmp_path / "micropython.bin"
+    fw.write_bytes(bytes((i * 7 + 3) % 251 for i in range(48 * 1024)))   # a stand-in image
+    rom = EspRom()
+    try:
+        rc = subprocess.call([sys.executable, "-c", "from lockmq.cli import main; raise SystemExit(main())",
+                              "firmware", "flash", "--port", rom.url, "--firmware", str(fw),
+                              "--fs-image", str(tmp_path / "board.lfs")],
+                             stdout=subprocess.DEVNULL, timeout=120)
+        assert rc == 0, rom.errors
+        assert rom.errors == []
+        fs = (tmp_path / "board.lfs").read_bytes()
+        assert bytes(rom.flash[0x1000:0x1000 + len(fw.read_bytes())]) == fw.read_bytes()
+        assert bytes(rom.flash[0x200000:0x200000 + len(fs)]) == fs
+        assert 0x13 in rom.commands                    # esptool checked the MD5
+    finally:
+        rom.close()
+
+
+def test_flash_refuses_what_cannot_be_right(tmp_path, capsys):
+    big = tmp_path / "big.lfs"
+    big.write_bytes(b"\xff" * (0x200000 + 4096))
+    assert lockmq_main(["firmware", "flash", "--port", "socket://127.0.0.1:9", "--fs-image", str(big)]) == 2
+    assert "larger than the vfs partition" in capsys.readouterr().err
+    assert lockmq_main(["firmware", "flash", "--port", "socket://127.0.0.1:9",
+                        "--firmware", str(tmp_path / "missing.bin")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.fixture
+def pty_board(tmp_path):
+    """The HIL rig's virtual board served on a pty (python -m lockmq.hil.vboard)."""
+    pytest.importorskip("lockmq.hil.vboard")
+    board = tmp_path / "flash"
+    assert _build(board, "--no-image") == 0
+    link = tmp_path / "tty"
+    proc = subprocess.Popen([sys.executable, "-m", "lockmq.hil.vboard", str(board), "--pty", str(link)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    line = proc.stdout.readline().decode()
+    assert line.startswith("vboard ready"), line
+    yield board, str(link), proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _monitor(port: str, *args: str) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, "-c", "from lockmq.cli import main; raise SystemExit(main())",
+                        "firmware", "monitor", "--port", port, *args],
+                       capture_output=True, timeout=60)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def test_deploy_update_keeps_state_then_monitor(tmp_path, pty_board):
+    board, port, proc = pty_board
+    rc, out = _monitor(port, "--send", "status", "--until", r"^I sys status q=0 ", "--timeout", "20")
+    assert rc == 0, out
+    rc, out = _monitor(port, "--send", "event tamper 2", "--until", r"^I evt queued seq=2 ", "--timeout", "20")
+    assert rc == 0, out
+    queue_before = (board / "queue.dat").read_bytes()
+    # a firmware update: a new build (other broker) deployed over the running app
+    new = tmp_path / "new"
+    assert lockmq_main(["firmware", "build", "--out", str(new), "--sn", "LOCK0042", "--key", "11" * 32,
+                        "--broker", "127.0.0.1:6999", "--hw", "sim", "--no-image"]) == 0
+    (board / "lib/lockapp/stale.mpy").write_bytes(b"old module")
+    assert lockmq_main(["firmware", "deploy", "--port", port, "--dir", str(new), "--reset", "soft"]) == 0
+    assert json.loads((board / "config.json").read_text())["brokers"] == [["127.0.0.1", 6999]]
+    assert not (board / "lib/lockapp/stale.mpy").exists()           # old code removed
+    assert (board / "lib/lockapp/app.mpy").read_bytes() == (new / "lib/lockapp/app.mpy").read_bytes()
+    assert (board / "queue.dat").read_bytes() == queue_before       # the offline queue kept
+    os.kill(proc.pid, signal.SIGUSR1)                                # power cycle: the new app boots
+    rc, out = _monitor(port, "--until", r"^I net connecting broker=127.0.0.1:6999$", "--timeout", "20")
+    assert rc == 0, out
+    rc, out = _monitor(port, "--send", "status", "--until", r"^I sys status ", "--timeout", "20")
+    assert rc == 0 and "I sys status q=2 next_seq=" in out, out     # the queue survived the update
+
+
+def test_deploy_refuses_a_folder_that_is_not_built(tmp_path, capsys):
+    assert lockmq_main(["firmware", "deploy", "--port", "/dev/null", "--dir", str(tmp_path)]) == 2
+    assert "not a flash folder" in capsys.readouterr().err
+
+
+def test_image_too_small_is_a_clear_error(tmp_path, capsys):
+    assert _build(tmp_path / "board", "--fs-size", "0x8000") == 2
+    assert "do not fit" in capsys.readouterr().err
