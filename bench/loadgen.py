@@ -285,8 +285,8 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
     for p in protos:
         if p.transport is not None:
             p.transport.close()
-    return {"acked": acked_at_end, "busy": stats["busy"], "errors": stats["errors"],
-            "unacked_at_close": sum(len(p.sent_at) for p in protos),
+    return {"acked": acked_at_end, "acked_total": stats["acked"], "busy": stats["busy"],
+            "errors": stats["errors"], "unacked_at_close": sum(len(p.sent_at) for p in protos),
             "seconds": elapsed, "rate": acked_at_end / elapsed,
             "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99)}
 
@@ -344,7 +344,8 @@ async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
     for p in protos:
         if p.transport is not None:
             p.transport.close()
-    return {"locks": locks, "acked": len(lat), "acked_pct": 100.0 * len(lat) / locks,
+    return {"locks": locks, "acked": len(lat), "acked_total": len(lat),
+            "acked_pct": 100.0 * len(lat) / locks,
             "failed": failed[0], "busy": stats["busy"], "errors": stats["errors"],
             "seconds": elapsed, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
             "max_ms": max(lat) if lat else 0.0}

@@ -1,0 +1,144 @@
+"""Benchmark: the lockmq Spark data source and reports against a single-thread numpy floor.
+
+    .venv/bin/python bench/bench_spark.py [--records 2000000] [--runs 3] [--cores 2]
+
+Generates N lock-event records with the real storage engine (``lockmq.store``),
+then measures, each ``--runs`` times:
+
+- floor: plain single-threaded Python + numpy decoding the same segment files
+  (``lockmq.spark.decoder``, the decoder the data source runs, no Spark);
+- source->parquet: ``spark.read.format("lockmq").load(dir).write.parquet(...)`` on local[cores];
+- ingest: the full ingest job (dedup by message id, date partitions, checkpoint);
+- reports: all reports over the ingested table (records of the table per second).
+
+Prints the machine, min/median/max records/s and each median as a ratio of the floor's.
+Target: source->parquet on local[2] at least matches the floor (ratio >= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+
+def machine() -> str:
+    """One paragraph about where this ran."""
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import numpy
+    import pyarrow
+    import pyspark
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    return (f"machine: {cpu}, {os.cpu_count()} cpus, load {load[0]:.2f}; Python {platform.python_version()}, "
+            f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, numpy {numpy.__version__}")
+
+
+def floor(src: str) -> int:
+    """Decode every segment single-threaded; returns the number of good records."""
+    from lockmq.spark.decoder import decode_file
+    from lockmq.spark.layout import list_segments
+
+    n = 0
+    for seg in list_segments(src):
+        for b in decode_file(seg.path, seg.base, "gw", closed=False):
+            n += b.num_rows
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=2_000_000)
+    p.add_argument("--locks", type=int, default=2000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--segment-mib", type=int, default=128, help="segment size of the generated log (store default)")
+    p.add_argument("--writer", choices=("store", "format"), default="store",
+                   help="write with the real engine (default) or the FORMAT.md test writer (faster)")
+    p.add_argument("--dir", help="work directory (default: a temporary one, deleted after)")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")
+    from lockmq.spark import generate
+    from lockmq.spark.ingest import ingest
+    from lockmq.spark.reports import run_reports
+    from lockmq.spark.session import get_session
+
+    work = args.dir or tempfile.mkdtemp(prefix="lockmq-bench-spark-")
+    src = os.path.join(work, "data")
+    print(machine())
+    try:
+        t = time.perf_counter()
+        recs = generate.bulk(args.records, args.locks)
+        if args.writer == "store":
+            generate.write_store(src, recs, batch=5000, segment_bytes=args.segment_mib << 20, flush="async")
+        else:
+            generate.write_log(src, recs, segment_bytes=args.segment_mib << 20)
+        size = sum(e.stat().st_size for e in os.scandir(os.path.join(src, "message.log")))
+        print(f"generated {args.records} records, {size / 2**20:.0f} MiB, in {time.perf_counter() - t:.1f} s "
+              f"({args.writer} writer, {args.segment_mib} MiB segments)")
+
+        spark = get_session("lockmq-bench", master=f"local[{args.cores}]")
+        spark.sparkContext.setLogLevel("ERROR")
+        # warm up: start the Python workers on a tiny log
+        tiny = os.path.join(work, "tiny")
+        generate.write_log(tiny, generate.bulk(1000, 10))
+        spark.read.format("lockmq").load(tiny).count()
+
+        res: dict[str, list[float]] = {"floor (1 thread numpy)": [], "source->parquet": [],
+                                       "ingest job": [], "reports": []}
+        for run in range(args.runs):
+            t = time.perf_counter()
+            n = floor(src)
+            res["floor (1 thread numpy)"].append(n / (time.perf_counter() - t))
+            assert n == args.records, (n, args.records)
+
+            out = os.path.join(work, f"pq{run}")
+            t = time.perf_counter()
+            (spark.read.format("lockmq").option("minPartitions", args.cores).load(src)
+             .write.mode("overwrite").parquet(out))
+            res["source->parquet"].append(args.records / (time.perf_counter() - t))
+            shutil.rmtree(out, ignore_errors=True)
+
+            wh = os.path.join(work, f"wh{run}")
+            t = time.perf_counter()
+            r = ingest(spark, [src], wh)
+            res["ingest job"].append(args.records / (time.perf_counter() - t))
+            assert r.new == args.records, r
+
+            t = time.perf_counter()
+            run_reports(spark, wh, echo=lambda s: None)
+            res["reports"].append(args.records / (time.perf_counter() - t))
+            shutil.rmtree(wh, ignore_errors=True)
+            print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1] / 1e6:.2f}M/s" for k, v in res.items()),
+                  flush=True)
+        spark.stop()
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    base = statistics.median(res["floor (1 thread numpy)"])
+    print(f"\n{'records/s':24s} {'min':>10s} {'median':>10s} {'max':>10s} {'x floor':>8s}")
+    for k, v in res.items():
+        med = statistics.median(v)
+        print(f"{k:24s} {min(v):10.0f} {med:10.0f} {max(v):10.0f} {med / base:8.2f}")
+    ratio = statistics.median(res["source->parquet"]) / base
+    print(f"\ntarget: source->parquet on local[{args.cores}] >= floor: "
+          f"{'met' if ratio >= 1 else 'NOT met'} ({ratio:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
