@@ -52,6 +52,9 @@ class BrokerSection:
             identity is accepted, every principal may do everything).
         max_publish_batch: most publish frames handed to the store in one append.
         position_flush_ms: how often consumer positions are saved.
+        retention_interval_s: how often the store's retention (``[store]
+            retention_ms`` / ``retention_bytes``) is enforced; segments a consumer
+            cluster still needs are kept unless the size limit forces it.
         shutdown_grace_s: time given to in-flight writes on SIGTERM/SIGINT.
         log_level: DEBUG, INFO, WARNING or ERROR.
         log_format: ``"kv"`` (key=value, one line per event) or ``"json"``.
@@ -70,6 +73,7 @@ class BrokerSection:
     auth: str = "required"
     max_publish_batch: int = 4096
     position_flush_ms: int = 200
+    retention_interval_s: float = 60.0
     shutdown_grace_s: float = 5.0
     log_level: str = "INFO"
     log_format: str = "kv"
@@ -174,7 +178,7 @@ class Config:
         if b.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError("broker.log_level must be DEBUG, INFO, WARNING or ERROR")
         for name in ("backlog", "max_frame", "max_conn_buffer_bytes", "max_publish_batch",
-                     "position_flush_ms"):
+                     "position_flush_ms", "retention_interval_s"):
             if getattr(b, name) <= 0:
                 raise ValueError(f"broker.{name} must be positive")
         if b.max_frame < 64:

@@ -118,8 +118,6 @@ class Connection(asyncio.Protocol):
         b.conns.pop(self.id, None)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
-        if self.principal is None and self.nonce and hasattr(b.guard, "forget_challenge"):
-            b.guard.forget_challenge(self.nonce)   # left before AUTH: drop its nonce
         for sub_id, (cluster, member) in list(self.subs.items()):
             cluster.leave(member, reason="disconnected")
         self.subs.clear()
@@ -296,6 +294,8 @@ class Connection(asyncio.Protocol):
                                 frame.opaque)
                 return
             handler(self, frame)
+        elif op == Op.DISCONNECT:
+            self.close("client disconnect")
         elif self.state == "new":
             if op != Op.CONNECT:
                 self.fatal(_code("NOT_AUTHENTICATED"),

@@ -202,14 +202,24 @@ class BrokerCore:
             await asyncio.sleep(period)
             await self.save_positions()
 
+    def needed_positions(self) -> dict[str, int]:
+        """Lowest position any cluster (live or only on disk) still needs, per topic."""
+        assert self.store is not None
+        needed: dict[str, int] = {}
+        for name in self.store.clusters():
+            if name not in self.clusters:
+                for topic, pos in self.store.load_positions(name).items():
+                    needed[topic] = min(needed.get(topic, pos), pos)
+        for c in self.clusters.values():
+            for topic, pos in c.positions().items():
+                needed[topic] = min(needed.get(topic, pos), pos)
+        return needed
+
     async def _retention_loop(self) -> None:
         while True:
-            await asyncio.sleep(60.0)
+            await asyncio.sleep(self.config.broker.retention_interval_s)
             assert self.store is not None
-            needed: dict[str, int] = {}
-            for c in self.clusters.values():
-                for topic, pos in c.positions().items():
-                    needed[topic] = min(needed.get(topic, pos), pos)
+            needed = self.needed_positions()
             try:
                 rep = self.store.enforce_retention(needed)
                 if rep.deleted_segments:
