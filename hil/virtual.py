@@ -159,7 +159,11 @@ class VirtualBoard(Board):
 
     def _power_on(self) -> None:
         with self._lock:
-            self._spawn(run_main=True)
+            self._spawn(run_main=self._has_main())
+
+    def _has_main(self) -> bool:
+        # A board without main.py boots to the REPL (and must not respawn in a loop).
+        return (self.flash_dir / self.script).exists()
 
     def _spawn(self, run_main: bool, enter_raw: bool = False) -> None:
         self._generation += 1
@@ -222,4 +226,4 @@ class VirtualBoard(Board):
                 return
             if self._sink is not None:
                 self._sink(SOFT_REBOOT)
-            self._spawn(run_main=not self._raw, enter_raw=self._raw)
+            self._spawn(run_main=not self._raw and self._has_main(), enter_raw=self._raw)
