@@ -39,8 +39,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in GROUPS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ImportError as exc:
+            # A group whose optional dependency is not installed must not break the
+            # other commands (e.g. `lockmq demo` after `pip install -e '.[fast]'`).
+            _unavailable(sub, name, exc)
+            continue
+        module.register(sub)
     return parser
+
+
+def _unavailable(sub: argparse._SubParsersAction, name: str, exc: ImportError) -> None:
+    """Register ``name`` as a command that explains what is missing."""
+    p = sub.add_parser(name, help=f"(unavailable: {exc.name or exc} is not installed)")
+
+    def explain(args: argparse.Namespace) -> int:
+        print(f"lockmq {name}: needs {exc.name or exc}, which is not installed "
+              f"({exc}); install the matching extra, e.g. pip install -e '.[all]'",
+              file=sys.stderr)
+        return 2
+
+    p.set_defaults(func=explain)
 
 
 def main(argv: list[str] | None = None) -> int:
