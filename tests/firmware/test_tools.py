@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,10 @@ import pytest
 
 from lockmq.cli import main as lockmq_main
 
-from .conftest import run_mpy
+from lockmq.firmware_tools.build import BuildError
+from lockmq.firmware_tools.lfsimage import make_image
+
+from .conftest import run_mpy, set_config
 from .esp_rom import EspRom
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,9 +64,9 @@ def test_build_refuses_bad_input(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_littlefs_image_mounts_in_micropython(tmp_path):
-    out = tmp_path / "board"
-    assert _build(out, "--fs-size", "0x40000") == 0
+def test_littlefs_image_mounts_in_micropython(built, tmp_path):
+    out = built
+    make_image(built, tmp_path / "board.lfs", fs_size=0x40000)
     (tmp_path / "img").mkdir()
     out2 = run_mpy("""
 import os, vfs, json
@@ -87,13 +91,12 @@ print(cfg["sn"], sorted(os.listdir("/flash")), sorted(os.listdir("/flash/lib/loc
 print(len(open("/flash/lib/lockapp/app.mpy", "rb").read()), open("/flash/queue.dat", "rb").read())
 """, tmp_path / "img", tmp_path, heap="2M")
     first, second = out2.splitlines()
-    assert first == "LOCK0042 ['config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
+    assert first == "LOCK0001 ['cards.json', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
     assert second == f"{(out / 'lib/lockapp/app.mpy').stat().st_size} b'written on the board'"
 
 
-def test_flash_writes_both_images_through_the_rom_protocol(tmp_path):
-    out = tmp_path / "board"
-    assert _build(out, "--fs-size", "0x40000") == 0
+def test_flash_writes_both_images_through_the_rom_protocol(built, tmp_path):
+    make_image(built, tmp_path / "board.lfs", fs_size=0x40000)
     fw = tmp_path / "micropython.bin"
     fw.write_bytes(bytes((i * 7 + 3) % 251 for i in range(48 * 1024)))   # a stand-in image
     rom = EspRom()
@@ -123,11 +126,11 @@ def test_flash_refuses_what_cannot_be_right(tmp_path, capsys):
 
 
 @pytest.fixture
-def pty_board(tmp_path):
+def pty_board(built, tmp_path):
     """The HIL rig's virtual board served on a pty (python -m lockmq.hil.vboard)."""
     pytest.importorskip("lockmq.hil.vboard")
     board = tmp_path / "flash"
-    assert _build(board, "--no-image") == 0
+    shutil.copytree(built, board)
     link = tmp_path / "tty"
     proc = subprocess.Popen([sys.executable, "-m", "lockmq.hil.vboard", str(board), "--pty", str(link)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -149,7 +152,7 @@ def _monitor(port: str, *args: str) -> tuple[int, str]:
     return p.returncode, p.stdout.decode(errors="replace")
 
 
-def test_deploy_update_keeps_state_then_monitor(tmp_path, pty_board):
+def test_deploy_update_keeps_state_then_monitor(built, tmp_path, pty_board):
     board, port, proc = pty_board
     rc, out = _monitor(port, "--send", "status", "--until", r"^I sys status q=0 ", "--timeout", "20")
     assert rc == 0, out
@@ -158,8 +161,8 @@ def test_deploy_update_keeps_state_then_monitor(tmp_path, pty_board):
     queue_before = (board / "queue.dat").read_bytes()
     # a firmware update: a new build (other broker) deployed over the running app
     new = tmp_path / "new"
-    assert lockmq_main(["firmware", "build", "--out", str(new), "--sn", "LOCK0042", "--key", "11" * 32,
-                        "--broker", "127.0.0.1:6999", "--hw", "sim", "--no-image"]) == 0
+    shutil.copytree(built, new)
+    set_config(new, brokers=[["127.0.0.1", 6999]])
     (board / "lib/lockapp/stale.mpy").write_bytes(b"old module")
     assert lockmq_main(["firmware", "deploy", "--port", port, "--dir", str(new), "--reset", "soft"]) == 0
     assert json.loads((board / "config.json").read_text())["brokers"] == [["127.0.0.1", 6999]]
@@ -178,6 +181,7 @@ def test_deploy_refuses_a_folder_that_is_not_built(tmp_path, capsys):
     assert "not a flash folder" in capsys.readouterr().err
 
 
-def test_image_too_small_is_a_clear_error(tmp_path, capsys):
-    assert _build(tmp_path / "board", "--fs-size", "0x8000") == 2
-    assert "do not fit" in capsys.readouterr().err
+def test_image_too_small_is_a_clear_error(built, tmp_path):
+    with pytest.raises(BuildError, match="do not fit"):
+        make_image(built, tmp_path / "small.lfs", fs_size=0x8000)
+    assert not (tmp_path / "small.lfs").exists()

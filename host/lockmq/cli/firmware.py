@@ -10,7 +10,7 @@ import secrets
 import sys
 
 from lockmq.firmware_tools.build import BuildError, DeviceConfig, build_folder, parse_broker
-from lockmq.firmware_tools.lfsimage import FS_OFFSET, FS_SIZE, make_image
+from lockmq.firmware_tools.lfsimage import FS_OFFSET, FS_SIZE, check_size, make_image
 
 
 def _int(text: str) -> int:
@@ -83,6 +83,8 @@ def _build(a: argparse.Namespace) -> int:
         if key is None:
             key = secrets.token_hex(32)
             print(f"key {key}")
+        if not a.no_image:
+            check_size(a.fs_size)
         cfg = DeviceConfig(sn=a.sn, key=key, brokers=[parse_broker(x) for x in a.broker],
                            wifi_ssid=a.wifi_ssid, wifi_pass=a.wifi_pass, heartbeat_s=a.heartbeat_s,
                            hw=a.hw, topic=a.topic, tls=a.tls,

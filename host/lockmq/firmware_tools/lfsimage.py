@@ -19,11 +19,16 @@ PROG_SIZE = 32
 LOOKAHEAD = 32
 
 
+def check_size(fs_size: int, block_size: int = BLOCK_SIZE) -> None:
+    """Refuse a file-system size LittleFS cannot use."""
+    if fs_size % block_size or fs_size < 8 * block_size:
+        raise BuildError(f"fs size {fs_size} must be a multiple of {block_size} and >= 8 blocks")
+
+
 def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
                fs_size: int = FS_SIZE, block_size: int = BLOCK_SIZE) -> Path:
     """Write a LittleFS image holding every file of ``folder``; returns its path."""
-    if fs_size % block_size or fs_size < 8 * block_size:
-        raise BuildError(f"fs size {fs_size} must be a multiple of {block_size} and >= 8 blocks")
+    check_size(fs_size, block_size)
     fs = LittleFS(block_size=block_size, block_count=fs_size // block_size,
                   read_size=READ_SIZE, prog_size=PROG_SIZE, lookahead_size=LOOKAHEAD)
     root = Path(folder)
