@@ -1,0 +1,195 @@
+"""Firmware figures on a virtual lock (the real firmware in the MicroPython unix port).
+
+    .venv/bin/python bench/bench_firmware.py [--runs 5] [--events 1000] [--heapsize 128K]
+
+Measures, against a real ``lockmq broker`` (durable acks, fsync) on 127.0.0.1:
+
+* events/s from one lock: ``event unlock N`` on stdin until the last ``I evt acked``;
+* event -> broker ack: one event at a time, from the stdin line to its ``I evt acked``
+  line (host clock), next to a floor measured in the same run: the round trip of a
+  line through the same pty to a 3-line MicroPython echo script;
+* peak heap: the app's ``I mem peak=`` after the load (``-X heapsize`` as given);
+* flash bytes per queued event: growth of ``queue.dat`` while the broker is
+  unreachable, divided by the events queued.
+
+Prints the machine, then min / median / max over ``--runs``. The unix port is a
+64-bit build running on a desktop CPU: an ESP32 is slower and its heap objects
+about half the size; these are figures of the firmware's logic, not of the chip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lockmq.hil import Dut, VirtualBoard
+from lockmq.hil.broker import BrokerProcess, free_port
+from lockmq.hil.firmware import build, make_flash
+from lockmq.hil.lock import Lock
+from lockmq.hil.virtual import find_micropython
+
+SETTINGS = {"backoff_min_ms": 100, "backoff_max_ms": 1000, "io_timeout_ms": 3000,
+            "heartbeat_s": 30}
+ECHO = "import sys\nwhile True:\n    print('echo', sys.stdin.readline().strip())\n"
+
+
+def machine() -> str:
+    """One paragraph about where this ran."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mp = find_micropython() or "?"
+    mpv = subprocess.run([mp, "-c", "import sys; print(sys.version, sys.implementation.version)"],
+                         capture_output=True, text=True).stdout.strip()
+    load = os.getloadavg()
+    return (f"machine: {platform.node()} {platform.system()} {platform.release()}, {cpu}, "
+            f"{os.cpu_count()} cpus, load {load[0]:.2f}\n"
+            f"python {platform.python_version()}, micropython {mpv}")
+
+
+def stats(name: str, values: list[float], unit: str, fmt: str = "{:.1f}") -> None:
+    """min / median / max line."""
+    f = lambda v: fmt.format(v)  # noqa: E731
+    print(f"  {name:34s} min {f(min(values)):>10s}  median {f(statistics.median(values)):>10s}  "
+          f"max {f(max(values)):>10s}  {unit}")
+
+
+def new_lock(template: Path, work: Path, broker: BrokerProcess, sn: str, key: str,
+             heapsize: str, address: tuple[str, int], **settings: object) -> Lock:
+    flash = make_flash(template, work / sn, sn, key, [address], **{**SETTINGS, **settings})
+    dut = Dut(VirtualBoard(flash, heapsize=heapsize, name=sn), log_path=work / f"{sn}.log",
+              default_timeout=60)
+    return Lock(dut, sn, key, flash)
+
+
+def throughput(lock: Lock, n: int) -> float:
+    """events/s: queued, sent and durably acked."""
+    lock.skip_pending()
+    t0 = time.perf_counter()
+    lock.events("unlock", n)
+    first = int(lock.expect(r"I evt queued seq=(\d+)").group(1))
+    lock.expect(rf"I evt acked seq={first + n - 1}\b", timeout=300)
+    return n / (time.perf_counter() - t0)
+
+
+def latencies(lock: Lock, n: int) -> list[float]:
+    """ms from the stdin line to the broker's ack, one event at a time."""
+    out = []
+    for _ in range(n):
+        lock.skip_pending()
+        t0 = time.perf_counter()
+        lock.events("unlock", 1)
+        seq = int(lock.expect(r"I evt queued seq=(\d+)").group(1))
+        lock.expect(rf"I evt acked seq={seq}\b")
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def pty_floor(work: Path, n: int) -> list[float]:
+    """ms for a line to go through the pty to MicroPython and back."""
+    folder = work / "echo"
+    folder.mkdir(exist_ok=True)
+    (folder / "main.py").write_text(ECHO)
+    with Dut(VirtualBoard(folder, heapsize="64K")) as dut:
+        dut.writeline("warm")
+        dut.expect("echo warm")
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            dut.writeline(f"x{i}")
+            dut.expect(rf"echo x{i}\b")
+            out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def flash_per_event(lock: Lock, n: int) -> float:
+    """queue.dat bytes per event queued while the broker cannot be reached."""
+    assert lock.flash is not None
+    q = lock.flash / "queue.dat"
+    lock.wait_ready()
+    lock.expect(r"W net down", timeout=30)
+    lock.skip_pending()
+    before = q.stat().st_size if q.exists() else 0
+    lock.events("tamper", n)
+    for _ in range(n):
+        lock.expect(r"I evt queued seq=\d+")
+    st = lock.status()
+    assert st["q"] >= n, st
+    return (q.stat().st_size - before) / n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--events", type=int, default=1000, help="events per throughput run")
+    ap.add_argument("--latency-samples", type=int, default=50)
+    ap.add_argument("--heapsize", default="128K")
+    args = ap.parse_args()
+
+    print(machine())
+    print(f"runs {args.runs}, {args.events} events per throughput run, "
+          f"{args.latency_samples} latency samples per run, heapsize {args.heapsize}, "
+          "broker: lockmq broker, durable acks (fsync), auth required")
+    with tempfile.TemporaryDirectory(prefix="bench-fw-") as tmp:
+        work = Path(tmp)
+        template = build(work / "template")
+        broker = BrokerProcess(work / "broker").start()
+        sns = [f"BENCH{i:02d}" for i in range(args.runs + 1)]
+        keys = broker.provision(sns)
+        tput: list[float] = []
+        lat: list[float] = []
+        floor: list[float] = []
+        peaks: list[float] = []
+        per_event: list[float] = []
+        try:
+            for r in range(args.runs):
+                sn = sns[r]
+                lock = new_lock(template, work, broker, sn, keys[sn], args.heapsize, broker.address,
+                                queue_max=args.events + 100)
+                try:
+                    lock.wait_ready()
+                    lock.wait_online()
+                    tput.append(throughput(lock, args.events))
+                    lat.extend(latencies(lock, args.latency_samples))
+                    lock.command("mem")
+                    peaks.append(int(lock.expect(r"I mem peak=(\d+)").group(1)) / 1024)
+                finally:
+                    lock.close()
+                floor.extend(pty_floor(work, args.latency_samples))
+            # Flash cost: a lock whose broker address has nothing listening.
+            dead = ("127.0.0.1", free_port())
+            sn = sns[-1]
+            for r in range(args.runs):
+                lock = new_lock(template, work / f"offline{r}", broker, sn, keys[sn], args.heapsize,
+                                dead, queue_max=400)
+                try:
+                    per_event.append(flash_per_event(lock, 200))
+                finally:
+                    lock.close()
+        finally:
+            broker.stop()
+    print("results (min / median / max):")
+    stats("events/s, one lock (to durable ack)", tput, "events/s")
+    stats("event -> broker ack", lat, "ms", "{:.2f}")
+    stats("floor: line round trip on the pty", floor, "ms", "{:.2f}")
+    print(f"  {'ratio ack latency / pty floor':34s} median {statistics.median(lat) / statistics.median(floor):.1f}x")
+    stats(f"peak heap (-X heapsize={args.heapsize})", peaks, "KiB")
+    stats("flash per queued event (queue.dat)", per_event, "bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
