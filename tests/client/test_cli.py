@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lockmq.cli import main
 
 
@@ -14,6 +16,15 @@ def test_demo_runs_end_to_end_and_reports_ok(capsys):
     assert "consumed exactly once   80 messages, 80 access-log rows, 80 distinct ids" in out
     assert "SIM-000001 answered" in out
     assert "OK: every acknowledged record was processed once" in out
+
+
+def test_secure_demo_authenticates_locks_and_service(capsys):
+    pytest.importorskip("cryptography")
+    rc = main(["demo", "--secure", "--locks", "5", "--events", "4", "--rate", "0", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "auth required" in out and "SIM-000001 answered" in out
+    assert "consumed exactly once   20 messages" in out
 
 
 def test_produce_consume_topics_clusters(broker, capsys):

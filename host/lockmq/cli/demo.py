@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep", action="store_true", help="keep the temporary data directory")
     p.add_argument("--port", type=int, default=0, help="broker port (default: any free port)")
     p.add_argument("--quiet", action="store_true", help="no per-second progress lines")
+    p.add_argument("--secure", action="store_true",
+                   help="run the broker with auth = \"required\": register the simulated "
+                        "locks' keys and a service token in its registry first (needs the "
+                        "'cryptography' package)")
     p.set_defaults(func=run)
 
 
@@ -120,21 +124,34 @@ def run(args: argparse.Namespace) -> int:
     temp = args.data_dir is None
     data_dir = tempfile.mkdtemp(prefix="lockmq-demo-") if temp else args.data_dir
     os.makedirs(data_dir, exist_ok=True)
-    broker = EmbeddedBroker(os.path.join(data_dir, "broker"), port=args.port,
-                            log_level="WARNING")
+    broker_dir = os.path.join(data_dir, "broker")
+    os.makedirs(broker_dir, exist_ok=True)
+    sim_cfg = _sim_config(args)
+    token = None
+    if args.secure:
+        try:
+            token = _provision(sim_cfg, broker_dir)
+        except Exception as exc:  # noqa: BLE001 - e.g. cryptography missing
+            print(f"lockmq demo: cannot set up security: {exc}", file=sys.stderr)
+            return 1
+    broker = EmbeddedBroker(broker_dir, port=args.port, log_level="WARNING",
+                            auth="required" if args.secure else "off")
     try:
         broker.start()
     except Exception as exc:  # noqa: BLE001 - e.g. the port is taken
         print(f"lockmq demo: the broker did not start: {exc}", file=sys.stderr)
         return 1
     print(f"lockmq demo: broker on {broker.address}, data in {data_dir}")
+    if args.secure:
+        print("             auth required: locks prove their device keys, the service "
+              "uses a token")
     print(f"             {args.locks} simulated locks -> topic {TOPIC!r} -> consumer cluster "
           f"{CLUSTER!r} ({args.consumers} members, {args.min_workers}-{args.max_workers} "
           f"workers each)")
     app = _App(os.path.join(data_dir, "access-log.db"), args.fail_every)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_main(args, broker, app))
+        return loop.run_until_complete(_main(args, broker, app, sim_cfg, token))
     except KeyboardInterrupt:
         print("\nlockmq demo: interrupted")
         return 130
@@ -148,19 +165,40 @@ def run(args: argparse.Namespace) -> int:
             print(f"lockmq demo: data kept in {data_dir}")
 
 
-async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App) -> int:
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(locks=args.locks, topic=TOPIC, events_per_lock=args.events or None,
+                     duration_s=args.duration, rate_per_lock=args.rate,
+                     connect_spread_s=min(1.0, args.locks / 1000), payload_bytes=22,
+                     stay_connected=True)
+
+
+def _provision(cfg: SimConfig, broker_dir: str) -> str:
+    """Register the simulated locks and create the demo service's token."""
+    from lockmq.security.config import SecurityConfig
+    from lockmq.security.principal import Permissions
+    from lockmq.security.tokens import TokenStore
+    from lockmq.sim import register_locks
+
+    cfg.keys = register_locks(cfg, broker_dir)
+    store = TokenStore(SecurityConfig(data_dir=broker_dir).registry_path)
+    try:
+        token, _ = store.create("demo-service", Permissions(
+            consume=(f"{TOPIC}:{CLUSTER}",), command=(f"{cfg.sn_prefix}*",)), ttl_s=86400)
+    finally:
+        store.close()
+    return token
+
+
+async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
+                cfg: SimConfig, token: str | None) -> int:
     t0 = time.monotonic()
     members = [AsyncConsumer(broker.address, topic=TOPIC, cluster=CLUSTER, handler=app.handler,
                              min_workers=args.min_workers, max_workers=args.max_workers,
                              target_per_worker=25, idle_shrink_s=2.0,
-                             consumer_id=f"demo-consumer-{i + 1}")
+                             consumer_id=f"demo-consumer-{i + 1}", token=token)
                for i in range(args.consumers)]
     for m in members:
         await m.start()
-    cfg = SimConfig(locks=args.locks, topic=TOPIC, events_per_lock=args.events or None,
-                    duration_s=args.duration, rate_per_lock=args.rate,
-                    connect_spread_s=min(1.0, args.locks / 1000), payload_bytes=22,
-                    stay_connected=True)
     stats = SimStats()
     last = [0, time.monotonic()]
 
@@ -178,7 +216,7 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App) -> 
               f"{rate:7.0f} msg/s", flush=True)
 
     # One remote unlock while the fleet runs: service -> broker -> lock -> back.
-    command = asyncio.ensure_future(_try_command(broker, cfg.sn(0), stats))
+    command = asyncio.ensure_future(_try_command(broker, cfg.sn(0), stats, token))
     sim = asyncio.ensure_future(run_sim(cfg, Endpoint("127.0.0.1", broker.port), stats=stats,
                                         linger=command))
     while not sim.done():
@@ -224,10 +262,11 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App) -> 
     return 0 if ok else 1
 
 
-async def _try_command(broker: EmbeddedBroker, sn: str, stats: SimStats) -> str:
+async def _try_command(broker: EmbeddedBroker, sn: str, stats: SimStats,
+                       token: str | None) -> str:
     """Send a remote unlock to ``sn`` once the fleet is online; describe the outcome."""
     try:
-        async with AsyncProducer(broker.address, name="demo-service") as svc:
+        async with AsyncProducer(broker.address, name="demo-service", token=token) as svc:
             while stats.acked == 0:
                 await asyncio.sleep(0.01)
             out = await svc.command(sn, CommandKind.UNLOCK, (5).to_bytes(2, "big"),
