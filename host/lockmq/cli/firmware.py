@@ -6,6 +6,7 @@ Conventions (flash folder layout, config.json, log lines): firmware/README.md.
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import sys
 
@@ -24,13 +25,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     b = fw.add_parser("build", help="compile the app into a board's flash folder and LittleFS image")
     b.add_argument("--out", required=True, help="the flash folder to write")
-    b.add_argument("--sn", required=True, help="the lock's serial number")
+    b.add_argument("--config", metavar="FILE",
+                   help="provisioning config from `lockmq devices add` (sn, key, brokers, tls); "
+                        "the options below override it")
+    b.add_argument("--sn", help="the lock's serial number")
     b.add_argument("--key", help="the device key, hex (default: a new random 32-byte key, printed)")
-    b.add_argument("--broker", action="append", required=True, metavar="HOST:PORT",
+    b.add_argument("--broker", action="append", metavar="HOST:PORT",
                    help="a broker address; repeat for failover, tried in order")
     b.add_argument("--wifi-ssid", default="")
     b.add_argument("--wifi-pass", default="")
-    b.add_argument("--heartbeat-s", type=int, default=30)
+    b.add_argument("--heartbeat-s", type=int)
     b.add_argument("--hw", choices=["auto", "sim", "esp32"], default="auto")
     b.add_argument("--topic", default="lock.events")
     b.add_argument("--tls", action="store_true", help="connect with TLS (put the CA as ca.der)")
@@ -77,18 +81,45 @@ def _fail(e: Exception) -> int:
     return 2
 
 
+def load_provisioning(path: str) -> dict:
+    """A provisioning config (firmware/README.md's config.json shape), checked lightly."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise BuildError(f"cannot read {path}: {e.strerror}") from None
+    except ValueError:
+        raise BuildError(f"{path} is not JSON") from None
+    if not isinstance(data, dict):
+        raise BuildError(f"{path} must hold a JSON object")
+    return data
+
+
 def _build(a: argparse.Namespace) -> int:
     try:
-        key = a.key
+        if not a.no_image:
+            check_size(a.fs_size)
+        base = load_provisioning(a.config) if a.config else {}
+        sn = a.sn or base.get("sn")
+        if not sn:
+            raise BuildError("--sn (or --config with an sn) is required")
+        brokers = [parse_broker(x) for x in a.broker] if a.broker else \
+            [(str(h), int(p)) for h, p in base.get("brokers", [])]
+        if not brokers:
+            raise BuildError("--broker HOST:PORT (or --config with brokers) is required")
+        key = a.key or base.get("key")
         if key is None:
             key = secrets.token_hex(32)
             print(f"key {key}")
-        if not a.no_image:
-            check_size(a.fs_size)
-        cfg = DeviceConfig(sn=a.sn, key=key, brokers=[parse_broker(x) for x in a.broker],
-                           wifi_ssid=a.wifi_ssid, wifi_pass=a.wifi_pass, heartbeat_s=a.heartbeat_s,
-                           hw=a.hw, topic=a.topic, tls=a.tls,
-                           tls_server_hostname=a.tls_server_hostname)
+        tls = base.get("tls", {})
+        wifi = base.get("wifi", {})
+        cfg = DeviceConfig(sn=sn, key=key, brokers=brokers,
+                           wifi_ssid=a.wifi_ssid or wifi.get("ssid", ""),
+                           wifi_pass=a.wifi_pass or wifi.get("password", ""),
+                           heartbeat_s=a.heartbeat_s or int(base.get("heartbeat_s", 30)),
+                           hw=a.hw, topic=a.topic, tls=a.tls or bool(tls.get("enabled")),
+                           tls_ca=tls.get("ca", "ca.der"),
+                           tls_server_hostname=a.tls_server_hostname or tls.get("server_hostname", ""))
         out = build_folder(a.out, cfg, source=a.source, cards=a.card)
         print(f"flash folder {out}")
         if not a.no_image:

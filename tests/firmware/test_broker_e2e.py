@@ -1,0 +1,107 @@
+"""The firmware against the real `lockmq broker`: a device provisioned with
+`lockmq devices add`, built with `lockmq firmware build --config`, publishing
+events a consumer-cluster member receives, and a remote unlock sent through the
+broker by a service and executed by the lock."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lockmq.cli import main as lockmq_main
+from lockmq.protocol import CommandKind, EventType, LockEvent
+
+from .conftest import Lock
+
+LOCKMQ = str(Path(sys.executable).with_name("lockmq"))
+SN = "LOCKE2E1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def real_broker(tmp_path):
+    pytest.importorskip("lockmq.broker.server")
+    data = tmp_path / "data"
+    port = _free_port()
+    prov = tmp_path / "prov.json"
+    subprocess.run([LOCKMQ, "devices", "add", SN, "--out", str(prov), "--broker", f"127.0.0.1:{port}",
+                    "--data-dir", str(data)], check=True, capture_output=True, timeout=60)
+    tok = subprocess.run([LOCKMQ, "tokens", "create", "e2e", "--consume", "lock.events",
+                          "--command", SN, "--json", "--data-dir", str(data)],
+                         check=True, capture_output=True, timeout=60)
+    token = json.loads(tok.stdout)["token"]
+    proc = subprocess.Popen([LOCKMQ, "broker", "--port", str(port), "--status-port", "0",
+                             "--data-dir", str(data)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("lockmq broker did not start")
+    yield port, prov, token
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_broker, lock_factory):
+    from lockmq.client import Consumer, Producer
+
+    port, prov, token = real_broker
+    board = tmp_path / "board"
+    shutil.copytree(built, board)
+    assert lockmq_main(["firmware", "build", "--out", str(board), "--config", str(prov),
+                        "--hw", "sim", "--no-image"]) == 0
+    lk: Lock = lock_factory(board)
+    lk.expect(rf"^I net connected broker=127.0.0.1:{port}$", timeout=30)
+    lk.send("event unlock 3")
+    lk.send("badcard 99")
+    lk.expect(r"^I evt acked seq=4$", timeout=20)
+
+    got: list = []
+    done = threading.Event()
+
+    def handle(msg) -> None:
+        got.append(msg)
+        if len(got) >= 4:
+            done.set()
+
+    c = Consumer(f"127.0.0.1:{port}", token=token, topic="lock.events", cluster="e2e", handler=handle)
+    c.start()
+    try:
+        assert done.wait(30), f"consumer got {len(got)} messages"
+    finally:
+        c.stop()
+    mine = sorted((m for m in got if m.sn == SN), key=lambda m: m.seq)
+    assert [m.seq for m in mine] == [1, 2, 3, 4]
+    kinds = [LockEvent.decode(m.payload).event_type for m in mine]
+    assert kinds == [EventType.UNLOCK] * 3 + [EventType.FAILED_ATTEMPT]
+
+    with Producer(f"127.0.0.1:{port}", token=token) as p:
+        outcome = p.command(SN, CommandKind.UNLOCK, struct.pack(">H", 2), expires_in_s=30, timeout_s=30)
+    assert outcome.ok and outcome.target == SN and outcome.detail == "unlocked 2s", outcome
+    lk.expect(r"^I hw relay on$")
+    lk.expect(rf"^I cmd unlock id={outcome.cmd_id} ok$")
