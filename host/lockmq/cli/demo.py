@@ -252,7 +252,7 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
         print(f"  lock->handler latency   p50 {percentile(app.e2e_ms, 50):.1f} ms, "
               f"p99 {percentile(app.e2e_ms, 99):.1f} ms")
     print(f"  nacked and redelivered  {redelivered}")
-    print(f"  events by type          " + ", ".join(f"{k} {v}" for k, v in app.kinds.most_common()))
+    print("  events by type          " + ", ".join(f"{k} {v}" for k, v in app.kinds.most_common()))
     print(f"  remote unlock           {command_line}")
     for m in members:
         print(f"  member {m.client_id:18s} acked {m.stats['acked']:6d}  pulls {m.stats['pulls']:5d}")

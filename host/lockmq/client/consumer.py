@@ -47,7 +47,7 @@ from lockmq.protocol import (
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
 from .autoscale import Autoscaler
-from .errors import BrokerError, ConnectionLost, LockmqError
+from .errors import ConnectionLost, LockmqError
 from .message import Message
 from .session import Credentials, Endpoint, error_from_body
 

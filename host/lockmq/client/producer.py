@@ -37,7 +37,7 @@ from lockmq.protocol import (
 
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
-from .errors import BrokerError, BusyError, ClientClosed, CommandError, ConnectionLost, LockmqError
+from .errors import BrokerError, BusyError, ClientClosed, CommandError, LockmqError
 from .session import Credentials, Endpoint, error_from_body
 
 

@@ -30,7 +30,6 @@ from lockmq.protocol import (
     ErrorCode,
     ErrorReply,
     Op,
-    Role,
 )
 
 from ._conn import FrameConnection
