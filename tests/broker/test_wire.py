@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -35,3 +37,23 @@ def test_lease_decoders_match_protocol(sub_id, leases, delay, reason):
 def test_truncated_ack_is_bad_body(body):
     with pytest.raises(BadBody):
         decode_ack(body)
+
+
+@given(st.lists(_msg, max_size=20), st.integers(0, 3))
+def test_encode_leased_matches_protocol(items, retries):
+    from lockmq.broker.clusters import Lease, Source
+    from lockmq.store import StoredRecord
+
+    leases, ref = [], []
+    for qo, d, sn, seq, lts, bts, t, p, h in items:
+        rec = StoredRecord(0, qo, t, sn, seq, lts, bts, {"a": 1} if h else None, p)
+        lease = Lease(Source(t, 0), qo, rec, retries=retries)
+        lease.wire, lease.deliveries = qo, d
+        leases.append(lease)
+        hdr = {"a": 1} if h else {}
+        if retries:
+            hdr["retries"] = retries
+        ref.append(Message(qo, d, sn, seq, lts, bts, t, p,
+                           json.dumps(hdr, separators=(",", ":")).encode() if hdr else b""))
+    from lockmq.broker.wire import encode_leased
+    assert encode_leased(7, leases) == Messages(7, ref).encode()

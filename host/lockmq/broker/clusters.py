@@ -354,6 +354,13 @@ class Cluster:
             recs = self.host.read(self.topic, src.next, n)
             if not recs:
                 break
+            first = recs[0].queue_offset
+            if (not self.ordered and first == src.next
+                    and recs[-1].queue_offset == first + len(recs) - 1):
+                # the common case: contiguous, no ordering -- one pass
+                self.ready.extend([Lease(src, r.queue_offset, r) for r in recs])
+                src.next = first + len(recs)
+                continue
             for rec in recs:
                 if rec.queue_offset > src.next:
                     src.skip_to(rec.queue_offset)

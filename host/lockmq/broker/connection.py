@@ -15,7 +15,6 @@ with SN_MISMATCH and the connection closed).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,7 @@ from lockmq.store import (InvalidRecord, NewRecord, StoreBusy, StoreClosed, Stor
                           validate_topic)
 
 from .clusters import Cluster, ClusterError, Lease, Member
-from .wire import decode_ack, decode_nack, encode_messages
+from .wire import decode_ack, decode_nack, encode_leased
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -119,6 +118,9 @@ class Connection(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         for sub_id, (cluster, member) in list(self.subs.items()):
+            parked = b.parked.pop(id(member), None)
+            if parked is not None:
+                parked[2].cancel()
             cluster.leave(member, reason="disconnected")
         self.subs.clear()
         if self.principal is None and self.nonce and hasattr(b.guard, "forget_challenge"):
@@ -587,19 +589,8 @@ class Connection(asyncio.Protocol):
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        items = []
-        for lease in leases:
-            r = lease.rec
-            hdr = b""
-            if r.headers or lease.retries:
-                h = dict(r.headers or {})
-                if lease.retries:
-                    h["retries"] = lease.retries
-                hdr = json.dumps(h, separators=(",", ":")).encode()
-            items.append((lease.wire, lease.deliveries, r.sn, r.seq, r.lock_ts_ms,
-                          r.broker_ts_us, r.topic, r.payload, hdr))
-        self.broker.stats.c["messages_delivered"] += len(items)
-        self.send_frame(Op.MESSAGES, encode_messages(sub_id, items), opaque, _RESP)
+        self.broker.stats.c["messages_delivered"] += len(leases)
+        self.send_frame(Op.MESSAGES, encode_leased(sub_id, leases), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:
         sub_id, leases = decode_ack(frame.body)

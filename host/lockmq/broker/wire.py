@@ -8,8 +8,9 @@ tests check them against the protocol's own codec.
 
 from __future__ import annotations
 
+import json
 import struct
-from typing import Iterable
+from typing import Any, Iterable
 
 from lockmq.protocol import BadBody
 
@@ -59,6 +60,39 @@ def encode_messages(sub_id: int, items: Iterable[tuple[int, int, str, int, int, 
         append(payload)
         n += 1
     parts[0] = _HEAD.pack(sub_id, n)
+    return b"".join(parts)
+
+
+def encode_leased(sub_id: int, leases: list[Any]) -> bytes:
+    """MESSAGES body straight from cluster leases (``lockmq.broker.clusters.Lease``):
+    the broker's delivery hot path. A retried message gets ``{"retries": n}`` added to
+    its headers."""
+    parts = [_HEAD.pack(sub_id, len(leases))]
+    append = parts.append
+    pack = _MSG.pack
+    u32 = _U32.pack
+    cache = _str8
+    for lease in leases:
+        r = lease.rec
+        append(pack(lease.wire, lease.deliveries, r.seq, r.lock_ts_ms, r.broker_ts_us))
+        sn = r.sn
+        b = cache.get(sn)
+        append(b if b is not None else _s8(sn))
+        t = r.topic
+        b = cache.get(t)
+        append(b if b is not None else _s8(t))
+        if r.headers or lease.retries:
+            h = dict(r.headers or {})
+            if lease.retries:
+                h["retries"] = lease.retries
+            hdr = json.dumps(h, separators=(",", ":")).encode()
+            append(_U16.pack(len(hdr)))
+            append(hdr)
+        else:
+            append(_NO_HEADERS)
+        p = r.payload
+        append(u32(len(p)))
+        append(p)
     return b"".join(parts)
 
 
