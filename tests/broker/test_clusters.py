@@ -159,3 +159,52 @@ def test_members_join_and_leave_mid_stream(broker):
     s = last.subscribe("churn", "g").sub_id
     seen.update(x.message_id for x in drain(last, s, total - len(seen)))
     assert seen == {f"LOCK-P:{i}" for i in range(total)}
+
+
+def test_many_producers_and_consumers_concurrently(broker):
+    """8 locks pipelining while 4 members consume at the same time: every message
+    arrives, none twice (nothing failed, so nothing is redelivered)."""
+    from lockmq.protocol import Publish, encode_frame
+
+    n_locks, per_lock = 8, 250
+    done = threading.Event()
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def producer(i: int) -> None:
+        p = Peer(broker.port, sn=f"L{i}", role=Role.LOCK)
+        for start in range(0, per_lock, 25):
+            ops = []
+            frames = []
+            for seq in range(start, start + 25):
+                op = p.next_opaque()
+                ops.append(op)
+                frames.append(encode_frame(Op.PUBLISH, p.sn, Publish("mix", seq, 0, b"m").encode(), op))
+            p.raw(b"".join(frames))
+            for op in ops:
+                assert p.wait(op).opcode == Op.PUBLISH_ACK
+        p.close()
+
+    def consumer(i: int) -> None:
+        c = Peer(broker.port, sn=f"c{i}")
+        sub = c.subscribe("mix", "g").sub_id
+        while not done.is_set():
+            got = c.pull(sub, 50, wait_ms=100).messages
+            if got:
+                c.ack(sub, [m.lease for m in got])
+                with lock:
+                    seen.extend(m.message_id for m in got)
+                    if len(seen) >= n_locks * per_lock:
+                        done.set()
+        c.close()
+
+    threads = [threading.Thread(target=producer, args=(i,)) for i in range(n_locks)]
+    threads += [threading.Thread(target=consumer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    done.wait(60)
+    done.set()
+    for t in threads:
+        t.join(30)
+    assert len(seen) == n_locks * per_lock
+    assert set(seen) == {f"L{i}:{s}" for i in range(n_locks) for s in range(per_lock)}
