@@ -105,6 +105,7 @@ class FrameConnection(asyncio.Protocol):
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
+                fut.exception()  # an abandoned request (e.g. a parked PULL) is not an error
         self._writable.set()
         if not self.closed.done():
             self.closed.set_result(exc)
