@@ -116,8 +116,13 @@ class ConsumersSection:
         ordered_default: per-lock ordering when SUBSCRIBE does not say.
         start: where a new cluster starts: ``"earliest"`` (all retained messages)
             or ``"latest"`` (only messages published after it first subscribes).
-        max_retry_held: retry messages held in memory waiting for their due time
-            per cluster; beyond it the retry topic is read later.
+        max_retry_held: due retry messages moved to the ready queue at most, per
+            cluster; the rest stay in their retry topic until there is room.
+        max_window: most queue offsets between a cluster's saved position (its
+            oldest unfinished message) and its read position; beyond it the cluster
+            reads nothing new until the oldest is acked, retried or expires
+            (RocketMQ's consumeConcurrentlyMaxSpan). Bounds memory and what a
+            restart redelivers.
         lease_sweep_ms: how often expired leases are looked for.
     """
 
@@ -131,6 +136,7 @@ class ConsumersSection:
     ordered_default: bool = False
     start: str = "earliest"
     max_retry_held: int = 100_000
+    max_window: int = 100_000
     lease_sweep_ms: int = 100
 
 
@@ -193,7 +199,7 @@ class Config:
         if d.heartbeats_topic and not d.heartbeats_topic.startswith("$"):
             raise ValueError("devices.heartbeats_topic must be a system topic or empty")
         for name in ("visibility_timeout_ms", "max_inflight_per_member",
-                     "max_inflight_per_cluster", "max_pull", "max_retry_held",
+                     "max_inflight_per_cluster", "max_pull", "max_retry_held", "max_window",
                      "lease_sweep_ms"):
             if getattr(c, name) <= 0:
                 raise ValueError(f"consumers.{name} must be positive")

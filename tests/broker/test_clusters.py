@@ -208,3 +208,22 @@ def test_many_producers_and_consumers_concurrently(broker):
         t.join(30)
     assert len(seen) == n_locks * per_lock
     assert set(seen) == {f"L{i}:{s}" for i in range(n_locks) for s in range(per_lock)}
+
+
+def test_window_cap_holds_reading_behind_the_oldest_unfinished_message(make_broker):
+    broker = make_broker(consumers={"max_window": 10, "visibility_timeout_ms": 600_000})
+    _publish(broker.port, "win", 30)
+    c = Peer(broker.port)
+    sub = c.subscribe("win", "g").sub_id
+    first = c.pull(sub, 1).messages             # offset 0 stays leased
+    rest = []
+    for _ in range(5):
+        got = c.pull(sub, 100).messages
+        c.ack(sub, [m.lease for m in got])
+        rest += got
+    assert len(rest) == 9                       # offsets 1..9: window of 10 reached
+    info = c.admin("clusters", cluster="g")["clusters"][0]
+    assert info["cluster_capped"] and info["stats"]["cluster_cap_hits"] >= 1
+    c.ack(sub, [first[0].lease])                # the oldest finished: reading goes on
+    more = drain(c, sub, 20)
+    assert len(more) == 20

@@ -96,6 +96,7 @@ class ClusterSettings:
     retry_levels_s: list[float] = field(default_factory=lambda: [1.0])
     time_scale: float = 1.0
     max_retry_held: int = 100_000
+    max_window: int = 100_000
 
     def retry_level(self, retries: int) -> int:
         """Level (index into ``retry_levels_s``) of retry number ``retries`` (1-based);
@@ -298,8 +299,10 @@ class Cluster:
         """True if a pull could return something now."""
         if self.ready:
             return True
+        src = self.main
         return (self.load < self.s.max_inflight_per_cluster
-                and self.main.next < self.host.queue_end(self.topic))
+                and src.next - src.committed < self.s.max_window
+                and src.next < self.host.queue_end(self.topic))
 
     def wake(self) -> None:
         """Send NOTIFY to idle members (those whose last pull came back empty)."""
@@ -343,13 +346,19 @@ class Cluster:
         end = self.host.queue_end(self.topic)
         while len(self.ready) < want and src.next < end:
             room = cap - self.load
-            if room <= 0:
+            span = self.s.max_window - (src.next - src.committed)
+            if room <= 0 or span <= 0:
                 if not self.capped:
                     self.capped = True
                     self.stats["cluster_cap_hits"] += 1
                     self.host.log("cluster_inflight_cap", cluster=self.name,
-                                  cap=cap, load=self.load, level="warning")
+                                  cap=cap, load=self.load, window=src.next - src.committed,
+                                  max_window=self.s.max_window,
+                                  reason="in-flight cap" if room <= 0 else
+                                  "window: the oldest unfinished message holds the position",
+                                  level="warning")
                 return
+            room = min(room, span)
             n = min(room, max(want - len(self.ready), 1), self.s.max_pull)
             recs = self.host.read(self.topic, src.next, n)
             if not recs:

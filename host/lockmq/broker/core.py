@@ -41,7 +41,7 @@ class BrokerCore:
             max_inflight_per_cluster=c.max_inflight_per_cluster,
             max_pull=c.max_pull, max_retries=c.max_retries,
             retry_levels_s=list(c.retry_levels_s), time_scale=c.time_scale,
-            max_retry_held=c.max_retry_held)
+            max_retry_held=c.max_retry_held, max_window=c.max_window)
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
