@@ -172,6 +172,16 @@ class Dut:
         finally:
             rawrepl.exit_raw(self)
 
+    def put_files(self, files: dict[str, bytes], timeout: float = 10.0) -> None:
+        """Copy several files (``{remote: data}``) in one raw-REPL session."""
+        self._mark(f"put_files {len(files)} files")
+        rawrepl.enter_raw(self)
+        try:
+            for remote, data in files.items():
+                rawrepl.put_file(self, data, remote, timeout)
+        finally:
+            rawrepl.exit_raw(self)
+
     def get_file(self, remote: str, timeout: float = 10.0) -> bytes:
         """Read ``remote`` from the board through the raw REPL."""
         rawrepl.enter_raw(self)

@@ -107,6 +107,5 @@ class Lock:
             f"for f in {gone!r}:\n try:\n  os.remove(f)\n except OSError:\n  pass\n",
             timeout=30,
         )
-        for rel in old:
-            self.dut.put_file(flash / rel, rel, timeout=30)
+        self.dut.put_files({rel: (flash / rel).read_bytes() for rel in old}, timeout=30)
         self.dut.reset()

@@ -41,10 +41,10 @@ APP = textwrap.dedent(
 class Served:
     """A vboard process; ``url`` is what pyserial opens."""
 
-    def __init__(self, flash: Path, how: list[str]) -> None:
+    def __init__(self, flash: Path, how: list[str], heapsize: str = "64K") -> None:
         self.flash = flash
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lockmq.hil.vboard", str(flash), *how, "--heapsize", "64K"],
+            [sys.executable, "-m", "lockmq.hil.vboard", str(flash), *how, "--heapsize", heapsize],
             stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
@@ -103,3 +103,35 @@ def test_mpremote_works_unmodified(served: Served, tmp_path: Path) -> None:
     assert (served.flash / "hello.py").read_text() == src.read_text()
     ex = run("exec", "import hello")
     assert ex.returncode == 0 and "hello from a copied file" in ex.stdout, ex.stdout + ex.stderr
+
+
+def test_lock_firmware_deployed_and_online_over_the_serial_path(tmp_path: Path, firmware_template: Path) -> None:
+    """The --target serial path end to end: deploy through the raw REPL, boot, connect."""
+    from lockmq.hil.broker import BrokerProcess, broker_available
+    from lockmq.hil.firmware import firmware_available, make_flash
+    from lockmq.hil.lock import Lock
+
+    why = firmware_available() or broker_available()
+    if why:
+        pytest.skip(why)
+    empty = tmp_path / "board-flash"
+    empty.mkdir()
+    served = Served(empty, ["--tcp", "0"], heapsize="128K")  # a board with nothing on it yet
+    broker = BrokerProcess(tmp_path / "broker").start()
+    try:
+        key = broker.provision(["SER0001"])["SER0001"]
+        flash = make_flash(firmware_template, tmp_path / "SER0001", "SER0001", key,
+                           [broker.address], backoff_max_ms=2000, io_timeout_ms=3000)
+        with Dut(SerialBoard(served.url), log_path=tmp_path / "serial.log", default_timeout=30) as dut:
+            lock = Lock(dut, "SER0001", key, None)
+            lock.deploy(flash, fresh=True)
+            lock.wait_ready()
+            lock.wait_online()
+            lock.events("unlock", 3)
+            lock.wait_drained(timeout=60)
+        assert (empty / "lib" / "lockapp").is_dir()  # the code really went over the wire
+        broker.stop()
+        assert [r.seq for r in broker.records("lock.events", "SER0001")] == lock.queued_seqs()
+    finally:
+        broker.stop()
+        served.stop()
