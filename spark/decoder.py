@@ -74,8 +74,8 @@ HDR_DTYPE = np.dtype(
     ]
 )
 assert HDR_DTYPE.itemsize == HEADER_SIZE
-_AR40 = np.arange(HEADER_SIZE, dtype=np.int64)
 _LEN_CRC = struct.Struct("<II")
+_LEN = struct.Struct("<I")
 #: Largest µs timestamp that fits a signed 64-bit value; larger ones become null.
 _MAX_US = (1 << 63) - 1
 _MAX_MS = _MAX_US // 1000
@@ -122,6 +122,28 @@ def _resync(buf: bytes, pos: int, end: int) -> int:
         p = cand + 1
 
 
+def _walk(buf: bytes, pos: int, end: int, max_records: int) -> tuple[list[int], int]:
+    """Follow record lengths from ``pos``: (record starts, stop). No CRC work.
+
+    Stops at ``end``, at a length too small to be a record, at a record running
+    past ``end``, or after ``max_records`` records (-1: no limit).
+    """
+    unpack = _LEN.unpack_from
+    out: list[int] = []
+    append = out.append
+    limit = end - 4
+    for _ in range(max_records if max_records >= 0 else 1 << 62):
+        if pos > limit:
+            break
+        length = unpack(buf, pos)[0]
+        nxt = pos + 4 + length
+        if length < MIN_LENGTH or nxt > end:
+            break
+        append(pos)
+        pos = nxt
+    return out, pos
+
+
 def scan(
     buf: bytes, start: int, end: int, closed: bool, max_records: int = -1
 ) -> tuple[list[int], list[tuple[int, int, str]], int, int]:
@@ -131,46 +153,76 @@ def scan(
     record, ``(pos, nbytes, reason)`` for every corrupt region, where reading stopped,
     and how many bytes of an incomplete last record were left unread. In a closed
     segment an incomplete tail is corrupt (reported as a bad region, not torn).
+
+    Fast path: one tight loop follows the lengths, then the CRCs of all records
+    found are computed in one comprehension and compared with numpy; the careful
+    path (skip or resynchronise) runs only where a record is bad.
     """
-    unpack = _LEN_CRC.unpack_from
     crc32 = zlib.crc32
     mv = memoryview(buf)
+    arr = np.frombuffer(buf, dtype=np.uint8)
     positions: list[int] = []
-    append = positions.append
     bad: list[tuple[int, int, str]] = []
     pos = start
-    n = 0
-    while pos < end and n != max_records:
+    while pos < end and len(positions) != max_records:
+        want = -1 if max_records < 0 else max_records - len(positions)
+        ps, stop = _walk(buf, pos, end, want)
+        if ps:
+            ends = ps[1:]
+            ends.append(stop)
+            ps_np = np.asarray(ps, dtype=np.int64)
+            # map() keeps the per-record work in C: slice -> memoryview -> crc32
+            computed = np.fromiter(map(crc32, map(mv.__getitem__, map(slice, (ps_np + 8).tolist(), ends))),
+                                   dtype=np.uint32, count=len(ps))
+            stored = _u32_at(arr, ps_np + 4)
+            mismatch = np.flatnonzero(computed != stored)
+            if mismatch.size:
+                k = int(mismatch[0])
+                positions.extend(ps[:k])
+                p_bad, rec_end = ps[k], ends[k]
+                if rec_end == end or record_ok(buf, rec_end, end):
+                    nxt = rec_end  # only this record's bytes are damaged
+                else:
+                    nxt = _resync(buf, p_bad, end)  # its length may be wrong too
+                bad.append((p_bad, nxt - p_bad, "crc mismatch"))
+                pos = nxt
+                continue
+            positions.extend(ps)
+            pos = stop
+            continue
+        # the walk could not take a single record at pos: find out why
         if pos + 8 > end:
             break
-        length, crc = unpack(buf, pos)
-        rec_end = pos + 4 + length
-        if length < MIN_LENGTH:
-            if length == 0 and not any(mv[pos:end]):
-                # zero-filled, never-written tail: the end of data (for now, if live)
-                return positions, bad, (end if closed else pos), 0
-            nxt = _resync(buf, pos, end)
-            bad.append((pos, nxt - pos, f"bad record length {length}"))
-            pos = nxt
-            continue
-        if rec_end > end:
-            break
-        if crc32(mv[pos + 8 : rec_end]) != crc:
-            if rec_end == end or record_ok(buf, rec_end, end):
-                nxt = rec_end  # only this record's body is damaged
-            else:
-                nxt = _resync(buf, pos, end)
-            bad.append((pos, nxt - pos, "crc mismatch"))
-            pos = nxt
-            continue
-        append(pos)
-        n += 1
-        pos = rec_end
-    torn = end - pos if (pos < end and n != max_records) else 0
+        length = _LEN.unpack_from(buf, pos)[0]
+        if length >= MIN_LENGTH:
+            break  # runs past the end: torn (or being written)
+        if length == 0 and not any(mv[pos:end]):
+            # zero-filled, never-written tail: the end of data (for now, if live)
+            return positions, bad, (end if closed else pos), 0
+        nxt = _resync(buf, pos, end)
+        bad.append((pos, nxt - pos, f"bad record length {length}"))
+        pos = nxt
+    torn = end - pos if (pos < end and len(positions) != max_records) else 0
     if torn and closed:
         bad.append((pos, torn, "incomplete record at end of closed segment"))
         pos, torn = end, 0
     return positions, bad, pos, torn
+
+
+def _u32_at(arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Little-endian u32 at each byte position."""
+    return _at_every_byte(arr, np.dtype("<u4"))[starts]
+
+
+def _at_every_byte(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A view of ``arr`` as records of ``dtype`` starting at every byte offset.
+
+    Fancy-indexing it with record positions copies exactly those records' bytes.
+    """
+    n = len(arr) - dtype.itemsize + 1
+    if n <= 0:
+        return np.zeros(0, dtype=dtype)
+    return np.ndarray(shape=(n,), dtype=dtype, buffer=arr, offset=0, strides=(1,))
 
 
 def _gather(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -213,7 +265,7 @@ def build_batch(arr: np.ndarray, pos: np.ndarray, base: int, gateway_id: str | N
     Returns ``(batch, inconsistent)``: ``inconsistent`` marks records whose header
     fields do not add up to their length; they are left out of the batch.
     """
-    hdr = arr[pos[:, None] + _AR40].view(HDR_DTYPE).reshape(-1)
+    hdr = _at_every_byte(arr, HDR_DTYPE)[pos]
     t = hdr["topic_len"].astype(np.int64)
     s = hdr["sn_len"].astype(np.int64)
     h = hdr["headers_len"].astype(np.int64)
@@ -248,7 +300,7 @@ def build_batch(arr: np.ndarray, pos: np.ndarray, base: int, gateway_id: str | N
         "headers": headers,
         "payload": payload,
     }
-    cols.update(events.decode(arr, topic, pay_start, p))
+    cols.update(events.decode(arr, topic_start, pay_start, p))
     cols["error"] = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA), inconsistent
 

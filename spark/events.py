@@ -62,28 +62,36 @@ def _lookup(codes: np.ndarray, names: pa.Array, valid: np.ndarray) -> pa.Array:
     return pa.DictionaryArray.from_arrays(idx, names).cast(pa.string())
 
 
-def _take(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
-    """``width`` bytes at each start, as an (n, width) uint8 array."""
-    return arr[starts[:, None] + np.arange(width, dtype=np.int64)]
+#: The fixed part of a LockEvent, big-endian.
+EVENT_DTYPE = np.dtype([("event_type", "u1"), ("method", "u1"), ("result", "u1"), ("value", ">u2"),
+                        ("ts_ms", ">u8"), ("cred_len", "u1")])
+assert EVENT_DTYPE.itemsize == EVENT_HEADER_SIZE + 1
 
 
-def decode(arr: np.ndarray, topic: pa.Array, pay_start: np.ndarray, pay_len: np.ndarray) -> dict[str, pa.Array]:
-    """The LockEvent columns for records whose payload starts at ``pay_start`` in ``arr``."""
+def _at_every_byte(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    n = len(arr) - dtype.itemsize + 1
+    if n <= 0:
+        return np.zeros(0, dtype=dtype)
+    return np.ndarray(shape=(n,), dtype=dtype, buffer=arr, offset=0, strides=(1,))
+
+
+def decode(arr: np.ndarray, topic_start: np.ndarray, pay_start: np.ndarray, pay_len: np.ndarray) -> dict[str, pa.Array]:
+    """The LockEvent columns for records whose payload starts at ``pay_start`` in ``arr``.
+
+    ``topic_start`` locates each record's topic (a ``$`` topic is a system topic).
+    """
     n = len(pay_start)
-    is_event = pay_len >= EVENT_HEADER_SIZE + 1
-    if is_event.any():
-        cred_len = np.zeros(n, dtype=np.int64)
-        cred_len[is_event] = arr[pay_start[is_event] + EVENT_HEADER_SIZE]
-        is_event &= pay_len == EVENT_HEADER_SIZE + 1 + cred_len
-    if is_event.any():
-        first = pc.utf8_slice_codeunits(topic, 0, 1)
-        is_event &= ~np.asarray(pc.equal(first, "$").to_numpy(zero_copy_only=False), dtype=bool)
+    is_event = (pay_len >= EVENT_HEADER_SIZE + 1) & (arr[topic_start] != ord("$"))
     if not is_event.any():
         return {name: pa.nulls(n, typ) for name, typ in ARROW_FIELDS}
     starts = np.where(is_event, pay_start, 0)
-    head = _take(arr, starts, EVENT_HEADER_SIZE)
-    value = head[:, 3:5].copy().view(">u2").reshape(-1).astype(np.int32)
-    ts = head[:, 5:13].copy().view(">u8").reshape(-1)
+    head = _at_every_byte(arr, EVENT_DTYPE)[starts]
+    cred_len = head["cred_len"].astype(np.int64)
+    is_event &= pay_len == EVENT_HEADER_SIZE + 1 + cred_len
+    if not is_event.any():
+        return {name: pa.nulls(n, typ) for name, typ in ARROW_FIELDS}
+    value = head["value"].astype(np.int32)
+    ts = head["ts_ms"]
     ts_ok = is_event & (ts > 0) & (ts <= _MAX_MS)
     # credential bytes -> lowercase hex, gathered without a per-row loop
     clen = np.where(is_event, cred_len, 0)
@@ -100,9 +108,9 @@ def decode(arr: np.ndarray, topic: pa.Array, pay_start: np.ndarray, pay_len: np.
         null_count=int(n - has_cred.sum()),
     )
     return {
-        "event_type": _lookup(head[:, 0], _TYPE_NAMES, is_event),
-        "method": _lookup(head[:, 1], _METHOD_NAMES, is_event),
-        "result": _lookup(head[:, 2], _RESULT_NAMES, is_event),
+        "event_type": _lookup(head["event_type"], _TYPE_NAMES, is_event),
+        "method": _lookup(head["method"], _METHOD_NAMES, is_event),
+        "result": _lookup(head["result"], _RESULT_NAMES, is_event),
         "value": pa.array(value, mask=~is_event),
         "event_ts": pa.array(np.where(ts_ok, ts, 0).astype(np.int64) * 1000, type=UTC_US, mask=~ts_ok),
         "credential_id": cred,
