@@ -191,9 +191,9 @@ async def build_log(path: str, nbytes: int) -> None:
     s = Store.open(StoreConfig(data_dir=path, flush="async", min_free_bytes=0))
     seq = 0
     sns = [f"LOCK{i:06d}" for i in range(1000)]
-    while s.log_end < nbytes:
-        await s.append([NewRecord("locks", sns[(seq + k) % 1000], seq + k, 1_700_000_000_000,
-                                  PAYLOAD) for k in range(5000)])
+    while s.log_end < nbytes:  # 1000 locks, each with its own in-order sequence
+        await s.append([NewRecord("locks", sns[k % 1000], (seq + k) // 1000,
+                                  1_700_000_000_000, PAYLOAD) for k in range(5000)])
         seq += 5000
     await s.close()
 
@@ -267,8 +267,9 @@ def main() -> int:
                    default=[1000], help="async writer counts (default 1000)")
     p.add_argument("--recovery-bytes", type=size_arg, default=1 << 30,
                    help="log size for the start-up test (default 1G; 0 skips it)")
-    p.add_argument("--tail-bytes", type=size_arg, default=32 << 20,
-                   help="log written after the last checkpoint before the crash (default 32M)")
+    p.add_argument("--tail-bytes", type=size_arg, default=16 << 20,
+                   help="log written after the last checkpoint before the crash "
+                        "(default 16M, the default checkpoint_bytes bound)")
     p.add_argument("--full-rebuild", action="store_true",
                    help="also time start-up without a checkpoint (reads the whole log)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")

@@ -50,7 +50,7 @@ class StoreConfig:
     flush: str = "sync"
     flush_interval_ms: int = 200
     checkpoint_interval_ms: int = 2000
-    checkpoint_bytes: int = 64 * MiB
+    checkpoint_bytes: int = 16 * MiB
     retention_ms: int | None = 7 * 24 * 3600 * 1000
     retention_bytes: int | None = None
     min_free_bytes: int = 256 * MiB

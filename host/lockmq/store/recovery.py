@@ -104,7 +104,7 @@ def _scan_segment(mm: mmap.mmap, pos: int, end: int, base: int,
     crc32 = zlib.crc32
     pack = ENTRY.pack
     add = dedup.add
-    names: dict[bytes, str] = {}
+    names: dict[bytes, tuple[str, str]] = {}
     blobs: dict[str, bytearray] = pending
     n = 0
     hsize = HEADER_SIZE
@@ -123,12 +123,10 @@ def _scan_segment(mm: mmap.mmap, pos: int, end: int, base: int,
                 if len(names) > 100_000:
                     names.clear()
                 try:
-                    topic = tb[:tlen].decode("ascii")
-                    sn = tb[tlen:].decode("ascii")
+                    name = names[tb] = (tb[:tlen].decode("ascii"), tb[tlen:].decode("ascii"))
                 except UnicodeDecodeError:
                     break
-                names[tb] = name = topic + "\0" + sn
-            topic, _, sn = name.partition("\0")
+            topic, sn = name
             blob = blobs.get(topic)
             if blob is None:
                 blob = blobs[topic] = bytearray()
