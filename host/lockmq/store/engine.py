@@ -86,8 +86,9 @@ class _Chunk:
 
 
 class _Plan:
-    __slots__ = ("entries", "results", "chunks", "index", "ids", "end", "ends", "nbytes",
-                 "active_base")
+    """One group commit: what to write where, and what to answer each caller."""
+
+    __slots__ = ("entries", "results", "chunks", "index", "ids", "end", "nbytes")
 
     def __init__(self) -> None:
         self.entries: list = []
@@ -96,9 +97,7 @@ class _Plan:
         self.index: dict[str, tuple[_Topic, int, bytearray]] = {}
         self.ids: list[tuple[str, int]] = []
         self.end = 0
-        self.ends: dict[str, int] = {}
         self.nbytes = 0
-        self.active_base = 0
 
 
 class Store:
@@ -148,8 +147,9 @@ class Store:
         self._last_ckpt_t = time.monotonic()
         self._last_ckpt_end = 0
         self._unsynced = False
-        #: counters: appends, duplicates, batches, bytes, fsyncs, checkpoints,
-        #: store_full, forced_deletions
+        #: counters: records stored, duplicates dropped, batches (group commits), log
+        #: bytes, fsyncs, checkpoints, batches refused with StoreFull, records a
+        #: cluster still needed that the size limit deleted
         self.stats: dict[str, int] = dict.fromkeys(
             ("records", "duplicates", "batches", "bytes", "fsyncs", "checkpoints",
              "store_full", "forced_deleted_records"), 0)
@@ -526,7 +526,6 @@ class Store:
         plan.entries = batch
         plan.end = pos
         plan.nbytes = pos - self._w_end
-        plan.active_base = active_base
         return plan
 
     def _write(self, plan: _Plan) -> None:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from . import checkpoint as ckpt
+from .errors import CorruptRecord
 from .files import SEGMENT_DIR, list_segments, segment_name
-from .index import ENTRY, ENTRY_SIZE, HEADER_SIZE, IndexError_, TopicIndex
+from .index import ENTRY, ENTRY_SIZE, HEADER, HEADER_SIZE, INDEX_VERSION, MAGIC, IndexError_
 from .positions import parse as parse_positions
 from .records import StoredRecord, check_record, decode_record, scan
 
@@ -94,7 +95,6 @@ def check_dir(data_dir: str) -> CheckReport:
         try:
             hdr = os.pread(fd, HEADER_SIZE, 0)
             try:
-                from .index import HEADER, MAGIC, INDEX_VERSION
                 magic, ver, esize, ibase = HEADER.unpack(hdr)
                 if magic != MAGIC or ver != INDEX_VERSION or esize != ENTRY_SIZE:
                     raise IndexError_("bad header")
@@ -172,5 +172,4 @@ def iter_records(data_dir: str, start_offset: int = 0) -> Iterator[StoredRecord]
                 yield decode_record(mm[rv.pos:rv.pos + rv.size], 0, base + rv.pos)
                 pos = rv.pos + rv.size
             if pos < size:
-                from .errors import CorruptRecord
                 raise CorruptRecord(f"offset {base + pos}: {check_record(mm, pos, size)}")
