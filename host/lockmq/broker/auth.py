@@ -59,9 +59,12 @@ class OpenGuard:
         principal.check_frame_sn(sn)
 
     def check_publish(self, principal: Any, topic: str, sn: Any = None, n: int = 1) -> None:
-        """SN binding only (locks may not write system topics)."""
-        principal.check_frame_sn(sn)
-        principal.require_publish(topic)
+        """SN binding only (locks may not write system topics). On the hot path:
+        the common case costs two comparisons."""
+        if sn and sn != principal.name:
+            principal.check_frame_sn(sn)
+        if topic[:1] == "$":
+            principal.require_publish(topic)
 
     def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
         """Locks may not consume."""

@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 from lockmq.protocol import (NO_SEQ, Auth, Challenge, CommandResult, Command,
                              Connect, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
                              Notify, Op, ProtocolError, Publish,
-                             PublishAck, Pull, Role, Subscribe, SubscribeAck, UnknownOpcode,
+                             Pull, Role, Subscribe, SubscribeAck, UnknownOpcode,
                              Unsubscribe, decode_json, encode_frame, encode_json, op_name)
-from lockmq.store import (InvalidRecord, NewRecord, StoreBusy, StoreClosed, StoreFull,
-                          validate_topic)
+from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
 from .clusters import Cluster, ClusterError, Lease, Member
 from .wire import decode_ack, decode_nack, encode_leased
@@ -408,7 +407,7 @@ class Connection(asyncio.Protocol):
         self._pub.append((frame.opaque, oneway,
                           NewRecord(p.topic, sn, p.seq, p.lock_ts_ms, p.payload)))
         if len(self._pub) >= b.config.broker.max_publish_batch:
-            self._submit_publishes()
+            self._submit_publishes()   # (the publish path stores it at once)
 
     def _pub_error(self, oneway: bool, code: int, msg: str, opaque: int,
                    retry_after_ms: int = 0) -> None:
@@ -429,63 +428,7 @@ class Connection(asyncio.Protocol):
         if self._pub_bytes > self.broker.config.broker.max_conn_buffer_bytes:
             self._paused_for_pub = True
             self._update_reading()
-        asyncio.ensure_future(self._store_publishes(batch, size))
-
-    async def _store_publishes(self, batch: list[tuple[int, bool, NewRecord]], size: int
-                               ) -> None:
-        b = self.broker
-        b.stats.c["store_batches"] += 1
-        try:
-            try:
-                res = await b.core.store.append([r for _, _, r in batch])
-            except InvalidRecord:
-                # one bad record refuses the whole call: store them one by one
-                res = []
-                for _, _, r in batch:
-                    try:
-                        res.extend(await b.core.store.append([r]))
-                    except InvalidRecord as exc:
-                        res.append(exc)
-        except StoreBusy as exc:
-            b.stats.c["publish_busy"] += len(batch)
-            full = isinstance(exc, StoreFull)
-            retry = b.config_busy_retry_ms(full)
-            b.log_busy(full, exc)
-            msg = ("storage full (disk reserve reached), retry later" if full
-                   else "busy: the store is behind, retry later")
-            code = _code("STORAGE_FULL") if full else _code("BUSY")
-            for opaque, oneway, _r in batch:
-                self._pub_error(oneway, code, msg, opaque, retry)
-            self._pub_done(size)
-            return
-        except StoreClosed:
-            for opaque, oneway, _r in batch:
-                self._pub_error(oneway, _code("SHUTTING_DOWN"), "the broker is shutting down",
-                                opaque, 1000)
-            self._pub_done(size)
-            return
-        except Exception as exc:  # noqa: BLE001 -- StoreFailed etc.: never ack
-            b.log("publish_failed", conn=self.id, error=repr(exc), level="error")
-            for opaque, oneway, _r in batch:
-                self._pub_error(oneway, _code("INTERNAL"), "storage error", opaque, 1000)
-            self._pub_done(size)
-            return
-        stored = dup = 0
-        for (opaque, oneway, _r), a in zip(batch, res):
-            if isinstance(a, Exception):
-                self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
-                continue
-            if a.duplicate:
-                dup += 1
-            else:
-                stored += 1
-            if not oneway:
-                self.send_frame(Op.PUBLISH_ACK, PublishAck(
-                    PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED,
-                    max(a.offset, 0)).encode(), opaque, _RESP)
-        b.stats.c["publish_stored"] += stored
-        b.stats.c["publish_duplicates"] += dup
-        self._pub_done(size)
+        self.broker.publisher.submit(self, batch, size)
 
     def _pub_done(self, size: int) -> None:
         self._pub_bytes -= size

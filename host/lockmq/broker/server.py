@@ -24,6 +24,7 @@ from .connection import Connection
 from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, Stats
+from .publish import PublishPath
 from .status import StatusPage
 
 #: file descriptors kept for the store, logs and the status page
@@ -66,6 +67,7 @@ class Broker:
         self.devices = Devices(self)
         self.commands = Commands(self)
         self.admin = Admin(self)
+        self.publisher = PublishPath(self)
         self.status = StatusPage(self)
         self.conns: dict[int, Connection] = {}
         #: parked PULLs (long poll): id(member) -> (opaque, max, timer)
