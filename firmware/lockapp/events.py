@@ -39,8 +39,10 @@ class Lock:
             n = int(args[1]) if len(args) > 1 else 1
             if args[0] not in TYPES:
                 raise ValueError("unknown event type")
-            for _ in range(n):
+            if n == 1:
                 app.emit(args[0])
+            else:
+                asyncio.create_task(self._burst(args[0], n))
         elif cmd == "wifi":
             self.hw.wifi = args[0] == "up"
             log.info("hw wifi " + ("up" if self.hw.wifi else "down"))
@@ -54,6 +56,18 @@ class Lock:
             app.stop("quit")
         else:
             raise ValueError("unknown command")
+
+    async def _burst(self, name, n):
+        # n injected events, one after the other. While the link is up the burst waits
+        # for room (the rig injects far faster than doors open); with the link down
+        # the queue fills and overflows exactly as with real events.
+        app = self.app
+        q = app.q
+        for _ in range(n):
+            while app.link.up and len(q) >= q.max_len * 3 // 4:
+                await asyncio.sleep_ms(5)
+            app.emit(name)
+            await asyncio.sleep_ms(0)
 
     def card(self, card):
         if card in self.cards:

@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--tls", action="store_true", help="connect with TLS (put the CA as ca.der)")
     b.add_argument("--tls-server-hostname", default="")
     b.add_argument("--card", action="append", metavar="HEX", help="seed the card list")
+    b.add_argument("--queue-max", type=int, help="offline queue bound in events (default 256)")
     b.add_argument("--source", action="store_true", help="copy .py instead of compiling (debug)")
     b.add_argument("--fs-image", help="LittleFS image path (default: OUT.lfs)")
     b.add_argument("--fs-size", type=_int, default=FS_SIZE, help=f"image size (default {FS_SIZE:#x})")
@@ -120,6 +121,10 @@ def _build(a: argparse.Namespace) -> int:
                            hw=a.hw, topic=a.topic, tls=a.tls or bool(tls.get("enabled")),
                            tls_ca=tls.get("ca", "ca.der"),
                            tls_server_hostname=a.tls_server_hostname or tls.get("server_hostname", ""))
+        if a.queue_max is not None:
+            if not 1 <= a.queue_max <= 100000:
+                raise BuildError("--queue-max must be 1..100000")
+            cfg.extra["queue_max"] = a.queue_max
         out = build_folder(a.out, cfg, source=a.source, cards=a.card)
         print(f"flash folder {out}")
         if not a.no_image:

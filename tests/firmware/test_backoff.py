@@ -1,0 +1,56 @@
+"""Reconnect backoff under MicroPython: exponential cap, full jitter, floor from a
+broker's retry-after, per-lock seeding (no two locks share a jitter sequence)."""
+
+from __future__ import annotations
+
+import json
+
+from .conftest import run_mpy
+
+
+def test_cap_doubles_to_the_maximum_and_jitter_spreads(built, tmp_path):
+    out = run_mpy("""
+import json
+from lockapp.backoff import Backoff, seed
+seed(b"LOCK0001")
+b = Backoff(500, 60000)
+caps, samples = [], []
+for k in range(10):
+    caps.append(b.cap_ms())
+    samples.append(b.next_ms())
+lo = Backoff(500, 8000, rand=lambda n: 0)
+hi = Backoff(500, 8000, rand=lambda n: n - 1)
+lows = [lo.next_ms() for _ in range(6)]
+highs = [hi.next_ms() for _ in range(6)]
+f = Backoff(500, 8000, rand=lambda n: 0)
+floor = f.next_ms(floor_ms=3000)
+f.reset()
+many = Backoff(1000, 1000000)
+for _ in range(6):
+    many.next_ms()
+spread = [many.next_ms() for _ in range(200)]
+print(json.dumps([caps, samples, lows, highs, floor, f.attempt, min(spread), max(spread),
+                  len(set(spread))]))
+""", tmp_path, built / "lib")
+    caps, samples, lows, highs, floor, attempt, smin, smax, distinct = json.loads(out)
+    assert caps == [500, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]
+    assert all(500 <= s <= c for s, c in zip(samples, caps))
+    assert lows == [500] * 6                      # the floor of the window
+    assert highs == [500, 1000, 2000, 4000, 8000, 8000]
+    assert 3000 <= floor <= 3500 and attempt == 0  # retry-after honoured; reset
+    assert smin >= 1000 and smax <= 1000000 and distinct > 150
+
+
+def test_two_locks_draw_different_delays(built, tmp_path):
+    script = """
+import sys
+from lockapp.backoff import Backoff, seed
+seed(b"%s")
+b = Backoff(500, 60000)
+for _ in range(5):
+    b.next_ms()
+print([b.next_ms() for _ in range(8)])
+"""
+    a = run_mpy(script % "LOCK0001", tmp_path, built / "lib")
+    b = run_mpy(script % "LOCK0002", tmp_path, built / "lib")
+    assert a != b
