@@ -36,8 +36,8 @@ APP = textwrap.dedent(
         while True:
             if poll.poll(50):
                 line = sys.stdin.readline().strip()
-                if line == 'exit':
-                    sys.exit(0)
+                if line == 'reboot-me':
+                    sys.exit(3)
                 if line == 'crash':
                     raise ValueError('asked to crash')
                 print('got', line)
@@ -141,16 +141,29 @@ def test_power_cut_kills_without_cleanup_and_keeps_files(make_dut: MakeDut) -> N
     assert dut.board.boots == 2  # type: ignore[attr-defined]
 
 
-def test_exit_is_a_soft_reboot_and_a_crash_drops_to_the_repl(make_dut: MakeDut) -> None:
+def test_crash_drops_to_the_repl_and_ctrl_d_soft_reboots(make_dut: MakeDut) -> None:
     dut = make_dut()
     dut.expect("app boot 1")
-    dut.writeline("exit")
-    dut.expect_exact("MPY: soft reboot")
-    dut.expect("app boot 2")  # main.py runs again, as on a board
     dut.writeline("crash")
     dut.expect("ValueError: asked to crash")
     dut.expect(">>> ")  # the REPL takes over, like a board after main.py fails
     assert dut.exec("print('alive')") == "alive\n"
+    dut.expect(">>> ")
+    dut.write(b"\x04")  # Ctrl-D at the friendly REPL: soft reboot
+    dut.expect_exact("MPY: soft reboot")
+    dut.expect("app boot 2")  # main.py runs again, as on a board
+    dut.writeline("reboot-me")
+    dut.expect_exact("MPY: soft reboot")  # sys.exit(n) asks for a reboot
+    dut.expect("app boot 3")
+
+
+def test_main_returning_leaves_the_repl_without_respawning(make_dut: MakeDut) -> None:
+    dut = make_dut(script="print('one shot')\n")
+    dut.expect("one shot")
+    dut.expect(">>> ")
+    assert dut.exec("print(2 + 2)") == "4\n"
+    assert dut.board.boots == 2  # type: ignore[attr-defined]  # main.py + the REPL, no loop
+    assert dut.log_text().count("one shot") == 1
 
 
 def test_several_duts_at_once(make_dut: MakeDut) -> None:

@@ -12,10 +12,11 @@ board behaves like one:
 
 * exit from the raw REPL (Ctrl-D at an empty prompt: mpremote's soft reset) ->
   ``MPY: soft reboot``, back in the raw REPL, ``main.py`` not run;
-* ``main.py`` ends with an uncaught exception (status 1) or Ctrl-C (130) -> the
+* exit from the friendly REPL (Ctrl-D) -> ``MPY: soft reboot``, ``main.py`` runs;
+* ``main.py`` returns, raises (status 1) or is interrupted by Ctrl-C (130) -> the
   REPL takes over (a fresh interpreter at ``>>>``), as on a board;
-* any other exit (``sys.exit()``, Ctrl-D at the friendly REPL) -> ``MPY: soft
-  reboot`` and ``main.py`` runs again.
+* ``main.py`` exits with another status (``sys.exit(n)``) -> ``MPY: soft reboot``
+  and ``main.py`` runs again.
 
 A power cut is SIGKILL of the interpreter (nothing flushed, no ``finally``) and
 a restart in the same folder: the files the app left are all that survives.
@@ -37,6 +38,10 @@ from .pty_process import PtyProcess
 RAW_BANNER = b"raw REPL; CTRL-B to exit"
 SOFT_REBOOT = b"MPY: soft reboot\r\n"
 PROMPTS = (b">>> ", RAW_BANNER)
+#: Exit statuses of main.py after which the REPL takes over: it returned or called
+#: sys.exit(0) (0), raised (1), was interrupted (130). Any other status (sys.exit(n))
+#: is a request to reboot.
+APP_TO_REPL = (0, 1, 130)
 #: Longest time input is held while the app is being interrupted (the app may
 #: catch KeyboardInterrupt and carry on; then the input goes to it).
 HOLD_MAX_S = 3.0
@@ -199,7 +204,8 @@ class VirtualBoard(Board):
             if self._sink is not None:
                 self._sink(data)
             return
-        tail = self._tail + data
+        # Look only at new bytes (plus enough old ones for a match split across reads).
+        tail = self._tail[-(len(RAW_BANNER) - 1) :] + data
         if RAW_BANNER in tail:
             self._raw = True
         at_prompt = any(p in tail for p in PROMPTS)
@@ -221,8 +227,8 @@ class VirtualBoard(Board):
         with self._lock:
             if gen != self._generation or self._closed:
                 return  # killed on purpose (power cut) or closed
-            if not self._raw and rc in (1, 130):  # traceback or KeyboardInterrupt
-                self._spawn(run_main=False)  # main.py failed: the REPL takes over
+            if self._app_running and rc in APP_TO_REPL:
+                self._spawn(run_main=False)  # main.py ended or failed: the REPL takes over
                 return
             if self._sink is not None:
                 self._sink(SOFT_REBOOT)
