@@ -34,6 +34,7 @@ from lockmq.protocol import (
     Auth,
     Challenge,
     Connect,
+    Disconnect,
     FrameDecoder,
     encode_frame,
     EventType,
@@ -118,6 +119,21 @@ async def connect_all(ep: Endpoint, sns: list[str], parallel: int = 256) -> list
         got = await asyncio.gather(*[connect_lock(ep, sn) for sn in sns[i:i + parallel]])
         out.extend(c for c, _ in got)
     return out
+
+
+async def close_politely(transports: list, timeout: float = 5.0) -> None:
+    """Send DISCONNECT on every connection and let the server close first (as a
+    lock does), then close whatever is still open after ``timeout``."""
+    bye = Disconnect(0, "bench done").encode()
+    live = [t for t in transports if t is not None and not t.is_closing()]
+    for t in live:
+        t.write(encode_frame(Op.DISCONNECT, b"", bye))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(not t.is_closing() for t in live):
+        await asyncio.sleep(0.02)
+    for t in live:
+        if not t.is_closing():
+            t.close()
 
 
 class LeanLock(asyncio.Protocol):
@@ -282,9 +298,7 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
     deadline = time.monotonic() + 10
     while any(p.sent_at for p in protos) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    for p in protos:
-        if p.transport is not None:
-            p.transport.close()
+    await close_politely([p.transport for p in protos])
     return {"acked": acked_at_end, "acked_total": stats["acked"], "busy": stats["busy"],
             "errors": stats["errors"], "unacked_at_close": sum(len(p.sent_at) for p in protos),
             "seconds": elapsed, "rate": acked_at_end / elapsed,
@@ -341,9 +355,7 @@ async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
     except asyncio.TimeoutError:
         pass
     elapsed = time.monotonic() - t0
-    for p in protos:
-        if p.transport is not None:
-            p.transport.close()
+    await close_politely([p.transport for p in protos])
     return {"locks": locks, "acked": len(lat), "acked_total": len(lat),
             "acked_pct": 100.0 * len(lat) / locks,
             "failed": failed[0], "busy": stats["busy"], "errors": stats["errors"],
@@ -383,7 +395,7 @@ async def _consumer(ep: Endpoint, topic: str, cluster: str, name: str, batch: in
                     done.set()
         if not done.is_set():
             pending.append(conn.request(Op.PULL, pull))
-    conn.close()
+    await close_politely([conn.transport])
     return got
 
 
@@ -407,8 +419,7 @@ async def scenario_deliver(ep: Endpoint, messages: int, consumers: int, topic: s
     t0 = time.monotonic()
     await asyncio.gather(*[preload(c) for c in conns])
     preload_s = time.monotonic() - t0
-    for c in conns:
-        c.close()
+    await close_politely([c.transport for c in conns])
     total = per * locks
     seen: set = set()
     done = asyncio.Event()
@@ -462,8 +473,7 @@ async def scenario_e2e(ep: Endpoint, locks: int, rate: float, duration: float, t
         pass
     done.set()
     await consumer
-    for c in conns:
-        c.close()
+    await close_politely([c.transport for c in conns])
     return {"messages": total, "received": len(seen), "lost": total - len(seen),
             "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
             "max_ms": max(lat) if lat else 0.0}
