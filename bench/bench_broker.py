@@ -14,8 +14,10 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 
 Scenarios: sync send from 100 and 1,000 locks (one record at a time, wait for the
 ack); pipelined (100 locks x 32 in flight); a storm of N locks connecting within
-one second, one record each; consumer-cluster delivery (4 consumers drain a
-preloaded topic; broker only); end-to-end publish->consume latency (broker only).
+one second, one record each; consumer-cluster delivery (4 lean consumers drain a
+preloaded topic, then a second cluster of 4 ``lockmq.client.AsyncConsumer``
+members drains it again: ``client_rate``; broker only); end-to-end
+publish->consume latency (broker only).
 Each broker figure is also given as a ratio to both floors, and checked against
 the issue's targets. Nothing here asserts: it reports.
 """
@@ -179,8 +181,8 @@ def scenarios(a: argparse.Namespace) -> list[dict[str, Any]]:
          "figures": ("acked_pct", "p50_ms", "p99_ms", "lost")},
         {"name": f"deliver-{a.consumers}c", "servers": ("broker",),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
-                  str(a.consumers)],
-         "figures": ("rate", "lost", "duplicates")},
+                  str(a.consumers), "--client"],
+         "figures": ("rate", "lost", "duplicates", "client_rate", "client_lost")},
         {"name": "e2e-latency", "servers": ("broker",),
          "args": ["e2e", "--locks", "100", "--rate", str(a.e2e_rate), "--duration",
                   str(a.e2e_duration)],
@@ -215,6 +217,7 @@ TARGETS = {
     ("storm", "p99_ms"): ("p99 < 300 ms", lambda b, f: b < 300.0),
     ("deliver", "rate"): (">= 100k msg/s", lambda b, f: b >= 100_000),
     ("deliver", "lost"): ("nothing lost", lambda b, f: b == 0),
+    ("deliver", "client_lost"): ("nothing lost", lambda b, f: b == 0),
     ("sync", "lost"): ("no acked record missing", lambda b, f: b == 0),
     ("pipelined", "lost"): ("no acked record missing", lambda b, f: b == 0),
     ("storm", "lost"): ("no acked record missing", lambda b, f: b == 0),
@@ -295,7 +298,7 @@ def main() -> int:
 def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
     """The summary table: min/median/max, ratios to the floors, targets."""
     print("\nsummary (min / median / max over runs; ratio = broker median / floor median)")
-    print(f"{'scenario':18s} {'figure':10s} {'server':7s} {'min':>10s} {'median':>10s} "
+    print(f"{'scenario':18s} {'figure':12s} {'server':7s} {'min':>10s} {'median':>10s} "
           f"{'max':>10s}  {'x ack':>6s} {'x fsync':>7s}  target")
     for sc in scs:
         name = sc["name"]
@@ -306,7 +309,7 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                 vals = [r[fig] for r in runs if fig in r]
                 if not vals:
                     if any("error" in r for r in runs):
-                        print(f"{name:18s} {fig:10s} {kind:7s} {'(failed)':>10s}")
+                        print(f"{name:18s} {fig:12s} {kind:7s} {'(failed)':>10s}")
                     continue
                 lo, med, hi = stats3([float(v) for v in vals])
                 medians[kind] = med
@@ -320,7 +323,7 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                     for (prefix, tfig), (desc, check) in TARGETS.items():
                         if name.startswith(prefix) and fig == tfig:
                             target = f"{desc}: {'MET' if check(med, medians) else 'NOT MET'}"
-                print(f"{name:18s} {fig:10s} {kind:7s} {fmt(lo):>10s} {fmt(med):>10s} "
+                print(f"{name:18s} {fig:12s} {kind:7s} {fmt(lo):>10s} {fmt(med):>10s} "
                       f"{fmt(hi):>10s}  {ratio_a:>6s} {ratio_f:>7s}  {target}")
 
 

@@ -400,8 +400,10 @@ async def _consumer(ep: Endpoint, topic: str, cluster: str, name: str, batch: in
 
 
 async def scenario_deliver(ep: Endpoint, messages: int, consumers: int, topic: str,
-                           prefix: str, batch: int) -> dict:
-    """Preload ``messages`` records, then ``consumers`` members drain them."""
+                           prefix: str, batch: int, with_client: bool = False) -> dict:
+    """Preload ``messages`` records, then ``consumers`` lean members of one cluster
+    drain them; with ``with_client``, ``consumers`` AsyncConsumers of a second
+    cluster drain the same records again."""
     rng = random.Random(3)
     locks = 100
     per = messages // locks
@@ -428,10 +430,44 @@ async def scenario_deliver(ep: Endpoint, messages: int, consumers: int, topic: s
         _consumer(ep, topic, "bench-cluster", f"bench-consumer-{k}", batch, seen, total, done)
         for k in range(consumers)]), max(60, total / 5000))
     elapsed = time.monotonic() - t0
-    return {"messages": total, "received": sum(counts), "unique": len(seen),
-            "lost": total - len(seen), "duplicates": sum(counts) - len(seen),
-            "seconds": elapsed, "rate": len(seen) / elapsed, "preload_s": preload_s,
-            "per_consumer": counts}
+    out = {"messages": total, "received": sum(counts), "unique": len(seen),
+           "lost": total - len(seen), "duplicates": sum(counts) - len(seen),
+           "seconds": elapsed, "rate": len(seen) / elapsed, "preload_s": preload_s,
+           "per_consumer": counts}
+    if with_client:
+        out.update(await _client_cluster(ep, topic, consumers, total))
+    return out
+
+
+async def _client_cluster(ep: Endpoint, topic: str, members: int, total: int) -> dict:
+    """A second cluster on the same topic, made of ``lockmq.client.AsyncConsumer``
+    members with a no-op handler: what the library itself delivers per second."""
+    from lockmq.client import AsyncConsumer
+
+    seen: set = set()
+    done = asyncio.Event()
+
+    async def handler(msg) -> None:  # type: ignore[no-untyped-def]
+        seen.add((msg.sn, msg.seq))
+        if len(seen) >= total:
+            done.set()
+
+    cs = [AsyncConsumer(f"{ep.host}:{ep.port}", topic=topic, cluster="bench-client",
+                        handler=handler, min_workers=4, max_workers=4, batch=500,
+                        backlog_poll_s=0, consumer_id=f"bench-client-{k}")
+          for k in range(members)]
+    t0 = time.monotonic()
+    for c in cs:
+        await c.start()
+    try:
+        await asyncio.wait_for(done.wait(), max(60, total / 5000))
+    except asyncio.TimeoutError:
+        pass
+    elapsed = time.monotonic() - t0
+    for c in cs:
+        await c.stop()
+    return {"client_rate": len(seen) / elapsed, "client_lost": total - len(seen),
+            "client_redelivered": sum(c.stats["received"] for c in cs) - len(seen)}
 
 
 async def scenario_e2e(ep: Endpoint, locks: int, rate: float, duration: float, topic: str,
@@ -491,6 +527,8 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--consumers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--client", action="store_true",
+                    help="deliver: also drain with lockmq.client.AsyncConsumer members")
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--topic", default="bench.events")
     ap.add_argument("--prefix", default="BENCH-")
@@ -504,7 +542,7 @@ def main() -> None:
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
     elif args.scenario == "deliver":
         coro = scenario_deliver(ep, args.messages, args.consumers, args.topic, args.prefix,
-                                args.batch)
+                                args.batch, args.client)
     else:
         coro = scenario_e2e(ep, args.locks, args.rate, args.duration, args.topic, args.prefix)
     try:
