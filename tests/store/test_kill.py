@@ -90,4 +90,4 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_record(data_dir, flush,
         finally:
             s.close_sync()
         assert check_dir(str(data_dir)).ok
-    assert len(acked) > 100
+    assert len(acked) > 20  # the kills were not all before the first ack
