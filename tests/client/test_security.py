@@ -137,3 +137,34 @@ def test_tls_connection_with_a_token(tmp_path):
         assert asyncio.run(asyncio.wait_for(main(), 30)) == [b"over tls"]
     finally:
         b.stop()
+
+
+def test_pool_scales_without_admin_rights(secured):
+    """A service token may not read the cluster's backlog (admin op): the consumer
+    sizes its pool from what its PULLs return instead."""
+    b, _cfg, svc = secured
+
+    async def main():
+        async with AsyncProducer(b.address, token=svc) as p:
+            await asyncio.gather(*[p.send_async("orders", b"o%d" % i) for i in range(300)])
+        done = []
+        peak = 0
+
+        async def handler(msg):
+            await asyncio.sleep(0.01)
+            done.append(msg.id)
+
+        c = AsyncConsumer(b.address, topic="orders", cluster="billing", handler=handler,
+                          token=svc, min_workers=1, max_workers=6, target_per_worker=10,
+                          batch=8)
+        await c.start()
+        while len(done) < 300:
+            peak = max(peak, c.workers)
+            await asyncio.sleep(0.02)
+        forbidden = c._backlog_forbidden
+        await c.stop()
+        return peak, forbidden
+
+    peak, forbidden = asyncio.run(main())
+    assert forbidden
+    assert peak == 6

@@ -132,6 +132,7 @@ class AsyncConsumer(SessionClient):
         self.long_poll_ms = long_poll_ms
         self.backlog_poll_s = backlog_poll_s
         self._local_backlog = 0
+        self._backlog_known = False
         self._backlog_forbidden = False
         self.generation = 0
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
@@ -222,6 +223,7 @@ class AsyncConsumer(SessionClient):
         sack = SubscribeAck.decode(frame.body)
         self.sub_id = sack.sub_id
         self.backlog = sack.backlog
+        self._local_backlog = max(self._local_backlog, sack.backlog)
         self._subscribed.set()
         self._spawn(self._fetch_loop(conn, self.generation))
 
@@ -278,8 +280,10 @@ class AsyncConsumer(SessionClient):
                 self._queue.put_nowait(Message.from_wire(m, self.sub_id, generation))
             self.stats["received"] += len(batch)
             long_poll = not batch
+            # Without the broker's figure, full batches in a row mean the queue is
+            # not draining: count them as backlog; a short batch means it drained.
             if len(batch) >= want:
-                self._local_backlog = max(self._local_backlog, want)
+                self._local_backlog += len(batch)
             else:
                 self._local_backlog = 0
 
@@ -387,7 +391,8 @@ class AsyncConsumer(SessionClient):
             if now >= next_poll and self.backlog_poll_s > 0:
                 next_poll = now + self.backlog_poll_s
                 await self._poll_backlog()
-            backlog = max(self.backlog, self._local_backlog) + self._queue.qsize()
+            backlog = (self.backlog if self._backlog_known else self._local_backlog) \
+                + self._queue.qsize()
             target = self.autoscaler.decide(self._target_workers, backlog, self._busy, now)
             if target != self._target_workers:
                 log.debug("workers %d -> %d (backlog %d)", self._target_workers, target, backlog)
@@ -424,6 +429,7 @@ class AsyncConsumer(SessionClient):
             if info.get("name") == self.cluster and info.get("topic") == self.topic:
                 self.backlog = int(info.get("unread", 0)) + int(info.get("ready", 0))
                 self.cluster_info = info
+                self._backlog_known = True
 
     async def __aenter__(self) -> "AsyncConsumer":
         await self.start()
