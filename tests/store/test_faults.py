@@ -112,3 +112,38 @@ def test_index_with_many_dead_entries_is_rewritten_at_open(data_dir, monkeypatch
         assert [r.seq for r in s.read("t", start, 3)] == [start, start + 1, start + 2]
         await s.close()
     run(main())
+
+
+def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch):
+    """While the writer thread is stuck in fdatasync, the event loop runs, reads
+    answer at once, and the records being synced are not visible yet."""
+    import asyncio
+
+    real = os.fdatasync
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def slow_fdatasync(fd):
+        if _in_writer() and not gate.is_set():
+            entered.set()
+            gate.wait(10)
+        return real(fd)
+
+    async def main():
+        s = Store.open(config(data_dir))
+        await s.append([rec("t", "A", i) for i in range(5)])
+        seen = []
+        s.on_durable(lambda topic, end: seen.append(end))
+        monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+        pending = asyncio.ensure_future(s.append([rec("t", "A", i) for i in range(5, 9)]))
+        while not entered.is_set():  # the loop keeps running while the thread waits
+            await asyncio.sleep(0.005)
+        got = s.read("t", 0, 100)  # would hang here if reads waited for the fsync
+        assert [r.seq for r in got] == list(range(5))  # written, not durable: invisible
+        assert s.queue_end("t") == 5 and not pending.done() and seen == []
+        gate.set()
+        res = await pending
+        assert [a.queue_offset for a in res] == [5, 6, 7, 8] and seen == [9]
+        assert [r.seq for r in s.read("t", 0, 100)] == list(range(9))
+        await s.close()
+    run(main())
