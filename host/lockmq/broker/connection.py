@@ -192,6 +192,12 @@ class Connection(asyncio.Protocol):
             except ProtocolError as exc:
                 self._bad_input(exc)
                 break
+            except Exception as exc:  # noqa: BLE001 -- a broker bug or a store error
+                b.log("internal_error", conn=self.id, peer=self.peer,
+                      op=op_name(frame.opcode), error=repr(exc), level="error")
+                b.stats.inc("internal_errors")
+                self.send_error(_code("INTERNAL"), f"internal error: {type(exc).__name__}",
+                                frame.opaque)
         b.stats.c["frames_in"] += n
         if self._pub:
             self._submit_publishes()

@@ -170,7 +170,11 @@ class BrokerCore:
 
     def _on_durable(self, topic: str, end: int) -> None:
         for c in self.by_topic.get(topic, ()):
-            c.wake()
+            try:
+                c.wake()
+            except Exception as exc:  # noqa: BLE001 -- never break the store's callback
+                self.log("cluster_wake_failed", cluster=c.name, error=repr(exc),
+                         level="error")
 
     async def _tick_loop(self) -> None:
         period = self.config.consumers.lease_sweep_ms / 1000.0
