@@ -277,8 +277,8 @@ class SimLock:
                 stats.retransmits += 1
             first = False
             try:
-                frame = await asyncio.wait_for(conn.request(Op.PUBLISH, body),
-                                               self.cfg.ack_timeout_s)
+                async with asyncio.timeout(self.cfg.ack_timeout_s):  # no task per record
+                    frame = await conn.request(Op.PUBLISH, body)
             except ConnectionLost:
                 continue
             except asyncio.TimeoutError:
@@ -333,11 +333,12 @@ class SimLock:
                     return
             self.sent_seqs += 1
             await self.publish(make_event(self.rng, cfg.payload_bytes))
-            if interval:
+            if interval and not self.stop.is_set():
                 try:
-                    await asyncio.wait_for(self.stop.wait(), interval * cfg.window
-                                           * self.rng.uniform(0.8, 1.2))
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(interval * cfg.window
+                                               * self.rng.uniform(0.8, 1.2)):
+                        await self.stop.wait()
+                except TimeoutError:
                     pass
 
     def close(self) -> None:
