@@ -138,7 +138,9 @@ def test_sigterm_is_graceful_and_status_page_answers(tmp_path):
         rc = proc.wait(20)
         err = proc.stderr.read().decode()
     assert rc == 0, err
-    assert p.read_frame() is None or True          # the connection was closed
+    f = p.read_frame()                             # told why, then closed
+    assert f is not None and f.opcode == Op.DISCONNECT
+    assert p.read_frame() is None
     proc = _start(data, port)
     try:
         c = Peer(port)

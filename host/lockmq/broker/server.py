@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from lockmq.config import Config
+from lockmq.protocol import Disconnect, ErrorCode, Op
 
 from .admin import Admin
 from .auth import make_guard
@@ -166,7 +167,10 @@ class Broker:
         deadline = loop.time() + grace
         while loop.time() < deadline and any(c._pub_bytes > 0 for c in self.conns.values()):
             await asyncio.sleep(0.01)
+        bye = Disconnect(int(ErrorCode.SHUTTING_DOWN), "the broker is shutting down").encode()
         for conn in list(self.conns.values()):
+            if conn.state == "open":
+                conn.send_frame(Op.DISCONNECT, bye)
             conn.flush()
             conn.close("broker shutdown")
         await self.core.close()
