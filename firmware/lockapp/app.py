@@ -5,7 +5,7 @@ import gc
 import sys
 import time
 import asyncio
-from lockmq.protocol import LockEvent, EventType, Method, Result, Heartbeat
+from lockmq.protocol import LockEvent, EventType, Method, Result, Heartbeat, NO_SEQ
 from lockapp import VERSION, log, config, hw as hwmod, backoff
 from lockapp.clock import Clock
 from lockapp.seqno import SeqNo
@@ -29,8 +29,6 @@ class App:
         backoff.seed(self.sn.encode() + self.hw.unique_id())
         self.q = OQueue("queue.dat", cfg["queue_max"])
         self.seq = SeqNo("seq.dat", cfg["seq_block"])
-        if not self.seq.ok:
-            log.warn("sys seq file damaged; continuing above the queue")
         self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
         self._commands = Commands(self)
         self.reboot_pending = False
@@ -43,6 +41,8 @@ class App:
         log.info("sys boot fw=%s sn=%s hw=%s" % (VERSION, self.sn, self.hw.name))
         log.info("q loaded len=%d next_seq=%d dropped=%d torn=%d"
                  % (len(self.q), self.seq.next, self.q.dropped, self.q.torn))
+        if not self.seq.ok:
+            log.warn("sys seq provisional next_seq=%d" % self.seq.next)
 
     # -- events --------------------------------------------------------------------------
     def emit(self, name, credential=b"", value=0, result=0, remote=False):
@@ -64,6 +64,18 @@ class App:
         # Loaded at boot like everything the app may need: the heap use measured at
         # boot is the heap use in service.
         return self._commands
+
+    def confirm_seq(self, last_seq):
+        # First CONNECT_ACK with provisional numbers (fresh file system or damaged
+        # seq files): move the queued events above what the broker already stored
+        # for this lock, so none is taken for a retransmission and dropped.
+        q = self.q
+        base = 1 if last_seq == NO_SEQ else last_seq + 1
+        if len(q) and q.seq_at(0) < base:
+            log.warn("sys seq renumbered from=%d to=%d n=%d" % (q.seq_at(0), base, len(q)))
+            q.renumber(base)
+        self.seq.confirm(max(base, q.max_seq + 1))
+        log.info("sys seq confirmed next_seq=%d" % self.seq.next)
 
     def heartbeat(self):
         return Heartbeat(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,

@@ -124,7 +124,9 @@ class Link:
         f = await self._expect(Op.CONNECT_ACK, tmo)
         ack = ConnectAck.decode(f.body)
         app.clock.sync(ack.server_time_ms)
-        if ack.last_seq != NO_SEQ:
+        if not app.seq.ok:
+            app.confirm_seq(ack.last_seq)
+        elif ack.last_seq != NO_SEQ:
             app.seq.raise_floor(ack.last_seq + 1)
         hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
         self.up = True

@@ -248,16 +248,26 @@ class OQueue:
     def file_bytes(self):
         return self._size
 
-    def _rewrite(self):
+    def _rewrite(self, base=None):
         # Copy the live records into a new file, then rename it over the old one.
         # On any failure the in-RAM index is rebuilt from what is on flash.
         try:
-            self._copy_live()
+            self._copy_live(base)
         except Exception:
             self.load()
             raise
 
-    def _copy_live(self):
+    def renumber(self, base):
+        # Give the live entries the seqs base, base+1, ... (one atomic rewrite).
+        # Only for provisional numbers that were never sent (see seqno.py).
+        self._acked = []
+        self.head = base
+        self._rewrite(base)
+        for i in range(self._n):
+            self._seq[(self._h + i) % self.max_len] = base + i
+        self.max_seq = base + self._n - 1 if self._n else base - 1
+
+    def _copy_live(self, base=None):
         tmp = self.path + ".new"
         src = None
         try:
@@ -275,6 +285,8 @@ class OQueue:
                 hdr = src.read(4)
                 n = struct.unpack(">H", hdr[2:])[0]
                 rec = hdr + src.read(n + 4)
+                if base is not None:
+                    rec = _record(KIND_E, struct.pack(">I", base + i) + rec[8:4 + n])
                 dst.write(rec)
                 self._off[j] = off     # new offsets, applied only if the rename happens
                 off += len(rec)

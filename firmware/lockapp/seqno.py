@@ -1,11 +1,23 @@
 # The per-lock sequence number, persisted so it is never reused after a reboot.
-# seq.dat holds the end of the reserved block (u32 big-endian + crc32). A block of
-# `block` numbers is reserved (written, atomically) before its first number is
-# used; after a power cut the rest of the block is skipped. One flash write per
-# `block` events.
+# seq.dat (and its copy seq.bak) hold the end of the reserved block (u32 big-endian
+# + crc32). A block of `block` numbers is reserved (both files written, each
+# atomically) before its first number is used; after a power cut the rest of the
+# block is skipped. One pair of small writes per `block` events.
+#
+# With neither file readable (a board flashed with a fresh file system, or flash
+# damage) the numbers are PROVISIONAL: nothing is persisted until the broker says,
+# at connect, the last seq it stored for this lock; the app then renumbers the
+# queued events above it (see App.confirm_seq) and confirm() starts reserving.
 import struct
 import binascii
 from lockapp import atomic
+
+
+def _read(path):
+    raw = atomic.read(path)
+    if raw is not None and len(raw) == 8 and struct.unpack(">I", raw[4:])[0] == binascii.crc32(raw[:4]):
+        return struct.unpack(">I", raw[:4])[0]
+    return None
 
 
 class SeqNo:
@@ -14,14 +26,9 @@ class SeqNo:
             raise ValueError("seq_block must be >= 1")
         self.path = path
         self.block = block
-        self.limit = 1
-        self.ok = True
-        raw = atomic.read(path)
-        if raw is not None:
-            if len(raw) == 8 and struct.unpack(">I", raw[4:])[0] == binascii.crc32(raw[:4]):
-                self.limit = struct.unpack(">I", raw[:4])[0]
-            else:
-                self.ok = False  # caller raises the floor from the queue / broker
+        found = [v for v in (_read(path), _read(path + ".bak")) if v is not None]
+        self.ok = bool(found)           # False: provisional until confirm()
+        self.limit = max(found) if found else 1
         self.next = self.limit
 
     def raise_floor(self, n):
@@ -32,13 +39,21 @@ class SeqNo:
                 self.limit = n
 
     def take(self):
-        if self.next >= self.limit:
+        if self.ok and self.next >= self.limit:
             self._reserve(self.next + self.block)
         s = self.next
         self.next = s + 1
         return s
 
+    def confirm(self, floor):
+        # The broker's view is known: persist from here on.
+        self.raise_floor(floor)
+        self.ok = True
+        self._reserve(self.next + self.block)
+
     def _reserve(self, limit):
         b = struct.pack(">I", limit)
-        atomic.write(self.path, b + struct.pack(">I", binascii.crc32(b)))
+        b += struct.pack(">I", binascii.crc32(b))
+        atomic.write(self.path, b)
+        atomic.write(self.path + ".bak", b)
         self.limit = limit

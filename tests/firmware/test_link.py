@@ -55,14 +55,19 @@ def test_offline_queue_then_delivery_in_order(flash, lock_factory):
         lk.expect(r"^W net down err=refused")
         lk.kill()                              # and a power cut on top
         lk.start()
-        lk.expect(r"^I q loaded len=20 next_seq=65 ")
+        lk.expect(r"^I q loaded len=20 next_seq=21 ")
+        lk.expect(r"^W sys seq provisional next_seq=21$")      # a fresh board: not yet confirmed
         b.port = port
         b.start()
+        lk.expect(r"^I sys seq confirmed next_seq=21$", timeout=20)
         lk.expect(r"^I evt acked seq=20$", timeout=20)
         assert b.seqs(SN) == list(range(1, 21))
+        lk.kill()
+        lk.start()
+        lk.expect(r"^I q loaded len=0 next_seq=85 ")          # 21..84 reserved: skipped
         lk.send("event unlock")
-        lk.expect(r"^I evt queued seq=65 type=unlock$")   # the reserved block is skipped
-        lk.expect(r"^I evt acked seq=65$")
+        lk.expect(r"^I evt queued seq=85 type=unlock$")
+        lk.expect(r"^I evt acked seq=85$")
     finally:
         b.close()
 
@@ -91,16 +96,17 @@ def test_power_cut_mid_stream_exactly_once(flash, broker, lock_factory):
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
     lk.send("event failed 150")
-    lk.expect(r"^I evt queued seq=150 ")
-    lk.kill()                                  # acks in flight are lost; records are not
-    assert len(broker.seqs(SN)) < 150, "too late: every event was already acked"
+    lk.expect(r"^I evt acked seq=30$")
+    lk.kill()                                  # mid-stream: acks in flight are lost, records not
+    queued = [int(m.group(1)) for m in lk.grep(r"^I evt queued seq=(\d+) ")]
+    assert queued == list(range(1, len(queued) + 1)) and len(queued) >= 30
     lk.start()
     lk.expect(r"^I sys ready")
     lk.expect(r"^I net connected")
-    assert broker.wait_for(lambda: len(broker.seqs(SN)) == 150, 30), lk.log()
+    assert broker.wait_for(lambda: len(broker.seqs(SN)) >= len(queued), 30), lk.log()
     lk.send("status")
     lk.expect(r"^I sys status q=0 ", timeout=20)
-    assert broker.seqs(SN) == list(range(1, 151))   # stored once each, in order
+    assert broker.seqs(SN) == queued            # every queued record stored once, in order
 
 
 def test_busy_is_retried_after_the_delay(flash, broker, lock_factory):
@@ -146,7 +152,30 @@ def test_heartbeat_reports_queue_and_heap(flash, lock_factory):
         lk.expect(r"^I evt acked seq=300$", timeout=60)
         m = lk.expect(r"^I mem peak=(\d+) alloc=\d+ free=\d+$", timeout=12)
         assert int(m.group(1)) < 120 * 1024        # live heap, within -X heapsize=128K
-        assert b.heartbeats and b.heartbeats[0].free_heap > 0
+        assert b.wait_for(lambda: b.heartbeats) and b.heartbeats[0].free_heap > 0
         assert b.seqs(SN) == list(range(1, 301)) and not lk.grep(r"evt dropped")
     finally:
         b.close()
+
+
+def test_reflashed_board_never_reuses_a_stored_seq(flash, broker, lock_factory):
+    """A board flashed with a fresh file system forgets its sequence numbers; the
+    broker still has 1..40 from it. Events queued before the first connect are
+    renumbered above 40, so none is mistaken for a retransmission and dropped."""
+    _fast(flash, [broker.port])
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    lk.send("event unlock 40")
+    lk.expect(r"^I evt acked seq=40$", timeout=30)
+    lk.kill()
+    for f in ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat"):
+        (flash / f).unlink(missing_ok=True)                  # the reflash
+    broker.stop()
+    lk.start()
+    lk.send("event tamper 3")
+    lk.expect(r"^I evt queued seq=3 type=tamper$")           # provisional numbers
+    broker.start()
+    lk.expect(r"^W sys seq renumbered from=1 to=41 n=3$", timeout=20)
+    lk.expect(r"^I evt acked seq=43$", timeout=20)
+    assert broker.seqs(SN) == list(range(1, 44))
+    assert [broker.stored[(SN, s)].event_type for s in (41, 42, 43)] == [4, 4, 4]

@@ -186,12 +186,39 @@ print(q2.seqs() == q.seqs(), q2.dropped, q2.torn)
 
 def test_seq_never_reused_across_restarts(built, tmp_path):
     script = """
+import os
 from lockapp.seqno import SeqNo
 s = SeqNo("seq.dat", 4)
+if not s.ok:
+    s.confirm(1)          # a fresh board, once the broker has answered
 print([s.take() for _ in range(3)])
 """
     runs = [run_mpy(script, tmp_path, built / "lib").strip() for _ in range(3)]
     assert runs == ["[1, 2, 3]", "[5, 6, 7]", "[9, 10, 11]"]
+    # one damaged copy: the other still holds the reservation
+    (tmp_path / "seq.dat").write_bytes(b"garbage!")
+    assert run_mpy(script, tmp_path, built / "lib").strip() == "[13, 14, 15]"
+
+
+def test_provisional_seqs_are_not_persisted_until_confirmed(built, tmp_path):
+    out = run_mpy("""
+import os
+from lockapp.seqno import SeqNo
+from lockapp.oqueue import OQueue
+s = SeqNo("seq.dat", 4)
+q = OQueue("q.dat", 16)
+for _ in range(3):
+    q.append(s.take(), b"offline")
+print(s.ok, "seq.dat" in os.listdir("."), q.seqs())
+q.renumber(501)                       # the broker had 500 from before a reflash
+s.confirm(q.max_seq + 1)
+q2 = OQueue("q.dat", 16)
+print(q2.seqs(), [d for _, d in q2.read(0, 3)], s.take(), SeqNo("seq.dat", 4).next)
+""", tmp_path, built / "lib")
+    assert out.splitlines() == [
+        "False False [1, 2, 3]",
+        "[501, 502, 503] [b'offline', b'offline', b'offline'] 504 508",
+    ]
 
 
 def test_kill9_during_appends_and_acks(built, tmp_path):
@@ -205,6 +232,8 @@ from lockapp.seqno import SeqNo
 q = OQueue("q.dat", 1000)
 s = SeqNo("seq.dat", 8)
 s.raise_floor(max(q.max_seq, q.head) + 1)
+if not s.ok:
+    s.confirm(1)
 print("L", " ".join(str(x) for x in q.seqs()))
 n = 0
 while True:
