@@ -3,8 +3,8 @@
 So ``/dev/ttyUSB0``, ``/dev/pts/7``, ``socket://127.0.0.1:7000`` and
 ``rfc2217://host:port`` all work, as in pytest-embedded's serial service.
 
-Reset: on a USB-UART (``/dev/ttyUSB*``, ``/dev/ttyACM*``) the ESP32 dev-board
-wiring is used — RTS low pulls EN low, a chip reset, with DTR high so the chip
+Reset: on a USB-UART (``/dev/ttyUSB*``, ``/dev/ttyACM*``) or an RFC 2217 server
+(which carries the modem lines) the ESP32 dev-board wiring is used — RTS low pulls EN low, a chip reset, with DTR high so the chip
 boots the app rather than the ROM loader (esptool's "hard reset"). Elsewhere the
 board is soft-rebooted through its REPL (Ctrl-C, Ctrl-B, Ctrl-D), which reruns
 ``main.py`` on MicroPython.
@@ -27,7 +27,8 @@ import serial
 
 from .board import Board, Sink
 
-USB_UART = re.compile(r"^/dev/tty(USB|ACM)\d+$|^COM\d+$")
+#: Ports whose RTS line reaches the board's EN pin (USB-UARTs, RFC 2217 servers).
+RTS_WIRED = re.compile(r"^/dev/tty(USB|ACM)\d+$|^COM\d+$|^rfc2217://")
 
 
 class SerialBoard(Board):
@@ -46,7 +47,7 @@ class SerialBoard(Board):
         self.baudrate = baudrate
         self.name = name or f"serial:{url}"
         if reset_mode == "auto":
-            reset_mode = "rts" if USB_UART.match(url) else "repl"
+            reset_mode = "rts" if RTS_WIRED.match(url) else "repl"
         if reset_mode not in ("rts", "repl"):
             raise ValueError(f"reset_mode must be auto, rts or repl, not {reset_mode!r}")
         self.reset_mode = reset_mode
@@ -62,7 +63,13 @@ class SerialBoard(Board):
 
     def attach(self, sink: Sink) -> None:
         self._sink = sink
-        self._ser = serial.serial_for_url(self.url, baudrate=self.baudrate, timeout=0.05)
+        ser = serial.serial_for_url(self.url, baudrate=self.baudrate, timeout=0.05, do_not_open=True)
+        if self.reset_mode == "rts":
+            # Open with EN released and IO0 high, or opening the port resets the board.
+            ser.rts = False
+            ser.dtr = False
+        ser.open()
+        self._ser = ser
         self._reader = threading.Thread(target=self._read_loop, name=f"serial-{self.url}", daemon=True)
         self._reader.start()
 

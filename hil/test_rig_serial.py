@@ -1,7 +1,8 @@
 """The serial path (pyserial ``serial_for_url``) against a board served by vboard.
 
 The "board" is the unix port behind :mod:`lockmq.hil.vboard`, in its own process,
-on a pty (opened like /dev/ttyUSB0) and on ``socket://``: the same bytes a real
+on a pty (opened like /dev/ttyUSB0), on ``socket://`` and on ``rfc2217://`` (RTS
+wired to the board's reset, as on an ESP32 dev board): the same bytes a real
 board's UART carries. Also checks that unmodified mpremote drives it.
 """
 
@@ -20,7 +21,10 @@ import pytest
 from lockmq.hil import Dut, SerialBoard
 from lockmq.hil.virtual import find_micropython
 
-pytestmark = pytest.mark.skipif(find_micropython() is None, reason="MicroPython unix port not installed")
+pytestmark = [
+    pytest.mark.skipif(find_micropython() is None, reason="MicroPython unix port not installed"),
+    pytest.mark.filterwarnings("ignore:.*(setDaemon|setName).*:DeprecationWarning"),  # pyserial's rfc2217
+]
 
 APP = textwrap.dedent(
     """
@@ -61,21 +65,26 @@ class Served:
             self.proc.wait(5)
 
 
-@pytest.fixture(params=["pty", "tcp"])
+@pytest.fixture(params=["pty", "tcp", "rfc2217"])
 def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
     flash = tmp_path / "flash"
     flash.mkdir()
     (flash / "main.py").write_text(APP)
-    how = ["--pty", str(tmp_path / "board.tty")] if request.param == "pty" else ["--tcp", "0"]
+    how = {"pty": ["--pty", str(tmp_path / "board.tty")], "tcp": ["--tcp", "0"],
+           "rfc2217": ["--rfc2217", "0"]}[request.param]
     s = Served(flash, how)
     yield s
     s.stop()
 
 
 def test_serial_dut_exec_put_file_reset_and_power_cut(served: Served, tmp_path: Path) -> None:
-    cmd = f"kill -USR1 {served.proc.pid}"  # what a relay/uhubctl command does to a real board
+    rfc2217 = served.url.startswith("rfc2217://")
+    # RFC 2217 carries RTS, wired to EN: reset and power cut go through it. A pty or
+    # a raw socket has no modem lines: soft reset through the REPL, and a power cut
+    # by command (what a relay/uhubctl command does to a real board).
+    cmd = None if rfc2217 else f"kill -USR1 {served.proc.pid}"
     board = SerialBoard(served.url, power_cut_cmd=cmd)
-    assert board.reset_mode == "repl"  # no RTS wiring on a pty or socket
+    assert board.reset_mode == ("rts" if rfc2217 else "repl")
     with Dut(board, log_path=tmp_path / "serial.log") as dut:
         dut.expect("beat")
         assert dut.exec("import sys\nprint(sys.implementation.name)") == "micropython\n"

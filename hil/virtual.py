@@ -143,6 +143,16 @@ class VirtualBoard(Board):
             if not self._closed:
                 self._power_on()
 
+    def power_off(self) -> None:
+        """Cut power and stay off until :meth:`power_on` (a board held in reset)."""
+        self._kill()
+
+    def power_on(self) -> None:
+        """Power on (no-op if running)."""
+        with self._lock:
+            if self._proc is None and not self._closed:
+                self._power_on()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
