@@ -94,3 +94,9 @@ def test_dump_stops_at_corruption(filled, capsys):
 def test_bad_time_is_a_usage_error(filled):
     with pytest.raises(SystemExit):
         cli(["store", "dump", filled, "--since", "yesterday"])
+
+
+def test_registered_in_the_lockmq_command(filled, capsys):
+    from lockmq.cli import main
+    assert main(["store", "check", filled]) == 0
+    assert "OK" in capsys.readouterr().out

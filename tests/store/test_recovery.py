@@ -220,3 +220,24 @@ def test_lost_tail_of_a_closed_segment_cuts_everything_after_it(crash_image):
     assert got == kept
     s.close_sync()
     assert check_dir(str(image)).ok
+
+
+def test_an_idle_store_checkpoints_so_a_crash_rereads_nothing(data_dir, tmp_path):
+    import asyncio
+
+    async def main():
+        s = Store.open(config(data_dir, checkpoint_interval_ms=50))
+        await s.append([rec("t", "A", i) for i in range(50)])
+        for _ in range(200):  # bounded wait for the background checkpoint
+            await asyncio.sleep(0.02)
+            if s.stats["checkpoints"] >= 2:
+                break
+        image = tmp_path / "image"
+        shutil.copytree(data_dir, image)  # a crash now: no close
+        await s.close()
+        return image
+    image = run(main())
+    s = Store.open(config(image))
+    assert s.recovery.scanned_records == 0 and s.queue_end("t") == 50
+    assert s.last_seq("A") == 49
+    s.close_sync()
