@@ -36,7 +36,8 @@ class StoreConfig:
         min_free_bytes: disk reserve; a batch that would leave less free space on
             the file system is refused with :class:`StoreFull`.
         dedup_window: how many sequence numbers below a lock's highest stored
-            sequence are remembered exactly; older ones count as duplicates.
+            sequence are remembered exactly (at most 65535); older ones count as
+            duplicates.
         dedup_max_sns: how many locks (SNs) the dedup table remembers; the least
             recently written are forgotten first.
         max_record_bytes: largest encoded record accepted (capped at segment_bytes).
@@ -73,6 +74,8 @@ class StoreConfig:
                      "max_pending_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.dedup_window > 65535:
+            raise ValueError("dedup_window must be at most 65535")
         if self.min_free_bytes < 0:
             raise ValueError("min_free_bytes must be >= 0")
         if self.retention_ms is not None and self.retention_ms <= 0:
