@@ -152,3 +152,15 @@ def test_topic_names_become_safe_file_names(data_dir):
         assert s.topics() == sorted(["$dlq.cluster-1", "$retry.c%2", "..", "a.b_c-D"])
         s.close_sync()
     run(main())
+
+
+@pytest.mark.parametrize("bad", [
+    {"flush": "fast"}, {"segment_bytes": 100}, {"segment_bytes": "128M"},
+    {"dedup_window": 100_000}, {"retention_ms": 0}, {"min_free_bytes": -1},
+    {"max_batch_bytes": 10}, {"flush_interval_ms": True},
+])
+def test_bad_settings_are_refused_by_name(data_dir, bad):
+    from lockmq.store import StoreConfig
+    with pytest.raises(ValueError) as info:
+        Store.open(StoreConfig(data_dir=str(data_dir), **bad))
+    assert next(iter(bad)).split("_")[0] in str(info.value)

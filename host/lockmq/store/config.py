@@ -63,6 +63,15 @@ class StoreConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
+        for name in ("segment_bytes", "flush_interval_ms", "checkpoint_interval_ms",
+                     "checkpoint_bytes", "min_free_bytes", "dedup_window", "dedup_max_sns",
+                     "max_record_bytes", "max_batch_bytes", "max_pending_bytes",
+                     "retention_ms", "retention_bytes"):
+            value = getattr(self, name)
+            if value is None and name.startswith("retention"):
+                continue
+            if type(value) is not int:
+                raise ValueError(f"{name} must be an integer, not {value!r}")
         if self.flush not in ("sync", "async"):
             raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         if self.segment_bytes < 1024:
