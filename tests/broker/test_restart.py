@@ -76,7 +76,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
     try:
         cons = Peer(port)
         sub = cons.subscribe("ev", "backend").sub_id
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90             # generous: a shared, loaded machine
         while len(consumed_before) < 1000 and time.monotonic() < deadline:
             got = cons.pull(sub, 100, wait_ms=500).messages
             if got:
