@@ -1,7 +1,9 @@
 """Deterministic synthetic fleet traffic for tests, benchmarks and demos.
 
-Locks publish ``LockEvent`` records to ``lock.events`` and heartbeats to
-``$heartbeats`` (JSON ``{"sn": ...}`` from the broker's SN, as system records are).
+Locks publish ``LockEvent`` records to ``lock.events``; the broker writes their
+heartbeats to ``$heartbeats`` and their online/offline/evicted events to
+``$devices`` (JSON naming the lock in ``"sn"``, under the broker's own SN, as
+host/lockmq/broker/devices.py does).
 The traffic holds what the reports look for: failed-attempt bursts, locks whose
 clock is off, offline periods (no records at all), sequence gaps (lost records).
 Records can be written with the real storage engine (:func:`write_store`, broker
@@ -20,6 +22,7 @@ from lockmq.protocol import EventType, LockEvent, Method, Result
 
 EVENT_TOPIC = "lock.events"
 HEARTBEAT_TOPIC = "$heartbeats"
+DEVICES_TOPIC = "$devices"
 BROKER_SN = "$broker"
 
 
@@ -58,6 +61,7 @@ def fleet(n_locks: int = 12, hours: float = 6.0, start_ms: int = 1_767_225_600_0
     span = int(hours * 3600_000)
     out: list[tuple[int, GenRecord]] = []
     hb_seq = 0
+    hb_phase = [rng.randrange(heartbeat_s * 1000) for _ in range(n_locks)]
     for i in range(n_locks):
         sn = lock_sn(i)
         # offline window: every 4th lock drops off for 20 minutes once
@@ -89,6 +93,25 @@ def fleet(n_locks: int = 12, hours: float = 6.0, start_ms: int = 1_767_225_600_0
         times.sort()
         if off:
             times = [x for x in times if not off[0] <= x[0] < off[1]]
+        dev = [(start_ms, "online", "")]
+        if off:  # silent, evicted 120 s after its last heartbeat, back when the window ends
+            last_hb = max(h for h in range(start_ms + hb_phase[i], off[0], heartbeat_s * 1000))
+            dev += [(last_hb + 120_000, "evicted", "silent 120 s"), (off[1], "online", "")]
+        if i % 4 == 3:  # a short disconnect: shorter than the silence threshold
+            cut = (start_ms + span // 2, start_ms + span // 2 + 45_000)
+            times = [x for x in times if not cut[0] <= x[0] < cut[1]]
+            dev += [(cut[0], "offline", "disconnected"), (cut[1], "online", "")]
+            off = off or cut
+        if i % 4 == 1:  # silent for 10 minutes with no $devices event (a broker crash)
+            cut = (start_ms + span * 2 // 3, start_ms + span * 2 // 3 + 600_000)
+            times = [x for x in times if not cut[0] <= x[0] < cut[1]]
+            off = cut
+        for tm, ev, reason in dev:
+            body = {"sn": sn, "event": ev, "ts_ms": tm, "peer": "10.0.0.9:5000"}
+            if reason:
+                body["reason"] = reason
+            out.append((tm * 1000 + 500, GenRecord(DEVICES_TOPIC, BROKER_SN, 0, tm,
+                                                   tm * 1000 + 500, json.dumps(body).encode())))
         seq = 0
         for k, (tm, etype, res) in enumerate(times):
             if i % 6 == 4 and k % 17 == 9:
@@ -101,11 +124,12 @@ def fleet(n_locks: int = 12, hours: float = 6.0, start_ms: int = 1_767_225_600_0
             out.append((arrive_us, GenRecord(EVENT_TOPIC, sn, seq, lock_ms, arrive_us, ev)))
             seq += 1
         if heartbeats:
-            hb = start_ms + rng.randrange(heartbeat_s * 1000)
+            hb = start_ms + hb_phase[i]
             while hb < start_ms + span:
                 if not (off and off[0] <= hb < off[1]):
                     arrive_us = hb * 1000 + rng.randrange(5_000, 200_000)
-                    payload = json.dumps({"sn": sn}).encode()
+                    payload = json.dumps({"sn": sn, "ts_ms": hb + skew_ms(i), "uptime_s": (hb - start_ms) // 1000,
+                                          "queued": 0, "dropped": 0, "battery_pct": 80, "free_heap": 50000}).encode()
                     out.append((arrive_us, GenRecord(HEARTBEAT_TOPIC, BROKER_SN, 0, hb + skew_ms(i),
                                                      arrive_us, payload)))
                 hb += heartbeat_s * 1000

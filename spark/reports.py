@@ -11,10 +11,11 @@ a short summary. Definitions (docs/spark.md has the table schemas):
   attempt *i* triggers when attempts *i-N+1 .. i* lie within the window
   (``t_i - t_{i-N+1} <= window``). Every attempt inside a triggering run of N is
   covered; consecutive covered attempts form one burst.
-- ``offline_periods``: a lock is seen at the broker time of each of its records
-  (its own SN) and of system records (``$heartbeats``, ``$devices``) whose JSON
-  payload names it in ``"sn"``; a gap longer than ``offline_after`` between two
-  sightings is an offline period from the last sighting to the next one.
+- ``offline_periods``: from the broker's ``$devices`` events (``offline`` and
+  ``evicted`` start a period, the next sign of life ends it) and from silences:
+  a lock shows life with its own records, its ``$heartbeats`` and its ``online``
+  events; more than ``offline_after`` between two signs of life is a period too.
+  See :func:`offline_periods`.
 - ``clock_delay``: per lock, broker time minus lock time in ms: count, min, p50,
   p95, p99 (exact, linear interpolation), max; ``clock_off`` when ``|p50|`` exceeds
   the tolerance (the lock's clock is wrong, not the network slow).
@@ -101,30 +102,67 @@ def failed_bursts(spark, warehouse: str, s: ReportSettings):
             .orderBy("sn", "burst_start"))
 
 
-def sightings(spark, warehouse: str):
-    """(sn, t) for every time the broker saw a lock."""
+def timeline(spark, warehouse: str):
+    """Per lock, every sign of life and every going-down, from all records.
+
+    Columns ``sn, t, kind, reason, gateway_id, offset``: ``kind`` is ``alive`` for
+    the lock's own records, its ``$heartbeats`` and its ``$devices`` ``online``
+    events, ``down`` for ``$devices`` ``offline``/``evicted`` events (``reason``
+    from the event; ``replaced`` is not a going-down: the lock reconnected).
+    """
     from pyspark.sql import functions as F
 
     ev = _events(spark, warehouse)
-    named = F.get_json_object(F.col("payload").cast("string"), "$.sn")
-    own = ev.filter(~F.col("sn").startswith("$")).select("sn", F.col("broker_ts").alias("t"))
-    sys_ = (ev.filter(F.col("sn").startswith("$") & F.col("topic").isin("$heartbeats", "$devices"))
-            .select(named.alias("sn"), F.col("broker_ts").alias("t")).filter(F.col("sn").isNotNull()))
-    return own.unionByName(sys_).filter(F.col("t").isNotNull())
+    text = F.col("payload").cast("string")
+    own = (ev.filter(~F.col("sn").startswith("$"))
+           .select("sn", F.col("broker_ts").alias("t"), F.lit("alive").alias("kind"),
+                   F.lit(None).cast("string").alias("reason"), "gateway_id", "offset"))
+    hb = (ev.filter(F.col("topic") == "$heartbeats")
+          .select(F.get_json_object(text, "$.sn").alias("sn"), F.col("broker_ts").alias("t"),
+                  F.lit("alive").alias("kind"), F.lit(None).cast("string").alias("reason"),
+                  "gateway_id", "offset"))
+    event = F.get_json_object(text, "$.event")
+    reason = F.get_json_object(text, "$.reason")
+    dev = (ev.filter(F.col("topic") == "$devices")
+           .select(F.get_json_object(text, "$.sn").alias("sn"), F.col("broker_ts").alias("t"),
+                   F.when(event == "online", "alive")
+                   .when(event.isin("offline", "evicted") & (F.coalesce(reason, F.lit("")) != "replaced"), "down")
+                   .alias("kind"),
+                   F.coalesce(reason, event).alias("reason"), "gateway_id", "offset")
+           .filter(F.col("kind").isNotNull()))
+    return own.unionByName(hb).unionByName(dev).filter(F.col("sn").isNotNull() & F.col("t").isNotNull())
 
 
 def offline_periods(spark, warehouse: str, s: ReportSettings):
-    """Gaps longer than offline_after_s between sightings of a lock."""
+    """Offline periods per lock: from a ``$devices`` going-down, or from a silence.
+
+    In time order (ties: gateway, offset) a period starts at a ``down`` that
+    follows a sign of life, and at a sign of life followed by more than
+    ``offline_after`` of silence and then another sign of life; it ends at the next
+    sign of life (``back_online`` null: still offline at the end of the data).
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    w = Window.partitionBy("sn").orderBy("t")
-    seen = sightings(spark, warehouse).withColumn("last_seen", F.lag("t").over(w))
-    gap_us = F.unix_micros("t") - F.unix_micros("last_seen")
-    return (seen.filter(gap_us > int(s.offline_after_s * 1_000_000))
-            .select(F.to_date("last_seen").alias("date"), "sn", "last_seen",
-                    F.col("t").alias("back_online"), (gap_us / 1e6).alias("seconds"))
-            .orderBy("sn", "last_seen"))
+    w = Window.partitionBy("sn").orderBy("t", "gateway_id", "offset")
+    tl = timeline(spark, warehouse)
+    tl = (tl.withColumn("_prev", F.lag("kind").over(w))
+          .withColumn("_next_kind", F.lead("kind").over(w))
+          .withColumn("_next_t", F.lead("t").over(w))
+          .withColumn("_next_alive", F.min(F.when(F.col("kind") == "alive", F.col("t")))
+                      .over(w.rowsBetween(1, Window.unboundedFollowing))))
+    gap = F.unix_micros("_next_t") - F.unix_micros("t")
+    down = (F.col("kind") == "down") & F.coalesce(F.col("_prev") == "alive", F.lit(True))
+    silent = ((F.col("kind") == "alive") & (F.col("_next_kind") == "alive")
+              & (gap > int(s.offline_after_s * 1_000_000)))
+    back = F.when(down, F.col("_next_alive")).otherwise(F.col("_next_t"))
+    return (tl.filter(down | silent)
+            .select(F.to_date("t").alias("date"), "sn", F.col("t").alias("offline_from"),
+                    back.alias("back_online"),
+                    ((F.unix_micros(back) - F.unix_micros("t")) / 1e6).alias("seconds"),
+                    F.when(down, F.col("reason")).otherwise(F.lit("silent")).alias("cause"),
+                    "gateway_id")
+            .orderBy("sn", "offline_from"))
 
 
 def clock_delay(spark, warehouse: str, s: ReportSettings):

@@ -122,21 +122,34 @@ def test_failed_bursts(reported, fleet_records):
 
 
 def test_offline_periods(reported, fleet_records):
-    seen = defaultdict(list)
+    # the lock's timeline from the generated records, in log order (= arrival order)
+    line = defaultdict(list)
     for r in fleet_records:
         if not r.sn.startswith("$"):
-            seen[r.sn].append(r.broker_ts_us)
+            line[r.sn].append((r.broker_ts_us, "alive", None))
         elif r.topic == generate.HEARTBEAT_TOPIC:
-            seen[json.loads(r.payload)["sn"]].append(r.broker_ts_us)
+            line[json.loads(r.payload)["sn"]].append((r.broker_ts_us, "alive", None))
+        elif r.topic == generate.DEVICES_TOPIC:
+            ev = json.loads(r.payload)
+            if ev["event"] == "online":
+                line[ev["sn"]].append((r.broker_ts_us, "alive", None))
+            elif ev["event"] in ("offline", "evicted") and ev.get("reason") != "replaced":
+                line[ev["sn"]].append((r.broker_ts_us, "down", ev.get("reason", ev["event"])))
     want = []
-    for sn, ts in seen.items():
-        ts.sort()
-        for a, b in zip(ts, ts[1:]):
-            if b - a > SETTINGS.offline_after_s * 1e6:
-                want.append((sn, a, b))
-    got = sorted((p.sn, _us(p.last_seen), _us(p.back_online)) for p in reported[1]["offline_periods"])
+    limit = SETTINGS.offline_after_s * 1e6
+    for sn, tl in line.items():
+        for k, (t, kind, reason) in enumerate(tl):
+            if kind == "down" and (k == 0 or tl[k - 1][1] == "alive"):
+                back = next((x[0] for x in tl[k + 1:] if x[1] == "alive"), None)
+                want.append((sn, t, back, reason))
+            elif kind == "alive" and k + 1 < len(tl) and tl[k + 1][1] == "alive" and tl[k + 1][0] - t > limit:
+                want.append((sn, t, tl[k + 1][0], "silent"))
+    got = sorted((p.sn, _us(p.offline_from), p.back_online and _us(p.back_online), p.cause)
+                 for p in reported[1]["offline_periods"])
     assert got == sorted(want)
-    assert {w[0] for w in want} == {generate.lock_sn(i) for i in range(12) if i % 4 == 2}
+    causes = {w[3] for w in want}
+    assert causes == {"silent 120 s", "disconnected", "silent"}  # eviction, disconnect, silence
+    assert {w[0] for w in want} == {generate.lock_sn(i) for i in range(12) if i % 4 in (1, 2, 3)}
 
 
 def _percentile(xs: list[float], q: float) -> float:
