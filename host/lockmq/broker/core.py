@@ -55,7 +55,9 @@ class BrokerCore:
         self.store = store
         rep = store.recovery
         self.log("store_open", data_dir=store.data_dir, log_end=store.log_end,
-                 topics=len(store.topics()), recovery=str(rep))
+                 topics=len(store.topics()), recovered_bytes_cut=rep.bytes_cut,
+                 recovered_records_cut=rep.records_cut,
+                 recovery_s=round(rep.seconds, 3))
         last = store.last_seq(BROKER_SN)
         self._seq = 0 if last is None else last + 1
         store.on_durable(self._on_durable)

@@ -9,6 +9,7 @@ snake_case names; every field is a key. Counters are plain integers in
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from typing import Any, TextIO
@@ -43,11 +44,30 @@ class EventLog:
         else:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
             line = " ".join([f"ts={stamp}", f"level={level}", f"event={event}"]
-                            + [f"{k}={_kv(v)}" for k, v in fields.items()])
+                            + [f"{k}={_kv(v)}" for k, v in fields.items() if v is not None])
         try:
             self.stream.write(line + "\n")
             self.stream.flush()
         except (OSError, ValueError):
+            pass
+
+
+class EventLogHandler(logging.Handler):
+    """Routes a library's Python ``logging`` records (the store's recovery and
+    retention messages) into the broker's one-line event log."""
+
+    def __init__(self, log: EventLog, event: str) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level = "warning" if record.levelno >= logging.WARNING else "info"
+            if record.levelno >= logging.ERROR:
+                level = "error"
+            self.log(self.event, level=level, message=record.getMessage())
+        except Exception:  # noqa: BLE001 -- logging must never break the broker
             pass
 
 

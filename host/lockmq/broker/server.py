@@ -9,6 +9,7 @@ group-commit fsync. ``run(config)`` is what ``lockmq broker`` calls.
 from __future__ import annotations
 
 import asyncio
+import logging
 import resource
 import signal
 import socket
@@ -24,7 +25,7 @@ from .commands import Commands
 from .connection import Connection
 from .core import BrokerCore
 from .devices import Devices
-from .logs import EventLog, Stats
+from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
 from .status import StatusPage
 
@@ -82,6 +83,7 @@ class Broker:
         self.closing = False
         self._busy_logged = 0.0
         self._stopped = asyncio.Event()
+        self._store_log: EventLogHandler | None = None
 
     # -- helpers used by connections --------------------------------------------------
 
@@ -106,6 +108,10 @@ class Broker:
         fd_limit = max(16, soft - FD_RESERVE)
         self.max_connections = min(cfg.max_connections, fd_limit) if cfg.max_connections \
             else fd_limit
+        self._store_log = EventLogHandler(self.log, "store_log")
+        store_logger = logging.getLogger("lockmq.store")
+        store_logger.addHandler(self._store_log)
+        store_logger.setLevel(logging.INFO)
         self.core.open()
         loop = asyncio.get_running_loop()
         ctx = getattr(self.guard, "tls_context", lambda: None)()
@@ -183,6 +189,8 @@ class Broker:
                 await asyncio.wait_for(srv.wait_closed(), 1.0)
             except asyncio.TimeoutError:
                 pass
+        if self._store_log is not None:
+            logging.getLogger("lockmq.store").removeHandler(self._store_log)
         self.log("broker_stopped", stats=None, **{k: self.stats.c[k] for k in (
             "publish_stored", "messages_delivered", "acks")})
         self._stopped.set()
