@@ -140,6 +140,7 @@ class Link:
             return await asyncio.open_connection(host, port)
         import ssl
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.verify_mode = ssl.CERT_REQUIRED   # never left to a port's default
         f = open(tls.get("ca", "ca.der"), "rb")
         try:
             ctx.load_verify_locations(cadata=f.read())

@@ -23,8 +23,10 @@ from lockmq.protocol import (Auth, Challenge, Command, CommandResult, Connect, C
 class MiniBroker:
     """One listening socket on 127.0.0.1; ``stored[(sn, seq)] = LockEvent``."""
 
-    def __init__(self, keys: dict[str, bytes], heartbeat_s: int = 30, port: int = 0) -> None:
+    def __init__(self, keys: dict[str, bytes], heartbeat_s: int = 30, port: int = 0,
+                 ssl_context=None) -> None:
         self.keys = keys
+        self.ssl_context = ssl_context
         self.heartbeat_s = heartbeat_s
         self.port = port
         self.stored: dict[tuple[str, int], LockEvent] = {}
@@ -50,7 +52,8 @@ class MiniBroker:
 
     def start(self) -> None:
         async def go():
-            self._server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
+            self._server = await asyncio.start_server(self._client, "127.0.0.1", self.port,
+                                                      ssl=self.ssl_context)
             self.port = self._server.sockets[0].getsockname()[1]
         self._call(go())
 

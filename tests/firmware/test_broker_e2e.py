@@ -33,6 +33,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_broker(args: list[str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([LOCKMQ, "broker", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    pytest.fail("lockmq broker did not start")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 @pytest.fixture
 def real_broker(tmp_path):
     pytest.importorskip("lockmq.broker.server")
@@ -45,26 +68,9 @@ def real_broker(tmp_path):
                           "--command", SN, "--json", "--data-dir", str(data)],
                          check=True, capture_output=True, timeout=60)
     token = json.loads(tok.stdout)["token"]
-    proc = subprocess.Popen([LOCKMQ, "broker", "--port", str(port), "--status-port", "0",
-                             "--data-dir", str(data)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("lockmq broker did not start")
+    proc = _start_broker(["--port", str(port), "--status-port", "0", "--data-dir", str(data)], port)
     yield port, prov, token
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    _stop(proc)
 
 
 def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_broker, lock_factory):
@@ -106,3 +112,41 @@ def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_b
     assert outcome.ok and outcome.target == SN and outcome.detail == "unlocked 2s", outcome
     lk.expect(r"^I hw relay on$")
     lk.expect(r"^I cmd unlock id=\d+ ok$")
+
+
+def test_tls_to_lockmq_broker(built, tmp_path, lock_factory):
+    """`lockmq certs init` -> broker TLS port -> `devices add --tls-ca` ->
+    `firmware build --config --tls-ca`: the lock verifies the broker and publishes."""
+    pytest.importorskip("lockmq.broker.server")
+    data, tls = tmp_path / "data", tmp_path / "tls"
+    port, tls_port = _free_port(), _free_port()
+    subprocess.run([LOCKMQ, "certs", "init", str(tls), "--host", "gw.lock.test", "--ip", "127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    conf = tmp_path / "broker.toml"
+    conf.write_text(f"""[broker]
+port = {port}
+status_port = 0
+data_dir = "{data}"
+
+[security]
+tls_cert = "{tls / 'server.pem'}"
+tls_key = "{tls / 'server.key'}"
+tls_port = {tls_port}
+""")
+    prov = tmp_path / "prov.json"
+    subprocess.run([LOCKMQ, "devices", "add", SN, "--out", str(prov), "--broker", f"127.0.0.1:{tls_port}",
+                    "--tls-ca", str(tls / "ca.der"), "--server-hostname", "gw.lock.test",
+                    "--config", str(conf)], check=True, capture_output=True, timeout=60)
+    proc = _start_broker(["--config", str(conf)], tls_port)
+    try:
+        board = tmp_path / "board"
+        shutil.copytree(built, board)
+        assert lockmq_main(["firmware", "build", "--out", str(board), "--config", str(prov),
+                            "--tls-ca", str(tls / "ca.der"), "--hw", "sim", "--no-image"]) == 0
+        assert json.loads((board / "config.json").read_text())["tls"]["enabled"] is True
+        lk = lock_factory(board)
+        lk.expect(rf"^I net connected broker=127.0.0.1:{tls_port}$", timeout=30)
+        lk.send("event tamper")
+        lk.expect(r"^I evt acked seq=1$", timeout=20)
+    finally:
+        _stop(proc)

@@ -179,3 +179,40 @@ def test_reflashed_board_never_reuses_a_stored_seq(flash, broker, lock_factory):
     lk.expect(r"^I evt acked seq=43$", timeout=20)
     assert broker.seqs(SN) == list(range(1, 44))
     assert [broker.stored[(SN, s)].event_type for s in (41, 42, 43)] == [4, 4, 4]
+
+
+def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path):
+    """TLS as the lock does it: MicroPython's ssl with the CA given as DER, the server
+    name checked. A broker whose certificate another CA signed is refused."""
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    ca = trustme.CA()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("broker.lock.test").configure_cert(ctx)
+    b = MiniBroker({SN: KEY}, ssl_context=ctx)
+    try:
+        (flash / "ca.der").write_bytes(ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode()))
+        _fast(flash, [b.port], tls={"enabled": True, "ca": "ca.der", "server_hostname": "broker.lock.test"})
+        lk = lock_factory(flash)
+        lk.expect(rf"^I net connected broker=127.0.0.1:{b.port}$", timeout=30)
+        lk.send("event tamper")
+        lk.expect(r"^I evt acked seq=1$")
+        lk.kill()
+        other = trustme.CA()
+        (flash / "ca.der").write_bytes(ssl.PEM_cert_to_DER_cert(other.cert_pem.bytes().decode()))
+        lk.start()
+        lk.expect(r"^W net down err=\S+ broker=", timeout=30)
+        lk.send("event tamper")
+        lk.expect(r"^I evt queued seq=")
+        lk.send("status")
+        lk.expect(r"^I sys status q=1 .* link=down$")
+        # the right CA but another name: refused too
+        lk.kill()
+        (flash / "ca.der").write_bytes(ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode()))
+        _fast(flash, [b.port], tls={"enabled": True, "ca": "ca.der", "server_hostname": "evil.lock.test"})
+        lk.start()
+        lk.expect(r"^W net down err=\S+ broker=", timeout=30)
+        assert b.sessions == 1
+    finally:
+        b.close()

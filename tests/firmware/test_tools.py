@@ -185,3 +185,21 @@ def test_image_too_small_is_a_clear_error(built, tmp_path):
     with pytest.raises(BuildError, match="do not fit"):
         make_image(built, tmp_path / "small.lfs", fs_size=0x8000)
     assert not (tmp_path / "small.lfs").exists()
+
+
+def test_build_with_a_tls_ca(tmp_path, capsys):
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    ca = trustme.CA()
+    pem = tmp_path / "ca.pem"
+    pem.write_bytes(ca.cert_pem.bytes())
+    out = tmp_path / "board"
+    assert _build(out, "--no-image", "--tls-ca", str(pem), "--tls-server-hostname", "gw.lock.test") == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tls"] == {"enabled": True, "ca": "ca.der", "server_hostname": "gw.lock.test"}
+    assert (out / "ca.der").read_bytes() == ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode())
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    assert _build(tmp_path / "b2", "--no-image", "--tls-ca", str(bad)) == 2
+    assert "neither a DER nor a PEM" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--heartbeat-s", type=int)
     b.add_argument("--hw", choices=["auto", "sim", "esp32"], default="auto")
     b.add_argument("--topic", default="lock.events")
-    b.add_argument("--tls", action="store_true", help="connect with TLS (put the CA as ca.der)")
+    b.add_argument("--tls-ca", metavar="CA", help="connect with TLS, verifying the broker with this "
+                   "CA certificate (DER or PEM; stored on the board as DER)")
     b.add_argument("--tls-server-hostname", default="")
     b.add_argument("--card", action="append", metavar="HEX", help="seed the card list")
     b.add_argument("--queue-max", type=int, help="offline queue bound in events (default 256)")
@@ -118,14 +120,18 @@ def _build(a: argparse.Namespace) -> int:
                            wifi_ssid=a.wifi_ssid or wifi.get("ssid", ""),
                            wifi_pass=a.wifi_pass or wifi.get("password", ""),
                            heartbeat_s=a.heartbeat_s or int(base.get("heartbeat_s", 30)),
-                           hw=a.hw, topic=a.topic, tls=a.tls or bool(tls.get("enabled")),
-                           tls_ca=tls.get("ca", "ca.der"),
+                           hw=a.hw, topic=a.topic, tls=bool(a.tls_ca) or bool(tls.get("enabled")),
+                           tls_ca="ca.der" if a.tls_ca else os.path.basename(tls.get("ca") or "ca.der"),
                            tls_server_hostname=a.tls_server_hostname or tls.get("server_hostname", ""))
         if a.queue_max is not None:
             if not 1 <= a.queue_max <= 100000:
                 raise BuildError("--queue-max must be 1..100000")
             cfg.extra["queue_max"] = a.queue_max
-        out = build_folder(a.out, cfg, source=a.source, cards=a.card)
+        ca_file = a.tls_ca
+        if ca_file is None and cfg.tls:
+            # `lockmq devices add --tls-ca` names the CA file; look for it beside the config
+            ca_file = os.path.join(os.path.dirname(os.path.abspath(a.config or ".")), cfg.tls_ca)
+        out = build_folder(a.out, cfg, source=a.source, cards=a.card, tls_ca_file=ca_file)
         print(f"flash folder {out}")
         if not a.no_image:
             image = make_image(out, a.fs_image or str(out).rstrip("/") + ".lfs", fs_size=a.fs_size)

@@ -143,14 +143,36 @@ def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cros
     return [t for _, t in jobs]
 
 
+def ca_der(path: str | os.PathLike[str]) -> bytes:
+    """A CA certificate as DER (what MicroPython's ssl takes), from a DER or PEM file."""
+    import ssl
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise BuildError(f"cannot read the TLS CA {path}: {e.strerror}") from None
+    if data.lstrip().startswith(b"-----BEGIN"):
+        try:
+            return ssl.PEM_cert_to_DER_cert(data.decode())
+        except ValueError:
+            raise BuildError(f"{path} is not a PEM certificate") from None
+    if not data.startswith(b"\x30"):
+        raise BuildError(f"{path} is neither a DER nor a PEM certificate")
+    return data
+
+
 def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
-                 cards: list[str] | None = None, clean: bool = True) -> Path:
+                 cards: list[str] | None = None, clean: bool = True,
+                 tls_ca_file: str | os.PathLike[str] | None = None) -> Path:
     """Write the flash folder ``out`` for one device; returns its path.
 
     ``clean`` removes the code (main.py, lib/) first but never the app's state files,
     so rebuilding into a board's folder is a firmware update that keeps its queue.
     """
     config.validate()
+    der = ca_der(tls_ca_file) if tls_ca_file is not None else None
+    if config.tls and der is None:
+        raise BuildError("TLS is on: give the broker's CA certificate (--tls-ca FILE)")
     for c in cards or []:
         try:
             int(c, 16)
@@ -169,6 +191,8 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     _copy_package(fw / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
     shutil.copyfile(fw / "main.py", out / "main.py")
     _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
+    if der is not None:
+        _write_atomic(out / config.tls_ca, der)
     if cards is not None:
         _write_atomic(out / "cards.json", json.dumps([c.upper() for c in cards]).encode())
     return out
