@@ -36,6 +36,9 @@ log = logging.getLogger("lockmq.store")
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
+#: most bytes one pread may span when reading a run of records of a topic
+_READ_SPAN = 256 * 1024
+
 #: at open, an index with more dead entries (before the log start) than this is
 #: rewritten without them
 REBASE_DEAD_ENTRIES = 1_000_000
@@ -712,22 +715,22 @@ class Store:
             k = bisect.bisect_right(bases, off) - 1
             seg_base = bases[k]
             seg_end = bases[k + 1] if k + 1 < len(bases) else self._end
+            # one pread for a run of nearby records (other topics' records between
+            # them are read and skipped: cheaper than a syscall each)
             j = i + 1
             run_end = off + size
-            while j < len(entries) and entries[j][0] == run_end and \
-                    run_end + entries[j][1] <= seg_end:
-                run_end += entries[j][1]
+            limit = min(seg_end, off + _READ_SPAN)
+            while j < len(entries) and entries[j][0] + entries[j][1] <= limit:
+                run_end = entries[j][0] + entries[j][1]
                 j += 1
             data = os.pread(self._read_fd(seg_base), run_end - off, off - seg_base)
             if len(data) != run_end - off:
                 raise CorruptRecord(f"record at offset {off} of topic {topic!r} is missing")
-            p = 0
             for m in range(i, j):
-                rec = decode_record(data, p, entries[m][0], queue_offset + m)
+                rec = decode_record(data, entries[m][0] - off, entries[m][0], queue_offset + m)
                 if rec.topic != topic:
                     raise CorruptRecord(f"index of {topic!r} points at a {rec.topic!r} record")
                 out.append(rec)
-                p += entries[m][1]
             i = j
         return out
 
