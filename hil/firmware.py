@@ -18,7 +18,7 @@ from typing import Any
 from .broker import lockmq_cli
 
 #: Files the app creates at run time (firmware/README.md); a fresh board has none.
-STATE_FILES = ("queue.dat", "seq.dat", "cmd.dat", "cards.json")
+STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.json")
 TEMPLATE_SN = "TEMPLATE"
 TEMPLATE_KEY = "00" * 32
 
@@ -55,7 +55,7 @@ def make_flash(template: Path, dest: Path, sn: str, key: str, brokers: list[tupl
     """A fresh board's flash folder: the template's code plus this lock's config.json."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(template, dest, ignore=shutil.ignore_patterns(*STATE_FILES[:3]))
+    shutil.copytree(template, dest, ignore=shutil.ignore_patterns(*STATE_FILES[:4]))
     write_config(dest, sn=sn, key=key, brokers=[list(b) for b in brokers], **settings)
     return dest
 

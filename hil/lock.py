@@ -20,16 +20,23 @@ from .firmware import STATE_FILES, code_files
 STATUS = re.compile(rb"I sys status q=(\d+) next_seq=(\d+) dropped=(\d+) link=(\w+)")
 QUEUED = re.compile(r"I evt queued seq=(\d+) type=(\w+)")
 ACKED = re.compile(r"I evt acked seq=(\d+)")
+QUEUED_OR_RENUMBERED = re.compile(
+    r"I evt queued seq=(\d+) type=\w+|(W sys seq provisional)"
+    r"|W sys seq renumbered from=(\d+) to=(\d+) n=(\d+)")
 
 
 class Lock:
     """The firmware on one board. Unknown attributes go to the :class:`Dut`."""
 
-    def __init__(self, dut: Dut, sn: str, key: str, flash: Path | None) -> None:
+    def __init__(self, dut: Dut, sn: str, key: str, flash: Path | None,
+                 source: Path | None = None) -> None:
         self.dut = dut
         self.sn = sn
         self.key = key
+        #: The board's live file system on the host (virtual boards only).
         self.flash = flash
+        #: The flash folder this board was made from (code + config), on the host.
+        self.source = source or flash
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dut, name)
@@ -45,8 +52,23 @@ class Lock:
         return self.dut.log_text()
 
     def queued_seqs(self) -> list[int]:
-        """Sequence numbers the lock reported as durably queued, in log order."""
-        return [int(m.group(1)) for m in QUEUED.finditer(self.full_log())]
+        """Sequence numbers the lock reported as durably queued, in log order.
+
+        A fresh board numbers provisionally until its first connect, then moves
+        those numbers above the broker's last seq (``W sys seq renumbered
+        from=<s> to=<b> n=<k>``); the earlier ``queued`` lines are mapped the same way."""
+        seqs: list[int] = []
+        provisional_from = 0  # index of the first seq numbered provisionally
+        for m in QUEUED_OR_RENUMBERED.finditer(self.full_log()):
+            if m.group(1) is not None:
+                seqs.append(int(m.group(1)))
+            elif m.group(2) is not None:
+                provisional_from = len(seqs)
+            else:
+                old, new, n = int(m.group(3)), int(m.group(4)), int(m.group(5))
+                seqs[provisional_from:] = [s + (new - old) if old <= s < old + n else s
+                                           for s in seqs[provisional_from:]]
+        return seqs
 
     def acked_seqs(self) -> list[int]:
         """Sequence numbers the lock saw acknowledged, in log order."""
@@ -95,7 +117,7 @@ class Lock:
         """Copy a flash folder's code and config to the board through the raw REPL
         (what ``mpremote cp`` / ``lockmq firmware deploy`` do), then reset it.
         ``fresh`` also deletes the app's state files (a new board)."""
-        old = [str(p.relative_to(flash)) for p in code_files(flash)]
+        files = {str(p.relative_to(flash)): p.read_bytes() for p in code_files(flash)}
         gone = list(STATE_FILES) if fresh else []
         self.dut.exec(
             "import os\n"
@@ -107,5 +129,5 @@ class Lock:
             f"for f in {gone!r}:\n try:\n  os.remove(f)\n except OSError:\n  pass\n",
             timeout=30,
         )
-        self.dut.put_files({rel: (flash / rel).read_bytes() for rel in old}, timeout=30)
+        self.dut.put_files(files, timeout=30)
         self.dut.reset()

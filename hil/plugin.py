@@ -203,8 +203,8 @@ def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_t
         if hil_target.kind == "virtual":
             return Lock(board_factory(sn, flash, heapsize), sn, key, flash)
         if hil_target.kind == "qemu":
-            return Lock(board_factory(sn, flash, heapsize, default_timeout=30.0), sn, key, None)
-        lock = Lock(board_factory(sn, None, heapsize, default_timeout=20.0), sn, key, None)
+            return Lock(board_factory(sn, flash, heapsize, default_timeout=30.0), sn, key, None, flash)
+        lock = Lock(board_factory(sn, None, heapsize, default_timeout=20.0), sn, key, None, flash)
         lock.deploy(flash, fresh=True)
         return lock
 

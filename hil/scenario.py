@@ -43,8 +43,11 @@ def assert_exactly_once_in_order(lock: Lock, stored: list[int], expect_count: in
         raise lock.fail(f"{lock.sn}: stored out of order at #{bad}: ...{stored[max(0, bad - 3):bad + 3]}...")
     if expect_count is not None and len(stored) != expect_count:
         raise lock.fail(f"{lock.sn}: {len(stored)} records stored, expected {expect_count}")
-    if "W evt dropped" in lock.full_log():
+    log = lock.full_log()
+    if "W evt dropped" in log:
         raise lock.fail(f"{lock.sn}: the offline queue overflowed and dropped events")
+    if "E evt rejected" in log:
+        raise lock.fail(f"{lock.sn}: the broker refused events for good")
 
 
 def summary(stored: list[int]) -> dict[str, Any]:

@@ -109,6 +109,44 @@ def test_network_cut_and_restored(broker: BrokerProcess, lock_factory: LockFacto
     assert proxy.stats.accepted >= 3  # it really reconnected through the proxy
 
 
+def test_events_before_the_first_connect_are_delivered(broker: BrokerProcess, lock_factory: LockFactory,
+                                                       fault_proxy_factory) -> None:
+    proxy = fault_proxy_factory(broker.address)
+    proxy.cut()  # a fresh board installed while the network is down
+    key = broker.provision([SN])[SN]
+    lock = lock_factory(SN, key, [proxy.address], queue_max=200)
+    lock.wait_ready()
+    lock.events("unlock", 30)
+    for _ in range(30):
+        lock.expect(r"I evt queued seq=\d+ type=unlock", timeout=30)
+    proxy.restore()
+    lock.wait_online(timeout=60)
+    lock.wait_drained(timeout=60)
+    broker.stop()
+    assert_exactly_once_in_order(lock, stored_seqs(broker, SN), expect_count=30)
+
+
+def test_reflashed_board_never_reuses_sequence_numbers(broker: BrokerProcess, lock_factory: LockFactory,
+                                                       fault_proxy_factory) -> None:
+    proxy = fault_proxy_factory(broker.address)
+    lock = online_lock(broker, lock_factory, via=proxy.address, queue_max=200)
+    lock.events("unlock", 20)
+    lock.wait_drained(timeout=60)
+    # Re-flash: code and config again, every state file (seq.dat too) gone.
+    proxy.cut()
+    assert lock.source is not None
+    lock.deploy(lock.source, fresh=True)
+    lock.wait_ready()
+    lock.events("failed", 10)  # numbered provisionally: the board has no seq files
+    for _ in range(10):
+        lock.expect(r"I evt queued seq=\d+ type=failed", timeout=30)
+    proxy.restore()
+    lock.expect(r"W sys seq renumbered from=\d+ to=\d+ n=10", timeout=60)
+    lock.wait_drained(timeout=60)
+    broker.stop()
+    assert_exactly_once_in_order(lock, stored_seqs(broker, SN), expect_count=30)
+
+
 def test_power_cut_at_random_instants(broker: BrokerProcess, lock_factory: LockFactory,
                                       hil_target) -> None:
     if hil_target.kind == "serial" and not hil_target.power_cut_cmd and not hil_target.port.startswith("/dev/tty"):
