@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 import struct
 import threading
+import time
 
 import pytest
-from lockmq.protocol import (Connect, ErrorCode, Flag, Op, Publish, PublishAck, Role,
+from lockmq.protocol import (Connect, ErrorCode, Flag, Op, Publish, PublishAck, Pull, Role,
                              decode_body, encode_frame)
 
 from .conftest import BrokerError, Peer, drain
@@ -146,3 +148,32 @@ def test_store_queue_full_answers_busy_and_never_drops(make_broker):
     got = {m.message_id for m in drain(c, sub, len(acked_ids))}
     assert got == acked_ids                        # every acked one is stored
     assert c.pull(sub, 10).messages == []          # and no refused one
+
+
+def test_peer_that_does_not_read_is_paused_not_buffered(make_broker):
+    """A consumer sending PULLs without reading the (large) answers: once its unsent
+    answers pass max_conn_buffer_bytes the broker stops reading it (TCP pushes back)
+    instead of buffering without bound; when it reads again everything arrives."""
+    broker = make_broker(broker={"max_conn_buffer_bytes": 64 * 1024})
+    prod = Peer(broker.port, sn="LOCK-BIG", role=Role.LOCK)
+    n = 240
+    for seq in range(n):
+        prod.publish("big", seq, bytes([seq % 256]) * 100_000)    # 24 MB in all
+    c = Peer(broker.port)
+    sub = c.subscribe("big", "g").sub_id
+    c.sock.settimeout(2.0)
+    ops = []
+    try:
+        for _ in range(n):
+            ops.append(c.send(Op.PULL, Pull(sub, 1, 0).encode()))
+    except (socket.timeout, TimeoutError):
+        pass
+    time.sleep(0.5)                                # the broker fills the socket
+    stats = Peer(broker.port).admin("stats")["broker"]
+    assert stats["reads_paused"] >= 1
+    c.sock.settimeout(20)
+    got = 0
+    for op in ops:
+        f = c.wait(op, timeout=20)
+        got += len(decode_body(f.opcode, f.body).messages)
+    assert got == len(ops)
