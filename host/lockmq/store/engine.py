@@ -342,7 +342,10 @@ class Store:
                         if not self._sync and self._unsynced:
                             due.append(next_flush)
                         if self._w_end != self._last_ckpt_end and self._failed is None:
-                            due.append(self._last_ckpt_t + ckpt_s)
+                            if ckpt_fut is None or ckpt_fut.done():
+                                due.append(self._last_ckpt_t + ckpt_s)
+                            else:  # one is being written: look again shortly
+                                due.append(now + 0.01)
                         timeout = None
                         if due:
                             timeout = min(due) - now
