@@ -15,7 +15,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .layout import Log, Segment, complete_end, find_logs, walk_boundaries
+import numpy as np
+
+from .layout import Log, Segment, complete_end, find_logs, record_ok, walk_boundaries
 
 DEFAULT_MAX_PARTITION_BYTES = 32 << 20
 MIN_PARTITION_BYTES = 1 << 20
@@ -171,12 +173,105 @@ def pieces(logs: list[Log], start: dict[str, int], end: dict[str, int]) -> tuple
     return out, missing
 
 
+class TopicIndexes:
+    """Record positions known from a log folder's topic indexes (``offset-<topic>.log``).
+
+    The storage engine keeps one 16-byte entry (commit-log offset, size, time)
+    per record in each topic's index (host/lockmq/store/index.py). Their union
+    is a sorted list of record starts: split points for free, without reading the
+    segment. An index may lag behind the log or be stale, so every cut taken from
+    it is checked (the record there must have a matching CRC) before use.
+    """
+
+    ENTRY = np.dtype([("offset", "<u8"), ("size", "<u4"), ("time", "<u4")])
+    HEADER = 16
+    MAGIC = b"LMQX"
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._starts: np.ndarray | None = None
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Sorted record start offsets found in all topic indexes (empty if none)."""
+        if self._starts is None:
+            parts = []
+            try:
+                names = [n for n in os.listdir(self.directory) if n.startswith("offset-") and n.endswith(".log")]
+            except OSError:
+                names = []
+            for name in names:
+                path = os.path.join(self.directory, name)
+                try:
+                    with open(path, "rb") as f:
+                        head = f.read(self.HEADER)
+                        if len(head) < self.HEADER or head[:4] != self.MAGIC:
+                            continue
+                        raw = f.read()
+                except OSError:
+                    continue
+                n = len(raw) // self.ENTRY.itemsize
+                parts.append(np.frombuffer(raw, dtype=self.ENTRY, count=n)["offset"].astype(np.int64))
+            self._starts = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        return self._starts
+
+
+class _Cutter:
+    """Finds record boundaries inside one piece: from the topic indexes, else by walking."""
+
+    def __init__(self, piece: Piece, indexes: TopicIndexes) -> None:
+        self.p = piece
+        self.idx = indexes
+        self._buf: bytes | None = None
+        self.from_index = 0
+
+    def _data(self) -> bytes:
+        if self._buf is None:
+            try:
+                self._buf = _read(self.p.path, 0, self.p.end)
+            except FileNotFoundError:
+                self._buf = b""
+        return self._buf
+
+    def _ok(self, pos: int) -> bool:
+        try:
+            with open(self.p.path, "rb") as f:
+                f.seek(pos)
+                head = f.read(8)
+                if len(head) < 8:
+                    return False
+                length = int.from_bytes(head[:4], "little")
+                if length < 36 or pos + 4 + length > self.p.end:
+                    return False
+                f.seek(pos)
+                rec = f.read(4 + length)
+        except OSError:
+            return False
+        return record_ok(rec, 0, len(rec))
+
+    def cut(self, lo: int, hi: int) -> int:
+        """The last record boundary in ``(lo, hi]`` (``lo`` if there is none)."""
+        starts = self.idx.starts
+        if len(starts):
+            base = self.p.base
+            i = int(np.searchsorted(starts, base + hi, side="right")) - 1
+            if i >= 0 and base + lo < starts[i] < base + self.p.end and self._ok(int(starts[i]) - base):
+                self.from_index += 1
+                return int(starts[i]) - base
+        return walk_boundaries(self._data(), lo, hi)[0]
+
+    def next_record(self, lo: int) -> int:
+        """The end of the record at ``lo`` (``lo`` if none fits)."""
+        return walk_boundaries(self._data(), lo, self.p.end, 0, 1)[0]
+
+
 def pack(items: list[Piece], max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
          min_partitions: int = 1, min_partition_bytes: int = MIN_PARTITION_BYTES) -> list[list[Piece]]:
     """Group pieces into partitions of roughly equal bytes, splitting big pieces on record boundaries.
 
     Many small segment files share one partition (each Spark task costs ~50 ms);
-    a big one is cut at record boundaries found by walking its record lengths.
+    a big one is cut at record boundaries taken from the topic indexes when the
+    log has them (a live data directory), else found by walking record lengths.
     Aims at ``min_partitions`` partitions, none above ``max_partition_bytes`` and
     none below ``min_partition_bytes`` (unless there is less data than that).
     """
@@ -201,32 +296,34 @@ def pack(items: list[Piece], max_partition_bytes: int = DEFAULT_MAX_PARTITION_BY
             parts.append(cur)
         cur, cur_bytes = [], 0
 
+    indexes: dict[str, TopicIndexes] = {}
     for p in items:
         if cur_bytes + p.size <= slack:
             add(p)
-        else:
-            try:
-                buf = _read(p.path, 0, p.end)
-            except FileNotFoundError:
-                add(p)  # read() reports it missing
-                continue
-            lo = p.start
-            while lo < p.end:
-                room = target - cur_bytes
-                if cur_bytes + (p.end - lo) <= slack:
-                    add(Piece(p.log, p.gateway_id, p.path, p.base, lo, p.end))
-                    break
-                stop = walk_boundaries(buf, lo, min(p.end, lo + max(room, 0)))[0]
-                if stop == lo:
-                    if cur:
-                        flush()
-                        continue
-                    stop = walk_boundaries(buf, lo, p.end, 0, 1)[0]
-                    if stop == lo:  # not a record boundary: leave the rest to the decoder
-                        stop = p.end
-                add(Piece(p.log, p.gateway_id, p.path, p.base, lo, stop))
+            if cur_bytes >= target:
                 flush()
-                lo = stop
+            continue
+        idx = indexes.get(p.log)
+        if idx is None:
+            idx = indexes[p.log] = TopicIndexes(p.log)
+        cutter = _Cutter(p, idx)
+        lo = p.start
+        while lo < p.end:
+            room = target - cur_bytes
+            if cur_bytes + (p.end - lo) <= slack:
+                add(Piece(p.log, p.gateway_id, p.path, p.base, lo, p.end))
+                break
+            stop = cutter.cut(lo, min(p.end, lo + max(room, 0)))
+            if stop == lo:
+                if cur:
+                    flush()
+                    continue
+                stop = cutter.next_record(lo)
+                if stop == lo:  # not a record boundary: leave the rest to the decoder
+                    stop = p.end
+            add(Piece(p.log, p.gateway_id, p.path, p.base, lo, stop))
+            flush()
+            lo = stop
         if cur_bytes >= target:
             flush()
     flush()

@@ -231,3 +231,27 @@ def test_retention_gap_is_skipped_and_counted(tmp_path):
     items, missing = plan.pieces(logs, start, plan.latest(logs))
     assert missing == sum(s.size for s in gone)
     assert items[0].base == gone[-1].end
+
+
+def test_split_points_come_from_the_topic_indexes(tmp_path, fleet_records):
+    d = str(tmp_path / "data")
+    generate.write_store(d, fleet_records, segment_bytes=8 << 20)  # one segment, indexes beside it
+    logs = plan.discover([d])
+    idx = plan.TopicIndexes(logs[0].key)
+    tab = _decode_dir(d)
+    assert idx.starts.tolist() == sorted(tab["offset"].to_pylist())
+    items, _ = plan.pieces(logs, plan.earliest(logs), plan.latest(logs))
+    assert len(items) == 1
+    cutter = plan._Cutter(items[0], idx)
+    cut = cutter.cut(0, items[0].size // 2)
+    assert cutter.from_index == 1 and cut in idx.starts.tolist()
+    parts = plan.pack(items, min_partitions=4, min_partition_bytes=0)
+    assert len(parts) == 4
+    got = sorted(o for pp in parts for p in pp for b in decode_file(p.path, p.base, None, p.start, p.end)
+                 for o in b.column("offset").to_pylist())
+    assert got == sorted(tab["offset"].to_pylist())
+    # a stale index entry (not a record start) is not trusted: the cut falls back to walking
+    stale = plan.TopicIndexes(logs[0].key)
+    stale._starts = idx.starts + 3
+    c2 = plan._Cutter(items[0], stale)
+    assert c2.cut(0, items[0].size // 2) in idx.starts.tolist() and c2.from_index == 0
