@@ -82,21 +82,41 @@ def _read(path: str, start: int = 0, end: int | None = None) -> bytes:
         return f.read() if end is None else f.read(max(0, end - start))
 
 
-def log_end(segs: list[Segment]) -> int:
-    """Position just past the last complete record of a log (whose newest segment may be live)."""
+def log_end(segs: list[Segment], directory: str | None = None) -> int:
+    """Position just past the last complete record of a log (whose newest segment may be live).
+
+    Walks the newest segment from its last record start known to the topic
+    indexes of ``directory`` (if any), else from its beginning.
+    """
     if not segs:
         return 0
     last = segs[-1]
+    begin = 0
+    if directory is not None:
+        starts = TopicIndexes(directory).starts
+        i = int(np.searchsorted(starts, last.end, side="left")) - 1
+        while i >= 0 and starts[i] >= last.base:
+            pos = int(starts[i]) - last.base
+            try:
+                head = _read(last.path, pos, last.size)
+            except FileNotFoundError:
+                return last.base
+            if record_ok(head, 0, len(head)):
+                begin = pos
+                break
+            i -= 1  # stale entry: try an earlier one
+            if i < len(starts) - 64:
+                break
     try:
-        buf = _read(last.path)
+        buf = _read(last.path, begin)
     except FileNotFoundError:
         return last.base
-    return last.base + complete_end(buf, 0, len(buf))
+    return last.base + begin + complete_end(buf, 0, len(buf))
 
 
 def latest(logs: list[Log]) -> dict[str, int]:
     """The end of every log."""
-    return {log.key: log_end(log.segments()) for log in logs}
+    return {log.key: log_end(log.segments(), log.directory) for log in logs}
 
 
 def _seg_ranges(segs: list[Segment], start: int, end: int) -> list[tuple[Segment, int, int]]:
