@@ -339,7 +339,7 @@ class Store:
                         # idle: wake up for the async flush and for a due checkpoint
                         now = time.monotonic()
                         due = []
-                        if not self._sync and self._unsynced:
+                        if not self._sync and self._unsynced and self._failed is None:
                             due.append(next_flush)
                         if self._w_end != self._last_ckpt_end and self._failed is None:
                             if ckpt_fut is None or ckpt_fut.done():
