@@ -227,3 +227,22 @@ def test_window_cap_holds_reading_behind_the_oldest_unfinished_message(make_brok
     c.ack(sub, [first[0].lease])                # the oldest finished: reading goes on
     more = drain(c, sub, 20)
     assert len(more) == 20
+
+
+def test_reset_replays_or_skips(broker):
+    _publish(broker.port, "rs", 10)
+    c = Peer(broker.port)
+    sub = c.subscribe("rs", "g").sub_id
+    assert len(drain(c, sub, 10)) == 10
+    r = c.admin("clusters.reset", cluster="g", to="earliest")
+    assert r["ok"] is False and "members" in r["message"]        # a member is connected
+    c.request(Op.UNSUBSCRIBE, Unsubscribe(sub).encode())
+    r = c.admin("clusters.reset", cluster="g", to=4)
+    assert r["ok"] and (r["before"], r["after"]) == (10, 4)
+    sub = c.subscribe("rs", "g").sub_id
+    assert [m.seq for m in drain(c, sub, 6)] == [4, 5, 6, 7, 8, 9]
+    c.request(Op.UNSUBSCRIBE, Unsubscribe(sub).encode())
+    _publish(broker.port, "rs", 5, start=10)
+    assert c.admin("clusters.reset", cluster="g", to="latest")["after"] == 15
+    sub = c.subscribe("rs", "g").sub_id
+    assert c.pull(sub, 10).messages == []                        # the backlog was skipped

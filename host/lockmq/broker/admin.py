@@ -60,6 +60,7 @@ class Admin:
             "config": self.config,
             "dlq.list": self.dlq_list,
             "dlq.replay": self.dlq_replay,
+            "clusters.reset": self.clusters_reset,
         }
 
     def handle(self, principal: Any, req: dict[str, Any]) -> Any:
@@ -142,6 +143,49 @@ class Admin:
         d = self.broker.config.to_dict()
         d.pop("security", None)
         return {"ok": True, "config": d}
+
+    async def clusters_reset(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``clusters.reset`` {cluster, to: "earliest" | "latest" | queue offset,
+        or time_ms}: move a cluster's position (replay a topic, or skip a backlog).
+        The cluster must have no members connected."""
+        name = _str(args, "cluster")
+        core = self.broker.core
+        store = core.store
+        assert store is not None
+        live = core.clusters.get(name)
+        if live is not None and live.members:
+            raise AdminError("INVALID_ARGUMENT", f"cluster {name!r} has {len(live.members)} "
+                             "members connected: stop them first")
+        if live is not None:
+            topic = live.topic
+        else:
+            saved = {t: p for t, p in store.load_positions(name).items()
+                     if not t.startswith(RETRY_PREFIX)}
+            if name not in store.clusters() or not saved:
+                raise AdminError("INVALID_ARGUMENT", f"no cluster {name!r}")
+            topic = next(iter(saved))
+        if "time_ms" in args:
+            target = store.queue_offset_at_time(topic, _int(args, "time_ms", 0))
+        else:
+            to = args.get("to")
+            if to == "earliest":
+                target = store.queue_start(topic)
+            elif to == "latest":
+                target = store.queue_end(topic)
+            elif isinstance(to, int) and not isinstance(to, bool) and to >= 0:
+                target = min(max(to, store.queue_start(topic)), store.queue_end(topic))
+            else:
+                raise AdminError("INVALID_ARGUMENT",
+                                 'to must be "earliest", "latest" or a queue offset '
+                                 '(or give time_ms)')
+        before = live.main.committed if live is not None else \
+            store.load_positions(name).get(topic, 0)
+        if live is not None:
+            live.reset_to(target)
+        await store.save_positions(name, {topic: target})
+        self.broker.log("cluster_reset", cluster=name, topic=topic, before=before, after=target)
+        return {"ok": True, "cluster": name, "topic": topic, "before": before,
+                "after": target}
 
     # -- dead letters -----------------------------------------------------------------
 

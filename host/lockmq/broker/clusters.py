@@ -644,6 +644,22 @@ class Cluster:
 
     # -- persistence and admin ------------------------------------------------------
 
+    def reset_to(self, qoff: int) -> None:
+        """Move the main position to ``qoff`` (no members may be connected): what was
+        read ahead but not leased is forgotten; retries are kept."""
+        assert not self.members and not self.leases
+        src = self.main
+        self.ready = deque(x for x in self.ready if x.source is not src)
+        self.waiting.clear()
+        self.waiting_count = 0
+        self.busy_sns.clear()
+        self.delayed = [x for x in self.delayed if x[2].source is not src]
+        heapq.heapify(self.delayed)
+        src.committed = src.next = qoff
+        src.done_above.clear()
+        src.dirty = True
+        self.capped = False
+
     def positions(self) -> dict[str, int]:
         """What ``consume-<cluster>.log`` holds: committed offset per source topic."""
         out = {self.main.topic: self.main.committed}
