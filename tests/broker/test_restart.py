@@ -148,3 +148,17 @@ def test_sigterm_is_graceful_and_status_page_answers(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
+
+
+def test_second_broker_on_the_same_data_dir_fails_clearly(tmp_path):
+    data, port = str(tmp_path / "data"), _free_port()
+    proc = _start(data, port)
+    try:
+        out = subprocess.run([LOCKMQ, "broker", "--host", "127.0.0.1", "--port",
+                              str(_free_port()), "--status-port", "0", "--data-dir", data,
+                              "--auth", "off"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1
+        assert "event=broker_failed" in out.stderr and "in use" in out.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)

@@ -18,6 +18,7 @@ from typing import Any
 
 from lockmq.config import Config
 from lockmq.protocol import Disconnect, ErrorCode, Op
+from lockmq.store import StoreLocked
 
 from .admin import Admin
 from .auth import make_guard
@@ -199,7 +200,12 @@ class Broker:
 async def serve(config: Config, ready: Any = None) -> None:
     """Run a broker until SIGTERM or SIGINT, then shut down gracefully."""
     broker = Broker(config)
-    await broker.start()
+    try:
+        await broker.start()
+    except BaseException:
+        if broker.core.store is not None:   # started half-way: release the data dir
+            await broker.core.close()
+        raise
     if ready is not None:
         ready(broker)
     loop = asyncio.get_running_loop()
@@ -231,4 +237,9 @@ def run(config: Config) -> int:
             asyncio.run(serve(config))
     except KeyboardInterrupt:
         return 130
+    except (OSError, StoreLocked) as exc:
+        # port in use, data directory held by another broker, no permission ...
+        EventLog(config.broker.log_level, config.broker.log_format)(
+            "broker_failed", level="error", error=str(exc) or repr(exc))
+        return 1
     return 0
