@@ -99,7 +99,7 @@ class FrameDecoder:
             raise LocalProtocolError("max_frame must be within %d..%d" % (MIN_FRAME, HARD_MAX_FRAME))
         self.max_frame = max_frame
         self._known = OP_NAMES if known_opcodes is None else known_opcodes
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
         self._error = None
         self._sn_cache = {}
@@ -108,16 +108,20 @@ class FrameDecoder:
         """Append received bytes."""
         if self._error is not None:
             raise self._error
-        if self._pos:
-            # Drop consumed bytes before growing: keeps the buffer bounded.
-            # (MicroPython's bytearray has no slice deletion, so copy the rest.)
-            if self._pos == len(self._buf):
-                self._buf = bytearray(data)
-                self._pos = 0
-                return
-            self._buf = self._buf[self._pos:]
-            self._pos = 0
-        self._buf.extend(data)
+        buf = self._buf
+        pos = self._pos
+        if pos >= len(buf):
+            # Nothing pending (the usual case): decode straight from the
+            # caller's bytes, so bodies are sliced out without another copy.
+            self._buf = data if isinstance(data, bytes) else bytes(data)
+        else:
+            # A frame is split across reads: accumulate in a bytearray, which
+            # grows in amortised constant time even if a peer trickles bytes.
+            if pos or isinstance(buf, bytes):
+                buf = bytearray(buf[pos:])
+            buf.extend(data)
+            self._buf = buf
+        self._pos = 0
 
     def buffered(self):
         """Bytes received but not yet returned as frames."""
@@ -147,7 +151,6 @@ class FrameDecoder:
         max_frame = self.max_frame
         known = self._known
         sn_cache = self._sn_cache
-        view = memoryview(buf)
         while limit:
             avail = size - pos
             if avail < HEADER_SIZE:
@@ -165,7 +168,7 @@ class FrameDecoder:
             end = pos + length
             if end > size:
                 break
-            if crc16(view[pos:end - CRC_SIZE]) != (buf[end - 2] << 8) | buf[end - 1]:
+            if crc16(buf[pos:end - CRC_SIZE]) != (buf[end - 2] << 8) | buf[end - 1]:
                 self._pos = pos
                 self._fail(BadChecksum("checksum mismatch in a %s frame" % op_name(opcode)))
             body_start = pos + HEADER_SIZE + sn_len + SUBHEADER_SIZE

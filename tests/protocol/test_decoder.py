@@ -132,3 +132,22 @@ def test_encoder_refuses_what_the_format_cannot_carry() -> None:
 def test_error_codes_are_distinct() -> None:
     codes = [v for k, v in vars(p.ErrorCode).items() if not k.startswith("_")]
     assert len(codes) == len(set(codes))
+
+
+def test_feeding_while_a_frames_iterator_is_suspended_is_safe() -> None:
+    dec = p.FrameDecoder()
+    first = publish(1)
+    dec.feed(first + publish(2)[:10])
+    it = dec.frames()
+    assert p.Publish.decode(next(it).body).seq == 1
+    dec.feed(publish(2)[10:])          # the buffer grows under the suspended iterator
+    assert [p.Publish.decode(f.body).seq for f in dec.frames()] == [2]
+
+
+def test_a_trickling_peer_costs_linear_time_and_bounded_memory() -> None:
+    frame = p.encode_frame(p.Op.PUBLISH, SN, p.Publish("t", 1, 0, bytes(30_000)).encode())
+    dec = p.FrameDecoder()
+    for i in range(len(frame)):
+        dec.feed(frame[i:i + 1])
+        assert dec.buffered() <= len(frame)
+    assert p.Publish.decode(dec.next_frame().body).payload == bytes(30_000)
