@@ -150,6 +150,9 @@ class Store:
         self._last_ckpt_t = time.monotonic()
         self._last_ckpt_end = 0
         self._unsynced = False
+        self._free_t = 0.0  # when the disk's free space was last looked at
+        self._free_at = 0  # free bytes then
+        self._free_used = 0  # bytes written since
         #: counters: records stored, duplicates dropped, batches (group commits), log
         #: bytes, fsyncs, checkpoints, batches refused with StoreFull, records a
         #: cluster still needed that the size limit deleted
@@ -538,9 +541,20 @@ class Store:
         """Writer thread: index entries, log bytes, fdatasync; undo on ENOSPC."""
         cfg = self.config
         if cfg.min_free_bytes:
-            st = os.statvfs(self.seg_dir)
-            free = st.f_bavail * st.f_frsize
+            # statvfs at most every 50 ms, unless the writes since the last look
+            # could have used up a quarter of the room above the reserve
+            now = time.monotonic()
+            self._free_used += plan.nbytes
+            if (now - self._free_t > 0.05
+                    or self._free_used * 4 > self._free_at - cfg.min_free_bytes):
+                st = os.statvfs(self.seg_dir)
+                self._free_at = st.f_bavail * st.f_frsize
+                self._free_t = now
+                self._free_used = plan.nbytes
+            free = self._free_at - self._free_used + plan.nbytes
             if free - plan.nbytes < cfg.min_free_bytes:
+                self._free_t = 0.0  # look again next time
+                self._free_used -= plan.nbytes
                 raise StoreFull(f"only {free} bytes free on the data disk, reserve is "
                                 f"{cfg.min_free_bytes}")
         idx_undo: list[tuple[TopicIndex, int]] = []
