@@ -1,8 +1,9 @@
 """One client connection: an asyncio Protocol (the hot path; no streams).
 
 Every read feeds the decoder and handles *all* whole frames in it; the publishes of
-one read become one store append; every answer produced in one loop iteration goes
-out in one socket write. A malformed frame gets an ERROR frame and the connection
+the read go to the publish path (``publish.py``), which stores the publishes of every
+connection read in the same loop iteration with one append; every answer produced in
+one loop iteration goes out in one socket write. A malformed frame gets an ERROR frame and the connection
 is closed; other connections are not affected. Memory per connection is bounded by
 ``max_frame`` (decoder) and ``max_conn_buffer_bytes`` (unsent answers and publishes
 waiting for the store: above it the broker stops reading from this peer).
