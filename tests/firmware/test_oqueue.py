@@ -269,11 +269,12 @@ while True:
         taken += sorted(extra)
         queued |= extra
         acked |= trying - set(loaded)
-        time.sleep(rng.uniform(0.02, 0.25))
+        early = [proc.stdout.readline() for _ in range(5)]   # it is running: now cut at random
+        time.sleep(rng.uniform(0.0, 0.2))
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=10)
         trying = set()
-        for line in out.decode(errors="replace").splitlines():
+        for line in b"".join(early + [out]).decode(errors="replace").splitlines():
             parts = line.split()
             if len(parts) != 2 or not parts[1].isdigit():
                 continue      # the line cut by the kill
