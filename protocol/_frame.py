@@ -181,6 +181,8 @@ class FrameDecoder:
                 sn = self._sn_text(snb)
             limit -= 1
             yield Frame(opcode, sn, flags, opaque, bytes(buf[body_start:end - CRC_SIZE]), version)
+            if self._buf is not buf:   # feed() ran meanwhile: this iterator is stale
+                return
         self._pos = pos
 
     def _check_length(self, version, length, sn_len=0):

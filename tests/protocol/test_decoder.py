@@ -151,3 +151,13 @@ def test_a_trickling_peer_costs_linear_time_and_bounded_memory() -> None:
         dec.feed(frame[i:i + 1])
         assert dec.buffered() <= len(frame)
     assert p.Publish.decode(dec.next_frame().body).payload == bytes(30_000)
+
+
+def test_an_iterator_made_stale_by_feed_stops_instead_of_corrupting_state() -> None:
+    dec = p.FrameDecoder()
+    dec.feed(publish(1) + publish(2) + publish(3)[:5])
+    it = dec.frames()
+    next(it)
+    dec.feed(publish(3)[5:])
+    assert list(it) == []
+    assert [p.Publish.decode(f.body).seq for f in dec.frames()] == [2, 3]
