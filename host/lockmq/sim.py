@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import struct
 import time
@@ -417,9 +418,19 @@ async def _wait_finished(stats: SimStats, cfg: SimConfig) -> None:
 
 
 def load_keys(path: str) -> dict[str, bytes]:
-    """Read device keys from a JSON file ``{"SN": "hex key", ...}``."""
+    """Read device keys: a JSON file ``{"SN": "hex key", ...}``, one provisioning
+    document ``{"sn": ..., "key": ...}`` or a directory of them (what
+    ``lockmq devices add --out DIR`` writes)."""
+    if os.path.isdir(path):
+        out: dict[str, bytes] = {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".json"):
+                out.update(load_keys(os.path.join(path, name)))
+        return out
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
+    if isinstance(data, dict) and isinstance(data.get("sn"), str) and "key" in data:
+        return {data["sn"]: bytes.fromhex(data["key"])}
     return {sn: bytes.fromhex(k) for sn, k in data.items()}
 
 

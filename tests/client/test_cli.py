@@ -61,3 +61,25 @@ def test_dlq_list_and_replay(broker, capsys, tmp_path):
     db = str(tmp_path / "seen.db")
     assert main(["consume", *b, "cli.jobs", "-c", "w", "-n", "1", "--idempotency", db]) == 0
     assert "poison" in capsys.readouterr().out
+
+
+def test_sim_with_keys_provisioned_by_lockmq_devices(tmp_path, capsys):
+    pytest.importorskip("cryptography")
+    from lockmq.client.embedded import EmbeddedBroker
+
+    data, prov = str(tmp_path / "data"), str(tmp_path / "prov")
+    assert main(["devices", "add", "SIM-000001", "SIM-000002", "--data-dir", data,
+                 "--out", prov]) == 0
+    b = EmbeddedBroker(data, auth="required").start()
+    try:
+        capsys.readouterr()
+        assert main(["sim", "--broker", b.address, "--locks", "2", "--events", "3",
+                     "--rate", "0", "--keys", prov, "-q", "--json"]) == 0
+        out = capsys.readouterr().out
+        assert '"acked": 6' in out
+        # a lock the registry does not know is refused (and the sim says so)
+        assert main(["sim", "--broker", b.address, "--locks", "1", "--first", "9",
+                     "--events", "1", "--rate", "0", "--keys", prov, "-q",
+                     "--duration", "2"]) == 1
+    finally:
+        b.stop()

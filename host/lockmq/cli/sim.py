@@ -5,8 +5,9 @@ coming back after a power cut), authenticate with their device keys, publish
 LockEvent records at ``--rate`` per second each (``--window`` in flight), answer
 downlink commands, heartbeat, and reconnect after a broker restart, retransmitting
 what was not acknowledged. Against a broker with ``auth = "required"`` give the
-keys with ``--keys keys.json`` ({"SN": "hex key"}) or let ``--register DATA_DIR``
-add the SNs to that broker's device registry first.
+keys with ``--keys`` (a JSON {"SN": "hex key"}, or the directory of provisioning
+files ``lockmq devices add --out DIR`` wrote) or let ``--register DATA_DIR`` add the
+SNs to that broker's device registry first.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=int, default=22, help="record size in bytes (>= 14)")
     p.add_argument("--sn-prefix", default="SIM-", help="SNs are PREFIX + 6 digits")
     p.add_argument("--first", type=int, default=1, help="number of the first lock")
-    p.add_argument("--keys", metavar="FILE", help="device keys, JSON {SN: hex}")
+    p.add_argument("--keys", metavar="FILE|DIR",
+                   help="device keys: JSON {SN: hex}, or the provisioning files written "
+                        "by `lockmq devices add --out DIR`")
     p.add_argument("--register", metavar="DATA_DIR",
                    help="add the SNs to the device registry in DATA_DIR first")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -82,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print("sim: " + ", ".join(f"{k} {v}" for k, v in summary.items()), file=sys.stderr)
-    return 0 if stats.acked == stats.sent and stats.errors == 0 else 1
+    ok = stats.acked == stats.sent and stats.errors == 0 and stats.connected >= cfg.locks
+    if not ok and not args.json:
+        print(f"sim: {cfg.locks - stats.connected} locks never connected, "
+              f"{stats.sent - stats.acked} records unacknowledged", file=sys.stderr)
+    return 0 if ok else 1
 
 
 async def _run(cfg: SimConfig, endpoint: Endpoint, args: argparse.Namespace) -> SimStats:
