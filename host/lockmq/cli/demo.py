@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -217,8 +218,17 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
 
     # One remote unlock while the fleet runs: service -> broker -> lock -> back.
     command = asyncio.ensure_future(_try_command(broker, cfg.sn(0), stats, token))
+    # Ctrl-C (or SIGTERM) ends the locks early; the cluster still drains, and the
+    # summary is printed.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
     sim = asyncio.ensure_future(run_sim(cfg, Endpoint("127.0.0.1", broker.port), stats=stats,
-                                        linger=command))
+                                        linger=command, stop=stop))
     while not sim.done():
         await asyncio.wait([sim], timeout=1.0)
         progress()
@@ -230,7 +240,17 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
         if int((time.monotonic() - t0) * 5) % 5 == 0:
             progress()
     progress()
-    command_line = await command
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.remove_signal_handler(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    if not command.done():
+        command.cancel()
+    try:
+        command_line = await command
+    except asyncio.CancelledError:
+        command_line = "not sent (interrupted)"
     redelivered = 0
     for m in members:
         redelivered += m.stats["nacked"]
