@@ -40,7 +40,8 @@ def firmware_available() -> str | None:
 def build(out: Path, sn: str = TEMPLATE_SN, key: str = TEMPLATE_KEY,
           brokers: list[tuple[str, int]] | None = None, *extra: str) -> Path:
     """Run ``lockmq firmware build --out OUT ...`` (simulated hardware); return OUT."""
-    args = [*lockmq_cli(), "firmware", "build", "--out", str(out), "--sn", sn, "--key", key, "--hw", "sim"]
+    args = [*lockmq_cli(), "firmware", "build", "--out", str(out), "--sn", sn, "--key", key, "--hw", "sim",
+            "--no-image"]  # boards copy the folder; the QEMU image is made per lock
     for host, port in brokers or [("127.0.0.1", 9)]:
         args += ["--broker", f"{host}:{port}"]
     args += list(extra)
