@@ -105,6 +105,18 @@ class Lock:
                     raise AssertionError(f"timed out waiting for {pattern!r}; log:\n" + self.log())
                 self._cond.wait(left)
 
+    def wait_drained(self, timeout: float = 30.0) -> None:
+        """Ask ``status`` until the offline queue is empty (bounded)."""
+        end = time.monotonic() + timeout
+        while True:
+            self.send("status")
+            m = self.expect(r"^I sys status q=(\d+) ", timeout=max(1.0, end - time.monotonic()))
+            if m.group(1) == "0":
+                return
+            if time.monotonic() > end:
+                raise AssertionError("queue not drained; log:\n" + self.log())
+            time.sleep(0.2)
+
     def log(self) -> str:
         with self._cond:
             return "\n".join(self.lines[-80:])
