@@ -99,6 +99,10 @@ class FaultProxy:
             self._server.close()
             for w in list(self.stats.open):
                 _abort(w)
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in others:
+                t.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(_close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
