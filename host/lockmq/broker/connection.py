@@ -67,6 +67,7 @@ class Connection(asyncio.Protocol):
         self._next_sub = 1
         self._pub: list[tuple[int, bool, NewRecord]] = []
         self._pub_bytes = 0
+        self._topics_ok: set[str] = set()   # topic names already validated
         self._paused_for_pub = False
         self._paused_for_write = False
         self._handshake_timer: asyncio.TimerHandle | None = None
@@ -389,12 +390,17 @@ class Connection(asyncio.Protocol):
         b.stats.c["publish_received"] += 1
         if oneway:
             b.stats.c["publish_oneway"] += 1
-        try:
-            validate_topic(p.topic)
-        except InvalidRecord as exc:
-            b.stats.inc("publish_refused")
-            self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(exc), frame.opaque)
-            return
+        topic = p.topic
+        if topic not in self._topics_ok:
+            try:
+                validate_topic(topic)
+            except InvalidRecord as exc:
+                b.stats.inc("publish_refused")
+                self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(exc), frame.opaque)
+                return
+            if len(self._topics_ok) >= 64:
+                self._topics_ok.clear()
+            self._topics_ok.add(topic)
         try:
             b.guard.check_publish(self.principal, p.topic, sn=frame.sn or None, n=1)
         except Exception as exc:  # noqa: BLE001 -- SecurityError
