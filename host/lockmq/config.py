@@ -40,6 +40,7 @@ class BrokerSection:
         port: TCP port of the lockmq protocol (the paper's 6800).
         status_port: HTTP status page and metrics (0 disables it).
         status_host: address of the status page (default loopback only).
+        data_dir: the store's directory (commit log, indexes, consume positions).
         backlog: listen backlog asked of the kernel (capped by net.core.somaxconn).
         max_frame: largest frame accepted, in bytes (checked before buffering).
         max_conn_buffer_bytes: unsent bytes queued for one connection above which the
@@ -296,13 +297,39 @@ def load_config(path: str | os.PathLike[str] | None = None,
     return config_from_dict(data)
 
 
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """``{attribute: one-line description}`` from a class docstring's Attributes."""
+    out: dict[str, str] = {}
+    doc = cls.__doc__ or ""
+    if "Attributes:" not in doc:
+        return out
+    current = ""
+    for line in doc.split("Attributes:", 1)[1].splitlines():
+        text = line.strip()
+        if not text:
+            continue
+        head, sep, rest = text.partition(":")
+        if sep and head.isidentifier() and line.startswith(" " * 8) \
+                and not line.startswith(" " * 12):
+            current = head
+            out[current] = rest.strip()
+        elif current:
+            out[current] += " " + text
+    return out
+
+
 def default_toml() -> str:
     """The defaults as a commented TOML file (``lockmq broker --print-config``)."""
+    import textwrap
+
     cfg = Config()
     lines = ["# lockmq broker configuration (all values are the defaults)"]
-    for name in _SECTIONS:
+    for name, cls in _SECTIONS.items():
         lines.append(f"\n[{name}]")
+        docs = _attribute_docs(cls)
         for f in dataclasses.fields(getattr(cfg, name)):
+            if f.name in docs:
+                lines.extend("# " + x for x in textwrap.wrap(docs[f.name], 86))
             lines.append(f"{f.name} = {_toml_value(getattr(getattr(cfg, name), f.name))}")
     lines.append("\n[store]\n# see lockmq.store.StoreConfig: flush, segment_bytes, "
                  "retention_ms, min_free_bytes ...")
