@@ -246,11 +246,10 @@ class Link:
 
     async def _rx_loop(self):
         try:
+            data = b""     # first: frames that came in the same read as CONNECT_ACK
             while True:
-                data = await self._r.read(512)
-                if not data:
-                    raise LinkError("closed")
-                self._dec.feed(data)
+                if data:
+                    self._dec.feed(data)
                 while True:
                     f = self._dec.next_frame()
                     if f is None:
@@ -258,7 +257,11 @@ class Link:
                     self._rx_frames.append(f)
                     if len(self._rx_frames) > 64:
                         raise LinkError("rx_overflow")
-                self.signal.set()
+                if self._rx_frames:
+                    self.signal.set()
+                data = await self._r.read(512)
+                if not data:
+                    raise LinkError("closed")
         except asyncio.CancelledError:
             pass
         except Exception as e:

@@ -38,6 +38,8 @@ class MiniBroker:
         self.busy_retry_ms = 300
         self.results: dict[int, Future] = {}
         self.heartbeats: list[Heartbeat] = []
+        self.errors: list[str] = []
+        self.pending_commands: dict[str, list[bytes]] = {}   # sent with the CONNECT_ACK
         self._writers: dict[str, asyncio.StreamWriter] = {}
         self._all_writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -95,6 +97,17 @@ class MiniBroker:
         self._call(go())
         return fut
 
+    def queue_command(self, sn: str, cmd_id: int, kind: int, args: bytes = b"") -> Future:
+        """A COMMAND sent right behind the next CONNECT_ACK of ``sn`` (a broker that kept
+        it while the lock was offline); the future gets its CommandResult."""
+        expires_ms = int(time.time() * 1000) + 60_000
+        mac = command_mac(self.keys[sn], sn, cmd_id, expires_ms, kind, args)
+        fut: Future = Future()
+        self.results[cmd_id] = fut
+        body = Command(sn, cmd_id, expires_ms, kind, args, mac).encode()
+        self.pending_commands.setdefault(sn, []).append(encode_frame(Op.COMMAND, sn, body, 1000 + cmd_id))
+        return fut
+
     def wait_for(self, pred, timeout: float = 10.0) -> bool:
         """Poll ``pred()`` until true (bounded)."""
         end = time.monotonic() + timeout
@@ -139,8 +152,10 @@ class MiniBroker:
                 await w.drain()
                 return
             last = max(self.seqs(sn), default=NO_SEQ)
-            send(Op.CONNECT_ACK, ConnectAck(self.heartbeat_s, 65536, int(time.time() * 1000), last, 1).encode(),
-                 f.opaque)
+            ack = encode_frame(Op.CONNECT_ACK, sn, ConnectAck(self.heartbeat_s, 65536,
+                               int(time.time() * 1000), last, 1).encode(), f.opaque, Flag.RESPONSE)
+            # commands kept for this lock go in the same write (one TCP segment) as the ack
+            w.write(ack + b"".join(self.pending_commands.pop(sn, [])))
             self.sessions += 1
             self._writers[sn] = w
             while True:
@@ -169,6 +184,8 @@ class MiniBroker:
                 await w.drain()
         except (ConnectionError, AssertionError, OSError):
             pass
+        except Exception as e:  # a bug in this test broker: keep it visible
+            self.errors.append(repr(e))
         finally:
             self._all_writers.discard(w)
             if sn is not None and self._writers.get(sn) is w:

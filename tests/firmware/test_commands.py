@@ -117,3 +117,20 @@ def test_reboot_command(lock, broker):
     lock.expect(r"^I net connected")
     res = broker.send_command(SN, 2, CommandKind.FW_UPDATE, b"{}").result(10)
     assert res.status == CommandStatus.UNSUPPORTED
+
+
+def test_command_arriving_with_the_connect_ack_runs_at_once(flash, lock_factory):
+    """A broker that kept a command for an offline lock sends it right behind the
+    CONNECT_ACK, often in the same TCP segment: it must run now, not at the broker's
+    next frame (heartbeat_s=300 here: waiting for it would time the test out)."""
+    b = MiniBroker({SN: KEY}, heartbeat_s=300)
+    try:
+        set_config(flash, brokers=[["127.0.0.1", b.port]], heartbeat_s=300, backoff_min_ms=100,
+                   backoff_max_ms=500)
+        fut = b.queue_command(SN, 1, CommandKind.UNLOCK, struct.pack(">H", 1))
+        lk = lock_factory(flash)
+        lk.expect(r"^I net connected")
+        lk.expect(r"^I cmd unlock id=1 ok$")
+        assert fut.result(10).status == CommandStatus.OK
+    finally:
+        b.close()
