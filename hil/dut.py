@@ -1,6 +1,7 @@
 """The device under test: one board's UART with pytest-embedded's verbs.
 
-Everything the board prints is appended to an in-memory buffer and to a log file.
+Everything the board prints is appended to an in-memory buffer and to a log file
+(each line prefixed with the host time, rig events as ``[hil ...]`` lines).
 ``expect()`` searches the buffer from a cursor and moves the cursor past the
 match, so consecutive ``expect`` calls read the output in order. A timeout
 raises :class:`~lockmq.hil.errors.DutTimeout` with the output seen so far.
@@ -57,6 +58,7 @@ class Dut:
         self._cond = threading.Condition()
         self.log_path = Path(log_path) if log_path else None
         self._log: IO[bytes] | None = open(self.log_path, "ab") if self.log_path else None
+        self._line_start = True
         self._closed = False
         board.attach(self._on_output)
 
@@ -64,7 +66,7 @@ class Dut:
     def _on_output(self, data: bytes) -> None:
         with self._cond:
             if self._log is not None:
-                self._log.write(data)
+                self._log.write(self._stamp(data))
                 self._log.flush()
             self._buf += data
             if len(self._buf) > MAX_BUFFER:
@@ -76,11 +78,27 @@ class Dut:
                     self._dropped += cut
             self._cond.notify_all()
 
+    def _stamp(self, data: bytes) -> bytes:
+        """``data`` with the host time at the start of every line (log file only)."""
+        now = time.time()
+        stamp = (time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d} ").encode()
+        out = bytearray()
+        for piece in data.splitlines(keepends=True):
+            if self._line_start:
+                out += stamp
+            out += piece
+            self._line_start = piece.endswith(b"\n")
+        return bytes(out)
+
     def _mark(self, text: str) -> None:
         """Write a rig event into the log file (not the expect buffer)."""
         if self._log is not None:
             with self._cond:
-                self._log.write(f"\n[hil {time.strftime('%H:%M:%S')}] {text}\n".encode())
+                prefix = b"" if self._line_start else b"\n"
+                now = time.time()
+                when = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+                self._log.write(prefix + f"[hil {when}] {text}\n".encode())
+                self._line_start = True
                 self._log.flush()
 
     def log_text(self) -> str:
