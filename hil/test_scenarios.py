@@ -190,13 +190,6 @@ def test_remote_unlock_executed_and_reported(broker: BrokerProcess, lock_factory
     lock.expect(r"I hw relay off", timeout=15)  # after the 2 s asked for
 
 
-@pytest.mark.xfail(
-    reason="firmware bug found by this test: a frame that arrives together with CONNECT_ACK "
-           "stays in the decoder until the next read (link.py: _rx_loop reads before draining "
-           "self._dec), so a command queued for an offline lock runs only at the broker's next "
-           "frame (~30 s, the heartbeat) and expires",
-    strict=False,
-)
 def test_remote_unlock_waits_for_an_offline_lock(broker: BrokerProcess, lock_factory: LockFactory,
                                                  fault_proxy_factory) -> None:
     import concurrent.futures
