@@ -58,6 +58,34 @@ def test_thousand_events_each_stored_once_in_order(broker: BrokerProcess, lock_f
     assert_exactly_once_in_order(lock, stored, expect_count=1000)
 
 
+@pytest.mark.xfail(
+    reason="found by the rig: with a window of publishes in flight, the broker refuses some with "
+           "RATE_LIMITED (code 21) and stores later ones; the lock resends the refused records "
+           "after them, so its events are stored out of sequence order (firmware link.py window / "
+           "broker push-back per lock)",
+    strict=False,
+)
+def test_order_kept_when_the_broker_rate_limits(tmp_path, lock_factory: LockFactory,
+                                                hil_target) -> None:
+    from lockmq.hil.broker import broker_available
+
+    if broker_available():
+        pytest.skip(broker_available())
+    config = tmp_path / "broker.toml"
+    config.write_text("[security]\nlock_message_rate = 100.0\nlock_message_burst = 20\n")
+    broker = BrokerProcess(tmp_path / "slow-broker", host=hil_target.board_broker_host,
+                           extra_args=["--config", str(config)]).start()
+    try:
+        lock = online_lock(broker, lock_factory, queue_max=400)
+        lock.events("unlock", 300)
+        lock.wait_drained(timeout=120)
+        assert "code=21" in lock.full_log()  # the broker did push back (RATE_LIMITED)
+        broker.stop()
+        assert_exactly_once_in_order(lock, stored_seqs(broker, SN), expect_count=300)
+    finally:
+        broker.stop()
+
+
 def test_broker_restarted_mid_stream(broker: BrokerProcess, lock_factory: LockFactory) -> None:
     lock = online_lock(broker, lock_factory, queue_max=600)
     lock.events("unlock", 500)
