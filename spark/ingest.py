@@ -117,37 +117,51 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
               .option("minPartitions", spark.sparkContext.defaultParallelism))
     if gateway_id:
         reader = reader.option("gatewayId", gateway_id)
+    # write date partitions without sorting the rows first (falls back to sorting
+    # past this many dates per task)
+    spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "64")
     raw = reader.load().persist(StorageLevel.MEMORY_AND_DISK)
     try:
         good = raw.filter(F.col("error").isNull()).drop("error").withColumn("date", F.to_date("broker_ts"))
-        w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
-        ranked = good.withColumn("_copy", F.row_number().over(w))
+        # 1. the (usually few) message ids that need a decision: seen more than once
+        #    in this run, or already in `events`. Only message_id columns are shuffled.
+        ids = good.select("message_id")
+        flagged = (ids.groupBy("message_id").count().filter(F.col("count") > 1)
+                   .select("message_id", F.lit(False).alias("_known")))
         events_path = os.path.join(warehouse, "events")
         if _has_table(events_path):
-            known = spark.read.parquet(events_path).select("message_id").withColumn("_known", F.lit(True))
-            ranked = ranked.join(known, "message_id", "left").withColumn(
-                "_known", F.coalesce(F.col("_known"), F.lit(False)))
-        else:
-            ranked = ranked.withColumn("_known", F.lit(False))
-        # Cut the lineage before writing: appending to `events` makes Spark re-run
-        # plans that read `events` (cache refresh by path), which would turn every
-        # new id into a "known" one.
-        ranked = ranked.localCheckpoint(eager=True)
-        new = ranked.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
-        dups = (ranked.filter((F.col("_copy") > 1) | F.col("_known"))
+            known = (spark.read.parquet(events_path).select("message_id")
+                     .join(ids, "message_id", "left_semi").distinct()
+                     .select("message_id", F.lit(True).alias("_known")))
+            flagged = flagged.unionByName(known).groupBy("message_id").agg(F.max("_known").alias("_known"))
+        # Materialised before anything is written: appending to `events` makes Spark
+        # refresh plans that read it, which would turn every new id into a known one.
+        flagged = flagged.localCheckpoint(eager=True)
+        n_flagged = flagged.count()
+        hint = F.broadcast(flagged) if n_flagged <= 2_000_000 else flagged
+        # 2. ids seen once and never before: appended as they are, no shuffle
+        plain = good.join(hint, "message_id", "left_anti")
+        # 3. the others: keep the earliest copy of an id not yet ingested
+        w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
+        special = good.join(hint, "message_id", "inner").withColumn("_copy", F.row_number().over(w))
+        winners = special.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
+        cols = [c for c in good.columns if c != "date"] + ["date"]
+        new = plain.select(cols).unionByName(winners.select(cols))
+        dups = (special.filter((F.col("_copy") > 1) | F.col("_known"))
                 .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
                             .otherwise(F.lit("repeated copy")))
                 .withColumn("ingest_run", F.lit(res.run_id)).drop("_copy", "_known", "payload"))
-        cols = [c for c in new.columns if c != "date"] + ["date"]
-        new.select(cols).write.mode("append").partitionBy("date").parquet(events_path)
-        dups.write.mode("append").partitionBy("date").parquet(os.path.join(warehouse, "duplicates"))
-        counts = ranked.agg(F.count(F.lit(1)).alias("n"),
-                            F.sum(((F.col("_copy") == 1) & ~F.col("_known")).cast("long")).alias("new")).first()
-        res.read, res.new = int(counts["n"] or 0), int(counts["new"] or 0)
-        res.duplicates = res.read - res.new
-        bad = raw.filter(F.col("error").isNotNull()).withColumn("ingest_run", F.lit(res.run_id))
-        res.corrupt = bad.count()
+        new.write.mode("append").partitionBy("date").parquet(events_path)
+        if n_flagged:
+            dups.write.mode("append").partitionBy("date").parquet(os.path.join(warehouse, "duplicates"))
+            res.duplicates = (spark.read.parquet(os.path.join(warehouse, "duplicates"))
+                              .filter(F.col("ingest_run") == res.run_id).count())
+        counts = raw.agg(F.count(F.lit(1)).alias("n"), F.count("error").alias("bad")).first()
+        res.corrupt = int(counts["bad"] or 0)
+        res.read = int(counts["n"] or 0) - res.corrupt
+        res.new = res.read - res.duplicates
         if res.corrupt:
+            bad = raw.filter(F.col("error").isNotNull()).withColumn("ingest_run", F.lit(res.run_id))
             bad.write.mode("append").parquet(os.path.join(warehouse, "corrupt"))
     finally:
         raw.unpersist()

@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from lockmq.spark.ingest import ingest
     from lockmq.spark.reports import run_reports
-    from lockmq.spark.session import get_session
+    from lockmq.spark.session import get_session, session_exists, stop_if_created
 
+    existed = session_exists()
     spark = get_session("lockmq-ingest")
     try:
         res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id)
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             run_reports(spark, args.warehouse)
     finally:
-        spark.stop()
+        stop_if_created(spark, existed)
     return 0
 
 

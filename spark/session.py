@@ -6,9 +6,14 @@ import os
 import sys
 
 
-def local_conf(cores: int = 2, shuffle_partitions: int | None = None) -> dict[str, str]:
-    """Spark settings for a local session bound to 127.0.0.1 with the UI off."""
+def local_conf(cores: int = 2, shuffle_partitions: int | None = None, memory: str = "2g") -> dict[str, str]:
+    """Spark settings for a local session bound to 127.0.0.1 with the UI off.
+
+    ``memory`` is the driver's heap, which in local mode is also the executors'
+    (Spark's 1 GiB default is too small to sort a few million decoded records).
+    """
     return {
+        "spark.driver.memory": memory,
         "spark.master": f"local[{cores}]",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
@@ -24,8 +29,9 @@ def local_conf(cores: int = 2, shuffle_partitions: int | None = None) -> dict[st
 def get_session(app_name: str = "lockmq", master: str | None = None, conf: dict[str, str] | None = None):
     """Get or create a SparkSession with the ``lockmq`` data source registered.
 
-    With ``master`` None and no master configured (not under spark-submit), a
-    ``local[*]`` session bound to 127.0.0.1 is created.
+    ``master`` None means: the master spark-submit chose when running under it
+    (or the active session's), else ``local[*]`` bound to 127.0.0.1 with the UI off.
+    Every session gets the UTC time zone and microsecond Parquet timestamps.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -33,26 +39,35 @@ def get_session(app_name: str = "lockmq", master: str | None = None, conf: dict[
     from .datasource import register
 
     builder = SparkSession.builder.appName(app_name)
-    submitted = "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "") or os.environ.get("SPARK_ENV_LOADED")
-    settings: dict[str, str] = {}
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ or SparkSession.getActiveSession() is not None
+    settings: dict[str, str] = {"spark.sql.session.timeZone": "UTC",
+                                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+    if master is None and not under_submit:
+        master = "local[*]"
     if master is not None and master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        cores = master[6:-1] if master.startswith("local[") else "1"
-        settings = local_conf(os.cpu_count() or 2 if cores == "*" else int(cores))
+        inner = master[6:-1] if master.startswith("local[") else "1"
+        cores = os.cpu_count() or 2 if inner == "*" else int(inner.split(",")[0])
+        settings.update(local_conf(cores))
         settings["spark.master"] = master
     elif master is not None:
-        settings = {"spark.master": master, "spark.sql.session.timeZone": "UTC",
-                    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-    elif not submitted:
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        settings = local_conf(os.cpu_count() or 2)
-        settings["spark.master"] = "local[*]"
-    else:
-        settings = {"spark.sql.session.timeZone": "UTC",
-                    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+        settings["spark.master"] = master
     settings.update(conf or {})
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     register(spark)
     return spark
+
+
+def stop_if_created(spark, existed: bool) -> None:
+    """Stop ``spark`` unless it was already running before the caller asked for it."""
+    if not existed:
+        spark.stop()
+
+
+def session_exists() -> bool:
+    """True if this process already has an active SparkSession."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is not None

@@ -112,3 +112,20 @@ def test_cli_export(tmp_path, fleet_records, capsys):
     assert main(["export", data, str(tmp_path / "e"), "--gateway-id", "gw"]) == 0
     assert "nothing new" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "e")]) == 1
+
+
+def test_cli_ingest_and_report(spark, store_log, fleet_records, tmp_path, capsys):
+    """`lockmq spark ingest` / `report` in this process (they reuse the running session)."""
+    from lockmq.cli import main
+    from lockmq.spark import ingest_job
+
+    wh = str(tmp_path / "wh")
+    assert main(["spark", "ingest", store_log, "--warehouse", wh, "--gateway-id", "gw-cli"]) == 0
+    assert f"{len(fleet_records)} new" in capsys.readouterr().out
+    assert ingest_job.main([store_log, "--warehouse", wh]) == 0  # the spark-submit entry: nothing new
+    assert " 0 new" in capsys.readouterr().out
+    assert main(["spark", "report", "--warehouse", wh, "--only", "daily_activity", "--only", "seq_gaps"]) == 0
+    out = capsys.readouterr().out
+    assert "daily_activity" in out and "seq_gaps" in out
+    assert os.path.isdir(os.path.join(wh, "reports", "daily_activity"))
+    assert not spark.sparkContext._jsc.sc().isStopped()

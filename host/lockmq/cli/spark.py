@@ -53,9 +53,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def run_ingest(args: argparse.Namespace) -> int:
     """``lockmq spark ingest``."""
-    from lockmq.spark.ingest import ingest
-    from lockmq.spark.session import get_session
+    import os
 
+    from lockmq.spark.ingest import ingest
+    from lockmq.spark.session import get_session, session_exists, stop_if_created
+
+    missing = [s for s in args.sources if not os.path.isdir(s)]
+    if missing:
+        print(f"lockmq spark ingest: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    existed = session_exists()
     spark = get_session("lockmq-ingest", master=args.master)
     try:
         res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id)
@@ -63,7 +70,7 @@ def run_ingest(args: argparse.Namespace) -> int:
         print(f"lockmq spark ingest: {exc}", file=sys.stderr)
         return 1
     finally:
-        spark.stop()
+        stop_if_created(spark, existed)
     print(res.summary())
     return 0
 
@@ -71,7 +78,9 @@ def run_ingest(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     """``lockmq spark report``."""
     from lockmq.spark.reports import ReportSettings, run_reports
-    from lockmq.spark.session import get_session
+    from lockmq.spark.session import get_session, session_exists, stop_if_created
+
+    import os
 
     settings = ReportSettings(args.burst_count, args.burst_window, args.offline_after, args.clock_tolerance)
     try:
@@ -79,6 +88,11 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"lockmq spark report: {exc}", file=sys.stderr)
         return 2
+    if not os.path.isdir(os.path.join(args.warehouse, "events")):
+        print(f"lockmq spark report: no events table in {args.warehouse} (run `lockmq spark ingest` first)",
+              file=sys.stderr)
+        return 1
+    existed = session_exists()
     spark = get_session("lockmq-report", master=args.master)
     try:
         run_reports(spark, args.warehouse, args.out, settings, args.only)
@@ -86,5 +100,5 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"lockmq spark report: {exc}", file=sys.stderr)
         return 1
     finally:
-        spark.stop()
+        stop_if_created(spark, existed)
     return 0
