@@ -228,7 +228,9 @@ class Link:
                     last_hb = now
                     await self._send(Op.HEARTBEAT, app.heartbeat().encode(), 1)
                     app.log_mem()
-                # 4. liveness: silent broker, unanswered publish
+                # 4. liveness: Wi-Fi lost, silent broker, unanswered publish
+                if not app.hw.net_ok():
+                    raise LinkError("wifi")
                 if time.ticks_diff(now, last_rx) > dead_ms:
                     raise LinkError("silent")
                 for v in inflight.values():

@@ -1,0 +1,68 @@
+"""The lock's own logic on the simulated hardware: cards, relay timing, door left
+open, tamper, battery crossings, unknown input; each event reaches the broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from lockmq.protocol import EventType, Method, Result
+
+from .conftest import KEY, SN, set_config
+from .minibroker import MiniBroker
+
+
+@pytest.fixture
+def online(flash, lock_factory):
+    b = MiniBroker({SN: KEY})
+    set_config(flash, brokers=[["127.0.0.1", b.port]], door_open_alarm_s=1, unlock_s=1,
+               battery_low_pct=20, backoff_min_ms=100, backoff_max_ms=500)
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    yield lk, b
+    b.close()
+
+
+def test_card_door_tamper_battery(online):
+    lk, b = online
+    lk.send("card 0a1b2c3d")                      # on the list (case does not matter)
+    lk.expect(r"^I hw relay on$")
+    lk.expect(r"^I evt queued seq=1 type=unlock$")
+    lk.expect(r"^I hw relay off$", timeout=5)      # after unlock_s
+    lk.send("card 99887766")
+    lk.expect(r"^I hw led red$")
+    lk.expect(r"^I evt queued seq=2 type=failed$")
+    lk.send("door open")
+    lk.expect(r"^I evt queued seq=3 type=door_open$", timeout=5)   # open > door_open_alarm_s
+    lk.send("door close")
+    lk.send("tamper")
+    lk.expect(r"^I evt queued seq=4 type=tamper$")
+    for pct in (50, 15, 10, 30, 12):              # two crossings below 20 %: two events
+        lk.send(f"battery {pct}")
+    lk.expect(r"^I evt queued seq=5 type=battery$")
+    lk.expect(r"^I evt queued seq=6 type=battery$")
+    lk.send("bogus words")
+    lk.expect(r"^W hw input err=unknown_command line=bogus_words$")
+    lk.expect(r"^I evt acked seq=6$")
+    ev = {s: b.stored[(SN, s)] for s in range(1, 7)}
+    assert (ev[1].event_type, ev[1].method, ev[1].result) == (EventType.UNLOCK, Method.CARD, Result.OK)
+    assert (ev[2].event_type, ev[2].result, ev[2].credential) == (
+        EventType.FAILED_ATTEMPT, Result.DENIED_UNKNOWN, bytes.fromhex("99887766"))
+    assert (ev[3].event_type, ev[3].value) == (EventType.DOOR_LEFT_OPEN, 1)
+    assert ev[4].event_type == EventType.TAMPER
+    assert [(ev[s].event_type, ev[s].value) for s in (5, 6)] == [(EventType.LOW_BATTERY, 15),
+                                                                 (EventType.LOW_BATTERY, 12)]
+    assert b.seqs(SN) == [1, 2, 3, 4, 5, 6]
+    assert all(e.ts_ms > 1_700_000_000_000 for e in ev.values())   # broker-synced clock
+
+
+def test_wifi_loss_in_the_simulator(online):
+    lk, b = online
+    lk.send("wifi down")
+    lk.expect(r"^I hw wifi down$")
+    lk.expect(r"^W net down err=wifi ")
+    lk.send("event unlock")
+    lk.expect(r"^I evt queued seq=1 ")
+    lk.expect(r"^W net down err=wifi ")          # retried with backoff, still down
+    assert b.seqs(SN) == []
+    lk.send("wifi up")
+    lk.expect(r"^I evt acked seq=1$", timeout=20)
