@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 UTC_US = pa.timestamp("us", tz="UTC")
 EVENT_HEADER_SIZE = 13  # bytes before cred_len
