@@ -88,6 +88,7 @@ async def connect_lock(ep: Endpoint, sn: str, retries: int = 50) -> tuple[FrameC
     while True:
         try:
             conn, _ = await open_session(ep, sn, Role.LOCK, Credentials.device(KEY))
+            conn.dispatch_early()
             return conn, fails
         except (LockmqError, OSError, asyncio.TimeoutError):
             fails += 1
@@ -367,6 +368,7 @@ async def _consumer(ep: Endpoint, topic: str, cluster: str, name: str, batch: in
                     seen: set, target: int, done: asyncio.Event, on_msg=None) -> int:
     """A lean consumer: two PULLs in flight, one oneway ACK per batch."""
     conn, _ = await open_session(ep, name, Role.SERVICE, Credentials.token(None))
+    conn.dispatch_early()
     frame = await conn.request(Op.SUBSCRIBE, Subscribe(topic, cluster, 0, 0, 0).encode())
     if frame.opcode != Op.SUBSCRIBE_ACK:
         raise RuntimeError(f"subscribe refused: {error_from_body(frame.body)}")

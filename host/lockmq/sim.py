@@ -217,6 +217,7 @@ class SimLock:
                 if ack.last_seq != NO_SEQ:
                     self.next_seq = max(self.next_seq, ack.last_seq + 1)
                 self.conn = conn
+                conn.dispatch_early()  # e.g. a command that waited for this lock
                 if self.cfg.heartbeat:
                     if self._hb is not None:
                         self._hb.cancel()

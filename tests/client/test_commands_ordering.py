@@ -125,3 +125,33 @@ def test_busy_answer_is_retried_after_the_hint():
 
     r, stats = asyncio.run(main())
     assert r.offset == 7 and stats["busy_retries"] == 1 and stats["acked"] == 1
+
+
+def test_command_waiting_for_an_offline_lock_is_delivered_when_it_connects(broker):
+    """The broker sends a held command right behind CONNECT_ACK: the lock must not
+    lose it in its handshake."""
+    from lockmq.client import AsyncAdmin
+
+    async def main():
+        async with AsyncProducer(broker.address, name="door-service") as svc:
+            cmd = asyncio.ensure_future(svc.command("SIM-000001", CommandKind.UNLOCK,
+                                                    b"\x00\x02", expires_in_s=20))
+            async with AsyncAdmin(broker.address) as admin:
+                for _ in range(500):
+                    if (await admin.request("commands")).get("total_queued"):
+                        break
+                    await asyncio.sleep(0.01)
+            stats = SimStats()
+            stop = asyncio.Event()
+            cfg = SimConfig(locks=1, events_per_lock=None, rate_per_lock=1,
+                            stay_connected=True)
+            sim = asyncio.ensure_future(run_sim(cfg, Endpoint("127.0.0.1", broker.port),
+                                                stop=stop, stats=stats))
+            out = await cmd
+            stop.set()
+            await sim
+            return out, stats
+
+    out, stats = asyncio.run(main())
+    assert out.ok and "2 s" in out.detail
+    assert stats.commands == 1

@@ -87,6 +87,7 @@ class SessionClient:
         self.conn = conn
         self.connect_ack = ack
         self.backoff.reset()
+        conn.dispatch_early()
         self._heartbeat_task = self._spawn(self._heartbeat(conn, max(1, ack.heartbeat_s or 30)))
         try:
             await self._on_connected(conn, ack)

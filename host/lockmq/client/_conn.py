@@ -54,6 +54,9 @@ class FrameConnection(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._lost_called = False
+        #: frames received after CONNECT_ACK, held until dispatch_early() (open_session)
+        self.early_frames: list = []
+        self.holding = False
         self.closed = asyncio.get_running_loop().create_future()
         self.loop = asyncio.get_running_loop()
 
@@ -86,6 +89,20 @@ class FrameConnection(asyncio.Protocol):
                     if not fut.done():
                         fut.set_result(frame)
                     continue
+            if self.holding:
+                self.early_frames.append(frame)
+            elif self.on_frame is not None:
+                try:
+                    self.on_frame(frame)
+                except Exception:  # noqa: BLE001 - a handler bug must not kill the link
+                    log.exception("frame handler failed on %r", frame)
+
+    def dispatch_early(self) -> None:
+        """Stop holding frames; hand those that arrived since CONNECT_ACK to
+        ``on_frame`` (the caller is now ready for them)."""
+        self.holding = False
+        early, self.early_frames = self.early_frames, []
+        for frame in early:
             if self.on_frame is not None:
                 try:
                     self.on_frame(frame)

@@ -129,7 +129,9 @@ async def open_session(
     """Connect, authenticate and return the live connection and the broker's ack.
 
     Raises :class:`AuthError`, :class:`BusyError` (too many connections, ...),
-    :class:`BrokerError` or :class:`ConnectionLost`.
+    :class:`BrokerError` or :class:`ConnectionLost`. Frames the broker sent right
+    after CONNECT_ACK wait in ``conn.early_frames``: call ``conn.dispatch_early()``
+    once the caller is ready for them.
     """
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
@@ -163,6 +165,13 @@ async def open_session(
         except BaseException:
             conn.close()
             raise
+        # Frames that come after CONNECT_ACK (a command waiting for this lock, say)
+        # are held until the caller has stored the connection: conn.dispatch_early().
+        conn.holding = True
+        while not inbox.empty():
+            early = inbox.get_nowait()
+            if early is not None:
+                conn.early_frames.append(early)
         conn.on_frame = on_frame
         conn.on_lost = on_lost
         if conn.transport is None:
