@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from littlefs import LittleFS, LittleFSError
-
 from .build import BuildError, folder_files
 
 BLOCK_SIZE = 4096
@@ -29,6 +27,12 @@ def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
                fs_size: int = FS_SIZE, block_size: int = BLOCK_SIZE) -> Path:
     """Write a LittleFS image holding every file of ``folder``; returns its path."""
     check_size(fs_size, block_size)
+    try:
+        from littlefs import LittleFS, LittleFSError
+    except ImportError:
+        raise BuildError("littlefs-python is not installed (pip install -e '.[firmware]'), "
+                         "or build with --no-image") from None
+
     fs = LittleFS(block_size=block_size, block_count=fs_size // block_size,
                   read_size=READ_SIZE, prog_size=PROG_SIZE, lookahead_size=LOOKAHEAD)
     root = Path(folder)
@@ -45,7 +49,7 @@ def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
     return out
 
 
-def _fill(fs: LittleFS, root: Path) -> None:
+def _fill(fs, root: Path) -> None:
     for rel in folder_files(root):
         parent = ""
         for part in rel.parts[:-1]:
@@ -60,6 +64,8 @@ def _fill(fs: LittleFS, root: Path) -> None:
 
 def list_image(image: str | os.PathLike[str], block_size: int = BLOCK_SIZE) -> dict[str, bytes]:
     """Every file in an image, path -> bytes (for checks and tests)."""
+    from littlefs import LittleFS
+
     data = Path(image).read_bytes()
     fs = LittleFS(block_size=block_size, block_count=len(data) // block_size,
                   read_size=READ_SIZE, prog_size=PROG_SIZE, lookahead_size=LOOKAHEAD, mount=False)
