@@ -252,8 +252,8 @@ class AsyncConsumer(SessionClient):
 
     async def _fetch_loop(self, conn: FrameConnection, generation: int) -> None:
         """Pull while workers are idle or about to be; when the queue is empty, the
-        next PULL waits at the broker (long poll) until messages arrive — no busy
-        polling. A NOTIFY also ends a wait."""
+        next PULL waits at the broker (long poll, ``long_poll_ms``) until messages
+        arrive — no busy polling."""
         long_poll = False
         while conn.is_open and not self._stopping and generation == self.generation:
             workers = max(len(self._workers), self._target_workers)
