@@ -55,6 +55,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "hil: hardware-in-the-loop test (runs on the --target board)")
+    # pyserial's rfc2217 client still calls Thread.setDaemon/setName.
+    config.addinivalue_line("filterwarnings", "ignore:.*(setDaemon|setName).*:DeprecationWarning")
     config.addinivalue_line("markers", "virtual_only: needs many boards or host access to the flash; "
                                        "skipped on serial and qemu targets")
 

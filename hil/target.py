@@ -60,6 +60,15 @@ class TargetSpec:
         return 1 if self.kind == "serial" else 1000
 
     @property
+    def can_power_cut(self) -> bool:
+        """Whether boards of this target can lose power on demand."""
+        if self.kind != "serial":
+            return True
+        from .serial_board import RTS_WIRED
+
+        return bool(self.power_cut_cmd) or bool(RTS_WIRED.match(self.port or ""))
+
+    @property
     def runs_firmware(self) -> bool:
         """Whether the lock firmware can run on this target (the micro:bit cannot)."""
         return not (self.kind == "qemu" and self.qemu_machine == "microbit")

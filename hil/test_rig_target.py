@@ -16,6 +16,9 @@ def test_parse_targets() -> None:
     assert (s.kind, s.port, s.baudrate) == ("serial", "socket://127.0.0.1:7000", 9600)
     assert TargetSpec.parse("serial:/dev/ttyUSB0").max_boards == 1
     assert TargetSpec.parse("qemu", qemu_machine="microbit").runs_firmware is False
+    assert TargetSpec.parse("serial:rfc2217://127.0.0.1:2217").can_power_cut  # RTS -> EN
+    assert not TargetSpec.parse("serial:socket://127.0.0.1:7000").can_power_cut
+    assert TargetSpec.parse("serial:socket://127.0.0.1:7000", power_cut_cmd="relay {off}").can_power_cut
     with pytest.raises(ValueError):
         TargetSpec.parse("serial")
     with pytest.raises(ValueError):

@@ -177,8 +177,8 @@ def test_reflashed_board_never_reuses_sequence_numbers(broker: BrokerProcess, lo
 
 def test_power_cut_at_random_instants(broker: BrokerProcess, lock_factory: LockFactory,
                                       hil_target) -> None:
-    if hil_target.kind == "serial" and not hil_target.power_cut_cmd and not hil_target.port.startswith("/dev/tty"):
-        pytest.skip("this serial port has no power control: give --power-cut-cmd")
+    if not hil_target.can_power_cut:
+        pytest.skip(f"{hil_target.label} has no power control: give --power-cut-cmd")
     seed = random.randrange(1 << 30)
     rnd = random.Random(seed)
     print(f"power-cut instants from random seed {seed}")  # shown with a failure
