@@ -9,8 +9,10 @@ fixtures in :mod:`lockmq.hil.plugin`. How to run it: hil/README.md.
 """
 
 from .board import Board
+from .broker import BrokerProcess
 from .dut import Dut
 from .errors import DutError, DutExecError, DutTimeout
+from .lock import Lock
 from .proxy import FaultProxy
 from .qemu_board import QemuBoard
 from .serial_board import SerialBoard
@@ -18,6 +20,7 @@ from .target import TargetSpec, TargetUnavailable
 from .virtual import VirtualBoard
 
 __all__ = [
-    "Board", "Dut", "DutError", "DutExecError", "DutTimeout", "FaultProxy", "QemuBoard",
+    "Board", "BrokerProcess", "Dut", "DutError", "DutExecError", "DutTimeout", "FaultProxy",
+    "Lock", "QemuBoard",
     "SerialBoard", "TargetSpec", "TargetUnavailable", "VirtualBoard",
 ]

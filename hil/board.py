@@ -41,6 +41,3 @@ class Board(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Power off / close the port for good."""
-
-    def note(self, text: str) -> None:
-        """Hook for the DUT to learn about rig events; boards may ignore it."""
