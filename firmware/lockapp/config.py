@@ -25,7 +25,7 @@ DEFAULTS = {
     "backoff_min_ms": 500,
     "backoff_max_ms": 60000,
     "io_timeout_ms": 10000,
-    "window": 8,
+    "window": 1,
     "wdt_ms": 30000,
 }
 

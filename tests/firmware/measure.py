@@ -85,7 +85,7 @@ def main() -> None:
         b.close()
         print(f"event -> broker ack (stdin in, ack line out; {a.samples} samples): "
               f"min {min(lat):.1f} ms, median {statistics.median(lat):.1f} ms, max {max(lat):.1f} ms")
-        print(f"events/s, one lock, {a.events} queued then sent (window 8): {a.events / dt:.0f}")
+        print(f"events/s, one lock, {a.events} produced and sent (window 1): {a.events / dt:.0f}")
         print(f"live heap (after gc.collect): idle {idle_live} B, peak in service {peak} B "
               f"of {a.heap}")
     finally:

@@ -215,3 +215,17 @@ def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path):
         assert b.sessions == 1
     finally:
         b.close()
+
+
+def test_order_kept_when_the_broker_pushes_back(flash, broker, lock_factory):
+    """BUSY on some publishes must not let later records overtake them (window 1)."""
+    _fast(flash, [broker.port])
+    broker.busy_retry_ms = 50
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    for _ in range(3):
+        broker.busy_next += 2
+        lk.send("event unlock 10")
+        lk.wait_drained()
+    assert broker.seqs(SN) == list(range(1, 31))       # stored in sequence order
+    assert len(lk.grep(r"^W evt busy ")) == 6
