@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - e.g. cryptography missing
             print(f"lockmq demo: cannot set up security: {exc}", file=sys.stderr)
             return 1
-    broker = EmbeddedBroker(broker_dir, port=args.port, log_level="WARNING",
+    broker = EmbeddedBroker(broker_dir, port=args.port, log_level="ERROR",
                             auth="required" if args.secure else "off")
     try:
         broker.start()
@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if args.secure:
         print("             auth required: locks prove their device keys, the service "
               "uses a token")
+    else:
+        print("             auth off (development mode; --secure turns it on)")
     print(f"             {args.locks} simulated locks -> topic {TOPIC!r} -> consumer cluster "
           f"{CLUSTER!r} ({args.consumers} members, {args.min_workers}-{args.max_workers} "
           f"workers each)")
@@ -202,6 +204,14 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
         await m.start()
     stats = SimStats()
     last = [0, time.monotonic()]
+    peak_workers = [0]
+
+    async def watch_pool() -> None:
+        while True:
+            peak_workers[0] = max(peak_workers[0], sum(m.workers for m in members))
+            await asyncio.sleep(0.1)
+
+    pool_watch = asyncio.ensure_future(watch_pool())
 
     def progress(_: Any = None) -> None:
         if args.quiet:
@@ -251,6 +261,7 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
         command_line = await command
     except asyncio.CancelledError:
         command_line = "not sent (interrupted)"
+    pool_watch.cancel()
     redelivered = 0
     for m in members:
         redelivered += m.stats["nacked"]
@@ -272,6 +283,9 @@ async def _main(args: argparse.Namespace, broker: EmbeddedBroker, app: _App,
         print(f"  lock->handler latency   p50 {percentile(app.e2e_ms, 50):.1f} ms, "
               f"p99 {percentile(app.e2e_ms, 99):.1f} ms")
     print(f"  nacked and redelivered  {redelivered}")
+    print(f"  consumer workers        {args.consumers * args.min_workers} at rest, peak "
+          f"{peak_workers[0]} (max {args.consumers * args.max_workers}; the pool grows "
+          f"with the backlog)")
     print("  events by type          " + ", ".join(f"{k} {v}" for k, v in app.kinds.most_common()))
     print(f"  remote unlock           {command_line}")
     for m in members:
