@@ -71,8 +71,11 @@ class Link:
 
     # -- the one failure handler -------------------------------------------------------
     async def run(self):
-        brokers = self.app.cfg["brokers"]
         while True:
+            cfg = self.app.cfg          # re-read: a config command may have changed it
+            brokers = cfg["brokers"]
+            self.backoff.min_ms = cfg["backoff_min_ms"]
+            self.backoff.max_ms = cfg["backoff_max_ms"]
             host, port = brokers[self._idx % len(brokers)]
             host = str(host)
             port = int(port)

@@ -134,3 +134,17 @@ def test_command_arriving_with_the_connect_ack_runs_at_once(flash, lock_factory)
         assert fut.result(10).status == CommandStatus.OK
     finally:
         b.close()
+
+
+def test_config_change_of_brokers_applies_at_the_next_connect(lock, broker):
+    other = MiniBroker({SN: KEY})
+    try:
+        change = json.dumps({"brokers": [["127.0.0.1", other.port]]}).encode()
+        assert broker.send_command(SN, 1, CommandKind.CONFIG, change).result(10).status == CommandStatus.OK
+        broker.stop()                                  # the old gateway goes away
+        lock.expect(rf"^I net connected broker=127.0.0.1:{other.port}$", timeout=20)
+        lock.send("event tamper")
+        lock.expect(r"^I evt acked seq=1$")
+        assert other.seqs(SN) == [1]
+    finally:
+        other.close()
