@@ -8,7 +8,7 @@ import json
 import struct
 from lockmq.protocol import (Command, CommandKind, CommandStatus, verify_command,
                              ProtocolError)
-from lockapp import atomic, log
+from lockapp import atomic, log, cards
 
 PATH = "cmd.dat"
 NAMES = {CommandKind.UNLOCK: "unlock", CommandKind.CARDS_SET: "cards",
@@ -79,7 +79,9 @@ class Commands:
                 if len(a) != 2 or not 1 <= struct.unpack(">H", a)[0] <= 600:
                     return CommandStatus.FAILED, "unlock seconds must be 1..600"
             elif k == CommandKind.CARDS_SET:
-                parse_cards(a)
+                n = struct.unpack(">H", a[:2])[0]
+                if cards.count(a[2:]) != n:
+                    return CommandStatus.FAILED, "card count does not match the list"
             elif k == CommandKind.CONFIG:
                 obj = json.loads(bytes(a).decode())
                 if not isinstance(obj, dict):
@@ -101,9 +103,8 @@ class Commands:
             app.emit("unlock", value=seconds, remote=True)
             return "unlocked %ds" % seconds
         if k == CommandKind.CARDS_SET:
-            cards = parse_cards(cmd.args)
-            app.lock.set_cards(cards)
-            return "%d cards" % len(cards)
+            cards.save(bytes(cmd.args[2:]))
+            return "%d cards" % struct.unpack(">H", cmd.args[:2])[0]
         if k == CommandKind.CONFIG:
             app.change_config(json.loads(bytes(cmd.args).decode()))
             return "applied"
@@ -111,27 +112,3 @@ class Commands:
             app.reboot_pending = True
             return "rebooting"
         return ""
-
-
-def parse_cards(a):
-    # count u16, then count credentials as bytes8 (u8 length + bytes) -> hex list
-    n = struct.unpack(">H", a[:2])[0]
-    if n > 1000:
-        raise ValueError("too many cards")
-    out = []
-    p = 2
-    for _ in range(n):
-        ln = a[p]
-        c = bytes(a[p + 1:p + 1 + ln])
-        if len(c) != ln or ln == 0:
-            raise ValueError("card list truncated")
-        out.append(hexstr(c))
-        p += 1 + ln
-    if p != len(a):
-        raise ValueError("card list has trailing bytes")
-    return out
-
-
-def hexstr(b):
-    from binascii import hexlify
-    return hexlify(b).decode().upper()

@@ -1,10 +1,8 @@
 # The lock's own logic: turns inputs (card, door, tamper, battery, injected events)
 # into actions (relay, LEDs) and events for the offline queue.
-import json
 import asyncio
-from lockapp import atomic, log
+from lockapp import log, cards
 
-CARDS = "cards.json"
 TYPES = ("unlock", "failed", "door_open", "tamper", "battery")
 
 
@@ -13,7 +11,6 @@ class Lock:
         self.app = app
         self.cfg = app.cfg
         self.hw = app.hw
-        self.cards = load_cards()
         self.door_open = False
         self._door_since = 0
         self._door_alarmed = False
@@ -70,9 +67,10 @@ class Lock:
             await asyncio.sleep_ms(0)
 
     def card(self, card):
-        if card in self.cards:
+        cred = _cred(card)
+        if cards.contains(cred):
             self.unlock(self.cfg["unlock_s"])
-            self.app.emit("unlock", _cred(card))
+            self.app.emit("unlock", cred)
         else:
             self._deny(card)
 
@@ -125,31 +123,11 @@ class Lock:
                     self.hw.buzzer(1000)
                     self.app.emit("door_open", value=self.cfg["door_open_alarm_s"])
 
-    def set_cards(self, cards):
-        cards = [c.upper() for c in cards]
-        for c in cards:
-            if not c or len(c) > 32:
-                raise ValueError("bad card id")
-            int(c, 16)
-        atomic.write(CARDS, json.dumps(cards).encode())
-        self.cards = cards
-
 
 def _cred(card):
-    # Credential id as bytes (the card's hex id); at most 16 bytes.
+    # Credential id as bytes: the reader's hex id (text when it is not hex).
     try:
         b = bytes.fromhex(card) if len(card) % 2 == 0 else card.encode()
     except ValueError:
         b = card.encode()
-    return b[:16]
-
-
-def load_cards():
-    raw = atomic.read(CARDS)
-    if raw is None:
-        return []
-    try:
-        return [c.upper() for c in json.loads(raw)]
-    except Exception:
-        log.warn("sys cards unreadable file=" + CARDS)
-        return []
+    return b[:32]

@@ -88,16 +88,18 @@ def test_card_list_update_then_card_opens(lock, broker):
     assert res.status == CommandStatus.OK and res.detail == "2 cards"
     lock.send("card deadbeef")
     lock.expect(r"^I hw relay on$")
+    lock.send("card 01020304050607")
+    lock.expect(r"^I evt queued seq=2 type=unlock$")
     lock.send("card 0A1B2C3D")                    # no longer on the list
-    lock.expect(r"^I evt queued seq=2 type=failed$")
-    assert json.loads((lock.folder / "cards.json").read_text()) == ["DEADBEEF", "01020304050607"]
+    lock.expect(r"^I evt queued seq=3 type=failed$")
+    assert (lock.folder / "cards.bin").read_bytes() == args[2:]
 
 
 def test_bad_card_list_fails_without_side_effects(lock, broker):
     res = broker.send_command(SN, 1, CommandKind.CARDS_SET, struct.pack(">H", 3) + b"\x02ab").result(10)
     assert res.status == CommandStatus.FAILED
     lock.expect(r"^W cmd cards id=1 failed err=")
-    assert json.loads((lock.folder / "cards.json").read_text()) == ["0A1B2C3D"]
+    assert (lock.folder / "cards.bin").read_bytes() == b"\x04\x0a\x1b\x2c\x3d"   # unchanged
 
 
 def test_config_change_persists(lock, broker):

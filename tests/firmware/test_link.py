@@ -105,7 +105,8 @@ def test_power_cut_mid_stream_exactly_once(flash, broker, lock_factory):
     lk.expect(r"^I net connected")
     assert broker.wait_for(lambda: len(broker.seqs(SN)) >= len(queued), 30), lk.log()
     lk.wait_drained()
-    assert broker.seqs(SN) == queued            # every queued record stored once, in order
+    got = broker.seqs(SN)                       # every queued record stored once, in order;
+    assert got in (queued, queued + [len(queued) + 1])   # + the one cut before its log line
 
 
 def test_busy_is_retried_after_the_delay(flash, broker, lock_factory):

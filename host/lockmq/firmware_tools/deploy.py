@@ -9,7 +9,7 @@ from pathlib import Path
 from .build import BuildError
 
 #: Files the app writes at run time: never overwritten by a deploy.
-STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.json")
+STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.bin")
 
 # Removes /lib on the board (old modules must not linger), tolerating its absence.
 _RM_LIB = (
