@@ -118,3 +118,17 @@ def test_dedup_matches_a_set_within_the_window(ops):
     for sn in "abc":
         for seq in range(0, 70):
             assert e.contains(sn, seq) == d.contains(sn, seq)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 40)), max_size=300),
+       st.integers(0, 40))
+def test_dedup_add_many_equals_add_one_by_one(ops, run):
+    """The batch path (with its in-order shortcut) keeps exactly what add() keeps,
+    including the LRU order and evictions."""
+    ops = ops + [("e", k) for k in range(run)]
+    one, many = DedupTable(window=8, max_sns=3), DedupTable(window=8, max_sns=3)
+    for sn, seq in ops:
+        one.add(sn, seq)
+    many.add_many(ops)
+    assert many.items() == one.items() and many.evicted == one.evicted

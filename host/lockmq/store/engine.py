@@ -449,9 +449,7 @@ class Store:
                 loop.call_soon_threadsafe(self._fail, batch,
                                           StoreFailed(f"write failed: {exc!r}"))
                 return
-        add = self._dedup.add
-        for sn, seq in plan.ids:
-            add(sn, seq)
+        self._dedup.add_many(plan.ids)
         self._w_end = plan.end
         self.stats["records"] += len(plan.ids)
         self.stats["batches"] += 1
@@ -475,6 +473,7 @@ class Store:
         plan = _Plan()
         seg_bytes = self.config.segment_bytes
         contains = self._dedup.contains
+        hw_of = self._dedup.high_water().get
         seen: set[tuple[str, int]] = set()
         topics = self._topics
         pindex = plan.index
@@ -488,13 +487,17 @@ class Store:
         seg_limit = active_base + seg_bytes
         new_app = tuple.__new__
         counters: dict[str, list] = {}
+        last_topic = None  # batches are mostly one topic: skip the counters lookup
+        c: list = []
         for records, enc, _n, _fut, ts_s in batch:
             res: list[Appended] = []
             for rec, b in zip(records, enc):
                 sn = rec.sn
                 seq = rec.seq
                 key = (sn, seq)
-                if key in seen or contains(sn, seq):
+                # most records are above their lock's high water: new, no full check
+                e = hw_of(sn)
+                if key in seen or (e is not None and seq <= e[0] and contains(sn, seq)):
                     res.append(new_app(Appended, (-1, rec.topic, -1, True)))
                     dup += 1
                     continue
@@ -515,12 +518,14 @@ class Store:
                     plan.chunks.append(chunk)
                     parts = chunk.parts
                 topic = rec.topic
-                c = counters.get(topic)
-                if c is None:
-                    t = topics[topic]
-                    blob = bytearray()
-                    pindex[topic] = (t, t.next, blob)
-                    c = counters[topic] = [blob, t.next]
+                if topic is not last_topic:
+                    last_topic = topic
+                    c = counters.get(topic)  # type: ignore[assignment]
+                    if c is None:
+                        t = topics[topic]
+                        blob = bytearray()
+                        pindex[topic] = (t, t.next, blob)
+                        c = counters[topic] = [blob, t.next]
                 q = c[1]
                 c[1] = q + 1
                 c[0] += pack(pos, size, ts_s)
