@@ -203,3 +203,12 @@ def test_build_with_a_tls_ca(tmp_path, capsys):
     bad.write_text("not a certificate")
     assert _build(tmp_path / "b2", "--no-image", "--tls-ca", str(bad)) == 2
     assert "neither a DER nor a PEM" in capsys.readouterr().err
+
+
+def test_source_build_boots(tmp_path, lock_factory):
+    out = tmp_path / "board"
+    assert _build(out, "--no-image", "--source") == 0
+    assert (out / "lib/lockapp/app.py").exists() and not list(out.rglob("*.mpy"))
+    lk = lock_factory(out, heap="256K")          # compiling .py on the board needs more heap
+    lk.expect(r"^I sys boot fw=\S+ sn=LOCK0042 hw=sim$")
+    lk.expect(r"^I sys ready$")
