@@ -69,13 +69,11 @@ class Dut:
                 self._log.write(self._stamp(data))
                 self._log.flush()
             self._buf += data
-            if len(self._buf) > MAX_BUFFER:
+            if len(self._buf) > MAX_BUFFER:  # bounded: the log file keeps everything
                 cut = len(self._buf) - MAX_BUFFER // 2
-                cut = min(cut, self._cursor)
-                if cut > 0:
-                    del self._buf[:cut]
-                    self._cursor -= cut
-                    self._dropped += cut
+                del self._buf[:cut]
+                self._cursor = max(0, self._cursor - cut)
+                self._dropped += cut
             self._cond.notify_all()
 
     def _stamp(self, data: bytes) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -27,6 +28,13 @@ def assert_exactly_once_in_order(lock: Lock, stored: list[int], expect_count: in
     event (one per cut at most). ``ordered=False`` skips the order check (and
     prints where the order broke)."""
     queued = lock.queued_seqs()
+    log = lock.full_log()
+    dropped = re.findall(r"W evt dropped seq=(\d+)", log)
+    if dropped:
+        raise lock.fail(f"{lock.sn}: the offline queue overflowed: {len(dropped)} events dropped "
+                        f"(reported by the lock), first seq {dropped[0]}")
+    if "E evt rejected" in log:
+        raise lock.fail(f"{lock.sn}: the broker refused events for good")
     dupes = sorted(s for s, n in Counter(stored).items() if n > 1)
     if dupes:
         raise lock.fail(f"{lock.sn}: stored more than once: {dupes[:20]} ({len(dupes)} in all)")
@@ -47,11 +55,6 @@ def assert_exactly_once_in_order(lock: Lock, stored: list[int], expect_count: in
         print(text)
     if expect_count is not None and len(stored) != expect_count:
         raise lock.fail(f"{lock.sn}: {len(stored)} records stored, expected {expect_count}")
-    log = lock.full_log()
-    if "W evt dropped" in log:
-        raise lock.fail(f"{lock.sn}: the offline queue overflowed and dropped events")
-    if "E evt rejected" in log:
-        raise lock.fail(f"{lock.sn}: the broker refused events for good")
 
 
 def summary(stored: list[int]) -> dict[str, Any]:
