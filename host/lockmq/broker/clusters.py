@@ -146,6 +146,23 @@ class Source:
         else:
             self.done_above.add(qoff)
 
+    def finish_many(self, qoffs: list[int]) -> None:
+        """:meth:`finish` for a batch (an ACK's leases): one set update, then one walk
+        of ``committed`` over the finished offsets."""
+        if not qoffs:
+            return
+        c = self.committed
+        if min(qoffs) < c:   # already finished (as in :meth:`finish`): ignore those
+            qoffs = [q for q in qoffs if q >= c]
+        done = self.done_above
+        done.update(qoffs)
+        if c in done:
+            while c in done:
+                done.discard(c)
+                c += 1
+            self.committed = c
+            self.dirty = True
+
     def skip_to(self, qoff: int) -> None:
         """The store no longer has offsets below ``qoff`` (retention): skip them."""
         if qoff <= self.next:
@@ -245,8 +262,9 @@ class Cluster:
         self.waiting_count = 0
         self.busy_sns: set[str] = set()
         self.delayed: list[tuple[float, int, Lease]] = []   # in-memory retries (monotonic)
-        # one entry per PULL: (deadline, tie, [(wire, delivery), ...])
-        self.expiry: list[tuple[float, int, list[tuple[int, int]]]] = []
+        # one entry per PULL: (deadline, tie, wire ids it handed out); a lease
+        # expires if it is still leased and its own ``deadline`` has passed
+        self.expiry: list[tuple[float, int, list[int]]] = []
         self.pending_writes = 0   # nacks/dead letters being written
         self._tie = itertools.count()
         self.capped = False
@@ -464,16 +482,14 @@ class Cluster:
         self._release_due()
         if len(self.ready) < n:
             self._fill(n)
-        out: list[Lease] = []
         deadline = time.monotonic() + (member.lease_ms or self.s.visibility_timeout_ms) / 1000.0
-        ready = self.ready
+        out = self._take_ready(min(n, len(self.ready)))
         leases = self.leases
         mleases = member.leases
-        keys: list[tuple[int, int]] = []
+        wires: list[int] = []
+        add_wire = wires.append
         redelivered = 0
-        popleft = ready.popleft
-        for _ in range(min(n, len(ready))):
-            lease = popleft()
+        for lease in out:
             lease.member = member
             lease.deadline = deadline
             d = lease.deliveries + 1
@@ -485,15 +501,28 @@ class Cluster:
             w = lease.wire
             leases[w] = lease
             mleases.add(w)
-            keys.append((w, d))
-            out.append(lease)
-        if keys:
-            heapq.heappush(self.expiry, (deadline, next(self._tie), keys))
-        self.stats["redelivered"] += redelivered
+            add_wire(w)
+        if wires:
+            # one expiry entry per PULL; ``tick`` checks each lease's own deadline.
+            # (Only the wire ids: an acked lease must not stay in memory until then.)
+            heapq.heappush(self.expiry, (deadline, next(self._tie), wires))
+        if redelivered:
+            self.stats["redelivered"] += redelivered
         member.delivered += len(out)
         self.stats["delivered"] += len(out)
         member.wants_notify = not out
         return out
+
+    def _take_ready(self, k: int) -> list[Lease]:
+        """Pop the first ``k`` messages of the ready queue (all of it in one copy when
+        a PULL takes everything, the usual case while draining a backlog)."""
+        ready = self.ready
+        if k >= len(ready):
+            out = list(ready)
+            ready.clear()
+            return out
+        popleft = ready.popleft
+        return [popleft() for _ in range(k)]
 
     def _take(self, member: Member, wire: int, delivery: int) -> Lease:
         lease = self.leases.get(wire)
@@ -519,6 +548,42 @@ class Cluster:
             self._sn_free(lease)
         member.acked += 1
         self.stats["acked"] += 1
+
+    def ack_many(self, member: Member, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """:meth:`ack` for every ``(wire, delivery)`` of one ACK frame; returns the keys
+        that are unknown, expired or not ``member``'s (the others are applied).
+
+        The main topic's offsets are finished together (:meth:`Source.finish_many`)
+        and the counters move once per frame: the per-message work is two lookups
+        and two deletions."""
+        leases = self.leases
+        get = leases.get
+        discard = member.leases.discard
+        main = self.main
+        ordered = self.ordered
+        done: list[int] = []
+        bad: list[tuple[int, int]] = []
+        for key in keys:
+            wire, delivery = key
+            lease = get(wire)
+            if lease is None or lease.member is not member or lease.deliveries != delivery:
+                bad.append(key)
+                continue
+            del leases[wire]
+            discard(wire)
+            if lease.source is main:
+                done.append(lease.qoff)
+            else:
+                lease.source.finish(lease.qoff)
+            if ordered:
+                self._sn_free(lease)
+        main.finish_many(done)
+        n = len(keys) - len(bad)
+        member.acked += n
+        self.stats["acked"] += n
+        if bad:
+            self.stats["unknown_lease"] += len(bad)
+        return bad
 
     def nack(self, member: Member, wire: int, delivery: int, delay_ms: int | None = None,
              reason: str = "") -> str:
@@ -615,14 +680,15 @@ class Cluster:
         now = time.monotonic()
         exp = self.expiry
         woke = False
+        leases = self.leases
         while exp and exp[0][0] <= now:
-            keys = heapq.heappop(exp)[2]
+            wires = heapq.heappop(exp)[2]
             back = []
-            for wire, delivery in keys:
-                lease = self.leases.get(wire)
-                if lease is None or lease.deliveries != delivery:
-                    continue            # acked, nacked or released since
-                del self.leases[wire]
+            for wire in wires:
+                lease = leases.get(wire)
+                if lease is None or lease.deadline > now:
+                    continue            # acked, nacked, released or leased again since
+                del leases[wire]
                 member = lease.member
                 if member is not None:
                     member.leases.discard(wire)

@@ -554,13 +554,7 @@ class Connection(asyncio.Protocol):
         if s is None:
             return
         cluster, member = s
-        bad = []
-        ack = cluster.ack
-        for qoff, delivery in leases:
-            try:
-                ack(member, qoff, delivery)
-            except ClusterError:
-                bad.append((qoff, delivery))
+        bad = cluster.ack_many(member, leases)   # the whole frame at once
         self.broker.stats.c["acks"] += len(leases) - len(bad)
         self._lease_reply(frame, bad, len(leases))
         if member.wants_notify or cluster.capped:
