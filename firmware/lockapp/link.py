@@ -256,7 +256,12 @@ class Link:
                 if data:
                     self._dec.feed(data)
                 while True:
-                    f = self._dec.next_frame()
+                    try:
+                        f = self._dec.next_frame()
+                    except ProtocolError as e:
+                        if e.fatal:
+                            raise
+                        continue      # a frame newer than this firmware: skipped
                     if f is None:
                         break
                     self._rx_frames.append(f)

@@ -108,6 +108,14 @@ class MiniBroker:
         self.pending_commands.setdefault(sn, []).append(encode_frame(Op.COMMAND, sn, body, 1000 + cmd_id))
         return fut
 
+    def send_raw(self, sn: str, data: bytes) -> None:
+        """Write bytes to a connected lock as they are."""
+        async def go():
+            w = self._writers[sn]
+            w.write(data)
+            await w.drain()
+        self._call(go())
+
     def wait_for(self, pred, timeout: float = 10.0) -> bool:
         """Poll ``pred()`` until true (bounded)."""
         end = time.monotonic() + timeout

@@ -230,3 +230,19 @@ def test_order_kept_when_the_broker_pushes_back(flash, broker, lock_factory):
         lk.wait_drained()
     assert broker.seqs(SN) == list(range(1, 31))       # stored in sequence order
     assert len(lk.grep(r"^W evt busy ")) == 6
+
+
+def test_unknown_opcode_is_skipped_garbage_ends_the_session(flash, broker, lock_factory):
+    from lockmq.protocol import encode_frame
+
+    _fast(flash, [broker.port])
+    lk = lock_factory(flash)
+    lk.expect(r"^I net connected")
+    broker.send_raw(SN, encode_frame(0x7777, SN, b"from a newer broker", 5))
+    lk.send("event tamper")
+    lk.expect(r"^I evt acked seq=1$")               # same session: the frame was skipped
+    assert broker.sessions == 1
+    broker.send_raw(SN, b"\x09garbage-not-a-frame")
+    lk.expect(r"^W net down err=protocol2 ")          # unsupported version byte
+    lk.expect(r"^I net connected")
+    assert broker.sessions == 2
