@@ -14,7 +14,7 @@ class Lock:
         self.door_open = False
         self._door_since = 0
         self._door_alarmed = False
-        self.battery = 100
+        self.battery = 255        # unknown until the first reading (HEARTBEAT: 255)
         self._unlock_until = 0
         self._relay_task = None
 
