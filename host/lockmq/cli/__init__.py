@@ -20,6 +20,7 @@ GROUPS: list[str] = [
     "topics",
     "clusters",
     "dlq",
+    "command",
     "sim",
     "store",
     "broker",

@@ -1,0 +1,68 @@
+"""``lockmq command``: a downlink command from the command line to a simulated lock."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from lockmq.cli import main
+from lockmq.cli.command import command_args
+from lockmq.client.session import Endpoint
+from lockmq.protocol import CommandKind
+from lockmq.sim import SimConfig, SimStats, run_sim
+
+
+@pytest.fixture
+def online_locks(broker):
+    """Two simulated locks that stay connected (in their own thread and loop)."""
+    stats = SimStats()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    cfg = SimConfig(locks=2, events_per_lock=None, rate_per_lock=1, stay_connected=True)
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(run_sim(cfg, Endpoint("127.0.0.1", broker.port), stop=stop,
+                                        stats=stats))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if stats.connected >= 2:
+            break
+        threading.Event().wait(0.01)
+    yield stats
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(10)
+
+
+def test_unlock_command_reaches_the_lock_and_prints_its_answer(broker, online_locks, capsys):
+    rc = main(["command", "--broker", broker.address, "SIM-000001", "unlock", "--seconds", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith("SIM-000001: command ") and "3 s" in out
+    assert online_locks.commands == 1
+
+
+def test_command_to_an_offline_lock_fails_after_its_expiry(broker, capsys):
+    rc = main(["command", "--broker", broker.address, "GHOST-1", "reboot", "--expires", "0.3"])
+    assert rc == 1
+    assert "GHOST-1" in capsys.readouterr().err
+
+
+def test_arguments_are_encoded_as_the_spec_says():
+    assert command_args("unlock", [], 5) == (CommandKind.UNLOCK, b"\x00\x05")
+    kind, args = command_args("cards", ["0a1b", "ff"], 0)
+    assert kind == CommandKind.CARDS_SET and args == b"\x00\x02\x02\x0a\x1b\x01\xff"
+    assert command_args("config", ['{"heartbeat_s": 60}'], 0)[1] == b'{"heartbeat_s": 60}'
+    with pytest.raises(ValueError):
+        command_args("config", ["[1, 2]"], 0)
+    with pytest.raises(ValueError):
+        command_args("unlock", [], 0)
+
+
+def test_bad_arguments_fail_before_connecting(capsys):
+    assert main(["command", "--broker", "127.0.0.1:1", "SN", "config", "not json"]) == 1
+    assert "lockmq:" in capsys.readouterr().err
