@@ -54,3 +54,14 @@ print([b.next_ms() for _ in range(8)])
     a = run_mpy(script % "LOCK0001", tmp_path, built / "lib")
     b = run_mpy(script % "LOCK0002", tmp_path, built / "lib")
     assert a != b
+
+
+def test_timeout_errnos_are_timeouts(built, tmp_path):
+    out = run_mpy("""
+import errno, asyncio
+from lockapp.link import reason_of, LinkError
+print([reason_of(OSError(n)) for n in (11, 110, 116, errno.ECONNREFUSED, errno.ECONNRESET, 5)])
+print(reason_of(asyncio.TimeoutError()), reason_of(LinkError("silent")), reason_of(KeyError("x")))
+""", tmp_path, built / "lib")
+    assert out.splitlines() == ["['timeout', 'timeout', 'timeout', 'refused', 'reset', 'oserror5']",
+                                "timeout silent bug_KeyError"]

@@ -4,6 +4,8 @@ cuts, BUSY, failover, exactly-once storage via (sn, seq)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from lockmq.protocol import EventType, Method
@@ -20,8 +22,8 @@ def broker():
 
 
 def _fast(folder, broker_ports, **kw):
-    set_config(folder, brokers=[["127.0.0.1", p] for p in broker_ports],
-               backoff_min_ms=100, backoff_max_ms=800, io_timeout_ms=3000, **kw)
+    settings = {"backoff_min_ms": 100, "backoff_max_ms": 800, "io_timeout_ms": 3000, **kw}
+    set_config(folder, brokers=[["127.0.0.1", p] for p in broker_ports], **settings)
 
 
 def test_boot_connect_publish_ack(flash, broker, lock_factory):
@@ -246,3 +248,37 @@ def test_unknown_opcode_is_skipped_garbage_ends_the_session(flash, broker, lock_
     lk.expect(r"^W net down err=protocol2 ")          # unsupported version byte
     lk.expect(r"^I net connected")
     assert broker.sessions == 2
+
+
+def test_a_silent_broker_times_out_and_the_lock_moves_on(flash, broker, lock_factory):
+    """A broker that accepts the TCP connection and then says nothing (hung process,
+    half-open proxy) must not hang the lock: every read has a deadline, and the
+    link reports "timeout" (as it does for EAGAIN/ETIMEDOUT socket errors)."""
+    import socket
+
+    hung = socket.create_server(("127.0.0.1", 0))
+    held = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        hung.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(hung.accept()[0])       # accept, never answer
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        _fast(flash, [hung.getsockname()[1], broker.port], io_timeout_ms=1000)
+        lk = lock_factory(flash)
+        lk.expect(rf"^W net down err=timeout broker=127.0.0.1:{hung.getsockname()[1]}$", timeout=15)
+        lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$", timeout=15)
+        lk.send("event tamper")
+        lk.expect(r"^I evt acked seq=1$")
+    finally:
+        stop.set()
+        t.join(5)
+        for c in held:
+            c.close()
+        hung.close()
