@@ -30,6 +30,7 @@ from .proxy import FaultProxy
 from .target import TargetSpec, TargetUnavailable
 
 _DUTS_KEY = pytest.StashKey[list]()
+_BROKERS_KEY = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -145,6 +146,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     for dut in item.stash.get(_DUTS_KEY, []):
         where = f" (full log: {dut.log_path})" if dut.log_path else ""
         report.sections.append((f"board {dut.name} output{where}", dut.log_tail()))
+    for b in item.stash.get(_BROKERS_KEY, []):
+        report.sections.append((f"broker log ({b.log_path})", b.log_tail()))
 
 
 #: Settings every scenario lock gets (bounded waits; the defaults suit the field).
@@ -169,12 +172,14 @@ def firmware_template(tmp_path_factory: pytest.TempPathFactory, pytestconfig: py
 
 
 @pytest.fixture
-def broker(tmp_path: Path, hil_target: TargetSpec) -> Iterator[BrokerProcess]:
-    """A running ``lockmq broker`` (auth required, durable acks) for this test."""
+def broker(request: pytest.FixtureRequest, tmp_path: Path, hil_target: TargetSpec) -> Iterator[BrokerProcess]:
+    """A running ``lockmq broker`` (auth required, durable acks) for this test;
+    its log is attached to the report when the test fails."""
     why = broker_available()
     if why:
         pytest.skip(why)
     b = BrokerProcess(tmp_path / "broker", host=hil_target.board_broker_host)
+    request.node.stash.setdefault(_BROKERS_KEY, []).append(b)
     b.start()
     try:
         yield b
