@@ -145,12 +145,16 @@ def offline_periods(spark, warehouse: str, s: ReportSettings):
     from pyspark.sql import functions as F
 
     w = Window.partitionBy("sn").orderBy("t", "gateway_id", "offset")
+    # "next sign of life" as a running min over the reversed order: a frame that
+    # ends at unboundedFollowing would be recomputed for every row (quadratic)
+    back_w = (Window.partitionBy("sn")
+              .orderBy(F.col("t").desc(), F.col("gateway_id").desc(), F.col("offset").desc())
+              .rowsBetween(Window.unboundedPreceding, -1))
     tl = timeline(spark, warehouse)
     tl = (tl.withColumn("_prev", F.lag("kind").over(w))
           .withColumn("_next_kind", F.lead("kind").over(w))
           .withColumn("_next_t", F.lead("t").over(w))
-          .withColumn("_next_alive", F.min(F.when(F.col("kind") == "alive", F.col("t")))
-                      .over(w.rowsBetween(1, Window.unboundedFollowing))))
+          .withColumn("_next_alive", F.min(F.when(F.col("kind") == "alive", F.col("t"))).over(back_w)))
     gap = F.unix_micros("_next_t") - F.unix_micros("t")
     down = (F.col("kind") == "down") & F.coalesce(F.col("_prev") == "alive", F.lit(True))
     silent = ((F.col("kind") == "alive") & (F.col("_next_kind") == "alive")
