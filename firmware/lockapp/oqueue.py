@@ -160,6 +160,8 @@ class OQueue:
         self._push(seq, off)
         if seq > self.max_seq:
             self.max_seq = seq
+        if dropped_seq is not None:
+            self._maybe_compact()   # full and offline for days: the file stays bounded
         return dropped_seq
 
     def _append(self, b):

@@ -290,3 +290,22 @@ while True:
     assert len(taken) > 20, "the writer made too little progress to test anything"
     assert len(taken) == len(set(taken)), "a sequence number was reused"
     assert taken == sorted(taken)
+
+
+def test_full_queue_offline_stays_bounded_on_flash(built, tmp_path):
+    """Offline for days with the queue full: every new event drops the oldest; the
+    file must not grow with the drops."""
+    out = run_mpy("""
+import os
+from lockapp.oqueue import OQueue
+q = OQueue("q.dat", 32)
+biggest = 0
+for s in range(1, 3001):
+    q.append(s, b"y" * 14)
+    biggest = max(biggest, os.stat("q.dat")[6])
+q2 = OQueue("q.dat", 32)
+print(biggest, q2.seqs()[0], q2.seqs()[-1], q2.dropped, q2.torn)
+""", tmp_path, built / "lib", timeout=120)
+    biggest, first, last, dropped, torn = map(int, out.split())
+    assert (first, last, dropped, torn) == (2969, 3000, 2968, 0)
+    assert biggest < 32 * 42 + 2 * 4096 + 64
