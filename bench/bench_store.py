@@ -5,7 +5,9 @@
 
 Measures, with 24-byte payloads (the paper's unlock record):
   * appends/s and MB/s at flush=sync with 1, 100 and 1000 concurrent writers
-    (asyncio tasks each awaiting one append at a time), and at flush=async;
+    (asyncio tasks each awaiting one one-record append at a time), and at flush=async;
+  * the broker's batched path: a few writers each appending --batch records per call
+    (--batched-writers, at sync);
   * in the same run, the floor: a plain loop that writes the same bytes with the same
     fsync cadence as the store did (same bytes per write, same writes per fdatasync),
     and the naive floor: one write+fdatasync per record;
@@ -44,6 +46,11 @@ def size_arg(text: str) -> int:
     return int(t)
 
 
+def int_list(text: str) -> list[int]:
+    """'1,100,1000' -> [1, 100, 1000]; '' -> [] (skip those cases)."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def machine_info(bench_dir: str) -> dict:
     cpu = platform.processor() or "?"
     try:
@@ -78,8 +85,10 @@ def ratio3(xs: list[float]) -> str:
     return f"min {min(xs):.2f}  median {statistics.median(xs):.2f}  max {max(xs):.2f}"
 
 
-async def store_run(path: str, flush: str, writers: int, seconds: float) -> dict:
-    """Run ``writers`` concurrent appenders for ``seconds``; return counters."""
+async def store_run(path: str, flush: str, writers: int, seconds: float,
+                    per_call: int = 1) -> dict:
+    """Run ``writers`` concurrent appenders, each appending ``per_call`` records per
+    call, for ``seconds``; return counters."""
     s = Store.open(StoreConfig(data_dir=path, flush=flush, min_free_bytes=0))
     stop = False
     count = 0
@@ -90,9 +99,10 @@ async def store_run(path: str, flush: str, writers: int, seconds: float) -> dict
         seq = 0
         append = s.append
         while not stop:
-            await append([NewRecord("locks", sn, seq, 1_700_000_000_000, PAYLOAD)])
-            seq += 1
-            count += 1
+            await append([NewRecord("locks", sn, seq + k, 1_700_000_000_000, PAYLOAD)
+                          for k in range(per_call)])
+            seq += per_call
+            count += per_call
 
     tasks = [asyncio.ensure_future(writer(w)) for w in range(writers)]
     await asyncio.sleep(0.2)  # warm up
@@ -137,21 +147,23 @@ def floor_run(path: str, record: bytes, write_bytes: int, writes_per_fsync: floa
 def throughput(args, bench_dir: str, loop_name: str) -> dict:
     record = encode_record(NewRecord("locks", "LOCK000000", 0, 1_700_000_000_000, PAYLOAD),
                            time.time_ns() // 1000, 1 << 20)
-    cases = [("sync", w) for w in args.writers] + [("async", w) for w in args.async_writers]
+    cases = ([("sync", w, 1) for w in args.writers]
+             + [("sync", w, args.batch) for w in args.batched_writers]
+             + [("async", w, 1) for w in args.async_writers])
     out = {}
     print(f"\nappends, 24-byte payloads ({len(record)}-byte records), {args.seconds}s per run, "
           f"{args.runs} runs, event loop: {loop_name}")
     naive = []
     for _ in range(args.runs):
         naive.append(floor_run(bench_dir, record, len(record), 1, min(1.0, args.seconds)))
-    print(f"  naive floor (write+fdatasync per record)   rec/s {stats3(naive)}")
+    print(f"  naive floor (write+fdatasync per record)        rec/s {stats3(naive)}")
     out["naive_floor_rec_s"] = naive
-    for flush, writers in cases:
+    for flush, writers, per_call in cases:
         rates, floors, ratios, mbs, batch = [], [], [], [], []
         for _ in range(args.runs):
             d = tempfile.mkdtemp(dir=bench_dir)
             try:
-                r = asyncio.run(store_run(d, flush, writers, args.seconds))
+                r = asyncio.run(store_run(d, flush, writers, args.seconds, per_call))
             finally:
                 shutil.rmtree(d, ignore_errors=True)
             rate = r["records"] / r["seconds"]
@@ -163,12 +175,14 @@ def throughput(args, bench_dir: str, loop_name: str) -> dict:
             ratios.append(rate / fl)
             mbs.append(r["bytes"] / r["seconds"] / 1e6)
             batch.append(r["records"] / max(1, r["batches"]))
-        label = f"{flush:5} {writers:5} writers"
-        print(f"  {label}  rec/s {stats3(rates)}   MB/s median {statistics.median(mbs):.2f}"
+        calls = f" x{per_call}" if per_call > 1 else ""  # records per append call
+        label = f"{flush:5} {writers:5} writers{calls}"
+        print(f"  {label:24}  rec/s {stats3(rates)}   MB/s median {statistics.median(mbs):.2f}"
               f"   records/batch median {statistics.median(batch):.0f}")
-        print(f"  {'':19}  floor {stats3(floors)}   store/floor {ratio3(ratios)}")
-        out[f"{flush}_{writers}"] = {"rec_s": rates, "floor_rec_s": floors, "ratio": ratios,
-                                     "mb_s": mbs, "records_per_batch": batch}
+        print(f"  {'':24}  floor {stats3(floors)}   store/floor {ratio3(ratios)}")
+        out[f"{flush}_{writers}{calls.strip()}"] = {
+            "rec_s": rates, "floor_rec_s": floors, "ratio": ratios, "mb_s": mbs,
+            "records_per_batch": batch}
     return out
 
 
@@ -261,9 +275,14 @@ def main() -> int:
                         "use a real disk, not tmpfs)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run")
-    p.add_argument("--writers", type=lambda t: [int(x) for x in t.split(",")],
+    p.add_argument("--writers", type=int_list,
                    default=[1, 100, 1000], help="sync writer counts (default 1,100,1000)")
-    p.add_argument("--async-writers", type=lambda t: [int(x) for x in t.split(",")],
+    p.add_argument("--batched-writers", type=int_list,
+                   default=[10], help="sync writers appending --batch records per call "
+                                      "(default 10; empty skips)")
+    p.add_argument("--batch", type=int, default=100,
+                   help="records per append call for --batched-writers (default 100)")
+    p.add_argument("--async-writers", type=int_list,
                    default=[1000], help="async writer counts (default 1000)")
     p.add_argument("--recovery-bytes", type=size_arg, default=1 << 30,
                    help="log size for the start-up test (default 1G; 0 skips it)")
