@@ -52,8 +52,14 @@ class App:
         method = Method.REMOTE if remote else (Method.CARD if credential else Method.NONE)
         ts = self.clock.now_ms()
         payload = LockEvent(_TYPES[name], ts, method, result, value, credential).encode()
-        seq = self.seq.take()
-        dropped = self.q.append(seq, payload)
+        try:
+            seq = self.seq.take()
+            dropped = self.q.append(seq, payload)
+        except OSError as e:
+            # Flash full or failing: the event cannot be kept. Counted and said.
+            self.q.dropped += 1
+            log.error("evt lost type=%s err=%s total=%d" % (name, log.clean(e), self.q.dropped))
+            return None
         if dropped is not None:
             log.warn("evt dropped seq=%d total=%d" % (dropped, self.q.dropped))
         log.info("evt queued seq=%d type=%s" % (seq, name))

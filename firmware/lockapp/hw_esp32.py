@@ -46,10 +46,17 @@ class Esp32Hw:
         self._wlan = None
 
     def start(self, sink):
-        self._sink = sink
+        self._sink_raw = sink
         asyncio.create_task(self._poll_inputs())
         if self._uart is not None:
             asyncio.create_task(self._read_cards())
+
+    def _sink(self, cmd, args):
+        # An input whose handling fails must not stop the input task.
+        try:
+            self._sink_raw(cmd, args)
+        except Exception as e:
+            log.warn("hw input err=%s cmd=%s" % (log.clean(e), cmd))
 
     async def _poll_inputs(self):
         # Debounced polling (50 ms) of door and tamper contacts, battery each minute.

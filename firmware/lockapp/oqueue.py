@@ -62,6 +62,7 @@ class OQueue:
         self._n = 0            # live entries
         self._acked = []       # acked but not yet at the head
         self._size = 0
+        self._dirty = False
         self.load()
 
     def __len__(self):
@@ -87,6 +88,13 @@ class OQueue:
         return -1
 
     def load(self):
+        self._index()
+        if self.torn:
+            self._rewrite()
+        return self.torn
+
+    def _index(self):
+        # Scan the file into the ring index; returns the bytes of whole records.
         atomic.remove(self.path + ".new")
         self._h = 0
         self._n = 0
@@ -104,9 +112,7 @@ class OQueue:
         size = atomic.size(self.path)
         self._size = good
         self.torn = size - good if size > good else 0
-        if self.torn:
-            self._rewrite()
-        return self.torn
+        return good
 
     def _scan(self, f):
         off = 0
@@ -165,12 +171,22 @@ class OQueue:
         return dropped_seq
 
     def _append(self, b):
-        f = open(self.path, "ab")
+        # A failed append (flash full) may leave part of a record behind: nothing is
+        # appended after it until a rewrite has cut it off (else a reboot's scan
+        # would stop there and lose what came after).
+        if self._dirty:
+            self._rewrite()
+            self._dirty = False
         try:
-            f.write(b)
-            f.flush()
-        finally:
-            f.close()
+            f = open(self.path, "ab")
+            try:
+                f.write(b)
+                f.flush()
+            finally:
+                f.close()
+        except OSError:
+            self._dirty = True
+            raise
         off = self._size
         self._size += len(b)
         return off
@@ -256,7 +272,7 @@ class OQueue:
         try:
             self._copy_live(base)
         except Exception:
-            self.load()
+            self._index()      # what is on flash (never a second rewrite from here)
             raise
 
     def renumber(self, base):

@@ -66,3 +66,17 @@ def test_wifi_loss_in_the_simulator(online):
     assert b.seqs(SN) == []
     lk.send("wifi up")
     lk.expect(r"^I evt acked seq=1$", timeout=20)
+
+
+def test_an_event_flash_cannot_take_is_counted_and_said(online):
+    lk, b = online
+    q = lk.folder / "queue.dat"
+    q.unlink(missing_ok=True)
+    q.mkdir()                                      # appends to it now fail, like a full flash
+    lk.send("tamper")
+    lk.expect(r"^E evt lost type=tamper err=\S+ total=1$")
+    lk.send("status")
+    lk.expect(r"^I sys status q=0 next_seq=\d+ dropped=1 link=up$")
+    q.rmdir()
+    lk.send("tamper")
+    lk.expect(r"^I evt acked seq=\d+$")            # and it goes on once flash works again
