@@ -18,7 +18,7 @@ from typing import Any
 from .broker import lockmq_cli
 
 #: Files the app creates at run time (firmware/README.md); a fresh board has none.
-STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.json")
+STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.bin")
 TEMPLATE_SN = "TEMPLATE"
 TEMPLATE_KEY = "00" * 32
 
@@ -73,6 +73,6 @@ def code_files(flash: Path) -> list[Path]:
     """What a deploy copies to a board: main.py, lib/**, config.json (no state files)."""
     files = [flash / "main.py", flash / "config.json"]
     files += sorted(p for p in (flash / "lib").rglob("*") if p.is_file())
-    if (flash / "cards.json").exists():
-        files.append(flash / "cards.json")
+    if (flash / "cards.bin").exists():
+        files.append(flash / "cards.bin")
     return files
