@@ -18,6 +18,7 @@ from lockmq.store.records import validate_cluster, validate_topic
 
 from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError, ClusterSettings
 from .logs import EventLog, Stats
+from .readcache import ReadCache
 
 #: The SN under which the broker writes its own records ($devices, retries, dead letters).
 BROKER_SN = "$broker"
@@ -42,6 +43,7 @@ class BrokerCore:
             max_pull=c.max_pull, max_retries=c.max_retries,
             retry_levels_s=list(c.retry_levels_s), time_scale=c.time_scale,
             max_retry_held=c.max_retry_held, max_window=c.max_window)
+        self.read_cache = ReadCache()
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
@@ -88,9 +90,16 @@ class BrokerCore:
     # -- the ClusterHost interface --------------------------------------------------
 
     def read(self, topic: str, queue_offset: int, max_count: int) -> list[StoredRecord]:
-        """Durable records of ``topic`` from ``queue_offset`` on."""
-        assert self.store is not None
-        return self.store.read(topic, queue_offset, max_count)
+        """Durable records of ``topic`` from ``queue_offset`` on.
+
+        A topic read by several clusters goes through :attr:`read_cache`, so each
+        record is decoded once for all of them (see ``readcache.py``)."""
+        store = self.store
+        assert store is not None
+        if len(self.by_topic.get(topic, ())) > 1:
+            return self.read_cache.read(store.read, topic, queue_offset, max_count,
+                                        store.queue_start(topic))
+        return store.read(topic, queue_offset, max_count)
 
     def queue_end(self, topic: str) -> int:
         """One past the last durable queue offset of ``topic``."""
