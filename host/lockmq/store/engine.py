@@ -313,6 +313,9 @@ class Store:
             self._pending.append((records, enc, n, fut, ts // 1_000_000))
             self._pending_bytes += n
             if self._w_idle:
+                # one wake-up is enough: until the writer runs (it needs the GIL),
+                # later appends would each pay for a pure-Python notify()
+                self._w_idle = False
                 self._cond.notify()
         return await fut
 
@@ -469,7 +472,11 @@ class Store:
                 fut.set_exception(exc)
 
     def _plan(self, batch: list) -> _Plan:
-        """Classify duplicates, assign offsets and queue offsets, cut segment rolls."""
+        """Classify duplicates, assign offsets and queue offsets, cut segment rolls.
+
+        The per-record loop is the store's hottest code: state of the current topic
+        (queue offset, index blob) is kept in locals and written back on a switch.
+        """
         plan = _Plan()
         seg_bytes = self.config.segment_bytes
         contains = self._dedup.contains
@@ -479,16 +486,21 @@ class Store:
         pindex = plan.index
         ids = plan.ids
         pack = ENTRY.pack
+        new_app = tuple.__new__
+        results = plan.results
         pos = self._w_end
         active_base = self._w_active_base
-        chunk: _Chunk | None = None
-        parts: list[bytes] = []
-        dup = 0
         seg_limit = active_base + seg_bytes
-        new_app = tuple.__new__
-        counters: dict[str, list] = {}
-        last_topic = None  # batches are mostly one topic: skip the counters lookup
+        # the first chunk goes to the active segment; dropped below if it stays empty
+        first = chunk = _Chunk(active_base, pos - active_base, False, None)
+        plan.chunks.append(chunk)
+        parts = chunk.parts
+        dup = 0
+        counters: dict[str, list] = {}  # topic -> [index blob, next queue offset]
+        topic = None
         c: list = []
+        q = 0
+        blob = bytearray()
         for records, enc, _n, _fut, ts_s in batch:
             res: list[Appended] = []
             for rec, b in zip(records, enc):
@@ -504,43 +516,51 @@ class Store:
                 seen.add(key)
                 size = len(b)
                 if pos + size > seg_limit and pos > active_base:
+                    c.append(q)  # park the current topic's count for the roll
                     active_base = pos
                     seg_limit = pos + seg_bytes
-                    qs = {}
-                    for name, t in list(topics.items()):
-                        c = counters.get(name)
-                        qs[name] = c[1] if c is not None else t.next
-                    chunk = _Chunk(pos, 0, True, qs)
+                    chunk = self._roll_chunk(pos, counters)
                     plan.chunks.append(chunk)
                     parts = chunk.parts
-                elif chunk is None:
-                    chunk = _Chunk(active_base, pos - active_base, False, None)
-                    plan.chunks.append(chunk)
-                    parts = chunk.parts
-                topic = rec.topic
-                if topic is not last_topic:
-                    last_topic = topic
+                    q = c.pop()
+                if rec.topic is not topic:  # batches are mostly one topic
+                    if c:
+                        c[1] = q
+                    topic = rec.topic
                     c = counters.get(topic)  # type: ignore[assignment]
                     if c is None:
                         t = topics[topic]
-                        blob = bytearray()
-                        pindex[topic] = (t, t.next, blob)
-                        c = counters[topic] = [blob, t.next]
-                q = c[1]
-                c[1] = q + 1
-                c[0] += pack(pos, size, ts_s)
+                        c = counters[topic] = [bytearray(), t.next]
+                        pindex[topic] = (t, t.next, c[0])
+                    blob, q = c
+                blob += pack(pos, size, ts_s)
                 parts.append(b)
                 ids.append(key)
                 res.append(new_app(Appended, (pos, topic, q, False)))
+                q += 1
                 pos += size
-            plan.results.append(res)
-        for t, first, blob in pindex.values():
-            t.next = first + len(blob) // 16
+            results.append(res)
+        if c:
+            c[1] = q
+        if not first.parts:
+            plan.chunks.remove(first)
+        for t, first_q, blob in pindex.values():
+            t.next = first_q + len(blob) // 16
         self.stats["duplicates"] += dup
         plan.entries = batch
         plan.end = pos
         plan.nbytes = pos - self._w_end
         return plan
+
+    def _roll_chunk(self, pos: int, counters: dict[str, list]) -> _Chunk:
+        """A chunk starting a new segment at ``pos``, with every topic's next queue
+        offset there (counters of this batch: ``[blob, next]``, the current
+        topic's ``next`` parked as a third item)."""
+        qs = {}
+        for name, t in list(self._topics.items()):
+            c = counters.get(name)
+            qs[name] = (c[-1] if c is not None else t.next)
+        return _Chunk(pos, 0, True, qs)
 
     def _write(self, plan: _Plan) -> None:
         """Writer thread: index entries, log bytes, fdatasync; undo on ENOSPC."""
