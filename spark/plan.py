@@ -211,15 +211,22 @@ class TopicIndexes:
         self.directory = directory
         self._starts: np.ndarray | None = None
 
+    _cache: dict[str, tuple[tuple, np.ndarray]] = {}
+
     @property
     def starts(self) -> np.ndarray:
         """Sorted record start offsets found in all topic indexes (empty if none)."""
         if self._starts is None:
-            parts = []
             try:
-                names = [n for n in os.listdir(self.directory) if n.startswith("offset-") and n.endswith(".log")]
+                names = sorted(n for n in os.listdir(self.directory) if n.startswith("offset-") and n.endswith(".log"))
+                key = tuple((n, os.stat(os.path.join(self.directory, n)).st_size) for n in names)
             except OSError:
-                names = []
+                names, key = [], ()
+            hit = self._cache.get(self.directory)
+            if hit is not None and hit[0] == key:
+                self._starts = hit[1]
+                return hit[1]
+            parts = []
             for name in names:
                 path = os.path.join(self.directory, name)
                 try:
@@ -232,7 +239,14 @@ class TopicIndexes:
                     continue
                 n = len(raw) // self.ENTRY.itemsize
                 parts.append(np.frombuffer(raw, dtype=self.ENTRY, count=n)["offset"].astype(np.int64))
-            self._starts = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            starts = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            if len(parts) > 1 or (len(starts) > 1 and not (starts[1:] > starts[:-1]).all()):
+                starts.sort()
+                starts = starts[np.concatenate(([True], starts[1:] != starts[:-1]))]
+            self._starts = starts
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[self.directory] = (key, starts)
         return self._starts
 
 
