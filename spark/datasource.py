@@ -169,6 +169,7 @@ class LockmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[LogPartition]:
         logs = self._logs()
+        start = {**planner.earliest([log for log in logs if log.key not in start]), **start}
         items, missing = planner.pieces(logs, start, end)
         if missing:
             _warn(f"{missing} bytes between the last offsets and now were deleted by retention; skipped")
