@@ -14,7 +14,10 @@ Measures, with 24-byte payloads (the paper's unlock record):
   * start-up time of a store holding a --recovery-bytes log: clean restart, and after
     a crash that left --tail-bytes of log behind the last checkpoint (and with
     --full-rebuild, after losing the checkpoint).
-Prints machine info and min/median/max over --runs runs, ratios against the floor.
+Prints machine info and min/median/max over --runs runs, ratios against the floor,
+and the process CPU time per stored record (both threads, the benchmark's own writer
+tasks included): on a shared machine whose disk speed swings from run to run, that is
+the steadier measure of the store's own cost.
 """
 
 from __future__ import annotations
@@ -107,15 +110,15 @@ async def store_run(path: str, flush: str, writers: int, seconds: float,
     tasks = [asyncio.ensure_future(writer(w)) for w in range(writers)]
     await asyncio.sleep(0.2)  # warm up
     c0, b0, f0, n0 = count, s.stats["bytes"], s.stats["fsyncs"], s.stats["batches"]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.sleep(seconds)
     c1, b1, f1, n1 = count, s.stats["bytes"], s.stats["fsyncs"], s.stats["batches"]
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     stop = True
     await asyncio.gather(*tasks)
     await s.close()
     return {"records": c1 - c0, "bytes": b1 - b0, "fsyncs": f1 - f0, "batches": n1 - n0,
-            "seconds": dt}
+            "seconds": dt, "cpu_seconds": cpu}
 
 
 def floor_run(path: str, record: bytes, write_bytes: int, writes_per_fsync: float,
@@ -159,7 +162,7 @@ def throughput(args, bench_dir: str, loop_name: str) -> dict:
     print(f"  naive floor (write+fdatasync per record)        rec/s {stats3(naive)}")
     out["naive_floor_rec_s"] = naive
     for flush, writers, per_call in cases:
-        rates, floors, ratios, mbs, batch = [], [], [], [], []
+        rates, floors, ratios, mbs, batch, cpu_us = [], [], [], [], [], []
         for _ in range(args.runs):
             d = tempfile.mkdtemp(dir=bench_dir)
             try:
@@ -175,14 +178,16 @@ def throughput(args, bench_dir: str, loop_name: str) -> dict:
             ratios.append(rate / fl)
             mbs.append(r["bytes"] / r["seconds"] / 1e6)
             batch.append(r["records"] / max(1, r["batches"]))
+            cpu_us.append(r["cpu_seconds"] / max(1, r["records"]) * 1e6)
         calls = f" x{per_call}" if per_call > 1 else ""  # records per append call
         label = f"{flush:5} {writers:5} writers{calls}"
         print(f"  {label:24}  rec/s {stats3(rates)}   MB/s median {statistics.median(mbs):.2f}"
-              f"   records/batch median {statistics.median(batch):.0f}")
+              f"   records/batch median {statistics.median(batch):.0f}"
+              f"   CPU us/record median {statistics.median(cpu_us):.1f}")
         print(f"  {'':24}  floor {stats3(floors)}   store/floor {ratio3(ratios)}")
         out[f"{flush}_{writers}{calls.strip()}"] = {
             "rec_s": rates, "floor_rec_s": floors, "ratio": ratios, "mb_s": mbs,
-            "records_per_batch": batch}
+            "records_per_batch": batch, "cpu_us_per_record": cpu_us}
     return out
 
 
