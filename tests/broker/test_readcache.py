@@ -36,3 +36,11 @@ def test_bounded_and_retention_bypass():
     # below the store's start: straight to the store (it skips to its start)
     assert [r.queue_offset for r in c.read(read, "t", 10, 3, 50)] == [50, 51, 52]
     assert [r.queue_offset for r in c.read(read, "t", 60, 50, 50)] == list(range(60, 100))
+
+
+def test_not_kept_when_nobody_else_needs_it():
+    read, calls = _store(0, 100)
+    c = ReadCache(max_records=100)
+    c.read(read, "t", 0, 10, 0, keep=False)
+    c.read(read, "t", 0, 10, 0)
+    assert calls == [(0, 10), (0, 10)] and c.hits == 0

@@ -267,6 +267,7 @@ class Cluster:
         self.expiry: list[tuple[float, int, list[int]]] = []
         self.pending_writes = 0   # nacks/dead letters being written
         self._tie = itertools.count()
+        self._wake_turn = 0   # rotates the order in which wake() notifies members
         self.capped = False
         self.stats = {"delivered": 0, "acked": 0, "nacked": 0, "redelivered": 0,
                       "released": 0, "retried": 0, "dead_lettered": 0,
@@ -323,10 +324,20 @@ class Cluster:
                 and src.next < self.host.queue_end(self.topic))
 
     def wake(self) -> None:
-        """Send NOTIFY to idle members (those whose last pull came back empty)."""
+        """Send NOTIFY to idle members (those whose last pull came back empty).
+
+        The first one notified starts one place further each time: a parked PULL is
+        answered at once, so with a trickle of messages a fixed order would hand all
+        of them to the same member while the others (a member that just joined) idle.
+        """
         if not self.members or not self.has_work():
             return
-        for m in list(self.members.values()):
+        ms = list(self.members.values())
+        if len(ms) > 1:
+            k = self._wake_turn % len(ms)
+            self._wake_turn += 1
+            ms = ms[k:] + ms[:k]
+        for m in ms:
             if m.wants_notify and len(m.leases) < self.member_cap(m):
                 m.wants_notify = False
                 m.notify(m)

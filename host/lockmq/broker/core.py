@@ -93,12 +93,16 @@ class BrokerCore:
         """Durable records of ``topic`` from ``queue_offset`` on.
 
         A topic read by several clusters goes through :attr:`read_cache`, so each
-        record is decoded once for all of them (see ``readcache.py``)."""
+        record is decoded once for all of them (see ``readcache.py``); what is read
+        is kept only if another cluster has not read past it yet."""
         store = self.store
         assert store is not None
-        if len(self.by_topic.get(topic, ())) > 1:
+        clusters = self.by_topic.get(topic, ())
+        if len(clusters) > 1:
+            upto = queue_offset + max_count
+            keep = sum(1 for c in clusters if c.main.next < upto) > 1   # the reader + another
             return self.read_cache.read(store.read, topic, queue_offset, max_count,
-                                        store.queue_start(topic))
+                                        store.queue_start(topic), keep)
         return store.read(topic, queue_offset, max_count)
 
     def queue_end(self, topic: str) -> int:

@@ -36,9 +36,10 @@ class ReadCache:
         self.misses = 0
 
     def read(self, reader: Reader, topic: str, queue_offset: int, max_count: int,
-             queue_start: int) -> list[StoredRecord]:
+             queue_start: int, keep: bool = True) -> list[StoredRecord]:
         """Up to ``max_count`` records of ``topic`` from ``queue_offset``: the cached
-        prefix, then ``reader`` (the store) for the rest, which is cached too."""
+        prefix, then ``reader`` (the store) for the rest, which is cached if ``keep``
+        (another reader will want it)."""
         if queue_offset < queue_start:           # retention moved the start: ask the store
             return reader(topic, queue_offset, max_count)
         cached = self._by_topic.get(topic)
@@ -58,7 +59,8 @@ class ReadCache:
                 return out
         rest = reader(topic, queue_offset + len(out), max_count - len(out))
         self.misses += len(rest)
-        self._add(topic, rest)
+        if keep:
+            self._add(topic, rest)
         return out + rest if out else rest
 
     def _add(self, topic: str, recs: list[StoredRecord]) -> None:
