@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from lockmq.store import NewRecord, Store, StoreConfig
@@ -191,6 +192,50 @@ def throughput(args, bench_dir: str, loop_name: str) -> dict:
     return out
 
 
+async def inline_run(path: str, writers: int, per_call: int, rounds: int) -> int:
+    """The append path without the writer thread and without disk I/O: each loop
+    turn plans and completes what is queued, on the loop. Deterministic, so its
+    instruction count (``valgrind --tool=callgrind``) compares code versions on a
+    busy machine. Returns the records stored."""
+    s = Store.open(StoreConfig(data_dir=path, flush="sync", min_free_bytes=0))
+    loop = asyncio.get_running_loop()
+
+    def drain() -> None:
+        with s._lock:
+            batch = s._take_batch()
+        if batch:
+            s._process(batch)
+        loop.call_soon(drain)
+
+    s._loop, s._thread = loop, threading.current_thread()  # no writer thread
+    s._write = lambda plan: None  # type: ignore[method-assign]
+    loop.call_soon(drain)
+
+    async def writer(w: int) -> None:
+        sn = f"LOCK{w:06d}"
+        for r in range(rounds):
+            await s.append([NewRecord("locks", sn, r * per_call + k, 1_700_000_000_000,
+                                      PAYLOAD) for k in range(per_call)])
+
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+    s._thread = None
+    s.close_sync()
+    return s.stats["records"]
+
+
+def inline_path(args) -> None:
+    writers, per_call = (int(x) for x in args.inline_case.lower().split("x"))
+    d = tempfile.mkdtemp()
+    try:
+        t0 = time.thread_time()
+        n = asyncio.run(inline_run(d, writers, per_call, args.inline_rounds))
+        dt = time.thread_time() - t0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print(f"inline path, {writers} writers x{per_call}: {n} records, "
+          f"{dt / max(1, n) * 1e6:.2f} CPU us/record (store opening included)")
+
+
 TAIL_CHILD = r"""
 import asyncio, os, sys
 from lockmq.store import NewRecord, Store, StoreConfig
@@ -297,6 +342,14 @@ def main() -> int:
     p.add_argument("--full-rebuild", action="store_true",
                    help="also time start-up without a checkpoint (reads the whole log)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
+    p.add_argument("--inline-rounds", type=int, default=0,
+                   help="only run the append path inline (no writer thread, no disk I/O) "
+                        "for this many appends per writer, for instruction counts: run "
+                        "under valgrind --tool=callgrind with 1 and 11, divide the "
+                        "difference by the extra records (10 x writers x records per call)")
+    p.add_argument("--inline-case", default="1000x1",
+                   help="WRITERSxRECORDS_PER_CALL for --inline-rounds (default 1000x1; "
+                        "the broker's batched path: 10x100)")
     args = p.parse_args()
     loop_name = "asyncio"
     if not args.no_uvloop:
@@ -306,6 +359,9 @@ def main() -> int:
             loop_name = f"uvloop {uvloop.__version__}"
         except ImportError:
             pass
+    if args.inline_rounds:
+        inline_path(args)
+        return 0
     bench_dir = tempfile.mkdtemp(prefix="lockmq-bench-", dir=args.dir or os.getcwd())
     try:
         info = machine_info(bench_dir)
