@@ -42,6 +42,38 @@ def test_round_trip_across_segment_rolls(data_dir):
     assert check_dir(str(data_dir)).ok
 
 
+def test_rolls_inside_one_batch_record_each_topics_queue_start(data_dir):
+    """Segment rolls in the middle of one group commit, topics interleaved: each new
+    segment's queue-start sidecar holds every topic's queue offset at its first byte
+    (the planner keeps the current topic's counter in a local during the batch)."""
+    from lockmq.store.files import SEGMENT_DIR
+    from lockmq.store.recovery import read_qstart
+
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=1024))
+        await s.append([rec("warmup", "SN0", 0)])
+        recs = [rec(("locks", "alarms", "doors")[i % 3 if i % 7 else 0], f"SN{i % 5}", i)
+                for i in range(300)]
+        res = await s.append(recs)
+        bases = list(s._bases)
+        await s.close()
+        return res, bases
+
+    res, bases = run(main())
+    assert len(bases) > 10
+    seg_dir = os.path.join(str(data_dir), SEGMENT_DIR)
+    for base in bases[1:]:
+        expect: dict[str, int] = {}
+        for a in res:  # queue end of each topic before the segment's first byte
+            if a.offset < base:
+                expect[a.topic] = a.queue_offset + 1
+        got = read_qstart(seg_dir, base)
+        assert got is not None
+        for topic, q in expect.items():
+            assert got[topic] == q, (base, topic)
+    assert check_dir(str(data_dir)).ok
+
+
 def test_concurrent_writers_are_batched_and_all_stored(data_dir):
     async def main():
         s = Store.open(config(data_dir, segment_bytes=64 * 1024))

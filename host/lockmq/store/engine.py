@@ -516,13 +516,13 @@ class Store:
                 seen.add(key)
                 size = len(b)
                 if pos + size > seg_limit and pos > active_base:
-                    c.append(q)  # park the current topic's count for the roll
+                    if c:
+                        c[1] = q  # the new segment records every topic's next offset
                     active_base = pos
                     seg_limit = pos + seg_bytes
                     chunk = self._roll_chunk(pos, counters)
                     plan.chunks.append(chunk)
                     parts = chunk.parts
-                    q = c.pop()
                 if rec.topic is not topic:  # batches are mostly one topic
                     if c:
                         c[1] = q
@@ -554,12 +554,11 @@ class Store:
 
     def _roll_chunk(self, pos: int, counters: dict[str, list]) -> _Chunk:
         """A chunk starting a new segment at ``pos``, with every topic's next queue
-        offset there (counters of this batch: ``[blob, next]``, the current
-        topic's ``next`` parked as a third item)."""
+        offset there (``counters``: this batch's ``[index blob, next]`` per topic)."""
         qs = {}
         for name, t in list(self._topics.items()):
             c = counters.get(name)
-            qs[name] = (c[-1] if c is not None else t.next)
+            qs[name] = c[1] if c is not None else t.next
         return _Chunk(pos, 0, True, qs)
 
     def _write(self, plan: _Plan) -> None:
