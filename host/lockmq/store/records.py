@@ -251,18 +251,44 @@ def scan(buf: bytes | memoryview, pos: int, end: int) -> Iterator[RecordView]:
         pos = nxt
 
 
+# Topic names and SNs repeat from record to record: decode each distinct one once.
+_TEXT_CACHE: dict[bytes, str] = {}
+_TEXT_CACHE_MAX = 65536
+
+
+def _text(raw: bytes, encoding: str) -> str:
+    text = _TEXT_CACHE.get(raw)
+    if text is None:
+        text = raw.decode(encoding, "replace")
+        if len(_TEXT_CACHE) >= _TEXT_CACHE_MAX:
+            _TEXT_CACHE.clear()
+        _TEXT_CACHE[raw] = text
+    return text
+
+
 def decode_record(buf: bytes | memoryview, pos: int = 0, offset: int = -1,
                   queue_offset: int = -1) -> StoredRecord:
-    """Decode the record at ``buf[pos:]`` fully, verifying its checksum."""
-    why = check_record(buf, pos, len(buf))
-    if why is not None:
-        raise CorruptRecord(f"record at offset {offset}: {why}")
-    (length, _crc, _fmt, flags, tlen, slen, _res, hlen, seq, plen, lts,
-     bts) = HEADER.unpack_from(buf, pos)
+    """Decode the record at ``buf[pos:]`` fully, verifying its checksum.
+
+    One header unpack serves the checks and the fields (this is the consumer
+    read path); only a bad record pays for :func:`check_record`'s diagnosis.
+    """
+    end = len(buf)
+    if end - pos >= HEADER_SIZE:
+        (length, crc, fmt, _flags, tlen, slen, _res, hlen, seq, plen, lts,
+         bts) = HEADER.unpack_from(buf, pos)
+        nxt = pos + 4 + length
+        valid = (length >= HEADER_SIZE - 4 and nxt <= end and fmt == FORMAT_VERSION
+                 and HEADER_SIZE + tlen + slen + hlen + plen == 4 + length
+                 and zlib.crc32(buf[pos + 8:nxt]) == crc)
+    else:
+        valid = False
+    if not valid:
+        raise CorruptRecord(f"record at offset {offset}: {check_record(buf, pos, end)}")
     p = pos + HEADER_SIZE
-    topic = bytes(buf[p:p + tlen]).decode("utf-8", "replace")
+    topic = _text(bytes(buf[p:p + tlen]), "utf-8")
     p += tlen
-    sn = bytes(buf[p:p + slen]).decode("ascii", "replace")
+    sn = _text(bytes(buf[p:p + slen]), "ascii")
     p += slen
     headers = None
     if hlen:
