@@ -8,7 +8,6 @@ forged one injected by a man in the middle.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import threading
 from pathlib import Path
@@ -114,9 +113,7 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
     folder = build_folder(root / f"board-{sn}", DeviceConfig(
         sn=doc["sn"], key=doc["key"], brokers=[tuple(b) for b in doc["brokers"]], hw="sim",
         tls=bool(tls.get("enabled")), tls_ca=tls.get("ca", "ca.der"),
-        tls_server_hostname=tls.get("server_hostname", "")))
-    if tls_ca:
-        shutil.copy(tls_ca, folder / tls.get("ca", "ca.der"))
+        tls_server_hostname=tls.get("server_hostname", "")), tls_ca_file=tls_ca)
     return folder
 
 
