@@ -5,7 +5,7 @@ Loaded by ``hil/conftest.py``; other projects can load it with
 
     --target virtual | serial:PORT | qemu
     --qemu-path PATH  --qemu-machine esp32|microbit  --qemu-firmware FILE
-    --heapsize 128K  --baud 115200  --power-cut-cmd CMD  --board-broker-host HOST
+    --heapsize 160K  --baud 115200  --power-cut-cmd CMD  --board-broker-host HOST
 
 Fixtures: ``hil_target`` (the :class:`TargetSpec`), ``board_factory`` (make DUTs
 on the chosen target; they are closed after the test and their output is attached
@@ -43,7 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="QEMU machine: esp32 (Espressif's fork) or microbit (Debian's qemu-system-arm)")
     g.addoption("--qemu-firmware", default=None,
                 help="esp32: MicroPython firmware .bin merged into the flash image; microbit: .hex")
-    g.addoption("--heapsize", default="128K", help="virtual boards: micropython -X heapsize=")
+    g.addoption("--heapsize", default="160K",
+                help="virtual boards: micropython -X heapsize= (the scenarios test behaviour; the app's heap figure is measured by bench/bench_firmware.py)")
     g.addoption("--baud", type=int, default=115200, help="serial target baud rate")
     g.addoption("--power-cut-cmd", default=None,
                 help="serial target: shell command that cuts power and restores it "

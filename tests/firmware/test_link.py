@@ -247,7 +247,7 @@ def test_unknown_opcode_is_skipped_garbage_ends_the_session(flash, broker, lock_
     broker.send_raw(SN, b"\x09garbage-not-a-frame")
     lk.expect(r"^W net down err=protocol2 ")          # unsupported version byte
     lk.expect(r"^I net connected")
-    assert broker.sessions == 2
+    assert broker.wait_for(lambda: broker.sessions == 2, timeout=5)
 
 
 def test_a_silent_broker_times_out_and_the_lock_moves_on(flash, broker, lock_factory):
