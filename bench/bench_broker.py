@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -47,36 +46,13 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from machine import machine_facts  # noqa: E402
 PY = sys.executable
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
 
 
 # -- machine ---------------------------------------------------------------------------
-def machine_info() -> dict[str, Any]:
-    """CPU, cores, memory, kernel, Python, event loop, file system of the data dir."""
-    info: dict[str, Any] = {"python": platform.python_version(), "kernel": platform.release(),
-                            "cores": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-        with open("/proc/meminfo") as fh:
-            info["mem_gb"] = round(int(fh.readline().split()[1]) / 1024 / 1024, 1)
-        with open("/proc/loadavg") as fh:
-            info["loadavg"] = fh.read().split()[:3]
-    except OSError:
-        pass
-    try:
-        import uvloop
-
-        info["uvloop"] = uvloop.__version__
-    except ImportError:
-        info["uvloop"] = None
-    return info
-
-
 def fdatasync_rate(directory: str, seconds: float = 0.5) -> float:
     """fdatasync calls per second on ``directory`` (small appends)."""
     path = os.path.join(directory, "fsync-probe")
@@ -265,7 +241,7 @@ def main() -> int:
         return 2
     base = a.dir or tempfile.mkdtemp(prefix="lockmq-bench-")
     os.makedirs(base, exist_ok=True)
-    info = machine_info()
+    info = machine_facts()
     info["fdatasync_per_s"] = round(fdatasync_rate(base))
     print("lockmq broker benchmark")
     print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()))

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -37,6 +36,9 @@ import time
 
 from lockmq.store import NewRecord, Store, StoreConfig
 from lockmq.store.records import encode_record
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import machine_facts  # noqa: E402
 
 PAYLOAD = bytes(range(24))
 
@@ -53,32 +55,6 @@ def size_arg(text: str) -> int:
 def int_list(text: str) -> list[int]:
     """'1,100,1000' -> [1, 100, 1000]; '' -> [] (skip those cases)."""
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def machine_info(bench_dir: str) -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    fs = "?"
-    try:
-        fs = subprocess.run(["df", "-T", bench_dir], capture_output=True, text=True
-                            ).stdout.splitlines()[1].split()[1]
-    except (OSError, IndexError):
-        pass
-    try:
-        import uvloop
-        uv = uvloop.__version__
-    except ImportError:
-        uv = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0],
-            "implementation": platform.python_implementation(), "os": platform.platform(),
-            "uvloop": uv, "filesystem": fs, "loadavg": os.getloadavg()}
 
 
 def stats3(xs: list[float]) -> str:
@@ -364,7 +340,7 @@ def main() -> int:
         return 0
     bench_dir = tempfile.mkdtemp(prefix="lockmq-bench-", dir=args.dir or os.getcwd())
     try:
-        info = machine_info(bench_dir)
+        info = machine_facts(bench_dir)
         print("machine: " + json.dumps(info))
         result = {"machine": info, "throughput": throughput(args, bench_dir, loop_name)}
         if args.recovery_bytes:

@@ -1,25 +1,51 @@
-"""Shared helpers for the benchmarks: machine description and min/median/max."""
+"""Shared helpers for the benchmarks: what machine this is, and min/median/max."""
 from __future__ import annotations
 
 import os
 import platform
 import statistics
+import subprocess
 import sys
+from typing import Any
 
 
-def machine_info() -> str:
-    """One line naming the machine the figures were measured on."""
-    cpu = platform.processor() or platform.machine()
+def machine_facts(data_dir: str | None = None) -> dict[str, Any]:
+    """CPU, cores, memory, kernel, Python, uvloop, load; the file system of ``data_dir``."""
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(),
+                            "cores": os.cpu_count(), "kernel": platform.release(),
+                            "python": sys.version.split()[0],
+                            "implementation": platform.python_implementation(),
+                            "loadavg": [round(x, 2) for x in os.getloadavg()]}
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                    info["cpu"] = line.split(":", 1)[1].strip()
                     break
+        with open("/proc/meminfo") as fh:
+            info["mem_gb"] = round(int(fh.readline().split()[1]) / 1024 / 1024, 1)
     except OSError:
         pass
-    return (f"machine: {cpu}, {os.cpu_count()} cpus, {platform.system()} {platform.release()}, "
-            f"Python {sys.version.split()[0]} ({platform.python_implementation()})")
+    try:
+        import uvloop
+        info["uvloop"] = uvloop.__version__
+    except ImportError:
+        info["uvloop"] = None
+    if data_dir is not None:
+        try:
+            info["filesystem"] = subprocess.run(["df", "-T", data_dir], capture_output=True,
+                                                text=True).stdout.splitlines()[1].split()[1]
+        except (OSError, IndexError):
+            info["filesystem"] = "?"
+    return info
+
+
+def machine_info() -> str:
+    """One line naming the machine the figures were measured on."""
+    f = machine_facts()
+    return (f"machine: {f['cpu']}, {f['cores']} cpus, {f.get('mem_gb', '?')} GB, Linux "
+            f"{f['kernel']}, Python {f['python']} ({f['implementation']}), "
+            f"load {' '.join(map(str, f['loadavg']))}")
 
 
 def spread(values: list[float]) -> str:
