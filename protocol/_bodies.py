@@ -5,7 +5,7 @@ import json
 import struct
 
 from ._constants import Op, VERSION, NONCE_SIZE, NO_SEQ
-from ._codec import Reader, pack8, pack16, pack32, check_range
+from ._codec import Reader, pack8, pack16, check_range
 from ._errors import BadBody, LocalProtocolError
 
 __all__ = []

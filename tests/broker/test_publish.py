@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 from lockmq.protocol import Flag, Op, Publish, PublishAck, decode_body
 

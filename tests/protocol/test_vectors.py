@@ -12,7 +12,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 
 from lockmq import protocol as p
 from lockmq.protocol._crc import crc16_crcmod, crc16_table
