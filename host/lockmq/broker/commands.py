@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Flag, Op
 
+from .periodic import start_periodic, stop_task
+
 if TYPE_CHECKING:
     from .connection import Connection
     from .server import Broker
@@ -58,17 +60,11 @@ class Commands:
 
     def start(self) -> None:
         """Start the expiry sweep."""
-        self._task = asyncio.get_running_loop().create_task(self._sweep_loop(),
-                                                            name="lockmq-commands")
+        self._task = start_periodic("lockmq-commands", 1.0, self.sweep)
 
     async def stop(self) -> None:
         """Stop the sweep."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
 
     def submit(self, sender: "Connection", opaque: int, cmd: Command) -> None:
         """A service's COMMAND: check, queue, forward if the lock is online."""
@@ -186,11 +182,6 @@ class Commands:
         now_online = self.broker.devices.online_by_sn.get(sn)
         if now_online is not None and now_online is not conn and now_online.state == "open":
             self._forward_all(now_online)
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            self.sweep()
 
     def sweep(self) -> None:
         """Answer commands whose expiry or result timeout passed."""

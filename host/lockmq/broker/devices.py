@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from lockmq.protocol import Disconnect, Op
 
+from .periodic import start_periodic, stop_task
+
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -45,17 +47,12 @@ class Devices:
 
     def start(self) -> None:
         """Start the silence sweep."""
-        self._task = asyncio.get_running_loop().create_task(self._sweep_loop(),
-                                                            name="lockmq-devices")
+        self._task = start_periodic("lockmq-devices", self.broker.config.devices.sweep_interval_s,
+                                    self.evict_silent)
 
     async def stop(self) -> None:
         """Stop the sweep."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
 
     def _event(self, sn: str, event: str, peer: str, reason: str = "") -> None:
         b = self.broker
@@ -110,17 +107,15 @@ class Devices:
             reason = reason or "disconnected"
         self._event(sn, event, conn.peer, reason)
 
-    async def _sweep_loop(self) -> None:
+    def evict_silent(self) -> None:
+        """Close every connection silent for longer than ``evict_after_s``."""
         cfg = self.broker.config.devices
-        while True:
-            await asyncio.sleep(cfg.sweep_interval_s)
-            limit = time.monotonic() - cfg.evict_after_s
-            for conn in list(self.broker.conns.values()):
-                if conn.last_seen < limit and conn.state == "open":
-                    conn.send_frame(Op.DISCONNECT, Disconnect(
-                        0, "no heartbeat for "
-                        f"{cfg.evict_after_s:g} s").encode())
-                    conn.close("evicted")
+        limit = time.monotonic() - cfg.evict_after_s
+        for conn in list(self.broker.conns.values()):
+            if conn.last_seen < limit and conn.state == "open":
+                conn.send_frame(Op.DISCONNECT, Disconnect(
+                    0, f"no heartbeat for {cfg.evict_after_s:g} s").encode())
+                conn.close("evicted")
 
     def heartbeat(self, conn: "Connection", hb: Any) -> None:
         """A lock's HEARTBEAT: publish it to the heartbeats topic (if set)."""
