@@ -18,6 +18,8 @@ from ._bodies import (Connect, Challenge, Auth, ConnectAck, Heartbeat, Disconnec
                       decode_body, BODY_TYPES)
 from ._event import LockEvent
 from ._auth import auth_proof, command_mac, verify_auth_proof, verify_command
+from ._session import (ClientSession, SessionError, BROKER_PUSHES, CONNECTING, CHALLENGED,
+                       ESTABLISHED, CLOSING)
 
 import sys
 if sys.implementation.name != "micropython":
@@ -25,6 +27,9 @@ if sys.implementation.name != "micropython":
     # lockmq.protocol._consume explicitly to have them there).
     from ._consume import (Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Message,
                            Messages, Ack, Nack)
+    # Likewise the broker's side of the session and the identity rules.
+    from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
+    from ._identity import check_identity, identity_problem, identity_key, IDENTITY_RULE
 
 __all__ = [
     "VERSION", "MIN_FRAME", "MAX_SN", "DEFAULT_MAX_FRAME", "HARD_MAX_FRAME", "NONCE_SIZE",
@@ -39,4 +44,7 @@ __all__ = [
     "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
     "decode_json", "decode_body", "BODY_TYPES", "LockEvent",
     "auth_proof", "command_mac", "verify_auth_proof", "verify_command",
+    "ServerSession", "ClientSession", "SessionError", "check_identity", "identity_problem",
+    "identity_key", "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",
+    "CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING",
 ]

@@ -4,7 +4,8 @@
 # "W net down err=...", closes the socket, waits (exponential backoff, full jitter,
 # at least the broker's retry-after) and tries the next broker address.
 #
-# Session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK, then PUBLISH the offline
+# Session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK, driven by the protocol's
+# ClientSession (the same rules the broker and every client use), then PUBLISH the offline
 # queue in order (up to `window` unacked), HEARTBEAT every interval, answer COMMANDs.
 # Every socket operation has a timeout; EAGAIN (unix port) and ETIMEDOUT (ESP32)
 # count as timeouts.
@@ -14,9 +15,8 @@ import errno
 import struct
 import asyncio
 from lockmq.protocol import (Op, Flag, Role, AuthMethod, ErrorCode, NO_SEQ,
-                             FrameDecoder, encode_frame, Connect, Challenge, Auth,
-                             ConnectAck, Heartbeat, ErrorReply, Publish, PublishAck,
-                             CommandResult, auth_proof, ProtocolError)
+                             FrameDecoder, encode_frame, ErrorReply, Publish, PublishAck,
+                             CommandResult, ProtocolError, ClientSession, SessionError)
 from lockapp import log, VERSION
 from lockapp.backoff import Backoff
 
@@ -117,15 +117,17 @@ class Link:
         self._w = w
         self._r = r
         self._dec = FrameDecoder(MAX_FRAME)
-        sn = app.sn
-        await self._send(Op.CONNECT, Connect(Role.LOCK, cfg["heartbeat_s"], "lockapp/" + VERSION).encode(), 1)
-        f = await self._expect(Op.CHALLENGE, tmo)
-        ch = Challenge.decode(f.body)
-        cnonce = os.urandom(16)
-        proof = auth_proof(app.key, ch.nonce, cnonce, sn)
-        await self._send(Op.AUTH, Auth(AuthMethod.DEVICE_HMAC, cnonce, proof).encode(), 2)
-        f = await self._expect(Op.CONNECT_ACK, tmo)
-        ack = ConnectAck.decode(f.body)
+        s = ClientSession(Role.LOCK, app.sn, AuthMethod.DEVICE_HMAC, app.key,
+                          "lockapp/" + VERSION, cfg["heartbeat_s"])
+        self._sess = s
+        try:
+            await self._write(s.connect_frame(1))
+            await self._write(s.receive(await self._read_frame(tmo), os.urandom(16)))
+            s.receive(await self._read_frame(tmo))
+        except SessionError as e:
+            raise LinkError("auth" if e.code == ErrorCode.AUTH_FAILED else "error%d" % e.code,
+                            e.retry_after_ms)
+        ack = s.ack
         app.clock.sync(ack.server_time_ms)
         if not app.seq.ok:
             app.confirm_seq(ack.last_seq)
@@ -153,7 +155,10 @@ class Link:
                                              server_hostname=tls.get("server_hostname") or host)
 
     async def _send(self, opcode, body, opaque, flags=0):
-        self._w.write(encode_frame(opcode, self.app.sn, body, opaque, flags))
+        await self._write(encode_frame(opcode, self.app.sn, body, opaque, flags))
+
+    async def _write(self, data):
+        self._w.write(data)
         await asyncio.wait_for_ms(self._w.drain(), self.app.cfg["io_timeout_ms"])
 
     async def _read_frame(self, timeout_ms):
@@ -166,17 +171,6 @@ class Link:
             if not data:
                 raise LinkError("closed")
             self._dec.feed(data)
-
-    async def _expect(self, opcode, timeout_ms):
-        f = await self._read_frame(timeout_ms)
-        if f.opcode == opcode:
-            return f
-        if f.opcode == Op.ERROR:
-            e = ErrorReply.decode(f.body)
-            if e.code == ErrorCode.AUTH_FAILED:
-                raise LinkError("auth", e.retry_after_ms)
-            raise LinkError("error%d" % e.code, e.retry_after_ms)
-        raise LinkError("unexpected_op%d" % f.opcode)
 
     # -- the session's steady state ------------------------------------------------------
     async def _pump_loop(self, hb_ms, tmo):
@@ -282,6 +276,11 @@ class Link:
         # Handle one frame from the broker; returns a pause in ms (BUSY) or 0.
         app = self.app
         op = f.opcode
+        try:
+            self._sess.receive(f)       # a frame the broker may not send unasked: ignored
+        except SessionError as e:
+            log.warn("net ignored op=%d code=%d" % (op, e.code))
+            return 0
         if op == Op.PUBLISH_ACK:
             v = inflight.pop(f.opaque, None)
             if v is not None:

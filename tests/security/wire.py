@@ -1,7 +1,10 @@
 """A small blocking lockmq client for the security tests: locks and services.
 
 Independent of ``lockmq.client`` on purpose: the tests speak the protocol itself
-(and can send what a well-behaved client never would).
+(and can send what a well-behaved client never would). A well-behaved handshake
+(:meth:`Wire.auth_lock`, :meth:`Wire.auth_token`) is driven by the protocol's
+``ClientSession``, as every real client's is; :meth:`Wire.hello` and :meth:`Wire.send`
+let a test break the rules on purpose.
 """
 
 from __future__ import annotations
@@ -12,9 +15,8 @@ import ssl
 import time
 from typing import Any
 
-from lockmq.protocol import (Auth, AuthMethod, Challenge, Connect, ErrorReply, Flag,
-                             FrameDecoder, Op, Publish, Role, auth_proof, decode_body,
-                             encode_frame)
+from lockmq.protocol import (AuthMethod, Challenge, ClientSession, Connect, ErrorReply, Flag,
+                             FrameDecoder, Op, Publish, Role, decode_body, encode_frame)
 
 TIMEOUT = 15.0
 
@@ -68,8 +70,8 @@ class Wire:
                 return None
             self.dec.feed(data)
 
-    def answer(self, opaque: int) -> Any:
-        """The decoded answer to ``opaque``; :class:`Refused` on ERROR or close."""
+    def answer_frame(self, opaque: int) -> Any:
+        """The frame answering ``opaque``; :class:`Refused` on ERROR or close."""
         while True:
             f = self.read()
             if f is None:
@@ -77,8 +79,13 @@ class Wire:
             if f.opcode == Op.ERROR and (f.opaque in (opaque, 0)):
                 raise Refused(decode_body(f.opcode, f.body))
             if f.flags & Flag.RESPONSE and f.opaque == opaque:
-                return decode_body(f.opcode, f.body)
+                return f
             self.pending.append(f)
+
+    def answer(self, opaque: int) -> Any:
+        """The decoded answer to ``opaque``; :class:`Refused` on ERROR or close."""
+        f = self.answer_frame(opaque)
+        return decode_body(f.opcode, f.body)
 
     def request(self, opcode: int, body: bytes, sn: str | None = None) -> Any:
         return self.answer(self.send(opcode, body, sn=sn))
@@ -87,17 +94,28 @@ class Wire:
         self.challenge = self.request(Op.CONNECT, Connect(role, 30, "sectest").encode())
         return self.challenge
 
+    def _handshake(self, role: int, method: int, secret: bytes) -> Any:
+        """CONNECT, CHALLENGE, AUTH, CONNECT_ACK through the protocol's ClientSession."""
+        session = ClientSession(role, self.sn, method, secret, "sectest")
+        self.opaque += 1
+        self.sock.sendall(session.connect_frame(self.opaque))
+        challenge = self.answer_frame(self.opaque)
+        self.challenge = decode_body(challenge.opcode, challenge.body)
+        self.opaque += 1
+        auth = session.receive(challenge, os.urandom(16), self.opaque)
+        dec = FrameDecoder()
+        dec.feed(auth)
+        self.sent_auth = dec.next_frame().body   # kept for the replay tests
+        self.sock.sendall(auth)
+        ack = self.answer_frame(self.opaque)
+        session.receive(ack)
+        return session.ack
+
     def auth_lock(self, key: bytes, role: int = Role.LOCK) -> Any:
-        ch = self.hello(role)
-        cnonce = os.urandom(16)
-        self.sent_auth = Auth(AuthMethod.DEVICE_HMAC, cnonce,
-                              auth_proof(key, ch.nonce, cnonce, self.sn)).encode()
-        return self.request(Op.AUTH, self.sent_auth)
+        return self._handshake(role, AuthMethod.DEVICE_HMAC, key)
 
     def auth_token(self, token: str) -> Any:
-        self.hello(Role.SERVICE)
-        return self.request(Op.AUTH, Auth(AuthMethod.TOKEN, os.urandom(16),
-                                          token.encode()).encode())
+        return self._handshake(Role.SERVICE, AuthMethod.TOKEN, token.encode())
 
     def publish(self, topic: str, seq: int, payload: bytes = b"p" * 24,
                 sn: str | None = None) -> Any:

@@ -8,9 +8,11 @@ is closed; other connections are not affected. Memory per connection is bounded 
 ``max_frame`` (decoder) and ``max_conn_buffer_bytes`` (unsent answers and publishes
 waiting for the store: above it the broker stops reading from this peer).
 
-Session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK; afterwards every frame is
-bound to the authenticated principal (a lock's frame with another SN is refused
-with SN_MISMATCH and the connection closed).
+Session: the rules of the handshake and of which frames each role may send when
+live in ``lockmq.protocol.ServerSession``; this class feeds it every frame and acts
+on its answers (the guard decides who a peer is, the session what it may send).
+Before authentication every violation is fatal and the socket is aborted rather
+than drained, so an unauthenticated peer can make the broker hold almost nothing.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.protocol import (NO_SEQ, Auth, Challenge, CommandResult, Command,
-                             Connect, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
+from lockmq.protocol import (NO_SEQ, CommandResult, Command,
+                             ESTABLISHED, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
                              Notify, Op, ProtocolError, Publish,
-                             Pull, Role, Subscribe, SubscribeAck, UnknownOpcode,
-                             Unsubscribe, decode_json, encode_frame, encode_json, op_name)
+                             Pull, Role, ServerSession, SessionError, Subscribe, SubscribeAck,
+                             UnknownOpcode, Unsubscribe, decode_json, encode_frame, encode_json,
+                             op_name)
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
 from .clusters import Cluster, ClusterError, Lease, Member
@@ -34,6 +37,10 @@ if TYPE_CHECKING:
 
 _RESP = Flag.RESPONSE
 _conn_ids = iter(range(1, 1 << 62))
+_ROLE_OF_KIND = {"lock": Role.LOCK, "service": Role.SERVICE, "admin": Role.ADMIN}
+#: Seconds a closing connection may take to drain its last answers before it is
+#: aborted (a peer that never reads must not pin its buffers).
+CLOSE_LINGER_S = 2.0
 
 
 def _code(name: str) -> int:
@@ -49,7 +56,8 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.peer_ip = ""
-        self.state = "new"           # new -> challenged -> open -> closed
+        self.state = "new"           # new -> challenged -> open -> closed (I/O view)
+        self.session = ServerSession()   # the protocol's rules for this connection
         self.claimed_sn = ""
         self.role = 0
         self.nonce = b""
@@ -181,7 +189,11 @@ class Connection(asyncio.Protocol):
             try:
                 frame = dec.next_frame()
             except UnknownOpcode as exc:
-                self.send_error(exc.code, exc.message, 0)
+                err = self.session.unknown_opcode(exc)
+                if err.fatal:
+                    self._bad_input(err)
+                    break
+                self.send_error(err.code, err.message, 0)
                 continue
             except ProtocolError as exc:
                 self._bad_input(exc)
@@ -191,6 +203,11 @@ class Connection(asyncio.Protocol):
             n += 1
             try:
                 self._handle(frame)
+            except SessionError as exc:
+                if exc.fatal:
+                    self._session_violation(exc, frame)
+                    break
+                self.send_error(exc.code, exc.message, frame.opaque)
             except ProtocolError as exc:
                 self._bad_input(exc)
                 break
@@ -250,12 +267,17 @@ class Connection(asyncio.Protocol):
         self.close(message)
 
     def close(self, reason: str) -> None:
-        """Flush what is queued and close."""
+        """Flush what is queued and close; abort if the peer does not take it in time."""
         if not self.close_reason:
             self.close_reason = reason
         self.flush()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        self.session.close()
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.close()
+            if t.get_write_buffer_size():
+                linger = CLOSE_LINGER_S if self.principal is not None else 0.2
+                asyncio.get_running_loop().call_later(linger, t.abort)
         self.state = "closed"
 
     def refused(self, exc: Exception, opaque: int) -> None:
@@ -279,43 +301,53 @@ class Connection(asyncio.Protocol):
         self.fatal(exc.code, exc.message)
 
     def _handshake_timeout(self) -> None:
+        """Not authenticated in time: answer once and drop the socket at once, whatever
+        it still has unread (an unauthenticated peer gets no linger)."""
         if self.state in ("new", "challenged"):
             self.broker.stats.inc("handshakes_failed")
             err = self.broker.guard.auth_timed_out(self.peer_ip, self.nonce or None)
             self.fatal(int(getattr(err, "code", _code("AUTH_TIMEOUT"))),
                        str(getattr(err, "public_message", "") or err))
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _session_violation(self, exc: SessionError, frame: Any) -> None:
+        """A fatal break of the session's rules: log, count, answer once, close."""
+        b = self.broker
+        if exc.code == ErrorCode.SN_MISMATCH:
+            b.log("sn_mismatch", conn=self.id, peer=self.peer,
+                  principal=self.principal.name if self.principal else "",
+                  frame_sn=frame.sn, level="warning")
+            try:   # the guard counts identity violations in its audit metrics
+                b.guard.check_frame_sn(self.principal, frame.sn)
+            except Exception:  # noqa: BLE001 -- it raises: that is the point
+                pass
+        else:
+            b.stats.inc("session_violations")
+            try:
+                b.guard.record_protocol_error(self.peer_ip, "session")
+            except Exception:  # noqa: BLE001
+                pass
+            b.log("session_violation", conn=self.id, peer=self.peer, sn=self.claimed_sn,
+                  state=self.session.state_name(), op=op_name(frame.opcode), code=exc.code,
+                  error=exc.message, level="warning")
+        self.fatal(exc.code, exc.message, opaque=frame.opaque)
 
     # -- dispatch ---------------------------------------------------------------------
 
     def _handle(self, frame: Any) -> None:
+        """Let the session check ``frame`` (it raises SessionError), then act on it."""
+        session = self.session
+        was = session.state
+        session.receive(frame)
         op = frame.opcode
-        if self.state == "open":
-            if frame.sn and op != Op.PUBLISH:   # publishes: guard.check_publish
-                try:
-                    self.broker.guard.check_frame_sn(self.principal, frame.sn)
-                except Exception as exc:  # noqa: BLE001 -- IdentityMismatch
-                    self._sn_mismatch(exc, frame)
-                    return
-            handler = _HANDLERS.get(op)
-            if handler is None:
-                self.send_error(_code("UNEXPECTED_FRAME"),
-                                f"{op_name(op)} is not a request a client may send",
-                                frame.opaque)
-                return
-            handler(self, frame)
+        if was == ESTABLISHED:
+            _HANDLERS[op](self, frame)
         elif op == Op.DISCONNECT:
             self.close("client disconnect")
-        elif self.state == "new":
-            if op != Op.CONNECT:
-                self.fatal(_code("NOT_AUTHENTICATED"),
-                           f"expected CONNECT, got {op_name(op)}", opaque=frame.opaque)
-                return
+        elif op == Op.CONNECT:
             self._on_connect(frame)
-        elif self.state == "challenged":
-            if op != Op.AUTH:
-                self.fatal(_code("NOT_AUTHENTICATED"), f"expected AUTH, got {op_name(op)}",
-                           opaque=frame.opaque)
-                return
+        else:
             self._on_auth(frame)
 
     def _sn_mismatch(self, exc: Exception, frame: Any) -> None:
@@ -327,17 +359,16 @@ class Connection(asyncio.Protocol):
     # -- handshake --------------------------------------------------------------------
 
     def _on_connect(self, frame: Any) -> None:
-        c = Connect.decode(frame.body)
         self.claimed_sn = frame.sn
-        self.role = c.role
+        self.role = self.session.role
         self.nonce = self.broker.guard.challenge()
         self.state = "challenged"
-        self.send_frame(Op.CHALLENGE, Challenge(self.nonce, int(time.time() * 1000)).encode(),
-                        frame.opaque, _RESP)
+        self.broker.stats.c["frames_out"] += 1
+        self.send(self.session.challenge(self.nonce, int(time.time() * 1000), frame.opaque))
 
     def _on_auth(self, frame: Any) -> None:
         b = self.broker
-        auth = Auth.decode(frame.body)
+        auth = self.session.auth
         try:
             principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip,
                                              tls=self.tls)
@@ -346,6 +377,7 @@ class Connection(asyncio.Protocol):
             b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,
                   reason=getattr(exc, "reason", repr(exc)), level="warning")
             code = getattr(exc, "code", _code("AUTH_FAILED"))
+            self.session.close()
             self.fatal(int(code), getattr(exc, "public_message", "authentication failed"),
                        retry_after_ms=getattr(exc, "retry_after_ms", 0), opaque=frame.opaque)
             return
@@ -362,9 +394,11 @@ class Connection(asyncio.Protocol):
             s = b.core.store.last_seq(principal.name) if b.core.store else None
             last_seq = NO_SEQ if s is None else s
         cfg = b.config
-        self.send_frame(Op.CONNECT_ACK, ConnectAck(
-            int(cfg.devices.heartbeat_s), cfg.broker.max_frame, int(time.time() * 1000),
-            last_seq, self.id & 0xFFFFFFFF).encode(), frame.opaque, _RESP)
+        ack = ConnectAck(int(cfg.devices.heartbeat_s), cfg.broker.max_frame,
+                         int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
+        b.stats.c["frames_out"] += 1
+        self.send(self.session.accept(_ROLE_OF_KIND.get(getattr(principal, "kind", ""), Role.SERVICE),
+                                      principal.name, ack, frame.opaque))
         b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
               kind=principal.kind, level="debug")
         if is_lock:

@@ -151,6 +151,15 @@ class FrameConnection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def send_bytes(self, data: bytes) -> None:
+        """Queue bytes already encoded as frames (the session's handshake frames)."""
+        if self.transport is None:
+            raise ConnectionLost("not connected")
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []

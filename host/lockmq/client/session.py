@@ -1,6 +1,8 @@
 """Opening an authenticated session: CONNECT -> CHALLENGE -> AUTH -> CONNECT_ACK.
 
-Used by the producer, the consumer, the admin client and the lock simulator alike.
+The rules are the protocol's :class:`~lockmq.protocol.ClientSession` (the same object
+the lock firmware drives); this module adds the asyncio I/O around it. Used by the
+producer, the consumer, the admin client and the lock simulator alike.
 Two ways to prove who we are:
 
 * a **token** (services, operators): ``Credentials.token("id.secret")``;
@@ -14,28 +16,26 @@ which a broker running ``auth = "off"`` accepts.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import os
 import ssl as _ssl
 from dataclasses import dataclass
 from typing import Callable
 
 from lockmq.protocol import (
-    Auth,
     AuthMethod,
-    Challenge,
-    Connect,
+    ESTABLISHED,
+    ClientSession,
     ConnectAck,
     ErrorCode,
     ErrorReply,
-    Op,
+    Role,
+    SessionError,
+    check_identity,
 )
 
 from ._conn import FrameConnection
 from .errors import AuthError, BrokerError, BusyError, ConnectionLost, ForbiddenError
 
-AUTH_LABEL = b"lockmq-auth-v1"
 CLIENT_NAME = "lockmq-py/0.1"
 DEFAULT_PORT = 6800
 DEFAULT_MAX_FRAME = 1024 * 1024
@@ -50,20 +50,18 @@ _CODE_NAMES = {v: k for k, v in vars(ErrorCode).items() if not k.startswith("_")
 def error_from_body(body: bytes) -> BrokerError:
     """Turn an ERROR frame's body into the matching :class:`BrokerError` subclass."""
     err = ErrorReply.decode(body)
-    name = _CODE_NAMES.get(err.code, "")
+    return _broker_error(err.code, err.retry_after_ms, err.message)
+
+
+def _broker_error(code: int, retry_after_ms: int, message: str) -> BrokerError:
     cls: type[BrokerError] = BrokerError
-    if err.code in _BUSY:
+    if code in _BUSY:
         cls = BusyError
-    elif err.code in _AUTH:
+    elif code in _AUTH:
         cls = AuthError
-    elif err.code == ErrorCode.FORBIDDEN:
+    elif code == ErrorCode.FORBIDDEN:
         cls = ForbiddenError
-    return cls(err.code, err.retry_after_ms, err.message, name)
-
-
-def device_proof(key: bytes, nonce: bytes, cnonce: bytes, sn: str) -> bytes:
-    """The lock's answer to a challenge."""
-    return hmac.new(key, AUTH_LABEL + nonce + cnonce + sn.encode(), hashlib.sha256).digest()
+    return cls(code, retry_after_ms, message, _CODE_NAMES.get(code, ""))
 
 
 @dataclass(frozen=True)
@@ -82,15 +80,6 @@ class Credentials:
     def device(key: bytes) -> "Credentials":
         """A lock's per-device key."""
         return Credentials(AuthMethod.DEVICE_HMAC, bytes(key))
-
-    def answer(self, challenge: Challenge, sn: str) -> Auth:
-        """The AUTH body answering ``challenge`` for identity ``sn``."""
-        cnonce = os.urandom(16)
-        if self.method == AuthMethod.DEVICE_HMAC:
-            proof = device_proof(self.secret, challenge.nonce, cnonce, sn)
-        else:
-            proof = self.secret
-        return Auth(self.method, cnonce, proof)
 
 
 @dataclass
@@ -140,6 +129,11 @@ async def open_session(
         return FrameConnection(sn, endpoint.max_frame, on_frame=inbox.put_nowait,
                                on_lost=lambda exc: inbox.put_nowait(None))
 
+    if sn or role == Role.LOCK:
+        check_identity(sn, "lock SN" if role == Role.LOCK else "client id")
+    session = ClientSession(role, sn, credentials.method, credentials.secret, CLIENT_NAME,
+                            keepalive_s)
+
     async def handshake() -> tuple[FrameConnection, ConnectAck]:
         try:
             _, conn = await loop.create_connection(
@@ -148,20 +142,18 @@ async def open_session(
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}") from exc
         try:
-            conn.send(Op.CONNECT, Connect(role, keepalive_s, CLIENT_NAME).encode(), conn.new_opaque())
-            while True:
+            conn.send_bytes(session.connect_frame(conn.new_opaque()))
+            while session.state != ESTABLISHED:
                 frame = await inbox.get()
                 if frame is None:
                     raise ConnectionLost("broker closed the connection during the handshake")
-                if frame.opcode == Op.CHALLENGE:
-                    challenge = Challenge.decode(frame.body)
-                    conn.send(Op.AUTH, credentials.answer(challenge, sn).encode(), conn.new_opaque())
-                elif frame.opcode == Op.CONNECT_ACK:
-                    ack = ConnectAck.decode(frame.body)
-                    break
-                elif frame.opcode == Op.ERROR:
-                    raise error_from_body(frame.body)
-                # Anything else before the ack is ignored.
+                try:
+                    out = session.receive(frame, os.urandom(16), conn.new_opaque())
+                except SessionError as exc:
+                    raise _broker_error(exc.code, exc.retry_after_ms, exc.message) from None
+                if out:
+                    conn.send_bytes(out)
+            ack = session.ack
         except BaseException:
             conn.close()
             raise

@@ -1,0 +1,145 @@
+# The broker's side of the session (see _session.py for the rules and the tables).
+# Kept apart so that a lock, which only ever is a client, does not load it.
+from ._constants import Op, Flag, Role, ErrorCode, op_name
+from ._errors import ProtocolError
+from ._frame import encode_frame
+from ._bodies import Connect, Auth, Challenge, ErrorReply
+from ._session import (_Session, SessionError, CONNECTING, CHALLENGED, ESTABLISHED, CLOSING,
+                       fatal_error)
+from ._identity import check_identity
+
+# What a client may send before it is authenticated, by state (anything else is
+# fatal: an unauthenticated peer gets one answer and the connection closes).
+CLIENT_HANDSHAKE = {
+    CONNECTING: (Op.CONNECT, Op.DISCONNECT),
+    CHALLENGED: (Op.AUTH, Op.DISCONNECT),
+}
+
+# What an authenticated client may send, by its role (decided by the broker from
+# the credentials, not by what the client claimed).
+_COMMON = (Op.HEARTBEAT, Op.DISCONNECT, Op.PUBLISH)
+_SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op.COMMAND)
+CLIENT_REQUESTS = {
+    Role.LOCK: _COMMON + (Op.COMMAND_RESULT,),
+    Role.SERVICE: _SERVICE,
+    Role.ADMIN: _SERVICE + (Op.ADMIN_REQUEST,),
+}
+
+STATE_NAMES = ("CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING")
+ROLE_NAMES = {Role.LOCK: "lock", Role.SERVICE: "service", Role.ADMIN: "admin"}
+
+
+class ServerSession(_Session):
+    """The broker's side of one connection.
+
+    Feed every decoded frame to :meth:`receive`; it returns the frame when the rules
+    allow it (a CONNECT or AUTH decoded into :attr:`connect` / :attr:`auth`) and raises
+    :class:`SessionError` otherwise. Answer the handshake with :meth:`challenge`,
+    then :meth:`accept` or :meth:`refuse`; each returns the bytes to send.
+    """
+
+    def __init__(self):
+        _Session.__init__(self)
+        self.connect = None    # the decoded CONNECT body
+        self.auth = None       # the decoded AUTH body, until accepted or refused
+
+    def state_name(self):
+        """The state's name, for logs."""
+        return STATE_NAMES[self.state]
+
+    def unknown_opcode(self, exc):
+        """The decoder skipped a frame with an unknown opcode (``exc``): the error to
+        answer. Fatal before the handshake is done (an unauthenticated peer gets one
+        answer, never a stream of them); after it, the frame is just refused."""
+        if self.state != ESTABLISHED:
+            self.state = CLOSING
+            return fatal_error("%s before authentication" % exc.message, ErrorCode.NOT_AUTHENTICATED)
+        return SessionError(exc.message, exc.code, False)
+
+    def receive(self, frame):
+        op = frame.opcode
+        state = self.state
+        if state == ESTABLISHED:
+            if op not in CLIENT_REQUESTS[self.role]:
+                # another role's request is a matter of rights; anything else is no
+                # request at all
+                raise SessionError("%s is not a request a %s may send" % (
+                    op_name(op), ROLE_NAMES.get(self.role, "client")),
+                    ErrorCode.FORBIDDEN if op in CLIENT_REQUESTS[Role.ADMIN]
+                    else ErrorCode.UNEXPECTED_FRAME, False)
+            sn = frame.sn
+            if sn and sn != self.name and not (op == Op.PUBLISH and self.role == Role.ADMIN):
+                self.state = CLOSING
+                raise fatal_error("%s %s sent a frame claiming %r" % (
+                    ROLE_NAMES.get(self.role, "client"), self.name, sn), ErrorCode.SN_MISMATCH)
+            if sn and op == Op.PUBLISH and sn != self.name:
+                check_identity(sn, "producer id")   # an admin's producer id: still an id
+            if op == Op.DISCONNECT:
+                self.state = CLOSING
+            return frame
+        if state == CLOSING:
+            raise fatal_error("the session is closing", ErrorCode.UNEXPECTED_FRAME)
+        if op not in CLIENT_HANDSHAKE[state]:
+            self.state = CLOSING
+            raise fatal_error("expected %s, got %s" % (
+                "CONNECT" if state == CONNECTING else "AUTH", op_name(op)), ErrorCode.NOT_AUTHENTICATED)
+        if op == Op.DISCONNECT:
+            self.state = CLOSING
+            return frame
+        if op == Op.CONNECT:
+            try:
+                c = Connect.decode(frame.body)
+            except ProtocolError:
+                self.state = CLOSING
+                raise
+            if c.role not in CLIENT_REQUESTS:
+                self.state = CLOSING
+                raise fatal_error("unknown role %d" % c.role, ErrorCode.INVALID_ARGUMENT)
+            sn = frame.sn
+            if sn or c.role == Role.LOCK:
+                try:
+                    check_identity(sn, "lock SN" if c.role == Role.LOCK else "client id")
+                except SessionError:
+                    self.state = CLOSING
+                    raise
+            self.connect = c
+            self.role = c.role
+            self.name = sn
+            self.state = CHALLENGED
+            return frame
+        if self.auth is not None or not self.nonce:
+            self.state = CLOSING
+            raise fatal_error("AUTH before CHALLENGE or twice", ErrorCode.UNEXPECTED_FRAME)
+        try:
+            self.auth = Auth.decode(frame.body)
+        except ProtocolError:
+            self.state = CLOSING
+            raise
+        self.cnonce = self.auth.cnonce
+        return frame
+
+    def challenge(self, nonce, server_time_ms, opaque, methods=3):
+        """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random)."""
+        self.nonce = bytes(nonce)
+        return encode_frame(Op.CHALLENGE, "", Challenge(nonce, server_time_ms, methods).encode(),
+                            opaque, Flag.RESPONSE)
+
+    def accept(self, role, name, ack, opaque):
+        """Authentication succeeded as ``role`` / ``name`` (the broker's decision, which
+        may differ from the claim): return the CONNECT_ACK ``ack`` to send."""
+        self.role = role
+        self.name = name
+        self.auth = None
+        self.state = ESTABLISHED
+        return encode_frame(Op.CONNECT_ACK, "", ack.encode(), opaque, Flag.RESPONSE)
+
+    def refuse(self, code, message, opaque, retry_after_ms=0):
+        """Authentication failed: the ERROR to send before closing."""
+        self.state = CLOSING
+        return error_frame(code, message, opaque, retry_after_ms)
+
+
+def error_frame(code, message, opaque=0, retry_after_ms=0):
+    """An ERROR frame (answering ``opaque`` when it is not 0)."""
+    return encode_frame(Op.ERROR, "", ErrorReply(code, message[:1000], retry_after_ms).encode(),
+                        opaque, Flag.RESPONSE if opaque else 0)

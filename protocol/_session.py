@@ -1,0 +1,129 @@
+# The session: every rule of a connection's life in one place, as tables.
+#
+# A connection goes CONNECTING -> CHALLENGED -> ESTABLISHED -> CLOSING. Which frames
+# each party may send in each state, which identities nobody may claim, and what a
+# violation answers (an ErrorCode, and whether the connection closes) are written
+# here once. The broker, the client library, the lock firmware, the simulator and
+# the test peer all feed frames to a Session and act on what it says; none of them
+# re-implements these rules. Sans-IO: no sockets, clocks or randomness -- the
+# caller passes nonces in. Runs unchanged under MicroPython (small tables, no re).
+from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
+from ._errors import ProtocolError
+from ._frame import encode_frame
+from ._bodies import Connect, Challenge, Auth, ConnectAck, ErrorReply
+from ._auth import auth_proof
+
+CONNECTING = 0    # before CONNECT (broker) / CONNECT sent (client)
+CHALLENGED = 1    # CHALLENGE sent, waiting for AUTH / AUTH sent, waiting for CONNECT_ACK
+ESTABLISHED = 2   # authenticated: requests and answers
+CLOSING = 3       # an error or DISCONNECT ended it: nothing more is accepted
+
+# What the broker may send without being asked (frames without the RESPONSE flag),
+# by the client's role; every other broker frame must answer a request.
+BROKER_PUSHES = {
+    Role.LOCK: (Op.COMMAND, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
+    Role.SERVICE: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
+    Role.ADMIN: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
+}
+
+
+class SessionError(ProtocolError):
+    """A frame the session's rules do not allow now.
+
+    ``code`` is the ErrorCode to answer with; ``fatal`` says whether the connection
+    must close after that answer.
+    """
+
+    def __init__(self, message, code, fatal=True, retry_after_ms=0):
+        ProtocolError.__init__(self, message, code)
+        self.fatal = fatal
+        self.retry_after_ms = retry_after_ms
+
+
+def fatal_error(message, code):
+    """A SessionError that closes the connection."""
+    return SessionError(message, code, True)
+
+
+class _Session:
+    def __init__(self):
+        self.state = CONNECTING
+        self.role = 0          # the role in effect (claimed, then granted by the broker)
+        self.name = ""         # the identity in effect (lock SN or client id)
+        self.nonce = b""       # the broker's challenge nonce
+        self.cnonce = b""      # the client's nonce
+
+    def close(self):
+        """The connection is ending: accept nothing more."""
+        self.state = CLOSING
+
+
+class ClientSession(_Session):
+    """A lock's, service's or admin tool's side of one connection.
+
+    ``connect_frame()`` opens it; feed the broker's frames to :meth:`receive`, which
+    returns the bytes to send next during the handshake (the AUTH answering the
+    CHALLENGE) or None, and raises :class:`SessionError` when the broker refused
+    (its ErrorCode) or broke the rules. ``ack`` holds the CONNECT_ACK once the
+    state is ESTABLISHED.
+    """
+
+    def __init__(self, role, name, method, secret, client="", keepalive_s=30):
+        _Session.__init__(self)
+        self.role = role
+        self.name = name
+        self.method = method
+        self.secret = bytes(secret or b"")
+        self.client = client
+        self.keepalive_s = keepalive_s
+        self.ack = None
+
+    def connect_frame(self, opaque=1):
+        """The CONNECT that starts the session."""
+        self.state = CONNECTING
+        return encode_frame(Op.CONNECT, self.name,
+                            Connect(self.role, self.keepalive_s, self.client).encode(), opaque)
+
+    def receive(self, frame, cnonce=None, opaque=2):
+        """Check one broker frame; during the handshake return what to send next.
+
+        ``cnonce`` (16 random bytes) is needed when the frame may be a CHALLENGE.
+        """
+        op = frame.opcode
+        state = self.state
+        if op == Op.ERROR and state != ESTABLISHED:
+            self.state = CLOSING
+            err = ErrorReply.decode(frame.body)
+            raise SessionError(err.message or "refused", err.code, True, err.retry_after_ms)
+        if op == Op.DISCONNECT:
+            self.state = CLOSING
+            return None
+        if state == CONNECTING:
+            if op != Op.CHALLENGE:
+                self.state = CLOSING
+                raise fatal_error("expected CHALLENGE, got %s" % op_name(op), ErrorCode.UNEXPECTED_FRAME)
+            ch = Challenge.decode(frame.body)
+            if cnonce is None:
+                raise ProtocolError("a client nonce is needed to answer a CHALLENGE")
+            self.nonce = ch.nonce
+            self.cnonce = bytes(cnonce)
+            if self.method == AuthMethod.DEVICE_HMAC:
+                proof = auth_proof(self.secret, ch.nonce, self.cnonce, self.name)
+            else:
+                proof = self.secret
+            self.state = CHALLENGED
+            return encode_frame(Op.AUTH, self.name, Auth(self.method, self.cnonce, proof).encode(),
+                                opaque)
+        if state == CHALLENGED:
+            if op != Op.CONNECT_ACK:
+                self.state = CLOSING
+                raise fatal_error("expected CONNECT_ACK, got %s" % op_name(op), ErrorCode.UNEXPECTED_FRAME)
+            self.ack = ConnectAck.decode(frame.body)
+            self.state = ESTABLISHED
+            return None
+        if state == CLOSING:
+            raise fatal_error("the session is closed", ErrorCode.UNEXPECTED_FRAME)
+        if not frame.flags & Flag.RESPONSE and op not in BROKER_PUSHES[self.role]:
+            raise SessionError("the broker sent an unasked %s" % op_name(op),
+                               ErrorCode.UNEXPECTED_FRAME, False)
+        return None
