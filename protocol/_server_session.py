@@ -73,7 +73,11 @@ class ServerSession(_Session):
                 raise fatal_error("%s %s sent a frame claiming %r" % (
                     ROLE_NAMES.get(self.role, "client"), self.name, sn), ErrorCode.SN_MISMATCH)
             if sn and op == Op.PUBLISH and sn != self.name:
-                check_identity(sn, "producer id")   # an admin's producer id: still an id
+                try:     # an admin's producer id: still an id (never "$broker")
+                    check_identity(sn, "producer id")
+                except SessionError as e:
+                    e.fatal = False
+                    raise
             if op == Op.DISCONNECT:
                 self.state = CLOSING
             return frame

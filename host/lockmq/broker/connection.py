@@ -328,8 +328,11 @@ class Connection(asyncio.Protocol):
                 b.guard.record_protocol_error(self.peer_ip, "session")
             except Exception:  # noqa: BLE001
                 pass
+            # the state the frame arrived in (the session is CLOSING by now)
+            state = ("ESTABLISHED" if self.principal is not None else
+                     "CHALLENGED" if self.nonce else "CONNECTING")
             b.log("session_violation", conn=self.id, peer=self.peer, sn=self.claimed_sn,
-                  state=self.session.state_name(), op=op_name(frame.opcode), code=exc.code,
+                  state=state, op=op_name(frame.opcode), code=exc.code,
                   error=exc.message, level="warning")
         self.fatal(exc.code, exc.message, opaque=frame.opaque)
 
