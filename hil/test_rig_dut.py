@@ -110,6 +110,20 @@ def test_exec_runs_code_in_the_raw_repl(make_dut: MakeDut) -> None:
     assert dut.exec("print(keep + 1)") == "6\n"
 
 
+def test_back_to_back_execs_keep_one_interpreter(make_dut: MakeDut) -> None:
+    # Each exec ends with Ctrl-B and the next starts with Ctrl-C at once. The unix
+    # port leaves the raw REPL through cooked tty mode, where a Ctrl-C is SIGINT at
+    # its default action: the board must hold it until the prompt, or the
+    # interpreter dies and the state is lost (a race: many execs to catch it).
+    dut = make_dut()
+    dut.expect("tick 1")
+    dut.exec("n = 0")
+    boots = dut.board.boots
+    for i in range(1, 301):
+        assert dut.exec("n += 1\nprint(n)") == f"{i}\n"
+    assert dut.board.boots == boots
+
+
 def test_put_file_and_get_file_round_trip(make_dut: MakeDut, tmp_path: Path) -> None:
     dut = make_dut()
     dut.expect("app boot")

@@ -18,6 +18,16 @@ board behaves like one:
 * ``main.py`` exits with another status (``sys.exit(n)``) -> ``MPY: soft reboot``
   and ``main.py`` runs again.
 
+A board's UART buffers what the host sends and the REPL reads it in order; a
+Ctrl-C that reaches the REPL while it is not running code is just a byte. The
+unix port on a pty differs: whenever it switches its terminal between modes
+(Ctrl-A entering the raw REPL, Ctrl-B leaving it, and while it starts) the pty
+is briefly in cooked mode with SIGINT at its default action, and a Ctrl-C that
+the pty processes in that moment kills the interpreter (status -2: the REPL
+state is lost, and the kernel flushes the output it had not yet delivered). So
+input written after such a byte is held until the prompt that shows the switch
+is done, as it is after the Ctrl-C that ends ``main.py``.
+
 A power cut is SIGKILL of the interpreter (nothing flushed, no ``finally``) and
 a restart in the same folder: the files the app left are all that survives.
 """
@@ -25,6 +35,7 @@ a restart in the same folder: the files the app left are all that survives.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -42,9 +53,11 @@ PROMPTS = (b">>> ", RAW_BANNER)
 #: sys.exit(0) (0), raised (1), was interrupted (130). Any other status (sys.exit(n))
 #: is a request to reboot.
 APP_TO_REPL = (0, 1, 130)
-#: Longest time input is held while the app is being interrupted (the app may
-#: catch KeyboardInterrupt and carry on; then the input goes to it).
+#: Longest time input is held waiting for a prompt (the app may catch
+#: KeyboardInterrupt and carry on; then the input goes to it).
 HOLD_MAX_S = 3.0
+#: Bytes that may change what reads the board's input (see ``VirtualBoard._admit``).
+_SWITCH_BYTES = re.compile(rb"[\x01\x02\x03]")
 
 
 def find_micropython() -> str | None:
@@ -95,6 +108,9 @@ class VirtualBoard(Board):
         self._app_running = False
         self._holding = False
         self._held = bytearray()
+        self._hold_until: tuple[bytes, ...] = PROMPTS
+        self._hold_id = 0  # a timer releases only the hold it was started for
+        self._hold_timer: threading.Timer | None = None
         #: How many interpreters this board has started (boots + soft reboots).
         self.boots = 0
 
@@ -107,30 +123,74 @@ class VirtualBoard(Board):
         with self._lock:
             if b"\x02" in data:
                 self._raw = False
-            if self._holding:
-                self._held += data
-                return
-            if self._app_running and b"\x03" in data:
-                # Ctrl-C ends the app; the REPL comes in a new interpreter. Bytes
-                # typed meanwhile would go to the dying one (or be flushed by the
-                # REPL's tty setup), so hold them until the next prompt.
-                cut = data.index(b"\x03") + 1
-                data, rest = data[:cut], data[cut:]
-                self._holding = True
-                self._held += rest
-                timer = threading.Timer(HOLD_MAX_S, self._release_held)
-                timer.daemon = True
-                timer.start()
+            data = self._admit(data)
             proc = self._proc
-        if proc is not None:
+        if data and proc is not None:
             proc.write(data)
 
-    def _release_held(self) -> None:
+    def _admit(self, data: bytes) -> bytes:
+        """The part of ``data`` the interpreter may get now; hold the rest (lock held).
+
+        Input is cut after a byte that makes the interpreter change, and held
+        until the prompt that shows the change is done:
+
+        * Ctrl-C while ``main.py`` runs ends it; the REPL comes in a new
+          interpreter (bytes sent meanwhile would go to the dying one) -> any prompt;
+        * Ctrl-A at the friendly REPL -> the raw REPL's banner;
+        * Ctrl-B (leaving the raw REPL) -> the friendly ``>>> ``.
+
+        The last two switch the pty through cooked mode, where a Ctrl-C would
+        kill the interpreter instead of reaching its REPL.
+        """
+        if self._holding:
+            self._held += data
+            return b""
+        for m in _SWITCH_BYTES.finditer(data):
+            byte = m.group()
+            if byte == b"\x03" and self._app_running:
+                until = PROMPTS
+            elif byte == b"\x02" and not self._app_running:
+                until = (b">>> ",)
+            elif byte == b"\x01" and not self._app_running and not self._raw:
+                until = (RAW_BANNER,)
+            else:
+                continue
+            self._hold(until)
+            self._held += data[m.end() :]
+            return data[: m.end()]
+        return data
+
+    def _hold(self, until: tuple[bytes, ...]) -> None:
+        """Hold input until the interpreter prints one of ``until`` (lock held)."""
+        self._holding = True
+        self._hold_until = until
+        self._hold_id += 1
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+        timer = threading.Timer(HOLD_MAX_S, self._release_held, args=(self._hold_id,))
+        timer.daemon = True
+        timer.start()
+        self._hold_timer = timer
+
+    def _end_hold(self) -> bytes:
+        """Stop holding (lock held); return the bytes that were held."""
+        held, self._held, self._holding = bytes(self._held), bytearray(), False
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        return held
+
+    def _release_held(self, hold_id: int) -> None:
         with self._lock:
-            held, self._held, self._holding = bytes(self._held), bytearray(), False
+            if not self._holding or hold_id != self._hold_id:
+                return  # released already (a stale timer) or a later hold
+            held = self._end_hold()
+            data = self._admit(held)  # may hold again, after the next switch byte
             proc = self._proc
-        if held and proc is not None:
-            proc.write(held)
+            if data and proc is not None:
+                # Under the lock, so a write() racing this release cannot overtake
+                # the bytes that were sent before it.
+                proc.write(data)
 
     def reset(self) -> None:
         self.power_cut(0.0)
@@ -187,6 +247,10 @@ class VirtualBoard(Board):
         self._tail = b""
         self._want_raw_entry = enter_raw
         self._app_running = run_main
+        if not run_main:
+            # The new interpreter starts in cooked mode: keep input (a Ctrl-C above
+            # all) from it until it is at its REPL, where the board puts it.
+            self._hold((RAW_BANNER,) if enter_raw else PROMPTS)
         self.boots += 1
         self._proc = PtyProcess(
             self._argv(run_main),
@@ -200,6 +264,9 @@ class VirtualBoard(Board):
         with self._lock:
             proc, self._proc = self._proc, None
             self._generation += 1  # the dying process's exit is not a soft reboot
+            # Input held for the old interpreter's next prompt never reaches it:
+            # the board that boots next does not wait for that prompt.
+            self._end_hold()
         if proc is not None:
             proc.kill(signal.SIGKILL)
             try:
@@ -214,14 +281,20 @@ class VirtualBoard(Board):
             if self._sink is not None:
                 self._sink(data)
             return
-        # Look only at new bytes (plus enough old ones for a match split across reads).
-        tail = self._tail[-(len(RAW_BANNER) - 1) :] + data
-        if RAW_BANNER in tail:
+        # Look only at new bytes (plus enough old ones for a match split across
+        # reads): a prompt seen in an earlier read is not a new prompt.
+        old = self._tail[-(len(RAW_BANNER) - 1) :]
+        tail = old + data
+
+        def new(pattern: bytes) -> bool:
+            return tail.find(pattern, max(0, len(old) - len(pattern) + 1)) >= 0
+
+        if new(RAW_BANNER):
             self._raw = True
-        at_prompt = any(p in tail for p in PROMPTS)
+        at_prompt = any(new(p) for p in PROMPTS)
         if at_prompt:
             self._app_running = False
-        if self._want_raw_entry and b">>> " in tail:
+        if self._want_raw_entry and new(b">>> "):
             # A soft reboot from the raw REPL comes back in the raw REPL.
             self._want_raw_entry = False
             proc = self._proc
@@ -230,8 +303,11 @@ class VirtualBoard(Board):
         self._tail = tail[-64:]
         if self._sink is not None:
             self._sink(data)
-        if at_prompt and self._holding:
-            self._release_held()
+        with self._lock:
+            release = self._holding and any(new(p) for p in self._hold_until)
+            hold_id = self._hold_id
+        if release:
+            self._release_held(hold_id)
 
     def _on_exit(self, gen: int, rc: int) -> None:
         with self._lock:
