@@ -137,6 +137,9 @@ class DevicesSection:
         events_topic: system topic of online/offline/evicted events.
         heartbeats_topic: system topic where each lock heartbeat is written as JSON
             (lock health; the Spark offline report reads it); empty = off.
+        heartbeat_record_gap_s: at most one heartbeat record per lock is stored per
+            interval of this many seconds, whatever the lock sends (0 = heartbeat_s).
+            Every HEARTBEAT is still answered and still counts as a sign of life.
     """
 
     heartbeat_s: float = 30.0
@@ -144,6 +147,7 @@ class DevicesSection:
     sweep_interval_s: float = 5.0
     events_topic: str = "$devices"
     heartbeats_topic: str = "$heartbeats"
+    heartbeat_record_gap_s: float = 0.0
 
 
 @dataclass
@@ -239,6 +243,8 @@ class Config:
         if d.heartbeat_s <= 0 or d.evict_after_s <= d.heartbeat_s or d.sweep_interval_s <= 0:
             raise ValueError("devices: heartbeat_s > 0, evict_after_s > heartbeat_s, "
                              "sweep_interval_s > 0")
+        if d.heartbeat_record_gap_s < 0:
+            raise ValueError("devices.heartbeat_record_gap_s must be >= 0 (0 = heartbeat_s)")
         if not d.events_topic.startswith("$"):
             raise ValueError("devices.events_topic must be a system topic (start with '$')")
         if d.heartbeats_topic and not d.heartbeats_topic.startswith("$"):

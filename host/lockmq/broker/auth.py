@@ -69,6 +69,10 @@ class OpenGuard:
         if topic[:1] == "$":
             principal.require_publish(topic)
 
+    def check_heartbeat(self, principal: Any, due: bool = False) -> None:
+        """No per-lock rate with auth off (the broker still stores at most one
+        heartbeat record per lock per ``heartbeat_record_gap_s``)."""
+
     def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
         """Locks may not consume."""
         principal.require_consume(topic, cluster)

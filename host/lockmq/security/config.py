@@ -9,6 +9,7 @@ broker already owns in ``[broker]`` (``max_connections``, ``max_frame``,
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -125,6 +126,12 @@ class SecurityConfig:
             raise ValueError("security.preauth_max_frame_bytes must be in [512, 65536]")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("security.tls_cert and security.tls_key go together")
+        for entry in self.limit_exempt_addresses:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"security.limit_exempt_addresses: {entry!r} is not an "
+                                 "IP address or network") from None
         if not 8 <= self.ipv4_prefix <= 32:
             raise ValueError("security.ipv4_prefix must be in [8, 32]")
         if not 32 <= self.ipv6_prefix <= 128:

@@ -26,8 +26,8 @@ from typing import Any, Callable
 from . import audit, keys
 from .commands import SignedCommand, command_mac
 from .config import SecurityConfig
-from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, Replayed,
-                     SecurityError, TokenExpired)
+from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, RateLimited,
+                     Replayed, SecurityError, TokenExpired)
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
@@ -338,6 +338,22 @@ class Guard:
         except SecurityError as exc:
             self._refuse(exc, principal, topic=topic)
             raise
+
+    def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
+        """A lock's HEARTBEAT takes one message of its per-lock rate (issue 10 item 8:
+        heartbeats used to bypass it). ``due``: the keepalive the lock's interval calls
+        for -- taken from the budget if there is one, but never refused, so that a lock
+        flushing its queue at the rate limit keeps its connection. Raises
+        :class:`RateLimited` (the connection stays) for any other heartbeat over the rate."""
+        if not principal.is_lock:
+            return
+        wait = self.message_rate.take(principal.name)
+        if wait and not due:
+            exc = RateLimited("lock_message_rate",
+                              f"lock {principal.name} sends heartbeats faster than its "
+                              f"message rate allows", retry_after_ms=int(wait * 1000) + 1)
+            self._refuse(exc, principal, frame="heartbeat")
+            raise exc
 
     def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:
         """May ``principal`` join ``cluster`` on ``topic``?"""

@@ -266,6 +266,10 @@ class MessageRateLimiter:
         self.enabled = rate > 0
         self._rate = KeyedRateLimiter(rate, burst, max_keys, clock)
 
+    def take(self, sn: str, n: int = 1) -> float:
+        """Take ``n`` messages of ``sn``'s budget: 0.0 if granted, else seconds to wait."""
+        return self._rate.take(sn, n) if self.enabled else 0.0
+
     def check(self, sn: str, n: int = 1) -> None:
         """Take ``n`` messages of ``sn``'s budget or raise :class:`RateLimited`."""
         if not self.enabled:
