@@ -82,6 +82,11 @@ class BrokerSection:
         port: TCP port of the lockmq protocol (the paper's 6800).
         status_port: HTTP status page and metrics (0 disables it).
         status_host: address of the status page (default loopback only).
+        status_request_timeout_s: a status-page request must be read, answered and
+            written within this many seconds in all (a header trickled every few
+            seconds does not keep it open); past it: 408 and close.
+        status_max_connections: status-page connections open at once; more are
+            answered 503 and closed at once.
         data_dir: the store's directory (commit log, indexes, consume positions).
         backlog: listen backlog asked of the kernel (capped by net.core.somaxconn).
         max_frame: largest frame accepted, in bytes (checked before buffering).
@@ -110,6 +115,8 @@ class BrokerSection:
     port: int = 6800
     status_port: int = 6801
     status_host: str = "127.0.0.1"
+    status_request_timeout_s: float = 10.0
+    status_max_connections: int = 16
     data_dir: str = "./data"
     backlog: int = 4096
     max_frame: int = 1024 * 1024
@@ -236,6 +243,9 @@ class Config:
                      "position_flush_ms", "retention_interval_s"):
             if getattr(b, name) <= 0:
                 raise ValueError(f"broker.{name} must be positive")
+        if b.status_request_timeout_s <= 0 or b.status_max_connections <= 0:
+            raise ValueError("broker.status_request_timeout_s and "
+                             "broker.status_max_connections must be positive")
         if b.max_frame < 64:
             raise ValueError("broker.max_frame must be at least 64")
         if b.max_connections < 0:
