@@ -30,6 +30,48 @@ ROCKETMQ_LEVELS_S: tuple[float, ...] = (
     1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
 )
 
+#: The only values of ``[broker] auth`` (one switch; see BrokerSection.auth).
+AUTH_MODES: tuple[str, ...] = ("required", "off")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the file (when there is one),
+    the ``[table]`` and the key, so that a typo never silently falls back."""
+
+    def __init__(self, message: str, *, table: str = "", key: str = "",
+                 file: str = "") -> None:
+        super().__init__(f"{file}: {message}" if file else message)
+        self.table, self.key, self.file = table, key, file
+
+    def in_file(self, file: str) -> "ConfigError":
+        """The same error, its message prefixed with ``file``."""
+        return ConfigError(str(self), table=self.table, key=self.key, file=file)
+
+
+def _check_auth(value: Any) -> None:
+    """``[broker] auth`` must be spelt exactly ``"required"`` or ``"off"``: a boolean, an
+    upper-case or a made-up value is refused rather than guessed at (auth silently off
+    on a door-lock broker is the worst default there is)."""
+    if not isinstance(value, str) or value not in AUTH_MODES:
+        raise ConfigError(f"[broker] auth = {_toml_value_safe(value)} is not valid: write "
+                          f'auth = "required" (every peer authenticates) or auth = "off" '
+                          f"(tests and development only) (broker.auth)",
+                          table="broker", key="auth")
+
+
+#: ``[security]`` keys that used to exist and must not be accepted silently.
+_REMOVED_SECURITY_KEYS = {
+    "require_auth": 'authentication has one switch: [broker] auth = "required" | "off"; '
+                    "remove [security] require_auth",
+}
+
+
+def _toml_value_safe(v: Any) -> str:
+    try:
+        return _toml_value(v)
+    except TypeError:
+        return repr(v)
+
 
 @dataclass
 class BrokerSection:
@@ -40,6 +82,11 @@ class BrokerSection:
         port: TCP port of the lockmq protocol (the paper's 6800).
         status_port: HTTP status page and metrics (0 disables it).
         status_host: address of the status page (default loopback only).
+        status_request_timeout_s: a status-page request must be read, answered and
+            written within this many seconds in all (a header trickled every few
+            seconds does not keep it open); past it: 408 and close.
+        status_max_connections: status-page connections open at once; more are
+            answered 503 and closed at once.
         data_dir: the store's directory (commit log, indexes, consume positions).
         backlog: listen backlog asked of the kernel (capped by net.core.somaxconn).
         max_frame: largest frame accepted, in bytes (checked before buffering).
@@ -50,7 +97,10 @@ class BrokerSection:
         handshake_timeout_s: time a new connection has to finish CONNECT/AUTH.
         auth: ``"required"`` (default; every connection authenticates through
             lockmq.security) or ``"off"`` (tests and development: any claimed
-            identity is accepted, every principal may do everything).
+            identity is accepted, every principal may do everything). The one
+            switch for authentication: any other spelling (``false``, ``"none"``,
+            ``"OFF"`` ...) is a configuration error, and ``[security]`` has no
+            setting that turns authentication off.
         max_publish_batch: most publish frames handed to the store in one append.
         position_flush_ms: how often consumer positions are saved.
         retention_interval_s: how often the store's retention (``[store]
@@ -65,6 +115,8 @@ class BrokerSection:
     port: int = 6800
     status_port: int = 6801
     status_host: str = "127.0.0.1"
+    status_request_timeout_s: float = 10.0
+    status_max_connections: int = 16
     data_dir: str = "./data"
     backlog: int = 4096
     max_frame: int = 1024 * 1024
@@ -92,6 +144,9 @@ class DevicesSection:
         events_topic: system topic of online/offline/evicted events.
         heartbeats_topic: system topic where each lock heartbeat is written as JSON
             (lock health; the Spark offline report reads it); empty = off.
+        heartbeat_record_gap_s: at most one heartbeat record per lock is stored per
+            interval of this many seconds, whatever the lock sends (0 = heartbeat_s).
+            Every HEARTBEAT is still answered and still counts as a sign of life.
     """
 
     heartbeat_s: float = 30.0
@@ -99,6 +154,7 @@ class DevicesSection:
     sweep_interval_s: float = 5.0
     events_topic: str = "$devices"
     heartbeats_topic: str = "$heartbeats"
+    heartbeat_record_gap_s: float = 0.0
 
 
 @dataclass
@@ -178,8 +234,7 @@ class Config:
         b, d, c, k = self.broker, self.devices, self.consumers, self.commands
         if not 0 <= b.port <= 65535 or not 0 <= b.status_port <= 65535:
             raise ValueError("broker.port and broker.status_port must be in [0, 65535]")
-        if b.auth not in ("required", "off"):
-            raise ValueError(f"broker.auth must be 'required' or 'off', not {b.auth!r}")
+        _check_auth(b.auth)
         if b.log_format not in ("kv", "json"):
             raise ValueError("broker.log_format must be 'kv' or 'json'")
         if b.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -188,6 +243,9 @@ class Config:
                      "position_flush_ms", "retention_interval_s"):
             if getattr(b, name) <= 0:
                 raise ValueError(f"broker.{name} must be positive")
+        if b.status_request_timeout_s <= 0 or b.status_max_connections <= 0:
+            raise ValueError("broker.status_request_timeout_s and "
+                             "broker.status_max_connections must be positive")
         if b.max_frame < 64:
             raise ValueError("broker.max_frame must be at least 64")
         if b.max_connections < 0:
@@ -195,6 +253,8 @@ class Config:
         if d.heartbeat_s <= 0 or d.evict_after_s <= d.heartbeat_s or d.sweep_interval_s <= 0:
             raise ValueError("devices: heartbeat_s > 0, evict_after_s > heartbeat_s, "
                              "sweep_interval_s > 0")
+        if d.heartbeat_record_gap_s < 0:
+            raise ValueError("devices.heartbeat_record_gap_s must be >= 0 (0 = heartbeat_s)")
         if not d.events_topic.startswith("$"):
             raise ValueError("devices.events_topic must be a system topic (start with '$')")
         if d.heartbeats_topic and not d.heartbeats_topic.startswith("$"):
@@ -234,6 +294,13 @@ class Config:
         cfg.validate()
         return cfg
 
+    def security_config(self) -> Any:
+        """The ``lockmq.security.SecurityConfig`` of this broker (``[broker]`` +
+        ``[security]``); raises ``ValueError`` naming a bad ``[security]`` key."""
+        from lockmq.security.config import SecurityConfig
+
+        return SecurityConfig.from_broker_config(self)
+
     def to_dict(self) -> dict[str, Any]:
         """All settings as plain data (for the ``config`` admin op and the logs)."""
         return dataclasses.asdict(self)
@@ -252,6 +319,8 @@ def _apply(section: Any, table: dict[str, Any], prefix: str) -> None:
     for key, value in table.items():
         if key not in known:
             raise ValueError(f"unknown setting {prefix}.{key}")
+        if prefix == "broker" and key == "auth":
+            _check_auth(value)   # before the type check: its message says what to write
         default = getattr(section, key)
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ValueError(f"{prefix}.{key} must be true or false")
@@ -274,11 +343,20 @@ def config_from_dict(data: dict[str, Any]) -> Config:
             raise ValueError(f"top-level key {name!r} must be a table ([{name}])")
         if name in _SECTIONS:
             _apply(getattr(cfg, name), table, name)
-        elif name in ("store", "security"):
-            getattr(cfg, name).update(table)
+        elif name == "security":
+            for key in table:
+                if key in _REMOVED_SECURITY_KEYS:
+                    raise ConfigError(f"[security] {key} is not a setting: "
+                                      f"{_REMOVED_SECURITY_KEYS[key]} (security.{key})",
+                                      table="security", key=key)
+            cfg.security.update(table)
+        elif name == "store":
+            cfg.store.update(table)
         else:
             raise ValueError(f"unknown table [{name}]")
     cfg.validate()
+    if cfg.security:
+        cfg.security_config()   # a bad [security] key is named now, not at broker start
     return cfg
 
 
@@ -291,10 +369,18 @@ def load_config(path: str | os.PathLike[str] | None = None,
     data: dict[str, Any] = {}
     if path is not None:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            try:
+                data = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"not valid TOML: {exc}", file=str(path)) from None
     for name, table in (overrides or {}).items():
         data.setdefault(name, {}).update(table)
-    return config_from_dict(data)
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise exc.in_file(str(path)) if path is not None else exc from None
+    except ValueError as exc:   # the message names table.key; add the file
+        raise (ConfigError(str(exc), file=str(path)) if path is not None else exc) from None
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:

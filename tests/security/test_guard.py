@@ -203,39 +203,78 @@ def test_replayed_downlink_command_is_refused_by_the_lock(guard, wall):
     assert guard.next_command_id("LOCK-9") > signed.cmd_id
 
 
-def test_failed_attempts_are_rate_limited_per_address_and_sn(guard, clock):
+def test_failed_attempts_are_rate_limited_per_source_and_sn(guard, clock):
+    # (This test used to assert that a blocked address waited out its window even with
+    # the right key -- the lock-out of issue 10 item 7. Now failures only ever change
+    # how *failed* attempts are answered, and only for the source that fails.)
     guard.registry.add("LOCK-A")
     for i in range(guard.cfg.auth_fail_per_address):
         nonce = guard.challenge()
-        with pytest.raises(AuthFailed):
+        with pytest.raises(AuthFailed) as ei:
             guard.authenticate(f"X{i}", lock_auth(os.urandom(32), f"X{i}", nonce), nonce, "10.1.1.1")
+        assert not isinstance(ei.value, AuthRateLimited)
     nonce = guard.challenge()
     with pytest.raises(AuthRateLimited) as ei:
         guard.authenticate("X0", lock_auth(os.urandom(32), "X0", nonce), nonce, "10.1.1.1")
     assert ei.value.code == ErrorCode.RATE_LIMITED and ei.value.retry_after_ms > 0
-    # per SN, from many addresses: failures past the limit are answered RATE_LIMITED ...
-    for i in range(guard.cfg.auth_fail_per_sn - 1):
+    # per (source, SN): one source failing for LOCK-A ...
+    for i in range(guard.cfg.auth_fail_per_sn):
         nonce = guard.challenge()
         with pytest.raises(AuthFailed) as ei:
             guard.authenticate("LOCK-A", lock_auth(os.urandom(32), "LOCK-A", nonce), nonce,
-                               f"10.2.{i}.1")
+                               "10.2.0.1")
         assert not isinstance(ei.value, AuthRateLimited)
     nonce = guard.challenge()
     with pytest.raises(AuthRateLimited):
+        guard.authenticate("LOCK-A", lock_auth(os.urandom(32), "LOCK-A", nonce), nonce, "10.2.0.1")
+    # ... does not penalise another source failing for the same SN
+    nonce = guard.challenge()
+    with pytest.raises(AuthFailed) as ei:
         guard.authenticate("LOCK-A", lock_auth(os.urandom(32), "LOCK-A", nonce), nonce, "10.3.0.1")
+    assert not isinstance(ei.value, AuthRateLimited)
     assert guard.metrics.get("auth_rate_limited", "per_address") == 1
-    assert guard.metrics.get("auth_rate_limited", "per_sn") == 1
-    # ... but never lock the real lock out: its correct proof still gets in at once
+    assert guard.metrics.get("auth_rate_limited", "per_source_sn") == 1
+    # the real lock's correct proof gets in at once, from anywhere -- also from the
+    # very sources that are rate-limited (a NAT it shares with the attacker)
     key = guard.registry.rekey("LOCK-A")
-    nonce = guard.challenge()
-    assert guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, "10.4.0.1")
-    # the blocked address waits for the end of its window
-    nonce = guard.challenge()
-    with pytest.raises(AuthRateLimited):
-        guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, "10.1.1.1")
+    for src in ("10.4.0.1", "10.2.0.1", "10.1.1.1"):
+        nonce = guard.challenge()
+        assert guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, src)
+    # the windows end
     clock.advance(guard.cfg.auth_fail_window_s)
     nonce = guard.challenge()
-    assert guard.authenticate("LOCK-A", lock_auth(key, "LOCK-A", nonce), nonce, "10.1.1.1")
+    with pytest.raises(AuthFailed) as ei:
+        guard.authenticate("X0", lock_auth(os.urandom(32), "X0", nonce), nonce, "10.1.1.1")
+    assert not isinstance(ei.value, AuthRateLimited)
+
+
+def test_one_prefix_policy_for_ipv4_and_ipv6(tmp_path, clock):
+    from lockmq.security import Guard, SecurityConfig
+    g = Guard(SecurityConfig(data_dir=str(tmp_path), limit_exempt_addresses=["10.9.0.0/16"],
+                             max_connections_per_address=2, auth_fail_per_address=1,
+                             ipv4_prefix=24, ipv6_prefix=64), clock=clock)
+    try:
+        src = g.sources
+        assert src.key("10.0.0.7") == src.key("10.0.0.200") == "10.0.0.0/24"
+        assert src.key("::ffff:10.0.0.9") == "10.0.0.0/24"       # IPv4-mapped: IPv4
+        assert src.key("2001:db8:1:2::5") == src.key("2001:db8:1:2:ffff::1") \
+            == "2001:db8:1:2::/64"
+        assert src.key("2001:db8:1:3::5") != src.key("2001:db8:1:2::5")
+        assert src.exempt("10.9.3.4") and not src.exempt("10.8.3.4")
+        # the connection cap counts the same source as the failure counter
+        g.admit("2001:db8:1:2::5")
+        g.admit("2001:db8:1:2::6")
+        with pytest.raises(ConnectionRefused) as ei:
+            g.admit("2001:db8:1:2::7")
+        assert ei.value.limit == "max_connections_per_address"
+        g.admit("2001:db8:1:3::7")          # another /64
+        for ip in ("2001:db8:1:2::8", "2001:db8:1:2::9"):
+            nonce = g.challenge()
+            with pytest.raises(AuthFailed) as ei:
+                g.authenticate("Y", token_auth("lmq_nope"), nonce, ip)
+        assert isinstance(ei.value, AuthRateLimited)   # the 2nd address of the same /64
+    finally:
+        g.close()
 
 
 def test_connection_limits(guard, clock):

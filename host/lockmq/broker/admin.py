@@ -107,6 +107,7 @@ class Admin:
                 "log_bytes": (store.log_end - store.log_start) if store else 0,
                 "connections": len(b.conns), "max_connections": b.max_connections,
                 "devices_online": len(b.devices.online_by_sn),
+                "auth": getattr(b.guard, "auth_mode", "unknown"),
                 "security": b.guard.status(),
                 "clusters": {c.name: dict(c.stats, inflight=len(c.leases),
                                           backlog=c.backlog(), capped=c.capped)

@@ -20,6 +20,9 @@ class OpenGuard:
     """The guard of ``auth = "off"``: same interface as ``lockmq.security.Guard``
     (see docs/security.md), admits everyone, checks nothing, signs nothing."""
 
+    #: What the broker logs at start as ``auth=`` (the truth, whatever a file said).
+    auth_mode = "off"
+
     def __init__(self) -> None:
         self._cmd_ids: dict[str, int] = {}
 
@@ -66,6 +69,10 @@ class OpenGuard:
         if topic[:1] == "$":
             principal.require_publish(topic)
 
+    def check_heartbeat(self, principal: Any, due: bool = False) -> None:
+        """No per-lock rate with auth off (the broker still stores at most one
+        heartbeat record per lock per ``heartbeat_record_gap_s``)."""
+
     def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
         """Locks may not consume."""
         principal.require_consume(topic, cluster)
@@ -102,7 +109,14 @@ class OpenGuard:
 
 
 def make_guard(config: Any, log: Any) -> Any:
-    """The guard for ``config`` (a :class:`lockmq.config.Config`)."""
+    """The guard for ``config`` (a :class:`lockmq.config.Config`).
+
+    ``[broker] auth`` is the one switch: exactly ``"off"`` gives the OpenGuard (with a
+    warning), exactly ``"required"`` the security Guard; anything else is refused here
+    too (a Config built in code skips the file checks)."""
+    from lockmq.config import _check_auth
+
+    _check_auth(config.broker.auth)
     if config.broker.auth == "off":
         log("auth_off", level="warning",
             note="every peer is trusted; use only for tests and development")

@@ -412,6 +412,12 @@ class Connection(asyncio.Protocol):
 
     def _on_heartbeat(self, frame: Any) -> None:
         self.heartbeat = Heartbeat.decode(frame.body)
+        try:   # heartbeats count inside the per-lock rate (issue 10 item 8)
+            self.broker.devices.check_heartbeat(self)
+        except Exception as exc:  # noqa: BLE001 -- RateLimited: answer it, keep the link
+            if not frame.flags & Flag.ONEWAY:
+                self.refused(exc, frame.opaque)
+            return
         if self.is_device and frame.body:
             self.broker.devices.heartbeat(self, self.heartbeat)
         if not frame.flags & Flag.ONEWAY:

@@ -14,10 +14,15 @@ When the broker starts it writes ``{"event": "broker_start", "ts_ms": ..., "peer
 (no ``sn``): every lock is offline until its own ``online`` event (after a crash no
 ``offline`` events could be written).
 
-Each HEARTBEAT of a lock is also written to ``heartbeats_topic`` (``$heartbeats``;
+A lock's HEARTBEAT is also written to ``heartbeats_topic`` (``$heartbeats``;
 empty = off) as ``{"sn", "ts_ms", "uptime_s", "queued", "dropped", "battery_pct",
 "free_heap"}`` with the lock's clock (``ts_ms``) as the record's lock time -- the
-sightings the Spark offline report reads.
+sightings the Spark offline report reads -- at most one record per lock per
+``heartbeat_record_gap_s`` (default: the heartbeat interval), whatever it sends.
+Heartbeats also count inside the per-lock message rate (``Guard.check_heartbeat``):
+a lock flooding heartbeats gets RATE_LIMITED answers, keeps its connection, and its
+events flow again as soon as its budget refills. Without these two bounds 5,000
+heartbeats were 5,000 stored records (issue 10 item 8).
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ class Devices:
         self.broker = broker
         self.online_by_sn: dict[str, "Connection"] = {}
         self._task: asyncio.Task[Any] | None = None
+        cfg = broker.config.devices
+        #: heartbeat records: at most one per lock per slot of this many seconds
+        self.record_gap_s = cfg.heartbeat_record_gap_s or cfg.heartbeat_s
+        #: SN -> the slot (monotonic time // record_gap_s) of its last stored record;
+        #: kept across reconnects so that reconnecting does not buy extra records
+        self._hb_slot: dict[str, int] = {}
+        for name in ("heartbeats", "heartbeats_refused", "heartbeat_records",
+                     "heartbeat_records_skipped"):
+            broker.stats.c.setdefault(name, 0)
 
     def start(self) -> None:
         """Start the silence sweep."""
@@ -117,11 +131,44 @@ class Devices:
                     0, f"no heartbeat for {cfg.evict_after_s:g} s").encode())
                 conn.close("evicted")
 
+    def check_heartbeat(self, conn: "Connection") -> None:
+        """Count a HEARTBEAT inside its sender's per-lock rate, or raise the guard's
+        RATE_LIMITED error (the caller answers it; the connection stays).
+
+        The heartbeat the lock's interval calls for (none answered in the last half
+        interval on this connection) is never refused, so a lock busy at its rate
+        limit is not cut off; every extra one takes from the budget its events use.
+        """
+        b = self.broker
+        b.stats.c["heartbeats"] += 1
+        if conn.principal is None:
+            return
+        now = time.monotonic()
+        last = getattr(conn, "_hb_answered_at", None)
+        due = last is None or now - last >= b.config.devices.heartbeat_s / 2
+        try:
+            b.guard.check_heartbeat(conn.principal, due=due)
+        except Exception:
+            b.stats.c["heartbeats_refused"] += 1
+            raise
+        conn._hb_answered_at = now   # type: ignore[attr-defined]
+
     def heartbeat(self, conn: "Connection", hb: Any) -> None:
-        """A lock's HEARTBEAT: publish it to the heartbeats topic (if set)."""
+        """A lock's HEARTBEAT: publish it to the heartbeats topic (if set), at most one
+        record per lock per ``heartbeat_record_gap_s``."""
         topic = self.broker.config.devices.heartbeats_topic
         if not topic or not conn.is_device:
             return
+        sn = conn.principal.name
+        slot = int(time.monotonic() // self.record_gap_s)
+        if self._hb_slot.get(sn) == slot:
+            self.broker.stats.c["heartbeat_records_skipped"] += 1
+            return
+        if len(self._hb_slot) > 2 * len(self.online_by_sn) + 1024:
+            # only this slot's entries still matter: a later heartbeat is in a later slot
+            self._hb_slot = {k: v for k, v in self._hb_slot.items() if v == slot}
+        self._hb_slot[sn] = slot
+        self.broker.stats.c["heartbeat_records"] += 1
         body = {"sn": conn.principal.name, "ts_ms": hb.ts_ms, "uptime_s": hb.uptime_s,
                 "queued": hb.queued, "dropped": hb.dropped,
                 "battery_pct": None if hb.battery_pct == 255 else hb.battery_pct,

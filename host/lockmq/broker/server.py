@@ -148,7 +148,9 @@ class Broker:
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
                  max_connections=self.max_connections, nofile_soft=soft, nofile_hard=hard,
                  backlog=min(cfg.backlog, smax) if smax else cfg.backlog,
-                 loop=type(loop).__module__.split(".")[0], auth=cfg.auth,
+                 loop=type(loop).__module__.split(".")[0],
+                 # what the guard in use does, not what a file said (no silent off)
+                 auth=getattr(self.guard, "auth_mode", "unknown"),
                  flush=self.core.store.config.flush if self.core.store else None)
         if smax is not None and smax < cfg.backlog:
             self.log("backlog_capped", asked=cfg.backlog, somaxconn=smax, level="warning",

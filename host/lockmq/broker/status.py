@@ -3,18 +3,30 @@
 ``GET /`` a text summary for people; ``GET /stats`` the ``stats`` admin op as JSON;
 ``GET /clusters``, ``/topics``, ``/devices`` likewise; ``GET /metrics`` the counters
 in Prometheus text format; ``GET /health`` ``ok``. Read-only; no framework.
+
+Bounded (issue 10 item 14): a request must be read, answered and written within
+``[broker] status_request_timeout_s`` in all -- a header trickled every few seconds
+used to keep a connection open for ever -- else it gets ``408`` and is closed; at
+most ``status_max_connections`` are open at once, more get ``503`` at once; a
+request line or header over 8 KiB, or more than 64 header lines, is ``400``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .server import Broker
 
 MAX_REQUEST = 8192
+MAX_HEADER_LINES = 64
+
+
+class _BadRequest(Exception):
+    """The request cannot be parsed (or is too big): answer 400."""
 
 
 class StatusPage:
@@ -23,6 +35,13 @@ class StatusPage:
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.server: asyncio.base_events.Server | None = None
+        #: status connections open now (capped by ``status_max_connections``)
+        self.active = 0
+        self._refused_logged = 0.0
+        self._refused_since_log = 0
+        for name in ("status_requests", "status_timeouts", "status_refused",
+                     "status_bad_requests"):
+            broker.stats.c.setdefault(name, 0)
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port."""
@@ -35,27 +54,83 @@ class StatusPage:
             self.server.close()
             await self.server.wait_closed()
 
+    @staticmethod
+    def _response(status: str, ctype: str, body: bytes, extra: str = "") -> bytes:
+        return (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+                .encode() + body)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        b = self.broker
+        cfg = b.config.broker
+        peer = writer.get_extra_info("peername")
+        peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if self.active >= cfg.status_max_connections:
+            # over the cap: a short answer and close, no reading, no waiting
+            b.stats.c["status_refused"] += 1
+            self._log_refused(peer_s)
+            writer.write(self._response("503 Service Unavailable", "text/plain",
+                                        b"too many status connections\n", "Retry-After: 1\r\n"))
+            if writer.transport.get_write_buffer_size():
+                writer.transport.abort()
+            else:
+                writer.close()
+            return
+        self.active += 1
+        state = {"answered": False}
         try:
-            line = await asyncio.wait_for(reader.readline(), 5.0)
-            while True:  # skip the headers
-                h = await asyncio.wait_for(reader.readline(), 5.0)
+            await asyncio.wait_for(self._exchange(reader, writer, state),
+                                   cfg.status_request_timeout_s)
+        except asyncio.TimeoutError:
+            b.stats.c["status_timeouts"] += 1
+            b.log("status_timeout", peer=peer_s, timeout_s=cfg.status_request_timeout_s,
+                  answered=state["answered"], level="warning")
+            if not state["answered"]:
+                writer.write(self._response("408 Request Timeout", "text/plain",
+                                            b"request timeout\n"))
+            if state["answered"] or writer.transport.get_write_buffer_size():
+                writer.transport.abort()   # the peer does not read: do not wait for it
+        except (ConnectionError, OSError):
+            writer.transport.abort()
+        finally:
+            self.active -= 1
+            if not writer.transport.is_closing():
+                writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        state: dict[str, bool]) -> None:
+        """Read one request and write its answer (under the caller's deadline)."""
+        b = self.broker
+        try:
+            line = await reader.readline()
+            for _ in range(MAX_HEADER_LINES + 1):   # skip the headers
+                h = await reader.readline()
                 if h in (b"\r\n", b"\n", b""):
                     break
+            else:
+                raise _BadRequest("too many header lines")
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
+            b.stats.c["status_requests"] += 1
             status, ctype, body = self.render(path.split("?")[0])
-        except (asyncio.TimeoutError, ValueError, ConnectionError, asyncio.LimitOverrunError):
+        except (_BadRequest, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            b.stats.c["status_bad_requests"] += 1
             status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
-        try:
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                         .encode() + body)
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
+        state["answered"] = True
+        writer.write(self._response(status, ctype, body))
+        await writer.drain()
+
+    def _log_refused(self, peer: str) -> None:
+        """One log line a second at most for refused connections (a flood of them
+        must not become a flood of lines); the line says how many."""
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 1.0:
+            self.broker.log("status_refused", peer=peer, refused=self._refused_since_log,
+                            max_connections=self.broker.config.broker.status_max_connections,
+                            level="warning")
+            self._refused_logged = now
+            self._refused_since_log = 0
 
     def render(self, path: str) -> tuple[str, str, bytes]:
         """(status, content type, body) of ``path``."""
@@ -80,6 +155,9 @@ class StatusPage:
         for k, v in b.stats.snapshot().items():
             lines.append(f"lockmq_{k} {v}")
         lines.append(f"lockmq_connections {len(b.conns)}")
+        lines.append(f"lockmq_status_connections {self.active}")
+        lines.append(f"lockmq_auth_required "
+                     f"{int(getattr(b.guard, 'auth_mode', '') == 'required')}")
         lines.append(f"lockmq_devices_online {len(b.devices.online_by_sn)}")
         if b.core.store is not None:
             for k, v in b.core.store.stats.items():

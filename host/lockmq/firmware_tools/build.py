@@ -208,8 +208,15 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     return out
 
 
+#: Mode of the flash folder's files that carry secrets (config.json holds the device
+#: key; also cards.bin, the CA) and of the LittleFS image: set explicitly, whatever
+#: the umask (issue 10 item 15: the image was 0644).
+SECRET_MODE = 0o600
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    os.fchmod(fd, SECRET_MODE)   # mkstemp says 0600 today; say it here, not by accident
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .build import BuildError, folder_files
+from .build import SECRET_MODE, BuildError, folder_files
 
 BLOCK_SIZE = 4096
 #: The generic ESP32 4 MiB layout (MicroPython's partitions-4MiB.csv): vfs partition.
@@ -44,7 +44,18 @@ def make_image(folder: str | os.PathLike[str], image: str | os.PathLike[str],
         raise
     out = Path(image)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(bytes(fs.context.buffer))
+    # the image holds config.json, i.e. the device key: owner-only, whatever the umask
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SECRET_MODE)
+    try:
+        os.fchmod(fd, SECRET_MODE)
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(bytes(fs.context.buffer))
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if fd >= 0:
+            os.close(fd)
     os.replace(tmp, out)
     return out
 

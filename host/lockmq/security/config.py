@@ -9,6 +9,7 @@ broker already owns in ``[broker]`` (``max_connections``, ``max_frame``,
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -25,16 +26,22 @@ class SecurityConfig:
             (default ``<data_dir>/master.key``, created 0600 on first use). Keep it
             on another disk or in a secrets store: the registry alone then reveals
             no device key.
-        require_auth: refuse any connection that does not authenticate.
         lock_topics: topic patterns a lock may publish to; ``{sn}`` is its own SN.
         allow_plain_tokens_from: addresses that may send a bearer token over plain
             TCP (default loopback only); everyone else must use TLS for tokens.
         max_connections: connections held at once (0 = no limit here).
-        max_connections_per_address: connections from one IP address.
-        connect_rate: new connections per second from one address (token bucket).
+        max_connections_per_address: connections from one source (one IP
+            address, or one network of ``ipv4_prefix`` / ``ipv6_prefix``).
+        connect_rate: new connections per second from one source (token bucket).
         connect_burst: bucket size of ``connect_rate``.
-        limit_exempt_addresses: addresses exempt from the per-address limits
-            (the gateway's own services; loopback by default).
+        limit_exempt_addresses: addresses (or ``a.b.c.d/n`` networks) exempt from
+            the per-source limits (the gateway's own services; loopback by default).
+        ipv4_prefix: an IPv4 source is its ``/ipv4_prefix`` network (32 = one
+            address); the same policy for the connection caps, the connect rate and
+            the failed-authentication counters.
+        ipv6_prefix: likewise for IPv6 (64: one host usually owns a whole /64, so
+            counting single addresses would give it 2^64 budgets). IPv4-mapped IPv6
+            addresses count as IPv4.
         auth_timeout_s: time a new connection has to authenticate.
         max_frame_bytes: largest frame accepted.
         preauth_max_frame_bytes: largest frame accepted before the peer has
@@ -43,9 +50,13 @@ class SecurityConfig:
         max_buffered_bytes: bytes buffered for one connection (in and out).
         lock_message_rate: messages per second one lock may publish (0 = no limit).
         lock_message_burst: bucket size of ``lock_message_rate``.
-        auth_fail_per_address: failed authentications per address per window
-            before that address is refused for the rest of the window.
-        auth_fail_per_sn: failed authentications per claimed SN per window.
+        auth_fail_per_address: failed authentications per source (whatever SN
+            they claim) per window; past it, that source's further *failed* attempts
+            are answered RATE_LIMITED. A correct answer is never refused.
+        auth_fail_per_sn: failed authentications per (source, claimed SN) per
+            window; past it, that source's failed attempts for that SN are answered
+            RATE_LIMITED. Other sources, and the right key from anywhere, are not
+            affected.
         auth_fail_window_s: the failure-counting window.
         nonce_ttl_s: a challenge nonce older than this is refused.
         max_tracked_keys: entries each per-address / per-SN table keeps (LRU).
@@ -61,7 +72,6 @@ class SecurityConfig:
     data_dir: str = "./data"
     db_path: str = ""
     master_key_file: str = ""
-    require_auth: bool = True
     lock_topics: list[str] = field(default_factory=lambda: ["lock.*", "locks.{sn}.*"])
     allow_plain_tokens_from: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
     max_connections: int = 0
@@ -69,6 +79,8 @@ class SecurityConfig:
     connect_rate: float = 20.0
     connect_burst: int = 64
     limit_exempt_addresses: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
+    ipv4_prefix: int = 32
+    ipv6_prefix: int = 64
     auth_timeout_s: float = 10.0
     max_frame_bytes: int = 1024 * 1024
     preauth_max_frame_bytes: int = 4096
@@ -76,7 +88,7 @@ class SecurityConfig:
     lock_message_rate: float = 200.0
     lock_message_burst: int = 1000
     auth_fail_per_address: int = 20
-    auth_fail_per_sn: int = 30
+    auth_fail_per_sn: int = 10
     auth_fail_window_s: float = 60.0
     nonce_ttl_s: float = 30.0
     max_tracked_keys: int = 65536
@@ -114,6 +126,16 @@ class SecurityConfig:
             raise ValueError("security.preauth_max_frame_bytes must be in [512, 65536]")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("security.tls_cert and security.tls_key go together")
+        for entry in self.limit_exempt_addresses:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"security.limit_exempt_addresses: {entry!r} is not an "
+                                 "IP address or network") from None
+        if not 8 <= self.ipv4_prefix <= 32:
+            raise ValueError("security.ipv4_prefix must be in [8, 32]")
+        if not 32 <= self.ipv6_prefix <= 128:
+            raise ValueError("security.ipv6_prefix must be in [32, 128]")
         if not 0 <= self.tls_port <= 65535:
             raise ValueError("security.tls_port must be in [0, 65535]")
 
@@ -151,6 +173,5 @@ class SecurityConfig:
             "max_frame_bytes": int(b.max_frame),
             "auth_timeout_s": float(b.handshake_timeout_s),
             "max_buffered_bytes": int(b.max_conn_buffer_bytes),
-            "require_auth": b.auth != "off",
         }
         return cls.from_mapping(dict(cfg.security or {}), **base)

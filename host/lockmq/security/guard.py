@@ -20,19 +20,18 @@ wire code, and is logged and counted (:attr:`Guard.metrics`).
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from typing import Any, Callable
 
 from . import audit, keys
 from .commands import SignedCommand, command_mac
 from .config import SecurityConfig
-from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, Replayed,
-                     SecurityError, TokenExpired)
-from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
-                     check_frame_size)
+from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, RateLimited,
+                     Replayed, SecurityError, TokenExpired)
+from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
+                     check_buffered, check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, LOCK, SERVICE, Principal, anonymous_admin
+from .principal import ADMIN, LOCK, SERVICE, Principal
 from .registry import SN_RE, DeviceRegistry
 from .tokens import TokenError, TokenStore
 
@@ -76,17 +75,6 @@ def _as_sn(sn: Any) -> str:
     return "" if sn is None else str(sn)
 
 
-def _addr_key(peer_ip: str) -> str:
-    """Failures from one IPv6 /64 count together (one host owns a whole /64)."""
-    try:
-        ip = ipaddress.ip_address(peer_ip)
-    except ValueError:
-        return peer_ip
-    if ip.version == 6 and not ip.is_loopback:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return peer_ip
-
-
 class Guard:
     """Identity, permissions and limits of one broker.
 
@@ -111,10 +99,19 @@ class Guard:
         self.clock = clock
         self.wall = wall
         self.metrics = audit.Metrics()
+        # One notion of "source" (IPv4 /ipv4_prefix, IPv6 /ipv6_prefix) for the
+        # connection caps, the connect rate and the failure counters alike.
+        self.sources = SourcePolicy(cfg.ipv4_prefix, cfg.ipv6_prefix,
+                                    cfg.limit_exempt_addresses)
         self.connections = ConnectionLimiter(
             cfg.max_connections, cfg.max_connections_per_address, cfg.connect_rate,
-            cfg.connect_burst, cfg.limit_exempt_addresses, cfg.max_tracked_keys, clock)
+            cfg.connect_burst, cfg.limit_exempt_addresses, cfg.max_tracked_keys, clock,
+            policy=self.sources)
         self.nonces = NonceBook(cfg.nonce_ttl_s, cfg.max_tracked_keys, clock)
+        # Failed authentications per source, and per (source, claimed SN). They only
+        # ever change how a *failed* attempt is answered (RATE_LIMITED): a correct
+        # answer is never refused because of failures, so nobody -- not even a peer
+        # behind the real lock's own NAT -- can lock a lock out by failing in its name.
         self._fail_addr = FailureLimiter(cfg.auth_fail_per_address, cfg.auth_fail_window_s,
                                          cfg.max_tracked_keys, clock)
         self._fail_sn = FailureLimiter(cfg.auth_fail_per_sn, cfg.auth_fail_window_s,
@@ -136,6 +133,9 @@ class Guard:
         self.tokens.close()
 
     # -- settings the broker enforces ---------------------------------------------
+
+    #: What ``[broker] auth`` is, as the broker logs it: a Guard always authenticates.
+    auth_mode = "required"
 
     @property
     def auth_timeout_s(self) -> float:
@@ -206,19 +206,11 @@ class Guard:
         :class:`AuthRateLimited` after too many failures.
         """
         sn = _as_sn(claimed_sn)
-        if not self.cfg.require_auth:
-            self.nonces.discard(nonce)
-            return anonymous_admin(sn or "anonymous")
-        addr_key = _addr_key(peer_ip)
-        exempt = peer_ip in self.connections.exempt
+        src = self.sources.key(peer_ip)
+        exempt = self.sources.exempt(peer_ip)
         method = _method(auth_body)
-        try:
-            if not exempt:   # per address: refused before any work
-                self._fail_addr.check(addr_key, f"address {peer_ip}")
-        except AuthRateLimited as exc:
-            audit.record(self.metrics, "auth_rate_limited", "per_address", sn=sn,
-                         addr=peer_ip, method=method)
-            raise
+        # No refusal before the proof is checked: the failure counters are keyed by
+        # source, and the real lock may share its source (NAT, /64) with an attacker.
         try:
             nonce_problem = self.nonces.consume(nonce) if nonce else "no_nonce"
             if method == METHOD_DEVICE:
@@ -228,30 +220,46 @@ class Guard:
             else:
                 raise AuthFailed(f"unknown auth method {method!r}", reason="bad_method")
         except AuthFailed as exc:
-            if not exempt:
-                self._fail_addr.fail(addr_key)
-            per_sn = method == METHOD_DEVICE and bool(SN_RE.match(sn))
-            if per_sn:
-                self._fail_sn.fail(sn)
-                # Per SN, failures never block a correct proof (else anyone could lock a
-                # lock out by failing in its name): past the limit, a *failed* attempt
-                # for that SN is answered RATE_LIMITED, which slows a guesser down.
-                try:
-                    self._fail_sn.check(sn, f"SN {sn[:64]!r}")
-                except AuthRateLimited as limited:
-                    audit.record(self.metrics, "auth_rate_limited", "per_sn", sn=sn,
-                                 addr=peer_ip, method=method, failure=exc.reason)
-                    raise limited from None
-            audit.record(self.metrics, "auth_failed", exc.reason, sn=sn, addr=peer_ip,
-                         method=method, tls=tls)
-            raise
+            raise self._failed(exc, sn, src, exempt, peer_ip, method, tls) from None
         principal.peer_ip = peer_ip
         principal.tls = tls
-        if method == METHOD_DEVICE:
-            self._fail_sn.succeed(sn)
+        if method == METHOD_DEVICE and SN_RE.match(sn):
+            self._fail_sn.succeed(f"{src}|{sn}")
         audit.record(self.metrics, "auth_ok", principal.kind, name=principal.name,
                      addr=peer_ip, tls=tls, transport="tls" if tls else "PLAIN-TCP")
         return principal
+
+    def _failed(self, exc: AuthFailed, sn: str, src: str, exempt: bool, peer_ip: str,
+                method: str, tls: bool) -> AuthFailed:
+        """Count a failed authentication against its source; return the error to
+        raise: ``exc`` itself, or :class:`AuthRateLimited` once that source is over
+        a limit.
+
+        The penalty falls on the source that fails (its failed attempts get
+        RATE_LIMITED with ``retry_after_ms`` until its window ends) -- other sources
+        are not affected, and a correct proof from anywhere is accepted whatever the
+        counters say (see :meth:`authenticate`)."""
+        per_sn = method == METHOD_DEVICE and bool(SN_RE.match(sn))
+        # the first `limit` failures in a window are answered AUTH_FAILED, later ones
+        # RATE_LIMITED: look at the count before adding this failure
+        wait, scope = 0.0, ""
+        if per_sn:
+            wait, scope = self._fail_sn.blocked(f"{src}|{sn}"), "per_source_sn"
+            self._fail_sn.fail(f"{src}|{sn}")
+        if not exempt:
+            if not wait:
+                wait, scope = self._fail_addr.blocked(src), "per_address"
+            self._fail_addr.fail(src)
+        if wait:
+            audit.record(self.metrics, "auth_rate_limited", scope, sn=sn, addr=peer_ip,
+                         source=src, method=method, failure=exc.reason)
+            what = f"SN {sn[:64]!r} from {src}" if scope == "per_source_sn" else src
+            return AuthRateLimited(f"too many failed authentications for {what}",
+                                   reason="auth_rate_limited",
+                                   retry_after_ms=int(wait * 1000) + 1)
+        audit.record(self.metrics, "auth_failed", exc.reason, sn=sn, addr=peer_ip,
+                     method=method, tls=tls)
+        return exc
 
     def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
         cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
@@ -330,6 +338,22 @@ class Guard:
         except SecurityError as exc:
             self._refuse(exc, principal, topic=topic)
             raise
+
+    def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
+        """A lock's HEARTBEAT takes one message of its per-lock rate (issue 10 item 8:
+        heartbeats used to bypass it). ``due``: the keepalive the lock's interval calls
+        for -- taken from the budget if there is one, but never refused, so that a lock
+        flushing its queue at the rate limit keeps its connection. Raises
+        :class:`RateLimited` (the connection stays) for any other heartbeat over the rate."""
+        if not principal.is_lock:
+            return
+        wait = self.message_rate.take(principal.name)
+        if wait and not due:
+            exc = RateLimited("lock_message_rate",
+                              f"lock {principal.name} sends heartbeats faster than its "
+                              f"message rate allows", retry_after_ms=int(wait * 1000) + 1)
+            self._refuse(exc, principal, frame="heartbeat")
+            raise exc
 
     def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:
         """May ``principal`` join ``cluster`` on ``topic``?"""

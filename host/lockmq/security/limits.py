@@ -7,6 +7,7 @@ clock is injectable (``clock=``) so tests need no sleeps.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
@@ -91,19 +92,77 @@ class KeyedRateLimiter:
         self._buckets.pop(key)
 
 
+class SourcePolicy:
+    """What counts as one *source*: one prefix policy for IPv4 and IPv6.
+
+    A source is the ``/ipv4_prefix`` network of an IPv4 address and the
+    ``/ipv6_prefix`` network of an IPv6 one (IPv4-mapped IPv6 addresses count as
+    IPv4). The connection caps, the connect rate and the failed-authentication
+    counters all key on :meth:`key`, so that a host cannot get one budget from one
+    limit and 2^64 from another.
+    """
+
+    def __init__(self, ipv4_prefix: int = 32, ipv6_prefix: int = 64,
+                 exempt: list[str] | tuple[str, ...] = ()) -> None:
+        self.ipv4_prefix = ipv4_prefix
+        self.ipv6_prefix = ipv6_prefix
+        self._exempt_ips = frozenset(e for e in exempt if "/" not in e)
+        self._exempt_nets = tuple(ipaddress.ip_network(e, strict=False)
+                                  for e in exempt if "/" in e)
+        self._cache: LRU[str, str] = LRU(4096)   # peer ip -> key: parsing is not free
+
+    @staticmethod
+    def _parse(peer_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        try:
+            ip = ipaddress.ip_address(peer_ip.split("%", 1)[0])   # drop an IPv6 zone id
+        except ValueError:
+            return None
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        return ip
+
+    def key(self, peer_ip: str) -> str:
+        """The source ``peer_ip`` belongs to (``"10.0.0.7"``, ``"2001:db8:1:2::/64"``)."""
+        cached = self._cache.get(peer_ip)
+        if cached is not None:
+            return cached
+        ip = self._parse(peer_ip)
+        if ip is None:
+            k = peer_ip
+        else:
+            bits = self.ipv4_prefix if ip.version == 4 else self.ipv6_prefix
+            k = str(ip) if bits == ip.max_prefixlen else \
+                str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
+        self._cache.put(peer_ip, k)
+        return k
+
+    def exempt(self, peer_ip: str) -> bool:
+        """Whether ``peer_ip`` is in ``limit_exempt_addresses`` (an address or a network)."""
+        if peer_ip in self._exempt_ips:
+            return True
+        ip = self._parse(peer_ip)
+        if ip is None:
+            return False
+        if str(ip) in self._exempt_ips:
+            return True
+        return any(ip.version == n.version and ip in n for n in self._exempt_nets)
+
+
 class ConnectionLimiter:
-    """Open connections in total and per address, and the connect rate per address.
+    """Open connections in total and per source, and the connect rate per source.
 
     ``admit`` counts a connection in (or raises :class:`ConnectionRefused` naming
-    the limit); ``release`` counts it out. Exempt addresses skip the per-address
-    limits but count toward the total.
+    the limit); ``release`` counts it out. A source is what ``policy`` says (one
+    address, or its IPv4/IPv6 prefix). Exempt addresses skip the per-source limits
+    but count toward the total.
     """
 
     def __init__(self, max_connections: int, per_address: int, rate: float, burst: int,
                  exempt: list[str] | tuple[str, ...] = (), max_keys: int = 65536,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, policy: SourcePolicy | None = None) -> None:
         self.max_connections = max_connections
         self.per_address = per_address
+        self.policy = policy or SourcePolicy(exempt=exempt)
         self.exempt = frozenset(exempt)
         self.total = 0
         self._by_addr: dict[str, int] = {}
@@ -114,33 +173,35 @@ class ConnectionLimiter:
         if self.max_connections and self.total >= self.max_connections:
             raise ConnectionRefused("max_connections",
                                     f"{self.total} connections open (max {self.max_connections})")
-        if addr not in self.exempt:
-            n = self._by_addr.get(addr, 0)
+        src = self.policy.key(addr)
+        if not self.policy.exempt(addr):
+            n = self._by_addr.get(src, 0)
             if n >= self.per_address:
                 raise ConnectionRefused("max_connections_per_address",
-                                        f"{n} connections open from {addr} "
+                                        f"{n} connections open from {src} "
                                         f"(max {self.per_address})")
-            wait = self._rate.take(addr)
+            wait = self._rate.take(src)
             if wait:
-                raise ConnectionRefused("connect_rate", f"{addr} connects too fast",
+                raise ConnectionRefused("connect_rate", f"{src} connects too fast",
                                         retry_after_ms=int(wait * 1000) + 1)
         self.total += 1
-        self._by_addr[addr] = self._by_addr.get(addr, 0) + 1
+        self._by_addr[src] = self._by_addr.get(src, 0) + 1
 
     def release(self, addr: str) -> None:
         """Count a closed connection from ``addr`` out (ignored if never admitted)."""
-        n = self._by_addr.get(addr, 0)
+        src = self.policy.key(addr)
+        n = self._by_addr.get(src, 0)
         if n <= 0:
             return
         self.total -= 1
         if n == 1:
-            del self._by_addr[addr]
+            del self._by_addr[src]
         else:
-            self._by_addr[addr] = n - 1
+            self._by_addr[src] = n - 1
 
     def open_from(self, addr: str) -> int:
-        """Connections currently open from ``addr``."""
-        return self._by_addr.get(addr, 0)
+        """Connections currently open from the source of ``addr``."""
+        return self._by_addr.get(self.policy.key(addr), 0)
 
 
 class FailureLimiter:
@@ -156,6 +217,19 @@ class FailureLimiter:
         self.window_s = window_s
         self._clock = clock
         self._fails: LRU[str, list[float]] = LRU(max_keys)  # [window_start, count]
+
+    def blocked(self, key: str) -> float:
+        """0.0 if ``key`` is under its limit, else the seconds left in its window."""
+        entry = self._fails.get(key)
+        if entry is None:
+            return 0.0
+        now = self._clock()
+        if now - entry[0] >= self.window_s:
+            self._fails.pop(key)
+            return 0.0
+        if entry[1] >= self.limit:
+            return max(self.window_s - (now - entry[0]), 0.001)
+        return 0.0
 
     def check(self, key: str, label: str) -> None:
         """Raise :class:`AuthRateLimited` if ``key`` is blocked now."""
@@ -191,6 +265,10 @@ class MessageRateLimiter:
     def __init__(self, rate: float, burst: int, max_keys: int, clock: Clock = time.monotonic):
         self.enabled = rate > 0
         self._rate = KeyedRateLimiter(rate, burst, max_keys, clock)
+
+    def take(self, sn: str, n: int = 1) -> float:
+        """Take ``n`` messages of ``sn``'s budget: 0.0 if granted, else seconds to wait."""
+        return self._rate.take(sn, n) if self.enabled else 0.0
 
     def check(self, sn: str, n: int = 1) -> None:
         """Take ``n`` messages of ``sn``'s budget or raise :class:`RateLimited`."""

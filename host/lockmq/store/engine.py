@@ -25,7 +25,8 @@ from .config import StoreConfig
 from .dedup import DedupTable
 from .errors import (CorruptRecord, StoreBusy, StoreClosed, StoreFailed, StoreFull,
                      StoreLocked)
-from .files import SEGMENT_DIR, fsync_dir, qstart_name, segment_name
+from .files import (DIR_MODE, FILE_MODE, SEGMENT_DIR, create_file, fsync_dir, qstart_name,
+                    secure_data_dir, segment_name)
 from .index import ENTRY, TopicIndex, index_file_name
 from .positions import PositionsFile
 from .recovery import RecoveryReport, recover, write_qstart
@@ -173,8 +174,16 @@ class Store:
         directory open.
         """
         self = cls(config)
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        # 0700 / 0600 whatever the umask; an older, looser data dir is tightened
+        # (the commit log holds card ids) -- with a log line saying so
+        changed = secure_data_dir(self.data_dir)
+        if changed:
+            shown = ", ".join(f"{os.path.relpath(p, self.data_dir)} {m:04o}"
+                              for p, m in changed[:5])
+            log.warning("store %s: tightened the modes of %d files/directories to "
+                        "%04o/%04o (were: %s%s)", self.data_dir, len(changed), FILE_MODE,
+                        DIR_MODE, shown, " ..." if len(changed) > 5 else "")
+        self._lock_fd = create_file(os.path.join(self.data_dir, "LOCK"), os.O_RDWR)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -591,8 +600,8 @@ class Store:
                 t.index.write_entries(first, bytes(blob))
             for ch in plan.chunks:
                 if ch.new:
-                    fd = os.open(os.path.join(self.seg_dir, segment_name(ch.base)),
-                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    fd = create_file(os.path.join(self.seg_dir, segment_name(ch.base)),
+                                     os.O_WRONLY | os.O_TRUNC)
                     created.append((ch.base, fd))
                 else:
                     fd = self._active_fd

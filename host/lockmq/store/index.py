@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import struct
 
+from .files import create_file
+
 MAGIC = b"LMQX"
 INDEX_VERSION = 1
 HEADER = struct.Struct("<4sHHQ")  # magic, version, entry size, base queue offset
@@ -51,7 +53,7 @@ class TopicIndex:
         A partial trailing entry is cut off. Raises :class:`IndexError_` if the
         header is not an index header.
         """
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = create_file(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -143,7 +145,7 @@ class TopicIndex:
             return
         new_base = min(new_base, self.end)
         tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_file(tmp, os.O_RDWR | os.O_TRUNC)
         try:
             os.write(fd, HEADER.pack(MAGIC, INDEX_VERSION, ENTRY_SIZE, new_base))
             pos = HEADER_SIZE + (new_base - self.base) * ENTRY_SIZE

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from . import checkpoint as ckpt
 from .dedup import DedupTable
-from .files import (SEGMENT_DIR, fsync_dir, list_segments, qstart_name, read_file,
-                    segment_name, seal, unseal)
+from .files import (SEGMENT_DIR, create_file, fsync_dir, list_segments, make_dir, qstart_name,
+                    read_file, segment_name, seal, unseal)
 from .index import ENTRY, IndexError_, TopicIndex, index_file_name
 from .records import HEADER, HEADER_SIZE, check_record
 
@@ -61,7 +61,7 @@ def write_qstart(seg_dir: str, base: int, ends: dict[str, int]) -> None:
     the segment's first byte (needed to rebuild indexes after retention)."""
     data = seal(json.dumps(ends, sort_keys=True).encode("ascii"))
     path = os.path.join(seg_dir, qstart_name(base))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = create_file(path, os.O_WRONLY | os.O_TRUNC)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -155,13 +155,13 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
     t0 = time.monotonic()
     rep = RecoveryReport()
     seg_dir = os.path.join(data_dir, SEGMENT_DIR)
-    os.makedirs(seg_dir, exist_ok=True)
+    make_dir(seg_dir)
     for name in os.listdir(data_dir):
         if name.endswith(".tmp"):
             os.unlink(os.path.join(data_dir, name))
     bases = list_segments(seg_dir)
     if not bases:
-        fd = os.open(os.path.join(seg_dir, segment_name(0)), os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = create_file(os.path.join(seg_dir, segment_name(0)), os.O_WRONLY)
         os.fsync(fd)
         os.close(fd)
         fsync_dir(seg_dir)
