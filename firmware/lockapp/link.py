@@ -14,6 +14,7 @@ import errno
 import struct
 import asyncio
 from lockmq.protocol import (Op, Flag, Role, AuthMethod, ErrorCode, NO_SEQ,
+                             VERSION as PROTO_VERSION,
                              FrameDecoder, encode_frame, Connect, Challenge, Auth,
                              ConnectAck, Heartbeat, ErrorReply, Publish, PublishAck,
                              CommandResult, auth_proof, ProtocolError)
@@ -118,7 +119,10 @@ class Link:
         self._r = r
         self._dec = FrameDecoder(MAX_FRAME)
         sn = app.sn
-        await self._send(Op.CONNECT, Connect(Role.LOCK, cfg["heartbeat_s"], "lockapp/" + VERSION).encode(), 1)
+        # MAX_FRAME stated in CONNECT: the broker refuses commands that would not fit
+        # our decoder instead of sending one that breaks this link at every reconnect.
+        await self._send(Op.CONNECT, Connect(Role.LOCK, cfg["heartbeat_s"], "lockapp/" + VERSION,
+                                             PROTO_VERSION, MAX_FRAME).encode(), 1)
         f = await self._expect(Op.CHALLENGE, tmo)
         ch = Challenge.decode(f.body)
         cnonce = os.urandom(16)
