@@ -76,6 +76,7 @@ class Connection(asyncio.Protocol):
         self.heartbeat: Heartbeat | None = None
         self.close_reason = ""
         self.tls = False
+        self.peer_max_frame = 0      # largest frame the peer can receive (CONNECT); 0 = unstated
 
     # -- asyncio callbacks ----------------------------------------------------------
 
@@ -189,6 +190,8 @@ class Connection(asyncio.Protocol):
             if frame is None:
                 break
             n += 1
+            if self.state == "new" and frame.opcode == Op.CONNECT:
+                self._note_frame_limit(frame)
             try:
                 self._handle(frame)
             except ProtocolError as exc:
@@ -205,6 +208,15 @@ class Connection(asyncio.Protocol):
             self._submit_publishes()
         if self.out:
             self.flush()
+
+    def _note_frame_limit(self, frame: Any) -> None:
+        """Keep the frame limit a CONNECT states (``Connect.max_frame``): the command
+        path never sends this peer a larger frame. Apart from the handshake code on
+        purpose; a malformed CONNECT is left to the handshake to refuse."""
+        try:
+            self.peer_max_frame = int(Connect.decode(frame.body).max_frame)
+        except ProtocolError:
+            self.peer_max_frame = 0
 
     # -- output -----------------------------------------------------------------------
 
