@@ -64,13 +64,12 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def config_network_keys(args: bytes) -> tuple[str, ...]:
-    """The keys of a CONFIG's arguments that need ``config.network`` (sorted; empty
-    for a plain tuning change).
+def config_network_keys(args: bytes) -> tuple[tuple[str, ...], bool]:
+    """``(keys that need config.network, whether the command is marked
+    "network": true)`` of a CONFIG's arguments; no keys for a plain tuning change.
 
     Raises :class:`InvalidCommand` when the arguments are not a UTF-8 JSON object
-    with unique keys, or change network keys without ``"network": true`` (the lock
-    would refuse them: say so now, clearly).
+    with unique keys.
     """
     try:
         obj = json.loads(bytes(args).decode("utf-8"), object_pairs_hook=_unique_keys)
@@ -82,13 +81,17 @@ def config_network_keys(args: bytes) -> tuple[str, ...]:
     if not isinstance(obj, dict):
         raise InvalidCommand("config: arguments must be a JSON object", reason="config_not_object")
     network = tuple(sorted(k for k in obj if k not in PLAIN_CONFIG_KEYS))
+    return network, obj.get(NETWORK_MARKER) is True
+
+
+def check_network_marked(network: tuple[str, ...], marked: bool) -> None:
+    """A network change the sender may make must still say so (the lock refuses it
+    otherwise): :class:`InvalidCommand`, clearly, instead of a refusal by the lock."""
     changes = [k for k in network if k != NETWORK_MARKER]
-    if changes and obj.get(NETWORK_MARKER) is not True:
+    if changes and not marked:
         raise InvalidCommand(f"config: {', '.join(changes)} can redirect the lock (not plain "
                              f"tuning settings): the command must say so with "
-                             f"\"{NETWORK_MARKER}\": true, and needs the right config.network",
-                             reason="config_network_unmarked")
-    return network
+                             f"\"{NETWORK_MARKER}\": true", reason="config_network_unmarked")
 
 
 #: Bytes of a broker-to-lock COMMAND frame besides the target and the args: header

@@ -25,14 +25,14 @@ import time
 from typing import Any, Callable
 
 from . import audit, keys
-from .commands import SignedCommand, command_mac, config_network_keys
+from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
 from .config import SecurityConfig
 from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, PermissionDenied,
                      Replayed, SecurityError, TokenExpired)
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
                      check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, LOCK, SERVICE, Principal, anonymous_admin, command_denied_message
+from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal, anonymous_admin
 from .registry import SN_RE, DeviceRegistry
 from .tokens import TokenError, TokenStore
 
@@ -357,14 +357,16 @@ class Guard:
         network: tuple[str, ...] = ()
         try:
             principal.require_command(sn)                      # scope, before any detail
+            marked = False
             if kind == _CONFIG and args is not None:
-                network = config_network_keys(args)
+                network, marked = config_network_keys(args)
             principal.require_command(sn, kind, network=bool(network))
+            check_network_marked(network, marked)
             if state != "enabled":
                 exc = PermissionDenied(f"command to {state} lock {sn!r}",
                                        reason="unknown_lock" if state == "unknown"
                                        else "disabled_lock")
-                exc.public_message = command_denied_message(sn)
+                exc.public_message = COMMAND_DENIED_MESSAGE
                 raise exc
         except SecurityError as exc:
             self._refuse(exc, principal, target=sn, command_kind=kind)

@@ -246,14 +246,14 @@ class Principal:
         """:meth:`may_command` or :class:`PermissionDenied` (reason ``command_denied``
         -- no right for this SN --, ``command_kind_denied`` or ``command_network_denied``).
 
-        The out-of-scope answer's public message is :func:`command_denied_message`,
+        The out-of-scope answer's public message is :data:`COMMAND_DENIED_MESSAGE`,
         the same as the Guard's for an unregistered lock: a token holder cannot tell
         the two apart.
         """
         who = f"{self.kind} {self.name}"
         if not self.may_command(sn):
             exc = PermissionDenied(f"{who} may not command lock {sn!r}", reason="command_denied")
-            exc.public_message = command_denied_message(sn)
+            exc.public_message = COMMAND_DENIED_MESSAGE
             raise exc
         if kind is None or self.may_command(sn, kind, network):
             return
@@ -283,10 +283,9 @@ class Principal:
                                    reason="admin_denied")
 
 
-def command_denied_message(sn: str) -> str:
-    """The one public answer for a command to a lock outside the token's scope *and*
-    for one to an unregistered or disabled lock (no SN enumeration)."""
-    return f"not permitted: no command right for lock {sn[:64]!r}, or no such lock"
+#: The one public answer for a command to a lock outside the token's scope *and* for
+#: one to an unregistered or disabled lock: byte for byte the same (no SN enumeration).
+COMMAND_DENIED_MESSAGE = "not permitted: no right to command this lock, or no such lock"
 
 
 def anonymous_admin(name: str = "anonymous") -> Principal:
