@@ -24,26 +24,38 @@ class _Body:
 
 
 class Connect(_Body):
-    """Peer -> broker: who is connecting. Frame SN = lock SN or client id."""
-    __slots__ = ("role", "keepalive_s", "client", "proto_max")
+    """Peer -> broker: who is connecting. Frame SN = lock SN or client id.
+
+    ``max_frame`` is the largest frame the peer can receive (an optional trailing
+    u32: 0 = not stated, the field is then left out and the broker assumes its
+    default for the role). A lock states it so that the broker never forwards a
+    command the lock's decoder would refuse (SPEC §4, §7)."""
+    __slots__ = ("role", "keepalive_s", "client", "proto_max", "max_frame")
     OPCODE = Op.CONNECT
 
-    def __init__(self, role, keepalive_s=30, client="", proto_max=VERSION):
+    def __init__(self, role, keepalive_s=30, client="", proto_max=VERSION, max_frame=0):
         self.role = role
         self.keepalive_s = keepalive_s
         self.client = client
         self.proto_max = proto_max
+        self.max_frame = max_frame
 
     def encode(self):
-        return struct.pack(">BHB", self.role, self.keepalive_s, self.proto_max) + pack8(self.client, "client")
+        out = struct.pack(">BHB", self.role, self.keepalive_s, self.proto_max) + pack8(self.client, "client")
+        if self.max_frame:
+            check_range(self.max_frame, 32, "max_frame")
+            out += struct.pack(">I", self.max_frame)
+        return out
 
     @staticmethod
     def decode(body):
         r = Reader(body, "CONNECT")
         role, keepalive_s, proto_max = r.unpack(">BHB", 4)
         client = r.str8()
+        # the one optional field: absent (older peers) or exactly a u32
+        max_frame = r.u32() if r.pos < len(body) else 0
         r.end()
-        return Connect(role, keepalive_s, client, proto_max)
+        return Connect(role, keepalive_s, client, proto_max, max_frame)
 
 
 class Challenge(_Body):

@@ -7,7 +7,7 @@
 # the test peer all feed frames to a Session and act on what it says; none of them
 # re-implements these rules. Sans-IO: no sockets, clocks or randomness -- the
 # caller passes nonces in. Runs unchanged under MicroPython (small tables, no re).
-from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
+from ._constants import VERSION, Op, Flag, Role, AuthMethod, ErrorCode, op_name
 from ._errors import ProtocolError
 from ._frame import encode_frame
 from ._bodies import Connect, Challenge, Auth, ConnectAck, ErrorReply
@@ -68,7 +68,7 @@ class ClientSession(_Session):
     state is ESTABLISHED.
     """
 
-    def __init__(self, role, name, method, secret, client="", keepalive_s=30):
+    def __init__(self, role, name, method, secret, client="", keepalive_s=30, max_frame=0):
         _Session.__init__(self)
         self.role = role
         self.name = name
@@ -76,13 +76,15 @@ class ClientSession(_Session):
         self.secret = bytes(secret or b"")
         self.client = client
         self.keepalive_s = keepalive_s
+        self.max_frame = max_frame     # the largest frame we can receive (0: not stated)
         self.ack = None
 
     def connect_frame(self, opaque=1):
         """The CONNECT that starts the session."""
         self.state = CONNECTING
         return encode_frame(Op.CONNECT, self.name,
-                            Connect(self.role, self.keepalive_s, self.client).encode(), opaque)
+                            Connect(self.role, self.keepalive_s, self.client, VERSION,
+                                    self.max_frame).encode(), opaque)
 
     def receive(self, frame, cnonce=None, opaque=2):
         """Check one broker frame; during the handshake return what to send next.

@@ -16,13 +16,36 @@ SETTABLE = {
 }
 
 
+# Keys that change where the lock connects. Changing one needs "network": true in the
+# command itself (MAC'd by the broker, which grants that only to the config.network
+# right): defence in depth, so a plain config change can never repoint the lock.
+NETWORK = ("brokers", "tls")
+_TLS_KEYS = {"enabled": bool, "ca": str, "server_hostname": str}
+
+
 def apply_change(cfg, changes, path=PATH):
     # Validate and persist a downlink change; returns the new config. Only SETTABLE
-    # keys and "brokers" may change; anything else is refused as a whole.
+    # keys, and NETWORK keys when marked "network": true, may change; anything else
+    # is refused as a whole.
     new = merged(cfg)
+    net = changes.get("network") is True
     for k in changes:
-        if k == "brokers":
-            new[k] = changes[k]
+        if k == "network":
+            continue
+        if k in NETWORK:
+            if not net:
+                raise ConfigError("config: %s is a network change, refused without network=true" % k)
+            v = changes[k]
+            if k == "tls":
+                if not isinstance(v, dict):
+                    raise ConfigError("config: tls must be an object")
+                t = dict(new["tls"])
+                for tk in v:
+                    if tk not in _TLS_KEYS or not isinstance(v[tk], _TLS_KEYS[tk]):
+                        raise ConfigError("config: bad tls setting %s" % tk)
+                    t[tk] = v[tk]
+                v = t
+            new[k] = v
         elif k in SETTABLE:
             v = changes[k]
             if not isinstance(v, int):

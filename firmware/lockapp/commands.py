@@ -86,6 +86,10 @@ class Commands:
                 obj = json.loads(bytes(a).decode())
                 if not isinstance(obj, dict):
                     return CommandStatus.FAILED, "config must be a JSON object"
+                # Repointing the lock (brokers, TLS) must be marked in the signed
+                # command itself; cfgchange checks it again before writing.
+                if ("brokers" in obj or "tls" in obj) and obj.get("network") is not True:
+                    return CommandStatus.REFUSED, "network_unmarked"
             elif k == CommandKind.REBOOT:
                 pass
             else:

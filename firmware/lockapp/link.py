@@ -117,8 +117,10 @@ class Link:
         self._w = w
         self._r = r
         self._dec = FrameDecoder(MAX_FRAME)
+        # MAX_FRAME stated in CONNECT: the broker refuses commands that would not fit
+        # our decoder instead of sending one that breaks this link at every reconnect.
         s = ClientSession(Role.LOCK, app.sn, AuthMethod.DEVICE_HMAC, app.key,
-                          "lockapp/" + VERSION, cfg["heartbeat_s"])
+                          "lockapp/" + VERSION, cfg["heartbeat_s"], MAX_FRAME)
         self._sess = s
         try:
             await self._write(s.connect_frame(1))

@@ -204,15 +204,38 @@ class CommandsSection:
     Attributes:
         default_expiry_s: expiry of a command that does not give one.
         max_expiry_s: longest expiry accepted.
-        max_pending_per_lock: commands waiting for one offline lock.
+        max_pending_per_lock: commands waiting for one lock (queued or awaiting its
+            result).
+        max_pending_bytes_per_lock: bytes of arguments waiting for one lock.
+        max_pending_per_sender: commands one token (one principal) may have waiting,
+            over all locks: one token cannot fill the broker's queue.
+        max_pending_bytes_per_sender: bytes one token may have waiting.
         max_pending_total: commands waiting in the whole broker.
+        max_pending_bytes_total: bytes of commands waiting in the whole broker.
+        admin_reserve_pct: share of the two broker-wide caps that only admin
+            principals may use, so that services together cannot crowd out an
+            admin's unlock.
+        lock_max_frame_default: the frame limit assumed for a lock that has not
+            stated one in CONNECT (older firmware, or not seen since the broker
+            started): the firmware's 4 KiB. A command whose frame would be larger is
+            refused at submit time.
+        max_delivery_attempts: times a command is sent to a lock that drops its
+            link without answering it; then the sender gets FAILED (a command that
+            breaks the lock's link is not resent forever).
         result_timeout_s: how long a forwarded command waits for the lock's result.
     """
 
     default_expiry_s: float = 60.0
     max_expiry_s: float = 24 * 3600.0
     max_pending_per_lock: int = 64
+    max_pending_bytes_per_lock: int = 256 * 1024
+    max_pending_per_sender: int = 1000
+    max_pending_bytes_per_sender: int = 4 * 1024 * 1024
     max_pending_total: int = 100_000
+    max_pending_bytes_total: int = 64 * 1024 * 1024
+    admin_reserve_pct: int = 10
+    lock_max_frame_default: int = 4096
+    max_delivery_attempts: int = 3
     result_timeout_s: float = 30.0
 
 
@@ -274,9 +297,22 @@ class Config:
             raise ValueError("consumers.start must be 'earliest' or 'latest'")
         if k.default_expiry_s <= 0 or k.max_expiry_s < k.default_expiry_s:
             raise ValueError("commands: 0 < default_expiry_s <= max_expiry_s")
-        for name in ("max_pending_per_lock", "max_pending_total"):
+        for name in ("max_pending_per_lock", "max_pending_total", "max_pending_bytes_per_lock",
+                     "max_pending_per_sender", "max_pending_bytes_per_sender",
+                     "max_pending_bytes_total", "max_delivery_attempts"):
             if getattr(k, name) <= 0:
                 raise ValueError(f"commands.{name} must be positive")
+        if not 0 <= k.admin_reserve_pct < 100:
+            raise ValueError("commands.admin_reserve_pct must be in [0, 100)")
+        if k.lock_max_frame_default < 64:
+            raise ValueError("commands.lock_max_frame_default must be at least 64")
+        # one principal must never be able to fill what every service shares
+        if k.max_pending_per_sender >= k.max_pending_total * (100 - k.admin_reserve_pct) // 100 \
+                or k.max_pending_bytes_per_sender >= \
+                k.max_pending_bytes_total * (100 - k.admin_reserve_pct) // 100:
+            raise ValueError("commands.max_pending_per_sender / max_pending_bytes_per_sender "
+                             "must stay below the services' share of max_pending_total / "
+                             "max_pending_bytes_total")
         if k.result_timeout_s <= 0:
             raise ValueError("commands.result_timeout_s must be positive")
 

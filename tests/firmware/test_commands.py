@@ -141,8 +141,19 @@ def test_command_arriving_with_the_connect_ack_runs_at_once(flash, lock_factory)
 def test_config_change_of_brokers_applies_at_the_next_connect(lock, broker):
     other = MiniBroker({SN: KEY})
     try:
+        # A change of the broker list must say so in the signed command itself: an
+        # unmarked one is refused by the lock (defence in depth: the broker grants the
+        # marker only to the config.network right).
         change = json.dumps({"brokers": [["127.0.0.1", other.port]]}).encode()
-        assert broker.send_command(SN, 1, CommandKind.CONFIG, change).result(10).status == CommandStatus.OK
+        res = broker.send_command(SN, 1, CommandKind.CONFIG, change).result(10)
+        assert (res.status, res.detail) == (CommandStatus.REFUSED, "network_unmarked")
+        change = json.dumps({"network": True, "tls": {"server_hostname": "x"}}).encode()
+        assert broker.send_command(SN, 2, CommandKind.CONFIG, change).result(10).status == \
+            CommandStatus.OK                           # the marker alone passes the lock
+        assert json.loads((lock.folder / "config.json").read_text())["tls"]["enabled"] is False
+        change = json.dumps({"network": True, "brokers": [["127.0.0.1", other.port]],
+                             "tls": {"server_hostname": ""}}).encode()
+        assert broker.send_command(SN, 3, CommandKind.CONFIG, change).result(10).status == CommandStatus.OK
         broker.stop()                                  # the old gateway goes away
         lock.expect(rf"^I net connected broker=127.0.0.1:{other.port}$", timeout=20)
         lock.send("event tamper")
@@ -150,3 +161,35 @@ def test_config_change_of_brokers_applies_at_the_next_connect(lock, broker):
         assert other.seqs(SN) == [1]
     finally:
         other.close()
+
+
+def test_cfgchange_itself_refuses_an_unmarked_network_change(built, tmp_path):
+    """Defence in depth inside the firmware: even called directly (past the command
+    check), the config writer refuses brokers/tls without "network": true and leaves
+    config.json as it was; with the marker it validates the TLS settings."""
+    import shutil
+
+    from .conftest import run_mpy
+
+    shutil.copy(built / "config.json", tmp_path / "config.json")
+    before = (tmp_path / "config.json").read_text()
+    out = run_mpy("""
+from lockapp import config
+from lockapp.cfgchange import apply_change
+cfg = config.load()
+for ch in ({"brokers": [["10.6.6.6", 6800]]}, {"tls": {"enabled": False}},
+           {"network": 1, "brokers": [["10.6.6.6", 6800]]},
+           {"network": True, "tls": {"enabled": "no"}}, {"network": True, "tls": {"x": 1}}):
+    try:
+        apply_change(cfg, ch)
+        print("APPLIED", ch)
+    except config.ConfigError as e:
+        print("REFUSED", e)
+new = apply_change(cfg, {"network": True, "brokers": [["10.0.0.2", 6843]]})
+print("OK", new["brokers"], "network" in new)
+""", tmp_path, built / "lib")
+    assert "APPLIED" not in out, out
+    assert out.count("REFUSED") == 5
+    assert "refused without network=true" in out
+    assert "OK [['10.0.0.2', 6843]] False" in out
+    assert before != (tmp_path / "config.json").read_text()      # only the marked one wrote

@@ -55,6 +55,9 @@ def main() -> None:
 
     frames = [
         frame_vector("connect", p.Op.CONNECT, p.Connect(p.Role.LOCK, 30, "lockapp/0.1"), 1),
+        # a lock stating the largest frame it can receive (optional trailing u32)
+        frame_vector("connect_max_frame", p.Op.CONNECT,
+                     p.Connect(p.Role.LOCK, 30, "lockapp/0.2", p.VERSION, 4096), 1),
         frame_vector("challenge", p.Op.CHALLENGE, p.Challenge(nonce, TS, 3), 1, p.Flag.RESPONSE),
         frame_vector("auth", p.Op.AUTH, p.Auth(p.AuthMethod.DEVICE_HMAC, cnonce, proof), 2),
         frame_vector("connect_ack", p.Op.CONNECT_ACK, p.ConnectAck(30, 65536, TS, 41, 9), 2,
@@ -113,7 +116,13 @@ def main() -> None:
         {"name": "unknown_opcode", "hex": unknown.hex(), "error": "UnknownOpcode", "code": 5},
         {"name": "sn_longer_than_frame", "hex": bytes(sn_too_long).hex(), "error": "BadFrame", "code": 1},
     ]
+    connect_old = p.Connect(p.Role.LOCK, 30, "lockapp/0.1").encode()
     bad_bodies = [
+        {"name": "connect_max_frame_truncated", "opcode": p.Op.CONNECT,
+         "body_hex": (connect_old + b"\x00\x10").hex(), "error": "BadBody", "code": 6},
+        {"name": "connect_trailing_after_max_frame", "opcode": p.Op.CONNECT,
+         "body_hex": (connect_old + b"\x00\x00\x10\x00\xff").hex(), "error": "BadBody",
+         "code": 6},
         {"name": "publish_truncated", "opcode": p.Op.PUBLISH, "body_hex": "0b6c6f636b2e657665",
          "error": "BadBody", "code": 6},
         {"name": "ack_trailing_bytes", "opcode": p.Op.ACK, "body_hex": "000000010000ff",

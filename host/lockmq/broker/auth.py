@@ -77,9 +77,10 @@ class OpenGuard:
         """Locks may not consume."""
         principal.require_consume(topic, cluster)
 
-    def check_command(self, principal: Any, sn: str) -> None:
-        """Locks may not send commands."""
-        principal.require_command(sn)
+    def check_command(self, principal: Any, sn: str, kind: int | None = None,
+                      args: bytes | None = None) -> None:
+        """Locks may not send commands (no registry here: any SN is accepted)."""
+        principal.require_command(sn, kind)
 
     def check_admin(self, principal: Any, op: str = "") -> None:
         """Locks may not use admin ops."""

@@ -14,7 +14,20 @@ the guard. A command for an offline lock waits (in memory) until the lock comes
 online or ``expires_ms`` passes (0 = now + ``default_expiry_s``); then the sender
 gets status OFFLINE. A forwarded command without a result within
 ``result_timeout_s`` is answered EXPIRED. If the lock drops the connection before
-answering, the command waits for it again.
+answering, the command waits for it again -- at most ``max_delivery_attempts``
+sends in all, then the sender gets FAILED (a command that breaks the lock's link
+must not be resent at every reconnect until it expires).
+
+Refused at submit time, before anything is held (the Guard checks rights per kind
+and that the lock is registered):
+
+* a command whose frame to the lock would exceed the lock's frame limit -- the
+  ``max_frame`` it stated in CONNECT (remembered per SN) or, if it stated none,
+  ``lock_max_frame_default`` -- with INVALID_ARGUMENT naming both sizes;
+* a command over one of the caps on waiting commands (count and bytes, per
+  sender, per lock, broker-wide) with BUSY naming the cap. Non-admin senders share
+  only ``100 - admin_reserve_pct`` % of the per-lock and broker-wide caps, and each
+  sender stays under its own cap, so no token can block an admin's unlock.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Flag, Op
+from lockmq.security.commands import command_frame_size
 
 from .periodic import start_periodic, stop_task
 
@@ -33,12 +47,21 @@ if TYPE_CHECKING:
     from .server import Broker
 
 
+#: SNs whose stated frame limit is remembered while they are offline (bounded: with
+#: auth required only registered locks get in; with auth off any name could).
+_MAX_REMEMBERED_LIMITS = 1 << 16
+#: Refusal log lines per reason per second (a flood is counted, not logged line by line).
+_LOG_EVERY_S = 1.0
+
+
 class Pending:
     """A command on its way to a lock."""
 
-    __slots__ = ("sender", "opaque", "cmd", "broker_id", "sent_at", "received_ms", "lock_conn")
+    __slots__ = ("sender", "opaque", "cmd", "broker_id", "sent_at", "received_ms", "lock_conn",
+                 "owner", "cost", "attempts", "done")
 
-    def __init__(self, sender: "Connection", opaque: int, cmd: Command, broker_id: int) -> None:
+    def __init__(self, sender: "Connection", opaque: int, cmd: Command, broker_id: int,
+                 owner: str = "", cost: int = 0) -> None:
         self.sender = sender
         self.opaque = opaque
         self.cmd = cmd
@@ -46,6 +69,17 @@ class Pending:
         self.sent_at = 0.0
         self.received_ms = int(time.time() * 1000)
         self.lock_conn: "Connection | None" = None
+        self.owner = owner          # whose caps it counts against
+        self.cost = cost            # bytes it counts for (its frame to the lock)
+        self.attempts = 0           # times sent to the lock
+        self.done = False           # answered: released from every cap
+
+
+def _owner(principal: Any) -> str:
+    """The cap key of a sender: its token (a token's connections share one cap)."""
+    tid = getattr(principal, "token_id", "")
+    return f"token:{tid}" if tid else f"{getattr(principal, 'kind', '?')}:" \
+        f"{getattr(principal, 'name', '?')}"
 
 
 class Commands:
@@ -55,7 +89,13 @@ class Commands:
         self.broker = broker
         self.queued: dict[str, deque[Pending]] = {}
         self.forwarded: dict[tuple[str, int], Pending] = {}
-        self.total = 0
+        self.total = 0                                   # queued (not yet forwarded)
+        self.held = 0                                    # accepted, not yet answered
+        self.held_bytes = 0
+        self.by_owner: dict[str, list[int]] = {}         # owner -> [count, bytes]
+        self.by_lock: dict[str, list[int]] = {}          # SN -> [count, bytes]
+        self.lock_limits: dict[str, int] = {}            # SN -> max_frame it last stated
+        self._logged: dict[str, list[float]] = {}        # reason -> [last line, suppressed]
         self._task: asyncio.Task[Any] | None = None
 
     def start(self) -> None:
@@ -71,8 +111,9 @@ class Commands:
         b = self.broker
         cfg = b.config.commands
         b.stats.inc("commands_received")
+        principal = sender.principal
         try:
-            b.guard.check_command(sender.principal, cmd.target)
+            b.guard.check_command(principal, cmd.target, cmd.kind, cmd.args)
         except Exception as exc:  # noqa: BLE001 -- SecurityError
             b.stats.inc("commands_refused")
             sender.refused(exc, opaque)
@@ -86,25 +127,132 @@ class Commands:
                               f"expires_ms must be in the future and at most "
                               f"{cfg.max_expiry_s:g} s ahead", opaque)
             return
-        q = self.queued.setdefault(cmd.target, deque())
-        if len(q) >= cfg.max_pending_per_lock or self.total >= cfg.max_pending_total:
-            b.stats.inc("commands_refused")
-            sender.send_error(int(ErrorCode.BUSY), "too many commands waiting for this lock",
-                              opaque, retry_after_ms=5000)
-            if not q:
-                del self.queued[cmd.target]
+        # What the lock can receive: refuse now rather than break its link later.
+        size = command_frame_size(cmd.target, cmd.args)
+        limit, stated = self.frame_limit(cmd.target)
+        if size > limit:
+            self._refuse(sender, opaque, "too_large", int(ErrorCode.INVALID_ARGUMENT),
+                         f"command too large for lock {cmd.target!r}: its frame would be "
+                         f"{size} bytes, over the {limit}-byte frame limit the lock "
+                         f"{'stated' if stated else 'is assumed to have (commands.lock_max_frame_default)'}"
+                         f"; arguments may be at most {limit - (size - len(cmd.args))} bytes",
+                         target=cmd.target, size=size, limit=limit)
             return
-        p = Pending(sender, opaque, cmd, 0)
-        q.append(p)
+        owner = _owner(principal)
+        over = self._over_cap(owner, bool(getattr(principal, "is_admin", False)), cmd.target,
+                              size)
+        if over is not None:
+            setting, detail, fits_ever = over
+            if fits_ever:
+                self._refuse(sender, opaque, "cap", int(ErrorCode.BUSY),
+                             f"too many commands waiting: {detail} (commands.{setting}); "
+                             f"retry when some are answered", retry_after_ms=5000,
+                             cap=setting, target=cmd.target, owner=owner)
+            else:
+                self._refuse(sender, opaque, "cap", int(ErrorCode.INVALID_ARGUMENT),
+                             f"command of {size} bytes is larger than commands.{setting}",
+                             cap=setting, target=cmd.target, owner=owner)
+            return
+        p = Pending(sender, opaque, cmd, 0, owner, size)
+        self._hold(p)
+        self.queued.setdefault(cmd.target, deque()).append(p)
         self.total += 1
-        b.log("command_queued", target=cmd.target, kind=cmd.kind, sender=sender.principal.name,
+        b.log("command_queued", target=cmd.target, kind=cmd.kind, sender=principal.name,
               online=cmd.target in b.devices.online_by_sn, level="debug")
         lock = b.devices.online_by_sn.get(cmd.target)
         if lock is not None:
             self._forward_all(lock)
 
+    # -- limits ---------------------------------------------------------------------
+
+    def frame_limit(self, sn: str) -> tuple[int, bool]:
+        """``(largest frame lock sn can receive, whether it stated it)``: from its
+        current session, else the last one it stated, else the configured default."""
+        lock = self.broker.devices.online_by_sn.get(sn)
+        n = int(getattr(lock, "peer_max_frame", 0) or 0) if lock is not None \
+            else self.lock_limits.get(sn, 0)
+        return (n, True) if n else (self.broker.config.commands.lock_max_frame_default, False)
+
+    def _over_cap(self, owner: str, admin: bool, sn: str,
+                  cost: int) -> tuple[str, str, bool] | None:
+        """The first cap a new command would exceed: ``(setting, detail, could fit
+        once others are answered)``, or None."""
+        cfg = self.broker.config.commands
+        # services share all but admin_reserve_pct of the per-lock and global caps
+        share = 100 if admin else 100 - cfg.admin_reserve_pct
+        oc, ob = self.by_owner.get(owner, (0, 0))
+        lc, lb = self.by_lock.get(sn, (0, 0))
+        checks = (
+            ("max_pending_per_sender", oc + 1, cfg.max_pending_per_sender,
+             f"this token has {oc} commands waiting"),
+            ("max_pending_bytes_per_sender", ob + cost, cfg.max_pending_bytes_per_sender,
+             f"this token has {ob} bytes of commands waiting"),
+            ("max_pending_per_lock", lc + 1, max(1, cfg.max_pending_per_lock * share // 100),
+             f"{lc} commands are waiting for lock {sn!r}"),
+            ("max_pending_bytes_per_lock", lb + cost,
+             cfg.max_pending_bytes_per_lock * share // 100,
+             f"{lb} bytes of commands are waiting for lock {sn!r}"),
+            ("max_pending_total", self.held + 1, cfg.max_pending_total * share // 100,
+             f"{self.held} commands are waiting in the broker"),
+            ("max_pending_bytes_total", self.held_bytes + cost,
+             cfg.max_pending_bytes_total * share // 100,
+             f"{self.held_bytes} bytes of commands are waiting in the broker"),
+        )
+        for setting, want, cap, detail in checks:
+            if want > cap:
+                alone = cost if "bytes" in setting else 1   # would it fit in an empty queue?
+                return setting, detail, alone <= cap
+        return None
+
+    def _hold(self, p: Pending) -> None:
+        self.held += 1
+        self.held_bytes += p.cost
+        for table, key in ((self.by_owner, p.owner), (self.by_lock, p.cmd.target)):
+            e = table.setdefault(key, [0, 0])
+            e[0] += 1
+            e[1] += p.cost
+
+    def _release(self, p: Pending) -> None:
+        """Count an answered command out of every cap (once)."""
+        if p.done:
+            return
+        p.done = True
+        self.held -= 1
+        self.held_bytes -= p.cost
+        for table, key in ((self.by_owner, p.owner), (self.by_lock, p.cmd.target)):
+            e = table.get(key)
+            if e is not None:
+                e[0] -= 1
+                e[1] -= p.cost
+                if e[0] <= 0:
+                    del table[key]
+
+    def _refuse(self, sender: "Connection", opaque: int, reason: str, code: int, message: str,
+                retry_after_ms: int = 0, **fields: Any) -> None:
+        """Answer a refused command; count it and log it (one line per reason per
+        second at most, with how many were not logged)."""
+        b = self.broker
+        b.stats.inc("commands_refused")
+        b.stats.inc(f"commands_refused_{reason}")
+        sender.send_error(code, message, opaque, retry_after_ms=retry_after_ms)
+        now = time.monotonic()
+        mark = self._logged.setdefault(reason, [0.0, 0])
+        if now - mark[0] < _LOG_EVERY_S:
+            mark[1] += 1
+            return
+        b.log("command_refused", reason=reason, sender=getattr(sender.principal, "name", "?"),
+              suppressed=int(mark[1]) or None, message=message, level="warning", **fields)
+        mark[0], mark[1] = now, 0
+
     def lock_online(self, lock: "Connection") -> None:
-        """A lock connected: send what waits for it."""
+        """A lock connected: remember the frame limit it stated, send what waits for it."""
+        sn = lock.principal.name
+        n = int(getattr(lock, "peer_max_frame", 0) or 0)
+        self.lock_limits.pop(sn, None)          # re-inserted last: the dict is an LRU
+        if n:
+            self.lock_limits[sn] = n
+            if len(self.lock_limits) > _MAX_REMEMBERED_LIMITS:
+                del self.lock_limits[next(iter(self.lock_limits))]
         self._forward_all(lock)
 
     def _forward_all(self, lock: "Connection") -> None:
@@ -124,6 +272,14 @@ class Commands:
         b = self.broker
         sn = lock.principal.name
         c = p.cmd
+        # The lock may have reconnected stating a smaller limit since the submit.
+        limit = int(getattr(lock, "peer_max_frame", 0) or 0) or \
+            b.config.commands.lock_max_frame_default
+        if p.cost > limit:
+            b.stats.inc("commands_refused_too_large")
+            self._answer(p, CommandStatus.FAILED, f"command frame of {p.cost} bytes is over the "
+                                                  f"{limit}-byte frame limit the lock states now")
+            return
         try:
             if not p.broker_id:
                 p.broker_id = b.guard.next_command_id(sn)
@@ -136,6 +292,7 @@ class Commands:
         out = Command(sn, p.broker_id, c.expires_ms, c.kind, c.args, mac)
         p.sent_at = time.monotonic()
         p.lock_conn = lock
+        p.attempts += 1
         self.forwarded[(sn, p.broker_id)] = p
         lock.send_frame(Op.COMMAND, out.encode(), p.broker_id)
         b.stats.inc("commands_forwarded")
@@ -154,6 +311,7 @@ class Commands:
         self._answer(p, res.status, res.detail)
 
     def _answer(self, p: Pending, status: int, detail: str) -> None:
+        self._release(p)
         if status in (CommandStatus.OFFLINE, CommandStatus.EXPIRED):
             self.broker.stats.inc("commands_expired")
         if p.sender.state == "closed":
@@ -174,11 +332,27 @@ class Commands:
         if not back:
             return
         q = self.queued.setdefault(sn, deque())
+        given_up = []
+        limit = self.broker.config.commands.max_delivery_attempts
         for k in reversed(back):
             p = self.forwarded.pop(k)
             p.lock_conn = None
+            if p.attempts >= limit:     # it may be what breaks the link: not again
+                given_up.append(p)
+                continue
             q.appendleft(p)
             self.total += 1
+        if not q:
+            del self.queued[sn]
+        for p in given_up:
+            self.broker.stats.inc("commands_undeliverable")
+            self.broker.log("command_undeliverable", target=sn, cmd_id=p.broker_id,
+                            kind=p.cmd.kind, size=p.cost, attempts=p.attempts,
+                            sender=getattr(p.sender.principal, "name", "?"), level="warning")
+            self._answer(p, CommandStatus.FAILED,
+                         f"lock {sn} dropped its link {p.attempts} times after this command "
+                         f"was sent, without answering it: not sent again "
+                         f"(commands.max_delivery_attempts)")
         now_online = self.broker.devices.online_by_sn.get(sn)
         if now_online is not None and now_online is not conn and now_online.state == "open":
             self._forward_all(now_online)
@@ -209,4 +383,7 @@ class Commands:
     def info(self) -> dict[str, Any]:
         """Admin view: commands waiting per lock and awaiting results."""
         return {"queued": {sn: len(q) for sn, q in self.queued.items()},
-                "awaiting_result": len(self.forwarded), "total_queued": self.total}
+                "awaiting_result": len(self.forwarded), "total_queued": self.total,
+                "held": self.held, "held_bytes": self.held_bytes,
+                "by_sender": {k: {"count": v[0], "bytes": v[1]} for k, v in self.by_owner.items()},
+                "lock_max_frame": dict(self.lock_limits)}

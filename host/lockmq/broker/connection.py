@@ -84,6 +84,7 @@ class Connection(asyncio.Protocol):
         self.heartbeat: Heartbeat | None = None
         self.close_reason = ""
         self.tls = False
+        self.peer_max_frame = 0      # largest frame the peer can receive (CONNECT); 0 = unstated
 
     # -- asyncio callbacks ----------------------------------------------------------
 
@@ -364,6 +365,8 @@ class Connection(asyncio.Protocol):
     def _on_connect(self, frame: Any) -> None:
         self.claimed_sn = frame.sn
         self.role = self.session.role
+        # the command path never sends this peer a frame larger than it stated
+        self.peer_max_frame = self.session.connect.max_frame
         self.nonce = self.broker.guard.challenge()
         self.state = "challenged"
         self.broker.stats.c["frames_out"] += 1

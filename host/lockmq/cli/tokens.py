@@ -4,12 +4,19 @@ A token is shown once, at creation; the registry keeps only its hash. Each token
 permissions and an expiry (default 90 days)::
 
     lockmq tokens create billing --consume 'lock.*:billing' --ttl 30d
-    lockmq tokens create opener  --command 'LOCK-*'
+    lockmq tokens create opener  --command 'unlock:LOCK-*'
+    lockmq tokens create cardsync --command 'cards:LOCK-*'
+    lockmq tokens create fleet   --command 'config,reboot:LOCK-*'
+    lockmq tokens create netops  --command 'config.network:LOCK-0001' --ttl 1h
     lockmq tokens create ops     --admin --ttl 12h
     lockmq tokens list
     lockmq tokens revoke <id or name>
 
 Patterns are shell globs. ``--consume TOPIC:CLUSTER`` (a bare TOPIC means any cluster).
+``--command KINDS:SN_GLOB``: kinds ``unlock``, ``cards``, ``config``, ``reboot``,
+``fw-update`` (``*`` = all of these), and ``config.network`` -- changing a lock's
+broker list or TLS settings, never implied by ``*`` or ``config``. A bare SN_GLOB
+means ``unlock,cards`` (what command tokens were for before rights per kind).
 Over plain TCP a token is accepted only from the addresses in ``[security]
 allow_plain_tokens_from`` (loopback by default); elsewhere use TLS.
 """
@@ -22,6 +29,7 @@ import sys
 from fnmatch import fnmatchcase
 
 from lockmq.security import Permissions, TokenStore
+from lockmq.security.principal import NETWORK_RIGHT
 from lockmq.security.tokens import parse_duration
 
 from ._security_common import add_registry_options, security_config, when
@@ -38,8 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("name", help="who uses it (service name)")
     c.add_argument("--publish", action="append", default=[], metavar="TOPIC_GLOB")
     c.add_argument("--consume", action="append", default=[], metavar="TOPIC_GLOB[:CLUSTER_GLOB]")
-    c.add_argument("--command", action="append", default=[], metavar="SN_GLOB",
-                   help="locks it may send downlink commands to")
+    c.add_argument("--command", action="append", default=[], metavar="KINDS:SN_GLOB",
+                   help="downlink commands it may send: kinds (unlock, cards, config, reboot, "
+                        "fw-update, * = those five, config.network = repoint a lock) and the "
+                        "locks, e.g. 'unlock,cards:LOCK-*'")
     c.add_argument("--admin", action="store_true", help="every right, admin operations too")
     c.add_argument("--ttl", default="90d", help="lifetime: 30m, 12h, 90d, 1w or never")
     c.add_argument("--json", action="store_true")
@@ -64,12 +74,31 @@ def _store(args: argparse.Namespace) -> TokenStore:
 
 def cmd_create(args: argparse.Namespace) -> int:
     """Create a token and print it."""
+    command = []
+    for right in args.command:
+        if ":" not in right:   # the pre-kinds form: stored explicitly, with what it means
+            print(f"warning: --command {right!r} names no kinds: it allows unlock and cards "
+                  f"only (stored as 'unlock,cards:{right}'); name the kinds, e.g. "
+                  f"--command 'unlock,cards:{right}'", file=sys.stderr)
+            right = f"unlock,cards:{right}"
+        command.append(right)
     perms = Permissions(publish=tuple(args.publish), consume=tuple(args.consume),
-                        command=tuple(args.command), admin=args.admin)
+                        command=tuple(command), admin=args.admin)
     if perms == Permissions():
         print("error: give at least one of --publish --consume --command --admin",
               file=sys.stderr)
         return 2
+    try:
+        perms.validate()
+    except ValueError as exc:
+        print(f"error: --command: {exc}", file=sys.stderr)
+        return 2
+    network = [r for r in perms.command if NETWORK_RIGHT in r.rpartition(":")[0].split(",")]
+    if network:
+        print(f"warning: --command {','.join(network)} grants {NETWORK_RIGHT}: this token can "
+              "repoint those locks to another broker (their broker list and TLS settings); "
+              "every such change is logged at warning level. Keep it short-lived.",
+              file=sys.stderr)
     try:
         ttl = parse_duration(args.ttl)
     except ValueError as exc:

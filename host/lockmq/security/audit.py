@@ -28,7 +28,7 @@ LOG_BURST = 200
 #: Events logged at WARNING (refusals); everything else is INFO.
 _WARN = {"auth_failed", "auth_rate_limited", "permission_denied", "sn_mismatch",
          "connection_refused", "rate_limited", "limit_exceeded", "auth_timeout",
-         "plain_token_refused"}
+         "plain_token_refused", "command_network_change", "bad_command"}
 
 
 def _fmt(value: Any) -> str:

@@ -24,20 +24,21 @@ import time
 from typing import Any, Callable
 
 from . import audit, keys
-from .commands import SignedCommand, command_mac
+from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
 from .config import SecurityConfig
-from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, RateLimited,
-                     Replayed, SecurityError, TokenExpired)
+from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, PermissionDenied,
+                     RateLimited, Replayed, SecurityError, TokenExpired)
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, LOCK, SERVICE, Principal
+from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal
 from .registry import SN_RE, DeviceRegistry
 from .tokens import TokenError, TokenStore
 
 METHOD_DEVICE = "device"
 METHOD_TOKEN = "token"
 _DUMMY_KEY = b"\x00" * keys.KEY_BYTES
+_CONFIG = 3   # lockmq.protocol.CommandKind.CONFIG
 
 
 def _field(body: Any, *names: str) -> Any:
@@ -315,7 +316,8 @@ class Guard:
     def _refuse(self, exc: SecurityError, principal: Principal | None, **fields: Any) -> None:
         event = "sn_mismatch" if exc.reason == "sn_mismatch" else (
             "rate_limited" if exc.reason == "lock_message_rate" else (
-                "limit_exceeded" if isinstance(exc, LimitExceeded) else "permission_denied"))
+                "limit_exceeded" if isinstance(exc, LimitExceeded) else (
+                    "bad_command" if exc.code_name == "INVALID_ARGUMENT" else "permission_denied")))
         audit.record(self.metrics, event, exc.reason,
                      name=principal.name if principal else None,
                      kind=principal.kind if principal else None, **fields)
@@ -363,14 +365,43 @@ class Guard:
             self._refuse(exc, principal, topic=topic, cluster=cluster)
             raise
 
-    def check_command(self, principal: Principal, sn: str) -> None:
-        """May ``principal`` send a downlink command to lock ``sn``?"""
+    def check_command(self, principal: Principal, sn: str, kind: int | None = None,
+                      args: bytes | None = None) -> None:
+        """May ``principal`` send a command of ``kind`` (with ``args``) to lock ``sn``?
+
+        Refused (:class:`PermissionDenied`, FORBIDDEN) when the token has no right for
+        that SN, that kind, or -- a CONFIG changing brokers/TLS -- ``config.network``;
+        and when ``sn`` is not a registered, enabled lock, with the *same* public
+        message as for an SN outside the token's scope (no enumeration; the log says
+        which). Bad CONFIG arguments: :class:`InvalidCommand` (INVALID_ARGUMENT).
+        An authorised network change is logged at warning level with the principal.
+        """
+        # Look the lock up first, whatever the answer will be: the same work each time.
+        state = self.registry.lookup(sn)[1] if SN_RE.match(sn) else "unknown"
+        network: tuple[str, ...] = ()
         try:
-            principal.require_command(sn)
+            principal.require_command(sn)                      # scope, before any detail
+            marked = False
+            if kind == _CONFIG and args is not None:
+                network, marked = config_network_keys(args)
+            principal.require_command(sn, kind, network=bool(network))
+            check_network_marked(network, marked)
+            if state != "enabled":
+                exc = PermissionDenied(f"command to {state} lock {sn!r}",
+                                       reason="unknown_lock" if state == "unknown"
+                                       else "disabled_lock")
+                exc.public_message = COMMAND_DENIED_MESSAGE
+                raise exc
         except SecurityError as exc:
-            self._refuse(exc, principal, target=sn)
+            self._refuse(exc, principal, target=sn, command_kind=kind)
             raise
-        audit.record(self.metrics, "command_authorised", "", name=principal.name, target=sn)
+        if network:
+            audit.record(self.metrics, "command_network_change", "config.network",
+                         name=principal.name, principal_kind=principal.kind,
+                         token=principal.token_id, addr=principal.peer_ip, target=sn,
+                         keys=",".join(network))
+        audit.record(self.metrics, "command_authorised", "", name=principal.name, target=sn,
+                     command_kind=kind)
 
     def check_admin(self, principal: Principal, op: str = "") -> None:
         """Admin operations need an admin principal."""

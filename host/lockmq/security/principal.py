@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import lru_cache
 from typing import Any
 
 from .errors import IdentityMismatch, PermissionDenied
@@ -18,6 +19,60 @@ from .errors import IdentityMismatch, PermissionDenied
 LOCK = "lock"
 SERVICE = "service"
 ADMIN = "admin"
+
+# -- command rights per kind ----------------------------------------------------------
+#: Command kinds a token may be granted (``--command KINDS:SN_GLOB``), by name -> the
+#: protocol's ``CommandKind`` value.
+COMMAND_KINDS = {"unlock": 1, "cards": 2, "config": 3, "reboot": 4, "fw-update": 5}
+KIND_NAMES = {v: k for k, v in COMMAND_KINDS.items()}
+#: The right to change where a lock connects to (a CONFIG of its broker list or TLS
+#: settings). Implies ``config``; never implied by ``*``: it must be named.
+NETWORK_RIGHT = "config.network"
+#: What a command right from before per-kind rights (a bare SN glob) still allows:
+#: the two kinds such tokens were made for (remote unlock, card-list sync). Config,
+#: reboot and firmware updates need a reissued token naming them.
+LEGACY_COMMAND_KINDS = frozenset({"unlock", "cards"})
+
+
+@lru_cache(maxsize=1024)
+def parse_command_right(entry: str) -> tuple[frozenset[str], str, bool]:
+    """``"unlock,cards:LOCK-*"`` -> ``({"unlock", "cards"}, "LOCK-*", False)``.
+
+    ``*`` as a kind means every kind except ``config.network``. A bare ``SN_GLOB``
+    (a token made before per-kind rights) gives :data:`LEGACY_COMMAND_KINDS` and
+    ``legacy=True``. SNs never contain ``:``, so the split is unambiguous. Raises
+    ``ValueError`` for an unknown kind or an empty part.
+    """
+    kinds_text, sep, glob = entry.rpartition(":")
+    if not sep:
+        if not entry:
+            raise ValueError("empty command right")
+        return LEGACY_COMMAND_KINDS, entry, True
+    kinds: set[str] = set()
+    for name in kinds_text.split(","):
+        name = name.strip()
+        if name == "*":
+            kinds.update(COMMAND_KINDS)
+        elif name in COMMAND_KINDS or name == NETWORK_RIGHT:
+            kinds.add(name)
+        else:
+            raise ValueError(f"unknown command kind {name!r} in {entry!r} (kinds: "
+                             f"{', '.join(COMMAND_KINDS)}, {NETWORK_RIGHT}, *)")
+    if NETWORK_RIGHT in kinds:
+        kinds.add("config")
+    if not glob:
+        raise ValueError(f"command right {entry!r} has no SN pattern")
+    return frozenset(kinds), glob, False
+
+
+def _command_rights(entries: tuple[str, ...]) -> list[tuple[frozenset[str], str, bool]]:
+    out = []
+    for e in entries:
+        try:
+            out.append(parse_command_right(e))
+        except ValueError:   # a malformed stored right grants nothing (fail closed)
+            continue
+    return out
 
 
 @dataclass(frozen=True)
@@ -28,7 +83,10 @@ class Permissions:
         publish: topic patterns the holder may publish to.
         consume: ``TOPIC:CLUSTER`` patterns the holder may consume as (a bare
             pattern without ``:`` means any cluster on those topics).
-        command: SN patterns of locks the holder may send commands to.
+        command: command rights, each ``KINDS:SN_GLOB`` (kinds ``unlock``,
+            ``cards``, ``config``, ``config.network``, ``reboot``, ``fw-update`` or
+            ``*``, comma-separated; see :func:`parse_command_right`). A bare
+            ``SN_GLOB`` is a right from before kinds existed: unlock and cards only.
         admin: everything, including the admin operations.
     """
 
@@ -48,6 +106,11 @@ class Permissions:
         return cls(publish=tuple(d.get("publish", ())), consume=tuple(d.get("consume", ())),
                    command=tuple(d.get("command", ())), admin=bool(d.get("admin", False)))
 
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first malformed command right."""
+        for entry in self.command:
+            parse_command_right(entry)
+
     def describe(self) -> str:
         """One-line summary for ``lockmq tokens list``."""
         if self.admin:
@@ -55,6 +118,8 @@ class Permissions:
         parts = []
         for label, pats in (("publish", self.publish), ("consume", self.consume),
                             ("command", self.command)):
+            if pats and label == "command":   # show what legacy rights mean now
+                pats = tuple(f"{p}(unlock,cards only)" if ":" not in p else p for p in pats)
             if pats:
                 parts.append(f"{label}={','.join(pats)}")
         return " ".join(parts) or "(none)"
@@ -121,13 +186,27 @@ class Principal:
                 return True
         return False
 
-    def may_command(self, sn: str) -> bool:
-        """Whether this principal may send a downlink command to lock ``sn``."""
+    def may_command(self, sn: str, kind: int | None = None, network: bool = False) -> bool:
+        """Whether this principal may send a downlink command to lock ``sn``.
+
+        ``kind`` None asks only whether ``sn`` is in the scope of any command right;
+        otherwise the right must grant that kind (a ``CommandKind`` value), and
+        ``network=True`` (a CONFIG changing the lock's brokers/TLS) needs
+        ``config.network``.
+        """
         if self.is_admin:
             return True
         if self.is_lock:
             return False
-        return _any(self.permissions.command, sn)
+        name = None if kind is None else KIND_NAMES.get(int(kind), "")
+        for kinds, glob, _legacy in _command_rights(self.permissions.command):
+            if not fnmatchcase(sn, glob):
+                continue
+            if name is None:
+                return True
+            if (NETWORK_RIGHT in kinds) if network else (name in kinds):
+                return True
+        return False
 
     def may_receive_command(self, sn: str) -> bool:
         """A lock receives only its own commands."""
@@ -163,17 +242,50 @@ class Principal:
             raise PermissionDenied(f"{self.kind} {self.name} may not consume {topic!r} "
                                    f"as {cluster!r}", reason="consume_denied")
 
-    def require_command(self, sn: str) -> None:
-        """:meth:`may_command` or :class:`PermissionDenied`."""
+    def require_command(self, sn: str, kind: int | None = None, network: bool = False) -> None:
+        """:meth:`may_command` or :class:`PermissionDenied` (reason ``command_denied``
+        -- no right for this SN --, ``command_kind_denied`` or ``command_network_denied``).
+
+        The out-of-scope answer's public message is :data:`COMMAND_DENIED_MESSAGE`,
+        the same as the Guard's for an unregistered lock: a token holder cannot tell
+        the two apart.
+        """
+        who = f"{self.kind} {self.name}"
         if not self.may_command(sn):
-            raise PermissionDenied(f"{self.kind} {self.name} may not command lock {sn!r}",
-                                   reason="command_denied")
+            exc = PermissionDenied(f"{who} may not command lock {sn!r}", reason="command_denied")
+            exc.public_message = COMMAND_DENIED_MESSAGE
+            raise exc
+        if kind is None or self.may_command(sn, kind, network):
+            return
+        name = KIND_NAMES.get(int(kind), f"kind {int(kind)}")
+        if network:
+            exc = PermissionDenied(f"{who} may not change the network settings of {sn!r}",
+                                   reason="command_network_denied")
+            exc.public_message = (f"not permitted: changing the broker list or TLS settings of "
+                                  f"lock {sn!r} needs the command right {NETWORK_RIGHT}")
+            raise exc
+        legacy = any(lg and fnmatchcase(sn, g)
+                     for _k, g, lg in _command_rights(self.permissions.command))
+        exc = PermissionDenied(f"{who} may not send {name} commands to {sn!r}",
+                               reason="command_kind_denied")
+        exc.public_message = (f"not permitted: this token may not send {name} commands to "
+                              f"lock {sn!r}")
+        if legacy:
+            exc.public_message += (" (its command right predates per-kind rights and allows "
+                                   "unlock and cards only: reissue it naming the kinds, e.g. "
+                                   f"--command '{name}:{sn}')")
+        raise exc
 
     def require_admin(self) -> None:
         """:attr:`is_admin` or :class:`PermissionDenied`."""
         if not self.is_admin:
             raise PermissionDenied(f"{self.kind} {self.name} is not an admin",
                                    reason="admin_denied")
+
+
+#: The one public answer for a command to a lock outside the token's scope *and* for
+#: one to an unregistered or disabled lock: byte for byte the same (no SN enumeration).
+COMMAND_DENIED_MESSAGE = "not permitted: no right to command this lock, or no such lock"
 
 
 def anonymous_admin(name: str = "anonymous") -> Principal:

@@ -88,6 +88,7 @@ class TokenStore:
         """
         if not name or len(name) > 64 or not name.isprintable():
             raise ValueError("token name must be 1-64 printable characters")
+        permissions.validate()   # a malformed command right is refused, not stored
         now = time.time() if now is None else now
         tid = secrets.token_hex(_ID_HEX // 2)
         secret = secrets.token_urlsafe(32)
