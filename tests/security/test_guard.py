@@ -128,6 +128,7 @@ def test_service_permissions(guard, caplog):
     p = guard.authenticate("", token_auth(token), nonce, "127.0.0.1")
     assert (p.name, p.kind) == ("billing", "service")
     guard.check_consume(p, "lock.events", "billing")
+    guard.registry.add("LOCK-10")   # (commands to unregistered locks are refused)
     guard.check_command(p, "LOCK-10")
     guard.check_publish(p, "billing.out")
     for call in (lambda: guard.check_consume(p, "lock.events", "audit"),

@@ -59,12 +59,19 @@ class OpenGuard:
         principal.check_frame_sn(sn)
 
     def check_publish(self, principal: Any, topic: str, sn: Any = None, n: int = 1) -> None:
-        """SN binding only (locks may not write system topics). On the hot path:
-        the common case costs two comparisons."""
+        """SN binding only (``$`` system topics: nobody has the system right with auth
+        off). On the hot path: the common case costs two comparisons."""
         if sn and sn != principal.name:
             principal.check_frame_sn(sn)
         if topic[:1] == "$":
             principal.require_publish(topic)
+
+    def check_producer_id(self, principal: Any, producer_id: str) -> str:
+        """Even with auth off nobody publishes under the broker's ``$`` ids or outside
+        the identity charset (no registry, so no ownership)."""
+        from lockmq.security.identity import check_producer_id
+
+        return check_producer_id(principal, producer_id)
 
     def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
         """Locks may not consume."""
