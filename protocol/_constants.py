@@ -93,6 +93,7 @@ class ErrorCode:
     RATE_LIMITED = 21
     TOO_MANY_CONNECTIONS = 22
     STORAGE_FULL = 23
+    LIMIT_EXCEEDED = 24   # a configured cap on what one peer holds; retrying won't help
     UNKNOWN_TOPIC = 30
     UNKNOWN_SUBSCRIPTION = 31
     UNKNOWN_LEASE = 32

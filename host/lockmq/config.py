@@ -181,6 +181,12 @@ class ConsumersSection:
             (RocketMQ's consumeConcurrentlyMaxSpan). Bounds memory and what a
             restart redelivers.
         lease_sweep_ms: how often expired leases are looked for.
+        max_subscriptions_per_connection: subscriptions one connection holds at
+            once; one more is refused with LIMIT_EXCEEDED.
+        max_clusters_per_owner: consumer clusters one principal (token name) may own
+            (each keeps a position file on disk); one more is refused with
+            LIMIT_EXCEEDED until an admin deletes one (``clusters.delete``). Admins
+            are not limited.
     """
 
     visibility_timeout_ms: int = 30_000
@@ -195,6 +201,8 @@ class ConsumersSection:
     max_retry_held: int = 100_000
     max_window: int = 100_000
     lease_sweep_ms: int = 100
+    max_subscriptions_per_connection: int = 64
+    max_clusters_per_owner: int = 32
 
 
 @dataclass
@@ -284,7 +292,8 @@ class Config:
             raise ValueError("devices.heartbeats_topic must be a system topic or empty")
         for name in ("visibility_timeout_ms", "max_inflight_per_member",
                      "max_inflight_per_cluster", "max_pull", "max_retry_held", "max_window",
-                     "lease_sweep_ms"):
+                     "lease_sweep_ms", "max_subscriptions_per_connection",
+                     "max_clusters_per_owner"):
             if getattr(c, name) <= 0:
                 raise ValueError(f"consumers.{name} must be positive")
         if c.max_retries < 0:

@@ -3,7 +3,6 @@
 which identities can be claimed. Each test also shows the legitimate path working."""
 from __future__ import annotations
 
-import os
 import socket
 import time
 

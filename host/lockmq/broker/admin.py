@@ -61,6 +61,7 @@ class Admin:
             "dlq.list": self.dlq_list,
             "dlq.replay": self.dlq_replay,
             "clusters.reset": self.clusters_reset,
+            "clusters.delete": self.clusters_delete,
         }
 
     def handle(self, principal: Any, req: dict[str, Any]) -> Any:
@@ -188,6 +189,29 @@ class Admin:
         return {"ok": True, "cluster": name, "topic": topic, "before": before,
                 "after": target}
 
+    def clusters_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``clusters.delete`` {cluster}: forget a cluster -- its position, its owner,
+        its topic binding -- so that the name is free again (e.g. taken by the wrong
+        principal). No members may be connected. Its retry and dead-letter records
+        stay until retention (``dlq.list`` still shows them); a new cluster of that
+        name starts after them."""
+        name = _str(args, "cluster")
+        core = self.broker.core
+        live = core.clusters.get(name)
+        if live is not None and live.members:
+            raise AdminError("INVALID_ARGUMENT", f"cluster {name!r} has {len(live.members)} "
+                             "members connected: stop them first")
+        owner = core.cluster_owners.get(name, "")
+        try:
+            found = core.forget_cluster(name)
+        except ValueError as exc:   # not a cluster name
+            raise AdminError("INVALID_ARGUMENT", str(exc)) from None
+        if not found:
+            raise AdminError("INVALID_ARGUMENT", f"no cluster {name!r}")
+        self.broker.log("cluster_deleted", cluster=name, owner=owner,
+                        topic=live.topic if live is not None else None)
+        return {"ok": True, "cluster": name, "owner": owner}
+
     # -- dead letters -----------------------------------------------------------------
 
     def dlq_list(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -255,7 +279,9 @@ class Admin:
         if live is not None:
             for rec in out:
                 live.replay_record(rec)
-        await self.broker.core.append_system(out)
+        res = await self.broker.core.append_system(out)
+        if any(a.duplicate for a in res):   # never report a replay that was not stored
+            raise AdminError("INTERNAL", "the store took replayed records as duplicates")
         self.broker.log("dlq_replay", cluster=cluster, count=len(out))
         return {"ok": True, "cluster": cluster, "replayed": len(out),
                 "offsets": [r.queue_offset for r in recs]}

@@ -62,8 +62,8 @@ class OpenGuard:
         principal.check_frame_sn(sn)
 
     def check_publish(self, principal: Any, topic: str, sn: Any = None, n: int = 1) -> None:
-        """SN binding only (locks may not write system topics). On the hot path:
-        the common case costs two comparisons."""
+        """SN binding only (``$`` system topics: nobody has the system right with auth
+        off). On the hot path: the common case costs two comparisons."""
         if sn and sn != principal.name:
             principal.check_frame_sn(sn)
         if topic[:1] == "$":
@@ -72,6 +72,13 @@ class OpenGuard:
     def check_heartbeat(self, principal: Any, due: bool = False) -> None:
         """No per-lock rate with auth off (the broker still stores at most one
         heartbeat record per lock per ``heartbeat_record_gap_s``)."""
+
+    def check_producer_id(self, principal: Any, producer_id: str) -> str:
+        """Even with auth off nobody publishes under the broker's ``$`` ids or outside
+        the identity charset (no registry, so no ownership)."""
+        from lockmq.security.identity import check_producer_id
+
+        return check_producer_id(principal, producer_id)
 
     def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
         """Locks may not consume."""

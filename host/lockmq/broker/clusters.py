@@ -666,7 +666,10 @@ class Cluster:
 
         async def run() -> None:
             try:
-                await self.host.append_system([rec])
+                res = await self.host.append_system([rec])
+                if res and getattr(res[0], "duplicate", False):
+                    # not stored: finishing the original now would lose the message
+                    raise RuntimeError(f"{what} record taken as a duplicate, not stored")
             except Exception as exc:  # noqa: BLE001 -- any store error: keep it in memory
                 self.pending_writes -= 1
                 self.host.log("system_write_failed", cluster=self.name, what=what,

@@ -76,6 +76,8 @@ class Connection(asyncio.Protocol):
         self._pub: list[tuple[int, bool, NewRecord]] = []
         self._pub_bytes = 0
         self._topics_ok: set[str] = set()   # topic names already validated
+        self._producer_ok = ""              # producer id already checked (guard)
+        self._limits_logged: set[str] = set()   # caps hit: logged once per connection
         self._paused_for_pub = False
         self._paused_for_write = False
         self._handshake_timer: asyncio.TimerHandle | None = None
@@ -463,6 +465,23 @@ class Connection(asyncio.Protocol):
                             frame.opaque, 1000)
             return
         sn = frame.sn or self.principal.name
+        if sn != self._producer_ok:   # reserved ids, lookalikes, another's id: once per id
+            try:
+                b.guard.check_producer_id(self.principal, sn)
+            except Exception as exc:  # noqa: BLE001 -- SecurityError (FORBIDDEN)
+                b.stats.inc("publish_refused")
+                b.stats.inc("producer_ids_refused")
+                if "producer" not in self._limits_logged:   # (the guard logs each, rate-limited)
+                    self._limits_logged.add("producer")
+                    b.log("producer_id_refused", conn=self.id, peer=self.peer,
+                          principal=self.principal.name, producer_id=sn[:80],
+                          reason=getattr(exc, "reason", ""), level="warning")
+                if getattr(exc, "close", False) or not oneway:
+                    self.refused(exc, frame.opaque)
+                else:
+                    b.stats.c["publish_oneway_refused"] += 1
+                return
+            self._producer_ok = sn
         self._pub.append((frame.opaque, oneway,
                           NewRecord(p.topic, sn, p.seq, p.lock_ts_ms, p.payload)))
         if len(self._pub) >= b.config.broker.max_publish_batch:
@@ -506,9 +525,21 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 -- SecurityError
             self.refused(exc, frame.opaque)
             return
+        cap = b.config.consumers.max_subscriptions_per_connection
+        if len(self.subs) >= cap:   # bounded per connection (a cap: retrying won't help)
+            b.stats.inc("subscriptions_refused")
+            if "subs" not in self._limits_logged:
+                self._limits_logged.add("subs")
+                b.log("subscription_limit", conn=self.id, peer=self.peer,
+                      principal=self.principal.name, cap=cap, level="warning")
+            self.send_error(_code("LIMIT_EXCEEDED"),
+                            f"this connection already holds {cap} subscriptions "
+                            "(consumers.max_subscriptions_per_connection): unsubscribe "
+                            "first or use another connection", frame.opaque)
+            return
         ordered = bool(s.flags & Subscribe.ORDERED) or b.config.consumers.ordered_default
         try:
-            cluster = b.core.cluster(s.cluster, s.topic, ordered)
+            cluster = b.core.cluster(s.cluster, s.topic, ordered, principal=self.principal)
         except ClusterError as exc:
             self.send_error(_code(exc.code), exc.message, frame.opaque)
             return

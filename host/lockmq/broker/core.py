@@ -13,6 +13,7 @@ import time
 from typing import Any, Awaitable
 
 from lockmq.config import Config
+from lockmq.security.identity import owner_of
 from lockmq.store import Appended, NewRecord, Store, StoredRecord
 from lockmq.store.records import validate_cluster, validate_topic
 
@@ -21,6 +22,9 @@ from .logs import EventLog, Stats
 from .readcache import ReadCache
 
 #: The SN under which the broker writes its own records ($devices, retries, dead letters).
+#: ``$`` ids are reserved to the broker (lockmq.security.identity) and never go through
+#: the store's producer dedup (lockmq.store.dedup), so no client can make the broker's
+#: own writes look like duplicates.
 BROKER_SN = "$broker"
 MAX_SEQ = 0xFFFFFFFF
 
@@ -48,6 +52,10 @@ class BrokerCore:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
+        #: every cluster with a positions file (live or not) -> its owner ("" for
+        #: files from before owners were saved: the next subscriber claims it)
+        self.cluster_owners: dict[str, str] = {}
+        self._log_budget: dict[str, list[float]] = {}   # event -> [last, suppressed]
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -61,7 +69,12 @@ class BrokerCore:
                  recovered_records_cut=rep.records_cut,
                  recovery_s=round(rep.seconds, 3))
         last = store.last_seq(BROKER_SN)
-        self._seq = 0 if last is None else last + 1
+        self._seq = 0 if last is None else (last + 1) & MAX_SEQ
+        for name in store.clusters():
+            try:
+                self.cluster_owners[name] = store.cluster_meta(name).get("owner", "")
+            except ValueError:   # a file name that is no cluster name: not ours
+                continue
         store.on_durable(self._on_durable)
         loop = asyncio.get_running_loop()
         self._timers = [
@@ -123,7 +136,12 @@ class BrokerCore:
             r.seq = self._seq
             self._seq = (self._seq + 1) & MAX_SEQ
         self.stats.inc("system_records", len(records))
-        return await self.store.append(records)
+        res = await self.store.append(records)
+        dups = sum(1 for a in res if a.duplicate)
+        if dups:   # cannot happen ($ ids skip dedup); never silently: callers check
+            self.stats.inc("system_records_duplicate", dups)
+            self.log("system_records_duplicate", count=dups, level="error")
+        return res
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` in the background; it is awaited (bounded) at shutdown."""
@@ -143,8 +161,10 @@ class BrokerCore:
 
         async def run() -> None:
             try:
-                await self.append_system([NewRecord(topic, BROKER_SN, 0, ts, payload,
-                                                    headers)])
+                res = await self.append_system([NewRecord(topic, BROKER_SN, 0, ts, payload,
+                                                          headers)])
+                if res and res[0].duplicate:
+                    raise RuntimeError("system record taken as a duplicate: not stored")
             except Exception as exc:  # noqa: BLE001
                 self.log("system_publish_failed", topic=topic, error=repr(exc), level="warning")
 
@@ -153,11 +173,18 @@ class BrokerCore:
 
     # -- consumer clusters ----------------------------------------------------------
 
-    def cluster(self, name: str, topic: str, ordered: bool) -> Cluster:
+    def cluster(self, name: str, topic: str, ordered: bool, principal: Any = None) -> Cluster:
         """The cluster ``name`` on ``topic``, created (with its saved position) if new.
 
-        Raises :class:`ClusterError` if the name is bad or the cluster already reads
-        another topic.
+        A cluster belongs to the principal that created it (``identity.owner_of``:
+        its token name), saved in its positions file before the cluster is used, with
+        the topic it is bound to. ``principal`` None or an admin may join any cluster;
+        another principal gets FORBIDDEN. A new cluster beyond
+        ``[consumers] max_clusters_per_owner`` (non-admins) gets LIMIT_EXCEEDED.
+        Nothing is created or written when the request is refused.
+
+        Raises :class:`ClusterError` (bad name, another owner, bound to another
+        topic, the cap).
         """
         try:
             validate_cluster(name)
@@ -166,22 +193,120 @@ class BrokerCore:
             raise ClusterError("INVALID_ARGUMENT", str(exc)) from None
         if len(name) > 100:
             raise ClusterError("INVALID_ARGUMENT", "cluster name longer than 100 characters")
+        admin = principal is None or bool(getattr(principal, "is_admin", False))
+        owner = "broker" if principal is None else owner_of(principal)
         c = self.clusters.get(name)
         if c is not None:
+            self._check_cluster_owner(name, owner, admin, principal)
             if c.topic != topic:
-                raise ClusterError("INVALID_ARGUMENT",
-                                   f"cluster {name!r} consumes topic {c.topic!r}, not {topic!r}")
+                self._cluster_refused("topic", name, principal,
+                                      f"cluster {name!r} consumes topic {c.topic!r}, not "
+                                      f"{topic!r}: subscribe with that topic or use another "
+                                      "cluster name")
             return c
-        assert self.store is not None
-        positions = self.store.load_positions(name)
+        store = self.store
+        assert store is not None
+        known = name in self.cluster_owners
+        if known:
+            self._check_cluster_owner(name, owner, admin, principal)
+            bound = self._bound_topic(name)
+            if bound and bound != topic:
+                self._cluster_refused("topic", name, principal,
+                                      f"cluster {name!r} consumes topic {bound!r}, not "
+                                      f"{topic!r}: subscribe with that topic or use another "
+                                      "cluster name")
+        elif not admin:
+            cap = self.config.consumers.max_clusters_per_owner
+            if sum(1 for o in self.cluster_owners.values() if o == owner) >= cap:
+                self._cluster_refused("cap", name, principal,
+                                      f"this principal already owns {cap} consumer clusters "
+                                      "(consumers.max_clusters_per_owner): reuse one, or "
+                                      "ask an admin to delete one (clusters.delete)",
+                                      code="LIMIT_EXCEEDED")
+        positions = store.load_positions(name)
+        meta = store.cluster_meta(name) if known else {}
+        if not known or not meta.get("owner") or not meta.get("topic"):
+            # claim it durably before anyone is served from it
+            start: dict[str, int] = {}
+            if topic not in positions:
+                start[topic] = store.queue_end(topic) \
+                    if self.config.consumers.start == "latest" else 0
+            if not known:   # retries left by a deleted cluster of that name are not ours
+                prefix = f"{RETRY_PREFIX}{name}."
+                for t in store.topics():
+                    if t.startswith(prefix) and t not in positions:
+                        start[t] = store.queue_end(t)
+            claim_owner = meta.get("owner") or owner
+            store.claim_cluster(name, claim_owner, topic, start)
+            self.cluster_owners[name] = claim_owner
+            positions = store.load_positions(name)
+            self.log("cluster_claimed", cluster=name, topic=topic, owner=claim_owner,
+                     legacy=known or None)
         c = Cluster(name, topic, ordered, self.settings, self, positions,
                     start_latest=self.config.consumers.start == "latest")
         self.clusters[name] = c
         self.by_topic.setdefault(topic, []).append(c)
         self.log("cluster_open", cluster=name, topic=topic, ordered=ordered,
                  committed=c.main.committed, retry_levels=len(c.retry_sources),
-                 backlog=c.backlog())
+                 backlog=c.backlog(), owner=self.cluster_owners.get(name, ""))
         return c
+
+    def _bound_topic(self, name: str) -> str:
+        """The topic an on-disk cluster reads (saved, or its one non-retry position)."""
+        assert self.store is not None
+        bound = self.store.cluster_meta(name).get("topic", "")
+        if not bound:
+            main = [t for t in self.store.load_positions(name) if not t.startswith("$retry.")]
+            bound = main[0] if len(main) == 1 else ""
+        return bound
+
+    def _check_cluster_owner(self, name: str, owner: str, admin: bool, principal: Any) -> None:
+        cur = self.cluster_owners.get(name, "")
+        if cur and cur != owner and not admin:
+            self._cluster_refused("owner", name, principal,
+                                  f"cluster {name!r} belongs to another principal: choose "
+                                  "another cluster name (an admin can delete it)",
+                                  code="FORBIDDEN")
+
+    def _cluster_refused(self, why: str, name: str, principal: Any, message: str,
+                         code: str = "INVALID_ARGUMENT") -> None:
+        """Count, log (at most once a second per kind) and raise a refused SUBSCRIBE."""
+        self.stats.inc(f"clusters_refused_{why}")
+        self.log_limited(f"cluster_refused_{why}", cluster=name,
+                         principal=getattr(principal, "name", None),
+                         owner=owner_of(principal) if principal is not None else None,
+                         level="warning")
+        raise ClusterError(code, message)
+
+    def log_limited(self, event: str, **fields: Any) -> None:
+        """Log ``event`` at most once a second (a peer repeating a refused request must
+        not flood the log); the next line says how many were left out."""
+        now = time.monotonic()
+        b = self._log_budget.setdefault(event, [0.0, 0.0])
+        if now - b[0] < 1.0:
+            b[1] += 1
+            return
+        if b[1]:
+            fields["suppressed"] = int(b[1])
+        b[0], b[1] = now, 0.0
+        self.log(event, **fields)
+
+    def forget_cluster(self, name: str) -> bool:
+        """Delete a cluster (no members may be connected): its live state, its
+        positions file and its owner. Its ``$retry``/``$dlq`` records stay until
+        retention; a new cluster of that name starts after them. False if unknown."""
+        assert self.store is not None
+        c = self.clusters.pop(name, None)
+        if c is not None:
+            assert not c.members
+            lst = self.by_topic.get(c.topic, [])
+            if c in lst:
+                lst.remove(c)
+            if not lst:
+                self.by_topic.pop(c.topic, None)
+        known = self.cluster_owners.pop(name, None) is not None
+        existed = self.store.delete_cluster(name)
+        return c is not None or known or existed
 
     def _on_durable(self, topic: str, end: int) -> None:
         for c in self.by_topic.get(topic, ()):
@@ -207,6 +332,8 @@ class BrokerCore:
         if self.store is None:
             return
         for c in list(self.clusters.values()):
+            if self.clusters.get(c.name) is not c:
+                continue   # deleted meanwhile (clusters.delete): do not write its file again
             if c.take_dirty() or force:
                 try:
                     await self.store.save_positions(c.name, c.positions())
@@ -262,7 +389,8 @@ class BrokerCore:
     def clusters_info(self) -> list[dict[str, Any]]:
         """Every cluster: live ones in full, ones only known from disk by position."""
         assert self.store is not None
-        out = [c.info() for c in self.clusters.values()]
+        owners = self.cluster_owners
+        out = [dict(c.info(), owner=owners.get(c.name, "")) for c in self.clusters.values()]
         for name in self.store.clusters():
             if name in self.clusters or name.startswith(("$",)):
                 continue
@@ -270,7 +398,8 @@ class BrokerCore:
             main = {t: p for t, p in pos.items() if not t.startswith(RETRY_PREFIX)}
             for topic, p in main.items():
                 end = self.store.queue_end(topic)
-                out.append({"name": name, "topic": topic, "members": [], "inflight": 0,
+                out.append({"name": name, "topic": topic, "owner": owners.get(name, ""),
+                            "members": [], "inflight": 0,
                             "committed": p, "queue_end": end, "backlog": max(0, end - p),
                             "dlq_size": self.store.queue_end(DLQ_PREFIX + name),
                             "live": False})

@@ -67,6 +67,9 @@ class SecurityConfig:
             plain TCP, when a certificate is set).
         tls_client_ca: PEM CA to require client certificates (empty = not required).
         plain_port_enabled: keep a plain-TCP listener for locks without TLS.
+        max_producer_ids_per_principal: producer ids (PUBLISH SNs) one token name
+            owns at most; claiming one more forgets its least recently used one
+            (see lockmq.security.identity).
     """
 
     data_dir: str = "./data"
@@ -98,6 +101,7 @@ class SecurityConfig:
     tls_port: int = 6843
     tls_client_ca: str = ""
     plain_port_enabled: bool = True
+    max_producer_ids_per_principal: int = 1024
 
     @property
     def registry_path(self) -> str:
@@ -119,7 +123,7 @@ class SecurityConfig:
                      "max_buffered_bytes",
                      "lock_message_burst", "auth_fail_per_address", "auth_fail_per_sn",
                      "auth_fail_window_s", "nonce_ttl_s", "max_tracked_keys",
-                     "command_ttl_s"):
+                     "command_ttl_s", "max_producer_ids_per_principal"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"security.{name} must be positive")
         if not 512 <= self.preauth_max_frame_bytes <= 65536:

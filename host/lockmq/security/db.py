@@ -1,7 +1,7 @@
 """The security registry's SQLite file: schema and connection settings.
 
-One file (``<data_dir>/security.db``) holds devices, tokens and per-lock command
-counters. WAL mode lets ``lockmq devices``/``lockmq tokens`` write while the broker
+One file (``<data_dir>/security.db``) holds devices, tokens, per-lock command
+counters and which principal owns which producer id. WAL mode lets ``lockmq devices``/``lockmq tokens`` write while the broker
 reads; the broker reads per authentication, so a disabled device or a revoked token
 is refused at its next connect without a restart.
 """
@@ -37,6 +37,18 @@ CREATE TABLE IF NOT EXISTS tokens (
     expires_at  REAL,
     revoked_at  REAL
 );
+-- Lookalike SNs and producer ids are compared case-insensitively (ASCII charset).
+CREATE INDEX IF NOT EXISTS devices_sn_nocase ON devices(sn COLLATE NOCASE);
+-- Producer ids (PUBLISH SNs) of token holders: owned by the principal that first
+-- published under one (lockmq.security.identity); id_fold is the case-folded id.
+CREATE TABLE IF NOT EXISTS producer_ids (
+    id_fold    TEXT PRIMARY KEY,
+    id         TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    last_used  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS producer_ids_owner ON producer_ids(owner, last_used);
 """
 
 

@@ -28,6 +28,8 @@ from .commands import SignedCommand, check_network_marked, command_mac, config_n
 from .config import SecurityConfig
 from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded, PermissionDenied,
                      RateLimited, Replayed, SecurityError, TokenExpired)
+from .identity import check_producer_id as _check_producer_id
+from .identity import system_topic_refusal
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
@@ -122,11 +124,18 @@ class Guard:
         # Proofs accepted recently: the same proof again is a replayed exchange.
         self._used_proofs: LRU[bytes, bool] = LRU(cfg.max_tracked_keys)
         self.metrics.sink = log
+        #: system topics the broker writes besides identity.INTERNAL_TOPICS (the
+        #: configured ``[devices]`` topics): no client may publish there
+        self.internal_topics: frozenset[str] = frozenset()
 
     @classmethod
     def from_broker_config(cls, config: Any, **kwargs: Any) -> "Guard":
         """A Guard from a whole ``lockmq.config.Config`` (``[broker]`` + ``[security]``)."""
-        return cls(SecurityConfig.from_broker_config(config), **kwargs)
+        g = cls(SecurityConfig.from_broker_config(config), **kwargs)
+        d = getattr(config, "devices", None)
+        if d is not None:
+            g.internal_topics = frozenset(t for t in (d.events_topic, d.heartbeats_topic) if t)
+        return g
 
     def close(self) -> None:
         """Close the registry files."""
@@ -305,11 +314,16 @@ class Guard:
                 raise TokenExpired(str(exc), reason=exc.reason) from None
             raise AuthFailed(str(exc), reason=exc.reason) from None
         name = sn or info.name
-        if sn and sn != info.name and self.registry.exists(sn):
-            raise AuthFailed(f"token {info.id} ({info.name}) claims lock SN {sn}",
+        # A token may not speak under a lock's SN, nor a lookalike of one (compared
+        # case-insensitively); the answer is the same as for a bad token.
+        lock_sn = self.registry.exists_folded(name)
+        if lock_sn is not None:
+            raise AuthFailed(f"token {info.id} ({info.name}) claims client id {name!r}, "
+                             f"a registered lock SN or a lookalike of one",
                              reason="token_claims_lock")
         kind = ADMIN if info.permissions.admin else SERVICE
-        return Principal(name=name, kind=kind, permissions=info.permissions, token_id=info.id)
+        return Principal(name=name, kind=kind, permissions=info.permissions, token_id=info.id,
+                         token_name=info.name)
 
     # -- per-frame checks -------------------------------------------------------------
 
@@ -334,6 +348,8 @@ class Guard:
         """SN binding, topic permission and (for locks) the message rate of a publish."""
         self.check_frame_sn(principal, sn)
         try:
+            if topic in self.internal_topics:
+                raise system_topic_refusal(principal, topic, internal=True)
             principal.require_publish(topic)
             if principal.is_lock:
                 self.message_rate.check(principal.name, n)
@@ -356,6 +372,29 @@ class Guard:
                               f"message rate allows", retry_after_ms=int(wait * 1000) + 1)
             self._refuse(exc, principal, frame="heartbeat")
             raise exc
+
+    def check_producer_id(self, principal: Principal, producer_id: Any) -> str:
+        """May ``principal`` publish under ``producer_id`` (a PUBLISH frame's SN, or its
+        own name)? See :mod:`lockmq.security.identity`: the charset, never ``$...``, a
+        lock only as itself, a token holder never as a registered lock's SN or a
+        lookalike, nor under an id another principal published under first (claimed
+        and persisted here on first use). Returns the id; raises
+        :class:`PermissionDenied` (FORBIDDEN). Call once per connection and id."""
+        pid = _as_sn(producer_id)
+        max_ids = self.cfg.max_producer_ids_per_principal
+
+        def taken(p: str, owner: str) -> bool:
+            why = self.registry.claim_producer_id(p, owner, max_ids, now=self.wall())
+            if why:
+                audit.record(self.metrics, "producer_id_refused", why, name=principal.name,
+                             owner=owner, producer_id=p)
+            return bool(why)
+
+        try:
+            return _check_producer_id(principal, pid, taken=taken)
+        except SecurityError as exc:
+            self._refuse(exc, principal, producer_id=pid)
+            raise
 
     def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:
         """May ``principal`` join ``cluster`` on ``topic``?"""

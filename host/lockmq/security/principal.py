@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import IdentityMismatch, PermissionDenied
+from .identity import RESERVED_PREFIX, is_internal_topic, system_topic_refusal
 
 LOCK = "lock"
 SERVICE = "service"
@@ -87,24 +88,34 @@ class Permissions:
             ``cards``, ``config``, ``config.network``, ``reboot``, ``fw-update`` or
             ``*``, comma-separated; see :func:`parse_command_right`). A bare
             ``SN_GLOB`` is a right from before kinds existed: unlock and cards only.
-        admin: everything, including the admin operations.
+        admin: everything, including the admin operations -- except writing system
+            topics, which needs ``system`` too.
+        system: patterns of ``$`` system topics the holder may publish to. The only
+            right that reaches ``$`` topics: ``publish`` patterns (even ``*`` or
+            ``$*``) and ``admin`` never do. Broker-internal topics (``$retry.*``,
+            ``$dlq.*``, ``$devices``, ``$heartbeats`` ...) stay refused even with it.
     """
 
     publish: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
     admin: bool = False
+    system: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (stored in the registry)."""
-        return {"publish": list(self.publish), "consume": list(self.consume),
-                "command": list(self.command), "admin": self.admin}
+        d: dict[str, Any] = {"publish": list(self.publish), "consume": list(self.consume),
+                             "command": list(self.command), "admin": self.admin}
+        if self.system:
+            d["system"] = list(self.system)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Permissions":
         """Inverse of :meth:`to_dict`."""
         return cls(publish=tuple(d.get("publish", ())), consume=tuple(d.get("consume", ())),
-                   command=tuple(d.get("command", ())), admin=bool(d.get("admin", False)))
+                   command=tuple(d.get("command", ())), admin=bool(d.get("admin", False)),
+                   system=tuple(d.get("system", ())))
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first malformed command right."""
@@ -114,10 +125,10 @@ class Permissions:
     def describe(self) -> str:
         """One-line summary for ``lockmq tokens list``."""
         if self.admin:
-            return "admin"
+            return "admin" + (f" system={','.join(self.system)}" if self.system else "")
         parts = []
         for label, pats in (("publish", self.publish), ("consume", self.consume),
-                            ("command", self.command)):
+                            ("command", self.command), ("system", self.system)):
             if pats and label == "command":   # show what legacy rights mean now
                 pats = tuple(f"{p}(unlock,cards only)" if ":" not in p else p for p in pats)
             if pats:
@@ -144,6 +155,8 @@ class Principal:
         client_nonce: the lock's nonce of the session.
         peer_ip: address it authenticated from.
         tls: whether the connection is TLS.
+        token_name: name of the token used (services and admins): the owner key of
+            the producer ids and clusters it creates (``identity.owner_of``).
     """
 
     name: str
@@ -155,6 +168,7 @@ class Principal:
     client_nonce: bytes = b""
     peer_ip: str = ""
     tls: bool = False
+    token_name: str = ""
 
     @property
     def is_admin(self) -> bool:
@@ -167,11 +181,18 @@ class Principal:
         return self.kind == LOCK
 
     def may_publish(self, topic: str) -> bool:
-        """A lock: only to its own topics (system topics never); a token: its patterns."""
+        """A lock: only to its own topics (system topics never); a token: its patterns.
+
+        ``$`` system topics: only with the explicit ``system`` right (admins too), and
+        broker-internal ones (``$retry.*``, ``$dlq.*``, ``$devices`` ...) never."""
+        if topic.startswith(RESERVED_PREFIX):
+            if self.is_lock or is_internal_topic(topic):
+                return False
+            return _any(self.permissions.system, topic)
         if self.is_admin:
             return True
         if self.is_lock:
-            return not topic.startswith("$") and _any(self.lock_topics, topic)
+            return _any(self.lock_topics, topic)
         return _any(self.permissions.publish, topic)
 
     def may_consume(self, topic: str, cluster: str) -> bool:
@@ -233,6 +254,8 @@ class Principal:
     def require_publish(self, topic: str) -> None:
         """:meth:`may_publish` or :class:`PermissionDenied`."""
         if not self.may_publish(topic):
+            if topic.startswith(RESERVED_PREFIX) and not self.is_lock:
+                raise system_topic_refusal(self, topic, is_internal_topic(topic))
             raise PermissionDenied(f"{self.kind} {self.name} may not publish to {topic!r}",
                                    reason="publish_denied")
 

@@ -48,6 +48,11 @@ class DeviceExists(ValueError):
     """``add`` of an SN that is already registered."""
 
 
+class SnTaken(DeviceExists):
+    """``add`` of an SN that differs only in case from a registered SN, or that a
+    service already uses as its producer id."""
+
+
 class UnknownDevice(KeyError):
     """An operation on an SN that is not registered."""
 
@@ -93,12 +98,34 @@ class DeviceRegistry:
             rows.append((sn, keys.wrap_key(self._master, sn, key), note, now, now))
         try:
             with self._tx():
+                self._check_free([r[0] for r in rows])
                 self._db.executemany(
                     "INSERT INTO devices(sn, wrapped_key, note, created_at, updated_at) "
                     "VALUES (?, ?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as exc:
             raise DeviceExists(f"device already registered ({exc})") from None
         return out
+
+    def _check_free(self, sns: list[str]) -> None:
+        """Refuse SNs that fold (case-insensitively) onto another registered SN, onto
+        each other, or onto a producer id a service already published under: consumers
+        and the duplicate table must never mix a lock up with a lookalike."""
+        seen: dict[str, str] = {}
+        for sn in sns:
+            f = sn.casefold()
+            if f in seen and seen[f] != sn:
+                raise SnTaken(f"SNs {seen[f]!r} and {sn!r} differ only in case")
+            seen[f] = sn
+            row = self._db.execute("SELECT sn FROM devices WHERE sn = ? COLLATE NOCASE "
+                                   "AND sn != ? LIMIT 1", (sn, sn)).fetchone()
+            if row is not None:
+                raise SnTaken(f"SN {sn!r} differs only in case from registered {row[0]!r}")
+            row = self._db.execute("SELECT id, owner FROM producer_ids WHERE id_fold = ?",
+                                   (f,)).fetchone()
+            if row is not None:
+                raise SnTaken(f"SN {sn!r} is already used as producer id {row[0]!r} by "
+                              f"{row[1]} (its records and duplicate-table entries would "
+                              "be mixed up with the lock's): choose another SN")
 
     def rekey(self, sn: str) -> bytes:
         """Give ``sn`` a new key (the old one stops working at once) and return it."""
@@ -155,6 +182,57 @@ class DeviceRegistry:
     def exists(self, sn: str) -> bool:
         """Whether ``sn`` is registered (enabled or not)."""
         return self._db.execute("SELECT 1 FROM devices WHERE sn=?", (sn,)).fetchone() is not None
+
+    def exists_folded(self, ident: str) -> str | None:
+        """The registered SN (enabled or not) that ``ident`` equals case-insensitively
+        (``lock-0001`` -> ``LOCK-0001``), or None."""
+        row = self._db.execute("SELECT sn FROM devices WHERE sn = ? COLLATE NOCASE LIMIT 1",
+                               (ident,)).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- producer ids ------------------------------------------------------------
+
+    def claim_producer_id(self, pid: str, owner: str, max_per_owner: int,
+                          now: float | None = None) -> str:
+        """Claim producer id ``pid`` for ``owner`` on first use; ``""`` if ``owner`` may
+        publish under it, else why not: ``"lock"`` (it folds onto a registered SN) or
+        ``"owned"`` (another principal published under it first).
+
+        An owner keeps at most ``max_per_owner`` ids: claiming one more forgets its
+        least recently used one (clients that pick a fresh id per process would
+        otherwise grow the table forever). Persisted: ownership survives restarts.
+        """
+        now = time.time() if now is None else now
+        f = pid.casefold()
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM devices WHERE sn = ? COLLATE NOCASE LIMIT 1",
+                                (pid,)).fetchone() is not None:
+                return "lock"
+            row = self._db.execute("SELECT owner FROM producer_ids WHERE id_fold = ?",
+                                   (f,)).fetchone()
+            if row is not None:
+                if row[0] != owner:
+                    return "owned"
+                self._db.execute("UPDATE producer_ids SET last_used=? WHERE id_fold=?",
+                                 (now, f))
+                return ""
+            self._db.execute("INSERT INTO producer_ids(id_fold, id, owner, created_at, "
+                             "last_used) VALUES (?, ?, ?, ?, ?)", (f, pid, owner, now, now))
+            self._db.execute(
+                "DELETE FROM producer_ids WHERE id_fold IN (SELECT id_fold FROM producer_ids "
+                "WHERE owner=? ORDER BY last_used DESC LIMIT -1 OFFSET ?)",
+                (owner, max(1, max_per_owner)))
+        return ""
+
+    def producer_ids(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """Claimed producer ids (of one owner, or all), most recently used first."""
+        sql = "SELECT id, owner, created_at, last_used FROM producer_ids"
+        args: tuple[Any, ...] = ()
+        if owner:
+            sql += " WHERE owner=?"
+            args = (owner,)
+        return [{"id": r[0], "owner": r[1], "created_at": r[2], "last_used": r[3]}
+                for r in self._db.execute(sql + " ORDER BY last_used DESC", args)]
 
     def _dummy_blob(self) -> bytes:
         blob = getattr(self, "_dummy", None)

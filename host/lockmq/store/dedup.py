@@ -12,6 +12,11 @@ sequences just below it it knows about (``known``, at most ``window``) and a bit
 A lock sending in order costs one small tuple ``(hw, known, 0)``. SNs are kept in
 least-recently-written order and the oldest is forgotten beyond ``max_sns``.
 Sequence numbers are compared as plain integers (no wrap-around at 2**32).
+
+System ids (``$...``, :func:`is_system_sn`: the broker's own records, retries, dead
+letters) are never deduplicated -- the store writes them whatever the table says --
+and the table only remembers their *last written* sequence (so the broker can go on
+numbering after a restart, and a wrapped or stray high value cannot stick).
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ from collections import OrderedDict
 from typing import Iterable
 
 _ENTRY = struct.Struct("<BIHH")  # sn_len, hw, known, gaps_len (then sn, gaps bytes)
+#: SNs starting with this are the broker's (reserved: no client may publish under one).
+SYSTEM_SN_PREFIX = "$"
+
+
+def is_system_sn(sn: str) -> bool:
+    """True for the broker's own producer ids, which skip dedup."""
+    return sn[:1] == SYSTEM_SN_PREFIX
 
 
 class DedupTable:
@@ -36,9 +48,9 @@ class DedupTable:
         return len(self._t)
 
     def contains(self, sn: str, seq: int) -> bool:
-        """True if ``(sn, seq)`` counts as already stored."""
+        """True if ``(sn, seq)`` counts as already stored (never for a system id)."""
         e = self._t.get(sn)
-        if e is None:
+        if e is None or sn[:1] == SYSTEM_SN_PREFIX:
             return False
         hw, known, gaps = e
         if seq >= hw:
@@ -72,6 +84,10 @@ class DedupTable:
             gaps = ((gaps << k) | ((1 << (k - 1)) - 1)) & ((1 << known) - 1)
             t[sn] = (seq, known, gaps)
         elif seq < hw:
+            if sn[:1] == SYSTEM_SN_PREFIX:   # system ids: the last written, not the highest
+                t[sn] = (seq, 0, 0)
+                t.move_to_end(sn)
+                return
             d = hw - seq
             if d <= w:
                 if d > known:  # sequences between the known ones and seq: not stored

@@ -518,6 +518,7 @@ class Store:
                 key = (sn, seq)
                 # most records are above their lock's high water: new, no full check
                 e = hw_of(sn)
+                # (contains() is False for the broker's own "$" ids: never dropped)
                 if key in seen or (e is not None and seq <= e[0] and contains(sn, seq)):
                     res.append(new_app(Appended, (-1, rec.topic, -1, True)))
                     dup += 1
@@ -852,6 +853,38 @@ class Store:
             self._pos_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-positions")
         await asyncio.get_running_loop().run_in_executor(self._pos_exec, pf.save,
                                                          dict(positions))
+
+    def cluster_meta(self, cluster: str) -> dict[str, str]:
+        """What the cluster's positions file says besides positions: ``owner`` (who
+        created it) and ``topic`` (the topic it is bound to), when saved; ``{}`` if the
+        cluster has no file (nothing is cached for it then: probing names costs no
+        memory)."""
+        p = self._positions.get(cluster)
+        if p is None:
+            p = PositionsFile(self.data_dir, validate_cluster(cluster))
+            if not p.exists:
+                p.close()
+                return {}
+            self._positions[cluster] = p
+        return dict(p.meta)
+
+    def claim_cluster(self, cluster: str, owner: str, topic: str,
+                      positions: dict[str, int] | None = None) -> None:
+        """Record (durably, before returning: blocking, one fsync) that ``cluster``
+        belongs to ``owner`` and reads ``topic``, with its starting ``positions``.
+        Called when a cluster is created, so ownership survives a crash."""
+        self._positions_file(cluster).save(dict(positions or {}),
+                                           {"owner": owner, "topic": topic})
+
+    def delete_cluster(self, cluster: str) -> bool:
+        """Forget ``cluster``: remove its positions file (owner, topic, positions).
+        False if it had none."""
+        pf = self._positions_file(cluster)
+        existed = pf.exists
+        pf.delete()
+        pf.close()
+        self._positions.pop(cluster, None)
+        return existed
 
     def clusters(self) -> list[str]:
         """Clusters that have a positions file."""

@@ -5,7 +5,10 @@ and fdatasyncs. Loading takes the last snapshot whose CRC matches, so a crash in
 the middle of a save leaves the previous positions. When the file grows past
 ``compact_bytes`` it is rewritten with only the latest snapshot (atomic replace).
 
-Snapshot: ``length u32 | crc u32 (of the JSON) | JSON {"gen": n, "positions": {topic: offset}}``.
+Snapshot: ``length u32 | crc u32 (of the JSON) | JSON {"gen": n, "positions": {topic: offset},
+"owner": "token:billing", "topic": "lock.events"}``. ``owner`` (who created the cluster:
+only that principal, or an admin, may join it) and ``topic`` (the topic the cluster is
+bound to) are optional: files written before they existed have neither.
 """
 
 from __future__ import annotations
@@ -13,12 +16,16 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import zlib
+from typing import Any
 
 from .files import atomic_write
 from .records import validate_cluster
 
 _HEAD = struct.Struct("<II")
+#: What a snapshot may carry besides the positions.
+META_KEYS = ("owner", "topic")
 
 
 def positions_file_name(cluster: str) -> str:
@@ -26,15 +33,24 @@ def positions_file_name(cluster: str) -> str:
     return f"consume-{validate_cluster(cluster)}.log"
 
 
-def _frame(gen: int, positions: dict[str, int]) -> bytes:
-    body = json.dumps({"gen": gen, "positions": positions}, separators=(",", ":"),
-                      sort_keys=True).encode("utf-8")
+def _frame(gen: int, positions: dict[str, int], meta: dict[str, str] | None = None) -> bytes:
+    obj: dict[str, Any] = {"gen": gen, "positions": positions}
+    if meta:
+        obj.update(meta)
+    body = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode("utf-8")
     return _HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
 def parse(data: bytes) -> tuple[int, dict[str, int], int]:
     """Return ``(gen, positions, valid_bytes)`` of the last good snapshot in ``data``."""
-    pos, gen, positions, good = 0, 0, {}, 0
+    gen, positions, _meta, good = parse_meta(data)
+    return gen, positions, good
+
+
+def parse_meta(data: bytes) -> tuple[int, dict[str, int], dict[str, str], int]:
+    """Return ``(gen, positions, meta, valid_bytes)`` of the last good snapshot;
+    ``meta`` holds ``owner`` and ``topic`` when the snapshot has them."""
+    pos, gen, positions, meta, good = 0, 0, {}, {}, 0
     while pos + _HEAD.size <= len(data):
         length, crc = _HEAD.unpack_from(data, pos)
         body = data[pos + _HEAD.size:pos + _HEAD.size + length]
@@ -43,11 +59,12 @@ def parse(data: bytes) -> tuple[int, dict[str, int], int]:
         try:
             obj = json.loads(body)
             gen, positions = int(obj["gen"]), {str(k): int(v) for k, v in obj["positions"].items()}
+            meta = {k: str(obj[k]) for k in META_KEYS if isinstance(obj.get(k), str)}
         except (ValueError, KeyError, TypeError, AttributeError):
             break
         pos += _HEAD.size + length
         good = pos
-    return gen, positions, good
+    return gen, positions, meta, good
 
 
 class PositionsFile:
@@ -56,12 +73,15 @@ class PositionsFile:
     def __init__(self, data_dir: str, cluster: str, compact_bytes: int = 256 * 1024) -> None:
         self.path = os.path.join(data_dir, positions_file_name(cluster))
         self.compact_bytes = compact_bytes
+        # saves come from the positions thread and (claims) from the event loop
+        self._lock = threading.Lock()
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             data = b""
-        self.gen, self.positions, good = parse(data)
+        self.exists = bool(data)
+        self.gen, self.positions, self.meta, good = parse_meta(data)
         self._size = good
         self._fd = -1
         if good != len(data):
@@ -74,26 +94,50 @@ class PositionsFile:
         """The last saved positions (a copy)."""
         return dict(self.positions)
 
-    def save(self, updates: dict[str, int]) -> None:
-        """Merge ``updates`` into the positions and make them durable (blocking)."""
-        merged = dict(self.positions)
-        for topic, off in updates.items():
-            if type(off) is not int or off < 0:
-                raise ValueError(f"position of {topic!r} must be a non-negative int")
-            merged[str(topic)] = off
-        gen = self.gen + 1
-        frame = _frame(gen, merged)
-        if self._size + len(frame) > self.compact_bytes or self._size == 0:
+    def save(self, updates: dict[str, int], meta: dict[str, str] | None = None) -> None:
+        """Merge ``updates`` (and ``meta``: ``owner``, ``topic``) into the saved state
+        and make it durable (blocking). Metadata once saved is kept by later saves."""
+        with self._lock:
+            merged = dict(self.positions)
+            for topic, off in updates.items():
+                if type(off) is not int or off < 0:
+                    raise ValueError(f"position of {topic!r} must be a non-negative int")
+                merged[str(topic)] = off
+            new_meta = dict(self.meta)
+            for k, v in (meta or {}).items():
+                if k not in META_KEYS or not isinstance(v, str):
+                    raise ValueError(f"positions metadata: unknown key {k!r} or not a string")
+                new_meta[k] = v
+            gen = self.gen + 1
+            frame = _frame(gen, merged, new_meta)
+            if self._size + len(frame) > self.compact_bytes or self._size == 0:
+                self._close_fd()
+                atomic_write(self.path, frame)
+                self._size = len(frame)
+            else:
+                if self._fd < 0:
+                    self._fd = os.open(self.path, os.O_WRONLY)
+                os.pwrite(self._fd, frame, self._size)
+                os.fdatasync(self._fd)
+                self._size += len(frame)
+            self.gen, self.positions, self.meta = gen, merged, new_meta
+            self.exists = True
+
+    def delete(self) -> None:
+        """Remove the file (the cluster is forgotten: positions, owner, topic)."""
+        with self._lock:
             self._close_fd()
-            atomic_write(self.path, frame)
-            self._size = len(frame)
-        else:
-            if self._fd < 0:
-                self._fd = os.open(self.path, os.O_WRONLY)
-            os.pwrite(self._fd, frame, self._size)
-            os.fdatasync(self._fd)
-            self._size += len(frame)
-        self.gen, self.positions = gen, merged
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            self.gen, self.positions, self.meta, self._size = 0, {}, {}, 0
+            self.exists = False
 
     def _close_fd(self) -> None:
         if self._fd >= 0:
