@@ -30,7 +30,7 @@ from .config import SecurityConfig
 from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, LimitExceeded,
                      PermissionDenied, Replayed, SecurityError, TokenExpired)
 from .identity import check_producer_id as _check_producer_id
-from .identity import system_topic_refusal
+from .identity import IDENTITY_RE, system_topic_refusal
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, check_buffered,
                      check_frame_size)
 from .nonces import NonceBook
@@ -305,6 +305,9 @@ class Guard:
                 raise TokenExpired(str(exc), reason=exc.reason) from None
             raise AuthFailed(str(exc), reason=exc.reason) from None
         name = sn or info.name
+        if sn and not IDENTITY_RE.match(sn):   # (the protocol Session refuses it at CONNECT too)
+            raise AuthFailed(f"token {info.id} ({info.name}) claims client id {sn[:80]!r} "
+                             "outside the identity charset", reason="bad_client_id")
         # A token may not speak under a lock's SN, nor a lookalike of one (compared
         # case-insensitively); the answer is the same as for a bad token.
         lock_sn = self.registry.exists_folded(name)
