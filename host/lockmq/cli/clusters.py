@@ -1,4 +1,8 @@
-"""``lockmq clusters``: consumer clusters with members, in-flight, backlog/lag, dead letters."""
+"""``lockmq clusters``: consumer clusters with members, in-flight, backlog/lag, dead letters.
+
+``lockmq clusters NAME --delete`` (admin) forgets a cluster -- position, owner, topic --
+so that its name is free again; no member may be connected.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the broker's JSON answer")
     p.add_argument("--watch", type=float, default=0, metavar="SECONDS",
                    help="repeat every SECONDS until interrupted")
+    p.add_argument("--delete", action="store_true",
+                   help="forget CLUSTER (position, owner, topic binding); no members "
+                        "may be connected")
     p.set_defaults(func=run)
 
 
@@ -37,11 +44,11 @@ def _show(resp: dict, args: argparse.Namespace) -> None:
             "inflight": c.get("inflight", 0), "backlog": c.get("backlog", 0),
             "unread": c.get("unread", c.get("backlog", 0)),
             "retrying": c.get("retry_scheduled", 0), "dlq": c.get("dlq_size", 0),
-            "ordered": "yes" if c.get("ordered") else "no",
+            "ordered": "yes" if c.get("ordered") else "no", "owner": c.get("owner", ""),
             "capped": "CAPPED" if c.get("cluster_capped") else "",
         })
     print_table(rows, ["cluster", "topic", "members", "inflight", "backlog", "unread",
-                       "retrying", "dlq", "ordered", "capped"])
+                       "retrying", "dlq", "ordered", "owner", "capped"])
     if args.cluster:
         for c in clusters:
             members = c.get("members", [])
@@ -53,8 +60,15 @@ def _show(resp: dict, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq clusters``."""
+    if args.delete and not args.cluster:
+        return fail("--delete needs a CLUSTER")
     try:
         with Admin(args.broker, token=args.token) as admin:
+            if args.delete:
+                resp = admin.request("clusters.delete", cluster=args.cluster)
+                print(f"cluster {resp['cluster']} deleted (was owned by "
+                      f"{resp.get('owner') or 'nobody'})")
+                return 0
             while True:
                 req = {"cluster": args.cluster} if args.cluster else {}
                 _show(admin.request("clusters", **req), args)

@@ -9,6 +9,7 @@ permissions and an expiry (default 90 days)::
     lockmq tokens create fleet   --command 'config,reboot:LOCK-*'
     lockmq tokens create netops  --command 'config.network:LOCK-0001' --ttl 1h
     lockmq tokens create ops     --admin --ttl 12h
+    lockmq tokens create alarms  --system '$alerts'     # a $ system topic (warns)
     lockmq tokens list
     lockmq tokens revoke <id or name>
 
@@ -17,6 +18,9 @@ Patterns are shell globs. ``--consume TOPIC:CLUSTER`` (a bare TOPIC means any cl
 ``fw-update`` (``*`` = all of these), and ``config.network`` -- changing a lock's
 broker list or TLS settings, never implied by ``*`` or ``config``. A bare SN_GLOB
 means ``unlock,cards`` (what command tokens were for before rights per kind).
+``$`` system topics are written only with ``--system`` (never through ``--publish``
+patterns such as ``*`` or ``$*``, nor ``--admin``); the broker-internal ones
+(``$retry.*``, ``$dlq.*``, ``$devices``, ``$heartbeats``) by no token at all.
 Over plain TCP a token is accepted only from the addresses in ``[security]
 allow_plain_tokens_from`` (loopback by default); elsewhere use TLS.
 """
@@ -50,7 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="downlink commands it may send: kinds (unlock, cards, config, reboot, "
                         "fw-update, * = those five, config.network = repoint a lock) and the "
                         "locks, e.g. 'unlock,cards:LOCK-*'")
-    c.add_argument("--admin", action="store_true", help="every right, admin operations too")
+    c.add_argument("--admin", action="store_true",
+                   help="every right, admin operations too (not --system)")
+    c.add_argument("--system", action="append", default=[], metavar="SYSTEM_TOPIC_GLOB",
+                   help="$ system topics it may publish to (explicit only; warns)")
     c.add_argument("--ttl", default="90d", help="lifetime: 30m, 12h, 90d, 1w or never")
     c.add_argument("--json", action="store_true")
     add_registry_options(c)
@@ -83,11 +90,30 @@ def cmd_create(args: argparse.Namespace) -> int:
             right = f"unlock,cards:{right}"
         command.append(right)
     perms = Permissions(publish=tuple(args.publish), consume=tuple(args.consume),
-                        command=tuple(command), admin=args.admin)
+                        command=tuple(command), admin=args.admin,
+                        system=tuple(args.system))
     if perms == Permissions():
-        print("error: give at least one of --publish --consume --command --admin",
+        print("error: give at least one of --publish --consume --command --admin --system",
               file=sys.stderr)
         return 2
+    bad = [p for p in perms.system if not p.startswith("$")]
+    if bad:
+        print(f"error: --system {','.join(bad)}: system topic patterns start with '$'",
+              file=sys.stderr)
+        return 2
+    if perms.system:
+        internal = [p for p in perms.system
+                    if any(fnmatchcase(t, p) for t in _INTERNAL_EXAMPLES)]
+        print(f"warning: --system {','.join(perms.system)} grants writing $ system topics: "
+              "consumers take records there for the broker's own. Grant it only to a "
+              "service you trust like the broker." + (
+                  f" ({','.join(internal)} also matches broker-internal topics -- $retry.*, "
+                  "$dlq.*, $devices, $heartbeats -- which stay refused to every token.)"
+                  if internal else ""), file=sys.stderr)
+    dollar = [p for p in perms.publish if p.startswith("$")]
+    if dollar:
+        print(f"warning: --publish {','.join(dollar)} never reaches $ system topics; "
+              "use --system for those", file=sys.stderr)
     try:
         perms.validate()
     except ValueError as exc:
@@ -127,6 +153,10 @@ def cmd_create(args: argparse.Namespace) -> int:
               f"expires={when(info.expires_at)} — shown once; store it in a secret store",
               file=sys.stderr)
     return 0
+
+
+#: Broker-internal topics, for the --system warning.
+_INTERNAL_EXAMPLES = ("$retry.billing.0", "$dlq.billing", "$devices", "$heartbeats")
 
 
 def _lock_topic_examples(patterns: list[str]) -> list[str]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from lockmq.protocol import identity_problem
+
 from . import audit, keys
 from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
 from .config import SecurityConfig
@@ -314,6 +316,9 @@ class Guard:
                 raise TokenExpired(str(exc), reason=exc.reason) from None
             raise AuthFailed(str(exc), reason=exc.reason) from None
         name = sn or info.name
+        if sn and identity_problem(sn):   # (the protocol Session refuses it at CONNECT too)
+            raise AuthFailed(f"token {info.id} ({info.name}) claims client id {sn[:80]!r} "
+                             "outside the identity charset", reason="bad_client_id")
         # A token may not speak under a lock's SN, nor a lookalike of one (compared
         # case-insensitively); the answer is the same as for a bad token.
         lock_sn = self.registry.exists_folded(name)
