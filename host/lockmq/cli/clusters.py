@@ -6,7 +6,7 @@ import argparse
 import time
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, fail, print_json, print_table
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +54,7 @@ def _show(resp: dict, args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq clusters``."""
     try:
-        with Admin(args.broker, token=args.token) as admin:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
             while True:
                 req = {"cluster": args.cluster} if args.cluster else {}
                 _show(admin.request("clusters", **req), args)
