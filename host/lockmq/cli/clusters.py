@@ -10,7 +10,7 @@ import argparse
 import time
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, fail, print_json, print_table
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.delete and not args.cluster:
         return fail("--delete needs a CLUSTER")
     try:
-        with Admin(args.broker, token=args.token) as admin:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
             if args.delete:
                 resp = admin.request("clusters.delete", cluster=args.cluster)
                 print(f"cluster {resp['cluster']} deleted (was owned by "

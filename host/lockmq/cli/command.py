@@ -17,7 +17,7 @@ import json
 import struct
 
 from lockmq.client import AsyncProducer, CommandError, LockmqError
-from lockmq.client.cliargs import add_connection_args, fail
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
 from lockmq.client.sync import new_event_loop
 from lockmq.protocol import CommandKind
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
-    producer = AsyncProducer(args.broker, token=args.token, name="cli-command")
+    producer = AsyncProducer(endpoint_from_args(args), token=args.token, name="cli-command")
     await producer.connect()
     try:
         outcome = await producer.command(args.sn, kind, payload, expires_in_s=args.expires)

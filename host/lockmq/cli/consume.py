@@ -18,7 +18,7 @@ import threading
 import time
 
 from lockmq.client import AsyncConsumer, LockmqError, Message
-from lockmq.client.cliargs import add_connection_args, fail, render_payload
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, render_payload
 from lockmq.client.idempotency import idempotency_store
 from lockmq.client.sync import new_event_loop
 
@@ -103,7 +103,7 @@ async def _consume(args: argparse.Namespace) -> int:
         if args.count and n >= args.count:
             loop.call_soon_threadsafe(stop.set)
 
-    c = AsyncConsumer(args.broker, topic=args.topic, cluster=args.cluster, handler=handle,
+    c = AsyncConsumer(endpoint_from_args(args), topic=args.topic, cluster=args.cluster, handler=handle,
                       min_workers=args.min_workers, max_workers=args.max_workers,
                       batch=args.batch, ordered=args.ordered, token=args.token)
     t0 = time.monotonic()

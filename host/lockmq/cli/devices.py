@@ -55,7 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o = dsub.add_parser("online", help="locks connected to a running broker now")
     from lockmq.client.cliargs import add_connection_args
     add_connection_args(o)
-    o.add_argument("--tls-ca", metavar="CA.PEM", help="connect with TLS, verifying this CA")
     o.add_argument("--json", action="store_true", help="print the broker's JSON answer")
     o.set_defaults(func=cmd_online)
 
@@ -205,14 +204,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_online(args: argparse.Namespace) -> int:
     """Ask the broker (``devices`` admin op) which locks are online."""
     from lockmq.client import Admin, LockmqError
-    from lockmq.client.session import Endpoint
+    from lockmq.client.cliargs import endpoint_from_args
 
-    endpoint = Endpoint.parse(args.broker)
-    if args.tls_ca:
-        from lockmq.security.tls import client_context
-        endpoint.ssl = client_context(args.tls_ca)
     try:
-        with Admin(endpoint, token=args.token) as admin:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
             resp = admin.request("devices")
     except (LockmqError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

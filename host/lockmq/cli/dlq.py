@@ -11,7 +11,7 @@ import argparse
 import datetime
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, fail, print_json, print_table, render_payload
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table, render_payload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def _when(ms: object) -> str:
 def run_list(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq dlq list``."""
     try:
-        with Admin(args.broker, token=args.token) as admin:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
             resp = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
                                  limit=args.limit)
     except (LockmqError, OSError) as exc:
@@ -76,7 +76,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_replay(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq dlq replay``."""
     try:
-        with Admin(args.broker, token=args.token) as admin:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
             if args.all:
                 listed = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
                                        limit=1000)

@@ -16,7 +16,7 @@ import time
 from typing import Iterator
 
 from lockmq.client import AsyncProducer, LockmqError
-from lockmq.client.cliargs import add_connection_args, fail
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
 from lockmq.client.sync import new_event_loop
 from lockmq.sim import make_event, percentile
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _produce(args: argparse.Namespace) -> int:
-    p = AsyncProducer(args.broker, token=args.token, producer_id=args.producer_id,
+    p = AsyncProducer(endpoint_from_args(args), token=args.token, producer_id=args.producer_id,
                       name="cli", max_in_flight=max(1, args.window) + 1)
     await p.connect()
     t0 = time.monotonic()

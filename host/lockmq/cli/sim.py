@@ -19,7 +19,8 @@ import signal
 import sys
 import time
 
-from lockmq.client.cliargs import add_connection_args, fail
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
+from lockmq.client.errors import LockmqError
 from lockmq.client.session import Endpoint
 from lockmq.client.sync import new_event_loop
 from lockmq.sim import (DEFAULT_TOPIC, SimConfig, SimStats, load_keys, raise_nofile,
@@ -71,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return fail(f"device keys: {exc}")
     try:
-        endpoint = Endpoint.parse(args.broker)
-    except ValueError:
-        return fail(f"bad broker address {args.broker!r}", 2)
+        endpoint = endpoint_from_args(args)
+    except LockmqError as exc:
+        return fail(str(exc), 2)
     raise_nofile()
     loop = new_event_loop()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, fail, print_json, print_table
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq topics``."""
     try:
-        with Admin(args.broker, token=args.token) as admin:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
             resp = admin.request("topics")
     except (LockmqError, OSError) as exc:
         return fail(str(exc))

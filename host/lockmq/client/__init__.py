@@ -31,6 +31,7 @@ from .errors import (
     CommandError,
     ConnectionLost,
     ForbiddenError,
+    InsecureTransportError,
     LockmqError,
 )
 from .idempotency import (
@@ -49,5 +50,5 @@ __all__ = [
     "Producer", "Message", "SendResult", "CommandOutcome", "Credentials", "Endpoint",
     "IdempotencyStore", "SqliteIdempotency", "PostgresIdempotency", "idempotency_store",
     "LockmqError", "ConnectionLost", "ClientClosed", "BrokerError", "BusyError", "AuthError",
-    "ForbiddenError", "CommandError", "AdminError",
+    "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError",
 ]

@@ -9,19 +9,79 @@ import os
 import sys
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from lockmq.protocol import CommandKind, EventType, LockEvent, Method, Result
 
+if TYPE_CHECKING:
+    from lockmq.client.session import Endpoint
+
 DEFAULT_BROKER = "127.0.0.1:6800"
+_TRUE = ("1", "true", "yes", "on")
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
-    """``--broker HOST:PORT`` and ``--token`` (both also from the environment)."""
-    p.add_argument("--broker", "-b", default=os.environ.get("LOCKMQ_BROKER", DEFAULT_BROKER),
+    """The options of every command that talks to a broker, each also from the environment:
+    ``--broker HOST:PORT``, ``--token``, ``--tls-ca FILE``, ``--tls``,
+    ``--tls-server-name NAME`` and ``--insecure``. Build the endpoint with
+    :func:`endpoint_from_args`."""
+    env = os.environ.get
+    p.add_argument("--broker", "-b", default=env("LOCKMQ_BROKER", DEFAULT_BROKER),
                    metavar="HOST:PORT",
                    help="broker address (env LOCKMQ_BROKER; default %(default)s)")
-    p.add_argument("--token", default=os.environ.get("LOCKMQ_TOKEN"),
+    p.add_argument("--token", default=env("LOCKMQ_TOKEN"),
                    help="service/admin token (env LOCKMQ_TOKEN; not needed when the "
                         "broker runs with auth = \"off\")")
+    p.add_argument("--tls-ca", default=env("LOCKMQ_TLS_CA") or None, metavar="FILE",
+                   help="connect with TLS and verify the broker against this CA "
+                        "(PEM or DER; env LOCKMQ_TLS_CA)")
+    p.add_argument("--tls", action="store_true", default=env("LOCKMQ_TLS", "").lower() in _TRUE,
+                   help="connect with TLS verified by the system's CAs (env LOCKMQ_TLS=1; "
+                        "implied by --tls-ca)")
+    p.add_argument("--tls-server-name", default=env("LOCKMQ_TLS_SERVER_NAME") or None,
+                   metavar="NAME",
+                   help="name to verify in the broker's certificate when it differs from "
+                        "the --broker host (env LOCKMQ_TLS_SERVER_NAME)")
+    p.add_argument("--insecure", action="store_true",
+                   default=env("LOCKMQ_INSECURE", "").lower() in _TRUE,
+                   help="allow sending the token over plain TCP to a non-loopback host "
+                        "(env LOCKMQ_INSECURE=1); anyone on the path can then read it")
+
+
+def endpoint_from_args(args: argparse.Namespace) -> "Endpoint":
+    """The :class:`Endpoint` the options of :func:`add_connection_args` describe.
+
+    Raises :class:`~lockmq.client.LockmqError` for a bad address or an unreadable CA.
+    The cleartext rule (no token in clear to a remote host) is enforced when the
+    session opens, before any connect.
+    """
+    from lockmq.client.errors import LockmqError
+    from lockmq.client.session import Endpoint
+
+    try:
+        endpoint = Endpoint.parse(args.broker)
+    except ValueError:
+        raise LockmqError(f"bad broker address {args.broker!r} (want HOST:PORT)") from None
+    endpoint.insecure = bool(getattr(args, "insecure", False))
+    ca = getattr(args, "tls_ca", None)
+    if ca or getattr(args, "tls", False):
+        from lockmq.security.tls import client_context
+
+        try:
+            if ca and _is_der(ca):
+                endpoint.ssl = client_context(cadata=open(ca, "rb").read())
+            else:
+                endpoint.ssl = client_context(ca)
+        except (OSError, ValueError) as exc:   # ssl.SSLError is an OSError
+            raise LockmqError(f"--tls-ca {ca}: cannot load the CA: {exc}") from None
+        endpoint.server_hostname = getattr(args, "tls_server_name", None) or None
+    return endpoint
+
+
+def _is_der(path: str) -> bool:
+    """A CA file in DER (what locks take) rather than PEM: accept both."""
+    with open(path, "rb") as fh:
+        return not fh.read(64).lstrip().startswith(b"-----")
 
 
 def _names(cls: type) -> dict[int, str]:

@@ -70,3 +70,27 @@ class CommandError(LockmqError):
 
 class AdminError(LockmqError):
     """An admin request was refused or failed on the broker."""
+
+
+class InsecureTransportError(LockmqError):
+    """Refused before connecting: a token would cross the network in clear.
+
+    Raised by :func:`lockmq.client.session.open_session` when the endpoint has no TLS,
+    the host is not a loopback address and the credentials carry a secret, unless the
+    endpoint says ``insecure=True`` (the CLI's ``--insecure``). No byte was sent.
+
+    Attributes:
+        code: ``ErrorCode.INVALID_ARGUMENT`` (the caller's endpoint is refused).
+        name: ``"INSECURE_TRANSPORT"``.
+    """
+
+    def __init__(self, host: str) -> None:
+        from lockmq.protocol import ErrorCode
+
+        self.code = ErrorCode.INVALID_ARGUMENT
+        self.name = "INSECURE_TRANSPORT"
+        self.host = host
+        super().__init__(
+            f"refusing to send a token in clear to {host!r}: it is not a loopback address; "
+            "use TLS (--tls-ca FILE / LOCKMQ_TLS_CA, or --tls for the system CAs) or say "
+            "--insecure (LOCKMQ_INSECURE=1) to accept that anyone on the path can read it")

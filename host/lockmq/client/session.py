@@ -16,6 +16,7 @@ which a broker running ``auth = "off"`` accepts.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import ssl as _ssl
 from dataclasses import dataclass
@@ -34,7 +35,14 @@ from lockmq.protocol import (
 )
 
 from ._conn import FrameConnection
-from .errors import AuthError, BrokerError, BusyError, ConnectionLost, ForbiddenError
+from .errors import (
+    AuthError,
+    BrokerError,
+    BusyError,
+    ConnectionLost,
+    ForbiddenError,
+    InsecureTransportError,
+)
 
 CLIENT_NAME = "lockmq-py/0.1"
 DEFAULT_PORT = 6800
@@ -91,6 +99,10 @@ class Endpoint:
         ssl: an :class:`ssl.SSLContext` for TLS, or None for plain TCP.
         connect_timeout_s: limit on TCP connect plus handshake.
         max_frame: largest frame accepted from the broker.
+        server_hostname: name to verify in the broker's certificate when it differs
+            from ``host`` (TLS only; e.g. connecting by IP to ``gw.local``).
+        insecure: allow a token over plain TCP to a non-loopback host (see
+            :func:`cleartext_refusal`); off by default.
     """
 
     host: str = "127.0.0.1"
@@ -98,12 +110,47 @@ class Endpoint:
     ssl: _ssl.SSLContext | None = None
     connect_timeout_s: float = 10.0
     max_frame: int = DEFAULT_MAX_FRAME
+    server_hostname: str | None = None
+    insecure: bool = False
 
     @staticmethod
     def parse(address: str) -> "Endpoint":
         """``host:port``, ``host`` or ``:port``."""
         host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
         return Endpoint(host or "127.0.0.1", int(port) if port else DEFAULT_PORT)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a loopback IP literal (127.0.0.0/8, ::1) or ``localhost``.
+
+    Names other than ``localhost`` count as remote: checking what they resolve to
+    would trust DNS, which an attacker on the path may answer.
+    """
+    h = host.strip().strip("[]").rstrip(".").lower()
+    if h == "localhost" or h.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def cleartext_refusal(endpoint: Endpoint, credentials: Credentials) -> InsecureTransportError | None:
+    """The error to raise before connecting, or None when the connection may go ahead.
+
+    A token is a bearer secret: over plain TCP anyone on the path can copy it and it
+    stays valid. So a token (a non-empty ``TOKEN`` secret) goes in clear only to a
+    loopback host or when the endpoint says ``insecure``. A lock's device key never
+    crosses the wire (only an HMAC proof over fresh nonces), and an empty token
+    (``auth = "off"``) has nothing to steal.
+    """
+    if endpoint.ssl is not None or endpoint.insecure:
+        return None
+    if credentials.method != AuthMethod.TOKEN or not credentials.secret:
+        return None
+    if is_loopback_host(endpoint.host):
+        return None
+    return InsecureTransportError(endpoint.host)
 
 
 async def open_session(
@@ -117,11 +164,15 @@ async def open_session(
 ) -> tuple[FrameConnection, ConnectAck]:
     """Connect, authenticate and return the live connection and the broker's ack.
 
-    Raises :class:`AuthError`, :class:`BusyError` (too many connections, ...),
-    :class:`BrokerError` or :class:`ConnectionLost`. Frames the broker sent right
+    Raises :class:`InsecureTransportError` (before any connect: a token would go in
+    clear to a remote host), :class:`AuthError`, :class:`BusyError` (too many
+    connections, ...), :class:`BrokerError` or :class:`ConnectionLost`. Frames the broker sent right
     after CONNECT_ACK wait in ``conn.early_frames``: call ``conn.dispatch_early()``
     once the caller is ready for them.
     """
+    refusal = cleartext_refusal(endpoint, credentials)
+    if refusal is not None:
+        raise refusal   # before any socket exists: the token never leaves this process
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
 
@@ -137,7 +188,8 @@ async def open_session(
     async def handshake() -> tuple[FrameConnection, ConnectAck]:
         try:
             _, conn = await loop.create_connection(
-                factory, endpoint.host, endpoint.port, ssl=endpoint.ssl
+                factory, endpoint.host, endpoint.port, ssl=endpoint.ssl,
+                server_hostname=(endpoint.server_hostname or None) if endpoint.ssl else None,
             )
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}") from exc

