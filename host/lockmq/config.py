@@ -48,7 +48,7 @@ class ConfigError(ValueError):
         return ConfigError(str(self), table=self.table, key=self.key, file=file)
 
 
-def _check_auth(value: Any) -> None:
+def check_auth_mode(value: Any) -> None:
     """``[broker] auth`` must be spelt exactly ``"required"`` or ``"off"``: a boolean, an
     upper-case or a made-up value is refused rather than guessed at (auth silently off
     on a door-lock broker is the worst default there is)."""
@@ -265,7 +265,7 @@ class Config:
         b, d, c, k = self.broker, self.devices, self.consumers, self.commands
         if not 0 <= b.port <= 65535 or not 0 <= b.status_port <= 65535:
             raise ValueError("broker.port and broker.status_port must be in [0, 65535]")
-        _check_auth(b.auth)
+        check_auth_mode(b.auth)
         if b.log_format not in ("kv", "json"):
             raise ValueError("broker.log_format must be 'kv' or 'json'")
         if b.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -365,7 +365,7 @@ def _apply(section: Any, table: dict[str, Any], prefix: str) -> None:
         if key not in known:
             raise ValueError(f"unknown setting {prefix}.{key}")
         if prefix == "broker" and key == "auth":
-            _check_auth(value)   # before the type check: its message says what to write
+            check_auth_mode(value)   # before the type check: its message says what to write
         default = getattr(section, key)
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ValueError(f"{prefix}.{key} must be true or false")

@@ -122,9 +122,9 @@ def make_guard(config: Any, log: Any) -> Any:
     ``[broker] auth`` is the one switch: exactly ``"off"`` gives the OpenGuard (with a
     warning), exactly ``"required"`` the security Guard; anything else is refused here
     too (a Config built in code skips the file checks)."""
-    from lockmq.config import _check_auth
+    from lockmq.config import check_auth_mode
 
-    _check_auth(config.broker.auth)
+    check_auth_mode(config.broker.auth)
     if config.broker.auth == "off":
         log("auth_off", level="warning",
             note="every peer is trusted; use only for tests and development")
