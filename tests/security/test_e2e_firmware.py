@@ -177,9 +177,7 @@ def test_wrong_key_firmware_is_refused(chain):
 def test_firmware_over_tls_with_der_ca(chain):
     root, broker, tls_port, certs, _ = chain
     board = build_board(root, "FW-3", tls_port, broker.data_dir, tls_ca=certs.ca_der)
-    # TLS handshakes need more heap than plain TCP; on this 64-bit interpreter objects are
-    # about twice an ESP32's (the 32-bit figures are in docs/firmware.md).
-    lock = fw.Lock(board, heap="144K")
+    lock = fw.Lock(board)
     try:
         lock.expect(r"I net connected", timeout=30)
     finally:
