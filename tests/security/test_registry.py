@@ -136,7 +136,7 @@ def test_lookalike_and_claimed_sns_are_not_registered(reg):
 def test_producer_ids_per_owner_are_bounded_least_recently_used_first(reg):
     for i in range(5):
         assert reg.claim_producer_id(f"p-{i}", "token:a", 3, now=100.0 + i) == ""
-    assert reg.claim_producer_id("p-2", "token:a", 3, now=200.0) == ""      # used again
-    assert reg.claim_producer_id("p-5", "token:a", 3, now=201.0) == ""
+    assert reg.claim_producer_id("p-2", "token:a", 3, now=5000.0) == ""     # used again
+    assert reg.claim_producer_id("p-5", "token:a", 3, now=5001.0) == ""
     assert sorted(x["id"] for x in reg.producer_ids("token:a")) == ["p-2", "p-4", "p-5"]
     assert reg.claim_producer_id("p-0", "token:b", 3) == ""     # forgotten: free again
