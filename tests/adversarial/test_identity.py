@@ -176,6 +176,7 @@ def firmware(tmp_path):
         folder = build_folder(tmp_path / f"board-{sn}", DeviceConfig(
             sn=sn, key=key.hex(), brokers=[("127.0.0.1", e.port)], hw="sim"),
             cards=["0A1B2C3D"])
+        fw.set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
         lk = fw.Lock(folder)
         locks.append(lk)
         lk.expect(r"I net connected", timeout=60)
