@@ -432,3 +432,45 @@ def test_registry_lookup_states(guard):
     guard.registry.set_enabled("LOCK-L", False)
     assert guard.registry.lookup("LOCK-L") == (None, "disabled")
     assert guard.registry.lookup("NOPE") == (None, "unknown")
+
+
+def test_producer_ids_reserved_lookalike_and_owned(guard):
+    guard.registry.add("LOCK-20")
+    tok_a, _ = guard.tokens.create("svc-a", Permissions(publish=("*",)))
+    tok_b, _ = guard.tokens.create("svc-b", Permissions(publish=("*",)))
+    adm, _ = guard.tokens.create("ops", Permissions(admin=True))
+    for claimed in ("lock-20", "Lock-20", "$broker", "bad id"):   # lookalikes, charset
+        nonce = guard.challenge()
+        with pytest.raises(AuthFailed):
+            guard.authenticate(claimed, token_auth(tok_a), nonce, "127.0.0.1")
+    a = guard.authenticate("svc-a-1", token_auth(tok_a), guard.challenge(), "127.0.0.1")
+    b = guard.authenticate("svc-a-1", token_auth(tok_b), guard.challenge(), "127.0.0.1")
+    ops = guard.authenticate("ops-1", token_auth(adm), guard.challenge(), "127.0.0.1")
+    assert guard.check_producer_id(a, "svc-a-1") == "svc-a-1"     # first use: claimed
+    with pytest.raises(PermissionDenied) as ei:
+        guard.check_producer_id(b, "svc-a-1")                     # another principal
+    assert ei.value.code == ErrorCode.FORBIDDEN and ei.value.reason == "producer_id_taken"
+    taken = ei.value.public_message
+    with pytest.raises(PermissionDenied) as ei:
+        guard.check_producer_id(ops, "lock-20")                   # a lock's SN, folded
+    assert ei.value.public_message.replace("'lock-20'", "'svc-a-1'") == taken   # same answer
+    with pytest.raises(PermissionDenied) as ei:
+        guard.check_producer_id(ops, "$broker")
+    assert ei.value.reason == "producer_id_reserved" and "reserved" in ei.value.public_message
+
+
+def test_system_topics_need_the_explicit_system_right(guard):
+    wild, _ = guard.tokens.create("wild", Permissions(publish=("*", "$*")))
+    alarms, _ = guard.tokens.create("alarms", Permissions(system=("$alerts",)))
+    adm, _ = guard.tokens.create("ops", Permissions(admin=True))
+    w, s, o = (guard.authenticate("", token_auth(t), guard.challenge(), "127.0.0.1")
+               for t in (wild, alarms, adm))
+    guard.check_publish(w, "billing.x")
+    guard.check_publish(s, "$alerts")
+    for p, topic, reason in ((w, "$alerts", "system_topic"), (o, "$alerts", "system_topic"),
+                             (w, "$devices", "internal_topic"), (s, "$retry.c.0", "internal_topic"),
+                             (o, "$dlq.c", "internal_topic"), (s, "$heartbeats", "internal_topic")):
+        with pytest.raises(PermissionDenied) as ei:
+            guard.check_publish(p, topic)
+        assert ei.value.reason == reason, (p.name, topic)
+    assert Permissions.from_dict(Permissions(system=("$a",)).to_dict()).system == ("$a",)

@@ -113,3 +113,30 @@ def test_provisioning_file(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     back = json.loads(path.read_text())
     assert back["sn"] == "L5" and bytes.fromhex(back["key"]) == b"\x01" * 32
+
+
+def test_lookalike_and_claimed_sns_are_not_registered(reg):
+    from lockmq.security.registry import SnTaken
+
+    reg.add("LOCK-0001")
+    assert reg.exists_folded("lock-0001") == "LOCK-0001" and reg.exists_folded("LOCK-9") is None
+    with pytest.raises(SnTaken):
+        reg.add("lock-0001")                     # differs only in case
+    with pytest.raises(SnTaken):
+        reg.add_many(["LOCK-7", "lock-7"])
+    assert reg.claim_producer_id("Billing-1", "token:billing", 8) == ""
+    assert reg.claim_producer_id("billing-1", "token:billing", 8) == ""   # its own, folded
+    assert reg.claim_producer_id("BILLING-1", "token:evil", 8) == "owned"
+    assert reg.claim_producer_id("Lock-0001", "token:evil", 8) == "lock"
+    with pytest.raises(SnTaken):
+        reg.add("billing-1")                     # a service's producer id already
+    assert reg.count() == 1
+
+
+def test_producer_ids_per_owner_are_bounded_least_recently_used_first(reg):
+    for i in range(5):
+        assert reg.claim_producer_id(f"p-{i}", "token:a", 3, now=100.0 + i) == ""
+    assert reg.claim_producer_id("p-2", "token:a", 3, now=5000.0) == ""     # used again
+    assert reg.claim_producer_id("p-5", "token:a", 3, now=5001.0) == ""
+    assert sorted(x["id"] for x in reg.producer_ids("token:a")) == ["p-2", "p-4", "p-5"]
+    assert reg.claim_producer_id("p-0", "token:b", 3) == ""     # forgotten: free again

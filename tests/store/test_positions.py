@@ -81,3 +81,36 @@ def test_file_is_compacted(tmp_path):
     pf.close()
     assert os.path.getsize(tmp_path / "consume-c.log") <= 2000
     assert PositionsFile(str(tmp_path), "c").load() == {"t": 499}
+
+
+def test_owner_and_topic_are_kept_across_saves_reopen_and_go_with_delete(data_dir):
+    async def main():
+        s = Store.open(config(data_dir))
+        assert s.cluster_meta("billing") == {}
+        s.claim_cluster("billing", "token:billing", "lock.events", {"lock.events": 3})
+        await s.save_positions("billing", {"lock.events": 7, "$retry.billing.0": 1})
+        assert s.cluster_meta("billing") == {"owner": "token:billing", "topic": "lock.events"}
+        await s.close()
+        s = Store.open(config(data_dir))
+        assert s.cluster_meta("billing") == {"owner": "token:billing", "topic": "lock.events"}
+        assert s.load_positions("billing") == {"lock.events": 7, "$retry.billing.0": 1}
+        assert s.delete_cluster("billing") and not s.delete_cluster("billing")
+        assert s.cluster_meta("billing") == {} and s.clusters() == []
+        s.close_sync()
+    run(main())
+
+
+def test_system_records_are_stored_whatever_the_dedup_table_says(data_dir):
+    from lockmq.store import NewRecord
+
+    async def main():
+        s = Store.open(config(data_dir))
+        await s.append([NewRecord("x", "$broker", 0xFFFFFFFF, 0, b"poison")])
+        await s.close()
+        s = Store.open(config(data_dir))      # the poisoned entry survives a restart ...
+        res = await s.append([NewRecord("$devices", "$broker", 0, 0, b"online"),
+                              NewRecord("$devices", "$broker", 1, 0, b"offline")])
+        assert [a.duplicate for a in res] == [False, False]   # ... and changes nothing
+        assert s.queue_end("$devices") == 2 and s.last_seq("$broker") == 1
+        await s.close()
+    run(main())

@@ -132,3 +132,15 @@ def test_dedup_add_many_equals_add_one_by_one(ops, run):
         one.add(sn, seq)
     many.add_many(ops)
     assert many.items() == one.items() and many.evicted == one.evicted
+
+
+def test_dedup_never_drops_system_ids_and_keeps_their_last_seq():
+    d = DedupTable(window=8, max_sns=10)
+    d.add("$broker", 0xFFFFFFFF)          # what v0.1's "$broker" attack left behind
+    assert not d.contains("$broker", 0) and not d.contains("$broker", 0xFFFFFFFF)
+    d.add("$broker", 0)                   # the broker numbers on from the last written
+    assert d.last_seq("$broker") == 0
+    d.add_many([("$broker", 1), ("$broker", 2)])
+    assert d.last_seq("$broker") == 2 and not d.contains("$broker", 2)
+    d.add("LOCK-1", 5)                    # producers are deduplicated as before
+    assert d.contains("LOCK-1", 5)
