@@ -17,7 +17,8 @@ from ._bodies import (Connect, Challenge, Auth, ConnectAck, Heartbeat, Disconnec
                       Publish, PublishAck, Command, CommandResult, encode_json, decode_json,
                       decode_body, BODY_TYPES)
 from ._event import LockEvent
-from ._auth import auth_proof, command_mac, verify_auth_proof, verify_command
+from ._auth import (auth_proof, command_mac, verify_auth_proof, verify_command, session_key,
+                    frame_tag, TAG_SIZE)
 from ._session import (ClientSession, SessionError, BROKER_PUSHES, CONNECTING, CHALLENGED,
                        ESTABLISHED, CLOSING)
 
@@ -43,7 +44,8 @@ __all__ = [
     "Publish", "PublishAck", "Subscribe", "SubscribeAck", "Unsubscribe", "Notify", "Pull",
     "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
     "decode_json", "decode_body", "BODY_TYPES", "LockEvent",
-    "auth_proof", "command_mac", "verify_auth_proof", "verify_command",
+    "auth_proof", "command_mac", "verify_auth_proof", "verify_command", "session_key",
+    "frame_tag", "TAG_SIZE",
     "ServerSession", "ClientSession", "SessionError", "check_identity", "identity_problem",
     "identity_key", "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",
     "CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING",

@@ -11,7 +11,8 @@ from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
 from ._errors import ProtocolError
 from ._frame import encode_frame
 from ._bodies import Connect, Challenge, Auth, ConnectAck, ErrorReply
-from ._auth import auth_proof
+from ._auth import auth_proof, session_key, frame_tag, TAG_SIZE, TO_BROKER, TO_CLIENT
+from ._hmac import compare_digest
 
 CONNECTING = 0    # before CONNECT (broker) / CONNECT sent (client)
 CHALLENGED = 1    # CHALLENGE sent, waiting for AUTH / AUTH sent, waiting for CONNECT_ACK
@@ -46,16 +47,52 @@ def fatal_error(message, code):
 
 
 class _Session:
+    _OUT = TO_BROKER       # direction byte of the frames this side seals
+
     def __init__(self):
         self.state = CONNECTING
         self.role = 0          # the role in effect (claimed, then granted by the broker)
         self.name = ""         # the identity in effect (lock SN or client id)
         self.nonce = b""       # the broker's challenge nonce
         self.cnonce = b""      # the client's nonce
+        self.mac_key = None    # frame-MAC session key once MACs are on (SPEC "Frame MACs")
+        self.tx = 0            # frames sealed / opened so far: the tags' counters
+        self.rx = 0
 
     def close(self):
         """The connection is ending: accept nothing more."""
         self.state = CLOSING
+
+    def seal(self, opcode, sn, body, opaque=0, flags=0):
+        """Encode a frame to send: with frame MACs on, flag MAC and append its tag."""
+        if self.mac_key is None:
+            return encode_frame(opcode, sn, body, opaque, flags)
+        flags |= Flag.MAC
+        tag = frame_tag(self.mac_key, self._OUT, self.tx, opcode, sn, flags, opaque, body)
+        self.tx += 1
+        return encode_frame(opcode, sn, bytes(body) + tag, opaque, flags)
+
+    def _open(self, frame):
+        # Check and strip the tag of a received frame (MACs on); fatal when it is
+        # missing or wrong: the frame was altered, injected, replayed or reordered.
+        body = frame.body
+        if self.mac_key is None:
+            if frame.flags & Flag.MAC:
+                self.state = CLOSING
+                raise fatal_error("a MAC flag on a session without frame MACs", ErrorCode.BAD_MAC)
+            return
+        if not frame.flags & Flag.MAC or len(body) < TAG_SIZE:
+            self.state = CLOSING
+            raise fatal_error("%s without a frame tag" % op_name(frame.opcode), ErrorCode.BAD_MAC)
+        body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
+        want = frame_tag(self.mac_key, 1 - self._OUT, self.rx, frame.opcode, frame.sn,
+                         frame.flags, frame.opaque, body)
+        if not compare_digest(want, tag):
+            self.state = CLOSING
+            raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
+                              "reordered)" % op_name(frame.opcode), ErrorCode.BAD_MAC)
+        self.rx += 1
+        frame.body = bytes(body)
 
 
 class ClientSession(_Session):
@@ -65,11 +102,16 @@ class ClientSession(_Session):
     returns the bytes to send next during the handshake (the AUTH answering the
     CHALLENGE) or None, and raises :class:`SessionError` when the broker refused
     (its ErrorCode) or broke the rules. ``ack`` holds the CONNECT_ACK once the
-    state is ESTABLISHED.
+    state is ESTABLISHED. Encode every frame after that with :meth:`seal`.
+
+    ``mac=True`` (a lock with its device key, on plain TCP) asks for frame MACs:
+    the broker must confirm with a tagged CONNECT_ACK, else the session fails
+    (BAD_MAC) -- an on-path attacker cannot strip the request.
     """
 
-    def __init__(self, role, name, method, secret, client="", keepalive_s=30):
+    def __init__(self, role, name, method, secret, client="", keepalive_s=30, mac=False):
         _Session.__init__(self)
+        self.mac = bool(mac) and method == AuthMethod.DEVICE_HMAC
         self.role = role
         self.name = name
         self.method = method
@@ -82,7 +124,8 @@ class ClientSession(_Session):
         """The CONNECT that starts the session."""
         self.state = CONNECTING
         return encode_frame(Op.CONNECT, self.name,
-                            Connect(self.role, self.keepalive_s, self.client).encode(), opaque)
+                            Connect(self.role, self.keepalive_s, self.client).encode(), opaque,
+                            Flag.MAC if self.mac else 0)
 
     def receive(self, frame, cnonce=None, opaque=2):
         """Check one broker frame; during the handshake return what to send next.
@@ -118,11 +161,18 @@ class ClientSession(_Session):
             if op != Op.CONNECT_ACK:
                 self.state = CLOSING
                 raise fatal_error("expected CONNECT_ACK, got %s" % op_name(op), ErrorCode.UNEXPECTED_FRAME)
+            if self.mac:
+                if not frame.flags & Flag.MAC:
+                    self.state = CLOSING
+                    raise fatal_error("the broker did not confirm frame MACs", ErrorCode.BAD_MAC)
+                self.mac_key = session_key(self.secret, self.nonce, self.cnonce, self.name)
+            self._open(frame)
             self.ack = ConnectAck.decode(frame.body)
             self.state = ESTABLISHED
             return None
         if state == CLOSING:
             raise fatal_error("the session is closed", ErrorCode.UNEXPECTED_FRAME)
+        self._open(frame)
         if not frame.flags & Flag.RESPONSE and op not in BROKER_PUSHES[self.role]:
             raise SessionError("the broker sent an unasked %s" % op_name(op),
                                ErrorCode.UNEXPECTED_FRAME, False)

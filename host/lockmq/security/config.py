@@ -56,6 +56,10 @@ class SecurityConfig:
             plain TCP, when a certificate is set).
         tls_client_ca: PEM CA to require client certificates (empty = not required).
         plain_port_enabled: keep a plain-TCP listener for locks without TLS.
+        lock_frame_mac: frame MACs for locks on plain TCP (SPEC "Frame MACs"):
+            ``"optional"`` (default: a lock that asks gets them; older firmware
+            still connects) or ``"required"`` (a lock on plain TCP that does not
+            ask is refused with BAD_MAC). Over TLS they are never required.
     """
 
     data_dir: str = "./data"
@@ -86,6 +90,7 @@ class SecurityConfig:
     tls_port: int = 6843
     tls_client_ca: str = ""
     plain_port_enabled: bool = True
+    lock_frame_mac: str = "optional"
 
     @property
     def registry_path(self) -> str:
@@ -99,6 +104,8 @@ class SecurityConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting out of range."""
+        if self.lock_frame_mac not in ("optional", "required"):
+            raise ValueError('security.lock_frame_mac must be "optional" or "required"')
         for name in ("max_connections", "lock_message_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"security.{name} must be >= 0")
