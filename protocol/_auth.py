@@ -7,10 +7,6 @@ from ._hmac import hmac_sha256, compare_digest
 
 AUTH_DOMAIN = b"lockmq-auth-v1"
 COMMAND_DOMAIN = b"lockmq-cmd-v1"
-SESSION_DOMAIN = b"lockmq-session-v1"
-TAG_SIZE = 16          # frame tags: HMAC-SHA256 cut to 128 bits
-TO_BROKER = 0          # direction byte of a frame tag: client -> broker
-TO_CLIENT = 1          # broker -> client (a frame reflected back fails)
 
 
 def _b(sn):
@@ -37,17 +33,3 @@ def verify_command(key, sn, command):
     return compare_digest(
         command_mac(key, sn, command.cmd_id, command.expires_ms, command.kind, command.args),
         command.mac)
-
-
-def session_key(key, nonce, cnonce, sn):
-    """The session's frame-MAC key: HMAC(key, "lockmq-session-v1" | nonce | cnonce | sn)."""
-    return hmac_sha256(key, SESSION_DOMAIN + bytes(nonce) + bytes(cnonce) + _b(sn))
-
-
-def frame_tag(skey, direction, counter, opcode, sn, flags, opaque, body):
-    """A frame's 16-byte tag: HMAC(session key, direction u8 | counter u32 | opcode u16 |
-    flags u8 | opaque u32 | sn_len u8 | sn | body)[:16]. ``counter`` counts the frames
-    already sealed in that direction, so a replayed, dropped or reordered frame fails."""
-    snb = _b(sn)
-    head = struct.pack(">BIHBIB", direction, counter & 0xFFFFFFFF, opcode, flags, opaque, len(snb))
-    return hmac_sha256(skey, head + snb + bytes(body))[:TAG_SIZE]

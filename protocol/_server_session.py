@@ -1,7 +1,7 @@
 # The broker's side of the session (see _session.py for the rules and the tables).
 # Kept apart so that a lock, which only ever is a client, does not load it.
 from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
-from ._auth import TO_CLIENT
+from ._mac import TO_CLIENT
 from ._errors import ProtocolError
 from ._frame import encode_frame
 from ._bodies import Connect, Auth, Challenge, ErrorReply

@@ -11,8 +11,7 @@ from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
 from ._errors import ProtocolError
 from ._frame import encode_frame
 from ._bodies import Connect, Challenge, Auth, ConnectAck, ErrorReply
-from ._auth import auth_proof, session_key, frame_tag, TAG_SIZE, TO_BROKER, TO_CLIENT
-from ._hmac import compare_digest
+from ._auth import auth_proof
 
 CONNECTING = 0    # before CONNECT (broker) / CONNECT sent (client)
 CHALLENGED = 1    # CHALLENGE sent, waiting for AUTH / AUTH sent, waiting for CONNECT_ACK
@@ -47,7 +46,7 @@ def fatal_error(message, code):
 
 
 class _Session:
-    _OUT = TO_BROKER       # direction byte of the frames this side seals
+    _OUT = 0               # direction byte of the frames this side seals (_mac.TO_BROKER)
 
     def __init__(self):
         self.state = CONNECTING
@@ -55,7 +54,7 @@ class _Session:
         self.name = ""         # the identity in effect (lock SN or client id)
         self.nonce = b""       # the broker's challenge nonce
         self.cnonce = b""      # the client's nonce
-        self.mac_key = None    # frame-MAC session key once MACs are on (SPEC "Frame MACs")
+        self.mac_key = None    # frame-MAC session key once MACs are on (_mac.py)
         self.tx = 0            # frames sealed / opened so far: the tags' counters
         self.rx = 0
 
@@ -67,32 +66,14 @@ class _Session:
         """Encode a frame to send: with frame MACs on, flag MAC and append its tag."""
         if self.mac_key is None:
             return encode_frame(opcode, sn, body, opaque, flags)
-        flags |= Flag.MAC
-        tag = frame_tag(self.mac_key, self._OUT, self.tx, opcode, sn, flags, opaque, body)
-        self.tx += 1
-        return encode_frame(opcode, sn, bytes(body) + tag, opaque, flags)
+        from ._mac import seal
+        return seal(self, opcode, sn, body, opaque, flags)
 
     def _open(self, frame):
-        # Check and strip the tag of a received frame (MACs on); fatal when it is
-        # missing or wrong: the frame was altered, injected, replayed or reordered.
-        body = frame.body
-        if self.mac_key is None:
-            if frame.flags & Flag.MAC:
-                self.state = CLOSING
-                raise fatal_error("a MAC flag on a session without frame MACs", ErrorCode.BAD_MAC)
-            return
-        if not frame.flags & Flag.MAC or len(body) < TAG_SIZE:
-            self.state = CLOSING
-            raise fatal_error("%s without a frame tag" % op_name(frame.opcode), ErrorCode.BAD_MAC)
-        body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
-        want = frame_tag(self.mac_key, 1 - self._OUT, self.rx, frame.opcode, frame.sn,
-                         frame.flags, frame.opaque, body)
-        if not compare_digest(want, tag):
-            self.state = CLOSING
-            raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
-                              "reordered)" % op_name(frame.opcode), ErrorCode.BAD_MAC)
-        self.rx += 1
-        frame.body = bytes(body)
+        # frame MACs (loaded only when in use): check and strip the tag, or fail
+        if self.mac_key is not None or frame.flags & Flag.MAC:
+            from ._mac import open_frame
+            open_frame(self, frame)
 
 
 class ClientSession(_Session):
@@ -165,6 +146,7 @@ class ClientSession(_Session):
                 if not frame.flags & Flag.MAC:
                     self.state = CLOSING
                     raise fatal_error("the broker did not confirm frame MACs", ErrorCode.BAD_MAC)
+                from ._mac import session_key
                 self.mac_key = session_key(self.secret, self.nonce, self.cnonce, self.name)
             self._open(frame)
             self.ack = ConnectAck.decode(frame.body)
