@@ -30,6 +30,8 @@ if sys.implementation.name != "micropython":
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
     from ._identity import check_identity, identity_problem, identity_key, IDENTITY_RULE
+    # Frame MACs: a lock loads _mac only when its session turns them on.
+    from ._mac import session_key, frame_tag, TAG_SIZE
 
 __all__ = [
     "VERSION", "MIN_FRAME", "MAX_SN", "DEFAULT_MAX_FRAME", "HARD_MAX_FRAME", "NONCE_SIZE",
@@ -43,7 +45,8 @@ __all__ = [
     "Publish", "PublishAck", "Subscribe", "SubscribeAck", "Unsubscribe", "Notify", "Pull",
     "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
     "decode_json", "decode_body", "BODY_TYPES", "LockEvent",
-    "auth_proof", "command_mac", "verify_auth_proof", "verify_command",
+    "auth_proof", "command_mac", "verify_auth_proof", "verify_command", "session_key",
+    "frame_tag", "TAG_SIZE",
     "ServerSession", "ClientSession", "SessionError", "check_identity", "identity_problem",
     "identity_key", "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",
     "CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING",

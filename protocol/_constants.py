@@ -57,6 +57,8 @@ class Flag:
     """Frame flags (u8). Reserved bits are sent as 0 and ignored on receipt."""
     ONEWAY = 0x01     # the sender wants no answer (oneway publish)
     RESPONSE = 0x02   # this frame answers the request with the same opaque
+    MAC = 0x04        # the body ends with a 16-byte frame tag (SPEC 2.x "Frame MACs");
+                      # on CONNECT: the lock asks for frame MACs
 
 
 class Role:
@@ -89,6 +91,7 @@ class ErrorCode:
     TOKEN_EXPIRED = 14
     REPLAY = 15
     AUTH_TIMEOUT = 16
+    BAD_MAC = 17      # a frame tag missing, wrong, replayed or reordered (fatal)
     BUSY = 20
     RATE_LIMITED = 21
     TOO_MANY_CONNECTIONS = 22

@@ -1,6 +1,7 @@
 # The broker's side of the session (see _session.py for the rules and the tables).
 # Kept apart so that a lock, which only ever is a client, does not load it.
-from ._constants import Op, Flag, Role, ErrorCode, op_name
+from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
+from ._mac import TO_CLIENT
 from ._errors import ProtocolError
 from ._frame import encode_frame
 from ._bodies import Connect, Auth, Challenge, ErrorReply
@@ -35,13 +36,20 @@ class ServerSession(_Session):
     Feed every decoded frame to :meth:`receive`; it returns the frame when the rules
     allow it (a CONNECT or AUTH decoded into :attr:`connect` / :attr:`auth`) and raises
     :class:`SessionError` otherwise. Answer the handshake with :meth:`challenge`,
-    then :meth:`accept` or :meth:`refuse`; each returns the bytes to send.
+    then :meth:`accept` or :meth:`refuse`; each returns the bytes to send. After
+    that, encode every frame with :meth:`seal`.
+
+    A CONNECT flagged MAC asks for frame MACs (:attr:`mac_wanted`); only a device-key
+    AUTH can have them, and :meth:`accept` then needs the session key.
     """
+
+    _OUT = TO_CLIENT
 
     def __init__(self):
         _Session.__init__(self)
         self.connect = None    # the decoded CONNECT body
         self.auth = None       # the decoded AUTH body, until accepted or refused
+        self.mac_wanted = False
 
     def state_name(self):
         """The state's name, for logs."""
@@ -60,6 +68,7 @@ class ServerSession(_Session):
         op = frame.opcode
         state = self.state
         if state == ESTABLISHED:
+            self._open(frame)       # frame MACs: fatal BAD_MAC before anything else
             if op not in CLIENT_REQUESTS[self.role]:
                 # another role's request is a matter of rights; anything else is no
                 # request at all
@@ -109,6 +118,7 @@ class ServerSession(_Session):
             self.connect = c
             self.role = c.role
             self.name = sn
+            self.mac_wanted = bool(frame.flags & Flag.MAC)
             self.state = CHALLENGED
             return frame
         if self.auth is not None or not self.nonce:
@@ -120,6 +130,9 @@ class ServerSession(_Session):
             self.state = CLOSING
             raise
         self.cnonce = self.auth.cnonce
+        if self.mac_wanted and self.auth.method != AuthMethod.DEVICE_HMAC:
+            self.state = CLOSING
+            raise fatal_error("frame MACs need a device key (AUTH method 1)", ErrorCode.INVALID_ARGUMENT)
         return frame
 
     def challenge(self, nonce, server_time_ms, opaque, methods=3):
@@ -128,14 +141,28 @@ class ServerSession(_Session):
         return encode_frame(Op.CHALLENGE, "", Challenge(nonce, server_time_ms, methods).encode(),
                             opaque, Flag.RESPONSE)
 
-    def accept(self, role, name, ack, opaque):
+    def accept(self, role, name, ack, opaque, mac_key=None, mac_required=False):
         """Authentication succeeded as ``role`` / ``name`` (the broker's decision, which
-        may differ from the claim): return the CONNECT_ACK ``ack`` to send."""
+        may differ from the claim): return the CONNECT_ACK ``ack`` to send.
+
+        ``mac_key``: the session key (``session_key(device key, nonce, cnonce, sn)``),
+        needed when the lock asked for frame MACs; the CONNECT_ACK is then the first
+        tagged frame, which also proves to the lock that the broker knows its key.
+        ``mac_required`` (the broker's policy on plain TCP): a lock that did not ask
+        for frame MACs is refused (fatal BAD_MAC)."""
+        if mac_required and role == Role.LOCK and not self.mac_wanted:
+            self.state = CLOSING
+            raise fatal_error("this broker requires frame MACs from locks on plain TCP: set "
+                              "the MAC flag on CONNECT, or use TLS", ErrorCode.BAD_MAC)
         self.role = role
         self.name = name
         self.auth = None
         self.state = ESTABLISHED
-        return encode_frame(Op.CONNECT_ACK, "", ack.encode(), opaque, Flag.RESPONSE)
+        if self.mac_wanted:
+            if not mac_key:
+                raise ProtocolError("frame MACs asked for but no session key given")
+            self.mac_key = bytes(mac_key)
+        return self.seal(Op.CONNECT_ACK, "", ack.encode(), opaque, Flag.RESPONSE)
 
     def refuse(self, code, message, opaque, retry_after_ms=0):
         """Authentication failed: the ERROR to send before closing."""

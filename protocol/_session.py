@@ -46,16 +46,34 @@ def fatal_error(message, code):
 
 
 class _Session:
+    _OUT = 0               # direction byte of the frames this side seals (_mac.TO_BROKER)
+
     def __init__(self):
         self.state = CONNECTING
         self.role = 0          # the role in effect (claimed, then granted by the broker)
         self.name = ""         # the identity in effect (lock SN or client id)
         self.nonce = b""       # the broker's challenge nonce
         self.cnonce = b""      # the client's nonce
+        self.mac_key = None    # frame-MAC session key once MACs are on (_mac.py)
+        self.tx = 0            # frames sealed / opened so far: the tags' counters
+        self.rx = 0
 
     def close(self):
         """The connection is ending: accept nothing more."""
         self.state = CLOSING
+
+    def seal(self, opcode, sn, body, opaque=0, flags=0):
+        """Encode a frame to send: with frame MACs on, flag MAC and append its tag."""
+        if self.mac_key is None:
+            return encode_frame(opcode, sn, body, opaque, flags)
+        from ._mac import seal
+        return seal(self, opcode, sn, body, opaque, flags)
+
+    def _open(self, frame):
+        # frame MACs (loaded only when in use): check and strip the tag, or fail
+        if self.mac_key is not None or frame.flags & Flag.MAC:
+            from ._mac import open_frame
+            open_frame(self, frame)
 
 
 class ClientSession(_Session):
@@ -65,11 +83,17 @@ class ClientSession(_Session):
     returns the bytes to send next during the handshake (the AUTH answering the
     CHALLENGE) or None, and raises :class:`SessionError` when the broker refused
     (its ErrorCode) or broke the rules. ``ack`` holds the CONNECT_ACK once the
-    state is ESTABLISHED.
+    state is ESTABLISHED. Encode every frame after that with :meth:`seal`.
+
+    ``mac=True`` (a lock with its device key, on plain TCP) asks for frame MACs:
+    the broker must confirm with a tagged CONNECT_ACK, else the session fails
+    (BAD_MAC) -- an on-path attacker cannot strip the request.
     """
 
-    def __init__(self, role, name, method, secret, client="", keepalive_s=30, max_frame=0):
+    def __init__(self, role, name, method, secret, client="", keepalive_s=30, max_frame=0,
+                 mac=False):
         _Session.__init__(self)
+        self.mac = bool(mac) and method == AuthMethod.DEVICE_HMAC
         self.role = role
         self.name = name
         self.method = method
@@ -84,7 +108,8 @@ class ClientSession(_Session):
         self.state = CONNECTING
         return encode_frame(Op.CONNECT, self.name,
                             Connect(self.role, self.keepalive_s, self.client, VERSION,
-                                    self.max_frame).encode(), opaque)
+                                    self.max_frame).encode(), opaque,
+                            Flag.MAC if self.mac else 0)
 
     def receive(self, frame, cnonce=None, opaque=2):
         """Check one broker frame; during the handshake return what to send next.
@@ -120,11 +145,19 @@ class ClientSession(_Session):
             if op != Op.CONNECT_ACK:
                 self.state = CLOSING
                 raise fatal_error("expected CONNECT_ACK, got %s" % op_name(op), ErrorCode.UNEXPECTED_FRAME)
+            if self.mac:
+                if not frame.flags & Flag.MAC:
+                    self.state = CLOSING
+                    raise fatal_error("the broker did not confirm frame MACs", ErrorCode.BAD_MAC)
+                from ._mac import session_key
+                self.mac_key = session_key(self.secret, self.nonce, self.cnonce, self.name)
+            self._open(frame)
             self.ack = ConnectAck.decode(frame.body)
             self.state = ESTABLISHED
             return None
         if state == CLOSING:
             raise fatal_error("the session is closed", ErrorCode.UNEXPECTED_FRAME)
+        self._open(frame)
         if not frame.flags & Flag.RESPONSE and op not in BROKER_PUSHES[self.role]:
             raise SessionError("the broker sent an unasked %s" % op_name(op),
                                ErrorCode.UNEXPECTED_FRAME, False)

@@ -16,6 +16,7 @@ DEFAULTS = {
     "heartbeat_s": 30,
     "topic": "lock.events",
     "tls": {"enabled": False, "ca": "ca.der", "server_hostname": ""},
+    "frame_mac": False,     # MAC every frame on plain TCP (broker must know it)
     "hw": "auto",
     "unlock_s": 5,
     "door_open_alarm_s": 60,

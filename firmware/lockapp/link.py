@@ -15,7 +15,7 @@ import errno
 import struct
 import asyncio
 from lockmq.protocol import (Op, Flag, Role, AuthMethod, ErrorCode, NO_SEQ,
-                             FrameDecoder, encode_frame, ErrorReply, Publish, PublishAck,
+                             FrameDecoder, ErrorReply, Publish, PublishAck,
                              CommandResult, ProtocolError, ClientSession, SessionError)
 from lockapp import log, VERSION
 from lockapp.backoff import Backoff
@@ -119,8 +119,11 @@ class Link:
         self._dec = FrameDecoder(MAX_FRAME)
         # MAX_FRAME stated in CONNECT: the broker refuses commands that would not fit
         # our decoder instead of sending one that breaks this link at every reconnect.
+        # Frame MACs on plain TCP (TLS already protects the frames): asked for on
+        # CONNECT; the session then seals and checks every frame (SPEC "Frame MACs").
+        mac = bool(cfg.get("frame_mac")) and not cfg["tls"].get("enabled")
         s = ClientSession(Role.LOCK, app.sn, AuthMethod.DEVICE_HMAC, app.key,
-                          "lockapp/" + VERSION, cfg["heartbeat_s"], MAX_FRAME)
+                          "lockapp/" + VERSION, cfg["heartbeat_s"], MAX_FRAME, mac)
         self._sess = s
         try:
             await self._write(s.connect_frame(1))
@@ -138,7 +141,7 @@ class Link:
         hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
         self.up = True
         self.backoff.reset()
-        log.info("net connected broker=%s:%d" % (host, port))
+        log.info("net connected broker=%s:%d%s" % (host, port, " mac=1" if mac else ""))
         await self._pump_loop(hb_ms, tmo)
 
     async def _open(self, host, port):
@@ -157,7 +160,7 @@ class Link:
                                              server_hostname=tls.get("server_hostname") or host)
 
     async def _send(self, opcode, body, opaque, flags=0):
-        await self._write(encode_frame(opcode, self.app.sn, body, opaque, flags))
+        await self._write(self._sess.seal(opcode, self.app.sn, body, opaque, flags))
 
     async def _write(self, data):
         self._w.write(data)
@@ -281,6 +284,9 @@ class Link:
         try:
             self._sess.receive(f)       # a frame the broker may not send unasked: ignored
         except SessionError as e:
+            if e.fatal:                 # a bad frame tag: altered or injected on the path
+                log.error("net refused op=%d code=%d" % (op, e.code))
+                raise LinkError("mac" if e.code == ErrorCode.BAD_MAC else "error%d" % e.code)
             log.warn("net ignored op=%d code=%d" % (op, e.code))
             return 0
         if op == Op.PUBLISH_ACK:
@@ -293,7 +299,9 @@ class Link:
         if op == Op.ERROR:
             e = ErrorReply.decode(f.body)
             v = inflight.pop(f.opaque, None) if f.flags & Flag.RESPONSE else None
-            if v is None:
+            if v is None or e.code == ErrorCode.BAD_MAC:
+                # BAD_MAC: the frame was altered on the path, not refused for what it
+                # says -- keep the event queued; it goes again on a new session
                 raise LinkError("error%d" % e.code, e.retry_after_ms)
             if e.code in _RETRY_CODES:
                 ms = e.retry_after_ms or 1000

@@ -9,16 +9,19 @@
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
 from lockmq.client.errors import InsecureTransportError
 from lockmq.client.session import Credentials, Endpoint, cleartext_refusal, is_loopback_host
-from lockmq.protocol import ErrorCode
+from lockmq.protocol import (TAG_SIZE, ErrorCode, Flag, FrameDecoder, Op, ProtocolError,
+                             encode_frame)
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
 from lockmq.security.tls import client_context
@@ -155,3 +158,128 @@ def test_cli_uses_tls_and_never_sends_a_token_in_clear(tls_broker):
     # Loopback in clear stays allowed (a local operator on the broker's host).
     r = cli("topics", "--broker", f"127.0.0.1:{broker.port}", "--token", token)
     assert r.returncode == 0, r.stderr
+
+
+# -- item 16 ------------------------------------------------------------------------------
+
+class TamperProxy:
+    """A TCP relay on 127.0.0.1 between a lock and the broker (one connection at a time,
+    again after each reconnect). It records the lock's frames and, while ``tamper`` is
+    set, flips one byte of the next PUBLISH body and re-encodes it: a valid CRC."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.frames: list = []          # every frame the lock sent, in order
+        self.tamper = False
+        self.tampered = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                lock_side, _ = self.srv.accept()
+            except OSError:
+                return
+            broker_side = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(broker_side, lock_side), daemon=True).start()
+            threading.Thread(target=self._from_lock, args=(lock_side, broker_side),
+                             daemon=True).start()
+
+    def _from_lock(self, src: socket.socket, dst: socket.socket) -> None:
+        dec = FrameDecoder(1 << 20)
+        try:
+            while data := src.recv(65536):
+                dec.feed(data)
+                while (f := dec.next_frame()) is not None:
+                    self.frames.append(f)
+                    body = f.body
+                    if self.tamper and f.opcode == Op.PUBLISH:
+                        self.tamper = False
+                        self.tampered += 1
+                        body = bytearray(body)
+                        body[len(body) - TAG_SIZE - 3] ^= 0x01   # a byte of the lock event
+                        body = bytes(body)
+                    dst.sendall(encode_frame(f.opcode, f.sn, body, f.opaque, f.flags))
+        except (OSError, ProtocolError):
+            pass
+        finally:
+            dst.close()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+@pytest.fixture(scope="module")
+def mac_broker(tmp_path_factory):
+    """A broker whose plain port requires frame MACs from locks; one registered lock."""
+    root = tmp_path_factory.mktemp("mac")
+    data = root / "data"
+    data.mkdir()
+    reg = DeviceRegistry.open(SecurityConfig(data_dir=str(data)))
+    key = reg.add("MAC-LOCK-1")
+    broker = BrokerProcess(str(data), {"security": {"lock_frame_mac": "required"}})
+    yield root, broker, key
+    broker.stop()
+    reg.close()
+
+
+def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broker):
+    fw = pytest.importorskip("tests.firmware.conftest")
+    if not Path(fw.MICROPYTHON).exists():
+        pytest.skip("the MicroPython unix port is not installed")
+    from lockmq.firmware_tools.build import DeviceConfig, build_folder
+
+    root, broker, key = mac_broker
+    proxy = TamperProxy(broker.port)
+    board = build_folder(root / "board", DeviceConfig(
+        sn="MAC-LOCK-1", key=key.hex(), brokers=[("127.0.0.1", proxy.port)], hw="sim",
+        extra={"frame_mac": True}))
+    lock = fw.Lock(board)
+    try:
+        # Legitimate path: the real firmware over plain TCP asks for MACs, its event is
+        # tagged and acked.
+        lock.expect(r"I net connected broker=127\.0\.0\.1:\d+ mac=1", timeout=30)
+        lock.send("event tamper")
+        lock.expect(r"I evt acked seq=(\d+)", timeout=30)
+        pubs = [f for f in proxy.frames if f.opcode == Op.PUBLISH]
+        assert proxy.frames[0].opcode == Op.CONNECT and proxy.frames[0].flags & Flag.MAC
+        assert pubs and all(f.flags & Flag.MAC for f in pubs)
+        assert all(f.flags & Flag.MAC for f in proxy.frames[2:])   # after CONNECT, AUTH
+
+        # Attack: an on-path relay flips a byte of the next event and fixes the CRC.
+        before = _metric(broker, "lockmq_frame_mac_refused")
+        mark = broker.mark()
+        proxy.tamper = True
+        lock.send("event tamper")
+        broker.wait_log(r"session_violation.*sn=MAC-LOCK-1.*code=17", start=mark)
+        assert proxy.tampered == 1
+        lock.expect(r"W net down err=(error17|mac|closed|reset)", timeout=30)
+        assert _metric(broker, "lockmq_frame_mac_refused") >= before + 1
+        # ... and the lock reconnects; the same event goes again, untouched, and is acked.
+        lock.expect(r"I net connected .* mac=1", timeout=60)
+        lock.expect(r"I evt acked seq=", timeout=30)
+        lock.wait_drained()
+    finally:
+        lock.close()
+        proxy.close()
+
+    # Policy: on this broker a lock on plain TCP that does not ask for MACs is refused.
+    w = Wire(broker.port, "MAC-LOCK-1")
+    try:
+        with pytest.raises(Refused) as ei:
+            w.auth_lock(key)
+        assert ei.value.code == ErrorCode.BAD_MAC
+    finally:
+        w.close()

@@ -2,7 +2,7 @@
 # (test_session.py) and MicroPython (mpy_session.py). MicroPython subset only.
 import json
 
-from lockmq.protocol import (Op, Role, AuthMethod, Frame, Connect, Auth, Challenge, ConnectAck,
+from lockmq.protocol import (Op, AuthMethod, Frame, Connect, Auth, Challenge, ConnectAck,
                              ErrorReply, ClientSession, SessionError, UnknownOpcode)
 from lockmq.protocol._server_session import ServerSession, STATE_NAMES
 

@@ -119,4 +119,54 @@ def run(path, crc_functions=None):
                 p.decode_body(op, data)
         err = _expect_error(decode_bad, bad["error"], bad["code"])
         passed += check(err is None, "invalid body %s: %s" % (bad["name"], err))
+    passed += _check_frame_macs(v["frame_mac"], a, check)
     return passed, failures
+
+
+def _one(data):
+    dec = p.FrameDecoder()
+    dec.feed(data)
+    return dec.next_frame()
+
+
+def _check_frame_macs(m, a, check):
+    from lockmq.protocol import _mac
+    # The lock's side, driven by its ClientSession exactly as the firmware does; the
+    # broker's side by tag recomputation (ServerSession is not loaded on a lock).
+    passed = 0
+    key, nonce, cnonce, sn = _h(a["key_hex"]), _h(a["nonce_hex"]), _h(a["cnonce_hex"]), a["sn"]
+    skey = _mac.session_key(key, nonce, cnonce, sn)
+    passed += check(skey == _h(m["session_key_hex"]), "frame mac: session key")
+    fr = {f["name"]: _h(f["hex"]) for f in m["frames"]}
+    lock = p.ClientSession(p.Role.LOCK, sn, p.AuthMethod.DEVICE_HMAC, key, "lockapp/0.1", 30, mac=True)
+    passed += check(lock.connect_frame(1) == fr["connect"], "frame mac: CONNECT asks (flag MAC)")
+    passed += check(lock.receive(_one(fr["challenge"]), cnonce) == fr["auth"], "frame mac: AUTH")
+    lock.receive(_one(fr["connect_ack"]))
+    passed += check(lock.state == p.ESTABLISHED and lock.mac_key == skey and lock.ack.max_frame == 4096,
+                    "frame mac: tagged CONNECT_ACK opened")
+    pub = _one(fr["publish"]).body[:-_mac.TAG_SIZE]
+    passed += check(lock.seal(p.Op.PUBLISH, sn, pub, 101) == fr["publish"], "frame mac: sealed PUBLISH")
+    f = _one(fr["publish_ack"])
+    lock.receive(f)
+    passed += check(p.PublishAck.decode(f.body).status == 0, "frame mac: PUBLISH_ACK opened")
+    hb = _one(fr["heartbeat"])
+    passed += check(lock.seal(p.Op.HEARTBEAT, sn, hb.body[:-_mac.TAG_SIZE], 1) == fr["heartbeat"],
+                    "frame mac: sealed HEARTBEAT, counter 1")
+    # the broker's view: recompute the tags of what it received, then the refusals
+    rx = 0
+    for name in ("publish", "heartbeat"):
+        f = _one(fr[name])
+        body, tag = f.body[:-_mac.TAG_SIZE], f.body[-_mac.TAG_SIZE:]
+        passed += check(f.flags & p.Flag.MAC and _mac.frame_tag(skey, 0, rx, f.opcode, f.sn, f.flags,
+                        f.opaque, body) == tag, "frame mac: broker checks %s" % name)
+        rx += 1
+    for bad in m["refused"]:
+        f = _one(_h(bad["hex"]))
+        ok = bool(f.flags & p.Flag.MAC) and len(f.body) >= _mac.TAG_SIZE and p.compare_digest(
+            _mac.frame_tag(skey, 0, rx, f.opcode, f.sn, f.flags, f.opaque, f.body[:-_mac.TAG_SIZE]),
+            f.body[-_mac.TAG_SIZE:])
+        passed += check(not ok, "frame mac: %s refused" % bad["name"])
+    # the lock refuses a broker frame replayed to it (BAD_MAC, fatal)
+    err = _expect_error(lambda: lock.receive(_one(fr["publish_ack"])), "SessionError", 17)
+    passed += check(err is None, "frame mac: replayed PUBLISH_ACK refused: %s" % err)
+    return passed

@@ -25,7 +25,7 @@ from lockmq.protocol import (NO_SEQ, CommandResult, Command,
                              ESTABLISHED, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
                              Notify, Op, ProtocolError, Publish,
                              Pull, Role, ServerSession, SessionError, Subscribe, SubscribeAck,
-                             UnknownOpcode, Unsubscribe, decode_json, encode_frame, encode_json,
+                             UnknownOpcode, Unsubscribe, decode_json, encode_json,
                              op_name)
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
@@ -41,6 +41,12 @@ _ROLE_OF_KIND = {"lock": Role.LOCK, "service": Role.SERVICE, "admin": Role.ADMIN
 #: Seconds a closing connection may take to drain its last answers before it is
 #: aborted (a peer that never reads must not pin its buffers).
 CLOSE_LINGER_S = 2.0
+
+
+def _mac_required(b: "Broker") -> bool:
+    """``[security] lock_frame_mac = "required"``: locks on plain TCP must MAC frames."""
+    sec = getattr(b.guard, "cfg", None)
+    return getattr(sec, "lock_frame_mac", "optional") == "required"
 
 
 def _code(name: str) -> int:
@@ -240,7 +246,8 @@ class Connection(asyncio.Protocol):
     def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
         """Encode and queue one frame (broker frames carry an empty SN)."""
         self.broker.stats.c["frames_out"] += 1
-        self.send(encode_frame(opcode, "", body, opaque, flags))
+        # sealed: with frame MACs on (a lock on plain TCP), tagged and counted
+        self.send(self.session.seal(opcode, "", body, opaque, flags))
 
     def flush(self) -> None:
         """Write everything queued in one ``write`` call."""
@@ -327,6 +334,8 @@ class Connection(asyncio.Protocol):
                 pass
         else:
             b.stats.inc("session_violations")
+            if exc.code == ErrorCode.BAD_MAC:   # an altered/injected frame, or no MACs
+                b.stats.inc("frame_mac_refused")
             try:
                 b.guard.record_protocol_error(self.peer_ip, "session")
             except Exception:  # noqa: BLE001
@@ -406,7 +415,9 @@ class Connection(asyncio.Protocol):
                          int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
         b.stats.c["frames_out"] += 1
         self.send(self.session.accept(_ROLE_OF_KIND.get(getattr(principal, "kind", ""), Role.SERVICE),
-                                      principal.name, ack, frame.opaque))
+                                      principal.name, ack, frame.opaque,
+                                      mac_key=getattr(principal, "session_key", b""),
+                                      mac_required=not self.tls and _mac_required(b)))
         b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
               kind=principal.kind, level="debug")
         if is_lock:

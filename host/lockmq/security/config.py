@@ -70,6 +70,10 @@ class SecurityConfig:
         max_producer_ids_per_principal: producer ids (PUBLISH SNs) one token name
             owns at most; claiming one more forgets its least recently used one
             (see lockmq.security.identity).
+        lock_frame_mac: frame MACs for locks on plain TCP (SPEC "Frame MACs"):
+            ``"optional"`` (default: a lock that asks gets them; older firmware
+            still connects) or ``"required"`` (a lock on plain TCP that does not
+            ask is refused with BAD_MAC). Over TLS they are never required.
     """
 
     data_dir: str = "./data"
@@ -102,6 +106,7 @@ class SecurityConfig:
     tls_client_ca: str = ""
     plain_port_enabled: bool = True
     max_producer_ids_per_principal: int = 1024
+    lock_frame_mac: str = "optional"
 
     @property
     def registry_path(self) -> str:
@@ -115,6 +120,8 @@ class SecurityConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting out of range."""
+        if self.lock_frame_mac not in ("optional", "required"):
+            raise ValueError('security.lock_frame_mac must be "optional" or "required"')
         for name in ("max_connections", "lock_message_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"security.{name} must be >= 0")

@@ -295,7 +295,8 @@ class Guard:
         self._used_proofs.put(proof, True)
         return Principal(name=sn, kind=LOCK,
                          lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
-                         session_nonce=nonce, client_nonce=cnonce)
+                         session_nonce=nonce, client_nonce=cnonce,
+                         session_key=keys.session_key(key, nonce, cnonce, sn))
 
     def _auth_token(self, sn: str, body: Any, peer_ip: str, tls: bool,
                     nonce_problem: str) -> Principal:

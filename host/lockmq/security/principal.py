@@ -153,6 +153,8 @@ class Principal:
         session_nonce: broker nonce of the session (locks); binds downlink commands
             to this session.
         client_nonce: the lock's nonce of the session.
+        session_key: the lock's frame-MAC key for this session (SPEC "Frame MACs"),
+            derived from its device key and both nonces; empty for tokens.
         peer_ip: address it authenticated from.
         tls: whether the connection is TLS.
         token_name: name of the token used (services and admins): the owner key of
@@ -166,6 +168,7 @@ class Principal:
     token_id: str = ""
     session_nonce: bytes = b""
     client_nonce: bytes = b""
+    session_key: bytes = field(default=b"", repr=False)
     peer_ip: str = ""
     tls: bool = False
     token_name: str = ""
