@@ -8,6 +8,7 @@
 # queue in order (up to `window` unacked), HEARTBEAT every interval, answer COMMANDs.
 # Every socket operation has a timeout; EAGAIN (unix port) and ETIMEDOUT (ESP32)
 # count as timeouts.
+import gc
 import os
 import time
 import errno
@@ -119,10 +120,18 @@ class Link:
         self._r = r
         self._dec = FrameDecoder(MAX_FRAME)
         sn = app.sn
-        # MAX_FRAME stated in CONNECT: the broker refuses commands that would not fit
-        # our decoder instead of sending one that breaks this link at every reconnect.
+        # State in CONNECT the largest frame we can take: the broker then refuses a
+        # bigger command instead of sending one that breaks this link at every
+        # reconnect. That is the decoder's MAX_FRAME, or less when the heap is short:
+        # a command is copied a few times on its way in (read buffer, body, args) and
+        # needs contiguous blocks in a fragmented heap. Measured on the unix port,
+        # free/24 was handled every time (free/16 and free/8 failed with MemoryError
+        # at 128K): 128K heap -> ~1 KB, 160K -> ~2.4 KB, 4 KiB from ~98 KB free.
+        gc.collect()
+        self.max_frame = max(512, min(MAX_FRAME, gc.mem_free() // 24))
+        log.info("net frame limit=%d" % self.max_frame)
         await self._send(Op.CONNECT, Connect(Role.LOCK, cfg["heartbeat_s"], "lockapp/" + VERSION,
-                                             PROTO_VERSION, MAX_FRAME).encode(), 1)
+                                             PROTO_VERSION, self.max_frame).encode(), 1)
         f = await self._expect(Op.CHALLENGE, tmo)
         ch = Challenge.decode(f.body)
         cnonce = os.urandom(16)

@@ -236,7 +236,7 @@ class Commands:
         b.stats.inc(f"commands_refused_{reason}")
         sender.send_error(code, message, opaque, retry_after_ms=retry_after_ms)
         now = time.monotonic()
-        mark = self._logged.setdefault(reason, [0.0, 0])
+        mark = self._logged.setdefault(f"{reason}:{fields.get('cap', '')}", [0.0, 0])
         if now - mark[0] < _LOG_EVERY_S:
             mark[1] += 1
             return
