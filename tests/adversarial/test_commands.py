@@ -120,6 +120,12 @@ def send_command(svc: Wire, sn: str, kind: int, args: bytes = b"\x00\x02") -> in
     return svc.send(Op.COMMAND, Command(sn, 1, 0, kind, args).encode())
 
 
+def sync(w: Wire) -> None:
+    """Wait until the broker has handled every frame sent so far on ``w`` (accepted
+    commands get no immediate answer; a HEARTBEAT round trip orders after them)."""
+    assert w.request(Op.HEARTBEAT, b"") is not None
+
+
 def refusal(svc: Wire, opaque: int) -> ErrorReply:
     with pytest.raises(Refused) as ei:
         svc.answer(opaque)
@@ -254,26 +260,35 @@ def test_item3_oversized_command_refused_at_submit_and_link_breakers_not_resent(
         "ops": Permissions(admin=True),
     }, commands={"max_delivery_attempts": 3})
     lock = env.firmware_lock("DOOR-2")
+    # the firmware stated its frame limit in CONNECT (what its heap can take, at most
+    # its decoder's 4 KiB); the broker remembers it per SN
+    limit = int(lock.grep(r"^I net frame limit=(\d+)$")[-1].group(1))
+    assert 512 <= limit <= 4096
     ops = env.service("ops")
-    # the firmware stated its 4 KiB decoder limit in CONNECT; the broker remembers it
-    assert admin_op(ops, "commands")["lock_max_frame"] == {"DOOR-2": 4096}
+    assert admin_op(ops, "commands")["lock_max_frame"] == {"DOOR-2": limit}
     opener = env.service("opener")
     mark = env.broker.mark()
 
-    # the attack: a 4.7 KB card list, over what the lock's decoder takes
+    # the attack: a 4.7 KB card list, over what the lock can take
     big = cards_args(520)                                   # 4,682 bytes of args
     err = refusal(opener, send_command(opener, "DOOR-2", CARDS, big))
     assert err.code == ErrorCode.INVALID_ARGUMENT, err
-    assert "4752 bytes, over the 4096-byte frame limit the lock stated" in err.message
-    assert "arguments may be at most 4026 bytes" in err.message
-    env.broker.wait_log(r"level=warning event=command_refused reason=too_large .*"
-                        r"target=DOOR-2 size=4752 limit=4096", start=mark)
+    assert f"4752 bytes, over the {limit}-byte frame limit the lock stated" in err.message
+    assert f"arguments may be at most {limit - 70} bytes" in err.message
+    env.broker.wait_log(rf"level=warning event=command_refused reason=too_large .*"
+                        rf"target=DOOR-2 size=4752 limit={limit}", start=mark)
     assert env.metric("lockmq_commands_refused_too_large") == 1
     assert admin_op(ops, "commands")["held"] == 0           # nothing held, nothing resent
+    # one byte over the limit is refused too; exactly at the limit is delivered
+    fits = (limit - 70 - 2) // 9
+    err = refusal(opener, send_command(opener, "DOOR-2", CARDS,
+                                       cards_args(fits) + b"\x00" * (limit - 70 - 2 - 9 * fits + 1)))
+    assert err.code == ErrorCode.INVALID_ARGUMENT and f"{limit + 1} bytes" in err.message
 
-    # legitimate: a card list that fits is delivered and run; the lock stays connected
-    res = opener.answer(send_command(opener, "DOOR-2", CARDS, cards_args(400)))
-    assert (res.status, res.detail) == (CommandStatus.OK, "400 cards"), lock.log()
+    # legitimate: the largest card list that fits is delivered and run; the lock stays
+    # connected to its own broker and its events are acked
+    res = opener.answer(send_command(opener, "DOOR-2", CARDS, cards_args(fits)))
+    assert (res.status, res.detail) == (CommandStatus.OK, f"{fits} cards"), lock.log()
     lock.expect(r"^I cmd cards id=\d+ ok$", timeout=30)
     event_acked(lock)
     assert not lock.grep(r"W net down")
@@ -334,7 +349,7 @@ def test_item4_per_token_and_per_lock_caps_keep_room_for_the_admin(make_env):
     ops1 = [send_command(f1, "DOOR-5", UNLOCK) for _ in range(21)]
     err = refusal(f1, ops1[-1])
     assert err.code == ErrorCode.BUSY and err.retry_after_ms > 0
-    assert "this token has 20 commands waiting (commands.max_pending_per_sender)" in err.message
+    assert "this sender (token) has 20 commands waiting (commands.max_pending_per_sender)" in err.message
     # ... a second one fills the services' share of a lock ...
     f2 = env.service("flood2")
     ops2 = [send_command(f2, "DOOR-5", UNLOCK) for _ in range(8)]
@@ -342,6 +357,7 @@ def test_item4_per_token_and_per_lock_caps_keep_room_for_the_admin(make_env):
     assert err.code == ErrorCode.BUSY and "(commands.max_pending_per_lock)" in err.message
     for _ in range(13):
         send_command(f2, "DOOR-6", UNLOCK)
+    sync(f2)
     # ... and a third the services' share of the broker
     f3 = env.service("flood3")
     ops3 = [send_command(f3, "DOOR-7", UNLOCK) for _ in range(15)]
@@ -362,7 +378,7 @@ def test_item4_per_token_and_per_lock_caps_keep_room_for_the_admin(make_env):
 
     # another service gets BUSY too (the rest is the admins' reserve) ...
     late = env.service("late")
-    err = refusal(late, send_command(late, "DOOR-5", UNLOCK))
+    err = refusal(late, send_command(late, "DOOR-6", UNLOCK))
     assert err.code == ErrorCode.BUSY and "(commands.max_pending_total)" in err.message
     # ... but the admin's unlock is accepted, for the full lock as for any other
     send_command(ops, "DOOR-5", UNLOCK)
@@ -394,8 +410,8 @@ def test_item12_unregistered_and_out_of_scope_locks_get_the_same_answer(make_env
         "VAULT-1": "command_denied",      # registered, outside the token's scope
         "VAULT-2": "command_denied",      # unregistered, outside the scope
         "DOOR-99": "unknown_lock",        # unregistered, inside the scope
-        "door-8": "unknown_lock",         # lookalikes of a registered lock
-        "DOOR-8\n": "unknown_lock",
+        "door-8": "command_denied",       # lookalikes of a registered lock: outside
+        "DOOR-8\n": "unknown_lock",       # the (case-sensitive) scope, or unregistered
         "DOOR-8 ": "unknown_lock",
         "DOOR-9": "disabled_lock",        # registered but disabled
     }
@@ -408,12 +424,12 @@ def test_item12_unregistered_and_out_of_scope_locks_get_the_same_answer(make_env
         (ErrorCode.FORBIDDEN, "not permitted: no right to command this lock, or no such lock", 0)}
     # the log and the counters say which it was (for the operator, not the peer)
     for sn, reason in targets.items():
-        shown = sn.replace("\n", "\\\\n")
+        shown = sn.replace("\n", "\\n")          # the log escapes it
         env.broker.wait_log(rf"event=security_permission_denied reason={reason} name=opener "
                             rf".*target=\"?{re.escape(shown)}", start=mark)
     m = env.broker.metrics()
-    assert m['lockmq_security_permission_denied_total{reason="command_denied"}'] == 2
-    assert m['lockmq_security_permission_denied_total{reason="unknown_lock"}'] == 4
+    assert m['lockmq_security_permission_denied_total{reason="command_denied"}'] == 3
+    assert m['lockmq_security_permission_denied_total{reason="unknown_lock"}'] == 3
     assert m['lockmq_security_permission_denied_total{reason="disabled_lock"}'] == 1
 
     # the legitimate path: the registered lock in scope gets its unlock
