@@ -20,8 +20,9 @@ def auth_proof(key, nonce, cnonce, sn):
 
 def command_mac(key, sn, cmd_id, expires_ms, kind, args):
     """The broker's signature on a COMMAND for lock ``sn``."""
-    return hmac_sha256(key, COMMAND_DOMAIN + _b(sn) + struct.pack(">IQB", cmd_id, expires_ms, kind)
-                       + bytes(args))
+    # args hashed in place (no concatenated copy: it may be most of a lock's free heap)
+    return hmac_sha256(key, COMMAND_DOMAIN + _b(sn) + struct.pack(">IQB", cmd_id, expires_ms, kind),
+                       args)
 
 
 def verify_auth_proof(key, nonce, cnonce, sn, proof):

@@ -10,13 +10,17 @@ def _xor(key, pad):
     return bytes([b ^ pad for b in key])
 
 
-def hmac_sha256(key, msg):
-    """HMAC-SHA256 of ``msg`` under ``key`` (both bytes); returns 32 bytes."""
+def hmac_sha256(key, msg, *more):
+    """HMAC-SHA256 of ``msg`` (then each of ``more``, as if concatenated) under
+    ``key``; returns 32 bytes. Parts are hashed in place: a lock verifying a 4 KiB
+    command must not need another contiguous copy of it."""
     if len(key) > _BLOCK:
         key = hashlib.sha256(key).digest()
     key = key + bytes(_BLOCK - len(key))
     inner = hashlib.sha256(_xor(key, 0x36))
     inner.update(msg)
+    for part in more:
+        inner.update(part)
     outer = hashlib.sha256(_xor(key, 0x5C))
     outer.update(inner.digest())
     return outer.digest()

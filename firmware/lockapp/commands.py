@@ -80,7 +80,7 @@ class Commands:
                     return CommandStatus.FAILED, "unlock seconds must be 1..600"
             elif k == CommandKind.CARDS_SET:
                 n = struct.unpack(">H", a[:2])[0]
-                if cards.count(a[2:]) != n:
+                if cards.count(memoryview(a)[2:]) != n:     # no copy of the list
                     return CommandStatus.FAILED, "card count does not match the list"
             elif k == CommandKind.CONFIG:
                 obj = json.loads(bytes(a).decode())
@@ -107,7 +107,7 @@ class Commands:
             app.emit("unlock", value=seconds, remote=True)
             return "unlocked %ds" % seconds
         if k == CommandKind.CARDS_SET:
-            cards.save(bytes(cmd.args[2:]))
+            cards.save(memoryview(cmd.args)[2:])
             return "%d cards" % struct.unpack(">H", cmd.args[:2])[0]
         if k == CommandKind.CONFIG:
             app.change_config(json.loads(bytes(cmd.args).decode()))

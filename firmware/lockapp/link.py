@@ -9,6 +9,7 @@
 # queue in order (up to `window` unacked), HEARTBEAT every interval, answer COMMANDs.
 # Every socket operation has a timeout; EAGAIN (unix port) and ETIMEDOUT (ESP32)
 # count as timeouts.
+import gc
 import os
 import time
 import errno
@@ -117,13 +118,21 @@ class Link:
         self._w = w
         self._r = r
         self._dec = FrameDecoder(MAX_FRAME)
-        # MAX_FRAME stated in CONNECT: the broker refuses commands that would not fit
-        # our decoder instead of sending one that breaks this link at every reconnect.
+        # State in CONNECT the largest frame we can take: the broker then refuses a
+        # bigger command instead of sending one that breaks this link at every
+        # reconnect. That is the decoder's MAX_FRAME, or less when the heap is short:
+        # a command is copied a few times on its way in (read buffer, body, args) and
+        # needs contiguous blocks in a fragmented heap. Measured on the unix port,
+        # free/24 was handled every time (free/16 and free/8 failed with MemoryError
+        # at 128K): 128K heap -> ~1 KB, 160K -> ~2.4 KB, 4 KiB from ~98 KB free.
+        gc.collect()
+        self.max_frame = max(512, min(MAX_FRAME, gc.mem_free() // 24))
+        log.info("net frame limit=%d" % self.max_frame)
         # Frame MACs on plain TCP (TLS already protects the frames): asked for on
         # CONNECT; the session then seals and checks every frame (SPEC "Frame MACs").
         mac = bool(cfg.get("frame_mac")) and not cfg["tls"].get("enabled")
         s = ClientSession(Role.LOCK, app.sn, AuthMethod.DEVICE_HMAC, app.key,
-                          "lockapp/" + VERSION, cfg["heartbeat_s"], MAX_FRAME, mac)
+                          "lockapp/" + VERSION, cfg["heartbeat_s"], self.max_frame, mac)
         self._sess = s
         try:
             await self._write(s.connect_frame(1))

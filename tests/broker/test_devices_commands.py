@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, Flag, Heartbeat,
-                             Op, Role, decode_body, encode_frame)
+from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode, Flag,
+                             Heartbeat, Op, Role, decode_body, encode_frame)
 
 from .conftest import Peer, drain
 
@@ -109,3 +109,47 @@ def test_command_on_a_replaced_connection_goes_to_the_new_one(broker):
     new.send(Op.COMMAND_RESULT, CommandResult("LOCK-N", again.cmd_id, CommandStatus.OK).encode())
     f = svc.wait(op)
     assert decode_body(f.opcode, f.body).status == CommandStatus.OK
+
+
+def test_waiting_commands_are_capped_in_bytes_per_sender_and_per_lock(make_broker):
+    """Caps on waiting commands count bytes as well as commands, per sender and per
+    lock; an answered command gives its room back; a command larger than a cap on
+    its own is INVALID_ARGUMENT (waiting would never help), not BUSY."""
+    broker = make_broker(commands={"max_pending_bytes_per_sender": 3000,
+                                   "max_pending_bytes_per_lock": 2500,
+                                   "lock_max_frame_default": 65536})
+    svc = Peer(broker.port, sn="door-service")
+    other = Peer(broker.port, sn="card-sync")
+
+    def cmd(peer: Peer, sn: str, nbytes: int) -> int:
+        return peer.send(Op.COMMAND, Command(sn, 1, 0, CommandKind.CARDS_SET,
+                                             b"\x00" * nbytes).encode())
+
+    def err(peer: Peer, op: int) -> tuple[int, str]:
+        f = peer.wait(op)
+        assert f.opcode == Op.ERROR
+        e = decode_body(f.opcode, f.body)
+        return e.code, e.message
+
+    cmd(svc, "LOCK-B1", 1000)
+    cmd(svc, "LOCK-B2", 1000)                           # frames ~1070 bytes each
+    code, msg = err(svc, cmd(svc, "LOCK-B3", 1000))
+    assert code == ErrorCode.BUSY and "max_pending_bytes_per_sender" in msg
+    cmd(other, "LOCK-B1", 1000)                         # the lock's bytes: ~2140 of 2500
+    code, msg = err(other, cmd(other, "LOCK-B1", 1000))
+    assert code == ErrorCode.BUSY and "max_pending_bytes_per_lock" in msg
+    code, msg = err(other, cmd(other, "LOCK-B4", 2600))
+    assert code == ErrorCode.INVALID_ARGUMENT and "larger than commands.max_pending_bytes" in msg
+    info = svc.admin("commands")
+    assert info["held"] == 3 and info["by_sender"]["admin:door-service"]["count"] == 2
+    # LOCK-B1 comes online and answers: the room is given back
+    lock = Peer(broker.port, sn="LOCK-B1", role=Role.LOCK)
+    for _ in range(2):
+        f = lock.wait_unsolicited(Op.COMMAND)
+        lock.send(Op.COMMAND_RESULT, CommandResult("LOCK-B1", f.cmd_id, CommandStatus.OK).encode())
+    info = svc.admin("commands")
+    while info["held"] != 1:                            # results travel asynchronously
+        time.sleep(0.02)
+        info = svc.admin("commands")
+    op = cmd(svc, "LOCK-B3", 1000)
+    assert svc.admin("commands")["queued"].get("LOCK-B3") == 1, op

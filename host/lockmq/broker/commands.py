@@ -184,9 +184,9 @@ class Commands:
         lc, lb = self.by_lock.get(sn, (0, 0))
         checks = (
             ("max_pending_per_sender", oc + 1, cfg.max_pending_per_sender,
-             f"this token has {oc} commands waiting"),
+             f"this sender (token) has {oc} commands waiting"),
             ("max_pending_bytes_per_sender", ob + cost, cfg.max_pending_bytes_per_sender,
-             f"this token has {ob} bytes of commands waiting"),
+             f"this sender (token) has {ob} bytes of commands waiting"),
             ("max_pending_per_lock", lc + 1, max(1, cfg.max_pending_per_lock * share // 100),
              f"{lc} commands are waiting for lock {sn!r}"),
             ("max_pending_bytes_per_lock", lb + cost,
@@ -198,10 +198,12 @@ class Commands:
              cfg.max_pending_bytes_total * share // 100,
              f"{self.held_bytes} bytes of commands are waiting in the broker"),
         )
+        for setting, _want, cap, detail in checks:   # too big even for an empty queue?
+            if (cost if "bytes" in setting else 1) > cap:
+                return setting, detail, False
         for setting, want, cap, detail in checks:
             if want > cap:
-                alone = cost if "bytes" in setting else 1   # would it fit in an empty queue?
-                return setting, detail, alone <= cap
+                return setting, detail, True
         return None
 
     def _hold(self, p: Pending) -> None:
@@ -236,7 +238,7 @@ class Commands:
         b.stats.inc(f"commands_refused_{reason}")
         sender.send_error(code, message, opaque, retry_after_ms=retry_after_ms)
         now = time.monotonic()
-        mark = self._logged.setdefault(reason, [0.0, 0])
+        mark = self._logged.setdefault(f"{reason}:{fields.get('cap', '')}", [0.0, 0])
         if now - mark[0] < _LOG_EVERY_S:
             mark[1] += 1
             return

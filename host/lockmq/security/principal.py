@@ -289,14 +289,13 @@ class Principal:
                                    reason="command_network_denied")
             exc.public_message = (f"not permitted: changing the broker list or TLS settings of "
                                   f"lock {sn!r} needs the command right {NETWORK_RIGHT}")
-            raise exc
-        legacy = any(lg and fnmatchcase(sn, g)
-                     for _k, g, lg in _command_rights(self.permissions.command))
-        exc = PermissionDenied(f"{who} may not send {name} commands to {sn!r}",
-                               reason="command_kind_denied")
-        exc.public_message = (f"not permitted: this token may not send {name} commands to "
-                              f"lock {sn!r}")
-        if legacy:
+            name = NETWORK_RIGHT
+        else:
+            exc = PermissionDenied(f"{who} may not send {name} commands to {sn!r}",
+                                   reason="command_kind_denied")
+            exc.public_message = (f"not permitted: this token may not send {name} commands to "
+                                  f"lock {sn!r}")
+        if any(lg and fnmatchcase(sn, g) for _k, g, lg in _command_rights(self.permissions.command)):
             exc.public_message += (" (its command right predates per-kind rights and allows "
                                    "unlock and cards only: reissue it naming the kinds, e.g. "
                                    f"--command '{name}:{sn}')")
