@@ -66,3 +66,10 @@ def test_arguments_are_encoded_as_the_spec_says():
 def test_bad_arguments_fail_before_connecting(capsys):
     assert main(["command", "--broker", "127.0.0.1:1", "SN", "config", "not json"]) == 1
     assert "lockmq:" in capsys.readouterr().err
+
+
+def test_network_config_is_marked_only_when_asked():
+    change = '{"brokers": [["10.0.0.2", 6843]]}'
+    assert command_args("config", [change], 0)[1] == b'{"brokers": [["10.0.0.2", 6843]]}'
+    assert command_args("config", [change], 0, network=True)[1] == \
+        b'{"brokers": [["10.0.0.2", 6843]], "network": true}'

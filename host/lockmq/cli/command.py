@@ -7,7 +7,13 @@ lock), signs it with the lock's key, holds it while the lock is offline (up to
     lockmq command LK-0A1B2C3D unlock --seconds 5
     lockmq command LK-0A1B2C3D cards 0a1b2c3d4e5f6071 11223344
     lockmq command LK-0A1B2C3D config '{"heartbeat_s": 60}'
+    lockmq command LK-0A1B2C3D config --network '{"brokers": [["10.0.0.2", 6843]]}'
     lockmq command LK-0A1B2C3D reboot
+
+Each kind needs its own right in the token (``--command 'KINDS:SN_GLOB'``, see
+``lockmq tokens``). A config that changes where the lock connects (``brokers``,
+``tls``) needs the right ``config.network`` and ``--network``, which marks the
+command ``"network": true``: the lock refuses such a change without that mark.
 """
 
 from __future__ import annotations
@@ -36,14 +42,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cards: credential ids in hex; config: a JSON object; "
                         "fw-update: URL and SHA-256")
     p.add_argument("--seconds", type=int, default=5, help="unlock: how long (default 5)")
+    p.add_argument("--network", action="store_true",
+                   help="config: the change redirects the lock (brokers, tls); needs the "
+                        "config.network right")
     p.add_argument("--expires", type=float, default=60.0,
                    help="give up if the lock is not reached within this many seconds "
                         "(default 60)")
     p.set_defaults(func=run)
 
 
-def command_args(kind: str, values: list[str], seconds: int) -> tuple[int, bytes]:
-    """The protocol's (kind, args) for a command given on the command line (SPEC §4)."""
+def command_args(kind: str, values: list[str], seconds: int,
+                 network: bool = False) -> tuple[int, bytes]:
+    """The protocol's (kind, args) for a command given on the command line (SPEC §4).
+
+    ``network`` marks a config change as a network change (``"network": true``)."""
     if kind == "unlock":
         if not 1 <= seconds <= 0xFFFF:
             raise ValueError("--seconds must be within 1..65535")
@@ -58,6 +70,8 @@ def command_args(kind: str, values: list[str], seconds: int) -> tuple[int, bytes
         settings = json.loads(values[0]) if values else None
         if not isinstance(settings, dict):
             raise ValueError("config takes one JSON object")
+        if network:
+            settings["network"] = True
         return CommandKind.CONFIG, json.dumps(settings).encode()
     if kind == "reboot":
         return CommandKind.REBOOT, b""
@@ -69,7 +83,7 @@ def command_args(kind: str, values: list[str], seconds: int) -> tuple[int, bytes
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq command``."""
     try:
-        kind, payload = command_args(args.kind, args.values, args.seconds)
+        kind, payload = command_args(args.kind, args.values, args.seconds, args.network)
     except ValueError as exc:
         return fail(str(exc))
     loop = new_event_loop()
