@@ -62,10 +62,9 @@ class OpenGuard:
         principal.check_frame_sn(sn)
 
     def check_publish(self, principal: Any, topic: str, sn: Any = None, n: int = 1) -> None:
-        """SN binding only (``$`` system topics: nobody has the system right with auth
-        off). On the hot path: the common case costs two comparisons."""
-        if sn and sn != principal.name:
-            principal.check_frame_sn(sn)
+        """``$`` system topics only (nobody has the system right with auth off); the
+        frame's SN is bound by the protocol session before this is called. On the hot
+        path: the common case costs one comparison."""
         if topic[:1] == "$":
             principal.require_publish(topic)
 

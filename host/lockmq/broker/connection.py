@@ -365,12 +365,6 @@ class Connection(asyncio.Protocol):
         else:
             self._on_auth(frame)
 
-    def _sn_mismatch(self, exc: Exception, frame: Any) -> None:
-        self.broker.log("sn_mismatch", conn=self.id, peer=self.peer,
-                        principal=self.principal.name, frame_sn=frame.sn, level="warning")
-        self.fatal(_code("SN_MISMATCH"), str(getattr(exc, "public_message", "") or exc),
-                   opaque=frame.opaque)
-
     # -- handshake --------------------------------------------------------------------
 
     def _on_connect(self, frame: Any) -> None:
@@ -461,12 +455,11 @@ class Connection(asyncio.Protocol):
                 self._topics_ok.clear()
             self._topics_ok.add(topic)
         try:
-            b.guard.check_publish(self.principal, p.topic, sn=frame.sn or None, n=1)
+            # (the frame's SN was bound to the principal by the session already)
+            b.guard.check_publish(self.principal, p.topic, n=1)
         except Exception as exc:  # noqa: BLE001 -- SecurityError
             b.stats.inc("publish_refused")
-            if getattr(exc, "reason", "") == "sn_mismatch":
-                self._sn_mismatch(exc, frame)
-            elif getattr(exc, "close", False) or not oneway:
+            if getattr(exc, "close", False) or not oneway:
                 self.refused(exc, frame.opaque)
             else:
                 b.stats.c["publish_oneway_refused"] += 1
