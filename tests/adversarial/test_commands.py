@@ -15,7 +15,6 @@ import os
 import re
 import socket
 import struct
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +27,7 @@ from lockmq.protocol import (VERSION, Auth, AuthMethod, Command, CommandKind, Co
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 
 from tests.security.conftest import BrokerProcess
-from tests.security.wire import Refused, Wire
+from tests.security.wire import Refused, Wire, wait_for
 
 fw = pytest.importorskip("tests.firmware.conftest")
 pytestmark = pytest.mark.timeout(240)
@@ -158,14 +157,6 @@ def cards_args(n: int) -> bytes:
     return struct.pack(">H", n) + b"".join(b"\x08" + struct.pack(">Q", i) for i in range(n))
 
 
-def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def event_acked(lock: Any) -> None:
@@ -295,7 +286,7 @@ def test_item3_oversized_command_refused_at_submit_and_link_breakers_not_resent(
 
     # offline: the limit it stated last still applies; a lock never seen gets 4096
     lock.kill()
-    wait_until(lambda: not admin_op(ops, "devices")["devices"], "DOOR-2 to go offline")
+    wait_for(lambda: not admin_op(ops, "devices")["devices"], "DOOR-2 to go offline")
     err = refusal(opener, send_command(opener, "DOOR-2", CARDS, big))
     assert err.code == ErrorCode.INVALID_ARGUMENT and "limit the lock stated" in err.message
     err = refusal(opener, send_command(opener, "DOOR-4", CARDS, big))

@@ -22,7 +22,7 @@ from lockmq.protocol import (Ack, Command, CommandKind, CommandStatus, ErrorCode
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 from lockmq.store import NewRecord, open_store
 from tests.security.conftest import BrokerProcess, free_port
-from tests.security.wire import Refused, Wire
+from tests.security.wire import Refused, Wire, refusal, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -105,21 +105,8 @@ def decode_json_answer(body: Any) -> dict[str, Any]:
     return body if isinstance(body, dict) else decode_json(body)
 
 
-def refused(fn: Any) -> Refused:
-    with pytest.raises(Refused) as ei:
-        fn()
-    return ei.value
 
 
-def wait_for(cond: Any, what: str, timeout: float = 30.0) -> Any:
-    """Poll ``cond`` until it returns something true (bounded); no timing asserts."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def subscribe(w: Wire, topic: str, cluster: str) -> int:
@@ -213,7 +200,7 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
     e.wires.append(w)
     try:
         w.auth_token(evil)
-        err = refused(lambda: w.publish("billing.x", MAX_SEQ))
+        err = refusal(lambda: w.publish("billing.x", MAX_SEQ))
         assert err.code == ErrorCode.FORBIDDEN and "reserved" in err.err.message
     except Refused as exc:
         assert exc.code in (ErrorCode.AUTH_FAILED, ErrorCode.INVALID_ARGUMENT,
@@ -223,7 +210,7 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
     # (the protocol session answers INVALID_ARGUMENT for an id outside the identity
     # rule; the broker's producer-id check, FORBIDDEN: either way never stored)
     tool = e.service(e.ops, "ops-tool")
-    err = refused(lambda: tool.publish("billing.x", MAX_SEQ, sn="$broker"))
+    err = refusal(lambda: tool.publish("billing.x", MAX_SEQ, sn="$broker"))
     assert err.code in (ErrorCode.FORBIDDEN, ErrorCode.INVALID_ARGUMENT)
     assert "broker" in err.err.message
     assert tool.publish("billing.x", 1).status == 0                # the connection stays
@@ -233,7 +220,7 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
     assert prod.publish("billing.events", 1).status == 0          # STORED
     for stolen in ("billing-prod", "BILLING-PROD"):               # ... also case-folded
         thief = e.service(evil, stolen)
-        err = refused(lambda: thief.publish("billing.events", MAX_SEQ))
+        err = refusal(lambda: thief.publish("billing.events", MAX_SEQ))
         assert err.code == ErrorCode.FORBIDDEN and "another principal" in err.err.message
     assert prod.publish("billing.events", 2).status == 0          # not poisoned
 
@@ -269,7 +256,7 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
     devices1 = e.queue_end("$devices")
     broker = e.restart()
     thief = e.service(evil, "billing-prod")
-    err = refused(lambda: thief.publish("billing.events", MAX_SEQ))
+    err = refusal(lambda: thief.publish("billing.events", MAX_SEQ))
     assert err.code == ErrorCode.FORBIDDEN
     assert e.service(billing, "billing-prod").publish("billing.events", 3).status == 0
     lock.expect(r"I net connected", timeout=60)                   # the lock is back
@@ -298,19 +285,19 @@ def test_item10_system_topics_need_the_system_right_internal_ones_are_closed(env
     forged_online = b'{"sn":"LOCK-0001","event":"online","ts_ms":1,"peer":"x"}'
     w = e.service(wild, "wild-1")
     for topic in ("$devices", "$retry.billing.0", "$dlq.billing", "$heartbeats"):
-        err = refused(lambda: w.publish(topic, 1, forged_online))
+        err = refusal(lambda: w.publish(topic, 1, forged_online))
         assert err.code == ErrorCode.FORBIDDEN, topic
         assert "written only by the broker" in err.err.message
-    err = refused(lambda: w.publish("$alerts", 2))                # "$*" is not the right
+    err = refusal(lambda: w.publish("$alerts", 2))                # "$*" is not the right
     assert err.code == ErrorCode.FORBIDDEN and "system right" in err.err.message
     assert w.publish("billing.x", 3).status == 0                   # its ordinary right works
 
     a = e.service(alarms, "alarms-1")
     assert a.publish("$alerts", 1).status == 0                     # the explicit right works
     for topic in ("$retry.billing.0", "$devices"):
-        assert refused(lambda: a.publish(topic, 2)).code == ErrorCode.FORBIDDEN
+        assert refusal(lambda: a.publish(topic, 2)).code == ErrorCode.FORBIDDEN
     tool = e.service(e.ops, "ops-tool")                            # admins: no exception
-    assert refused(lambda: tool.publish("$retry.billing.0", 1)).code == ErrorCode.FORBIDDEN
+    assert refusal(lambda: tool.publish("$retry.billing.0", 1)).code == ErrorCode.FORBIDDEN
 
     broker.wait_log(r"security_permission_denied.*reason=internal_topic", start=mark)
     broker.wait_log(r"security_permission_denied.*reason=system_topic", start=mark)
@@ -356,10 +343,10 @@ def test_item11_a_cluster_belongs_to_its_creator(env):
     # the attack: bind "billing" to another topic / join it from another principal
     x = e.service(evil, "evil-1")
     for topic in ("junk.topic", "orders.events"):
-        err = refused(lambda: subscribe(x, topic, "billing"))
+        err = refusal(lambda: subscribe(x, topic, "billing"))
         assert err.code == ErrorCode.FORBIDDEN and "another principal" in err.err.message
     # the owner binding it to another topic: refused, no side effects
-    err = refused(lambda: subscribe(e.service(billing, "billing-2"), "orders.other", "billing"))
+    err = refusal(lambda: subscribe(e.service(billing, "billing-2"), "orders.other", "billing"))
     assert err.code == ErrorCode.INVALID_ARGUMENT and "orders.events" in err.err.message
     assert positions.read_bytes() == before
     info = e.admin("clusters", cluster="billing")["clusters"]
@@ -380,7 +367,7 @@ def test_item11_a_cluster_belongs_to_its_creator(env):
     e.wires.clear()
     broker = e.restart()
     x = e.service(evil, "evil-1")
-    assert refused(lambda: subscribe(x, "orders.events", "billing")).code == ErrorCode.FORBIDDEN
+    assert refusal(lambda: subscribe(x, "orders.events", "billing")).code == ErrorCode.FORBIDDEN
     cons = e.service(billing, "billing-1")
     sub = subscribe(cons, "orders.events", "billing")
     assert e.service(shop, "shop-1").publish("orders.events", 2).status == 0
@@ -410,7 +397,7 @@ def test_item12_sns_cannot_be_told_apart_and_lookalikes_are_refused(env, firmwar
     svc = e.service(opener, "opener-1")
     answers = []
     for target in ("LOCK-0002", "NOPE-0001", "LOCK-00X9"):   # registered / unregistered / in scope
-        err = refused(lambda: svc.request(Op.COMMAND, Command(
+        err = refusal(lambda: svc.request(Op.COMMAND, Command(
             target, 0, 0, CommandKind.UNLOCK, b"\x00\x03").encode()))
         answers.append((err.code, err.err.message, err.err.retry_after_ms))
     assert answers[0][0] == ErrorCode.FORBIDDEN
@@ -420,17 +407,17 @@ def test_item12_sns_cannot_be_told_apart_and_lookalikes_are_refused(env, firmwar
     bad_token = "lmq_" + "0" * 16 + "_" + "x" * 43
     w = Wire(e.port, "anything")
     e.wires.append(w)
-    baseline = refused(lambda: w.auth_token(bad_token))
+    baseline = refusal(lambda: w.auth_token(bad_token))
     for lookalike in ("lock-0001", "LOCK-0001", "Lock-0002", "LOCK-0001\n"):
         w = Wire(e.port, lookalike)
         e.wires.append(w)
-        err = refused(lambda: w.auth_token(opener))
+        err = refusal(lambda: w.auth_token(opener))
         assert err.code in (ErrorCode.AUTH_FAILED, ErrorCode.INVALID_ARGUMENT), lookalike
         if err.code == ErrorCode.AUTH_FAILED:
             assert err.err.message == baseline.err.message
     # ... and as a producer id in an admin's frames
     tool = e.service(e.ops, "ops-tool")
-    err = refused(lambda: tool.publish("lock.events", 1, sn="lock-0001"))
+    err = refusal(lambda: tool.publish("lock.events", 1, sn="lock-0001"))
     assert err.code == ErrorCode.FORBIDDEN
 
     broker.wait_log(r"security_auth_failed.*reason=token_claims_lock", start=mark)
@@ -461,7 +448,7 @@ def test_item13_subscriptions_and_clusters_are_capped(env):
 
     w = e.service(wide, "wide-1")
     subs = [subscribe(w, "t.events", "c-0") for _ in range(64)]
-    err = refused(lambda: subscribe(w, "t.events", "c-0"))
+    err = refusal(lambda: subscribe(w, "t.events", "c-0"))
     assert err.code == ErrorCode.LIMIT_EXCEEDED
     assert "max_subscriptions_per_connection" in err.err.message
     # the connection is still usable: release one, subscribe again
@@ -471,7 +458,7 @@ def test_item13_subscriptions_and_clusters_are_capped(env):
     w2 = e.service(wide, "wide-2")
     for i in range(1, 32):
         subscribe(w2, "t.events", f"c-{i}")
-    err = refused(lambda: subscribe(w2, "t.events", "c-32"))
+    err = refusal(lambda: subscribe(w2, "t.events", "c-32"))
     assert err.code == ErrorCode.LIMIT_EXCEEDED and "max_clusters_per_owner" in err.err.message
     files = sorted(p.name for p in e.data.glob("consume-*.log"))
     assert len(files) == 32 and "consume-c-32.log" not in files  # nothing left on disk

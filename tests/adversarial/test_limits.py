@@ -29,7 +29,7 @@ from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import ErrorCode, Heartbeat, Op, Role, decode_body, encode_frame
 from lockmq.security import DeviceRegistry, SecurityConfig
 from tests.security.conftest import BrokerProcess
-from tests.security.wire import Refused, Wire
+from tests.security.wire import Refused, Wire, read_until_closed, refusal, wait_for
 
 fw = pytest.importorskip("tests.firmware.conftest")
 pytestmark = pytest.mark.timeout(240)
@@ -51,21 +51,8 @@ def _topic_end(broker: BrokerProcess, topic: str) -> int:
     return 0
 
 
-def _wait(cond, what: str, timeout: float = 30.0):
-    """Poll ``cond()`` until it is truthy (a condition, not a sleep); return its value."""
-    end = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
-def _refusal(fn) -> Refused:
-    with pytest.raises(Refused) as ei:
-        fn()
-    return ei.value
 
 
 def _register(data: Path, *sns: str) -> dict[str, bytes]:
@@ -130,7 +117,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     for _ in range(6):
         w = Wire(broker.port, "FW-7", source="127.0.0.2")
         try:
-            err = _refusal(lambda: w.auth_lock(os.urandom(32)))
+            err = refusal(lambda: w.auth_lock(os.urandom(32)))
             codes.append(err.code)
             if err.code == ErrorCode.RATE_LIMITED:
                 assert err.err.retry_after_ms > 0
@@ -143,7 +130,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     # the penalty is on the failing source only: elsewhere a wrong key is a plain failure
     w = Wire(broker.port, "FW-7", source="127.0.1.9")
     try:
-        assert _refusal(lambda: w.auth_lock(os.urandom(32))).code == ErrorCode.AUTH_FAILED
+        assert refusal(lambda: w.auth_lock(os.urandom(32))).code == ErrorCode.AUTH_FAILED
     finally:
         w.close()
     # the right key gets in at once, even from the very address that is flooding ...
@@ -164,7 +151,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     assert m['lockmq_security_auth_failed_total{reason="bad_proof"}'] == 4
 
     # One prefix policy: the connection cap counts the same /24 as the failure counter.
-    _wait(lambda: broker.metrics()["lockmq_security_connections_open"] == 1,
+    wait_for(lambda: broker.metrics()["lockmq_security_connections_open"] == 1,
           "only the firmware's connection open")
     held = []
     try:
@@ -174,7 +161,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
             h.hello(Role.LOCK)                # admitted: CHALLENGE
         extra = Wire(broker.port, "X", source="127.0.0.6")
         held.append(extra)
-        err = _refusal(lambda: extra.hello(Role.LOCK))
+        err = refusal(lambda: extra.hello(Role.LOCK))
         assert err.code == ErrorCode.TOO_MANY_CONNECTIONS
         other = Wire(broker.port, "X", source="127.0.1.6")  # another /24: its own budget
         held.append(other)
@@ -239,7 +226,7 @@ def test_heartbeat_flood_is_rate_limited_and_stored_once(tmp_path, brokers):
     # at most one $heartbeats record per lock per gap, whatever it sent (the broker's
     # monotonic clock is this machine's: the flood spans these slots)
     slots = int(t1 // gap) - int(t0 // gap) + 1
-    stored = _wait(lambda: (lambda m: m["lockmq_heartbeat_records"] == _topic_end(
+    stored = wait_for(lambda: (lambda m: m["lockmq_heartbeat_records"] == _topic_end(
         broker, "$heartbeats") and m["lockmq_heartbeat_records"])(broker.metrics()),
         "the heartbeat records to be stored")
     assert 1 <= stored <= slots
@@ -281,7 +268,7 @@ def test_auth_cannot_be_turned_off_silently(tmp_path, brokers, broker_lines, sec
     assert broker.metrics()["lockmq_auth_required"] == 1
     w = Wire(broker.port, "svc")
     try:
-        assert _refusal(lambda: w.auth_token("lmq_0000000000000000_" + "x" * 43)).code \
+        assert refusal(lambda: w.auth_token("lmq_0000000000000000_" + "x" * 43)).code \
             == ErrorCode.AUTH_FAILED
     finally:
         w.close()
@@ -302,17 +289,6 @@ def test_auth_cannot_be_turned_off_silently(tmp_path, brokers, broker_lines, sec
 
 # -- item 14: the status page has a whole-request deadline and a connection cap -------------------
 
-def _read_all(s: socket.socket, limit: float = 60.0) -> bytes:
-    s.settimeout(limit)
-    got = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except ConnectionResetError:
-            return got
-        if not chunk:
-            return got
-        got += chunk
 
 
 def test_status_page_deadline_and_connection_cap(tmp_path, brokers):
@@ -341,7 +317,7 @@ def test_status_page_deadline_and_connection_cap(tmp_path, brokers):
             if not chunk:
                 break
             got += chunk
-        got += _read_all(s, 5.0) if got and not got.endswith(b"\n") else b""
+        got += read_until_closed(s, 5.0) if got and not got.endswith(b"\n") else b""
     finally:
         s.close()
     assert got.startswith(b"HTTP/1.1 408 Request Timeout"), got[:200]
@@ -353,12 +329,12 @@ def test_status_page_deadline_and_connection_cap(tmp_path, brokers):
         def probe() -> bytes | None:
             with socket.create_connection(("127.0.0.1", sp), timeout=15) as p:
                 p.sendall(b"GET /health HTTP/1.0\r\n\r\n")
-                r = _read_all(p, 15.0)
+                r = read_until_closed(p, 15.0)
             return r if r.startswith(b"HTTP/1.1 503") else None
-        busy = _wait(probe, "a 503 while three silent connections hold the cap")
+        busy = wait_for(probe, "a 503 while three silent connections hold the cap")
         assert b"Retry-After: 1" in busy
         for c in idle:                        # and the deadline closes the silent ones
-            assert _read_all(c).startswith(b"HTTP/1.1 408")
+            assert read_until_closed(c, 60.0).startswith(b"HTTP/1.1 408")
     finally:
         for c in idle:
             c.close()
@@ -433,7 +409,7 @@ def test_files_are_owner_only_whatever_the_umask(brokers, locks):
             assert w.publish("lock.audit", 2).status == 0   # seq 2: dedup is per lock
         finally:
             w.close()
-        _wait(lambda: _topic_end(broker, "lock.audit") == 1, "the new topic's record")
+        wait_for(lambda: _topic_end(broker, "lock.audit") == 1, "the new topic's record")
         assert _topic_end(broker, "lock.events") == 1          # the old record is still there
         modes = _modes(data)
         assert "offset-lock.audit.log" in modes

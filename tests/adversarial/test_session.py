@@ -12,7 +12,7 @@ from lockmq.protocol import Connect, ErrorCode, Op, Role, decode_body, encode_fr
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 
 from tests.security.conftest import BrokerProcess
-from tests.security.wire import Refused, Wire
+from tests.security.wire import Refused, Wire, read_until_closed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,20 +42,6 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _read_until_closed(sock: socket.socket, timeout: float) -> bytes:
-    """Everything the broker sends until it closes (EOF or reset) -- or fail."""
-    sock.settimeout(timeout)
-    got = b""
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            return got
-        except socket.timeout:
-            raise AssertionError(f"still open after {timeout} s; received {len(got)} bytes")
-        if not data:
-            return got
-        got += data
 
 
 def _legit_lock_publishes(broker, keys, seq: int) -> None:
@@ -87,7 +73,7 @@ def test_unauthenticated_floods_get_one_answer_and_cost_nothing(env):
             pass     # closed already: what we want
         socks.append(s)
     for i, s in enumerate(socks):
-        got = _read_until_closed(s, timeout=10)
+        got = read_until_closed(s, timeout=10)
         s.close()
         # one ERROR frame at most (the rest of the flood was never answered)
         assert len(got) < 512, len(got)
@@ -110,7 +96,7 @@ def test_auth_timeout_drops_a_peer_that_never_reads(env):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.sendall(encode_frame(Op.CONNECT, "LOCK-0001", Connect(Role.LOCK, 30, "x").encode(), 1))
     started = time.monotonic()
-    _read_until_closed(s, timeout=15)
+    read_until_closed(s, timeout=15)
     s.close()
     assert time.monotonic() - started < 15
     broker.wait_log(r"AUTH_TIMEOUT|not finished in time|auth_timeout", start=mark)

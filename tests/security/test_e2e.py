@@ -19,7 +19,7 @@ from lockmq.security import (CommandRefused, CommandVerifier, DeviceRegistry, Pe
                              SecurityConfig, TokenStore)
 
 from .conftest import BrokerProcess
-from .wire import Refused, Wire
+from .wire import Wire, refusal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,10 +48,6 @@ def env(tmp_path_factory):
     tokens.close()
 
 
-def refusal(fn) -> Refused:
-    with pytest.raises(Refused) as ei:
-        fn()
-    return ei.value
 
 
 def test_registered_lock_publishes(env):

@@ -13,7 +13,9 @@ import os
 import socket
 import ssl
 import time
-from typing import Any
+from typing import Any, Callable
+
+import pytest
 
 from lockmq.protocol import (AuthMethod, Challenge, ClientSession, Connect, ErrorReply, Flag,
                              FrameDecoder, Op, Publish, Role, decode_body, encode_frame)
@@ -136,3 +138,39 @@ class Wire:
             self.sock.close()
         except OSError:
             pass
+
+
+def refusal(fn: Callable[[], Any]) -> Refused:
+    """Run ``fn``, which must be refused by the broker; return the :class:`Refused`."""
+    with pytest.raises(Refused) as ei:
+        fn()
+    return ei.value
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``cond`` until it returns something true and return it (a bounded wait for
+    a condition, never a timing assert)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    """Everything the broker sends on ``sock`` until it closes it (EOF or reset); fails
+    if it is still open after ``timeout`` seconds."""
+    sock.settimeout(timeout)
+    got = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return got
+        except socket.timeout:
+            raise AssertionError(f"still open after {timeout} s; received {len(got)} bytes")
+        if not data:
+            return got
+        got += data
