@@ -68,20 +68,11 @@ def endpoint_from_args(args: argparse.Namespace) -> "Endpoint":
         from lockmq.security.tls import client_context
 
         try:
-            if ca and _is_der(ca):
-                endpoint.ssl = client_context(cadata=open(ca, "rb").read())
-            else:
-                endpoint.ssl = client_context(ca)
+            endpoint.ssl = client_context(ca)   # PEM or DER
         except (OSError, ValueError) as exc:   # ssl.SSLError is an OSError
             raise LockmqError(f"--tls-ca {ca}: cannot load the CA: {exc}") from None
         endpoint.server_hostname = getattr(args, "tls_server_name", None) or None
     return endpoint
-
-
-def _is_der(path: str) -> bool:
-    """A CA file in DER (what locks take) rather than PEM: accept both."""
-    with open(path, "rb") as fh:
-        return not fh.read(64).lstrip().startswith(b"-----")
 
 
 def _names(cls: type) -> dict[int, str]:

@@ -39,9 +39,15 @@ def client_context(ca_file: str | None = None, *, cadata: bytes | str | None = N
                    key_file: str | None = None) -> ssl.SSLContext:
     """A client context that verifies the broker against ``ca_file``/``cadata``.
 
-    Without a CA it uses the system trust store. Hostname checking stays on unless
-    asked otherwise (locks connect by IP to a gateway whose certificate lists it).
+    Without a CA it uses the system trust store. ``ca_file`` may be PEM or DER (the
+    ``ca.der`` locks take). Hostname checking stays on unless asked otherwise (locks
+    connect by IP to a gateway whose certificate lists it).
     """
+    if ca_file and cadata is None:
+        with open(ca_file, "rb") as fh:
+            raw = fh.read()
+        if not raw.lstrip().startswith(b"-----"):   # DER: the ssl module wants bytes
+            ca_file, cadata = None, raw
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file, cadata=cadata)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = check_hostname
