@@ -49,6 +49,7 @@ class ServerSession(_Session):
         _Session.__init__(self)
         self.connect = None    # the decoded CONNECT body
         self.auth = None       # the decoded AUTH body, until accepted or refused
+        self._allowed = ()     # the requests the granted role may send (set by accept)
         self.mac_wanted = False
 
     def state_name(self):
@@ -69,7 +70,7 @@ class ServerSession(_Session):
         state = self.state
         if state == ESTABLISHED:
             self._open(frame)       # frame MACs: fatal BAD_MAC before anything else
-            if op not in CLIENT_REQUESTS[self.role]:
+            if op not in self._allowed:
                 # another role's request is a matter of rights; anything else is no
                 # request at all
                 raise SessionError("%s is not a request a %s may send" % (
@@ -155,6 +156,7 @@ class ServerSession(_Session):
             raise fatal_error("this broker requires frame MACs from locks on plain TCP: set "
                               "the MAC flag on CONNECT, or use TLS", ErrorCode.BAD_MAC)
         self.role = role
+        self._allowed = set(CLIENT_REQUESTS[role])   # checked on every frame: a set
         self.name = name
         self.auth = None
         self.state = ESTABLISHED
