@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from lockmq.store import Store
-from lockmq.store.files import list_segments, segment_name
+from lockmq.store.names import list_segments, segment_name
 from lockmq.store.inspect import check_dir
 
 from .conftest import config, payload_for, rec, run

@@ -36,7 +36,7 @@ def test_age_retention_keeps_what_a_cluster_needs(data_dir):
         assert got[0].queue_offset == s.queue_start("b")
         # everything old, nothing needed: all but the active segment go
         rep2 = s.enforce_retention({}, now_ms=FUTURE)
-        assert len(s._bases) == 1 and rep2.log_start == s.log_start
+        assert len(s._segments) == 1 and rep2.log_start == s.log_start
         assert len(rep.deleted_segments) + len(rep2.deleted_segments) < nseg
         assert s.queue_end("a") == 150
         await s.close()

@@ -46,8 +46,8 @@ def test_rolls_inside_one_batch_record_each_topics_queue_start(data_dir):
     """Segment rolls in the middle of one group commit, topics interleaved: each new
     segment's queue-start sidecar holds every topic's queue offset at its first byte
     (the planner keeps the current topic's counter in a local during the batch)."""
-    from lockmq.store.files import SEGMENT_DIR
-    from lockmq.store.recovery import read_qstart
+    from lockmq.store.names import SEGMENT_DIR
+    from lockmq.store.segment import Segment
 
     async def main():
         s = Store.open(config(data_dir, segment_bytes=1024))
@@ -55,7 +55,7 @@ def test_rolls_inside_one_batch_record_each_topics_queue_start(data_dir):
         recs = [rec(("locks", "alarms", "doors")[i % 3 if i % 7 else 0], f"SN{i % 5}", i)
                 for i in range(300)]
         res = await s.append(recs)
-        bases = list(s._bases)
+        bases = list(s._segments.bases)
         await s.close()
         return res, bases
 
@@ -67,7 +67,7 @@ def test_rolls_inside_one_batch_record_each_topics_queue_start(data_dir):
         for a in res:  # queue end of each topic before the segment's first byte
             if a.offset < base:
                 expect[a.topic] = a.queue_offset + 1
-        got = read_qstart(seg_dir, base)
+        got = Segment(seg_dir, base).read_qstart()
         assert got is not None
         for topic, q in expect.items():
             assert got[topic] == q, (base, topic)

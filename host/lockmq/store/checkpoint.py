@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass, field
 
 from .files import atomic_write, read_file, seal, unseal
+from .names import CHECKPOINT
 
-FILE_NAME = "checkpoint"
 MAGIC = b"LMQC"
 VERSION = 1
 _HEAD = struct.Struct("<4sHHQQII")  # magic, version, reserved, log_end, created_us, n_topics, dedup_len
@@ -68,10 +68,10 @@ def decode(blob: bytes) -> Checkpoint | None:
 
 def load(data_dir: str) -> Checkpoint | None:
     """Read the checkpoint of ``data_dir`` (None if missing or damaged)."""
-    blob = read_file(os.path.join(data_dir, FILE_NAME))
+    blob = read_file(os.path.join(data_dir, CHECKPOINT))
     return None if blob is None else decode(blob)
 
 
 def save(data_dir: str, cp: Checkpoint) -> None:
     """Write the checkpoint durably (atomic replace)."""
-    atomic_write(os.path.join(data_dir, FILE_NAME), encode(cp))
+    atomic_write(os.path.join(data_dir, CHECKPOINT), encode(cp))

@@ -1,5 +1,5 @@
-"""Small durable-file helpers: segment naming, atomic replace, checksummed blobs,
-and the modes of everything the store writes.
+"""Small durable-file helpers: atomic replace, checksummed blobs, directory fsync,
+and the modes of everything the store writes (file names: :mod:`.names`).
 
 Modes (issue 10 item 15: the commit log was 0644, and lock events carry card ids):
 the data directory and ``message.log/`` are ``DIR_MODE`` (0700), every file the
@@ -20,31 +20,7 @@ FILE_MODE = 0o600
 #: Mode of the data directory and of the directories the store creates in it.
 DIR_MODE = 0o700
 
-SEGMENT_DIR = "message.log"
-SEGMENT_SUFFIX = ".log"
-QSTART_SUFFIX = ".qstart"
 _CRC = struct.Struct("<I")
-
-
-def segment_name(base: int) -> str:
-    """File name of the segment starting at commit-log offset ``base``."""
-    return f"{base:020d}{SEGMENT_SUFFIX}"
-
-
-def qstart_name(base: int) -> str:
-    """File name of the queue-start sidecar of the segment at ``base``."""
-    return f"{base:020d}{QSTART_SUFFIX}"
-
-
-def list_segments(seg_dir: str) -> list[int]:
-    """Sorted base offsets of the segment files in ``seg_dir``."""
-    bases = []
-    for name in os.listdir(seg_dir):
-        stem, ext = os.path.splitext(name)
-        if ext == SEGMENT_SUFFIX and len(stem) == 20 and stem.isdigit():
-            bases.append(int(stem))
-    bases.sort()
-    return bases
 
 
 def create_file(path: str, flags: int) -> int:

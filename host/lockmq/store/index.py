@@ -25,11 +25,6 @@ class IndexError_(Exception):
     """The index file is unusable (bad header); recovery rebuilds it."""
 
 
-def index_file_name(topic: str) -> str:
-    """File name of a topic's index inside the data directory."""
-    return f"offset-{topic}.log"
-
-
 class TopicIndex:
     """One topic's index file, opened read-write.
 

@@ -7,7 +7,6 @@ written, so check a stopped store for a definitive answer.
 
 from __future__ import annotations
 
-import mmap
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -15,10 +14,12 @@ from typing import Iterator
 
 from . import checkpoint as ckpt
 from .errors import CorruptRecord
-from .files import SEGMENT_DIR, list_segments, segment_name
 from .index import ENTRY, ENTRY_SIZE, HEADER, HEADER_SIZE, INDEX_VERSION, MAGIC, IndexError_
+from .names import (CHECKPOINT, SEGMENT_DIR, index_file_name, index_files, list_segments,
+                    positions_files)
 from .positions import parse as parse_positions
 from .records import StoredRecord, check_record, decode_record, scan
+from .segment import Segment
 
 
 @dataclass
@@ -39,29 +40,29 @@ class CheckReport:
         return not self.problems
 
 
-def _segments(data_dir: str) -> tuple[str, list[int]]:
+def _segments(data_dir: str) -> list[Segment]:
+    """The segments of a data directory, oldest first, without changing anything."""
     seg_dir = os.path.join(data_dir, SEGMENT_DIR)
     if not os.path.isdir(seg_dir):
         raise FileNotFoundError(f"{data_dir} has no {SEGMENT_DIR}/ folder: not a lockmq data directory")
-    return seg_dir, list_segments(seg_dir)
+    return [Segment(seg_dir, b) for b in list_segments(seg_dir)]
 
 
 def check_dir(data_dir: str) -> CheckReport:
     """Verify every record checksum, segment continuity, indexes, checkpoint, positions."""
     rep = CheckReport()
-    seg_dir, bases = _segments(data_dir)
-    rep.segments = len(bases)
+    segs = _segments(data_dir)
+    rep.segments = len(segs)
     offsets: dict[str, array] = {}
-    log_end = bases[0] if bases else 0
-    for i, base in enumerate(bases):
-        path = os.path.join(seg_dir, segment_name(base))
-        size = os.path.getsize(path)
+    log_end = segs[0].base if segs else 0
+    for i, seg in enumerate(segs):
+        base = seg.base
         if i and base != log_end:
             rep.problems.append(f"segment {base}: expected to start at {log_end} "
                                 f"(previous segment ends there)")
         pos = 0
-        if size:
-            with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        with seg.mapped() as (mm, size):
+            if mm is not None:
                 for rv in scan(mm, 0, size):
                     a = offsets.get(rv.topic)
                     if a is None:
@@ -71,21 +72,18 @@ def check_dir(data_dir: str) -> CheckReport:
                     pos = rv.pos + rv.size
                 if pos < size:
                     why = check_record(mm, pos, size)
-                    where = "tail of the last segment" if i == len(bases) - 1 else "segment"
+                    where = "tail of the last segment" if i == len(segs) - 1 else "segment"
                     rep.problems.append(
                         f"{where} {base}: {why} at offset {base + pos}; {size - pos} bytes "
                         "after it are unreadable (recovery cuts them)")
         rep.log_bytes += size
         log_end = base + size
-    log_start = bases[0] if bases else 0
+    log_start = segs[0].base if segs else 0
     for topic, a in offsets.items():
         rep.topics[topic] = len(a)
 
     # indexes
-    for name in sorted(os.listdir(data_dir)):
-        if not (name.startswith("offset-") and name.endswith(".log")):
-            continue
-        topic = name[len("offset-"):-len(".log")]
+    for topic, name in index_files(data_dir).items():
         path = os.path.join(data_dir, name)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -126,11 +124,11 @@ def check_dir(data_dir: str) -> CheckReport:
             rep.notes.append(f"index {name}: {len(want) - len(got)} records not indexed yet "
                              "(recovery adds them)")
     for topic in offsets:
-        if not os.path.exists(os.path.join(data_dir, f"offset-{topic}.log")):
+        if not os.path.exists(os.path.join(data_dir, index_file_name(topic))):
             rep.notes.append(f"topic {topic!r} has no index file (recovery rebuilds it)")
 
     # checkpoint
-    cpath = os.path.join(data_dir, ckpt.FILE_NAME)
+    cpath = os.path.join(data_dir, CHECKPOINT)
     if os.path.exists(cpath):
         cp = ckpt.load(data_dir)
         if cp is None:
@@ -142,14 +140,13 @@ def check_dir(data_dir: str) -> CheckReport:
         rep.notes.append("no checkpoint (recovery reads the whole log)")
 
     # positions
-    for name in sorted(os.listdir(data_dir)):
-        if name.startswith("consume-") and name.endswith(".log"):
-            with open(os.path.join(data_dir, name), "rb") as f:
-                data = f.read()
-            _gen, _pos, good = parse_positions(data)
-            if good != len(data):
-                rep.notes.append(f"{name}: {len(data) - good} bytes of a torn last save "
-                                 "(the previous positions are used)")
+    for name in positions_files(data_dir).values():
+        with open(os.path.join(data_dir, name), "rb") as f:
+            data = f.read()
+        _gen, _pos, good = parse_positions(data)
+        if good != len(data):
+            rep.notes.append(f"{name}: {len(data) - good} bytes of a torn last save "
+                             "(the previous positions are used)")
     return rep
 
 
@@ -157,16 +154,14 @@ def iter_records(data_dir: str, start_offset: int = 0) -> Iterator[StoredRecord]
     """Yield every record of the commit log from ``start_offset`` in log order
     (queue_offset -1). Raises :class:`~lockmq.store.CorruptRecord` where the log is
     unreadable."""
-    seg_dir, bases = _segments(data_dir)
-    for i, base in enumerate(bases):
-        nxt = bases[i + 1] if i + 1 < len(bases) else None
-        if nxt is not None and nxt <= start_offset:
+    segs = _segments(data_dir)
+    for i, seg in enumerate(segs):
+        base = seg.base
+        if i + 1 < len(segs) and segs[i + 1].base <= start_offset:
             continue
-        path = os.path.join(seg_dir, segment_name(base))
-        size = os.path.getsize(path)
-        if not size:
-            continue
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        with seg.mapped() as (mm, size):
+            if mm is None:
+                continue
             pos = max(0, start_offset - base)
             for rv in scan(mm, pos, size):
                 yield decode_record(mm[rv.pos:rv.pos + rv.size], 0, base + rv.pos)

@@ -21,16 +21,12 @@ import zlib
 from typing import Any
 
 from .files import atomic_write
+from .names import positions_file_name
 from .records import validate_cluster
 
 _HEAD = struct.Struct("<II")
 #: What a snapshot may carry besides the positions.
 META_KEYS = ("owner", "topic")
-
-
-def positions_file_name(cluster: str) -> str:
-    """File name of a cluster's positions inside the data directory."""
-    return f"consume-{validate_cluster(cluster)}.log"
 
 
 def _frame(gen: int, positions: dict[str, int], meta: dict[str, str] | None = None) -> bytes:
@@ -71,7 +67,7 @@ class PositionsFile:
     """The positions of one consumer cluster. Not thread-safe: one writer at a time."""
 
     def __init__(self, data_dir: str, cluster: str, compact_bytes: int = 256 * 1024) -> None:
-        self.path = os.path.join(data_dir, positions_file_name(cluster))
+        self.path = os.path.join(data_dir, positions_file_name(validate_cluster(cluster)))
         self.compact_bytes = compact_bytes
         # saves come from the positions thread and (claims) from the event loop
         self._lock = threading.Lock()

@@ -8,8 +8,6 @@ proportional to the log written since the last checkpoint.
 
 from __future__ import annotations
 
-import bisect
-import json
 import logging
 import mmap
 import os
@@ -19,10 +17,11 @@ from dataclasses import dataclass, field
 
 from . import checkpoint as ckpt
 from .dedup import DedupTable
-from .files import (SEGMENT_DIR, create_file, fsync_dir, list_segments, make_dir, qstart_name,
-                    read_file, segment_name, seal, unseal)
-from .index import ENTRY, IndexError_, TopicIndex, index_file_name
+from .files import fsync_dir
+from .index import ENTRY, IndexError_, TopicIndex
+from .names import SEGMENT_DIR, TMP_SUFFIX, index_file_name, index_files
 from .records import HEADER, HEADER_SIZE, check_record
+from .segment import SegmentList
 
 log = logging.getLogger("lockmq.store")
 
@@ -54,31 +53,6 @@ class RecoveryReport:
     log_end: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
-
-
-def write_qstart(seg_dir: str, base: int, ends: dict[str, int]) -> None:
-    """Write the queue-start sidecar of segment ``base``: each topic's queue end at
-    the segment's first byte (needed to rebuild indexes after retention)."""
-    data = seal(json.dumps(ends, sort_keys=True).encode("ascii"))
-    path = os.path.join(seg_dir, qstart_name(base))
-    fd = create_file(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_qstart(seg_dir: str, base: int) -> dict[str, int] | None:
-    """Read a queue-start sidecar (None if missing or damaged)."""
-    blob = read_file(os.path.join(seg_dir, qstart_name(base)))
-    data = None if blob is None else unseal(blob)
-    if data is None:
-        return None
-    try:
-        return {str(k): int(v) for k, v in json.loads(data).items()}
-    except (ValueError, AttributeError):
-        return None
 
 
 def count_cut_records(buf: bytes | memoryview, pos: int, end: int) -> int:
@@ -139,52 +113,34 @@ def _scan_segment(mm: mmap.mmap, pos: int, end: int, base: int,
     return pos, n
 
 
-def _map(path: str) -> tuple[int, mmap.mmap | None, int]:
-    fd = os.open(path, os.O_RDONLY)
-    size = os.fstat(fd).st_size
-    mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-    return fd, mm, size
-
-
-def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, TopicIndex],
+def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, TopicIndex],
                                                        RecoveryReport]:
-    """Recover ``data_dir``; return segment bases, open topic indexes and the report.
+    """Recover ``data_dir``; return its segments, open topic indexes and the report.
 
     ``dedup`` is filled with the recovered dedup state.
     """
     t0 = time.monotonic()
     rep = RecoveryReport()
-    seg_dir = os.path.join(data_dir, SEGMENT_DIR)
-    make_dir(seg_dir)
     for name in os.listdir(data_dir):
-        if name.endswith(".tmp"):
+        if name.endswith(TMP_SUFFIX):
             os.unlink(os.path.join(data_dir, name))
-    bases = list_segments(seg_dir)
-    if not bases:
-        fd = create_file(os.path.join(seg_dir, segment_name(0)), os.O_WRONLY)
-        os.fsync(fd)
-        os.close(fd)
-        fsync_dir(seg_dir)
-        fsync_dir(data_dir)
-        bases = [0]
+    segs = SegmentList.open(os.path.join(data_dir, SEGMENT_DIR))
+    bases = segs.bases
 
     # open every index file
     indexes: dict[str, TopicIndex] = {}
     bad_index = False
-    for name in os.listdir(data_dir):
-        if name.startswith("offset-") and name.endswith(".log"):
-            topic = name[len("offset-"):-len(".log")]
-            try:
-                indexes[topic] = TopicIndex.open(os.path.join(data_dir, name))
-            except IndexError_ as exc:
-                rep.notes.append(f"index of {topic!r} unusable ({exc}); rebuilding")
-                os.unlink(os.path.join(data_dir, name))
-                bad_index = True
+    for topic, name in index_files(data_dir).items():
+        try:
+            indexes[topic] = TopicIndex.open(os.path.join(data_dir, name))
+        except IndexError_ as exc:
+            rep.notes.append(f"index of {topic!r} unusable ({exc}); rebuilding")
+            os.unlink(os.path.join(data_dir, name))
+            bad_index = True
 
     cp = ckpt.load(data_dir)
-    last_base = bases[-1]
-    last_size = os.path.getsize(os.path.join(seg_dir, segment_name(last_base)))
-    log_end = last_base + last_size
+    last_size = segs.active.size()
+    log_end = segs.active.base + last_size
     usable = cp is not None and not bad_index and bases[0] <= cp.log_end <= log_end
     if cp is None and (len(bases) > 1 or last_size > 0 or indexes):
         rep.notes.append("no usable checkpoint; reading the whole log")
@@ -197,6 +153,7 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
                                  "reading the whole log")
                 usable = False
                 break
+    first_qstart: dict[str, int] | None = {}
     if usable:
         assert cp is not None
         for topic, idx in indexes.items():
@@ -208,25 +165,23 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
         scan_from = max(cp.log_end, bases[0])
     else:
         rep.full_scan = True
-        qs = read_qstart(seg_dir, bases[0]) if bases[0] > 0 else {}
-        if qs is None:
+        first_qstart = segs.first.read_qstart() if bases[0] > 0 else {}
+        if first_qstart is None:
             rep.notes.append(f"queue-start file of segment {bases[0]} missing: queue offsets "
                              "restart at 0")
-            qs = {}
+            first_qstart = {}
         for topic, idx in indexes.items():
-            idx.reset(qs.get(topic, 0))
+            idx.reset(first_qstart.get(topic, 0))
         scan_from = bases[0]
     rep.scanned_from = scan_from
 
     # scan the tail
-    i = max(0, bisect.bisect_right(bases, scan_from) - 1)
+    i = max(0, segs.index_of(scan_from))
     pending: dict[str, bytearray] = {}
     cut: tuple[int, int] | None = None  # (segment index, position in it)
-    for j in range(i, len(bases)):
+    for j in range(i, len(segs)):
         base = bases[j]
-        path = os.path.join(seg_dir, segment_name(base))
-        fd, mm, size = _map(path)
-        try:
+        with segs[j].mapped() as (mm, size):
             start = scan_from - base if j == i else 0
             pos = start
             if mm is not None:
@@ -245,38 +200,20 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
                 rep.cut_reason = (f"segment {base} ends at {base + size} but the next one "
                                   f"starts at {bases[j + 1]}")
                 cut = (j, size)
-        finally:
-            if mm is not None:
-                mm.close()
-            os.close(fd)
         if cut is not None:
             break
     if cut is not None:
         # cut this segment, remove later ones
         k, cut_pos = cut
-        cut_base = bases[k]
-        for later in bases[k + 1:]:
-            p = os.path.join(seg_dir, segment_name(later))
-            fd, mm, size = _map(p)
-            try:
+        for later in list(segs)[k + 1:]:
+            with later.mapped() as (mm, size):
                 if mm is not None:
                     rep.records_cut += count_cut_records(mm, 0, size)
                 rep.bytes_cut += size
-            finally:
-                if mm is not None:
-                    mm.close()
-                os.close(fd)
-            os.unlink(p)
-            try:
-                os.unlink(os.path.join(seg_dir, qstart_name(later)))
-            except FileNotFoundError:
-                pass
-        bases = bases[:k + 1]
-        with open(os.path.join(seg_dir, segment_name(cut_base)), "r+b") as f:
-            f.truncate(cut_pos)
-            os.fsync(f.fileno())
-        fsync_dir(seg_dir)
-        log_end = cut_base + cut_pos
+        segs.delete_after(k)
+        segs.active.truncate(cut_pos, durable=True)
+        fsync_dir(segs.seg_dir)
+        log_end = segs.active.base + cut_pos
         log.warning("store recovery cut %d bytes (%d records) from the log end: %s",
                     rep.bytes_cut, rep.records_cut, rep.cut_reason)
 
@@ -284,16 +221,13 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[list[int], dict[str, Topi
     for topic, blob in pending.items():
         idx = indexes.get(topic)
         if idx is None:
-            base_q = 0
-            if rep.full_scan and bases[0] > 0:
-                qs = read_qstart(seg_dir, bases[0]) or {}
-                base_q = qs.get(topic, 0)
             idx = indexes[topic] = TopicIndex.open(
-                os.path.join(data_dir, index_file_name(topic)), base_if_new=base_q)
+                os.path.join(data_dir, index_file_name(topic)),
+                base_if_new=first_qstart.get(topic, 0) if rep.full_scan else 0)
         idx.write_entries(idx.end, bytes(blob))
     for idx in indexes.values():
         idx.sync()
     fsync_dir(data_dir)
     rep.log_end = log_end
     rep.seconds = time.monotonic() - t0
-    return bases, indexes, rep
+    return segs, indexes, rep

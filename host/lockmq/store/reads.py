@@ -1,0 +1,56 @@
+"""Reading records back: by topic queue offset (the consumer path) and by commit-log
+offset. Runs on the event loop: preads of page-cache data, never waiting for the writer.
+"""
+
+from __future__ import annotations
+
+from .errors import CorruptRecord
+from .records import HEADER, StoredRecord, decode_record
+from .segment import SegmentList
+from .topic import Topic
+
+#: most bytes one pread may span when reading a run of records of a topic
+READ_SPAN = 256 * 1024
+
+
+def read_topic(t: Topic, segments: SegmentList, log_end: int, queue_offset: int,
+               n: int) -> list[StoredRecord]:
+    """The ``n`` records of topic ``t`` from ``queue_offset`` on (all of them must be
+    visible: the caller clamps to the topic's bounds)."""
+    entries = t.index.read(queue_offset, n)
+    out: list[StoredRecord] = []
+    i = 0
+    while i < len(entries):
+        off, size, _s = entries[i]
+        k = segments.index_of(off)
+        seg = segments[k]
+        seg_end = segments.end_of(k, log_end)
+        # one pread for a run of nearby records (other topics' records between
+        # them are read and skipped: cheaper than a syscall each)
+        j = i + 1
+        run_end = off + size
+        limit = min(seg_end, off + READ_SPAN)
+        while j < len(entries) and entries[j][0] + entries[j][1] <= limit:
+            run_end = entries[j][0] + entries[j][1]
+            j += 1
+        data = seg.pread(run_end - off, off - seg.base)
+        if len(data) != run_end - off:
+            raise CorruptRecord(f"record at offset {off} of topic {t.name!r} is missing")
+        for m in range(i, j):
+            rec = decode_record(data, entries[m][0] - off, entries[m][0], queue_offset + m)
+            if rec.topic != t.name:
+                raise CorruptRecord(f"index of {t.name!r} points at a {rec.topic!r} record")
+            out.append(rec)
+        i = j
+    return out
+
+
+def read_at(segments: SegmentList, log_end: int, offset: int) -> StoredRecord:
+    """The record at commit-log ``offset`` (queue_offset is -1)."""
+    if not segments.start <= offset < log_end:
+        raise ValueError(f"offset {offset} is outside the log")
+    seg = segments[segments.index_of(offset)]
+    head = seg.pread(4, offset - seg.base)
+    length = HEADER.unpack_from(head + bytes(HEADER.size))[0]
+    data = seg.pread(4 + length, offset - seg.base)
+    return decode_record(data, 0, offset)

@@ -1,0 +1,22 @@
+"""The in-memory state of one topic: its index and its queue bounds."""
+
+from __future__ import annotations
+
+from .index import TopicIndex
+
+
+class Topic:
+    """State of one topic.
+
+    ``next`` belongs to the writer thread (next queue offset to assign); ``end`` and
+    ``start`` to the event loop (visible end, first retained queue offset).
+    """
+
+    __slots__ = ("name", "index", "end", "start", "next")
+
+    def __init__(self, name: str, index: TopicIndex) -> None:
+        self.name = name
+        self.index = index
+        self.end = index.end
+        self.next = index.end
+        self.start = index.base

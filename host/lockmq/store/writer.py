@@ -1,0 +1,532 @@
+"""The writer thread: group commit, segment rolls and checkpoints.
+
+Appends queue here (:meth:`GroupCommit.submit`); one thread takes everything queued
+(up to ``max_batch_bytes``), drops duplicates, assigns offsets (:meth:`_plan`),
+writes index entries and log bytes with one ``pwrite`` per segment, fdatasyncs once
+(:meth:`_write`) and reports back to the event loop, which makes the batch visible.
+While one batch is being synced the next one gathers. A failed batch is undone
+(:meth:`_undo`); an error that cannot be proven harmless stops all writes
+(``failed``). Between batches the thread snapshots a checkpoint and hands the slow
+part (index fsyncs, the file) to a helper thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from . import checkpoint as ckpt
+from .config import StoreConfig
+from .dedup import DedupTable
+from .errors import StoreBusy, StoreFailed, StoreFull
+from .files import fsync_dir
+from .index import ENTRY, ENTRY_SIZE, TopicIndex
+from .records import Appended, NewRecord
+from .segment import Segment, SegmentList
+from .topic import Topic
+
+log = logging.getLogger("lockmq.store")
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+#: ``on_visible(new_segments, log_end, [(topic, new queue end)])``, called on the loop
+Publish = Callable[[list[Segment], int, list[tuple[Topic, int]]], None]
+
+
+class _Chunk:
+    """Bytes of one batch that go to one segment (``new``: a segment this batch starts,
+    with ``qstart`` its queue-start sidecar)."""
+
+    __slots__ = ("base", "file_pos", "parts", "new", "qstart", "segment")
+
+    def __init__(self, base: int, file_pos: int, new: bool, qstart: dict[str, int] | None):
+        self.base = base
+        self.file_pos = file_pos
+        self.parts: list[bytes] = []
+        self.new = new
+        self.qstart = qstart
+        self.segment: Segment | None = None
+
+
+class _Plan:
+    """One group commit: what to write where, and what to answer each caller."""
+
+    __slots__ = ("entries", "results", "chunks", "index", "ids", "end", "nbytes")
+
+    def __init__(self) -> None:
+        self.entries: list = []
+        self.results: list[list[Appended]] = []
+        self.chunks: list[_Chunk] = []
+        self.index: dict[str, tuple[Topic, int, bytearray]] = {}
+        self.ids: list[tuple[str, int]] = []
+        self.end = 0
+        self.nbytes = 0
+
+
+class GroupCommit:
+    """The store's single writer: the queue of appends and the thread that writes it.
+
+    ``topics`` and ``dedup`` are the store's (the thread reads and advances them
+    between batches); ``stats`` is the store's counter dict. ``on_visible`` runs on
+    the loop after each batch is durable (``sync``) or written (``async``).
+    """
+
+    def __init__(self, config: StoreConfig, data_dir: str, segments: SegmentList,
+                 log_end: int, topics: dict[str, Topic], dedup: DedupTable,
+                 stats: dict[str, int], on_visible: Publish) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self._segments = segments
+        self._topics = topics
+        self._dedup = dedup
+        self.stats = stats
+        self._on_visible = on_visible
+        self._sync = config.flush == "sync"
+        self._max_pending = config.max_pending_bytes
+        self._active = segments.active  # the writer's active segment (may run ahead)
+        self._active.open_writer()
+        self._w_end = log_end
+        self._pending: list = []
+        self._pending_bytes = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._w_idle = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._done: asyncio.Future | None = None
+        #: set by close: the thread writes what is queued, checkpoints and ends
+        self.closing = False
+        #: the error that stopped all writes (None while healthy)
+        self.failed: BaseException | None = None
+        self._last_ckpt_t = time.monotonic()
+        self._last_ckpt_end = 0
+        self._unsynced = False
+        self._free_t = 0.0  # when the disk's free space was last looked at
+        self._free_at = 0  # free bytes then
+        self._free_used = 0  # bytes written since
+
+    @property
+    def started(self) -> bool:
+        """True once the thread runs (bound to the loop of the first append)."""
+        return self._thread is not None
+
+    def submit(self, records: list[NewRecord], enc: list[bytes], n: int,
+               ts_s: int) -> asyncio.Future:
+        """Queue encoded records (``n`` bytes, broker time ``ts_s``); the future
+        resolves to their :class:`Appended` results. Raises :class:`StoreBusy`."""
+        if self._thread is None:
+            self._start()
+        fut = self._loop.create_future()  # type: ignore[union-attr]
+        with self._lock:  # the condition's lock (a C-level context manager: cheaper)
+            if self._pending and self._pending_bytes + n > self._max_pending:
+                raise StoreBusy(f"{self._pending_bytes} bytes are waiting to be written")
+            self._pending.append((records, enc, n, fut, ts_s))
+            self._pending_bytes += n
+            if self._w_idle:
+                # one wake-up is enough: until the writer runs (it needs the GIL),
+                # later appends would each pay for a pure-Python notify()
+                self._w_idle = False
+                self._cond.notify()
+        return fut
+
+    def _start(self) -> None:
+        """Start the writer thread, bound to the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._done = self._loop.create_future()
+        self._thread = threading.Thread(target=self._main, name="lockmq-store-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Write everything queued, checkpoint and end the thread (if it runs)."""
+        self.closing = True
+        if self._thread is None:
+            return
+        with self._cond:
+            self._cond.notify()
+        assert self._done is not None
+        await self._done
+        self._thread.join()
+
+    def close(self) -> None:
+        """Close the writer's descriptor of the active segment."""
+        self._active.close_writer()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _main(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        cond = self._cond
+        flush_s = self.config.flush_interval_ms / 1000
+        ckpt_s = self.config.checkpoint_interval_ms / 1000
+        ckpt_bytes = self.config.checkpoint_bytes
+        next_flush = time.monotonic() + flush_s
+        ckpt_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-checkpoint")
+        ckpt_fut = None
+        try:
+            while True:
+                with cond:
+                    while not self._pending and not self.closing:
+                        # idle: wake up for the async flush and for a due checkpoint
+                        now = time.monotonic()
+                        due = []
+                        if not self._sync and self._unsynced and self.failed is None:
+                            due.append(next_flush)
+                        if self._w_end != self._last_ckpt_end and self.failed is None:
+                            if ckpt_fut is None or ckpt_fut.done():
+                                due.append(self._last_ckpt_t + ckpt_s)
+                            else:  # one is being written: look again shortly
+                                due.append(now + 0.01)
+                        timeout = None
+                        if due:
+                            timeout = min(due) - now
+                            if timeout <= 0:
+                                break
+                        self._w_idle = True
+                        cond.wait(timeout)
+                        self._w_idle = False
+                    batch = self._take_batch()
+                if batch:
+                    self._process(batch)
+                elif self.closing:
+                    break
+                now = time.monotonic()
+                if not self._sync and self._unsynced and now >= next_flush \
+                        and self.failed is None:
+                    try:
+                        self._flush()
+                    except OSError as exc:
+                        log.error("store: fdatasync failed, refusing further writes: %r", exc)
+                        self.failed = exc
+                    next_flush = now + flush_s
+                if (self.failed is None and (ckpt_fut is None or ckpt_fut.done())
+                        and self._w_end != self._last_ckpt_end
+                        and (now - self._last_ckpt_t > ckpt_s
+                             or self._w_end - self._last_ckpt_end > ckpt_bytes)):
+                    # the snapshot is taken here, between batches; the slow part
+                    # (fsync of indexes, encoding, the file) runs beside the writer
+                    self._last_ckpt_t = now
+                    try:
+                        cp = self._checkpoint_snapshot()
+                        ckpt_fut = ckpt_exec.submit(self._checkpoint_write, cp)
+                    except OSError as exc:
+                        log.error("store: checkpoint failed: %r", exc)
+            if ckpt_fut is not None:
+                ckpt_fut.exception()  # wait for it; errors were logged
+            if self.failed is None:
+                self.try_checkpoint()
+        except BaseException as exc:  # pragma: no cover - must never kill silently
+            log.exception("store: writer thread died")
+            self.failed = exc
+            with cond:
+                rest, self._pending = self._pending, []
+            loop.call_soon_threadsafe(self._fail, rest, StoreFailed(f"writer died: {exc!r}"))
+        finally:
+            ckpt_exec.shutdown(wait=True)
+            loop.call_soon_threadsafe(self._writer_done)
+
+    def _writer_done(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _take_batch(self) -> list:
+        """Take queued appends up to ``max_batch_bytes`` (caller holds the lock)."""
+        pend = self._pending
+        if not pend:
+            return []
+        limit = self.config.max_batch_bytes
+        total = 0
+        k = len(pend)
+        for i, item in enumerate(pend):
+            if total and total + item[2] > limit:
+                k = i
+                break
+            total += item[2]
+        if k == len(pend):
+            batch, self._pending = pend, []
+        else:
+            batch = pend[:k]
+            del pend[:k]
+        self._pending_bytes -= total
+        return batch
+
+    def _process(self, batch: list) -> None:
+        loop = self._loop
+        assert loop is not None
+        if self.failed is not None:
+            loop.call_soon_threadsafe(self._fail, batch,
+                                      StoreFailed(f"store failed earlier: {self.failed!r}"))
+            return
+        plan = self._plan(batch)
+        if plan.chunks:
+            try:
+                self._write(plan)
+            except StoreFull as exc:
+                self.stats["store_full"] += 1
+                self._rollback(plan)
+                loop.call_soon_threadsafe(self._fail, batch, exc)
+                return
+            except BaseException as exc:
+                log.error("store: write failed, refusing further writes: %r", exc)
+                self.failed = exc
+                self._rollback(plan)
+                loop.call_soon_threadsafe(self._fail, batch,
+                                          StoreFailed(f"write failed: {exc!r}"))
+                return
+        self._dedup.add_many(plan.ids)
+        self._w_end = plan.end
+        self.stats["records"] += len(plan.ids)
+        self.stats["batches"] += 1
+        self.stats["bytes"] += plan.nbytes
+        loop.call_soon_threadsafe(self._complete, plan)
+
+    @staticmethod
+    def _rollback(plan: _Plan) -> None:
+        for t, first, _blob in plan.index.values():
+            t.next = first
+
+    @staticmethod
+    def _fail(batch: list, exc: BaseException) -> None:
+        for item in batch:
+            fut = item[3]
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _plan(self, batch: list) -> _Plan:
+        """Classify duplicates, assign offsets and queue offsets, cut segment rolls.
+
+        The per-record loop is the store's hottest code: state of the current topic
+        (queue offset, index blob) is kept in locals and written back on a switch.
+        """
+        plan = _Plan()
+        seg_bytes = self.config.segment_bytes
+        contains = self._dedup.contains
+        hw_of = self._dedup.high_water().get
+        seen: set[tuple[str, int]] = set()
+        topics = self._topics
+        pindex = plan.index
+        ids = plan.ids
+        pack = ENTRY.pack
+        new_app = tuple.__new__
+        results = plan.results
+        pos = self._w_end
+        active_base = self._active.base
+        # the roll rule (size); a time-based roll would lower this limit to ``pos``
+        seg_limit = active_base + seg_bytes
+        # the first chunk goes to the active segment; dropped below if it stays empty
+        first = chunk = _Chunk(active_base, pos - active_base, False, None)
+        plan.chunks.append(chunk)
+        parts = chunk.parts
+        dup = 0
+        counters: dict[str, list] = {}  # topic -> [index blob, next queue offset]
+        topic = None
+        c: list = []
+        q = 0
+        blob = bytearray()
+        for records, enc, _n, _fut, ts_s in batch:
+            res: list[Appended] = []
+            for rec, b in zip(records, enc):
+                sn = rec.sn
+                seq = rec.seq
+                key = (sn, seq)
+                # most records are above their lock's high water: new, no full check
+                e = hw_of(sn)
+                # (contains() is False for the broker's own "$" ids: never dropped)
+                if key in seen or (e is not None and seq <= e[0] and contains(sn, seq)):
+                    res.append(new_app(Appended, (-1, rec.topic, -1, True)))
+                    dup += 1
+                    continue
+                seen.add(key)
+                size = len(b)
+                if pos + size > seg_limit and pos > active_base:
+                    if c:
+                        c[1] = q  # the new segment records every topic's next offset
+                    active_base = pos
+                    seg_limit = pos + seg_bytes
+                    chunk = self._roll_chunk(pos, counters)
+                    plan.chunks.append(chunk)
+                    parts = chunk.parts
+                if rec.topic is not topic:  # batches are mostly one topic
+                    if c:
+                        c[1] = q
+                    topic = rec.topic
+                    c = counters.get(topic)  # type: ignore[assignment]
+                    if c is None:
+                        t = topics[topic]
+                        c = counters[topic] = [bytearray(), t.next]
+                        pindex[topic] = (t, t.next, c[0])
+                    blob, q = c
+                blob += pack(pos, size, ts_s)
+                parts.append(b)
+                ids.append(key)
+                res.append(new_app(Appended, (pos, topic, q, False)))
+                q += 1
+                pos += size
+            results.append(res)
+        if c:
+            c[1] = q
+        if not first.parts:
+            plan.chunks.remove(first)
+        for t, first_q, blob in pindex.values():
+            t.next = first_q + len(blob) // ENTRY_SIZE
+        self.stats["duplicates"] += dup
+        plan.entries = batch
+        plan.end = pos
+        plan.nbytes = pos - self._w_end
+        return plan
+
+    def _roll_chunk(self, pos: int, counters: dict[str, list]) -> _Chunk:
+        """A chunk starting a new segment at ``pos``, with every topic's next queue
+        offset there (``counters``: this batch's ``[index blob, next]`` per topic)."""
+        qs = {}
+        for name, t in list(self._topics.items()):
+            c = counters.get(name)
+            qs[name] = c[1] if c is not None else t.next
+        return _Chunk(pos, 0, True, qs)
+
+    def _check_free_space(self, nbytes: int) -> None:
+        """Raise :class:`StoreFull` if writing ``nbytes`` would eat into the reserve.
+
+        statvfs at most every 50 ms, unless the writes since the last look could
+        have used up a quarter of the room above the reserve.
+        """
+        reserve = self.config.min_free_bytes
+        now = time.monotonic()
+        self._free_used += nbytes
+        if now - self._free_t > 0.05 or self._free_used * 4 > self._free_at - reserve:
+            st = os.statvfs(self._segments.seg_dir)
+            self._free_at = st.f_bavail * st.f_frsize
+            self._free_t = now
+            self._free_used = nbytes
+        free = self._free_at - self._free_used + nbytes
+        if free - nbytes < reserve:
+            self._free_t = 0.0  # look again next time
+            self._free_used -= nbytes
+            raise StoreFull(f"only {free} bytes free on the data disk, reserve is {reserve}")
+
+    def _write(self, plan: _Plan) -> None:
+        """Index entries, log bytes, fdatasync; undo on error (StoreFull on ENOSPC)."""
+        if self.config.min_free_bytes:
+            self._check_free_space(plan.nbytes)
+        idx_undo: list[tuple[TopicIndex, int]] = []
+        created: list[Segment] = []
+        written: list[Segment] = []
+        old = self._active
+        try:
+            for t, first, blob in plan.index.values():
+                idx_undo.append((t.index, t.index.count))
+                t.index.write_entries(first, bytes(blob))
+            for ch in plan.chunks:
+                if ch.new:
+                    seg = ch.segment = Segment.create(self._segments.seg_dir, ch.base)
+                    created.append(seg)
+                else:
+                    seg = old
+                seg.write_at(ch.parts[0] if len(ch.parts) == 1 else b"".join(ch.parts),
+                             ch.file_pos)
+                written.append(seg)
+            for ch in plan.chunks:
+                if ch.new:
+                    ch.segment.write_qstart(ch.qstart or {})  # type: ignore[union-attr]
+            if self._sync:
+                for seg in written:
+                    seg.sync()
+                self.stats["fsyncs"] += len(written)
+            elif created:
+                # a closed segment is always durable, also in async mode
+                old.sync()
+                for seg in written[:-1]:
+                    if seg is not old:
+                        seg.sync()
+            if created:
+                fsync_dir(self._segments.seg_dir)
+        except OSError as exc:
+            self._undo(plan, idx_undo, created)
+            if exc.errno in _NO_SPACE:
+                raise StoreFull(f"disk full: {exc}") from exc
+            raise
+        if created:
+            self._active = created[-1]
+            for seg in created[:-1]:
+                seg.close_writer()
+            old.close_writer()
+        if not self._sync:
+            self._unsynced = True
+
+    def _undo(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]],
+              created: list[Segment]) -> None:
+        try:
+            for idx, count in idx_undo:
+                idx.truncate(idx.base + count)
+            first = plan.chunks[0] if plan.chunks else None
+            if first is not None and not first.new:
+                self._active.truncate(first.file_pos)
+            for seg in created:
+                seg.delete()
+        except OSError as exc:  # cannot even undo: stop writing
+            self.failed = exc
+            log.error("store: undoing a failed batch failed: %r", exc)
+
+    def _complete(self, plan: _Plan) -> None:
+        """On the loop: publish the batch (it is durable, or written in async mode)."""
+        self._on_visible([ch.segment for ch in plan.chunks if ch.segment is not None],
+                         plan.end,
+                         [(t, first + len(blob) // ENTRY_SIZE)
+                          for t, first, blob in plan.index.values()])
+        for (_r, _enc, _n, fut, _ts), res in zip(plan.entries, plan.results):
+            if not fut.done():
+                fut.set_result(res)
+
+    def _flush(self) -> None:
+        self._unsynced = False
+        self._active.sync()
+        self.stats["fsyncs"] += 1
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def _checkpoint_snapshot(self) -> ckpt.Checkpoint:
+        """Between batches: capture the state at the written log end (in async mode
+        after making the log durable up to there)."""
+        if not self._sync:
+            self._unsynced = False
+            self._active.sync()
+        return ckpt.Checkpoint(self._w_end, time.time_ns() // 1000,
+                               {name: t.next for name, t in list(self._topics.items())},
+                               self._dedup.items())  # type: ignore[arg-type]
+
+    def _checkpoint_write(self, cp: ckpt.Checkpoint) -> None:
+        """Make a snapshot the recovery start point: fsync the indexes (they hold
+        every entry below the snapshot's queue ends), then replace the checkpoint."""
+        try:
+            for t in list(self._topics.values()):
+                t.index.sync()
+            fsync_dir(self.data_dir)
+            cp.dedup = DedupTable.encode(cp.dedup)  # type: ignore[arg-type]
+            ckpt.save(self.data_dir, cp)
+        except OSError as exc:
+            log.error("store: checkpoint failed: %r", exc)
+            raise
+        self._last_ckpt_end = cp.log_end
+        self.stats["checkpoints"] += 1
+
+    def checkpoint_now(self) -> None:
+        """Checkpoint synchronously (at open, at close, without a writer thread)."""
+        self._active.sync()
+        cp = self._checkpoint_snapshot()
+        self._checkpoint_write(cp)
+        self._last_ckpt_t = time.monotonic()
+
+    def try_checkpoint(self) -> None:
+        """:meth:`checkpoint_now`, logging (not raising) a failure: used at close."""
+        try:
+            self.checkpoint_now()
+        except OSError as exc:
+            log.warning("store: checkpoint at close failed (%r); the next open re-reads "
+                        "the log tail instead", exc)
