@@ -25,8 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lockmq.store.records import FORMAT_VERSION as RECORD_FORMAT
+from lockmq.store.records import HEADER_SIZE
+
 from . import events
-from .layout import HEADER_SIZE, MIN_LENGTH, RECORD_FORMAT, record_ok
+from .arrays import at_every_byte
+from .layout import MIN_LENGTH, record_ok
 
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -211,18 +215,7 @@ def scan(
 
 def _u32_at(arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Little-endian u32 at each byte position."""
-    return _at_every_byte(arr, np.dtype("<u4"))[starts]
-
-
-def _at_every_byte(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """A view of ``arr`` as records of ``dtype`` starting at every byte offset.
-
-    Fancy-indexing it with record positions copies exactly those records' bytes.
-    """
-    n = len(arr) - dtype.itemsize + 1
-    if n <= 0:
-        return np.zeros(0, dtype=dtype)
-    return np.ndarray(shape=(n,), dtype=dtype, buffer=arr, offset=0, strides=(1,))
+    return at_every_byte(arr, np.dtype("<u4"))[starts]
 
 
 def _gather(arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -265,7 +258,7 @@ def build_batch(arr: np.ndarray, pos: np.ndarray, base: int, gateway_id: str | N
     Returns ``(batch, inconsistent)``: ``inconsistent`` marks records whose header
     fields do not add up to their length; they are left out of the batch.
     """
-    hdr = _at_every_byte(arr, HDR_DTYPE)[pos]
+    hdr = at_every_byte(arr, HDR_DTYPE)[pos]
     t = hdr["topic_len"].astype(np.int64)
     s = hdr["sn_len"].astype(np.int64)
     h = hdr["headers_len"].astype(np.int64)

@@ -14,22 +14,23 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-UTC_US = pa.timestamp("us", tz="UTC")
-EVENT_HEADER_SIZE = 13  # bytes before cred_len
+from lockmq.protocol import EventType, Method, Result
+from lockmq.protocol._event import EVENT_HEADER_SIZE
 
-# Names of the protocol's EventType / Method / Result codes (protocol/_constants.py).
-EVENT_TYPES = {
-    1: "unlock",
-    2: "failed_attempt",
-    3: "door_left_open",
-    4: "tamper",
-    5: "low_battery",
-    6: "door_opened",
-    7: "door_closed",
-    8: "locked",
-}
-METHODS = {0: "none", 1: "card", 2: "pin", 3: "remote", 4: "key", 5: "fingerprint"}
-RESULTS = {0: "ok", 1: "denied_unknown", 2: "denied_expired", 3: "denied_schedule", 4: "error"}
+from .arrays import at_every_byte
+
+UTC_US = pa.timestamp("us", tz="UTC")
+
+
+def _code_names(codes: type) -> dict[int, str]:
+    """``{code: lower-case name}`` of a protocol constants class (EventType ...)."""
+    return {v: k.lower() for k, v in vars(codes).items() if k.isupper() and type(v) is int}
+
+
+# Names of the protocol's EventType / Method / Result codes: "unlock", "card", "ok" ...
+EVENT_TYPES = _code_names(EventType)
+METHODS = _code_names(Method)
+RESULTS = _code_names(Result)
 #: Event types that count as alarms in the daily report.
 ALARM_TYPES = ("door_left_open", "tamper", "low_battery")
 
@@ -67,13 +68,6 @@ EVENT_DTYPE = np.dtype([("event_type", "u1"), ("method", "u1"), ("result", "u1")
 assert EVENT_DTYPE.itemsize == EVENT_HEADER_SIZE + 1
 
 
-def _at_every_byte(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    n = len(arr) - dtype.itemsize + 1
-    if n <= 0:
-        return np.zeros(0, dtype=dtype)
-    return np.ndarray(shape=(n,), dtype=dtype, buffer=arr, offset=0, strides=(1,))
-
-
 def decode(arr: np.ndarray, topic_start: np.ndarray, pay_start: np.ndarray, pay_len: np.ndarray) -> dict[str, pa.Array]:
     """The LockEvent columns for records whose payload starts at ``pay_start`` in ``arr``.
 
@@ -84,7 +78,7 @@ def decode(arr: np.ndarray, topic_start: np.ndarray, pay_start: np.ndarray, pay_
     if not is_event.any():
         return {name: pa.nulls(n, typ) for name, typ in ARROW_FIELDS}
     starts = np.where(is_event, pay_start, 0)
-    head = _at_every_byte(arr, EVENT_DTYPE)[starts]
+    head = at_every_byte(arr, EVENT_DTYPE)[starts]
     cred_len = head["cred_len"].astype(np.int64)
     is_event &= pay_len == EVENT_HEADER_SIZE + 1 + cred_len
     if not is_event.any():

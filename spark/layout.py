@@ -1,5 +1,8 @@
 """The commit-log layout on disk (host/lockmq/store/FORMAT.md), as seen by a reader.
 
+Names and the record header come from the store itself (``lockmq.store.names``,
+``lockmq.store.records``); this module adds what a reader of copied logs needs.
+
 Finds the logs under a path (a broker data directory, an export, or a folder of
 exports from many gateways), lists their segments, and reads the identity of the
 gateway that wrote them. Pure Python: no JVM, no numpy.
@@ -9,19 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import zlib
 from dataclasses import dataclass
 
-#: Fixed part of a record: length, crc, format ... broker_ts_us (FORMAT.md).
-HEADER_SIZE = 40
+# The store's own format definitions (light modules: no broker, no threads started)
+from lockmq.store.names import SEGMENT_DIR, segment_base
+from lockmq.store.records import HEADER_SIZE
+
 #: Smallest legal value of the ``length`` field (the fixed header after it).
 MIN_LENGTH = HEADER_SIZE - 4
-RECORD_FORMAT = 1
-SEGMENT_DIR = "message.log"
 MANIFEST = "manifest.json"
-_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 _LEN = struct.Struct("<I")
 _LEN_CRC = struct.Struct("<II")
 #: Identity files a broker data directory may carry (first found wins).
@@ -55,11 +56,6 @@ class Log:
         return list_segments(self.directory)
 
 
-def segment_name(base: int) -> str:
-    """File name of the segment whose first record is at log offset ``base``."""
-    return f"{base:020d}.log"
-
-
 def list_segments(directory: str) -> list[Segment]:
     """List ``<directory>/message.log/*.log`` (or ``directory`` itself if it holds segments)."""
     seg_dir = os.path.join(directory, SEGMENT_DIR)
@@ -71,15 +67,15 @@ def list_segments(directory: str) -> list[Segment]:
     except FileNotFoundError:
         return out
     for name in names:
-        m = _SEGMENT_RE.match(name)
-        if not m:
+        base = segment_base(name)
+        if base is None:
             continue
         path = os.path.join(seg_dir, name)
         try:
             size = os.stat(path).st_size
         except FileNotFoundError:  # deleted by retention while we listed
             continue
-        out.append(Segment(path, int(m.group(1)), size))
+        out.append(Segment(path, base, size))
     out.sort(key=lambda s: s.base)
     return out
 
@@ -115,7 +111,7 @@ def _is_log_dir(directory: str) -> bool:
     if os.path.isdir(os.path.join(directory, SEGMENT_DIR)):
         return True
     try:
-        return any(_SEGMENT_RE.match(n) for n in os.listdir(directory))
+        return any(segment_base(n) is not None for n in os.listdir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return False
 

@@ -1,5 +1,8 @@
 """A minimal commit-log writer that follows FORMAT.md, for tests and benchmarks.
 
+Records are encoded by the engine's codec (``lockmq.store.records.encode_record``);
+only the file handling is simpler here.
+
 Not the broker's storage engine (``lockmq.store``): no index, no fsync policy, no
 recovery. It exists to write edge cases the engine refuses to produce (torn and
 corrupt records) and to generate large benchmark logs quickly.
@@ -7,26 +10,20 @@ corrupt records) and to generate large benchmark logs quickly.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
-import zlib
 
-from .layout import SEGMENT_DIR, segment_name
+from lockmq.store.names import SEGMENT_DIR, list_segments, segment_name
+from lockmq.store.records import NewRecord, encode_record
 
-_REST = struct.Struct("<BBHBBHIIQQ")
-_LEN_CRC = struct.Struct("<II")
+#: no size limit for records written here (benchmarks write large ones)
+_NO_LIMIT = 1 << 32
 
 
 def encode(topic: str, sn: str, seq: int, lock_ts_ms: int, broker_ts_us: int,
            payload: bytes = b"", headers: dict | None = None) -> bytes:
-    """One record's bytes, exactly as FORMAT.md lays them out."""
-    t, s = topic.encode("utf-8"), sn.encode("ascii")
-    h = json.dumps(headers, separators=(",", ":")).encode("utf-8") if headers is not None else b""
-    flags = (1 if topic.startswith("$") else 0) | (2 if h else 0)
-    body = _REST.pack(1, flags, len(t), len(s), 0, len(h), seq, len(payload), lock_ts_ms,
-                      broker_ts_us) + t + s + h + payload
-    return _LEN_CRC.pack(len(body) + 4, zlib.crc32(body)) + body
+    """One record's bytes, encoded by the storage engine's own codec."""
+    return encode_record(NewRecord(topic, sn, seq, lock_ts_ms, payload, headers), broker_ts_us,
+                         _NO_LIMIT)
 
 
 class LogWriter:
@@ -39,10 +36,10 @@ class LogWriter:
         self.base = 0
         self.pos = 0
         self._buf: list[bytes] = []
-        existing = sorted(n for n in os.listdir(self.dir) if n.endswith(".log"))
+        existing = list_segments(self.dir)
         if existing:
-            self.base = int(existing[-1][:20])
-            self.pos = os.path.getsize(os.path.join(self.dir, existing[-1]))
+            self.base = existing[-1]
+            self.pos = os.path.getsize(os.path.join(self.dir, segment_name(self.base)))
 
     @property
     def offset(self) -> int:
