@@ -140,14 +140,8 @@ class Store:
         """
         if self._closed:
             return
-        w = self._writer
-        assert w is not None
-        if w.started:
-            await w.stop()
-        else:
-            w.closing = True
-            if w.failed is None:
-                w.try_checkpoint()
+        assert self._writer is not None
+        await self._writer.stop()
         self._closed = True
         self._release()
 
@@ -155,13 +149,10 @@ class Store:
         """Close a store that never appended from an event loop (tools, tests)."""
         if self._closed:
             return
-        w = self._writer
-        assert w is not None
-        if w.started:
+        assert self._writer is not None
+        if self._writer.started:
             raise RuntimeError("store is used from an event loop; await close() there")
-        w.closing = True
-        if w.failed is None:
-            w.try_checkpoint()
+        self._writer.stop_idle()
         self._closed = True
         self._release()
 

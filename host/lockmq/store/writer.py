@@ -145,14 +145,22 @@ class GroupCommit:
 
     async def stop(self) -> None:
         """Write everything queued, checkpoint and end the thread (if it runs)."""
-        self.closing = True
         if self._thread is None:
+            self.stop_idle()
             return
+        self.closing = True
         with self._cond:
             self._cond.notify()
         assert self._done is not None
         await self._done
         self._thread.join()
+
+    def stop_idle(self) -> None:
+        """Stop a writer whose thread never started (a store used without a loop):
+        take no more appends and checkpoint here."""
+        self.closing = True
+        if self.failed is None:
+            self.try_checkpoint()
 
     def close(self) -> None:
         """Close the writer's descriptor of the active segment."""
