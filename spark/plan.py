@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lockmq.store import index as store_index
+from lockmq.store.names import index_files
+
 from .layout import Log, Segment, complete_end, find_logs, record_ok, walk_boundaries
 
 DEFAULT_MAX_PARTITION_BYTES = 32 << 20
@@ -203,9 +206,11 @@ class TopicIndexes:
     it is checked (the record there must have a matching CRC) before use.
     """
 
+    # the index format is the store's (lockmq.store.index)
     ENTRY = np.dtype([("offset", "<u8"), ("size", "<u4"), ("time", "<u4")])
-    HEADER = 16
-    MAGIC = b"LMQX"
+    assert ENTRY.itemsize == store_index.ENTRY_SIZE
+    HEADER = store_index.HEADER_SIZE
+    MAGIC = store_index.MAGIC
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -218,7 +223,7 @@ class TopicIndexes:
         """Sorted record start offsets found in all topic indexes (empty if none)."""
         if self._starts is None:
             try:
-                names = sorted(n for n in os.listdir(self.directory) if n.startswith("offset-") and n.endswith(".log"))
+                names = sorted(index_files(self.directory).values())
                 key = tuple((n, os.stat(os.path.join(self.directory, n)).st_size) for n in names)
             except OSError:
                 names, key = [], ()
