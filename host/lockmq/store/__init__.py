@@ -15,10 +15,11 @@ Typical use from the broker's event loop::
 """
 
 from .config import StoreConfig
-from .engine import RetentionReport, Store, open_store
+from .engine import Store, open_store
 from .errors import (CorruptRecord, InvalidRecord, StoreBusy, StoreClosed, StoreError,
                      StoreFailed, StoreFull, StoreLocked)
 from .recovery import RecoveryReport
+from .retention import RetentionReport
 from .records import Appended, NewRecord, StoredRecord, validate_topic
 
 __all__ = [

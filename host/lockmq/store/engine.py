@@ -382,4 +382,4 @@ def open_store(data_dir: str, **settings) -> Store:
     return Store.open(StoreConfig(data_dir=data_dir, **settings))
 
 
-__all__: Iterable[str] = ["Store", "RetentionReport", "open_store"]
+__all__: Iterable[str] = ["Store", "open_store"]
