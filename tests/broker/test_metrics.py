@@ -26,12 +26,12 @@ def scrape(url: str) -> str:
 
 
 def samples(text: str) -> dict[str, float]:
-    """``name{labels}`` -> value, labels in the order the broker writes them."""
+    """``name{labels}`` -> value, parsed by prometheus_client's own parser."""
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
 
