@@ -21,7 +21,7 @@ from .conftest import Peer
 
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        assert r.headers["Content-Type"].startswith("text/plain")
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return r.read().decode()
 
 
@@ -134,3 +134,16 @@ def test_security_counters_become_one_family_per_event_with_a_reason_label():
         ("lockmq_security_auth_ok_total", {})]
     assert fams["lockmq_security_connections_open"].type == "gauge"
     assert fams["lockmq_auth_required"].samples[0].value == 1
+
+
+def test_openmetrics_when_the_scraper_asks_for_it(broker):
+    url = broker.status_page()
+    lock = produce(broker.port, "ev", 2)
+    req = urllib.request.Request(url + "/metrics", headers={
+        "Accept": "application/openmetrics-text; version=1.0.0,text/plain;q=0.5"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = r.read().decode()
+    assert text.endswith("# EOF\n")
+    assert "# TYPE lockmq_publish_stored counter" in text
+    assert "\nlockmq_publish_stored_total 2.0\n" in text and lock is not None

@@ -19,7 +19,7 @@ import shutil
 from typing import Any, Callable, Iterator
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -237,13 +237,14 @@ def disk_free_bytes(path: str) -> float:
 class MetricsEndpoint:
     """A registry of its own holding one :class:`BrokerCollector`."""
 
-    content_type = CONTENT_TYPE_LATEST
-
     def __init__(self, views: Callable[[], tuple[dict[str, Any], list[dict[str, Any]],
                                                  dict[str, tuple[str, float]]]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(views))
 
-    def render(self) -> bytes:
-        """The exposition text of a scrape now."""
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[str, bytes]:
+        """(content type, body) of a scrape now, in the format the scraper's
+        ``Accept`` header asks for (Prometheus text 0.0.4 unless it asks for
+        OpenMetrics), as prometheus_client negotiates it."""
+        encode, content_type = choose_encoder(accept)
+        return content_type, encode(self.registry)

@@ -161,7 +161,8 @@ class StatusPage:
         if path == "/health":
             return "200 OK", "text/plain", b"ok\n"
         if path == "/metrics":
-            return "200 OK", self.metrics.content_type, self.metrics.render()
+            ctype, body = self.metrics.render(accept)
+            return "200 OK", ctype, body
         if path == "/history":
             return "200 OK", "application/json", json.dumps(self.history.to_json()).encode()
         if path == "/summary" or (path == "/" and "text/plain" in accept
