@@ -116,7 +116,7 @@ limit_exempt_addresses = []
             out = {}
             for line in r.read().decode().splitlines():
                 name, _, value = line.rpartition(" ")
-                if name:
+                if name and not line.startswith("#"):   # skip # HELP / # TYPE
                     out[name] = float(value)
             return out
 

@@ -17,6 +17,7 @@ want=()
 command -v pg_ctlcluster >/dev/null || want+=(postgresql)
 command -v qemu-system-arm >/dev/null || want+=(qemu-system-arm)
 [ -e /usr/share/firmware-microbit-micropython/firmware.hex ] || want+=(firmware-microbit-micropython)
+command -v chromium >/dev/null || want+=(chromium)   # the dashboard test (headless)
 if [ ${#want[@]} -gt 0 ]; then
   log "installing ${want[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}") >&2 \

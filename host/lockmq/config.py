@@ -109,6 +109,8 @@ class BrokerSection:
         shutdown_grace_s: time given to in-flight writes on SIGTERM/SIGINT.
         log_level: DEBUG, INFO, WARNING or ERROR.
         log_format: ``"kv"`` (key=value, one line per event) or ``"json"``.
+        log_file: file the log lines are appended to (created owner-only); empty =
+            stderr (journald under systemd). Reopened when logrotate moves it away.
     """
 
     host: str = "0.0.0.0"
@@ -130,6 +132,7 @@ class BrokerSection:
     shutdown_grace_s: float = 5.0
     log_level: str = "INFO"
     log_format: str = "kv"
+    log_file: str = ""
 
 
 @dataclass

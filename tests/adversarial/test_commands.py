@@ -268,7 +268,7 @@ def test_item3_oversized_command_refused_at_submit_and_link_breakers_not_resent(
     assert f"arguments may be at most {limit - 70} bytes" in err.message
     env.broker.wait_log(rf"level=warning event=command_refused reason=too_large .*"
                         rf"target=DOOR-2 size=4752 limit={limit}", start=mark)
-    assert env.metric("lockmq_commands_refused_too_large") == 1
+    assert env.metric("lockmq_commands_refused_too_large_total") == 1
     assert admin_op(ops, "commands")["held"] == 0           # nothing held, nothing resent
     # one byte over the limit is refused too; exactly at the limit is delivered
     fits = (limit - 70 - 2) // 9
@@ -307,7 +307,7 @@ def test_item3_oversized_command_refused_at_submit_and_link_breakers_not_resent(
     assert len(set(seen)) == 1                               # the same command each time
     env.broker.wait_log(r"level=warning event=command_undeliverable target=DOOR-3 .*attempts=3",
                         start=mark)
-    assert env.metric("lockmq_commands_undeliverable") == 1
+    assert env.metric("lockmq_commands_undeliverable_total") == 1
     # legitimate: the lock comes back; only new commands reach it, and they work
     w = env.wire_lock("DOOR-3", max_frame=65536)
     op = send_command(opener, "DOOR-3", UNLOCK)
@@ -364,7 +364,7 @@ def test_item4_per_token_and_per_lock_caps_keep_room_for_the_admin(make_env):
     for cap in ("max_pending_per_sender", "max_pending_per_lock", "max_pending_total"):
         env.broker.wait_log(rf"level=warning event=command_refused reason=cap .*cap={cap}",
                             start=mark)
-    assert env.metric("lockmq_commands_refused_cap") == 3
+    assert env.metric("lockmq_commands_refused_cap_total") == 3
     assert env.metric('lockmq_security_permission_denied_total{reason="unknown_lock"}') == 50
 
     # another service gets BUSY too (the rest is the admins' reserve) ...

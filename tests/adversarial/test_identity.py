@@ -353,8 +353,8 @@ def test_item11_a_cluster_belongs_to_its_creator(env):
     assert [(c["topic"], c["owner"]) for c in info] == [("orders.events", "token:billing")]
 
     broker.wait_log(r"event=cluster_refused_owner", start=mark)
-    assert metric(broker, "lockmq_clusters_refused_owner") >= 2
-    assert metric(broker, "lockmq_clusters_refused_topic") >= 1
+    assert metric(broker, "lockmq_clusters_refused_owner_total") >= 2
+    assert metric(broker, "lockmq_clusters_refused_topic_total") >= 1
 
     # the legitimate path: billing still gets its messages
     assert prod.publish("orders.events", 1).status == 0
@@ -466,8 +466,8 @@ def test_item13_subscriptions_and_clusters_are_capped(env):
 
     broker.wait_log(r"event=subscription_limit", start=mark)
     broker.wait_log(r"event=cluster_refused_cap", start=mark)
-    assert metric(broker, "lockmq_subscriptions_refused") >= 1
-    assert metric(broker, "lockmq_clusters_refused_cap") >= 1
+    assert metric(broker, "lockmq_subscriptions_refused_total") >= 1
+    assert metric(broker, "lockmq_clusters_refused_cap_total") >= 1
 
     # the legitimate path: another principal is not affected; an admin frees a slot
     assert subscribe(e.service(other, "other-1"), "t.events", "o-1") > 0

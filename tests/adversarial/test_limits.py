@@ -226,14 +226,14 @@ def test_heartbeat_flood_is_rate_limited_and_stored_once(tmp_path, brokers):
     # at most one $heartbeats record per lock per gap, whatever it sent (the broker's
     # monotonic clock is this machine's: the flood spans these slots)
     slots = int(t1 // gap) - int(t0 // gap) + 1
-    stored = wait_for(lambda: (lambda m: m["lockmq_heartbeat_records"] == _topic_end(
-        broker, "$heartbeats") and m["lockmq_heartbeat_records"])(broker.metrics()),
+    stored = wait_for(lambda: (lambda m: m["lockmq_heartbeat_records_total"] == _topic_end(
+        broker, "$heartbeats") and m["lockmq_heartbeat_records_total"])(broker.metrics()),
         "the heartbeat records to be stored")
     assert 1 <= stored <= slots
     assert _topic_end(broker, "lock.events") == 1
     m = broker.metrics()
-    assert m["lockmq_heartbeats_refused"] == limited
-    assert m["lockmq_heartbeat_records_skipped"] == answered - stored
+    assert m["lockmq_heartbeats_refused_total"] == limited
+    assert m["lockmq_heartbeat_records_skipped_total"] == answered - stored
     assert m['lockmq_security_rate_limited_total{reason="lock_message_rate"}'] >= limited
     broker.wait_log(r"security_rate_limited reason=lock_message_rate name=LOCK-8 kind=lock "
                     r"frame=heartbeat", start=mark)
@@ -341,7 +341,7 @@ def test_status_page_deadline_and_connection_cap(tmp_path, brokers):
     broker.wait_log(r"event=status_refused", start=mark)
     # the legitimate reader is served again, and the page counts what happened
     m = broker.metrics()
-    assert m["lockmq_status_timeouts"] >= 4 and m["lockmq_status_refused"] >= 1
+    assert m["lockmq_status_timeouts_total"] >= 4 and m["lockmq_status_refused_total"] >= 1
     assert json.loads(_http(sp, "/stats"))["auth"] == "required"
 
 

@@ -259,14 +259,14 @@ def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broke
         assert all(f.flags & Flag.MAC for f in proxy.frames[2:])   # after CONNECT, AUTH
 
         # Attack: an on-path relay flips a byte of the next event and fixes the CRC.
-        before = _metric(broker, "lockmq_frame_mac_refused")
+        before = _metric(broker, "lockmq_frame_mac_refused_total")
         mark = broker.mark()
         proxy.tamper = True
         lock.send("event tamper")
         broker.wait_log(r"session_violation.*sn=MAC-LOCK-1.*code=17", start=mark)
         assert proxy.tampered == 1
         lock.expect(r"W net down err=(error17|mac|closed|reset)", timeout=30)
-        assert _metric(broker, "lockmq_frame_mac_refused") >= before + 1
+        assert _metric(broker, "lockmq_frame_mac_refused_total") >= before + 1
         # ... and the lock reconnects; the same event goes again, untouched, and is acked.
         lock.expect(r"I net connected .* mac=1", timeout=60)
         lock.expect(r"I evt acked seq=", timeout=30)

@@ -86,6 +86,11 @@ class BrokerThread:
             return r
         return asyncio.run_coroutine_threadsafe(wrap(), self.loop).result(TIMEOUT)
 
+    def status_page(self) -> str:
+        """Start the broker's status page on a free port; its base URL."""
+        port = self.call(lambda: self.broker.status.start("127.0.0.1", 0))
+        return f"http://127.0.0.1:{port}"
+
     def stop(self) -> None:
         if self.broker is not None and self._thread.is_alive():
             try:

@@ -129,10 +129,13 @@ def test_sigterm_is_graceful_and_status_page_answers(tmp_path):
         p = Peer(port, sn="LOCK-1", role=Role.LOCK)
         for seq in range(10):
             p.publish("t", seq)
-        page = urllib.request.urlopen(f"http://127.0.0.1:{sport}/", timeout=5).read().decode()
+        page = urllib.request.urlopen(f"http://127.0.0.1:{sport}/summary",
+                                      timeout=5).read().decode()
         assert "lockmq broker" in page and "locks online 1" in page
+        dash = urllib.request.urlopen(f"http://127.0.0.1:{sport}/", timeout=5).read().decode()
+        assert dash.startswith("<!doctype html>") and "Locks online" in dash
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{sport}/metrics", timeout=5).read()
-        assert b"lockmq_publish_stored 10" in metrics
+        assert b"lockmq_publish_stored_total 10.0" in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(20)

@@ -4,12 +4,22 @@ A log line is ``ts=... level=info event=publish_busy conn=12 peer=1.2.3.4:5 ...`
 (``log_format = "kv"``) or one JSON object per line (``"json"``). Events are short
 snake_case names; every field is a key. Counters are plain integers in
 :class:`Stats`, exposed by the ``stats`` admin op and the status page.
+
+Lines go through stdlib :mod:`logging`: a logger of the broker's own (not in the
+process-wide hierarchy, so two brokers in one process keep their own settings)
+with one handler -- stderr by default (journald under systemd), or
+``[broker] log_file``: a :class:`logging.handlers.WatchedFileHandler`, which
+notices when logrotate has moved the file away and opens a new one at the next
+line, so rotation needs neither ``copytruncate`` nor a signal. The file is created
+owner-only (the lines name SNs and peers).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -24,32 +34,79 @@ def _kv(value: Any) -> str:
     return s
 
 
-class EventLog:
-    """Writes one line per event to a stream (stderr by default)."""
+class EventFormatter(logging.Formatter):
+    """Formats a record made by :class:`EventLog` as one ``kv`` or ``json`` line."""
 
-    def __init__(self, level: str = "INFO", fmt: str = "kv", stream: TextIO | None = None) -> None:
-        self.level = _LEVELS.get(level.upper(), 20)
+    def __init__(self, fmt: str = "kv") -> None:
+        super().__init__()
         self.fmt = fmt
-        self.stream = stream or sys.stderr
 
-    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
-        """Log ``event`` with ``fields`` at ``level`` (debug/info/warning/error)."""
-        if _LEVELS.get(level.upper(), 20) < self.level:
-            return
-        ts = time.time()
+    def format(self, record: logging.LogRecord) -> str:
+        ts = record.created
+        level = getattr(record, "event_level", record.levelname.lower())
+        fields: dict[str, Any] = getattr(record, "event_fields", {})
+        event = record.getMessage()
         if self.fmt == "json":
             rec = {"ts": round(ts, 6), "level": level, "event": event}
             rec.update(fields)
-            line = json.dumps(rec, default=str)
-        else:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
-            line = " ".join([f"ts={stamp}", f"level={level}", f"event={event}"]
-                            + [f"{k}={_kv(v)}" for k, v in fields.items() if v is not None])
-        try:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass
+            return json.dumps(rec, default=str)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+        return " ".join([f"ts={stamp}", f"level={level}", f"event={event}"]
+                        + [f"{k}={_kv(v)}" for k, v in fields.items() if v is not None])
+
+
+class _QuietErrors:
+    """A log write that fails (disk full, closed stream) must neither break the
+    broker nor print a traceback per line: the line is dropped."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 -- logging's name
+        pass
+
+
+class StderrHandler(_QuietErrors, logging.StreamHandler):  # type: ignore[type-arg]
+    """The default: one line per event on a stream (stderr)."""
+
+
+class RotatableFileHandler(_QuietErrors, logging.handlers.WatchedFileHandler):
+    """``log_file``: reopened when logrotate moves it; created with mode 0600."""
+
+    def _open(self) -> TextIO:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
+
+
+def make_handler(log_file: str = "", stream: TextIO | None = None) -> logging.Handler:
+    """The handler for ``[broker] log_file`` (empty: ``stream``, default stderr)."""
+    if log_file:
+        return RotatableFileHandler(log_file, encoding="utf-8")
+    return StderrHandler(stream or sys.stderr)
+
+
+class EventLog:
+    """Logs one line per event: ``log(event, level="info", **fields)``."""
+
+    def __init__(self, level: str = "INFO", fmt: str = "kv", stream: TextIO | None = None,
+                 log_file: str = "") -> None:
+        self.level = _LEVELS.get(level.upper(), 20)
+        self.fmt = fmt
+        self.logger = logging.Logger("lockmq.events", self.level)
+        handler = make_handler(log_file, stream)
+        handler.setFormatter(EventFormatter(fmt))
+        self.logger.addHandler(handler)
+
+    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
+        """Log ``event`` with ``fields`` at ``level`` (debug/info/warning/error)."""
+        levelno = _LEVELS.get(level.upper(), 20)
+        if levelno < self.level:
+            return
+        self.logger.log(levelno, event, extra={"event_level": level, "event_fields": fields})
+
+    def close(self) -> None:
+        """Close the handlers (the log file); later lines are dropped."""
+        for h in list(self.logger.handlers):
+            self.logger.removeHandler(h)
+            h.close()
+        self.logger.addHandler(logging.NullHandler())   # not logging's stderr fallback
 
 
 class EventLogHandler(logging.Handler):

@@ -64,7 +64,10 @@ class Broker:
 
     def __init__(self, config: Config, log: EventLog | None = None) -> None:
         self.config = config
-        self.log = log or EventLog(config.broker.log_level, config.broker.log_format)
+        #: the broker closes the log (its file) on stop only if it opened it
+        self._owns_log = log is None
+        self.log = log or EventLog(config.broker.log_level, config.broker.log_format,
+                                   log_file=config.broker.log_file)
         self.stats = Stats()
         self.core = BrokerCore(config, self.log, self.stats)
         self.guard: Any = make_guard(config, self.log)
@@ -197,6 +200,8 @@ class Broker:
             logging.getLogger("lockmq.store").removeHandler(self._store_log)
         self.log("broker_stopped", stats=None, **{k: self.stats.c[k] for k in (
             "publish_stored", "messages_delivered", "acks")})
+        if self._owns_log:
+            self.log.close()
         self._stopped.set()
 
 
@@ -267,7 +272,9 @@ def run(config: Config) -> int:
         return 130
     except (OSError, StoreLocked) as exc:
         # port in use, data directory held by another broker, no permission ...
-        EventLog(config.broker.log_level, config.broker.log_format)(
-            "broker_failed", level="error", error=str(exc) or repr(exc))
+        log = EventLog(config.broker.log_level, config.broker.log_format,
+                       log_file=config.broker.log_file)
+        log("broker_failed", level="error", error=str(exc) or repr(exc))
+        log.close()
         return 1
     return 0

@@ -1,8 +1,11 @@
 """A small HTTP status page on a second port (default 6801), plain asyncio.
 
-``GET /`` a text summary for people; ``GET /stats`` the ``stats`` admin op as JSON;
-``GET /clusters``, ``/topics``, ``/devices`` likewise; ``GET /metrics`` the counters
-in Prometheus text format; ``GET /health`` ``ok``. Read-only; no framework.
+``GET /`` the dashboard (HTML, ``dashboard.py``; ``Accept: text/plain`` gets the
+text summary); ``GET /summary`` the text summary for people and scripts;
+``GET /stats`` the ``stats`` admin op as JSON; ``GET /clusters``, ``/topics``,
+``/devices``, ``/commands`` likewise; ``GET /history`` the dashboard's samples;
+``GET /metrics`` Prometheus exposition (``metrics.py``); ``GET /health`` ``ok``.
+Read-only; no framework.
 
 Bounded (issue 10 item 14): a request must be read, answered and written within
 ``[broker] status_request_timeout_s`` in all -- a header trickled every few seconds
@@ -17,6 +20,10 @@ import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
+
+from . import dashboard
+from .metrics import MetricsEndpoint, disk_free_bytes
+from .periodic import start_periodic, stop_task
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -39,6 +46,9 @@ class StatusPage:
         self.active = 0
         self._refused_logged = 0.0
         self._refused_since_log = 0
+        self.metrics = MetricsEndpoint(self._metric_views)
+        self.history = dashboard.History()
+        self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",
                      "status_bad_requests"):
             broker.stats.c.setdefault(name, 0)
@@ -46,10 +56,14 @@ class StatusPage:
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port."""
         self.server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST)
+        self.sample()
+        self._sampler = start_periodic("lockmq-dashboard", self.history.every_s, self.sample)
         return self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        """Stop listening."""
+        """Stop sampling and listening."""
+        await stop_task(self._sampler)
+        self._sampler = None
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -103,16 +117,19 @@ class StatusPage:
         b = self.broker
         try:
             line = await reader.readline()
-            for _ in range(MAX_HEADER_LINES + 1):   # skip the headers
+            accept = ""
+            for _ in range(MAX_HEADER_LINES + 1):   # only Accept matters
                 h = await reader.readline()
                 if h in (b"\r\n", b"\n", b""):
                     break
+                if h[:7].lower() == b"accept:":
+                    accept = h[7:].decode("latin-1").strip().lower()
             else:
                 raise _BadRequest("too many header lines")
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
             b.stats.c["status_requests"] += 1
-            status, ctype, body = self.render(path.split("?")[0])
+            status, ctype, body = self.render(path.split("?")[0], accept)
         except (_BadRequest, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
             b.stats.c["status_bad_requests"] += 1
             status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
@@ -132,8 +149,9 @@ class StatusPage:
             self._refused_logged = now
             self._refused_since_log = 0
 
-    def render(self, path: str) -> tuple[str, str, bytes]:
-        """(status, content type, body) of ``path``."""
+    def render(self, path: str, accept: str = "") -> tuple[str, str, bytes]:
+        """(status, content type, body) of ``path``; ``accept`` is the request's
+        Accept header (``text/plain`` without ``text/html`` asks ``/`` for text)."""
         admin = self.broker.admin
         views: dict[str, Any] = {"/stats": admin.stats, "/clusters": admin.clusters,
                                  "/topics": admin.topics, "/devices": admin.devices,
@@ -143,59 +161,72 @@ class StatusPage:
         if path == "/health":
             return "200 OK", "text/plain", b"ok\n"
         if path == "/metrics":
-            return "200 OK", "text/plain; version=0.0.4", self.metrics().encode()
-        if path == "/":
+            ctype, body = self.metrics.render(accept)
+            return "200 OK", ctype, body
+        if path == "/history":
+            return "200 OK", "application/json", json.dumps(self.history.to_json()).encode()
+        if path == "/summary" or (path == "/" and "text/plain" in accept
+                                  and "text/html" not in accept):
             return "200 OK", "text/plain; charset=utf-8", self.summary().encode()
+        if path == "/":
+            return "200 OK", "text/html; charset=utf-8", self.dashboard().encode()
         return "404 Not Found", "text/plain", b"not found\n"
 
-    def metrics(self) -> str:
-        """Counters and gauges in Prometheus text format."""
-        b = self.broker
-        lines = []
-        for k, v in b.stats.snapshot().items():
-            lines.append(f"lockmq_{k} {v}")
-        lines.append(f"lockmq_connections {len(b.conns)}")
-        lines.append(f"lockmq_status_connections {self.active}")
-        lines.append(f"lockmq_auth_required "
-                     f"{int(getattr(b.guard, 'auth_mode', '') == 'required')}")
-        lines.append(f"lockmq_devices_online {len(b.devices.online_by_sn)}")
-        if b.core.store is not None:
-            for k, v in b.core.store.stats.items():
-                lines.append(f"lockmq_store_{k} {v}")
+    # -- what the pages read: the broker's admin views, in one place -------------------
+
+    def _views(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The ``stats`` and ``clusters`` admin views (every cluster, live or on disk)."""
+        admin = self.broker.admin
+        return admin.stats({}), admin.clusters({})["clusters"]
+
+    def _disk_free(self) -> float:
+        return disk_free_bytes(self.broker.config.broker.data_dir)
+
+    def _metric_views(self) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                     dict[str, tuple[str, float]]]:
+        stats, clusters = self._views()
+        extra = {"status_connections": ("Status-page connections open now", self.active),
+                 "store_disk_free_bytes": ("Free bytes on the file system of data_dir",
+                                           self._disk_free())}
+        return stats, clusters, extra
+
+    def _online(self) -> set[str]:
+        return {d["sn"] for d in self.broker.admin.devices({})["devices"]}
+
+    def sample(self) -> None:
+        """Add one sample to the dashboard's history (the periodic helper calls this)."""
         try:
-            for k, v in b.guard.status().items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    lines.append(f"lockmq_{k} {v}")
-        except Exception:  # noqa: BLE001
-            pass
-        for c in b.core.clusters.values():
-            lab = f'{{cluster="{c.name}",topic="{c.topic}"}}'
-            lines.append(f"lockmq_cluster_backlog{lab} {c.backlog()}")
-            lines.append(f"lockmq_cluster_inflight{lab} {len(c.leases)}")
-            lines.append(f"lockmq_cluster_members{lab} {len(c.members)}")
-            for k, v in c.stats.items():
-                lines.append(f"lockmq_cluster_{k}{lab} {v}")
-        guard_status = getattr(b.guard, "status", None)   # lockmq.security counters
-        for k, v in (guard_status() if guard_status else {}).items():
-            lines.append(f"lockmq_{k} {v}")
-        return "\n".join(lines) + "\n"
+            stats, clusters = self._views()
+            self.history.add(dashboard.take_sample(stats, clusters, self._disk_free()),
+                             self._online())
+        except Exception as exc:  # noqa: BLE001 -- a failed sample must not stop sampling
+            self.broker.log("dashboard_sample_failed", error=repr(exc), level="error")
+
+    def dashboard(self) -> str:
+        """The HTML dashboard."""
+        stats, clusters = self._views()
+        return dashboard.render(f"lockmq broker :{self.broker.port}", stats, clusters,
+                                self._online(), self.history)
 
     def summary(self) -> str:
         """A page a person reads: connections, devices, clusters, counters."""
-        b = self.broker
-        s = b.stats.snapshot()
-        out = [f"lockmq broker  port {b.port}  uptime {s['uptime_s']:.0f} s",
-               f"connections {len(b.conns)} (max {b.max_connections})   "
-               f"locks online {len(b.devices.online_by_sn)}",
+        stats, clusters = self._views()
+        s = stats["broker"]
+        out = [f"lockmq broker  port {self.broker.port}  uptime {s['uptime_s']:.0f} s",
+               f"connections {stats['connections']} (max {stats['max_connections']})   "
+               f"locks online {stats['devices_online']}",
                f"published {s['publish_stored']} stored, {s['publish_duplicates']} duplicates, "
                f"{s['publish_busy']} busy   delivered {s['messages_delivered']}   "
                f"acks {s['acks']}   nacks {s['nacks']}", "",
                f"{'cluster':24} {'topic':20} {'members':>7} {'inflight':>8} {'backlog':>9} "
                f"{'dlq':>6}"]
-        for c in b.core.clusters.values():
-            out.append(f"{c.name:24} {c.topic:20} {len(c.members):>7} {len(c.leases):>8} "
-                       f"{c.backlog():>9} {b.core.queue_end(c.dlq_topic):>6}"
-                       + ("  CAPPED" if c.capped else ""))
+        for c in clusters:
+            flag = "  CAPPED" if c.get("cluster_capped") else ""
+            if not c.get("live", True):
+                flag = "  offline"
+            out.append(f"{c['name']:24} {c['topic']:20} {len(c['members']):>7} "
+                       f"{c['inflight']:>8} {c['backlog']:>9} {c['dlq_size']:>6}{flag}")
         out.append("")
-        out.append("JSON: /stats /clusters /topics /devices /commands   Prometheus: /metrics")
+        out.append("Dashboard: /   JSON: /stats /clusters /topics /devices /commands /history   "
+                   "Prometheus: /metrics")
         return "\n".join(out) + "\n"

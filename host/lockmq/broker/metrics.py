@@ -1,0 +1,250 @@
+"""``/metrics``: the broker's counters and gauges through ``prometheus_client``.
+
+One :class:`BrokerCollector` per broker, in a registry of its own (never the
+process-wide default registry: two brokers in one test process must not clash),
+reads the broker's state at scrape time through two public views -- the ``stats``
+and ``clusters`` admin ops -- so it holds no copy that could drift. Every metric
+has ``# HELP``/``# TYPE``; counters end in ``_total`` (prometheus_client's counter
+family adds it); label values are escaped by the library.
+
+``lockmq_cluster_backlog{cluster,topic}`` lists every cluster the broker knows,
+also one with no member connected (only its positions file on disk): that is the
+series to alert on, and it must not vanish when the consumers are down.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from typing import Any, Callable, Iterator
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "lockmq_"
+
+#: Broker-wide counters (``stats`` op, ``broker``): name -> help. A counter not
+#: listed here (a new one) is still exported, with a generic help text.
+COUNTER_HELP: dict[str, str] = {
+    "connections_accepted": "Protocol connections accepted",
+    "connections_closed": "Protocol connections closed",
+    "connections_refused": "Connections refused (over max_connections or a security limit)",
+    "handshakes_ok": "CONNECT/AUTH handshakes completed",
+    "handshakes_failed": "CONNECT/AUTH handshakes refused or timed out",
+    "frames_in": "Frames received",
+    "frames_out": "Frames sent",
+    "bytes_in": "Bytes received on protocol connections",
+    "bytes_out": "Bytes sent on protocol connections",
+    "bad_frames": "Malformed frames received",
+    "publish_received": "PUBLISH frames received",
+    "publish_stored": "Records stored durably and acknowledged to their producer",
+    "publish_duplicates": "Publishes dropped as producer duplicates (acknowledged again)",
+    "publish_busy": "Publishes answered BUSY or STORAGE_FULL (store back-pressure)",
+    "publish_refused": "Publishes refused (rights, bad topic)",
+    "publish_oneway": "One-way publishes received",
+    "publish_oneway_refused": "One-way publishes dropped",
+    "publish_batches": "Publish batches handed to the store",
+    "acks": "Leases acknowledged by consumers",
+    "nacks": "Leases negatively acknowledged by consumers",
+    "unknown_leases": "ACK/NACK of a lease the broker does not hold",
+    "pulls": "PULL requests served",
+    "messages_delivered": "Messages delivered to consumers",
+    "notifies": "NOTIFY frames sent to idle consumers",
+    "devices_online_events": "Locks that came online",
+    "devices_offline_events": "Locks that went offline",
+    "devices_evicted": "Locks closed after staying silent for evict_after_s",
+    "commands_received": "Downlink commands received",
+    "commands_forwarded": "Downlink commands sent to a lock",
+    "commands_results": "Command results received from locks",
+    "commands_expired": "Downlink commands expired before a result",
+    "commands_refused": "Downlink commands refused",
+    "commands_refused_too_large": "Downlink commands refused as larger than the lock accepts",
+    "commands_refused_cap": "Downlink commands refused over the pending caps",
+    "commands_undeliverable": "Downlink commands that could not be delivered",
+    "admin_requests": "Admin requests served",
+    "reads_paused": "Times the broker stopped reading a connection whose peer does not drain",
+    "errors_sent": "ERROR frames sent",
+    "system_records": "Records the broker wrote itself ($devices, retries, dead letters)",
+    "system_records_duplicate": "System records dropped as duplicates",
+    "heartbeats": "HEARTBEAT frames received",
+    "heartbeats_refused": "HEARTBEAT frames refused by the rate limit",
+    "heartbeat_records": "Heartbeat records written to the heartbeats topic",
+    "heartbeat_records_skipped": "Heartbeats not stored (one record per lock per gap)",
+    "clusters_refused_owner": "Subscriptions refused: cluster owned by another principal",
+    "clusters_refused_topic": "Subscriptions refused: cluster bound to another topic",
+    "clusters_refused_cap": "Subscriptions refused: max_clusters_per_owner reached",
+    "subscriptions_refused": "Subscriptions refused (max_subscriptions_per_connection)",
+    "producer_ids_refused": "Producer ids refused (reserved or another principal's)",
+    "frame_mac_refused": "Frames refused for a bad frame MAC",
+    "session_violations": "Connections closed for breaking the session rules",
+    "internal_errors": "Requests that failed inside the broker",
+    "status_requests": "Status-page requests answered",
+    "status_timeouts": "Status-page requests over status_request_timeout_s (408)",
+    "status_refused": "Status-page connections over status_max_connections (503)",
+    "status_bad_requests": "Status-page requests that could not be parsed (400)",
+}
+
+#: Broker counters exported under another name: ``store_batches`` would collide with
+#: the store's own ``batches`` counter (``lockmq_store_batches_total``).
+COUNTER_RENAMES = {"store_batches": "publish_batches"}
+
+#: The store's counters (``stats`` op, ``store``), exported as ``lockmq_store_<name>``.
+STORE_COUNTER_HELP: dict[str, str] = {
+    "records": "Records appended to the commit log",
+    "duplicates": "Records dropped by the store's producer dedup",
+    "batches": "Group commits written",
+    "bytes": "Bytes appended to the commit log",
+    "fsyncs": "fsync calls of the store",
+    "checkpoints": "Store checkpoints written",
+    "full": "Batches refused because the disk is full (min_free_bytes)",
+    "forced_deleted_records": "Records a cluster still needed that the size limit deleted",
+}
+
+#: Per-cluster counters of live clusters (since the cluster was opened), as
+#: ``lockmq_cluster_<name>_total{cluster,topic}``.
+CLUSTER_COUNTER_HELP: dict[str, str] = {
+    "delivered": "Messages delivered to the cluster's members",
+    "acked": "Messages acknowledged by the cluster's members",
+    "nacked": "Messages negatively acknowledged",
+    "redelivered": "Messages delivered again",
+    "redelivered_after_timeout": "Messages delivered again after the visibility timeout",
+    "released": "Leases released by a leaving member",
+    "retried": "Messages moved to a retry level",
+    "dead_lettered": "Messages moved to the dead-letter topic",
+    "member_cap_hits": "Pulls limited by max_inflight_per_member",
+    "cluster_cap_hits": "Pulls limited by max_inflight_per_cluster",
+    "unknown_lease": "ACK/NACK of a lease the cluster does not hold",
+}
+
+#: Per-cluster gauges from the ``clusters`` op (live and offline clusters alike).
+CLUSTER_GAUGES: dict[str, tuple[str, Callable[[dict[str, Any]], float]]] = {
+    "backlog": ("Messages of the topic the cluster has not finished (lag); "
+                "also for clusters with no member connected", lambda c: c["backlog"]),
+    "inflight": ("Messages leased to members and not yet acknowledged",
+                 lambda c: c.get("inflight", 0)),
+    "members": ("Members connected to the cluster", lambda c: len(c.get("members", ()))),
+    "live": ("1 while the cluster is open in the broker, 0 when only its positions "
+             "file is on disk", lambda c: 1 if c.get("live", True) else 0),
+    "dead_letters": ("Messages in the cluster's dead-letter topic",
+                     lambda c: c.get("dlq_size", 0)),
+}
+
+#: a key of ``Guard.status()``: ``security_<event>_total{reason="..."}`` or a gauge name
+_GUARD_KEY = re.compile(r'^(?P<name>[a-z0-9_]+?)(?:\{reason="(?P<reason>[^"]*)"\})?$')
+
+
+class BrokerCollector(Collector):
+    """Builds every metric family from the broker's views at scrape time.
+
+    ``views`` returns ``(stats, clusters, extra_gauges)``: the ``stats`` admin
+    op's answer, the ``clusters`` op's list, and gauges only the caller knows
+    (status-page connections, free disk) as ``name -> (help, value)``."""
+
+    def __init__(self, views: Callable[[], tuple[dict[str, Any], list[dict[str, Any]],
+                                                 dict[str, tuple[str, float]]]]) -> None:
+        self.views = views
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family, each name once (prometheus_client calls this per scrape)."""
+        stats, clusters, extra = self.views()
+        yield from _broker_gauges(stats, extra)
+        yield from _counters("", stats["broker"], COUNTER_HELP, COUNTER_RENAMES)
+        yield from _counters("store_", stats.get("store", {}), STORE_COUNTER_HELP,
+                             {"store_full": "full"})
+        yield from _cluster_families(clusters)
+        yield from _guard_families(stats.get("security") or {})
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, help_text, value=value)
+
+
+def _broker_gauges(stats: dict[str, Any],
+                   extra: dict[str, tuple[str, float]]) -> Iterator[Metric]:
+    yield _gauge("uptime_s", "Seconds since the broker started", stats["broker"]["uptime_s"])
+    yield _gauge("connections", "Protocol connections open now", stats["connections"])
+    yield _gauge("max_connections", "Protocol connections the broker accepts at most",
+                 stats["max_connections"])
+    yield _gauge("auth_required", "1 when every connection authenticates, 0 with auth = off",
+                 1 if stats.get("auth") == "required" else 0)
+    yield _gauge("devices_online", "Locks connected now", stats["devices_online"])
+    yield _gauge("store_log_bytes", "Bytes of commit log kept on disk", stats["log_bytes"])
+    for name, (help_text, value) in extra.items():
+        yield _gauge(name, help_text, value)
+
+
+def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
+              renames: dict[str, str]) -> Iterator[Metric]:
+    named = sorted((renames.get(key, key), value) for key, value in values.items())
+    for name, value in named:
+        if name == "uptime_s" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        help_text = helps.get(name, f"lockmq counter {prefix}{name}")
+        yield CounterMetricFamily(PREFIX + prefix + name, help_text, value=value)
+
+
+def _cluster_families(clusters: list[dict[str, Any]]) -> Iterator[Metric]:
+    labels = ["cluster", "topic"]
+    for name, (help_text, value_of) in CLUSTER_GAUGES.items():
+        fam = GaugeMetricFamily(f"{PREFIX}cluster_{name}", help_text, labels=labels)
+        for c in clusters:
+            fam.add_metric([c["name"], c["topic"]], value_of(c))
+        yield fam
+    names = sorted({k for c in clusters for k in c.get("stats", {})})
+    for name in names:
+        fam = CounterMetricFamily(f"{PREFIX}cluster_{name}",
+                                  CLUSTER_COUNTER_HELP.get(name, f"lockmq cluster counter {name}"),
+                                  labels=labels)
+        for c in clusters:
+            if name in c.get("stats", {}):
+                fam.add_metric([c["name"], c["topic"]], c["stats"][name])
+        yield fam
+
+
+def _guard_families(status: dict[str, Any]) -> Iterator[Metric]:
+    """The security guard's counters (``security_<event>_total`` with an optional
+    ``reason``) and gauges, one family per name."""
+    by_name: dict[str, list[tuple[str, float]]] = {}
+    for key, value in status.items():
+        m = _GUARD_KEY.match(key)
+        if m is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        by_name.setdefault(m["name"], []).append((m["reason"] or "", value))
+    for name, samples in sorted(by_name.items()):
+        labelled = any(reason for reason, _ in samples)
+        labels = ["reason"] if labelled else []
+        if name.endswith("_total"):
+            fam: Metric = CounterMetricFamily(
+                PREFIX + name, f"Security events {name[len('security_'):-len('_total')]}"
+                " by reason (lockmq.security)", labels=labels)
+        else:
+            fam = GaugeMetricFamily(PREFIX + name, f"Security gauge {name}", labels=labels)
+        for reason, value in samples:
+            fam.add_metric([reason] if labelled else [], value)
+        yield fam
+
+
+def disk_free_bytes(path: str) -> float:
+    """Free bytes on the file system holding ``path`` (0 if it cannot be read)."""
+    try:
+        return float(shutil.disk_usage(path).free)
+    except OSError:
+        return 0.0
+
+
+class MetricsEndpoint:
+    """A registry of its own holding one :class:`BrokerCollector`."""
+
+    def __init__(self, views: Callable[[], tuple[dict[str, Any], list[dict[str, Any]],
+                                                 dict[str, tuple[str, float]]]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(views))
+
+    def render(self, accept: str = "") -> tuple[str, bytes]:
+        """(content type, body) of a scrape now, in the format the scraper's
+        ``Accept`` header asks for (Prometheus text 0.0.4 unless it asks for
+        OpenMetrics), as prometheus_client negotiates it."""
+        encode, content_type = choose_encoder(accept)
+        return content_type, encode(self.registry)
