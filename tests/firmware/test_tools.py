@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import lockmq
 from lockmq.cli import main as lockmq_main
 
 from lockmq.firmware_tools.build import BuildError
@@ -37,7 +39,7 @@ def test_build_writes_the_documented_folder(tmp_path):
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"main.py", "config.json", "cards.bin", "lib/lockmq/__init__.py",
             "lib/lockmq/protocol/__init__.mpy", "lib/lockmq/protocol/_frame.mpy",
-            "lib/lockapp/app.mpy", "lib/lockapp/oqueue.mpy"} <= files
+            "lib/lockapp/app.mpy", "lib/lockapp/oqueue.mpy", "lib/lockapp/_version.mpy"} <= files
     assert not [f for f in files if f.endswith(".py") and f not in ("main.py", "lib/lockmq/__init__.py")]
     assert (out / "lib/lockmq/__init__.py").read_bytes() == b""
     assert (out / "lib/lockapp/app.mpy").read_bytes()[:2] == b"M\x06"     # mpy v6
@@ -90,7 +92,7 @@ print(cfg["sn"], sorted(os.listdir("/flash")), sorted(os.listdir("/flash/lib/loc
 print(len(open("/flash/lib/lockapp/app.mpy", "rb").read()), open("/flash/queue.dat", "rb").read())
 """, tmp_path / "img", tmp_path, heap="2M")
     first, second = out2.splitlines()
-    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
+    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', '_version.mpy', 'app.mpy']"
     assert second == f"{(out / 'lib/lockapp/app.mpy').stat().st_size} b'written on the board'"
 
 
@@ -209,5 +211,5 @@ def test_source_build_boots(tmp_path, lock_factory):
     assert _build(out, "--no-image", "--source") == 0
     assert (out / "lib/lockapp/app.py").exists() and not list(out.rglob("*.mpy"))
     lk = lock_factory(out, heap="256K")          # compiling .py on the board needs more heap
-    lk.expect(r"^I sys boot fw=\S+ sn=LOCK0042 hw=sim$")
+    lk.expect(rf"^I sys boot fw={re.escape(lockmq.__version__)} sn=LOCK0042 hw=sim$")  # the one version
     lk.expect(r"^I sys ready$")
