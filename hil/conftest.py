@@ -1,19 +1,15 @@
-"""pytest wiring of the HIL rig: the options, fixtures and hooks of lockmq.hil.plugin.
+"""The HIL rig's options and fixtures come from the ``lockmq-hil`` pytest plugin
+(:mod:`lockmq.hil.plugin`, registered by lockmq's ``pytest11`` entry point).
 
 Run with ``pytest hil`` (virtual boards), ``pytest hil --target serial:/dev/ttyUSB0``
 or ``pytest hil --target qemu --qemu-path ...``; see hil/README.md.
 """
 
-from lockmq.hil.plugin import (  # noqa: F401  (pytest finds hooks and fixtures by name)
-    _virtual_only,
-    board_factory,
-    broker,
-    firmware_template,
-    lock_factory,
-    fault_proxy_factory,
-    hil_target,
-    pytest_addoption,
-    pytest_configure,
-    pytest_report_header,
-    pytest_runtest_makereport,
-)
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # An install made before the entry point existed has no fixtures: say so, once.
+    if not config.pluginmanager.has_plugin("lockmq-hil"):
+        raise pytest.UsageError("the lockmq-hil pytest plugin is not registered: reinstall "
+                                "lockmq (pip install -e .) so that its pytest11 entry point exists")

@@ -31,9 +31,12 @@ def firmware_available() -> str | None:
         return f"the lockmq CLI is not importable: {exc}"
     if "firmware" not in GROUPS:
         return "`lockmq firmware build` is not in the CLI yet (firmware issue in progress)"
-    main = Path(__file__).resolve().parent.parent / "firmware" / "main.py"
-    if not main.exists():
-        return "firmware/main.py is missing"
+    from lockmq.firmware_tools.build import BuildError, firmware_src
+
+    try:
+        firmware_src()
+    except BuildError as exc:
+        return str(exc)
     return None
 
 

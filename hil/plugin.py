@@ -1,7 +1,9 @@
 """The pytest side of the rig: options, fixtures, and board logs on every failure.
 
-Loaded by ``hil/conftest.py``; other projects can load it with
-``-p lockmq.hil.plugin``. Options::
+Registered as the pytest plugin ``lockmq-hil`` through lockmq's ``pytest11`` entry
+point, so any pytest run where lockmq is installed has these options and fixtures
+(``-p no:lockmq-hil`` turns it off). It loads without the firmware extra: targets
+that need a missing tool skip and name it. Options::
 
     --target virtual | serial:PORT | qemu
     --qemu-path PATH  --qemu-machine esp32|microbit  --qemu-firmware FILE

@@ -23,9 +23,16 @@ import subprocess
 import threading
 import time
 
-import serial
+try:
+    import serial
+except ImportError:  # no firmware extra: the rest of lockmq.hil works without pyserial
+    serial = None
 
 from .board import Board, Sink
+
+#: Why a serial board cannot be made here, or None when pyserial is installed.
+MISSING_PYSERIAL: str | None = (
+    "the serial target needs pyserial: pip install 'lockmq[firmware]'" if serial is None else None)
 
 #: Ports whose RTS line reaches the board's EN pin (USB-UARTs, RFC 2217 servers).
 RTS_WIRED = re.compile(r"^/dev/tty(USB|ACM)\d+$|^COM\d+$|^rfc2217://")
@@ -43,6 +50,8 @@ class SerialBoard(Board):
         power_cut_cmd: str | None = None,
         write_delay: float | None = None,
     ) -> None:
+        if MISSING_PYSERIAL:
+            raise ModuleNotFoundError(MISSING_PYSERIAL, name="serial")
         self.url = url
         self.baudrate = baudrate
         self.name = name or f"serial:{url}"

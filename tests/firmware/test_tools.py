@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import lockmq
 from lockmq.cli import main as lockmq_main
 
 from lockmq.firmware_tools.build import BuildError
@@ -37,7 +39,7 @@ def test_build_writes_the_documented_folder(tmp_path):
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"main.py", "config.json", "cards.bin", "lib/lockmq/__init__.py",
             "lib/lockmq/protocol/__init__.mpy", "lib/lockmq/protocol/_frame.mpy",
-            "lib/lockapp/app.mpy", "lib/lockapp/oqueue.mpy"} <= files
+            "lib/lockapp/app.mpy", "lib/lockapp/oqueue.mpy", "lib/lockapp/_version.mpy"} <= files
     assert not [f for f in files if f.endswith(".py") and f not in ("main.py", "lib/lockmq/__init__.py")]
     assert (out / "lib/lockmq/__init__.py").read_bytes() == b""
     assert (out / "lib/lockapp/app.mpy").read_bytes()[:2] == b"M\x06"     # mpy v6
@@ -90,7 +92,7 @@ print(cfg["sn"], sorted(os.listdir("/flash")), sorted(os.listdir("/flash/lib/loc
 print(len(open("/flash/lib/lockapp/app.mpy", "rb").read()), open("/flash/queue.dat", "rb").read())
 """, tmp_path / "img", tmp_path, heap="2M")
     first, second = out2.splitlines()
-    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', 'app.mpy', 'atomic.mpy']"
+    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', '_version.mpy', 'app.mpy']"
     assert second == f"{(out / 'lib/lockapp/app.mpy').stat().st_size} b'written on the board'"
 
 
@@ -209,5 +211,65 @@ def test_source_build_boots(tmp_path, lock_factory):
     assert _build(out, "--no-image", "--source") == 0
     assert (out / "lib/lockapp/app.py").exists() and not list(out.rglob("*.mpy"))
     lk = lock_factory(out, heap="256K")          # compiling .py on the board needs more heap
-    lk.expect(r"^I sys boot fw=\S+ sn=LOCK0042 hw=sim$")
+    lk.expect(rf"^I sys boot fw={re.escape(lockmq.__version__)} sn=LOCK0042 hw=sim$")  # the one version
     lk.expect(r"^I sys ready$")
+
+
+@pytest.fixture
+def tls_broker_config(tmp_path):
+    """A broker TOML serving TLS on 6843 (plain TCP on 6800), certificates from
+    ``lockmq certs init``."""
+    certs = tmp_path / "tls"
+    assert lockmq_main(["certs", "init", str(certs), "--host", "gw.lock.test"]) == 0
+    toml = tmp_path / "lockmq.toml"
+    toml.write_text(f'[security]\ntls_cert = "{certs}/server.pem"\ntls_key = "{certs}/server.key"\n'
+                    "tls_port = 6843\n")
+    return toml
+
+
+def _build_for(toml: Path, out: Path, port: int, *extra: str) -> int:
+    return lockmq_main(["firmware", "build", "--out", str(out), "--sn", "LOCK0042", "--key", "11" * 32,
+                        "--broker", f"127.0.0.1:{port}", "--hw", "sim", "--no-image", "--source",
+                        "--broker-config", str(toml), *extra])
+
+
+def test_build_defaults_to_tls_when_the_broker_serves_it(tls_broker_config, tmp_path, capsys):
+    out = tmp_path / "board"
+    assert _build_for(tls_broker_config, out, 6843, "--tls-server-hostname", "gw.lock.test") == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tls"] == {"enabled": True, "ca": "ca.der", "server_hostname": "gw.lock.test"}
+    assert (out / "ca.der").read_bytes() == (tmp_path / "tls/ca.der").read_bytes()
+    assert "warning" not in capsys.readouterr().err
+    # A TLS lock pointed at the broker's plain port would never connect: refused, naming the right one.
+    assert _build_for(tls_broker_config, tmp_path / "b2", 6800) == 2
+    err = capsys.readouterr().err
+    assert "127.0.0.1:6800 is the plain-TCP port" in err and "its TLS port (6843)" in err
+
+
+def test_plaintext_opts_out_of_tls_with_a_warning(tls_broker_config, tmp_path, capsys):
+    out = tmp_path / "board"
+    assert _build_for(tls_broker_config, out, 6800, "--plaintext") == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tls"]["enabled"] is False and not (out / "ca.der").exists()
+    assert "warning: --plaintext" in capsys.readouterr().err
+    assert _build_for(tls_broker_config, tmp_path / "b2", 6843, "--plaintext") == 2   # the TLS port
+    assert "127.0.0.1:6843 is the TLS port" in capsys.readouterr().err
+    assert _build_for(tls_broker_config, tmp_path / "b3", 6800, "--plaintext",
+                      "--tls-ca", str(tmp_path / "tls/ca.der")) == 2
+    assert "contradict" in capsys.readouterr().err
+
+
+def test_build_stays_plain_for_a_broker_without_tls(tmp_path, capsys):
+    toml = tmp_path / "lockmq.toml"
+    toml.write_text("[broker]\nport = 7000\n")
+    assert _build_for(toml, tmp_path / "board", 7000) == 0
+    assert json.loads((tmp_path / "board/config.json").read_text())["tls"]["enabled"] is False
+    assert capsys.readouterr().err == ""
+
+
+def test_broker_config_with_tls_but_no_ca_beside_the_certificate(tls_broker_config, tmp_path, capsys):
+    (tmp_path / "tls/ca.der").unlink()
+    (tmp_path / "tls/ca.pem").unlink()
+    assert _build_for(tls_broker_config, tmp_path / "board", 6843) == 2
+    err = capsys.readouterr().err
+    assert "no CA for the locks is beside it" in err and "--tls-ca" in err

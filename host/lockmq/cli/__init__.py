@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+import lockmq
+
 # Order is the order shown in `lockmq --help`.
 GROUPS: list[str] = [
     "demo",
@@ -38,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lockmq",
         description="lockmq: durable messaging for smart-lock fleets.",
     )
+    parser.add_argument("--version", action="version", version=f"lockmq {lockmq.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in GROUPS:
         try:

@@ -13,6 +13,7 @@ import sys
 
 from lockmq.firmware_tools.build import BuildError, DeviceConfig, build_folder, parse_broker
 from lockmq.firmware_tools.lfsimage import FS_OFFSET, FS_SIZE, check_size, make_image
+from lockmq.firmware_tools.transport import PLAINTEXT_WARNING, broker_transport, check_ports
 
 
 def _int(text: str) -> int:
@@ -41,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--tls-ca", metavar="CA", help="connect with TLS, verifying the broker with this "
                    "CA certificate (DER or PEM; stored on the board as DER)")
     b.add_argument("--tls-server-hostname", default="")
+    b.add_argument("--broker-config", metavar="FILE", default=os.environ.get("LOCKMQ_BROKER_CONFIG"),
+                   help="the broker's TOML (default $LOCKMQ_BROKER_CONFIG): when it serves TLS the "
+                        "lock uses TLS, verifying with the CA beside its certificate, and broker "
+                        "ports are checked against its listeners")
+    b.add_argument("--plaintext", action="store_true",
+                   help="plain TCP even where TLS is available (warns: the traffic is readable)")
     b.add_argument("--card", action="append", metavar="HEX", help="seed the card list")
     b.add_argument("--queue-max", type=int, help="offline queue bound in events (default 256)")
     b.add_argument("--source", action="store_true", help="copy .py instead of compiling (debug)")
@@ -115,19 +122,19 @@ def _build(a: argparse.Namespace) -> int:
             key = secrets.token_hex(32)
             print(f"key {key}")
         tls = base.get("tls", {})
+        use_tls, ca_file = _transport(a, brokers, tls)
         wifi = base.get("wifi", {})
         cfg = DeviceConfig(sn=sn, key=key, brokers=brokers,
                            wifi_ssid=a.wifi_ssid or wifi.get("ssid", ""),
                            wifi_pass=a.wifi_pass or wifi.get("password", ""),
                            heartbeat_s=a.heartbeat_s or int(base.get("heartbeat_s", 30)),
-                           hw=a.hw, topic=a.topic, tls=bool(a.tls_ca) or bool(tls.get("enabled")),
-                           tls_ca="ca.der" if a.tls_ca else os.path.basename(tls.get("ca") or "ca.der"),
+                           hw=a.hw, topic=a.topic, tls=use_tls,
+                           tls_ca="ca.der" if ca_file else os.path.basename(tls.get("ca") or "ca.der"),
                            tls_server_hostname=a.tls_server_hostname or tls.get("server_hostname", ""))
         if a.queue_max is not None:
             if not 1 <= a.queue_max <= 100000:
                 raise BuildError("--queue-max must be 1..100000")
             cfg.extra["queue_max"] = a.queue_max
-        ca_file = a.tls_ca
         if ca_file is None and cfg.tls:
             # `lockmq devices add --tls-ca` names the CA file; look for it beside the config
             ca_file = os.path.join(os.path.dirname(os.path.abspath(a.config or ".")), cfg.tls_ca)
@@ -139,6 +146,28 @@ def _build(a: argparse.Namespace) -> int:
     except BuildError as e:
         return _fail(e)
     return 0
+
+
+def _transport(a: argparse.Namespace, brokers: list[tuple[str, int]],
+               provisioned: dict) -> tuple[bool, str | None]:
+    """(TLS on?, the CA file to put on the board or None) for this build.
+
+    TLS when asked (``--tls-ca``, a provisioning config with TLS on) and by default
+    when ``--broker-config`` serves TLS; ``--plaintext`` opts out, with a warning.
+    """
+    if a.plaintext and a.tls_ca:
+        raise BuildError("--plaintext and --tls-ca contradict each other: choose one")
+    broker = broker_transport(a.broker_config) if a.broker_config else None
+    use_tls = not a.plaintext and (bool(a.tls_ca) or bool(provisioned.get("enabled"))
+                                   or (broker is not None and broker.has_tls))
+    ca_file = a.tls_ca
+    if use_tls and ca_file is None and not provisioned.get("enabled") and broker is not None:
+        ca_file = str(broker.ca_file)
+    if broker is not None:
+        check_ports(broker, brokers, use_tls)
+    if a.plaintext:
+        print(PLAINTEXT_WARNING, file=sys.stderr)
+    return use_tls, ca_file
 
 
 def _flash(a: argparse.Namespace) -> int:

@@ -6,7 +6,11 @@ Layout (the contract with the HIL rig, see firmware/README.md)::
     OUT/lib/lockmq/__init__.py          (empty)
     OUT/lib/lockmq/protocol/*.mpy       (mpy-cross -march=xtensawin)
     OUT/lib/lockapp/*.mpy
+    OUT/lib/lockapp/_version.mpy        (VERSION = lockmq.__version__, stamped here)
     OUT/config.json
+
+The app's sources ship inside this package (``app/``, the source tree's
+``firmware/``), so a wheel install builds boards without a checkout.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import lockmq
 import lockmq.protocol
 
-#: The app's version as shipped; also in firmware/lockapp/__init__.py.
 MARCH = "xtensawin"
 KEY_MIN_BYTES = 16
 
@@ -32,15 +36,12 @@ class BuildError(Exception):
     """The build cannot proceed; the message says why."""
 
 
-def repo_root() -> Path:
-    """The lockmq source tree (this package runs from an editable install)."""
-    return Path(__file__).resolve().parents[3]
-
-
 def firmware_src() -> Path:
-    src = repo_root() / "firmware"
+    """The lock firmware app: package data of this package (a link to firmware/ in the
+    source tree, a copy in a wheel)."""
+    src = Path(__file__).resolve().parent / "app"
     if not (src / "lockapp").is_dir():
-        raise BuildError(f"firmware sources not found at {src} (needs a source checkout)")
+        raise BuildError(f"the firmware app is missing from {src}: reinstall lockmq")
     return src
 
 
@@ -143,6 +144,20 @@ def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cros
     return [t for _, t in jobs]
 
 
+def _write_version(lockapp_dir: Path, source: bool, mpy_cross: str | None) -> None:
+    """``lockapp/_version``: the one version (``lockmq.__version__``), which the app
+    logs at boot and sends in CONNECT; the source tree's app says "dev"."""
+    text = f'VERSION = "{lockmq.__version__}"\n'
+    if source:
+        (lockapp_dir / "_version.py").write_text(text)
+        return
+    assert mpy_cross is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "_version.py"
+        src.write_text(text)
+        _compile(mpy_cross, src, lockapp_dir / "_version.mpy", "lockapp/_version.py")
+
+
 def cards_blob(cards: list[str]) -> bytes:
     """cards.bin: repeated (u8 length, id bytes) for hex card ids (firmware/lockapp/cards.py)."""
     out = bytearray()
@@ -199,6 +214,7 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     (lib / "lockmq" / "__init__.py").write_bytes(b"")
     _copy_package(protocol_src(), lib / "lockmq" / "protocol", "lockmq/protocol", source, mpy_cross)
     _copy_package(fw / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
+    _write_version(lib / "lockapp", source, mpy_cross)
     shutil.copyfile(fw / "main.py", out / "main.py")
     _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
     if der is not None:
