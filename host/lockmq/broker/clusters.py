@@ -75,6 +75,9 @@ class ClusterHost(Protocol):
     def queue_end(self, topic: str) -> int:
         """One past the last durable queue offset of ``topic``."""
 
+    def topics(self) -> list[str]:
+        """Every topic in the store (a cluster finds its retry topics there)."""
+
     def append_system(self, records: list[NewRecord]) -> Awaitable[Any]:
         """Store broker-generated records (retry, dead letters); resolves when durable."""
 
@@ -281,7 +284,7 @@ class Cluster:
         # retry level -> its Source and the records read ahead of it (not yet due)
         self.retry_sources: dict[int, Source] = {}
         self.retry_ahead: dict[int, deque[tuple[float, Lease]]] = {}
-        for t in list(getattr(host, "topics", lambda: [])()) + list(positions):
+        for t in list(host.topics()) + list(positions):
             if t.startswith(self.retry_prefix) and t[len(self.retry_prefix):].isdigit():
                 self._retry_source(int(t[len(self.retry_prefix):]), positions.get(t, 0))
         self.members: dict[int, Member] = {}   # keyed by id(member)

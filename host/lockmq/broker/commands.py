@@ -176,7 +176,7 @@ class Commands:
         """``(largest frame lock sn can receive, whether it stated it)``: from its
         current session, else the last one it stated, else the configured default."""
         lock = self.online_lock(sn)
-        n = int(getattr(lock, "peer_max_frame", 0) or 0) if lock is not None \
+        n = lock.peer_max_frame if lock is not None \
             else self.lock_limits.get(sn, 0)
         return (n, True) if n else (self.cfg.lock_max_frame_default, False)
 
@@ -255,7 +255,7 @@ class Commands:
     def lock_online(self, lock: "Connection") -> None:
         """A lock connected: remember the frame limit it stated, send what waits for it."""
         sn = lock.principal.name
-        n = int(getattr(lock, "peer_max_frame", 0) or 0)
+        n = lock.peer_max_frame
         self.lock_limits.pop(sn, None)          # re-inserted last: the dict is an LRU
         if n:
             self.lock_limits[sn] = n
@@ -280,7 +280,7 @@ class Commands:
         sn = lock.principal.name
         c = p.cmd
         # The lock may have reconnected stating a smaller limit since the submit.
-        limit = int(getattr(lock, "peer_max_frame", 0) or 0) or \
+        limit = lock.peer_max_frame or \
             self.cfg.lock_max_frame_default
         if p.cost > limit:
             self.stats.inc("commands_refused_too_large")

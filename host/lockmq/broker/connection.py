@@ -37,7 +37,7 @@ from lockmq.protocol import (NO_SEQ, Ack, CommandResult, Command, Nack, PublishA
                              UnknownOpcode, Unsubscribe, decode_json, encode_json,
                              op_name)
 from lockmq.config import Config
-from lockmq.security import BrokerGuard, ConnectionRefused, SecurityError
+from lockmq.security import BrokerGuard, ConnectionRefused, Principal, SecurityError
 from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
@@ -120,7 +120,7 @@ class Connection(asyncio.Protocol):
         self.claimed_sn = ""
         self.role = 0
         self.nonce = b""
-        self.principal: Any = None
+        self.principal: Principal | None = None
         # Until AUTH succeeds only small frames (security: unauthenticated sockets
         # must not make the broker buffer max_frame each); raised in _on_auth.
         self.decoder = FrameDecoder(min(services.guard.preauth_max_frame,
@@ -438,7 +438,7 @@ class Connection(asyncio.Protocol):
             self._handshake_timer = None
         b.stats.inc("handshakes_ok")
         last_seq = NO_SEQ
-        is_lock = getattr(principal, "kind", "") == "lock"
+        is_lock = principal.kind == "lock"
         if is_lock:
             s = b.core.last_seq(principal.name)
             last_seq = NO_SEQ if s is None else s
@@ -446,9 +446,9 @@ class Connection(asyncio.Protocol):
         ack = ConnectAck(int(cfg.devices.heartbeat_s), cfg.broker.max_frame,
                          int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
         b.stats.c["frames_out"] += 1
-        self.send(self.session.accept(_ROLE_OF_KIND.get(getattr(principal, "kind", ""), Role.SERVICE),
+        self.send(self.session.accept(_ROLE_OF_KIND.get(principal.kind, Role.SERVICE),
                                       principal.name, ack, frame.opaque,
-                                      mac_key=getattr(principal, "session_key", b""),
+                                      mac_key=principal.session_key,
                                       mac_required=not self.tls and b.guard.lock_frames_need_mac))
         b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
               kind=principal.kind, level="debug")
