@@ -11,12 +11,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from lockmq.config import Config
+from lockmq.security import BrokerGuard
 from lockmq.store import NewRecord
 
 from .clusters import DLQ_PREFIX, RETRY_PREFIX
+from .commands import Commands
+from .core import BrokerCore
+from .devices import Devices
+from .logs import EventLog, Stats
 
-if TYPE_CHECKING:
-    from .server import Broker
+if TYPE_CHECKING:   # (types only: connections call this module, not the reverse)
+    from .connection import Connections
 
 MAX_LIST = 1000
 
@@ -47,8 +53,18 @@ def _str(args: dict[str, Any], key: str) -> str:
 class Admin:
     """Dispatches admin requests to the broker's views."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
+    def __init__(self, config: Config, stats: Stats, log: EventLog, guard: BrokerGuard,
+                 core: BrokerCore, devices: Devices, commands: Commands,
+                 connections: "Connections") -> None:
+        # (named apart from the ops of the same names below)
+        self.cfg = config
+        self.counters = stats
+        self.log = log
+        self.guard = guard
+        self.core = core
+        self.online_devices = devices
+        self.pending_commands = commands
+        self.connections = connections
         self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self.ping,
             "stats": self.stats,
@@ -101,26 +117,25 @@ class Admin:
 
     def stats(self, args: dict[str, Any]) -> dict[str, Any]:
         """``stats``: broker counters, store counters, per-cluster counters, gauges."""
-        b = self.broker
-        store = b.core.store
-        return {"ok": True, "broker": b.stats.snapshot(),
+        store = self.core.store
+        return {"ok": True, "broker": self.counters.snapshot(),
                 "store": dict(store.stats) if store else {},
                 "log_bytes": (store.log_end - store.log_start) if store else 0,
-                "connections": len(b.conns), "max_connections": b.max_connections,
-                "devices_online": len(b.devices.online_by_sn),
-                "auth": getattr(b.guard, "auth_mode", "unknown"),
-                "security": b.guard.status(),
+                "connections": len(self.connections), "max_connections": self.connections.limit,
+                "devices_online": len(self.online_devices.online_by_sn),
+                "auth": self.guard.auth_mode,
+                "security": self.guard.status(),
                 "clusters": {c.name: dict(c.stats, inflight=len(c.leases),
                                           backlog=c.backlog(), capped=c.capped)
-                             for c in b.core.clusters.values()}}
+                             for c in self.core.clusters.values()}}
 
     def topics(self, args: dict[str, Any]) -> dict[str, Any]:
         """``topics``: every topic, its queue range and its clusters."""
-        return {"ok": True, "topics": self.broker.core.topics_info()}
+        return {"ok": True, "topics": self.core.topics_info()}
 
     def clusters(self, args: dict[str, Any]) -> dict[str, Any]:
         """``clusters`` [cluster]: members, in-flight, backlog/lag per cluster."""
-        out = self.broker.core.clusters_info()
+        out = self.core.clusters_info()
         name = args.get("cluster")
         if name:
             out = [c for c in out if c["name"] == name]
@@ -128,21 +143,21 @@ class Admin:
 
     def devices(self, args: dict[str, Any]) -> dict[str, Any]:
         """``devices``: locks online now."""
-        d = self.broker.devices.info()
+        d = self.online_devices.info()
         return {"ok": True, "count": len(d), "devices": d}
 
     def connections(self, args: dict[str, Any]) -> dict[str, Any]:
         """``connections``: every open connection."""
-        conns = [c.info() for c in list(self.broker.conns.values())[:MAX_LIST]]
-        return {"ok": True, "count": len(self.broker.conns), "connections": conns}
+        conns = [c.info() for c in list(self.connections.by_id.values())[:MAX_LIST]]
+        return {"ok": True, "count": len(self.connections), "connections": conns}
 
     def commands(self, args: dict[str, Any]) -> dict[str, Any]:
         """``commands``: downlink commands waiting per lock."""
-        return {"ok": True, **self.broker.commands.info()}
+        return {"ok": True, **self.pending_commands.info()}
 
     def config(self, args: dict[str, Any]) -> dict[str, Any]:
         """``config``: the settings in force (security settings left out)."""
-        d = self.broker.config.to_dict()
+        d = self.cfg.to_dict()
         d.pop("security", None)
         return {"ok": True, "config": d}
 
@@ -151,7 +166,7 @@ class Admin:
         or time_ms}: move a cluster's position (replay a topic, or skip a backlog).
         The cluster must have no members connected."""
         name = _str(args, "cluster")
-        core = self.broker.core
+        core = self.core
         store = core.store
         assert store is not None
         live = core.clusters.get(name)
@@ -185,7 +200,7 @@ class Admin:
         if live is not None:
             live.reset_to(target)
         await store.save_positions(name, {topic: target})
-        self.broker.log("cluster_reset", cluster=name, topic=topic, before=before, after=target)
+        self.log("cluster_reset", cluster=name, topic=topic, before=before, after=target)
         return {"ok": True, "cluster": name, "topic": topic, "before": before,
                 "after": target}
 
@@ -196,7 +211,7 @@ class Admin:
         stay until retention (``dlq.list`` still shows them); a new cluster of that
         name starts after them."""
         name = _str(args, "cluster")
-        core = self.broker.core
+        core = self.core
         live = core.clusters.get(name)
         if live is not None and live.members:
             raise AdminError("INVALID_ARGUMENT", f"cluster {name!r} has {len(live.members)} "
@@ -208,7 +223,7 @@ class Admin:
             raise AdminError("INVALID_ARGUMENT", str(exc)) from None
         if not found:
             raise AdminError("INVALID_ARGUMENT", f"no cluster {name!r}")
-        self.broker.log("cluster_deleted", cluster=name, owner=owner,
+        self.log("cluster_deleted", cluster=name, owner=owner,
                         topic=live.topic if live is not None else None)
         return {"ok": True, "cluster": name, "owner": owner}
 
@@ -219,7 +234,7 @@ class Admin:
         cluster = _str(args, "cluster")
         offset = _int(args, "offset", 0)
         limit = _int(args, "limit", 100, 1, MAX_LIST)
-        store = self.broker.core.store
+        store = self.core.store
         assert store is not None
         topic = DLQ_PREFIX + cluster
         recs = store.read(topic, offset, limit)
@@ -245,7 +260,7 @@ class Admin:
         """``dlq.replay`` {cluster, offset, count=1} or {cluster, offsets: [...]}: send dead
         letters back to the cluster (through ``$retry.<cluster>``, due now, retries 0)."""
         cluster = _str(args, "cluster")
-        store = self.broker.core.store
+        store = self.core.store
         assert store is not None
         topic = DLQ_PREFIX + cluster
         if "offsets" in args:
@@ -275,13 +290,13 @@ class Admin:
             h["level"] = 0
             out.append(NewRecord(f"{RETRY_PREFIX}{cluster}.0", "", 0, r.lock_ts_ms,
                                  bytes(r.payload), h))
-        live = self.broker.core.clusters.get(cluster)
+        live = self.core.clusters.get(cluster)
         if live is not None:
             for rec in out:
                 live.replay_record(rec)
-        res = await self.broker.core.append_system(out)
+        res = await self.core.append_system(out)
         if any(a.duplicate for a in res):   # never report a replay that was not stored
             raise AdminError("INTERNAL", "the store took replayed records as duplicates")
-        self.broker.log("dlq_replay", cluster=cluster, count=len(out))
+        self.log("dlq_replay", cluster=cluster, count=len(out))
         return {"ok": True, "cluster": cluster, "replayed": len(out),
                 "offsets": [r.queue_offset for r in recs]}

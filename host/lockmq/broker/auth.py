@@ -1,10 +1,11 @@
-"""The security hook: a ``Guard`` the connection handler calls.
+"""The security hook: the one :class:`~lockmq.security.BrokerGuard` the broker calls.
 
 ``auth = "required"`` uses ``lockmq.security``'s Guard (connection limits, device
 HMAC and token authentication, command signing). ``auth = "off"`` (tests and
 development) uses :class:`OpenGuard`: any claimed identity is accepted -- a peer
 answering with the device method is a lock named by its frame SN, any other is an
-admin -- and no limits apply. The broker never implements security logic itself.
+admin -- and no limits apply. Both implement the same typed protocol, so the broker
+never probes which one it has. The broker never implements security logic itself.
 """
 
 from __future__ import annotations
@@ -13,15 +14,23 @@ import os
 import time
 from typing import Any
 
-from lockmq.protocol import NONCE_SIZE, AuthMethod, ErrorCode
+from lockmq.protocol import HARD_MAX_FRAME, NONCE_SIZE, AuthMethod
+from lockmq.security import BrokerGuard
+from lockmq.security.errors import AuthTimeout
+from lockmq.security.principal import Permissions, Principal
 
 
 class OpenGuard:
-    """The guard of ``auth = "off"``: same interface as ``lockmq.security.Guard``
-    (see docs/security.md), admits everyone, checks nothing, signs nothing."""
+    """The guard of ``auth = "off"``: a :class:`~lockmq.security.BrokerGuard` like
+    ``lockmq.security.Guard`` (see docs/security.md) that admits everyone, checks
+    nothing but the identity rules, and signs nothing."""
 
     #: What the broker logs at start as ``auth=`` (the truth, whatever a file said).
     auth_mode = "off"
+    #: No smaller limit before authentication than after.
+    preauth_max_frame = HARD_MAX_FRAME
+    #: No frame MACs required (there are no device keys).
+    lock_frames_need_mac = False
 
     def __init__(self) -> None:
         self._cmd_ids: dict[str, int] = {}
@@ -39,56 +48,52 @@ class OpenGuard:
     def forget_challenge(self, nonce: bytes) -> None:
         """No nonce book to clean."""
 
-    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> Exception:
+    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> AuthTimeout:
         """The error for a handshake that took too long."""
-        err = Exception("authentication not finished in time")
-        err.code = int(ErrorCode.AUTH_TIMEOUT)  # type: ignore[attr-defined]
-        err.public_message = str(err)  # type: ignore[attr-defined]
-        return err
+        return AuthTimeout(f"authentication not finished in time by {peer_ip}",
+                           reason="auth_timeout")
 
-    def authenticate(self, claimed_sn: str, auth_body: Any, nonce: bytes, peer_ip: str,
-                     tls: bool = False) -> Any:
+    def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
+                     *, tls: bool = False) -> Principal:
         """Accept any claim: device method -> lock ``claimed_sn``; else admin."""
-        from lockmq.security.principal import Permissions, Principal
-
         if getattr(auth_body, "method", None) == AuthMethod.DEVICE_HMAC and claimed_sn:
             return Principal(name=claimed_sn, kind="lock", lock_topics=("*",), peer_ip=peer_ip,
                              session_nonce=nonce)
         return Principal(name=claimed_sn or "anonymous", kind="admin",
                          permissions=Permissions(admin=True), peer_ip=peer_ip)
 
-    def check_frame_sn(self, principal: Any, sn: Any) -> None:
+    def check_frame_sn(self, principal: Principal, sn: Any) -> None:
         """Even with auth off a lock may only speak as itself."""
         principal.check_frame_sn(sn)
 
-    def check_publish(self, principal: Any, topic: str, sn: Any = None, n: int = 1) -> None:
+    def check_publish(self, principal: Principal, topic: str, sn: Any = None, n: int = 1) -> None:
         """``$`` system topics only (nobody has the system right with auth off); the
         frame's SN is bound by the protocol session before this is called. On the hot
         path: the common case costs one comparison."""
         if topic[:1] == "$":
             principal.require_publish(topic)
 
-    def check_heartbeat(self, principal: Any, due: bool = False) -> None:
+    def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """No per-lock rate with auth off (the broker still stores at most one
         heartbeat record per lock per ``heartbeat_record_gap_s``)."""
 
-    def check_producer_id(self, principal: Any, producer_id: str) -> str:
+    def check_producer_id(self, principal: Principal, producer_id: str) -> str:
         """Even with auth off nobody publishes under the broker's ``$`` ids or outside
         the identity charset (no registry, so no ownership)."""
         from lockmq.security.identity import check_producer_id
 
         return check_producer_id(principal, producer_id)
 
-    def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
+    def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:
         """Locks may not consume."""
         principal.require_consume(topic, cluster)
 
-    def check_command(self, principal: Any, sn: str, kind: int | None = None,
+    def check_command(self, principal: Principal, sn: str, kind: int | None = None,
                       args: bytes | None = None) -> None:
         """Locks may not send commands (no registry here: any SN is accepted)."""
         principal.require_command(sn, kind)
 
-    def check_admin(self, principal: Any, op: str = "") -> None:
+    def check_admin(self, principal: Principal, op: str = "") -> None:
         """Locks may not use admin ops."""
         principal.require_admin()
 
@@ -103,9 +108,20 @@ class OpenGuard:
         return nid
 
     def sign_command(self, sn: str, cmd_id: int, expires_ms: int, kind: int, args: bytes,
-                     principal: Any = None) -> bytes:
+                     principal: Principal | None = None) -> bytes:
         """No key: commands go out unsigned (the lock must run with auth off too)."""
         return b""
+
+    def listeners(self, port: int) -> list[dict[str, Any]]:
+        """One plain-TCP listener on ``port`` (no TLS settings with auth off)."""
+        return [{"port": port, "tls": False}]
+
+    def tls_context(self) -> Any:
+        """No TLS."""
+        return None
+
+    def log_listener(self, port: int, tls: bool) -> None:
+        """The broker's start-up line says it all (``auth=off``)."""
 
     def status(self) -> dict[str, Any]:
         """No security counters."""
@@ -115,7 +131,7 @@ class OpenGuard:
         """Nothing to close."""
 
 
-def make_guard(config: Any, log: Any) -> Any:
+def make_guard(config: Any, log: Any) -> BrokerGuard:
     """The guard for ``config`` (a :class:`lockmq.config.Config`).
 
     ``[broker] auth`` is the one switch: exactly ``"off"`` gives the OpenGuard (with a

@@ -36,6 +36,7 @@ still redelivers it) and keeps its lock blocked, so the lock's order holds.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import time
@@ -73,6 +74,9 @@ class ClusterHost(Protocol):
 
     def queue_end(self, topic: str) -> int:
         """One past the last durable queue offset of ``topic``."""
+
+    def topics(self) -> list[str]:
+        """Every topic in the store (a cluster finds its retry topics there)."""
 
     def append_system(self, records: list[NewRecord]) -> Awaitable[Any]:
         """Store broker-generated records (retry, dead letters); resolves when durable."""
@@ -195,23 +199,39 @@ class Lease:
         self.retries = retries
 
 
+class ParkedPull:
+    """A PULL waiting for messages (long poll): answered when work arrives or at the
+    timer."""
+
+    __slots__ = ("opaque", "max_messages", "timer")
+
+    def __init__(self, opaque: int, max_messages: int, timer: asyncio.TimerHandle) -> None:
+        self.opaque = opaque
+        self.max_messages = max_messages
+        self.timer = timer
+
+
 class Member:
-    """One subscribed consumer connection in a cluster."""
+    """One subscribed consumer connection in a cluster.
+
+    ``notify(member)`` is how the cluster tells the member's connection that work
+    arrived while it was idle (:attr:`wants_notify`, which only the cluster sets)."""
 
     __slots__ = ("member_id", "name", "peer", "notify", "leases", "wants_notify",
                  "capped", "joined_ms", "delivered", "acked", "nacked", "max_inflight",
-                 "lease_ms", "conn")
+                 "lease_ms", "parked")
 
     def __init__(self, member_id: int, name: str, peer: str,
                  notify: Callable[["Member"], None], max_inflight: int = 0,
-                 lease_ms: int = 0, conn: Any = None) -> None:
+                 lease_ms: int = 0) -> None:
         #: the subscription id on the member's connection
         self.member_id = member_id
         #: 0 = the cluster's setting; else min(this, the setting)
         self.max_inflight = max_inflight
         #: 0 = the cluster's visibility timeout
         self.lease_ms = lease_ms
-        self.conn = conn
+        #: the member's PULL waiting for messages, if any
+        self.parked: ParkedPull | None = None
         self.name = name
         self.peer = peer
         self.notify = notify
@@ -222,6 +242,18 @@ class Member:
         self.delivered = 0
         self.acked = 0
         self.nacked = 0
+
+    def park(self, pull: ParkedPull) -> None:
+        """Hold ``pull`` until work arrives (one at a time: see :meth:`unpark`)."""
+        self.parked = pull
+
+    def unpark(self) -> ParkedPull | None:
+        """Stop holding the parked PULL (its timer cancelled); return it to be answered."""
+        pull = self.parked
+        if pull is not None:
+            self.parked = None
+            pull.timer.cancel()
+        return pull
 
     def info(self) -> dict[str, Any]:
         """Admin view of the member."""
@@ -252,7 +284,7 @@ class Cluster:
         # retry level -> its Source and the records read ahead of it (not yet due)
         self.retry_sources: dict[int, Source] = {}
         self.retry_ahead: dict[int, deque[tuple[float, Lease]]] = {}
-        for t in list(getattr(host, "topics", lambda: [])()) + list(positions):
+        for t in list(host.topics()) + list(positions):
             if t.startswith(self.retry_prefix) and t[len(self.retry_prefix):].isdigit():
                 self._retry_source(int(t[len(self.retry_prefix):]), positions.get(t, 0))
         self.members: dict[int, Member] = {}   # keyed by id(member)
@@ -322,6 +354,16 @@ class Cluster:
         return (self.load < self.s.max_inflight_per_cluster
                 and src.next - src.committed < self.s.max_window
                 and src.next < self.host.queue_end(self.topic))
+
+    def available(self) -> int:
+        """Messages a pull could get now or soon: ready plus unread (the NOTIFY count)."""
+        return len(self.ready) + max(0, self.host.queue_end(self.topic) - self.main.next)
+
+    def settled(self, member: Member) -> None:
+        """``member`` acked or nacked: wake idle members if that freed room for them
+        (``member`` itself idle at its cap, or the cluster at its cap)."""
+        if member.wants_notify or self.capped:
+            self.wake()
 
     def wake(self) -> None:
         """Send NOTIFY to idle members (those whose last pull came back empty).

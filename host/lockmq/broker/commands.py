@@ -35,16 +35,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from lockmq.config import CommandsSection
 from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Flag, Op
+from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.commands import command_frame_size
 
+from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # (types only: connections call this module, not the reverse)
     from .connection import Connection
-    from .server import Broker
 
 
 #: SNs whose stated frame limit is remembered while they are offline (bounded: with
@@ -85,8 +87,14 @@ def _owner(principal: Any) -> str:
 class Commands:
     """Queues, forwards and matches downlink commands (see the module docstring)."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
+    def __init__(self, cfg: CommandsSection, stats: Stats, log: EventLog, guard: BrokerGuard,
+                 online_lock: Callable[[str], "Connection | None"]) -> None:
+        self.cfg = cfg
+        self.stats = stats
+        self.log = log
+        self.guard = guard
+        #: the connection of lock SN if it is online now (``Devices.online_lock``)
+        self.online_lock = online_lock
         self.queued: dict[str, deque[Pending]] = {}
         self.forwarded: dict[tuple[str, int], Pending] = {}
         self.total = 0                                   # queued (not yet forwarded)
@@ -100,7 +108,7 @@ class Commands:
 
     def start(self) -> None:
         """Start the expiry sweep."""
-        self._task = start_periodic("lockmq-commands", 1.0, self.sweep)
+        self._task = start_periodic("lockmq-commands", 1.0, self.sweep, self.log)
 
     async def stop(self) -> None:
         """Stop the sweep."""
@@ -108,21 +116,20 @@ class Commands:
 
     def submit(self, sender: "Connection", opaque: int, cmd: Command) -> None:
         """A service's COMMAND: check, queue, forward if the lock is online."""
-        b = self.broker
-        cfg = b.config.commands
-        b.stats.inc("commands_received")
+        cfg = self.cfg
+        self.stats.inc("commands_received")
         principal = sender.principal
         try:
-            b.guard.check_command(principal, cmd.target, cmd.kind, cmd.args)
-        except Exception as exc:  # noqa: BLE001 -- SecurityError
-            b.stats.inc("commands_refused")
+            self.guard.check_command(principal, cmd.target, cmd.kind, cmd.args)
+        except SecurityError as exc:
+            self.stats.inc("commands_refused")
             sender.refused(exc, opaque)
             return
         now_ms = int(time.time() * 1000)
         if cmd.expires_ms == 0:
             cmd.expires_ms = now_ms + int(cfg.default_expiry_s * 1000)
         if cmd.expires_ms <= now_ms or cmd.expires_ms > now_ms + cfg.max_expiry_s * 1000:
-            b.stats.inc("commands_refused")
+            self.stats.inc("commands_refused")
             sender.send_error(int(ErrorCode.INVALID_ARGUMENT),
                               f"expires_ms must be in the future and at most "
                               f"{cfg.max_expiry_s:g} s ahead", opaque)
@@ -157,9 +164,9 @@ class Commands:
         self._hold(p)
         self.queued.setdefault(cmd.target, deque()).append(p)
         self.total += 1
-        b.log("command_queued", target=cmd.target, kind=cmd.kind, sender=principal.name,
-              online=cmd.target in b.devices.online_by_sn, level="debug")
-        lock = b.devices.online_by_sn.get(cmd.target)
+        self.log("command_queued", target=cmd.target, kind=cmd.kind, sender=principal.name,
+              online=self.online_lock(cmd.target) is not None, level="debug")
+        lock = self.online_lock(cmd.target)
         if lock is not None:
             self._forward_all(lock)
 
@@ -168,16 +175,16 @@ class Commands:
     def frame_limit(self, sn: str) -> tuple[int, bool]:
         """``(largest frame lock sn can receive, whether it stated it)``: from its
         current session, else the last one it stated, else the configured default."""
-        lock = self.broker.devices.online_by_sn.get(sn)
-        n = int(getattr(lock, "peer_max_frame", 0) or 0) if lock is not None \
+        lock = self.online_lock(sn)
+        n = lock.peer_max_frame if lock is not None \
             else self.lock_limits.get(sn, 0)
-        return (n, True) if n else (self.broker.config.commands.lock_max_frame_default, False)
+        return (n, True) if n else (self.cfg.lock_max_frame_default, False)
 
     def _over_cap(self, owner: str, admin: bool, sn: str,
                   cost: int) -> tuple[str, str, bool] | None:
         """The first cap a new command would exceed: ``(setting, detail, could fit
         once others are answered)``, or None."""
-        cfg = self.broker.config.commands
+        cfg = self.cfg
         # services share all but admin_reserve_pct of the per-lock and global caps
         share = 100 if admin else 100 - cfg.admin_reserve_pct
         oc, ob = self.by_owner.get(owner, (0, 0))
@@ -233,23 +240,22 @@ class Commands:
                 retry_after_ms: int = 0, **fields: Any) -> None:
         """Answer a refused command; count it and log it (one line per reason per
         second at most, with how many were not logged)."""
-        b = self.broker
-        b.stats.inc("commands_refused")
-        b.stats.inc(f"commands_refused_{reason}")
+        self.stats.inc("commands_refused")
+        self.stats.inc(f"commands_refused_{reason}")
         sender.send_error(code, message, opaque, retry_after_ms=retry_after_ms)
         now = time.monotonic()
         mark = self._logged.setdefault(f"{reason}:{fields.get('cap', '')}", [0.0, 0])
         if now - mark[0] < _LOG_EVERY_S:
             mark[1] += 1
             return
-        b.log("command_refused", reason=reason, sender=getattr(sender.principal, "name", "?"),
+        self.log("command_refused", reason=reason, sender=getattr(sender.principal, "name", "?"),
               suppressed=int(mark[1]) or None, message=message, level="warning", **fields)
         mark[0], mark[1] = now, 0
 
     def lock_online(self, lock: "Connection") -> None:
         """A lock connected: remember the frame limit it stated, send what waits for it."""
         sn = lock.principal.name
-        n = int(getattr(lock, "peer_max_frame", 0) or 0)
+        n = lock.peer_max_frame
         self.lock_limits.pop(sn, None)          # re-inserted last: the dict is an LRU
         if n:
             self.lock_limits[sn] = n
@@ -271,24 +277,23 @@ class Commands:
             self._forward(lock, p)
 
     def _forward(self, lock: "Connection", p: Pending) -> None:
-        b = self.broker
         sn = lock.principal.name
         c = p.cmd
         # The lock may have reconnected stating a smaller limit since the submit.
-        limit = int(getattr(lock, "peer_max_frame", 0) or 0) or \
-            b.config.commands.lock_max_frame_default
+        limit = lock.peer_max_frame or \
+            self.cfg.lock_max_frame_default
         if p.cost > limit:
-            b.stats.inc("commands_refused_too_large")
+            self.stats.inc("commands_refused_too_large")
             self._answer(p, CommandStatus.FAILED, f"command frame of {p.cost} bytes is over the "
                                                   f"{limit}-byte frame limit the lock states now")
             return
         try:
             if not p.broker_id:
-                p.broker_id = b.guard.next_command_id(sn)
-            mac = b.guard.sign_command(sn, p.broker_id, c.expires_ms, c.kind, c.args,
+                p.broker_id = self.guard.next_command_id(sn)
+            mac = self.guard.sign_command(sn, p.broker_id, c.expires_ms, c.kind, c.args,
                                        principal=lock.principal)
-        except Exception as exc:  # noqa: BLE001 -- AuthFailed: unknown/disabled lock
-            b.stats.inc("commands_refused")
+        except SecurityError as exc:   # AuthFailed: unknown/disabled lock
+            self.stats.inc("commands_refused")
             self._answer(p, CommandStatus.REFUSED, f"cannot sign for this lock: {exc}")
             return
         out = Command(sn, p.broker_id, c.expires_ms, c.kind, c.args, mac)
@@ -297,27 +302,26 @@ class Commands:
         p.attempts += 1
         self.forwarded[(sn, p.broker_id)] = p
         lock.send_frame(Op.COMMAND, out.encode(), p.broker_id)
-        b.stats.inc("commands_forwarded")
+        self.stats.inc("commands_forwarded")
 
     def result(self, lock: "Connection", res: CommandResult) -> None:
         """A lock's COMMAND_RESULT: pass it to the sender."""
-        b = self.broker
         sn = lock.principal.name
         p = self.forwarded.pop((sn, res.cmd_id), None)
-        b.stats.inc("commands_results")
+        self.stats.inc("commands_results")
         if p is None:
-            b.log("command_result_unknown", sn=sn, cmd_id=res.cmd_id, level="warning")
+            self.log("command_result_unknown", sn=sn, cmd_id=res.cmd_id, level="warning")
             return
-        b.log("command_result", target=sn, cmd_id=res.cmd_id, status=res.status,
+        self.log("command_result", target=sn, cmd_id=res.cmd_id, status=res.status,
               ms=int((time.monotonic() - p.sent_at) * 1000))
         self._answer(p, res.status, res.detail)
 
     def _answer(self, p: Pending, status: int, detail: str) -> None:
         self._release(p)
         if status in (CommandStatus.OFFLINE, CommandStatus.EXPIRED):
-            self.broker.stats.inc("commands_expired")
-        if p.sender.state == "closed":
-            self.broker.log("command_result_dropped", target=p.cmd.target,
+            self.stats.inc("commands_expired")
+        if p.sender.closed:
+            self.log("command_result_dropped", target=p.cmd.target,
                             reason="sender disconnected", status=status, level="warning")
             return
         p.sender.send_frame(Op.COMMAND_RESULT, CommandResult(
@@ -335,7 +339,7 @@ class Commands:
             return
         q = self.queued.setdefault(sn, deque())
         given_up = []
-        limit = self.broker.config.commands.max_delivery_attempts
+        limit = self.cfg.max_delivery_attempts
         for k in reversed(back):
             p = self.forwarded.pop(k)
             p.lock_conn = None
@@ -347,16 +351,16 @@ class Commands:
         if not q:
             del self.queued[sn]
         for p in given_up:
-            self.broker.stats.inc("commands_undeliverable")
-            self.broker.log("command_undeliverable", target=sn, cmd_id=p.broker_id,
+            self.stats.inc("commands_undeliverable")
+            self.log("command_undeliverable", target=sn, cmd_id=p.broker_id,
                             kind=p.cmd.kind, size=p.cost, attempts=p.attempts,
                             sender=getattr(p.sender.principal, "name", "?"), level="warning")
             self._answer(p, CommandStatus.FAILED,
                          f"lock {sn} dropped its link {p.attempts} times after this command "
                          f"was sent, without answering it: not sent again "
                          f"(commands.max_delivery_attempts)")
-        now_online = self.broker.devices.online_by_sn.get(sn)
-        if now_online is not None and now_online is not conn and now_online.state == "open":
+        now_online = self.online_lock(sn)
+        if now_online is not None and now_online is not conn and now_online.established:
             self._forward_all(now_online)
 
     def sweep(self) -> None:
@@ -376,7 +380,7 @@ class Commands:
                 self.queued[sn] = keep
             else:
                 del self.queued[sn]
-        limit = time.monotonic() - self.broker.config.commands.result_timeout_s
+        limit = time.monotonic() - self.cfg.result_timeout_s
         for k, p in list(self.forwarded.items()):
             if p.sent_at < limit:
                 del self.forwarded[k]

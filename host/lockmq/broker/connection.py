@@ -13,27 +13,43 @@ live in ``lockmq.protocol.ServerSession``; this class feeds it every frame and a
 on its answers (the guard decides who a peer is, the session what it may send).
 Before authentication every violation is fatal and the socket is aborted rather
 than drained, so an unauthenticated peer can make the broker hold almost nothing.
+
+Wiring: a connection gets its collaborators as one :class:`Services` built by the
+server (``server.py``), each the narrow piece it uses -- never the whole broker. The
+data path reads one way: socket -> decoder -> session -> this class -> the core
+(``core.py``) and the publish path (``publish.py``) -> the store; results come back
+through the callback a connection hands over (:meth:`Connection._publishes_stored`)
+and through the clusters' member callback (:meth:`Connection._wake_member`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-from lockmq.protocol import (NO_SEQ, CommandResult, Command,
+from lockmq.protocol import (NO_SEQ, Ack, CommandResult, Command, Nack, PublishAck,
                              ESTABLISHED, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
                              Notify, Op, ProtocolError, Publish,
                              Pull, Role, ServerSession, SessionError, Subscribe, SubscribeAck,
                              UnknownOpcode, Unsubscribe, decode_json, encode_json,
                              op_name)
-from lockmq.store import InvalidRecord, NewRecord, validate_topic
+from lockmq.config import Config
+from lockmq.security import BrokerGuard, ConnectionRefused, Principal, SecurityError
+from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
-from .clusters import Cluster, ClusterError, Lease, Member
-from .wire import decode_ack, decode_nack, encode_leased
+from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
+    messages_head
 
-if TYPE_CHECKING:
-    from .server import Broker
+from .admin import Admin
+from .clusters import Cluster, ClusterError, Lease, Member, ParkedPull
+from .commands import Commands
+from .core import BrokerCore
+from .devices import Devices
+from .logs import EventLog, Stats
+from .publish import PublishPath, PublishRefused
 
 _RESP = Flag.RESPONSE
 _conn_ids = iter(range(1, 1 << 62))
@@ -43,36 +59,72 @@ _ROLE_OF_KIND = {"lock": Role.LOCK, "service": Role.SERVICE, "admin": Role.ADMIN
 CLOSE_LINGER_S = 2.0
 
 
-def _mac_required(b: "Broker") -> bool:
-    """``[security] lock_frame_mac = "required"``: locks on plain TCP must MAC frames."""
-    sec = getattr(b.guard, "cfg", None)
-    return getattr(sec, "lock_frame_mac", "optional") == "required"
-
-
 def _code(name: str) -> int:
     return int(getattr(ErrorCode, name, ErrorCode.INTERNAL))
 
 
-class Connection(asyncio.Protocol):
-    """A peer's connection: lock, service (producer/consumer/commander) or admin."""
+class Connections:
+    """The open connections of the broker, their cap, and whether it is closing."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
+    def __init__(self) -> None:
+        self.by_id: dict[int, "Connection"] = {}
+        #: most connections held at once (set at start from the file limit); 0 = none
+        self.limit = 0
+        #: the broker is shutting down: publishes are answered SHUTTING_DOWN
+        self.closing = False
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def established(self) -> list["Connection"]:
+        """Every connection past its handshake and not closed."""
+        return [c for c in self.by_id.values() if c.established]
+
+    def publishes_pending(self) -> bool:
+        """Is any connection still waiting for the store to answer its publishes?"""
+        return any(c.publishes_pending for c in self.by_id.values())
+
+
+@dataclass(frozen=True)
+class Services:
+    """What a connection works with, built once by the server (see the module
+    docstring): settings, counters and log, the security guard, and the broker
+    pieces a request goes to."""
+
+    config: Config
+    stats: Stats
+    log: EventLog
+    guard: BrokerGuard
+    core: BrokerCore
+    publisher: PublishPath
+    devices: Devices
+    commands: Commands
+    admin: Admin
+    connections: Connections
+
+
+class Connection(asyncio.Protocol):
+    """A peer's connection: lock, service (producer/consumer/commander) or admin.
+
+    The handshake state is the session's (:attr:`session`); the connection keeps
+    only what is its own: the socket and whether it is :attr:`closed`."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
         self.id = next(_conn_ids)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.peer_ip = ""
-        self.state = "new"           # new -> challenged -> open -> closed (I/O view)
+        self.closed = False          # the socket is closed (or closing): send nothing more
         self.session = ServerSession()   # the protocol's rules for this connection
         self.claimed_sn = ""
         self.role = 0
         self.nonce = b""
-        self.principal: Any = None
+        self.principal: Principal | None = None
         # Until AUTH succeeds only small frames (security: unauthenticated sockets
         # must not make the broker buffer max_frame each); raised in _on_auth.
-        preauth = getattr(broker.guard, "preauth_max_frame", None)
-        self.decoder = FrameDecoder(min(preauth, broker.config.broker.max_frame) if preauth
-                                    else broker.config.broker.max_frame)
+        self.decoder = FrameDecoder(min(services.guard.preauth_max_frame,
+                                        services.config.broker.max_frame))
         self.out: list[bytes] = []
         self.out_scheduled = False
         self.last_seen = time.monotonic()
@@ -90,71 +142,69 @@ class Connection(asyncio.Protocol):
         self._admitted = False
         self.is_device = False       # registered in the online list
         self.heartbeat: Heartbeat | None = None
+        self.heartbeat_answered_at: float | None = None   # monotonic (Devices' rate rule)
         self.close_reason = ""
         self.tls = False
         self.peer_max_frame = 0      # largest frame the peer can receive (CONNECT); 0 = unstated
+
+    @property
+    def established(self) -> bool:
+        """Authenticated (the session is ESTABLISHED) and not closed."""
+        return not self.closed and self.session.state == ESTABLISHED
 
     # -- asyncio callbacks ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Admit the connection (limits) and start the handshake timer."""
         self.transport = transport  # type: ignore[assignment]  (uvloop: not a subclass)
-        b = self.broker
+        b = self.services
+        conns = b.connections
         self.tls = transport.get_extra_info("ssl_object") is not None
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer_ip = str(peer[0])
             self.peer = f"{peer[0]}:{peer[1]}"
         b.stats.inc("connections_accepted")
-        b.conns[self.id] = self
+        conns.by_id[self.id] = self
         transport.set_write_buffer_limits(high=b.config.broker.max_conn_buffer_bytes)
-        limit = b.max_connections
+        limit = conns.limit
         try:
-            if limit and len(b.conns) > limit:
-                raise _Refused("TOO_MANY_CONNECTIONS",
-                               f"the broker holds {limit} connections (max_connections)")
+            if limit and len(conns) > limit:
+                exc = ConnectionRefused("max_connections",
+                                        f"the broker holds {limit} connections")
+                exc.public_message = f"the broker holds {limit} connections (max_connections)"
+                raise exc
             b.guard.admit(self.peer_ip)
             self._admitted = True
-        except Exception as exc:  # noqa: BLE001 -- the guard's error carries the code
+        except SecurityError as exc:
             b.stats.inc("connections_refused")
-            code = getattr(exc, "code", _code("TOO_MANY_CONNECTIONS"))
-            if isinstance(exc, _Refused):
-                code = _code(exc.code_name)
-            b.log("connection_refused", conn=self.id, peer=self.peer,
-                  reason=getattr(exc, "reason", str(exc)), level="warning")
-            self.fatal(int(code), getattr(exc, "public_message", str(exc)),
-                       retry_after_ms=getattr(exc, "retry_after_ms", 1000) or 1000)
+            b.log("connection_refused", conn=self.id, peer=self.peer, reason=exc.reason,
+                  level="warning")
+            self.fatal(exc.code, exc.public_message, retry_after_ms=exc.retry_after_ms or 1000)
             return
         self._handshake_timer = asyncio.get_running_loop().call_later(
             b.config.broker.handshake_timeout_s, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Release leases, report the device offline, give back the admission."""
-        b = self.broker
-        self.state = "closed"
-        b.conns.pop(self.id, None)
+        b = self.services
+        self.closed = True
+        self.session.close()
+        b.connections.by_id.pop(self.id, None)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
-        for sub_id, (cluster, member) in list(self.subs.items()):
-            parked = b.parked.pop(id(member), None)
-            if parked is not None:
-                parked[2].cancel()
+        for cluster, member in list(self.subs.values()):
+            member.unpark()
             cluster.leave(member, reason="disconnected")
         self.subs.clear()
-        if self.principal is None and self.nonce and hasattr(b.guard, "forget_challenge"):
-            try:
-                b.guard.forget_challenge(self.nonce)
-            except Exception:  # noqa: BLE001
-                pass
+        if self.principal is None and self.nonce:
+            b.guard.forget_challenge(self.nonce)
         if self.is_device:
             b.devices.offline(self, "evicted" if self.close_reason == "evicted" else "offline")
         b.commands.connection_closed(self)
         if self._admitted:
             self._admitted = False
-            try:
-                b.guard.release(self.peer_ip)
-            except Exception:  # noqa: BLE001
-                pass
+            b.guard.release(self.peer_ip)
         b.stats.inc("connections_closed")
         if self.principal is not None or self.close_reason:
             b.log("disconnect", conn=self.id, peer=self.peer, sn=self.claimed_sn,
@@ -178,13 +228,13 @@ class Connection(asyncio.Protocol):
         if self._paused_for_write or self._paused_for_pub:
             if t.is_reading():
                 t.pause_reading()
-                self.broker.stats.inc("reads_paused")
+                self.services.stats.inc("reads_paused")
         elif not t.is_reading():
             t.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         """Decode every whole frame of this read and handle it."""
-        b = self.broker
+        b = self.services
         b.stats.c["bytes_in"] += len(data)
         self.last_seen = time.monotonic()
         dec = self.decoder
@@ -194,7 +244,7 @@ class Connection(asyncio.Protocol):
             self._bad_input(exc)
             return
         n = 0
-        while self.state != "closed":
+        while not self.closed:
             try:
                 frame = dec.next_frame()
             except UnknownOpcode as exc:
@@ -236,7 +286,7 @@ class Connection(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         """Queue bytes; everything queued in one loop iteration is written at once."""
-        if self.state == "closed":
+        if self.closed:
             return
         self.out.append(data)
         if not self.out_scheduled:
@@ -245,7 +295,7 @@ class Connection(asyncio.Protocol):
 
     def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
         """Encode and queue one frame (broker frames carry an empty SN)."""
-        self.broker.stats.c["frames_out"] += 1
+        self.services.stats.c["frames_out"] += 1
         # sealed: with frame MACs on (a lock on plain TCP), tagged and counted
         self.send(self.session.seal(opcode, "", body, opaque, flags))
 
@@ -257,7 +307,7 @@ class Connection(asyncio.Protocol):
             return
         data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
         self.out.clear()
-        self.broker.stats.c["bytes_out"] += len(data)
+        self.services.stats.c["bytes_out"] += len(data)
         self.transport.write(data)
 
     def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0,
@@ -265,13 +315,13 @@ class Connection(asyncio.Protocol):
         """Queue an ERROR frame (as the answer to ``opaque``)."""
         from lockmq.protocol import ErrorReply
 
-        self.broker.stats.c["errors_sent"] += 1
+        self.services.stats.c["errors_sent"] += 1
         self.send_frame(Op.ERROR, ErrorReply(int(code), message[:1000], retry_after_ms).encode(),
                         opaque, _RESP if response else 0)
 
     def fatal(self, code: int, message: str, retry_after_ms: int = 0, opaque: int = 0) -> None:
         """Send ERROR and close the connection (after the write is flushed)."""
-        if self.state == "closed":
+        if self.closed:
             return
         self.send_error(code, message, opaque, retry_after_ms)
         self.close(message)
@@ -288,58 +338,49 @@ class Connection(asyncio.Protocol):
             if t.get_write_buffer_size():
                 linger = CLOSE_LINGER_S if self.principal is not None else 0.2
                 asyncio.get_running_loop().call_later(linger, t.abort)
-        self.state = "closed"
+        self.closed = True
 
-    def refused(self, exc: Exception, opaque: int) -> None:
-        """Answer a refusal of the guard (a SecurityError): ERROR, and close if it says so."""
-        code = int(getattr(exc, "code", _code("FORBIDDEN")))
-        msg = str(getattr(exc, "public_message", "") or exc)
-        retry = int(getattr(exc, "retry_after_ms", 0) or 0)
-        if getattr(exc, "close", False):
-            self.fatal(code, msg, retry_after_ms=retry, opaque=opaque)
+    def refused(self, exc: SecurityError, opaque: int) -> None:
+        """Answer a refusal of the guard: ERROR, and close if it says so."""
+        msg = exc.public_message or str(exc)
+        if exc.close:
+            self.fatal(exc.code, msg, retry_after_ms=exc.retry_after_ms, opaque=opaque)
         else:
-            self.send_error(code, msg, opaque, retry_after_ms=retry)
+            self.send_error(exc.code, msg, opaque, retry_after_ms=exc.retry_after_ms)
 
     def _bad_input(self, exc: ProtocolError) -> None:
-        self.broker.stats.inc("bad_frames")
-        try:
-            self.broker.guard.record_protocol_error(self.peer_ip, type(exc).__name__)
-        except Exception:  # noqa: BLE001
-            pass
-        self.broker.log("bad_frame", conn=self.id, peer=self.peer, sn=self.claimed_sn,
+        self.services.stats.inc("bad_frames")
+        self.services.guard.record_protocol_error(self.peer_ip, type(exc).__name__)
+        self.services.log("bad_frame", conn=self.id, peer=self.peer, sn=self.claimed_sn,
                         code=exc.code, error=exc.message, level="warning")
         self.fatal(exc.code, exc.message)
 
     def _handshake_timeout(self) -> None:
         """Not authenticated in time: answer once and drop the socket at once, whatever
         it still has unread (an unauthenticated peer gets no linger)."""
-        if self.state in ("new", "challenged"):
-            self.broker.stats.inc("handshakes_failed")
-            err = self.broker.guard.auth_timed_out(self.peer_ip, self.nonce or None)
-            self.fatal(int(getattr(err, "code", _code("AUTH_TIMEOUT"))),
-                       str(getattr(err, "public_message", "") or err))
+        if not self.closed and self.principal is None:
+            self.services.stats.inc("handshakes_failed")
+            err = self.services.guard.auth_timed_out(self.peer_ip, self.nonce or None)
+            self.fatal(err.code, err.public_message or str(err))
             if self.transport is not None:
                 self.transport.abort()
 
     def _session_violation(self, exc: SessionError, frame: Any) -> None:
         """A fatal break of the session's rules: log, count, answer once, close."""
-        b = self.broker
+        b = self.services
         if exc.code == ErrorCode.SN_MISMATCH:
             b.log("sn_mismatch", conn=self.id, peer=self.peer,
                   principal=self.principal.name if self.principal else "",
                   frame_sn=frame.sn, level="warning")
             try:   # the guard counts identity violations in its audit metrics
                 b.guard.check_frame_sn(self.principal, frame.sn)
-            except Exception:  # noqa: BLE001 -- it raises: that is the point
+            except SecurityError:   # it raises: that is the point
                 pass
         else:
             b.stats.inc("session_violations")
             if exc.code == ErrorCode.BAD_MAC:   # an altered/injected frame, or no MACs
                 b.stats.inc("frame_mac_refused")
-            try:
-                b.guard.record_protocol_error(self.peer_ip, "session")
-            except Exception:  # noqa: BLE001
-                pass
+            b.guard.record_protocol_error(self.peer_ip, "session")
             # the state the frame arrived in (the session is CLOSING by now)
             state = ("ESTABLISHED" if self.principal is not None else
                      "CHALLENGED" if self.nonce else "CONNECTING")
@@ -372,46 +413,43 @@ class Connection(asyncio.Protocol):
         self.role = self.session.role
         # the command path never sends this peer a frame larger than it stated
         self.peer_max_frame = self.session.connect.max_frame
-        self.nonce = self.broker.guard.challenge()
-        self.state = "challenged"
-        self.broker.stats.c["frames_out"] += 1
+        self.nonce = self.services.guard.challenge()
+        self.services.stats.c["frames_out"] += 1
         self.send(self.session.challenge(self.nonce, int(time.time() * 1000), frame.opaque))
 
     def _on_auth(self, frame: Any) -> None:
-        b = self.broker
+        b = self.services
         auth = self.session.auth
         try:
             principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip,
                                              tls=self.tls)
-        except Exception as exc:  # noqa: BLE001 -- AuthFailed and friends
+        except SecurityError as exc:   # AuthFailed and friends
             b.stats.inc("handshakes_failed")
             b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,
-                  reason=getattr(exc, "reason", repr(exc)), level="warning")
-            code = getattr(exc, "code", _code("AUTH_FAILED"))
+                  reason=exc.reason, level="warning")
             self.session.close()
-            self.fatal(int(code), getattr(exc, "public_message", "authentication failed"),
-                       retry_after_ms=getattr(exc, "retry_after_ms", 0), opaque=frame.opaque)
+            self.fatal(exc.code, exc.public_message or "authentication failed",
+                       retry_after_ms=exc.retry_after_ms, opaque=frame.opaque)
             return
         self.principal = principal
-        self.state = "open"
         self.decoder.max_frame = b.config.broker.max_frame   # authenticated: full limit
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
         b.stats.inc("handshakes_ok")
         last_seq = NO_SEQ
-        is_lock = getattr(principal, "kind", "") == "lock"
+        is_lock = principal.kind == "lock"
         if is_lock:
-            s = b.core.store.last_seq(principal.name) if b.core.store else None
+            s = b.core.last_seq(principal.name)
             last_seq = NO_SEQ if s is None else s
         cfg = b.config
         ack = ConnectAck(int(cfg.devices.heartbeat_s), cfg.broker.max_frame,
                          int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
         b.stats.c["frames_out"] += 1
-        self.send(self.session.accept(_ROLE_OF_KIND.get(getattr(principal, "kind", ""), Role.SERVICE),
+        self.send(self.session.accept(_ROLE_OF_KIND.get(principal.kind, Role.SERVICE),
                                       principal.name, ack, frame.opaque,
-                                      mac_key=getattr(principal, "session_key", b""),
-                                      mac_required=not self.tls and _mac_required(b)))
+                                      mac_key=principal.session_key,
+                                      mac_required=not self.tls and b.guard.lock_frames_need_mac))
         b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
               kind=principal.kind, level="debug")
         if is_lock:
@@ -423,13 +461,13 @@ class Connection(asyncio.Protocol):
     def _on_heartbeat(self, frame: Any) -> None:
         self.heartbeat = Heartbeat.decode(frame.body)
         try:   # heartbeats count inside the per-lock rate (issue 10 item 8)
-            self.broker.devices.check_heartbeat(self)
-        except Exception as exc:  # noqa: BLE001 -- RateLimited: answer it, keep the link
+            self.services.devices.check_heartbeat(self)
+        except SecurityError as exc:   # RateLimited: answer it, keep the link
             if not frame.flags & Flag.ONEWAY:
                 self.refused(exc, frame.opaque)
             return
         if self.is_device and frame.body:
-            self.broker.devices.heartbeat(self, self.heartbeat)
+            self.services.devices.heartbeat(self, self.heartbeat)
         if not frame.flags & Flag.ONEWAY:
             self.send_frame(Op.HEARTBEAT, b"", frame.opaque, _RESP)
 
@@ -438,7 +476,7 @@ class Connection(asyncio.Protocol):
 
     def _on_publish(self, frame: Any) -> None:
         p = Publish.decode(frame.body)
-        b = self.broker
+        b = self.services
         oneway = bool(frame.flags & Flag.ONEWAY)
         b.stats.c["publish_received"] += 1
         if oneway:
@@ -457,14 +495,14 @@ class Connection(asyncio.Protocol):
         try:
             # (the frame's SN was bound to the principal by the session already)
             b.guard.check_publish(self.principal, p.topic, n=1)
-        except Exception as exc:  # noqa: BLE001 -- SecurityError
+        except SecurityError as exc:
             b.stats.inc("publish_refused")
-            if getattr(exc, "close", False) or not oneway:
+            if exc.close or not oneway:
                 self.refused(exc, frame.opaque)
             else:
                 b.stats.c["publish_oneway_refused"] += 1
             return
-        if b.closing:
+        if b.connections.closing:
             self._pub_error(oneway, _code("SHUTTING_DOWN"), "the broker is shutting down",
                             frame.opaque, 1000)
             return
@@ -472,15 +510,15 @@ class Connection(asyncio.Protocol):
         if sn != self._producer_ok:   # reserved ids, lookalikes, another's id: once per id
             try:
                 b.guard.check_producer_id(self.principal, sn)
-            except Exception as exc:  # noqa: BLE001 -- SecurityError (FORBIDDEN)
+            except SecurityError as exc:   # FORBIDDEN
                 b.stats.inc("publish_refused")
                 b.stats.inc("producer_ids_refused")
                 if "producer" not in self._limits_logged:   # (the guard logs each, rate-limited)
                     self._limits_logged.add("producer")
                     b.log("producer_id_refused", conn=self.id, peer=self.peer,
                           principal=self.principal.name, producer_id=sn[:80],
-                          reason=getattr(exc, "reason", ""), level="warning")
-                if getattr(exc, "close", False) or not oneway:
+                          reason=exc.reason, level="warning")
+                if exc.close or not oneway:
                     self.refused(exc, frame.opaque)
                 else:
                     b.stats.c["publish_oneway_refused"] += 1
@@ -496,9 +534,14 @@ class Connection(asyncio.Protocol):
         """Answer a refused publish -- unless it was ONEWAY (SPEC: never an answer;
         it is counted in ``publish_oneway_refused``)."""
         if oneway:
-            self.broker.stats.c["publish_oneway_refused"] += 1
+            self.services.stats.c["publish_oneway_refused"] += 1
         else:
             self.send_error(code, msg, opaque, retry_after_ms=retry_after_ms)
+
+    @property
+    def publishes_pending(self) -> bool:
+        """Publishes handed to the publish path and not answered yet?"""
+        return self._pub_bytes > 0
 
     def _submit_publishes(self) -> None:
         batch = self._pub
@@ -507,15 +550,40 @@ class Connection(asyncio.Protocol):
         for _, _, r in batch:
             size += len(r.payload) + 64
         self._pub_bytes += size
-        if self._pub_bytes > self.broker.config.broker.max_conn_buffer_bytes:
+        if self._pub_bytes > self.services.config.broker.max_conn_buffer_bytes:
             self._paused_for_pub = True
             self._update_reading()
-        self.broker.publisher.submit(self, batch, size)
+        self.services.publisher.submit([r for _, _, r in batch],
+                                       partial(self._publishes_stored, batch, size))
 
-    def _pub_done(self, size: int) -> None:
+    def _publishes_stored(self, batch: list[tuple[int, bool, NewRecord]], size: int,
+                          results: list[Appended | Exception]) -> None:
+        """The publish path's answer for one :meth:`_submit_publishes`: per record, what
+        the store did (:class:`Appended`), or why it was not stored (an
+        :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
+        stats = self.services.stats.c
+        stored = dup = 0
+        ack_op = Op.PUBLISH_ACK
+        for (opaque, oneway, _r), a in zip(batch, results):
+            if isinstance(a, Exception):
+                if isinstance(a, PublishRefused):
+                    self._pub_error(oneway, a.code, a.message, opaque, a.retry_after_ms)
+                else:
+                    self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
+                continue
+            if a.duplicate:
+                dup += 1
+            else:
+                stored += 1
+            if not oneway:
+                self.send_frame(ack_op, PublishAck(
+                    PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED,
+                    a.offset if a.offset > 0 else 0).encode(), opaque, _RESP)
+        stats["publish_stored"] += stored
+        stats["publish_duplicates"] += dup
         self._pub_bytes -= size
         if self._paused_for_pub and self._pub_bytes <= \
-                self.broker.config.broker.max_conn_buffer_bytes // 2:
+                self.services.config.broker.max_conn_buffer_bytes // 2:
             self._paused_for_pub = False
             self._update_reading()
 
@@ -523,10 +591,10 @@ class Connection(asyncio.Protocol):
 
     def _on_subscribe(self, frame: Any) -> None:
         s = Subscribe.decode(frame.body)
-        b = self.broker
+        b = self.services
         try:
             b.guard.check_consume(self.principal, s.topic, s.cluster)
-        except Exception as exc:  # noqa: BLE001 -- SecurityError
+        except SecurityError as exc:
             self.refused(exc, frame.opaque)
             return
         cap = b.config.consumers.max_subscriptions_per_connection
@@ -550,13 +618,11 @@ class Connection(asyncio.Protocol):
         sub_id = self._next_sub
         self._next_sub += 1
         member = Member(sub_id, self.principal.name, self.peer, self._wake_member,
-                        s.max_inflight, s.lease_ms, conn=self)
-        member.wants_notify = False
+                        s.max_inflight, s.lease_ms)
         self.subs[sub_id] = (cluster, member)
         self.send_frame(Op.SUBSCRIBE_ACK, SubscribeAck(sub_id, cluster.backlog()).encode(),
                         frame.opaque, _RESP)
-        member.wants_notify = True
-        cluster.join(member)
+        cluster.join(member)   # (a NOTIFY it causes goes out after the SUBSCRIBE_ACK)
 
     def _sub(self, sub_id: int, opaque: int) -> tuple[Cluster, Member] | None:
         s = self.subs.get(sub_id)
@@ -571,7 +637,7 @@ class Connection(asyncio.Protocol):
         if s is None:
             return
         del self.subs[u.sub_id]
-        self._unpark(s[1])
+        s[1].unpark()
         s[0].leave(s[1], reason="unsubscribed")
         self.send_frame(Op.OK, b"", frame.opaque, _RESP)
 
@@ -581,68 +647,62 @@ class Connection(asyncio.Protocol):
         if s is None:
             return
         cluster, member = s
-        self.broker.stats.c["pulls"] += 1
-        self._unpark(member, answer=True)
+        self.services.stats.c["pulls"] += 1
+        earlier = member.unpark()   # a new PULL answers the one still waiting, empty
+        if earlier is not None:
+            self._send_messages(member.member_id, [], earlier.opaque)
         leases = cluster.pull(member, max(1, p.max_messages))
         if leases or p.wait_ms <= 0:
             self._send_messages(p.sub_id, leases, frame.opaque)
             return
-        wait = min(p.wait_ms, self.broker.config.consumers.visibility_timeout_ms, 60_000)
+        wait = min(p.wait_ms, self.services.config.consumers.visibility_timeout_ms, 60_000)
         timer = asyncio.get_running_loop().call_later(
             wait / 1000.0, self._park_expired, member)
-        self.broker.parked[id(member)] = (frame.opaque, max(1, p.max_messages), timer)
-
-    def _unpark(self, member: Member, answer: bool = False) -> None:
-        parked = self.broker.parked.pop(id(member), None)
-        if parked is not None:
-            parked[2].cancel()
-            if answer:
-                self._send_messages(member.member_id, [], parked[0])
+        member.park(ParkedPull(frame.opaque, max(1, p.max_messages), timer))
 
     def _park_expired(self, member: Member) -> None:
-        parked = self.broker.parked.pop(id(member), None)
+        parked = member.unpark()
         if parked is not None:
-            self._send_messages(member.member_id, [], parked[0])
+            self._send_messages(member.member_id, [], parked.opaque)
 
     def _wake_member(self, member: Member) -> None:
         """Called by the cluster when work arrives for an idle member."""
-        if self.state == "closed":
+        if self.closed:
             return
         s = self.subs.get(member.member_id)
         if s is None:
             return
         cluster = s[0]
-        parked = self.broker.parked.get(id(member))
+        parked = member.parked
         if parked is not None:
-            leases = cluster.pull(member, parked[1])
+            leases = cluster.pull(member, parked.max_messages)
             if leases:
-                del self.broker.parked[id(member)]
-                parked[2].cancel()
-                self._send_messages(member.member_id, leases, parked[0])
+                member.unpark()
+                self._send_messages(member.member_id, leases, parked.opaque)
             return
-        self.broker.stats.c["notifies"] += 1
-        avail = min(0xFFFFFFFF, len(cluster.ready) + max(
-            0, self.broker.core.queue_end(cluster.topic) - cluster.main.next))
+        self.services.stats.c["notifies"] += 1
+        avail = min(0xFFFFFFFF, cluster.available())
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        self.broker.stats.c["messages_delivered"] += len(leases)
-        self.send_frame(Op.MESSAGES, encode_leased(sub_id, leases), opaque, _RESP)
+        self.services.stats.c["messages_delivered"] += len(leases)
+        self.send_frame(Op.MESSAGES, encode_leases(sub_id, leases), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:
-        sub_id, leases = decode_ack(frame.body)
+        ack = Ack.decode(frame.body)
+        sub_id, leases = ack.sub_id, ack.leases
         s = self._sub(sub_id, frame.opaque)
         if s is None:
             return
         cluster, member = s
         bad = cluster.ack_many(member, leases)   # the whole frame at once
-        self.broker.stats.c["acks"] += len(leases) - len(bad)
+        self.services.stats.c["acks"] += len(leases) - len(bad)
         self._lease_reply(frame, bad, len(leases))
-        if member.wants_notify or cluster.capped:
-            cluster.wake()
+        cluster.settled(member)
 
     def _on_nack(self, frame: Any) -> None:
-        sub_id, delay_ms, reason, leases = decode_nack(frame.body)
+        nack = Nack.decode(frame.body)
+        sub_id, delay_ms, reason, leases = nack.sub_id, nack.delay_ms, nack.reason, nack.leases
         s = self._sub(sub_id, frame.opaque)
         if s is None:
             return
@@ -653,14 +713,13 @@ class Connection(asyncio.Protocol):
                 cluster.nack(member, qoff, delivery, delay_ms or None, reason)
             except ClusterError:
                 bad.append((qoff, delivery))
-        self.broker.stats.c["nacks"] += len(leases) - len(bad)
+        self.services.stats.c["nacks"] += len(leases) - len(bad)
         self._lease_reply(frame, bad, len(leases))
-        if member.wants_notify or cluster.capped:
-            cluster.wake()
+        cluster.settled(member)
 
     def _lease_reply(self, frame: Any, bad: list[tuple[int, int]], total: int) -> None:
         if bad:
-            self.broker.stats.c["unknown_leases"] += len(bad)
+            self.services.stats.c["unknown_leases"] += len(bad)
             if frame.flags & Flag.ONEWAY:
                 return
             shown = ", ".join(f"({q},{d})" for q, d in bad[:20])
@@ -673,23 +732,23 @@ class Connection(asyncio.Protocol):
     # -- commands and admin -----------------------------------------------------------
 
     def _on_command(self, frame: Any) -> None:
-        self.broker.commands.submit(self, frame.opaque, Command.decode(frame.body))
+        self.services.commands.submit(self, frame.opaque, Command.decode(frame.body))
 
     def _on_command_result(self, frame: Any) -> None:
-        self.broker.commands.result(self, CommandResult.decode(frame.body))
+        self.services.commands.result(self, CommandResult.decode(frame.body))
 
     def _on_admin(self, frame: Any) -> None:
         req = decode_json(frame.body)
-        self.broker.stats.c["admin_requests"] += 1
+        self.services.stats.c["admin_requests"] += 1
         try:
-            self.broker.guard.check_admin(self.principal, str(req.get("op", "")))
-        except Exception as exc:  # noqa: BLE001 -- SecurityError
+            self.services.guard.check_admin(self.principal, str(req.get("op", "")))
+        except SecurityError as exc:
             self.send_frame(Op.ADMIN_RESPONSE, encode_json(
                 {"ok": False, "error": "FORBIDDEN",
-                 "message": str(getattr(exc, "public_message", "") or exc)}),
+                 "message": exc.public_message or str(exc)}),
                 frame.opaque, _RESP)
             return
-        reply = self.broker.admin.handle(self.principal, req)
+        reply = self.services.admin.handle(self.principal, req)
         if asyncio.isfuture(reply) or asyncio.iscoroutine(reply):
             async def later() -> None:
                 out = await reply
@@ -702,19 +761,37 @@ class Connection(asyncio.Protocol):
         """Admin view of the connection."""
         p = self.principal
         return {"conn": self.id, "peer": self.peer, "name": p.name if p else self.claimed_sn,
-                "kind": p.kind if p else self.state,
+                "kind": p.kind if p else self.session.state_name().lower(),
                 "since_ms": int(self.connected_at * 1000),
                 "idle_s": round(time.monotonic() - self.last_seen, 3),
                 "subscriptions": len(self.subs)}
 
 
-class _Refused(Exception):
-    def __init__(self, code_name: str, message: str) -> None:
-        super().__init__(message)
-        self.code_name = code_name
-        self.public_message = message
-        self.reason = code_name.lower()
-        self.retry_after_ms = 1000
+def encode_leases(sub_id: int, leases: list[Lease]) -> bytes:
+    """MESSAGES body straight from cluster leases: the delivery hot path.
+
+    The bytes are the protocol's (``lockmq.protocol._fast``); this only walks the
+    leases. A message without headers (the common case) costs one cache lookup and
+    one ``pack``; a retried one gets ``{"retries": n}`` added to its headers."""
+    parts = [messages_head(sub_id, len(leases))]
+    append = parts.append
+    shapes = SHAPES
+    for lease in leases:
+        r = lease.rec
+        p = r.payload
+        if r.headers or lease.retries:
+            h = dict(r.headers or {})
+            if lease.retries:
+                h["retries"] = lease.retries
+            append(encode_message(lease.wire, lease.deliveries, r.sn, r.seq, r.lock_ts_ms,
+                                  r.broker_ts_us, r.topic, p, json_headers(h)))
+            continue
+        got = shapes.get((r.sn, r.topic, len(p)))
+        if got is None:
+            got = message_shape(r.sn, r.topic, len(p))
+        append(got[0](lease.wire, lease.deliveries, r.seq, r.lock_ts_ms, r.broker_ts_us,
+                      got[1], p))
+    return b"".join(parts)
 
 
 _HANDLERS = {

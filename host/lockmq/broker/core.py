@@ -2,8 +2,9 @@
 
 Connections (``connection.py``) hand decoded requests to :class:`BrokerCore`; the
 core stores them (``lockmq.store``), and the store's ``on_durable`` callback drives
-the dispatcher (``clusters.py``): socket -> decoder -> core -> store -> clusters ->
-consumer connections. Nothing here touches a socket.
+the dispatcher (``clusters.py``): socket -> decoder -> session -> core -> store ->
+clusters -> consumer connections. Nothing here touches a socket or knows a
+connection; the timers run through ``periodic.py``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Any, Awaitable
 
 from lockmq.config import Config
 from lockmq.security.identity import owner_of
-from lockmq.store import Appended, NewRecord, Store, StoredRecord
+from lockmq.store import Appended, NewRecord, Store, StoreClosed, StoredRecord
 from lockmq.store.records import validate_cluster, validate_topic
 
 from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError, ClusterSettings
 from .logs import EventLog, Stats
+from .periodic import start_periodic, stop_task
 from .readcache import ReadCache
 
 #: The SN under which the broker writes its own records ($devices, retries, dead letters).
@@ -76,29 +78,40 @@ class BrokerCore:
             except ValueError:   # a file name that is no cluster name: not ours
                 continue
         store.on_durable(self._on_durable)
-        loop = asyncio.get_running_loop()
+        cfg = self.config
         self._timers = [
-            loop.create_task(self._tick_loop(), name="lockmq-leases"),
-            loop.create_task(self._positions_loop(), name="lockmq-positions"),
-            loop.create_task(self._retention_loop(), name="lockmq-retention"),
+            start_periodic("lockmq-leases", cfg.consumers.lease_sweep_ms / 1000.0,
+                           self.tick_clusters, self.log),
+            start_periodic("lockmq-positions", cfg.broker.position_flush_ms / 1000.0,
+                           self.save_positions, self.log),
+            start_periodic("lockmq-retention", cfg.broker.retention_interval_s,
+                           self.enforce_retention, self.log),
         ]
 
     async def close(self) -> None:
         """Save positions, wait for background writes and close the store."""
         self._closing = True
         for t in self._timers:
-            t.cancel()
-        for t in self._timers:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+            await stop_task(t)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self.config.broker.shutdown_grace_s)
         await self.save_positions(force=True)
         if self.store is not None:
             await self.store.close()
             self.log("store_closed")
+
+    # -- what connections and the publish path call -----------------------------------
+
+    async def append(self, records: list[NewRecord]) -> list[Appended]:
+        """Store client records (one group commit); raises the store's errors."""
+        store = self.store
+        if store is None:
+            raise StoreClosed("the store is not open")
+        return await store.append(records)
+
+    def last_seq(self, sn: str) -> int | None:
+        """The last sequence number stored for producer ``sn`` (None: never)."""
+        return self.store.last_seq(sn) if self.store is not None else None
 
     # -- the ClusterHost interface --------------------------------------------------
 
@@ -316,16 +329,14 @@ class BrokerCore:
                 self.log("cluster_wake_failed", cluster=c.name, error=repr(exc),
                          level="error")
 
-    async def _tick_loop(self) -> None:
-        period = self.config.consumers.lease_sweep_ms / 1000.0
-        while True:
-            await asyncio.sleep(period)
-            for c in list(self.clusters.values()):
-                try:
-                    c.tick()
-                except Exception as exc:  # noqa: BLE001 -- keep the timer alive
-                    self.log("cluster_tick_failed", cluster=c.name, error=repr(exc),
-                             level="error")
+    def tick_clusters(self) -> None:
+        """Expire leases and release due retries in every cluster (the lease timer)."""
+        for c in list(self.clusters.values()):
+            try:
+                c.tick()
+            except Exception as exc:  # noqa: BLE001 -- one cluster must not stop the others
+                self.log("cluster_tick_failed", cluster=c.name, error=repr(exc),
+                         level="error")
 
     async def save_positions(self, force: bool = False) -> None:
         """Persist the committed position of every cluster whose position moved."""
@@ -342,12 +353,6 @@ class BrokerCore:
                     self.log("positions_save_failed", cluster=c.name, error=repr(exc),
                              level="error")
 
-    async def _positions_loop(self) -> None:
-        period = self.config.broker.position_flush_ms / 1000.0
-        while True:
-            await asyncio.sleep(period)
-            await self.save_positions()
-
     def needed_positions(self) -> dict[str, int]:
         """Lowest position any cluster (live or only on disk) still needs, per topic."""
         assert self.store is not None
@@ -361,18 +366,17 @@ class BrokerCore:
                 needed[topic] = min(needed.get(topic, pos), pos)
         return needed
 
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.broker.retention_interval_s)
-            assert self.store is not None
-            needed = self.needed_positions()
-            try:
-                rep = self.store.enforce_retention(needed)
-                if rep.deleted_segments:
-                    self.log("retention", deleted_segments=len(rep.deleted_segments),
-                             deleted_bytes=rep.deleted_bytes)
-            except Exception as exc:  # noqa: BLE001
-                self.log("retention_failed", error=repr(exc), level="error")
+    def enforce_retention(self) -> None:
+        """Delete what retention allows and no cluster still needs (the retention timer)."""
+        assert self.store is not None
+        needed = self.needed_positions()
+        try:
+            rep = self.store.enforce_retention(needed)
+            if rep.deleted_segments:
+                self.log("retention", deleted_segments=len(rep.deleted_segments),
+                         deleted_bytes=rep.deleted_bytes)
+        except Exception as exc:  # noqa: BLE001
+            self.log("retention_failed", error=repr(exc), level="error")
 
     # -- admin views ----------------------------------------------------------------
 

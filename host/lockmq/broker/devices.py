@@ -30,26 +30,37 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from lockmq.config import DevicesSection
 from lockmq.protocol import Disconnect, Op
+from lockmq.security import BrokerGuard, SecurityError
 
+from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 
+if TYPE_CHECKING:   # (types only: connections call this module, not the reverse)
+    from .connection import Connection, Connections
 
-if TYPE_CHECKING:
-    from .connection import Connection
-    from .server import Broker
+#: ``publish_system(topic, payload, lock_ts_ms=0)``: store a broker record
+#: (``BrokerCore.publish_system``)
+PublishSystem = Callable[..., None]
 
 
 class Devices:
     """The locks online now, keyed by SN (one connection per SN)."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
+    def __init__(self, cfg: DevicesSection, stats: Stats, log: EventLog, guard: BrokerGuard,
+                 publish_system: PublishSystem, connections: "Connections") -> None:
+        self.cfg = cfg
+        self.stats = stats
+        self.log = log
+        self.guard = guard
+        self.publish_system = publish_system
+        #: every open connection (the silence sweep closes any of them)
+        self.connections = connections
         self.online_by_sn: dict[str, "Connection"] = {}
         self._task: asyncio.Task[Any] | None = None
-        cfg = broker.config.devices
         #: heartbeat records: at most one per lock per slot of this many seconds
         self.record_gap_s = cfg.heartbeat_record_gap_s or cfg.heartbeat_s
         #: SN -> the slot (monotonic time // record_gap_s) of its last stored record;
@@ -57,30 +68,29 @@ class Devices:
         self._hb_slot: dict[str, int] = {}
         for name in ("heartbeats", "heartbeats_refused", "heartbeat_records",
                      "heartbeat_records_skipped"):
-            broker.stats.c.setdefault(name, 0)
+            stats.c.setdefault(name, 0)
 
     def start(self) -> None:
         """Start the silence sweep."""
-        self._task = start_periodic("lockmq-devices", self.broker.config.devices.sweep_interval_s,
-                                    self.evict_silent)
+        self._task = start_periodic("lockmq-devices", self.cfg.sweep_interval_s,
+                                    self.evict_silent, self.log)
 
     async def stop(self) -> None:
         """Stop the sweep."""
         await stop_task(self._task)
 
     def _event(self, sn: str, event: str, peer: str, reason: str = "") -> None:
-        b = self.broker
         body: dict[str, Any] = {"sn": sn, "event": event, "ts_ms": int(time.time() * 1000),
                                 "peer": peer}
         if not sn:
             del body["sn"]
         if reason:
             body["reason"] = reason
-        b.core.publish_system(b.config.devices.events_topic,
+        self.publish_system(self.cfg.events_topic,
                               json.dumps(body, separators=(",", ":")).encode())
         # one line per lock event only at DEBUG (a storm of 10,000 locks would flood
         # the log); evictions and broker events are always logged
-        b.log("device_" + event, sn=sn or None, peer=peer, reason=reason or None,
+        self.log("device_" + event, sn=sn or None, peer=peer, reason=reason or None,
               online=len(self.online_by_sn),
               level="info" if event in ("evicted", "broker_start") else "debug")
 
@@ -91,13 +101,13 @@ class Devices:
         if old is not None and old is not conn:
             old.is_device = False
             self._event(sn, "offline", old.peer, "replaced")
-            self.broker.stats.inc("devices_offline_events")
+            self.stats.inc("devices_offline_events")
             old.send_frame(Op.DISCONNECT, Disconnect(0, "replaced by a new connection of "
                                                         "this SN").encode())
             old.close("replaced")
         self.online_by_sn[sn] = conn
         conn.is_device = True
-        self.broker.stats.inc("devices_online_events")
+        self.stats.inc("devices_online_events")
         self._event(sn, "online", conn.peer)
 
     def broker_started(self) -> None:
@@ -114,19 +124,19 @@ class Devices:
         if self.online_by_sn.get(sn) is conn:
             del self.online_by_sn[sn]
         if event == "evicted":
-            self.broker.stats.inc("devices_evicted")
-            reason = f"silent {self.broker.config.devices.evict_after_s:g} s"
+            self.stats.inc("devices_evicted")
+            reason = f"silent {self.cfg.evict_after_s:g} s"
         else:
-            self.broker.stats.inc("devices_offline_events")
+            self.stats.inc("devices_offline_events")
             reason = reason or "disconnected"
         self._event(sn, event, conn.peer, reason)
 
     def evict_silent(self) -> None:
         """Close every connection silent for longer than ``evict_after_s``."""
-        cfg = self.broker.config.devices
+        cfg = self.cfg
         limit = time.monotonic() - cfg.evict_after_s
-        for conn in list(self.broker.conns.values()):
-            if conn.last_seen < limit and conn.state == "open":
+        for conn in list(self.connections.by_id.values()):
+            if conn.last_seen < limit and conn.established:
                 conn.send_frame(Op.DISCONNECT, Disconnect(
                     0, f"no heartbeat for {cfg.evict_after_s:g} s").encode())
                 conn.close("evicted")
@@ -139,42 +149,45 @@ class Devices:
         interval on this connection) is never refused, so a lock busy at its rate
         limit is not cut off; every extra one takes from the budget its events use.
         """
-        b = self.broker
-        b.stats.c["heartbeats"] += 1
+        self.stats.c["heartbeats"] += 1
         if conn.principal is None:
             return
         now = time.monotonic()
-        last = getattr(conn, "_hb_answered_at", None)
-        due = last is None or now - last >= b.config.devices.heartbeat_s / 2
+        last = conn.heartbeat_answered_at
+        due = last is None or now - last >= self.cfg.heartbeat_s / 2
         try:
-            b.guard.check_heartbeat(conn.principal, due=due)
-        except Exception:
-            b.stats.c["heartbeats_refused"] += 1
+            self.guard.check_heartbeat(conn.principal, due=due)
+        except SecurityError:
+            self.stats.c["heartbeats_refused"] += 1
             raise
-        conn._hb_answered_at = now   # type: ignore[attr-defined]
+        conn.heartbeat_answered_at = now
 
     def heartbeat(self, conn: "Connection", hb: Any) -> None:
         """A lock's HEARTBEAT: publish it to the heartbeats topic (if set), at most one
         record per lock per ``heartbeat_record_gap_s``."""
-        topic = self.broker.config.devices.heartbeats_topic
+        topic = self.cfg.heartbeats_topic
         if not topic or not conn.is_device:
             return
         sn = conn.principal.name
         slot = int(time.monotonic() // self.record_gap_s)
         if self._hb_slot.get(sn) == slot:
-            self.broker.stats.c["heartbeat_records_skipped"] += 1
+            self.stats.c["heartbeat_records_skipped"] += 1
             return
         if len(self._hb_slot) > 2 * len(self.online_by_sn) + 1024:
             # only this slot's entries still matter: a later heartbeat is in a later slot
             self._hb_slot = {k: v for k, v in self._hb_slot.items() if v == slot}
         self._hb_slot[sn] = slot
-        self.broker.stats.c["heartbeat_records"] += 1
+        self.stats.c["heartbeat_records"] += 1
         body = {"sn": conn.principal.name, "ts_ms": hb.ts_ms, "uptime_s": hb.uptime_s,
                 "queued": hb.queued, "dropped": hb.dropped,
                 "battery_pct": None if hb.battery_pct == 255 else hb.battery_pct,
                 "free_heap": hb.free_heap}
-        self.broker.core.publish_system(topic, json.dumps(body, separators=(",", ":")).encode(),
+        self.publish_system(topic, json.dumps(body, separators=(",", ":")).encode(),
                                         lock_ts_ms=hb.ts_ms)
+
+    def online_lock(self, sn: str) -> "Connection | None":
+        """The connection of lock ``sn`` if it is online now."""
+        return self.online_by_sn.get(sn)
 
     def info(self) -> list[dict[str, Any]]:
         """The ``devices`` admin op: locks online now."""

@@ -2,44 +2,74 @@
 goes to the store in one ``append`` (one group commit), and each producer gets its
 answers in one socket write.
 
-A connection hands over the publishes of one read with :meth:`PublishPath.submit`;
-the first submit of a loop iteration schedules :meth:`PublishPath._flush` with
-``call_soon``, so it runs after every connection readable in this iteration was
-read. Errors are per batch (BUSY / STORAGE_FULL: nothing of it was stored) except an
-invalid record, which the store refuses alone (the batch is then stored record by
-record so the others still succeed).
+A connection hands over the records of one read with :meth:`PublishPath.submit`
+and a callback; the first submit of a loop iteration schedules
+:meth:`PublishPath._flush` with ``call_soon``, so it runs after every connection
+readable in this iteration was read. The callback gets one result per record: the
+store's :class:`~lockmq.store.Appended`, an :class:`~lockmq.store.InvalidRecord`
+(refused alone: the batch is then stored record by record so the others still
+succeed), or a :class:`PublishRefused` when nothing of the batch was stored (BUSY,
+STORAGE_FULL, SHUTTING_DOWN, a store failure). This module never sees a frame.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+import time
+from typing import Callable, Protocol
 
-from lockmq.protocol import ErrorCode, Flag, Op, PublishAck
-from lockmq.store import InvalidRecord, NewRecord, StoreBusy, StoreClosed, StoreFull
+from lockmq.protocol import ErrorCode
+from lockmq.store import Appended, InvalidRecord, NewRecord, StoreBusy, StoreClosed, StoreFull
 
-if TYPE_CHECKING:
-    from .connection import Connection
-    from .server import Broker
+from .logs import EventLog, Stats
 
-#: (opaque, oneway, record) of one PUBLISH frame
-Item = tuple[int, bool, NewRecord]
+#: what the store did with each record of one submit, in order
+Results = list["Appended | Exception"]
+#: a submitter's callback
+Done = Callable[[Results], None]
+
+
+class RecordSink(Protocol):
+    """Where the publish path stores records (``BrokerCore.append``)."""
+
+    async def append(self, records: list[NewRecord]) -> list[Appended]:
+        """Store ``records`` durably (one group commit); raises the store's errors."""
+
+
+class PublishRefused(Exception):
+    """Nothing of the batch was stored: the wire code, message and retry hint."""
+
+    def __init__(self, code: int, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+#: retry-after hints of the answers to a batch the store could not take
+BUSY_RETRY_MS = 50
+FULL_RETRY_MS = 5000
 
 
 class PublishPath:
     """Gathers publishes across connections and stores them together."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
-        self._groups: list[tuple["Connection", list[Item], int]] = []
+    def __init__(self, sink: RecordSink, stats: Stats, log: EventLog, max_batch: int) -> None:
+        self.sink = sink
+        self.stats = stats
+        self.log = log
+        self.max_batch = max_batch
+        self._groups: list[tuple[list[NewRecord], Done]] = []
         self._count = 0
         self._scheduled = False
+        self._busy_logged = -1.0
 
-    def submit(self, conn: "Connection", items: list[Item], size: int) -> None:
-        """Queue ``items`` of ``conn`` (``size`` bytes counted against it) for storing."""
-        self._groups.append((conn, items, size))
-        self._count += len(items)
-        if self._count >= self.broker.config.broker.max_publish_batch:
+    def submit(self, records: list[NewRecord], done: Done) -> None:
+        """Queue ``records`` for storing; ``done(results)`` is called once with one
+        result per record (see the module docstring)."""
+        self._groups.append((records, done))
+        self._count += len(records)
+        if self._count >= self.max_batch:
             self._flush()
         elif not self._scheduled:
             self._scheduled = True
@@ -54,66 +84,50 @@ class PublishPath:
         self._count = 0
         asyncio.ensure_future(self._store(groups))
 
-    async def _store(self, groups: list[tuple["Connection", list[Item], int]]) -> None:
-        b = self.broker
-        store = b.core.store
-        assert store is not None
-        records = [r for _, items, _ in groups for _, _, r in items]
-        b.stats.c["store_batches"] += 1
+    async def _store(self, groups: list[tuple[list[NewRecord], Done]]) -> None:
+        records = [r for recs, _ in groups for r in recs]
+        self.stats.c["store_batches"] += 1
         try:
-            try:
-                res: list[Any] = await store.append(records)
-            except InvalidRecord:
-                # one bad record refuses the whole call: store them one by one
-                res = []
-                for r in records:
-                    try:
-                        res.extend(await store.append([r]))
-                    except InvalidRecord as exc:
-                        res.append(exc)
+            res = await self._append(records)
         except StoreBusy as exc:
-            b.stats.c["publish_busy"] += len(records)
+            self.stats.c["publish_busy"] += len(records)
             full = isinstance(exc, StoreFull)
-            b.log_busy(full, exc)
-            self._refuse(groups, int(ErrorCode.STORAGE_FULL if full else ErrorCode.BUSY),
-                         "storage full (disk reserve reached), retry later" if full
-                         else "busy: the store is behind, retry later",
-                         b.config_busy_retry_ms(full))
-            return
+            self._log_busy(full, exc)
+            refusal = PublishRefused(
+                int(ErrorCode.STORAGE_FULL if full else ErrorCode.BUSY),
+                "storage full (disk reserve reached), retry later" if full
+                else "busy: the store is behind, retry later",
+                FULL_RETRY_MS if full else BUSY_RETRY_MS)
+            res = [refusal] * len(records)
         except StoreClosed:
-            self._refuse(groups, int(ErrorCode.SHUTTING_DOWN), "the broker is shutting down",
-                         1000)
-            return
+            res = [PublishRefused(int(ErrorCode.SHUTTING_DOWN), "the broker is shutting down",
+                                  1000)] * len(records)
         except Exception as exc:  # noqa: BLE001 -- StoreFailed etc.: never ack
-            b.log("publish_failed", error=repr(exc), records=len(records), level="error")
-            self._refuse(groups, int(ErrorCode.INTERNAL), "storage error", 1000)
-            return
-        stored = dup = 0
+            self.log("publish_failed", error=repr(exc), records=len(records), level="error")
+            res = [PublishRefused(int(ErrorCode.INTERNAL), "storage error", 1000)] * len(records)
         i = 0
-        ack_op = Op.PUBLISH_ACK
-        resp = Flag.RESPONSE
-        for conn, items, size in groups:
-            for opaque, oneway, _r in items:
-                a = res[i]
-                i += 1
-                if isinstance(a, Exception):
-                    conn._pub_error(oneway, int(ErrorCode.INVALID_ARGUMENT), str(a), opaque)
-                    continue
-                if a.duplicate:
-                    dup += 1
-                else:
-                    stored += 1
-                if not oneway:
-                    conn.send_frame(ack_op, PublishAck(
-                        PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED,
-                        a.offset if a.offset > 0 else 0).encode(), opaque, resp)
-            conn._pub_done(size)
-        b.stats.c["publish_stored"] += stored
-        b.stats.c["publish_duplicates"] += dup
+        for recs, done in groups:
+            n = len(recs)
+            done(res[i:i + n])
+            i += n
 
-    def _refuse(self, groups: list[tuple["Connection", list[Item], int]], code: int,
-                msg: str, retry_after_ms: int) -> None:
-        for conn, items, size in groups:
-            for opaque, oneway, _r in items:
-                conn._pub_error(oneway, code, msg, opaque, retry_after_ms)
-            conn._pub_done(size)
+    async def _append(self, records: list[NewRecord]) -> Results:
+        try:
+            return list(await self.sink.append(records))
+        except InvalidRecord:
+            # one bad record refuses the whole call: store them one by one
+            res: Results = []
+            for r in records:
+                try:
+                    res.extend(await self.sink.append([r]))
+                except InvalidRecord as exc:
+                    res.append(exc)
+            return res
+
+    def _log_busy(self, full: bool, exc: Exception) -> None:
+        """Log store back-pressure at most once a second."""
+        now = time.monotonic()
+        if self._busy_logged < 0 or now - self._busy_logged >= 1.0:
+            self._busy_logged = now
+            self.log("publish_busy", reason="storage full" if full else "store queue full",
+                     detail=str(exc), total=self.stats.c["publish_busy"], level="warning")

@@ -1,5 +1,9 @@
 """The broker process: listeners, the pieces wired together, start-up and shutdown.
 
+:class:`Broker` is where the pieces are wired, explicitly and once: each gets the
+narrow collaborators it uses (settings, counters, log, the guard, a callback),
+never the broker itself; connections get one :class:`~.connection.Services`.
+
 The counterpart of the paper's SmartDepBrokerServer (Netty boss/worker): the event
 loop (uvloop when installed) accepts connections and runs every connection's
 :class:`~lockmq.broker.connection.Connection`; the store's writer thread does the
@@ -15,16 +19,16 @@ import resource
 import signal
 import socket
 import sys
-from typing import Any
-
+from typing import Callable
 from lockmq.config import Config
 from lockmq.protocol import Disconnect, ErrorCode, Op
+from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
 
 from .admin import Admin
 from .auth import make_guard
 from .commands import Commands
-from .connection import Connection
+from .connection import Connection, Connections, Services
 from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, EventLogHandler, Stats
@@ -68,41 +72,40 @@ class Broker:
         self._owns_log = log is None
         self.log = log or EventLog(config.broker.log_level, config.broker.log_format,
                                    log_file=config.broker.log_file)
-        self.stats = Stats()
-        self.core = BrokerCore(config, self.log, self.stats)
-        self.guard: Any = make_guard(config, self.log)
-        self.devices = Devices(self)
-        self.commands = Commands(self)
-        self.admin = Admin(self)
-        self.publisher = PublishPath(self)
+        log, stats = self.log, Stats()
+        self.stats = stats
+        self.core = BrokerCore(config, log, stats)
+        self.guard: BrokerGuard = make_guard(config, log)
+        self.connections = Connections()
+        #: the open connections by id (read by the status page and admin views)
+        self.conns = self.connections.by_id
+        self.devices = Devices(config.devices, stats, log, self.guard,
+                               self.core.publish_system, self.connections)
+        self.commands = Commands(config.commands, stats, log, self.guard,
+                                 self.devices.online_lock)
+        self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
+                           self.commands, self.connections)
+        self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
+        self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
+                                 self.devices, self.commands, self.admin, self.connections)
         self.status = StatusPage(self)
-        self.conns: dict[int, Connection] = {}
-        #: parked PULLs (long poll): id(member) -> (opaque, max, timer)
-        self.parked: dict[int, tuple[int, int, asyncio.TimerHandle]] = {}
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
         self.tls_port = 0
         self.status_port = 0
-        self.max_connections = 0
-        self.closing = False
-        self._busy_logged = 0.0
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
 
-    # -- helpers used by connections --------------------------------------------------
+    @property
+    def max_connections(self) -> int:
+        """Most connections the broker holds at once (set at start)."""
+        return self.connections.limit
 
-    def config_busy_retry_ms(self, full: bool) -> int:
-        """The retry-after hint of a BUSY / STORAGE_FULL answer."""
-        return 5000 if full else 50
-
-    def log_busy(self, full: bool, exc: Exception) -> None:
-        """Log store back-pressure at most once a second."""
-        loop = asyncio.get_running_loop()
-        if loop.time() - self._busy_logged >= 1.0:
-            self._busy_logged = loop.time()
-            self.log("publish_busy", reason="storage full" if full else "store queue full",
-                     detail=str(exc), total=self.stats.c["publish_busy"], level="warning")
+    @property
+    def closing(self) -> bool:
+        """The broker is shutting down."""
+        return self.connections.closing
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -111,7 +114,7 @@ class Broker:
         cfg = self.config.broker
         soft, hard = raise_nofile_limit()
         fd_limit = max(16, soft - FD_RESERVE)
-        self.max_connections = min(cfg.max_connections, fd_limit) if cfg.max_connections \
+        self.connections.limit = min(cfg.max_connections, fd_limit) if cfg.max_connections \
             else fd_limit
         self._store_log = EventLogHandler(self.log, "store_log")
         store_logger = logging.getLogger("lockmq.store")
@@ -119,13 +122,12 @@ class Broker:
         store_logger.setLevel(logging.INFO)
         self.core.open()
         loop = asyncio.get_running_loop()
-        ctx = getattr(self.guard, "tls_context", lambda: None)()
-        listeners = getattr(self.guard, "listeners",
-                            lambda p: [{"port": p, "tls": False}])(cfg.port)
-        for lst in listeners:
+        ctx = self.guard.tls_context()
+        services = self.services
+        for lst in self.guard.listeners(cfg.port):
             tls = bool(lst["tls"]) and ctx is not None
             srv = await loop.create_server(
-                lambda: Connection(self), cfg.host, lst["port"], backlog=cfg.backlog,
+                lambda: Connection(services), cfg.host, lst["port"], backlog=cfg.backlog,
                 reuse_address=True, ssl=ctx if tls else None,
                 ssl_handshake_timeout=cfg.handshake_timeout_s if tls else None)
             port = srv.sockets[0].getsockname()[1]
@@ -134,8 +136,7 @@ class Broker:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError:
                     pass
-            if hasattr(self.guard, "log_listener"):
-                self.guard.log_listener(port, tls)
+            self.guard.log_listener(port, tls)
             self.servers.append(srv)
             if self.server is None:
                 self.server, self.port = srv, port
@@ -153,7 +154,7 @@ class Broker:
                  backlog=min(cfg.backlog, smax) if smax else cfg.backlog,
                  loop=type(loop).__module__.split(".")[0],
                  # what the guard in use does, not what a file said (no silent off)
-                 auth=getattr(self.guard, "auth_mode", "unknown"),
+                 auth=self.guard.auth_mode,
                  flush=self.core.store.config.flush if self.core.store else None)
         if smax is not None and smax < cfg.backlog:
             self.log("backlog_capped", asked=cfg.backlog, somaxconn=smax, level="warning",
@@ -164,7 +165,7 @@ class Broker:
         if self.closing:
             await self._stopped.wait()
             return
-        self.closing = True
+        self.connections.closing = True
         self.log("broker_stopping", connections=len(self.conns))
         for srv in self.servers:
             srv.close()
@@ -178,11 +179,11 @@ class Broker:
         grace = self.config.broker.shutdown_grace_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        while loop.time() < deadline and any(c._pub_bytes > 0 for c in self.conns.values()):
+        while loop.time() < deadline and self.connections.publishes_pending():
             await asyncio.sleep(0.01)
         bye = Disconnect(int(ErrorCode.SHUTTING_DOWN), "the broker is shutting down").encode()
         for conn in list(self.conns.values()):
-            if conn.state == "open":
+            if conn.established:
                 conn.send_frame(Op.DISCONNECT, bye)
             conn.flush()
             conn.close("broker shutdown")
@@ -225,7 +226,8 @@ def _tune_gc() -> None:
     gc.set_threshold(max(_g0, GC_GEN0_THRESHOLD), g1, g2)
 
 
-async def serve(config: Config, ready: Any = None, tune_gc: bool = False) -> None:
+async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
+                tune_gc: bool = False) -> None:
     """Run a broker until SIGTERM or SIGINT, then shut down gracefully.
 
     ``tune_gc`` (set by :func:`run`, which owns the process) applies :func:`_tune_gc`

@@ -9,14 +9,14 @@ from .config import SecurityConfig
 from .errors import (AuthFailed, AuthRateLimited, AuthTimeout, ConnectionRefused, FrameTooLarge,
                      IdentityMismatch, Replayed, TokenExpired,
                      LimitExceeded, PermissionDenied, RateLimited, SecurityError)
-from .guard import METHOD_DEVICE, METHOD_TOKEN, Guard
+from .guard import METHOD_DEVICE, METHOD_TOKEN, BrokerGuard, Guard
 from .keys import device_proof, hmac_sha256, session_key
 from .principal import Permissions, Principal
 from .registry import DeviceRegistry, check_sn, provisioning_config
 from .tokens import TokenStore
 
 __all__ = [
-    "Guard", "Principal", "Permissions", "SecurityConfig",
+    "BrokerGuard", "Guard", "Principal", "Permissions", "SecurityConfig",
     "SecurityError", "AuthFailed", "AuthRateLimited", "PermissionDenied", "IdentityMismatch",
     "LimitExceeded", "ConnectionRefused", "RateLimited", "Replayed", "TokenExpired",
     "AuthTimeout", "FrameTooLarge",

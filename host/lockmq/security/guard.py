@@ -21,7 +21,7 @@ wire code, and is logged and counted (:attr:`Guard.metrics`).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from lockmq.protocol import identity_problem
 
@@ -43,6 +43,95 @@ METHOD_DEVICE = "device"
 METHOD_TOKEN = "token"
 _DUMMY_KEY = b"\x00" * keys.KEY_BYTES
 _CONFIG = 3   # lockmq.protocol.CommandKind.CONFIG
+
+
+@runtime_checkable
+class BrokerGuard(Protocol):
+    """Everything the broker asks of security: what :class:`Guard` (``auth =
+    "required"``) and ``lockmq.broker.auth.OpenGuard`` (``auth = "off"``) both
+    implement, so the broker calls one typed interface and never probes.
+
+    Every ``check_*`` raises a :class:`~lockmq.security.errors.SecurityError`
+    (carrying the wire code, the public message and whether to close) or returns.
+    """
+
+    #: what the broker logs as ``auth=``: ``"required"`` or ``"off"``
+    auth_mode: str
+
+    @property
+    def preauth_max_frame(self) -> int:
+        """Largest frame a connection may send before it has authenticated."""
+
+    @property
+    def lock_frames_need_mac(self) -> bool:
+        """Locks on plain TCP must ask for frame MACs (``lock_frame_mac = "required"``)."""
+
+    def admit(self, peer_ip: str) -> None:
+        """Count a new connection in, or raise (a connection limit)."""
+
+    def release(self, peer_ip: str) -> None:
+        """Count a closed connection out (once per successful :meth:`admit`)."""
+
+    def challenge(self) -> bytes:
+        """A fresh nonce for the CHALLENGE frame."""
+
+    def forget_challenge(self, nonce: bytes) -> None:
+        """The connection holding ``nonce`` closed before authenticating."""
+
+    def auth_timed_out(self, peer_ip: str, nonce: bytes | None = None) -> SecurityError:
+        """Count a handshake that took too long; the error to send."""
+
+    def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
+                     *, tls: bool = False) -> Principal:
+        """The principal an AUTH answer proves, or raise."""
+
+    def check_frame_sn(self, principal: Principal, sn: Any) -> None:
+        """A frame's SN must be the principal's (counted when it is not)."""
+
+    def check_publish(self, principal: Principal, topic: str, sn: Any = None,
+                      n: int = 1) -> None:
+        """May ``principal`` publish ``n`` records to ``topic``?"""
+
+    def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
+        """A lock's HEARTBEAT within its message rate?"""
+
+    def check_producer_id(self, principal: Principal, producer_id: Any) -> str:
+        """May ``principal`` publish under ``producer_id``? Returns the id."""
+
+    def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:
+        """May ``principal`` join ``cluster`` on ``topic``?"""
+
+    def check_command(self, principal: Principal, sn: str, kind: int | None = None,
+                      args: bytes | None = None) -> None:
+        """May ``principal`` send this command to lock ``sn``?"""
+
+    def check_admin(self, principal: Principal, op: str = "") -> None:
+        """May ``principal`` use admin operation ``op``?"""
+
+    def record_protocol_error(self, peer_ip: str, reason: str) -> None:
+        """Count a malformed frame or a broken session rule from ``peer_ip``."""
+
+    def next_command_id(self, sn: str) -> int:
+        """The next command id of lock ``sn`` (strictly increasing)."""
+
+    def sign_command(self, sn: str, cmd_id: int, expires_ms: int, kind: int, args: bytes,
+                     principal: Principal | None = None) -> bytes:
+        """The MAC of a COMMAND for lock ``sn`` (empty: unsigned)."""
+
+    def listeners(self, port: int) -> list[dict[str, Any]]:
+        """The listeners to open: ``[{"port": int, "tls": bool}]``."""
+
+    def tls_context(self) -> Any:
+        """The server ``ssl.SSLContext``, or None without TLS."""
+
+    def log_listener(self, port: int, tls: bool) -> None:
+        """Log an open listener (a plain one marked as unencrypted)."""
+
+    def status(self) -> dict[str, Any]:
+        """Counters and gauges for the metrics."""
+
+    def close(self) -> None:
+        """Release files."""
 
 
 def _field(body: Any, *names: str) -> Any:
@@ -164,6 +253,11 @@ class Guard:
         """Largest frame before authentication (give it to a new connection's decoder,
         then raise the decoder's limit to :attr:`max_frame_bytes` after AUTH)."""
         return min(self.cfg.preauth_max_frame_bytes, self.cfg.max_frame_bytes)
+
+    @property
+    def lock_frames_need_mac(self) -> bool:
+        """``lock_frame_mac = "required"``: locks on plain TCP must ask for frame MACs."""
+        return self.cfg.lock_frame_mac == "required"
 
     @property
     def max_buffered_bytes(self) -> int:

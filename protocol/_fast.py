@@ -1,0 +1,147 @@
+# The CPython fast path of the consumer bodies: the same bytes as _consume.py,
+# written with precompiled structs and cached SN/topic bytes, because a broker
+# encodes every delivered message and decodes every lease it gets back.
+#
+# One codec, two speeds: install() puts these functions on the _consume classes
+# (Ack.decode, Nack.decode, Messages.encode), so every caller -- decode_body, the
+# broker, the clients -- uses them; vectors.json is checked with and without
+# (tests/protocol/test_vectors.py). lockmq.protocol installs it on CPython only:
+# MicroPython never imports this module (struct.Struct and iter_unpack are
+# CPython's), and a lock never consumes anyway.
+import json
+import struct
+
+from ._errors import BadBody, LocalProtocolError
+from ._consume import Ack, Nack, Messages
+
+_MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
+_HEAD = struct.Struct(">IH")        # sub_id, count
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_LEASE = struct.Struct(">QH")
+_NACK = struct.Struct(">II")        # sub_id, delay_ms
+_NO_HEADERS = b"\x00\x00"
+_CACHE_MAX = 100000
+_str8 = {}
+
+#: (sn, topic, payload length) -> (pack, middle bytes): see message_shape()
+SHAPES = {}
+_structs = {}
+
+
+def str8(s):
+    """u8 length + UTF-8 of ``s``, cached (a broker sends few distinct SNs/topics)."""
+    b = _str8.get(s)
+    if b is None:
+        raw = s.encode()
+        if len(raw) > 255:
+            raise LocalProtocolError("%r... is longer than 255 bytes" % s[:20])
+        b = bytes((len(raw),)) + raw
+        if len(_str8) >= _CACHE_MAX:
+            _str8.clear()
+        _str8[s] = b
+    return b
+
+
+def messages_head(sub_id, count):
+    """The first 6 bytes of a MESSAGES body."""
+    return _HEAD.pack(sub_id, count)
+
+
+def message_shape(sn, topic, plen):
+    """``(pack, middle)`` for a message without headers from ``sn`` on ``topic`` with a
+    ``plen``-byte payload: ``pack(queue_offset, delivery, seq, lock_ts_ms,
+    broker_ts_us, middle, payload)`` is the whole message in one call. Cached in
+    :data:`SHAPES` (a lock sends many records of one shape): a hot loop looks there
+    first and calls this only on a miss."""
+    key = (sn, topic, plen)
+    got = SHAPES.get(key)
+    if got is None:
+        mid = str8(sn) + str8(topic) + _NO_HEADERS + _U32.pack(plen)
+        st = _structs.get((len(mid), plen))
+        if st is None:
+            st = _structs[(len(mid), plen)] = struct.Struct(">QHIQQ%ds%ds" % (len(mid), plen))
+        if len(SHAPES) >= _CACHE_MAX:
+            SHAPES.clear()
+        got = SHAPES[key] = (st.pack, mid)
+    return got
+
+
+def encode_message(queue_offset, delivery, sn, seq, lock_ts_ms, broker_ts_us, topic,
+                   payload, headers=b""):
+    """One message of a MESSAGES body (``headers``: JSON bytes, or empty)."""
+    if not headers:
+        pack, mid = SHAPES.get((sn, topic, len(payload))) or message_shape(sn, topic,
+                                                                         len(payload))
+        return pack(queue_offset, delivery, seq, lock_ts_ms, broker_ts_us, mid, payload)
+    if len(headers) > 0xFFFF:
+        raise LocalProtocolError("headers are %d bytes, at most 65535" % len(headers))
+    return b"".join((_MSG.pack(queue_offset, delivery, seq, lock_ts_ms, broker_ts_us),
+                     str8(sn), str8(topic), _U16.pack(len(headers)), headers,
+                     _U32.pack(len(payload)), payload))
+
+
+def json_headers(headers):
+    """Record headers (a dict) as the compact JSON a MESSAGES body carries."""
+    return json.dumps(headers, separators=(",", ":")).encode()
+
+
+def _messages_encode(self):
+    parts = [_HEAD.pack(self.sub_id, len(self.messages))]
+    for m in self.messages:
+        hdr = m.headers
+        parts.append(encode_message(m.queue_offset, m.delivery, m.sn, m.seq, m.lock_ts_ms,
+                                    m.broker_ts_us, m.topic, m.payload,
+                                    hdr.encode() if isinstance(hdr, str) else hdr))
+    return b"".join(parts)
+
+
+def _leases(body, pos, what):
+    if len(body) < pos + 2:
+        raise BadBody("%s body truncated" % what)
+    (count,) = _U16.unpack_from(body, pos)
+    pos += 2
+    if len(body) != pos + count * 10:
+        raise BadBody("%s body: %d leases need %d bytes, got %d" % (
+            what, count, count * 10, len(body) - pos))
+    return list(_LEASE.iter_unpack(body[pos:]))
+
+
+def _ack_decode(body):
+    if len(body) < 4:
+        raise BadBody("ACK body truncated")
+    a = Ack.__new__(Ack)
+    (a.sub_id,) = _U32.unpack_from(body, 0)
+    a.leases = _leases(body, 4, "ACK")
+    return a
+
+
+def _nack_decode(body):
+    if len(body) < 10:
+        raise BadBody("NACK body truncated")
+    n = Nack.__new__(Nack)
+    n.sub_id, n.delay_ms = _NACK.unpack_from(body, 0)
+    (rlen,) = _U16.unpack_from(body, 8)
+    if len(body) < 10 + rlen:
+        raise BadBody("NACK reason truncated")
+    try:
+        n.reason = bytes(body[10:10 + rlen]).decode()
+    except UnicodeError:
+        raise BadBody("NACK body has a text field that is not UTF-8") from None
+    n.leases = _leases(body, 10 + rlen, "NACK")
+    return n
+
+
+# The portable versions, kept so the fast path can be switched off (tests).
+_PORTABLE = ((Ack, "decode", Ack.decode), (Nack, "decode", Nack.decode),
+             (Messages, "encode", Messages.encode))
+_FAST = ((Ack, "decode", staticmethod(_ack_decode)),
+         (Nack, "decode", staticmethod(_nack_decode)),
+         (Messages, "encode", _messages_encode))
+
+
+def install(on=True):
+    """Use the fast path for ACK/NACK decoding and MESSAGES encoding (``on``), or the
+    portable one of _consume.py (``on=False``); both give the same bytes."""
+    for cls, name, fn in (_FAST if on else _PORTABLE):
+        setattr(cls, name, fn if on or name != "decode" else staticmethod(fn))
