@@ -14,7 +14,9 @@ the file maps to one dataclass here::
     [security]      # passed to lockmq.security (keys, tokens, rate limits)
 
 An unknown table or key is an error that names it: a typo must not silently fall
-back to a default.
+back to a default. :func:`validate_config` is the one validator: ``lockmq broker
+--check-config`` and the broker's start both run it, so they refuse the same files
+with the same one-line :class:`ConfigError` (file, ``table.key``, what is wrong).
 """
 
 from __future__ import annotations
@@ -402,8 +404,9 @@ def _list_of(kind: type, values: list[Any], name: str) -> list[Any]:
     return values
 
 
-def config_from_dict(data: dict[str, Any]) -> Config:
-    """Build and validate a :class:`Config` from parsed TOML tables."""
+def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Config:
+    """Build and validate a :class:`Config` from parsed TOML tables (with
+    ``check_files``, also the files its settings name: see :func:`validate_config`)."""
     cfg = Config()
     for name, table in data.items():
         if not isinstance(table, dict):
@@ -421,7 +424,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
             cfg.store.update(table)
         else:
             raise ValueError(f"unknown table [{name}]")
-    validate_config(cfg, files=False)
+    validate_config(cfg, files=check_files)
     return cfg
 
 
@@ -496,10 +499,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for name, table in (overrides or {}).items():
         data.setdefault(name, {}).update(table)
     try:
-        cfg = config_from_dict(data)
-        if check_files:
-            validate_config(cfg)
-        return cfg
+        return config_from_dict(data, check_files=check_files)
     except ValueError as exc:   # the message names table.key; add the file
         error = named_error(exc)
         raise error.in_file(str(path)) if path is not None else error from None
