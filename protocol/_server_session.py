@@ -73,10 +73,11 @@ class ServerSession(_Session):
             if op not in self._allowed:
                 # another role's request is a matter of rights; anything else is no
                 # request at all
-                raise SessionError("%s is not a request a %s may send" % (
-                    op_name(op), ROLE_NAMES.get(self.role, "client")),
-                    ErrorCode.FORBIDDEN if op in CLIENT_REQUESTS[Role.ADMIN]
-                    else ErrorCode.UNEXPECTED_FRAME, False)
+                admin_only = op in CLIENT_REQUESTS[Role.ADMIN]
+                raise SessionError("%s is not a request a %s may send%s" % (
+                    op_name(op), ROLE_NAMES.get(self.role, "client"),
+                    " (it needs a token with the admin right)" if admin_only else ""),
+                    ErrorCode.FORBIDDEN if admin_only else ErrorCode.UNEXPECTED_FRAME, False)
             sn = frame.sn
             if sn and sn != self.name and not (op == Op.PUBLISH and self.role == Role.ADMIN):
                 self.state = CLOSING

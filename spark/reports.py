@@ -21,7 +21,9 @@ a short summary. Definitions (docs/spark.md has the table schemas):
   the tolerance (the lock's clock is wrong, not the network slow).
 - ``seq_gaps`` (one row per hole in a lock's sequence numbers) and
   ``seq_summary`` (per lock: first/last seq, received, missing, duplicates seen
-  by ingest). System SNs (``$...``) are left out.
+  by ingest). A lock is an SN that sent at least one LockEvent: system SNs
+  (``$...``) and service producers (``lockmq produce``, billing services ...,
+  whose payloads are no LockEvents) are left out.
 """
 
 from __future__ import annotations
@@ -185,12 +187,22 @@ def clock_delay(spark, warehouse: str, s: ReportSettings):
             .orderBy("sn"))
 
 
+def _lock_records(spark, warehouse: str):
+    """The records of locks: SNs that sent at least one LockEvent. A service
+    producer's sequence numbers say nothing about a lock's lost records."""
+    from pyspark.sql import functions as F
+
+    ev = _events(spark, warehouse).filter(~F.col("sn").startswith("$"))
+    locks = ev.filter(F.col("event_type").isNotNull()).select("sn").distinct()
+    return ev.join(locks, "sn", "left_semi")
+
+
 def seq_gaps(spark, warehouse: str, s: ReportSettings):
     """One row per hole in a lock's sequence numbers."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    ev = _events(spark, warehouse).filter(~F.col("sn").startswith("$")).select("sn", "seq").distinct()
+    ev = _lock_records(spark, warehouse).select("sn", "seq").distinct()
     w = Window.partitionBy("sn").orderBy("seq")
     return (ev.withColumn("after_seq", F.lag("seq").over(w))
             .filter(F.col("seq") - F.col("after_seq") > 1)
@@ -203,13 +215,13 @@ def seq_summary(spark, warehouse: str, s: ReportSettings):
     """Per lock: first and last seq, records received, missing, duplicate copies seen."""
     from pyspark.sql import functions as F
 
-    ev = _events(spark, warehouse).filter(~F.col("sn").startswith("$"))
+    ev = _lock_records(spark, warehouse)
     out = (ev.groupBy("sn").agg(F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
                                 F.countDistinct("seq").alias("received"))
            .withColumn("missing", F.col("last_seq") - F.col("first_seq") + 1 - F.col("received")))
     dpath = os.path.join(warehouse, "duplicates")
     if os.path.isdir(dpath) and any(n.startswith("date=") for n in os.listdir(dpath)):
-        dups = (spark.read.parquet(dpath).filter(~F.col("sn").startswith("$"))
+        dups = (spark.read.parquet(dpath).join(ev.select("sn").distinct(), "sn", "left_semi")
                 .groupBy("sn").agg(F.count(F.lit(1)).alias("duplicates")))
         out = out.join(dups, "sn", "left")
     else:

@@ -14,13 +14,16 @@ the file maps to one dataclass here::
     [security]      # passed to lockmq.security (keys, tokens, rate limits)
 
 An unknown table or key is an error that names it: a typo must not silently fall
-back to a default.
+back to a default. :func:`validate_config` is the one validator: ``lockmq broker
+--check-config`` and the broker's start both run it, so they refuse the same files
+with the same one-line :class:`ConfigError` (file, ``table.key``, what is wrong).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +47,9 @@ class ConfigError(ValueError):
         self.table, self.key, self.file = table, key, file
 
     def in_file(self, file: str) -> "ConfigError":
-        """The same error, its message prefixed with ``file``."""
+        """The same error, its message prefixed with ``file`` (once)."""
+        if self.file:
+            return self
         return ConfigError(str(self), table=self.table, key=self.key, file=file)
 
 
@@ -339,7 +344,13 @@ class Config:
         kwargs = dict(self.store)
         kwargs["data_dir"] = self.broker.data_dir
         cfg = StoreConfig(**kwargs)
-        cfg.validate()
+        try:
+            cfg.validate()
+        except ValueError as exc:   # StoreConfig says "retention_ms ...": name the table
+            first = str(exc).split(" ", 1)[0]
+            if first in known:
+                raise ConfigError(f"store.{exc}", table="store", key=first) from None
+            raise
         return cfg
 
     def security_config(self) -> Any:
@@ -380,11 +391,25 @@ def _apply(section: Any, table: dict[str, Any], prefix: str) -> None:
         if default is not None and not isinstance(value, type(default)):
             raise ValueError(f"{prefix}.{key} must be of type {type(default).__name__}, "
                              f"not {type(value).__name__}")
+        if isinstance(default, list) and default:
+            value = _list_of(type(default[0]), value, f"{prefix}.{key}")
         setattr(section, key, value)
 
 
-def config_from_dict(data: dict[str, Any]) -> Config:
-    """Build and validate a :class:`Config` from parsed TOML tables."""
+def _list_of(kind: type, values: list[Any], name: str) -> list[Any]:
+    """``values`` if every item is of the default items' kind (numbers: int or float)."""
+    kinds: tuple[type, ...] = (int, float) if kind in (int, float) else (kind,)
+    for item in values:
+        if not isinstance(item, kinds) or isinstance(item, bool):
+            raise ValueError(f"{name} must be a list of "
+                             f"{'numbers' if float in kinds else kind.__name__}, "
+                             f"not contain {_toml_value_safe(item)}")
+    return values
+
+
+def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Config:
+    """Build and validate a :class:`Config` from parsed TOML tables (with
+    ``check_files``, also the files its settings name: see :func:`validate_config`)."""
     cfg = Config()
     for name, table in data.items():
         if not isinstance(table, dict):
@@ -402,17 +427,70 @@ def config_from_dict(data: dict[str, Any]) -> Config:
             cfg.store.update(table)
         else:
             raise ValueError(f"unknown table [{name}]")
-    cfg.validate()
-    if cfg.security:
-        cfg.security_config()   # a bad [security] key is named now, not at broker start
+    validate_config(cfg, files=check_files)
     return cfg
 
 
+#: ``table.key`` in a validation message: what a ConfigError names.
+_SETTING = re.compile(r"\b(broker|devices|consumers|commands|store|security)\.([a-z0-9_]+)")
+
+#: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``
+#: the broker would serve plain TCP and never read them.
+_TLS_KEYS = ("tls_cert", "tls_key", "tls_client_ca")
+
+
+def validate_config(cfg: Config, *, files: bool = True) -> None:
+    """The one configuration validator: raise :class:`ConfigError` naming the first
+    setting the broker would refuse at start.
+
+    ``lockmq broker --check-config`` and ``lockmq broker`` both call it, so a file
+    that passes the check is a file the broker starts with. It checks every table's
+    values, ``[store]`` and ``[security]`` through their own classes, settings that
+    contradict each other (TLS with ``auth = "off"``) and, with ``files``, that the
+    files the settings name exist and load (TLS certificate and key, client CA, an
+    existing master key).
+    """
+    try:
+        cfg.validate()
+        cfg.store_config()
+        security = cfg.security_config()
+        if cfg.broker.auth == "off":
+            for key in _TLS_KEYS:
+                if cfg.security.get(key):
+                    raise ConfigError(
+                        f'security.{key} is set but broker.auth = "off" serves plain TCP '
+                        f"only and ignores it: remove it, or set auth = \"required\" to "
+                        f"serve TLS", table="security", key=key)
+        if files:
+            security.check_files()
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise named_error(exc) from None
+
+
+def named_error(exc: ValueError) -> ConfigError:
+    """``exc`` as a :class:`ConfigError` whose ``table``/``key`` are the setting its
+    message names (``store.retention_ms ...``, ``unknown table [x]``)."""
+    if isinstance(exc, ConfigError):
+        return exc
+    message = str(exc)
+    found = _SETTING.search(message)
+    if found:
+        return ConfigError(message, table=found.group(1), key=found.group(2))
+    table = re.search(r"\[(\w+)\]", message)
+    return ConfigError(message, table=table.group(1) if table else "")
+
+
 def load_config(path: str | os.PathLike[str] | None = None,
-                overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+                overrides: dict[str, dict[str, Any]] | None = None, *,
+                check_files: bool = False) -> Config:
     """Read a TOML file (or the defaults when ``path`` is None) and apply overrides.
 
     ``overrides`` has the same shape as the file: ``{"broker": {"port": 7000}}``.
+    Raises :class:`ConfigError` (its message starts with the file) for anything
+    :func:`validate_config` refuses; ``check_files`` also checks the files the
+    settings name, as the broker does at start.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -424,11 +502,10 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for name, table in (overrides or {}).items():
         data.setdefault(name, {}).update(table)
     try:
-        return config_from_dict(data)
-    except ConfigError as exc:
-        raise exc.in_file(str(path)) if path is not None else exc from None
+        return config_from_dict(data, check_files=check_files)
     except ValueError as exc:   # the message names table.key; add the file
-        raise (ConfigError(str(exc), file=str(path)) if path is not None else exc) from None
+        error = named_error(exc)
+        raise error.in_file(str(path)) if path is not None else error from None
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 
 import pytest
 
 from lockmq.client import (
+    Admin,
+    AdminError,
     AsyncConsumer,
     AsyncProducer,
     AuthError,
@@ -168,3 +172,42 @@ def test_pool_scales_without_admin_rights(secured):
     peak, forbidden = asyncio.run(main())
     assert forbidden
     assert peak == 6
+
+
+def test_no_token_is_said_and_not_retried(secured):
+    b, _, _ = secured
+
+    async def main() -> AsyncProducer:
+        p = AsyncProducer(Endpoint("127.0.0.1", b.port, connect_retry_s=60), token="")
+        with pytest.raises(AuthError, match="no token was given"):
+            await p.connect()
+        return p
+
+    assert asyncio.run(main()).connect_attempts == 1   # refused credentials: no retry
+    lockmq = os.path.join(os.path.dirname(sys.executable), "lockmq")
+    cli = subprocess.run([lockmq, "produce", "--broker", b.address, "orders", "x"],
+                         capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "LOCKMQ_TOKEN"})
+    assert cli.returncode == 1 and "no token was given" in cli.stderr
+    assert "--token" in cli.stderr
+
+
+def test_a_missing_right_is_named(secured):
+    b, _, token = secured
+
+    async def main() -> tuple[str, str]:
+        async with AsyncProducer(b.address, token=token) as p:
+            await p.send("orders", b"paid")
+            with pytest.raises(ForbiddenError) as publish:
+                await p.send("payroll", b"nope")
+        with pytest.raises(ForbiddenError) as consume:
+            await AsyncConsumer(b.address, topic="orders", cluster="audit",
+                                handler=lambda m: None, token=token, reconnect=False).start()
+        return str(publish.value), str(consume.value)
+
+    publish, consume = asyncio.run(main())
+    assert "'payroll' needs the publish right" in publish and "--publish" in publish
+    assert "as cluster 'audit' needs the consume right" in consume and "--consume" in consume
+    with Admin(b.address, token=token) as admin:
+        with pytest.raises(AdminError, match="needs a token with the admin right"):
+            admin.request("topics")

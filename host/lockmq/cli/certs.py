@@ -3,8 +3,14 @@
     lockmq certs init ./tls --host gateway.local --ip 192.168.1.10
 
 writes ca.pem, ca.der (for the locks: MicroPython's ssl takes the CA as DER),
-ca.key (0600; keep it offline), server.pem and server.key (0600). Then set in the
-broker config::
+ca.key (0600; keep it offline), server.pem and server.key (0600). Before the server
+certificate expires (825 days), or to add a name:
+
+    lockmq certs renew ./tls [--host gateway.local --ip 192.168.1.10]
+
+writes a new server.pem and server.key signed by the same CA (the locks trust the
+CA, so none is reflashed); restart the broker to serve it. Then set in the broker
+config::
 
     [security]
     tls_cert = "./tls/server.pem"
@@ -31,6 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     i.add_argument("--ca-name", default="lockmq gateway CA")
     i.add_argument("--force", action="store_true", help="replace existing files")
     i.set_defaults(func=cmd_init)
+    r = csub.add_parser("renew", help="new server certificate and key in DIR, same CA")
+    r.add_argument("dir", help="the directory of ca.pem and ca.key (certs init's DIR)")
+    r.add_argument("--host", action="append", default=[],
+                   help="DNS name of the broker (default: the old certificate's names)")
+    r.add_argument("--ip", action="append", default=[], help="IP address of the broker")
+    r.add_argument("--days", type=int, default=825, help="validity (default %(default)s)")
+    r.set_defaults(func=cmd_renew)
     d = csub.add_parser("der", help="export a PEM certificate as DER (for a lock)")
     d.add_argument("pem")
     d.add_argument("der")
@@ -51,6 +64,24 @@ def cmd_init(args: argparse.Namespace) -> int:
     for label, path in files.__dict__.items():
         print(f"{label:<11} {path}")
     print(f"server certificate names: {', '.join(hosts + ips)}")
+    return 0
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    """Sign a new server certificate with the existing CA."""
+    from lockmq.security.certs import renew_server, server_names
+
+    try:
+        files, cert = renew_server(args.dir, args.host, args.ip, args.days)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    hosts, ips = server_names(cert)
+    print(f"{'server_pem':<11} {files.server_pem}")
+    print(f"{'server_key':<11} {files.server_key}")
+    print(f"server certificate names: {', '.join(hosts + ips)}; valid until "
+          f"{cert.not_valid_after_utc:%Y-%m-%d}; CA unchanged ({files.ca_pem})")
+    print("restart the broker to serve it")
     return 0
 
 

@@ -46,12 +46,26 @@ def _when(ms: object) -> str:
         "%Y-%m-%d %H:%M:%S")
 
 
+def _unknown_cluster(admin: Admin, cluster: str) -> str | None:
+    """The error for a cluster the broker does not know (a typo must not look like
+    an empty dead-letter queue), or None when it exists."""
+    names = sorted({c["name"] for c in admin.request("clusters").get("clusters", [])})
+    if cluster in names:
+        return None
+    return (f"no cluster named {cluster!r} (clusters: {', '.join(names) or 'none'}; "
+            "see `lockmq clusters`)")
+
+
 def run_list(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq dlq list``."""
     try:
         with Admin(endpoint_from_args(args), token=args.token) as admin:
             resp = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
                                  limit=args.limit)
+            if not resp.get("queue_end"):   # never a dead letter: is it a cluster at all?
+                unknown = _unknown_cluster(admin, args.cluster)
+                if unknown:
+                    return fail(unknown)
     except (LockmqError, OSError) as exc:
         return fail(str(exc))
     if args.json:
@@ -82,6 +96,10 @@ def run_replay(args: argparse.Namespace) -> int:
                                        limit=1000)
                 offsets = [m["dlq_offset"] for m in listed.get("messages", [])]
                 if not offsets:
+                    unknown = None if listed.get("queue_end") else \
+                        _unknown_cluster(admin, args.cluster)
+                    if unknown:
+                        return fail(unknown)
                     print(f"no dead letters for {args.cluster}")
                     return 0
             else:

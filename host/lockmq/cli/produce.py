@@ -1,7 +1,9 @@
 """``lockmq produce``: publish messages to a topic from the command line.
 
-Messages come from the arguments, from stdin (one per line) or, with ``--count``,
-are generated (``--lock-events`` makes them LockEvent records). ``--mode`` picks
+Messages come from the arguments, from stdin (one per line) or, with ``--count``
+and no arguments, are generated (``--lock-events`` makes them LockEvent records).
+``--count N`` with arguments sends the arguments N times in all, in turn
+(``lockmq produce t1 hello --count 5`` sends "hello" five times). ``--mode`` picks
 RocketMQ's send mode: ``sync`` waits for each ack, ``async`` keeps many in flight,
 ``oneway`` asks for no ack.
 """
@@ -32,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("sync", "async", "oneway"), default="sync",
                    help="send mode (default %(default)s)")
     p.add_argument("--count", type=int, default=0,
-                   help="generate this many messages instead of reading them")
+                   help="send this many messages: the arguments in turn, or generated "
+                        "ones when there are none")
     p.add_argument("--size", type=int, default=24, help="size of generated messages")
     p.add_argument("--lock-events", action="store_true",
                    help="generated messages are LockEvent records")
@@ -46,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _messages(args: argparse.Namespace) -> Iterator[bytes]:
+    if args.count and args.messages:
+        given = [bytes.fromhex(t) if args.hex else t.encode() for t in args.messages]
+        for i in range(args.count):
+            yield given[i % len(given)]
+        return
     if args.count:
         rng = random.Random()
         for i in range(args.count):

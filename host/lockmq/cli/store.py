@@ -47,6 +47,29 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def decode_payload(payload: bytes) -> tuple[str, object]:
+    """What a stored payload is, for people: ``("json", object)`` (system records,
+    dead-letter bodies, services' JSON), ``("event", "unlock method=card ...")`` (a
+    lock's LockEvent), ``("text", str)`` (printable UTF-8) or ``("hex", str)``."""
+    from lockmq.client.cliargs import describe_event
+
+    if payload[:1] in (b"{", b"["):
+        try:
+            return "json", json.loads(payload)
+        except ValueError:
+            pass
+    event = describe_event(payload)
+    if event is not None:
+        return "event", event
+    try:
+        text = payload.decode()
+    except UnicodeError:
+        text = ""
+    if text and text.isprintable():
+        return "text", text
+    return "hex", payload.hex()
+
+
 def _dump(args: argparse.Namespace) -> int:
     from lockmq.store.errors import CorruptRecord
     from lockmq.store.inspect import iter_records
@@ -63,16 +86,23 @@ def _dump(args: argparse.Namespace) -> int:
                 continue
             if until_us is not None and rec.broker_ts_us >= until_us:
                 continue
-            if args.json:
-                print(json.dumps({
-                    "offset": rec.offset, "topic": rec.topic, "sn": rec.sn, "seq": rec.seq,
-                    "lock_ts_ms": rec.lock_ts_ms, "broker_ts_us": rec.broker_ts_us,
-                    "headers": rec.headers, "payload": rec.payload.hex()}))
+            payload = bytes(rec.payload)
+            kind, value = ("hex", payload.hex()) if args.hex else decode_payload(payload)
+            if args.json:   # "payload" stays the hex bytes; the decoded form is beside it
+                obj = {"offset": rec.offset, "topic": rec.topic, "sn": rec.sn, "seq": rec.seq,
+                       "lock_ts_ms": rec.lock_ts_ms, "broker_ts_us": rec.broker_ts_us,
+                       "headers": rec.headers, "payload": payload.hex()}
+                if kind != "hex":
+                    obj[kind] = value
+                print(json.dumps(obj, ensure_ascii=False))
             else:
                 lock_t = _iso_us(rec.lock_ts_ms * 1000) if rec.lock_ts_ms else "-"
+                decoded = {"json": lambda v: "json=" + json.dumps(v, ensure_ascii=False),
+                         "event": lambda v: f"event={v}",
+                         "text": lambda v: "text=" + json.dumps(v, ensure_ascii=False),
+                         "hex": lambda v: f"payload={v}"}[kind](value)
                 line = (f"offset={rec.offset} topic={rec.topic} id={rec.sn}:{rec.seq} "
-                        f"broker_ts={_iso_us(rec.broker_ts_us)} lock_ts={lock_t} "
-                        f"payload={rec.payload.hex()}")
+                        f"broker_ts={_iso_us(rec.broker_ts_us)} lock_ts={lock_t} {decoded}")
                 if rec.headers is not None:
                     line += " headers=" + json.dumps(rec.headers, ensure_ascii=False)
                 print(line)
@@ -106,5 +136,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="broker time at or after (epoch ms or ISO 8601, UTC default)")
     d.add_argument("--until", type=_parse_time, help="broker time before (same forms)")
     d.add_argument("--limit", type=int, help="stop after this many records")
-    d.add_argument("--json", action="store_true", help="one JSON object per line")
+    d.add_argument("--json", action="store_true",
+                   help="one JSON object per line (payload as hex, plus json/event/text "
+                        "when it decodes)")
+    d.add_argument("--hex", action="store_true",
+                   help="payloads as hex only (by default JSON records, lock events and "
+                        "printable text are shown decoded)")
     d.set_defaults(func=_dump)

@@ -33,6 +33,7 @@ from .errors import (
     ForbiddenError,
     InsecureTransportError,
     LockmqError,
+    TlsError,
 )
 from .idempotency import (
     IdempotencyStore,
@@ -50,5 +51,5 @@ __all__ = [
     "Producer", "Message", "SendResult", "CommandOutcome", "Credentials", "Endpoint",
     "IdempotencyStore", "SqliteIdempotency", "PostgresIdempotency", "idempotency_store",
     "LockmqError", "ConnectionLost", "ClientClosed", "BrokerError", "BusyError", "AuthError",
-    "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError",
+    "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError", "TlsError",
 ]

@@ -18,7 +18,7 @@ from lockmq.protocol import ConnectAck, Disconnect, Flag, Op
 
 from ._conn import FrameConnection
 from .backoff import Backoff
-from .errors import AuthError, ClientClosed, ConnectionLost, LockmqError
+from .errors import AuthError, BusyError, ClientClosed, ConnectionLost, LockmqError
 from .session import Credentials, Endpoint, open_session
 
 log = logging.getLogger("lockmq.client")
@@ -66,17 +66,44 @@ class SessionClient:
         self.connected = asyncio.Event()
         self.closing = False
         self.reconnects = 0
+        #: attempts the first connect made (1 when the broker was there at once)
+        self.connect_attempts = 0
         self._tasks: set[asyncio.Task] = set()
         self._reconnect_task: asyncio.Task | None = None
         self._heartbeat_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def connect(self) -> None:
-        """Open the first session; raises if the broker is unreachable or refuses us."""
+        """Open the first session.
+
+        A broker that is not there yet (refused, reset, handshake timeout, BUSY) is
+        retried with the client's backoff for up to ``endpoint.connect_retry_s``, so
+        a service may start before its broker. Raises the last error after that, and
+        at once when the broker refuses the credentials or TLS fails.
+        """
         if self.closing:
             raise ClientClosed("client is closed")
-        if not await self._open():
-            raise ConnectionLost("connection dropped right after the handshake")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.endpoint.connect_retry_s
+        while True:
+            self.connect_attempts += 1
+            try:
+                if not await self._open():
+                    raise ConnectionLost("connection dropped right after the handshake")
+                return
+            except (ConnectionLost, BusyError, asyncio.TimeoutError) as exc:
+                if self.conn is not None or self.closing:   # dropped after it was up
+                    raise
+                delay = max(self.backoff.next_delay(),
+                            getattr(exc, "retry_after_ms", 0) / 1000)
+                if loop.time() + delay > deadline:
+                    raise
+                # the first one on stderr (logging's last resort), the rest at INFO
+                log.log(logging.WARNING if self.connect_attempts == 1 else logging.INFO,
+                        "broker %s:%d not reachable yet (%s); retrying for up to %g s",
+                        self.endpoint.host, self.endpoint.port,
+                        exc or "handshake timed out", self.endpoint.connect_retry_s)
+                await asyncio.sleep(delay)
 
     async def _open(self) -> bool:
         """Open a session and resume; True when it is up at the end."""

@@ -45,7 +45,8 @@ class AsyncAdmin(SessionClient):
             raise AdminError(str(error_from_body(frame.body)))
         resp = decode_json(frame.body)
         if resp.get("ok") is False or "error" in resp and resp.get("ok") is not True:
-            raise AdminError(str(resp.get("error") or resp))
+            error = str(resp.get("error") or resp)
+            raise AdminError(f"{error}: {resp['message']}" if resp.get("message") else error)
         return resp
 
     async def __aenter__(self) -> "AsyncAdmin":

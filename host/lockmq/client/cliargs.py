@@ -23,7 +23,8 @@ _TRUE = ("1", "true", "yes", "on")
 def add_connection_args(p: argparse.ArgumentParser) -> None:
     """The options of every command that talks to a broker, each also from the environment:
     ``--broker HOST:PORT``, ``--token``, ``--tls-ca FILE``, ``--tls``,
-    ``--tls-server-name NAME`` and ``--insecure``. Build the endpoint with
+    ``--tls-server-name NAME``, ``--insecure`` and ``--connect-retry SECONDS``. Build
+    the endpoint with
     :func:`endpoint_from_args`."""
     env = os.environ.get
     p.add_argument("--broker", "-b", default=env("LOCKMQ_BROKER", DEFAULT_BROKER),
@@ -46,6 +47,10 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
                    default=env("LOCKMQ_INSECURE", "").lower() in _TRUE,
                    help="allow sending the token over plain TCP to a non-loopback host "
                         "(env LOCKMQ_INSECURE=1); anyone on the path can then read it")
+    p.add_argument("--connect-retry", type=float, metavar="SECONDS",
+                   default=float(env("LOCKMQ_CONNECT_RETRY") or 30),
+                   help="keep retrying a broker that is not up yet for this long, with "
+                        "backoff (env LOCKMQ_CONNECT_RETRY; default %(default)g; 0 = once)")
 
 
 def endpoint_from_args(args: argparse.Namespace) -> "Endpoint":
@@ -63,6 +68,11 @@ def endpoint_from_args(args: argparse.Namespace) -> "Endpoint":
     except ValueError:
         raise LockmqError(f"bad broker address {args.broker!r} (want HOST:PORT)") from None
     endpoint.insecure = bool(getattr(args, "insecure", False))
+    retry = getattr(args, "connect_retry", None)
+    if retry is not None:
+        if retry < 0:
+            raise LockmqError(f"--connect-retry {retry:g}: must be >= 0 seconds")
+        endpoint.connect_retry_s = retry
     ca = getattr(args, "tls_ca", None)
     if ca or getattr(args, "tls", False):
         from lockmq.security.tls import client_context

@@ -19,6 +19,11 @@ class ConnectionLost(LockmqError):
     """
 
 
+class TlsError(LockmqError):
+    """The TLS handshake failed (the broker's certificate does not verify against the
+    CA, names another host, ...): not retried, since trying again cannot fix it."""
+
+
 class ClientClosed(LockmqError):
     """The producer or consumer was closed."""
 

@@ -42,6 +42,7 @@ from .errors import (
     ConnectionLost,
     ForbiddenError,
     InsecureTransportError,
+    TlsError,
 )
 
 CLIENT_NAME = "lockmq-py/0.1"
@@ -72,6 +73,15 @@ def _broker_error(code: int, retry_after_ms: int, message: str) -> BrokerError:
     return cls(code, retry_after_ms, message, _CODE_NAMES.get(code, ""))
 
 
+def _explain(exc: SessionError, credentials: "Credentials") -> str:
+    """The broker's refusal, plus what this side knows: that no token was given."""
+    if exc.code == ErrorCode.AUTH_FAILED and credentials.method == AuthMethod.TOKEN \
+            and not credentials.secret:
+        return (f"{exc.message}: no token was given and the broker requires one "
+                "(--token TOKEN or LOCKMQ_TOKEN; token= in the library)")
+    return exc.message
+
+
 @dataclass(frozen=True)
 class Credentials:
     """How a connection proves its identity (see module docs)."""
@@ -98,6 +108,11 @@ class Endpoint:
         host, port: the broker's address (default 127.0.0.1:6800).
         ssl: an :class:`ssl.SSLContext` for TLS, or None for plain TCP.
         connect_timeout_s: limit on TCP connect plus handshake.
+        connect_retry_s: how long a client's *first* connect keeps retrying a broker
+            that is not there yet (connection refused or reset, handshake timeout,
+            BUSY / SHUTTING_DOWN ...), with jittered exponential backoff; 0 = one
+            attempt. A refusal of the credentials or of TLS is never retried. (Once
+            connected, a client reconnects on its own; see ``reconnect``.)
         max_frame: largest frame accepted from the broker.
         server_hostname: name to verify in the broker's certificate when it differs
             from ``host`` (TLS only; e.g. connecting by IP to ``gw.local``).
@@ -109,6 +124,7 @@ class Endpoint:
     port: int = DEFAULT_PORT
     ssl: _ssl.SSLContext | None = None
     connect_timeout_s: float = 10.0
+    connect_retry_s: float = 30.0
     max_frame: int = DEFAULT_MAX_FRAME
     server_hostname: str | None = None
     insecure: bool = False
@@ -191,6 +207,8 @@ async def open_session(
                 factory, endpoint.host, endpoint.port, ssl=endpoint.ssl,
                 server_hostname=(endpoint.server_hostname or None) if endpoint.ssl else None,
             )
+        except _ssl.SSLError as exc:   # a certificate problem: retrying will not help
+            raise TlsError(f"TLS with {endpoint.host}:{endpoint.port} failed: {exc}") from exc
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}") from exc
         try:
@@ -202,7 +220,8 @@ async def open_session(
                 try:
                     out = session.receive(frame, os.urandom(16), conn.new_opaque())
                 except SessionError as exc:
-                    raise _broker_error(exc.code, exc.retry_after_ms, exc.message) from None
+                    raise _broker_error(exc.code, exc.retry_after_ms,
+                                        _explain(exc, credentials)) from None
                 if out:
                     conn.send_bytes(out)
             ack = session.ack

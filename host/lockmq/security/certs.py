@@ -5,6 +5,9 @@
     ca.pem ca.der ca.key      the CA (ca.key 0600: keep it offline after use)
     server.pem server.key     the broker's certificate (SANs: hosts, IPs) and key
 
+``lockmq certs renew DIR`` signs a new server certificate and key with the same CA
+(the locks trust the CA, not the server certificate, so none is reflashed).
+
 ECDSA P-256 keys, SHA-256 signatures.
 """
 
@@ -38,10 +41,16 @@ def _name(cn: str) -> x509.Name:
 
 
 def _write(path: str, data: bytes, mode: int = 0o644) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Write ``path`` whole or not at all: a temporary file, fsync, rename (a broker
+    restarted meanwhile never reads half a key)."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
-    os.chmod(path, mode)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def make_ca(common_name: str = "lockmq gateway CA", days: int = 3650
@@ -121,3 +130,47 @@ def pem_to_der(pem_path: str, der_path: str) -> None:
     with open(pem_path, "rb") as fh:
         cert = x509.load_pem_x509_certificate(fh.read())
     _write(der_path, cert.public_bytes(serialization.Encoding.DER))
+
+
+def server_names(cert: x509.Certificate) -> tuple[list[str], list[str]]:
+    """The DNS names and IP addresses a server certificate is valid for."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    return (list(sans.get_values_for_type(x509.DNSName)),
+            [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)])
+
+
+def renew_server(out_dir: str, hosts: list[str] | None = None, ips: list[str] | None = None,
+                 days: int = 825) -> tuple[CertFiles, x509.Certificate]:
+    """Sign a new server certificate and key in ``out_dir`` with its existing CA.
+
+    The CA (``ca.pem``, ``ca.der``, ``ca.key``) is not touched, so every lock that
+    trusts it accepts the new certificate. The names are the old certificate's
+    unless ``hosts``/``ips`` are given. Returns the files and the new certificate.
+    Raises ``FileNotFoundError`` naming a missing CA file, ``ValueError`` if the CA
+    key does not match the CA certificate.
+    """
+    files = CertFiles(*(os.path.join(out_dir, n) for n in
+                        ("ca.pem", "ca.der", "ca.key", "server.pem", "server.key")))
+    for path in (files.ca_pem, files.ca_key):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} is missing: renew needs the CA that the "
+                                    "locks trust (lockmq certs init made it)")
+    with open(files.ca_pem, "rb") as fh:
+        ca_cert = x509.load_pem_x509_certificate(fh.read())
+    with open(files.ca_key, "rb") as fh:
+        ca_key = serialization.load_pem_private_key(fh.read(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or \
+            ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers():
+        raise ValueError(f"{files.ca_key} is not the key of {files.ca_pem}")
+    if not hosts and not ips:
+        if not os.path.exists(files.server_pem):
+            raise FileNotFoundError(f"{files.server_pem} is missing: give --host/--ip")
+        with open(files.server_pem, "rb") as fh:
+            hosts, ips = server_names(x509.load_pem_x509_certificate(fh.read()))
+    cert, key = make_server_cert(ca_cert, ca_key, list(hosts or []), list(ips or []), days)
+    _write(files.server_key, _key_pem(key), 0o600)
+    _write(files.server_pem, cert.public_bytes(serialization.Encoding.PEM))
+    return files, cert

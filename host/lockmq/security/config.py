@@ -137,18 +137,61 @@ class SecurityConfig:
             raise ValueError("security.preauth_max_frame_bytes must be in [512, 65536]")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("security.tls_cert and security.tls_key go together")
-        for entry in self.limit_exempt_addresses:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ValueError(f"security.limit_exempt_addresses: {entry!r} is not an "
-                                 "IP address or network") from None
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("security.tls_client_ca needs security.tls_cert and "
+                             "security.tls_key: client certificates are asked for over TLS")
+        for name in ("limit_exempt_addresses", "allow_plain_tokens_from"):
+            for entry in getattr(self, name):
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"security.{name}: {entry!r} is not an "
+                                     "IP address or network") from None
         if not 8 <= self.ipv4_prefix <= 32:
             raise ValueError("security.ipv4_prefix must be in [8, 32]")
         if not 32 <= self.ipv6_prefix <= 128:
             raise ValueError("security.ipv6_prefix must be in [32, 128]")
         if not 0 <= self.tls_port <= 65535:
             raise ValueError("security.tls_port must be in [0, 65535]")
+
+    def check_files(self) -> None:
+        """Raise ``ValueError`` naming the setting whose file the broker could not use:
+        a TLS certificate, key or client CA that is missing, unreadable or does not
+        load, or an existing master key readable by others or of the wrong size."""
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                why = "does not exist" if not os.path.exists(path) else "is not readable"
+                raise ValueError(f"security.{name}: {path} {why}")
+        if self.tls_cert:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            try:
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+            except ssl.SSLError as exc:
+                raise ValueError(f"security.tls_cert / security.tls_key: {self.tls_cert} and "
+                                 f"{self.tls_key} are not a PEM certificate and its private "
+                                 f"key ({exc})") from None
+            if self.tls_client_ca:
+                try:
+                    ctx.load_verify_locations(cafile=self.tls_client_ca)
+                except ssl.SSLError as exc:
+                    raise ValueError(f"security.tls_client_ca: {self.tls_client_ca} is not "
+                                     f"a PEM CA certificate ({exc})") from None
+        path = self.master_key_path
+        if os.path.exists(path):
+            st = os.stat(path)
+            setting = "security.master_key_file" if self.master_key_file else \
+                "broker.data_dir (its master.key)"
+            if st.st_mode & 0o077:
+                raise ValueError(f"{setting}: {path} is readable by group/others "
+                                 f"(mode {st.st_mode & 0o777:o}); chmod 600 it")
+            from .keys import KEY_BYTES
+
+            if st.st_size != KEY_BYTES:
+                raise ValueError(f"{setting}: {path} must be {KEY_BYTES} bytes, "
+                                 f"not {st.st_size}")
 
     @classmethod
     def from_mapping(cls, table: Mapping[str, Any], **base: Any) -> "SecurityConfig":
@@ -171,6 +214,8 @@ class SecurityConfig:
             elif type(default) is not type(value):
                 raise ValueError(f"security.{f.name} must be of type "
                                  f"{type(default).__name__}, not {type(value).__name__}")
+            elif isinstance(value, list) and not all(isinstance(x, str) for x in value):
+                raise ValueError(f"security.{f.name} must be a list of strings")
         cfg.validate()
         return cfg
 

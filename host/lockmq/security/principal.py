@@ -259,14 +259,25 @@ class Principal:
         if not self.may_publish(topic):
             if topic.startswith(RESERVED_PREFIX) and not self.is_lock:
                 raise system_topic_refusal(self, topic, is_internal_topic(topic))
-            raise PermissionDenied(f"{self.kind} {self.name} may not publish to {topic!r}",
+            exc = PermissionDenied(f"{self.kind} {self.name} may not publish to {topic!r}",
                                    reason="publish_denied")
+            exc.public_message = (  # name the missing right: it says what to ask for
+                f"not permitted: lock {self.name} may publish only to its own topics "
+                f"(security.lock_topics), not {topic[:130]!r}" if self.is_lock else
+                f"not permitted: publishing to {topic[:130]!r} needs the publish right for "
+                f"it (lockmq tokens create --publish TOPIC_GLOB)")
+            raise exc
 
     def require_consume(self, topic: str, cluster: str) -> None:
         """:meth:`may_consume` or :class:`PermissionDenied`."""
         if not self.may_consume(topic, cluster):
-            raise PermissionDenied(f"{self.kind} {self.name} may not consume {topic!r} "
+            exc = PermissionDenied(f"{self.kind} {self.name} may not consume {topic!r} "
                                    f"as {cluster!r}", reason="consume_denied")
+            exc.public_message = (
+                f"not permitted: consuming {topic[:130]!r} as cluster {cluster[:64]!r} needs "
+                f"the consume right for them (lockmq tokens create --consume "
+                f"TOPIC_GLOB:CLUSTER_GLOB)")
+            raise exc
 
     def require_command(self, sn: str, kind: int | None = None, network: bool = False) -> None:
         """:meth:`may_command` or :class:`PermissionDenied` (reason ``command_denied``
@@ -304,8 +315,11 @@ class Principal:
     def require_admin(self) -> None:
         """:attr:`is_admin` or :class:`PermissionDenied`."""
         if not self.is_admin:
-            raise PermissionDenied(f"{self.kind} {self.name} is not an admin",
+            exc = PermissionDenied(f"{self.kind} {self.name} is not an admin",
                                    reason="admin_denied")
+            exc.public_message = ("not permitted: this operation needs the admin right "
+                                  "(lockmq tokens create --admin)")
+            raise exc
 
 
 #: The one public answer for a command to a lock outside the token's scope *and* for

@@ -1,0 +1,57 @@
+"""A client that starts before its broker: the first connect is retried with backoff
+for ``Endpoint.connect_retry_s`` (the CLI's ``--connect-retry``), then gives up.
+(Refusals of credentials are not retried: tests/client/test_security.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from lockmq.client import Admin, AsyncProducer, ConnectionLost
+from lockmq.client.session import Endpoint
+
+LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_produce_started_before_the_broker_waits_for_it(broker_factory):
+    port = _unused_port()
+    proc = subprocess.Popen([LOCKMQ, "produce", "--broker", f"127.0.0.1:{port}",
+                             "--connect-retry", "60", "early", "hello"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()        # the condition: it has failed once
+        assert "not reachable yet" in first and str(port) in first, first
+        broker = broker_factory(port=port)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.count(" offset=") == 1
+    with Admin(broker.address) as admin:
+        topics = {t["topic"]: t for t in admin.request("topics")["topics"]}
+    assert topics["early"]["queue_end"] == 1
+
+
+def test_first_connect_gives_up_after_connect_retry_s():
+    port = _unused_port()
+
+    async def attempts(retry_s: float) -> int:
+        p = AsyncProducer(Endpoint("127.0.0.1", port, connect_retry_s=retry_s))
+        with pytest.raises(ConnectionLost, match="cannot connect"):
+            await p.connect()
+        return p.connect_attempts
+
+    assert asyncio.run(attempts(0)) == 1          # 0: one attempt, no retry
+    assert asyncio.run(attempts(0.3)) >= 2
