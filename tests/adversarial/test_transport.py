@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +24,7 @@ from lockmq.protocol import (TAG_SIZE, ErrorCode, Flag, FrameDecoder, Op, Protoc
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
 from lockmq.security.tls import client_context
-
-from tests.security.conftest import BrokerProcess, free_port
-from tests.security.wire import Refused, Wire
+from lockmq.testing import BrokerProcess, Lock, Peer, Refused, free_port, require_micropython
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -145,7 +142,7 @@ def test_cli_uses_tls_and_never_sends_a_token_in_clear(tls_broker):
 
     # The broker's own guard stays: a token over its plain port from a non-allowed
     # address is refused, logged and counted.
-    w = Wire(broker.port, "", source="127.0.0.7")
+    w = Peer(broker.port, "", source="127.0.0.7")
     try:
         with pytest.raises(Refused) as ei:
             w.auth_token(token)
@@ -236,9 +233,7 @@ def mac_broker(tmp_path_factory):
 
 
 def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broker):
-    fw = pytest.importorskip("tests.firmware.conftest")
-    if not Path(fw.MICROPYTHON).exists():
-        pytest.skip("the MicroPython unix port is not installed")
+    require_micropython()
     from lockmq.firmware_tools.build import DeviceConfig, build_folder
 
     root, broker, key = mac_broker
@@ -246,7 +241,7 @@ def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broke
     board = build_folder(root / "board", DeviceConfig(
         sn="MAC-LOCK-1", key=key.hex(), brokers=[("127.0.0.1", proxy.port)], hw="sim",
         extra={"frame_mac": True}))
-    lock = fw.Lock(board)
+    lock = Lock(board)
     try:
         # Legitimate path: the real firmware over plain TCP asks for MACs, its event is
         # tagged and acked.
@@ -276,7 +271,7 @@ def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broke
         proxy.close()
 
     # Policy: on this broker a lock on plain TCP that does not ask for MACs is refused.
-    w = Wire(broker.port, "MAC-LOCK-1")
+    w = Peer(broker.port, "MAC-LOCK-1")
     try:
         with pytest.raises(Refused) as ei:
             w.auth_lock(key)

@@ -6,7 +6,7 @@ import json
 import time
 
 from lockmq.protocol import Role
-from lockmq.testing import Peer, drain, open_peer
+from lockmq.testing import Peer, open_peer
 
 FAST = {"time_scale": 0.001, "retry_levels_s": [1, 5, 10, 30], "max_retries": 3}
 

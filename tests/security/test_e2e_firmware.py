@@ -18,12 +18,9 @@ from lockmq.protocol import (Command, CommandKind, CommandStatus, FrameDecoder, 
                              ProtocolError, encode_frame)
 from lockmq.security import Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
+from lockmq.testing import BrokerProcess, Lock, Peer, free_port, require_micropython, run_cli
 
-from .conftest import BrokerProcess, free_port
-from .test_cli import run
-from .wire import Wire
 
-fw = pytest.importorskip("tests.firmware.conftest")
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -83,8 +80,7 @@ class MitmProxy:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    if not Path(fw.MICROPYTHON).exists():
-        pytest.skip("the MicroPython unix port is not installed")
+    require_micropython()
     root = tmp_path_factory.mktemp("chain")
     data = root / "data"
     data.mkdir()
@@ -107,7 +103,7 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
             "--data-dir", data_dir]
     if tls_ca:
         argv += ["--tls-ca", tls_ca, "--server-hostname", "gw.local"]
-    assert run(*argv) == 0
+    assert run_cli(*argv) == 0
     doc = json.loads(prov.read_text())
     tls = doc.get("tls", {})
     folder = build_folder(root / f"board-{sn}", DeviceConfig(
@@ -117,7 +113,7 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
     return folder
 
 
-def command(svc: Wire, sn: str, args: bytes = b"\x00\x03") -> int:
+def command(svc: Peer, sn: str, args: bytes = b"\x00\x03") -> int:
     return svc.send(Op.COMMAND, Command(sn, 0, 0, CommandKind.UNLOCK, args).encode())
 
 
@@ -125,8 +121,8 @@ def test_provisioned_firmware_runs_signed_unlock_and_refuses_replay_and_forgery(
     root, broker, _, _, opener = chain
     proxy = MitmProxy(broker.port)
     board = build_board(root, "FW-1", proxy.port, broker.data_dir)
-    lock = fw.Lock(board)
-    svc = Wire(broker.port, "")
+    lock = Lock(board)
+    svc = Peer(broker.port, "")
     try:
         lock.expect(r"I net connected", timeout=30)
         svc.auth_token(opener)
@@ -164,9 +160,9 @@ def _body(raw: bytes) -> bytes:
 def test_wrong_key_firmware_is_refused(chain):
     root, broker, _, _, _ = chain
     board = build_board(root, "FW-2", broker.port, broker.data_dir)
-    assert run("devices", "rekey", "FW-2", "--out", str(root / "FW-2-new.json"),
+    assert run_cli("devices", "rekey", "FW-2", "--out", str(root / "FW-2-new.json"),
                "--data-dir", broker.data_dir) == 0          # the board keeps the old key
-    lock = fw.Lock(board)
+    lock = Lock(board)
     try:
         lock.expect(r"E net auth failed", timeout=30)
     finally:
@@ -177,7 +173,7 @@ def test_wrong_key_firmware_is_refused(chain):
 def test_firmware_over_tls_with_der_ca(chain):
     root, broker, tls_port, certs, _ = chain
     board = build_board(root, "FW-3", tls_port, broker.data_dir, tls_ca=certs.ca_der)
-    lock = fw.Lock(board)
+    lock = Lock(board)
     try:
         lock.expect(r"I net connected", timeout=30)
     finally:

@@ -16,9 +16,10 @@ import time or imports the test suite. Submodules that need an extra (the firmwa
 tools, a MicroPython binary) load it when used.
 """
 
-from .cli import lockmq
+from .cli import run_cli
+from .lock import Lock, set_config
+from .micropython import require_micropython
 from .ports import free_port
-from .lock import Lock
 from .process import BrokerProcess
 from .tables import merge_tables, to_toml
 from .thread import FAST_TIMERS, BrokerThread, uvloop_wanted
@@ -26,7 +27,7 @@ from .waiting import raises, wait_for
 from .wire import Peer, Refused, drain, open_peer, read_until_closed, refusal
 
 __all__ = [
-    "BrokerProcess", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "drain", "free_port",
-    "lockmq", "merge_tables", "open_peer", "raises", "read_until_closed", "refusal",
-    "to_toml", "uvloop_wanted", "wait_for",
+    "BrokerProcess", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "drain",
+    "free_port", "merge_tables", "open_peer", "raises", "read_until_closed", "refusal",
+    "require_micropython", "run_cli", "set_config", "to_toml", "uvloop_wanted", "wait_for",
 ]

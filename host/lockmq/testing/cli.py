@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def lockmq(*argv: str) -> int:
+def run_cli(*argv: str) -> int:
     """Run ``lockmq ARGV...`` (its ``main``) here; returns the exit status."""
     from lockmq.cli import main
 
