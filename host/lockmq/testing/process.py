@@ -62,10 +62,7 @@ class BrokerProcess:
         """Start and return once the broker logged ``broker_started``."""
         if self.running():
             raise RuntimeError("broker already running")
-        if self.port:                  # a restart keeps the port clients know
-            self.tables["broker"]["port"] = self.port
-        with open(self.config_path, "w") as fh:
-            fh.write(to_toml(self.tables))
+        self.write_config()
         self.starts += 1
         mark = self._add_line(f"==== start #{self.starts} {time.strftime('%H:%M:%S')} ====")
         self.proc = subprocess.Popen(
@@ -76,6 +73,15 @@ class BrokerProcess:
         line = self.wait_log(r"broker_started", timeout=timeout, start=mark)
         self.port = int(re.search(r"\bport=(\d+)", line).group(1))
         return self
+
+    def write_config(self) -> str:
+        """Write ``broker.toml`` (also for CLI commands run before :meth:`start`);
+        returns its path."""
+        if self.port:                  # a restart keeps the port clients know
+            self.tables["broker"]["port"] = self.port
+        with open(self.config_path, "w") as fh:
+            fh.write(to_toml(self.tables))
+        return self.config_path
 
     def kill(self) -> None:
         """SIGKILL: the broker crashes (what was acked must survive)."""
