@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lockmq.testing.ports import free_port
+
 
 def lockmq_cli() -> list[str]:
     """The command that runs the ``lockmq`` CLI of this environment."""
@@ -26,13 +28,6 @@ def lockmq_cli() -> list[str]:
     if exe.exists():
         return [str(exe)]
     return [sys.executable, "-c", "import sys; from lockmq.cli import main; sys.exit(main())"]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def broker_available() -> str | None:
