@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lockmq.testing.ports import free_port
+from lockmq.testing.process import kill_process, stop_process
 
 
 def lockmq_cli() -> list[str]:
@@ -124,21 +124,11 @@ class BrokerProcess:
 
     def kill(self) -> None:
         """SIGKILL: the broker crashes (what was acked must survive)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
+        kill_process(self.proc)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM: graceful shutdown. Returns the exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return int(self.proc.returncode or 0)
+        return stop_process(self.proc, timeout)
 
     def restart(self, crash: bool = True, down_s: float = 0.0) -> None:
         """Kill (or stop) and start again on the same port and data directory."""

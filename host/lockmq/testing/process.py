@@ -25,6 +25,27 @@ _RUN_BROKER = (
 )
 
 
+def kill_process(proc: subprocess.Popen[Any] | None) -> None:
+    """SIGKILL ``proc`` if it runs and reap it (a crash, a power cut)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 30.0) -> int:
+    """SIGTERM ``proc`` and wait (SIGKILL after ``timeout``); its exit status (0 if
+    it never ran)."""
+    if proc is None:
+        return 0
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_process(proc)
+    return int(proc.returncode or 0)
+
+
 class BrokerProcess:
     """One ``lockmq broker`` process, its log lines collected.
 
@@ -85,22 +106,11 @@ class BrokerProcess:
 
     def kill(self) -> None:
         """SIGKILL: the broker crashes (what was acked must survive)."""
-        if self.running():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
+        kill_process(self.proc)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM: graceful shutdown (SIGKILL after ``timeout``). Returns the exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return int(self.proc.returncode or 0)
+        return stop_process(self.proc, timeout)
 
     def restart(self, crash: bool = True) -> None:
         """Kill (or stop) and start again on the same port and data directory."""
