@@ -25,6 +25,7 @@ from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenSt
 from lockmq.security.certs import init_ca_and_server
 from lockmq.security.tls import client_context
 from lockmq.testing import BrokerProcess, Lock, Peer, Refused, free_port, require_micropython
+from lockmq.testing.relay import pipe
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -180,7 +181,7 @@ class TamperProxy:
             except OSError:
                 return
             broker_side = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pipe, args=(broker_side, lock_side), daemon=True).start()
+            threading.Thread(target=pipe, args=(broker_side, lock_side), daemon=True).start()
             threading.Thread(target=self._from_lock, args=(lock_side, broker_side),
                              daemon=True).start()
 
@@ -200,16 +201,6 @@ class TamperProxy:
                         body = bytes(body)
                     dst.sendall(encode_frame(f.opcode, f.sn, body, f.opaque, f.flags))
         except (OSError, ProtocolError):
-            pass
-        finally:
-            dst.close()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
             pass
         finally:
             dst.close()

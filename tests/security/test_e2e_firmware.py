@@ -19,6 +19,7 @@ from lockmq.protocol import (Command, CommandKind, CommandStatus, FrameDecoder, 
 from lockmq.security import Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
 from lockmq.testing import BrokerProcess, Lock, Peer, free_port, require_micropython, run_cli
+from lockmq.testing.relay import pipe
 
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,7 +44,7 @@ class MitmProxy:
         broker_side = socket.create_connection(("127.0.0.1", self.target))
         self._to_lock = lock_side
         self._ready.set()
-        threading.Thread(target=self._pipe, args=(lock_side, broker_side), daemon=True).start()
+        threading.Thread(target=pipe, args=(lock_side, broker_side), daemon=True).start()
         dec = FrameDecoder(1 << 20)
         try:
             while data := broker_side.recv(65536):
@@ -58,16 +59,6 @@ class MitmProxy:
             pass
         finally:
             lock_side.close()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            dst.close()
 
     def inject(self, raw: bytes) -> None:
         assert self._ready.wait(10)
