@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .ports import free_port
 from .tables import Tables, merge_tables, to_toml
@@ -85,12 +85,14 @@ class BrokerProcess:
             raise RuntimeError("broker already running")
         self.write_config()
         self.starts += 1
-        mark = self._add_line(f"==== start #{self.starts} {time.strftime('%H:%M:%S')} ====")
+        # the log file stays open until the process ends (a test may delete its folder)
+        log = open(self.log_path, "a", buffering=1)
+        mark = self._add_line(f"==== start #{self.starts} {time.strftime('%H:%M:%S')} ====", log)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _RUN_BROKER, "broker", "--config", self.config_path],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
         line = self.wait_log(r"broker_started", timeout=timeout, start=mark)
         self.port = int(re.search(r"\bport=(\d+)", line).group(1))
         return self
@@ -127,18 +129,19 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     # -- the log ------------------------------------------------------------------------
-    def _add_line(self, line: str) -> int:
+    def _add_line(self, line: str, log: IO[str] | None = None) -> int:
         with self._cond:
             self.lines.append(line)
-            with open(self.log_path, "a") as fh:
-                fh.write(line + "\n")
+            if log is not None:
+                log.write(line + "\n")
             self._cond.notify_all()
             return len(self.lines)
 
-    def _pump(self, proc: subprocess.Popen[str]) -> None:
+    def _pump(self, proc: subprocess.Popen[str], log: IO[str]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            self._add_line(line.rstrip("\n"))
+        with log:
+            for line in proc.stdout:
+                self._add_line(line.rstrip("\n"), log)
 
     def mark(self) -> int:
         """Where the log is now: pass as ``start`` to :meth:`wait_log`."""
