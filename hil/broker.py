@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lockmq.testing.ports import free_port
+from lockmq.testing.process import kill_process, stop_process
 
 
 def lockmq_cli() -> list[str]:
@@ -26,13 +28,6 @@ def lockmq_cli() -> list[str]:
     if exe.exists():
         return [str(exe)]
     return [sys.executable, "-c", "import sys; from lockmq.cli import main; sys.exit(main())"]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def broker_available() -> str | None:
@@ -129,21 +124,11 @@ class BrokerProcess:
 
     def kill(self) -> None:
         """SIGKILL: the broker crashes (what was acked must survive)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
+        kill_process(self.proc)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM: graceful shutdown. Returns the exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return int(self.proc.returncode or 0)
+        return stop_process(self.proc, timeout)
 
     def restart(self, crash: bool = True, down_s: float = 0.0) -> None:
         """Kill (or stop) and start again on the same port and data directory."""

@@ -25,11 +25,9 @@ from lockmq.protocol import (VERSION, Auth, AuthMethod, Command, CommandKind, Co
                              CommandStatus, Connect, ErrorCode, ErrorReply, Flag, Op, Role,
                              auth_proof, decode_body, encode_json)
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+from lockmq.testing import BrokerProcess, Lock, Peer, Refused, set_config, wait_for
 
-from tests.security.conftest import BrokerProcess
-from tests.security.wire import Refused, Wire, wait_for
 
-fw = pytest.importorskip("tests.firmware.conftest")
 pytestmark = pytest.mark.timeout(240)
 
 UNLOCK = CommandKind.UNLOCK
@@ -56,19 +54,19 @@ class Env:
                     for name, perms in tokens.items()}
         self.broker = BrokerProcess(str(data), {"commands": commands or {}})
         self.port = self.broker.port
-        self.wires: list[Wire] = []
+        self.wires: list[Peer] = []
         self.locks: list[Any] = []
 
-    def service(self, token: str) -> Wire:
+    def service(self, token: str) -> Peer:
         """A service (or admin) connection authenticated with a token."""
-        w = Wire(self.port, "")
+        w = Peer(self.port, "")
         self.wires.append(w)
         w.auth_token(self.tok[token])
         return w
 
-    def wire_lock(self, sn: str, max_frame: int = 0) -> Wire:
+    def wire_lock(self, sn: str, max_frame: int = 0) -> Peer:
         """A lock speaking the protocol by hand, stating ``max_frame`` in CONNECT."""
-        w = Wire(self.port, sn)
+        w = Peer(self.port, sn)
         self.wires.append(w)
         ch = w.request(Op.CONNECT, Connect(Role.LOCK, 30, "advtest", VERSION, max_frame).encode())
         cnonce = os.urandom(16)
@@ -80,8 +78,8 @@ class Env:
         """The real firmware for ``sn``, pointed at this broker, connected."""
         folder = build_folder(self.root / f"board-{sn}", DeviceConfig(
             sn=sn, key=self.keys[sn].hex(), brokers=[("127.0.0.1", self.port)], hw="sim"))
-        fw.set_config(folder, backoff_min_ms=100, backoff_max_ms=500)
-        lock = fw.Lock(folder)
+        set_config(folder, backoff_min_ms=100, backoff_max_ms=500)
+        lock = Lock(folder)
         self.locks.append(lock)
         lock.expect(rf"^I net connected broker=127.0.0.1:{self.port}$", timeout=60)
         return lock
@@ -115,30 +113,30 @@ def make_env(tmp_path) -> Callable[..., Env]:
 
 # -- small protocol helpers -----------------------------------------------------------
 
-def send_command(svc: Wire, sn: str, kind: int, args: bytes = b"\x00\x02") -> int:
+def send_command(svc: Peer, sn: str, kind: int, args: bytes = b"\x00\x02") -> int:
     return svc.send(Op.COMMAND, Command(sn, 1, 0, kind, args).encode())
 
 
-def sync(w: Wire) -> None:
+def sync(w: Peer) -> None:
     """Wait until the broker has handled every frame sent so far on ``w`` (accepted
     commands get no immediate answer; a HEARTBEAT round trip orders after them)."""
     assert w.request(Op.HEARTBEAT, b"") is not None
 
 
-def refusal(svc: Wire, opaque: int) -> ErrorReply:
+def refusal(svc: Peer, opaque: int) -> ErrorReply:
     with pytest.raises(Refused) as ei:
         svc.answer(opaque)
     assert ei.value.err is not None, "the broker closed the connection instead of answering"
     return ei.value.err
 
 
-def admin_op(svc: Wire, op: str) -> dict[str, Any]:
+def admin_op(svc: Peer, op: str) -> dict[str, Any]:
     reply = svc.request(Op.ADMIN_REQUEST, encode_json({"op": op, "args": {}}))
     assert reply["ok"], reply
     return reply
 
 
-def next_command(lock: Wire) -> Command:
+def next_command(lock: Peer) -> Command:
     """The next COMMAND the broker sends this lock (other frames are skipped)."""
     while True:
         f = lock.read()
@@ -147,7 +145,7 @@ def next_command(lock: Wire) -> Command:
             return decode_body(f.opcode, f.body)
 
 
-def answer_ok(lock: Wire, c: Command) -> None:
+def answer_ok(lock: Peer, c: Command) -> None:
     lock.send(Op.COMMAND_RESULT, CommandResult(lock.sn, c.cmd_id, CommandStatus.OK, "done").encode(),
               flags=Flag.RESPONSE)
 
@@ -155,8 +153,6 @@ def answer_ok(lock: Wire, c: Command) -> None:
 def cards_args(n: int) -> bytes:
     """A CARDS_SET of ``n`` 8-byte card UIDs: 2 + 9 n bytes."""
     return struct.pack(">H", n) + b"".join(b"\x08" + struct.pack(">Q", i) for i in range(n))
-
-
 
 
 def event_acked(lock: Any) -> None:

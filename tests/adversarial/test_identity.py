@@ -21,8 +21,8 @@ from lockmq.protocol import (Ack, Command, CommandKind, CommandStatus, ErrorCode
                              Pull, Subscribe, Unsubscribe, decode_json, encode_json)
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 from lockmq.store import NewRecord, open_store
-from tests.security.conftest import BrokerProcess, free_port
-from tests.security.wire import Refused, Wire, refusal, wait_for
+from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, free_port, refusal,
+                            require_micropython, set_config, wait_for)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,7 +46,7 @@ class Env:
         # a fixed port: a restarted broker is found again by the locks provisioned for it
         self.tables.setdefault("broker", {}).setdefault("port", free_port())
         self.broker: BrokerProcess | None = None
-        self.wires: list[Wire] = []
+        self.wires: list[Peer] = []
         self.ops = self.token("ops", admin=True)
 
     def token(self, name: str, **perms: Any) -> str:
@@ -68,9 +68,9 @@ class Env:
         assert self.broker is not None
         return self.broker.port
 
-    def service(self, token: str, client_id: str) -> Wire:
+    def service(self, token: str, client_id: str) -> Peer:
         """A token holder, authenticated, with ``client_id`` as its frame SN."""
-        w = Wire(self.port, client_id)
+        w = Peer(self.port, client_id)
         self.wires.append(w)
         w.auth_token(token)
         return w
@@ -105,15 +105,11 @@ def decode_json_answer(body: Any) -> dict[str, Any]:
     return body if isinstance(body, dict) else decode_json(body)
 
 
-
-
-
-
-def subscribe(w: Wire, topic: str, cluster: str) -> int:
+def subscribe(w: Peer, topic: str, cluster: str) -> int:
     return w.request(Op.SUBSCRIBE, Subscribe(topic, cluster).encode()).sub_id
 
 
-def pull(w: Wire, sub_id: int, want: int = 1, timeout: float = 30.0) -> list[Any]:
+def pull(w: Peer, sub_id: int, want: int = 1, timeout: float = 30.0) -> list[Any]:
     """Long-poll until at least ``want`` messages arrived."""
     got: list[Any] = []
     deadline = time.monotonic() + timeout
@@ -143,15 +139,12 @@ def env(tmp_path):
 
 # -- the real firmware ----------------------------------------------------------------------
 
-fw = pytest.importorskip("tests.firmware.conftest")
-
 
 @pytest.fixture
 def firmware(tmp_path):
     """``firmware(env, sn)``: the real firmware (unix port), registered in ``env``'s
     registry and provisioned for its broker; stopped after the test."""
-    if not Path(fw.MICROPYTHON).exists():
-        pytest.skip("the MicroPython unix port is not installed")
+    require_micropython()
     from lockmq.firmware_tools.build import DeviceConfig, build_folder
 
     locks: list[Any] = []
@@ -161,8 +154,8 @@ def firmware(tmp_path):
         folder = build_folder(tmp_path / f"board-{sn}", DeviceConfig(
             sn=sn, key=key.hex(), brokers=[("127.0.0.1", e.port)], hw="sim"),
             cards=["0A1B2C3D"])
-        fw.set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
-        lk = fw.Lock(folder)
+        set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
+        lk = Lock(folder)
         locks.append(lk)
         lk.expect(r"I net connected", timeout=60)
         return lk
@@ -196,7 +189,7 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
 
     # 1a. the review's attack: client id "$broker", seq 0xFFFFFFFF. Refused at connect
     # (identity charset) or, at the latest, at the publish.
-    w = Wire(e.port, "$broker")
+    w = Peer(e.port, "$broker")
     e.wires.append(w)
     try:
         w.auth_token(evil)
@@ -405,11 +398,11 @@ def test_item12_sns_cannot_be_told_apart_and_lookalikes_are_refused(env, firmwar
 
     # lookalike client ids are refused, with the answer of a bad token
     bad_token = "lmq_" + "0" * 16 + "_" + "x" * 43
-    w = Wire(e.port, "anything")
+    w = Peer(e.port, "anything")
     e.wires.append(w)
     baseline = refusal(lambda: w.auth_token(bad_token))
     for lookalike in ("lock-0001", "LOCK-0001", "Lock-0002", "LOCK-0001\n"):
-        w = Wire(e.port, lookalike)
+        w = Peer(e.port, lookalike)
         e.wires.append(w)
         err = refusal(lambda: w.auth_token(opener))
         assert err.code in (ErrorCode.AUTH_FAILED, ErrorCode.INVALID_ARGUMENT), lookalike

@@ -28,10 +28,9 @@ import pytest
 from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import ErrorCode, Heartbeat, Op, Role, decode_body, encode_frame
 from lockmq.security import DeviceRegistry, SecurityConfig
-from tests.security.conftest import BrokerProcess
-from tests.security.wire import Refused, Wire, read_until_closed, refusal, wait_for
+from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, read_until_closed, refusal,
+                            require_micropython, wait_for)
 
-fw = pytest.importorskip("tests.firmware.conftest")
 pytestmark = pytest.mark.timeout(240)
 
 _LOCKMQ = ("import sys\nfrom lockmq.cli import main\nsys.exit(main(sys.argv[1:]))\n")
@@ -49,10 +48,6 @@ def _topic_end(broker: BrokerProcess, topic: str) -> int:
         if t["topic"] == topic:
             return t["queue_end"]
     return 0
-
-
-
-
 
 
 def _register(data: Path, *sns: str) -> dict[str, bytes]:
@@ -87,12 +82,11 @@ def brokers():
 @pytest.fixture
 def locks():
     """Run firmware boards (the MicroPython unix port); all are killed at the end."""
-    if not Path(fw.MICROPYTHON).exists():
-        pytest.skip("the MicroPython unix port is not installed")
+    require_micropython()
     made: list = []
 
     def run(folder: Path):
-        lk = fw.Lock(folder)
+        lk = Lock(folder)
         made.append(lk)
         return lk
 
@@ -115,7 +109,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     mark = broker.mark()
     codes = []
     for _ in range(6):
-        w = Wire(broker.port, "FW-7", source="127.0.0.2")
+        w = Peer(broker.port, "FW-7", source="127.0.0.2")
         try:
             err = refusal(lambda: w.auth_lock(os.urandom(32)))
             codes.append(err.code)
@@ -128,13 +122,13 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     assert "sn=FW-7" in line and "source=127.0.0.0/24" in line
 
     # the penalty is on the failing source only: elsewhere a wrong key is a plain failure
-    w = Wire(broker.port, "FW-7", source="127.0.1.9")
+    w = Peer(broker.port, "FW-7", source="127.0.1.9")
     try:
         assert refusal(lambda: w.auth_lock(os.urandom(32))).code == ErrorCode.AUTH_FAILED
     finally:
         w.close()
     # the right key gets in at once, even from the very address that is flooding ...
-    w = Wire(broker.port, "FW-7", source="127.0.0.2")
+    w = Peer(broker.port, "FW-7", source="127.0.0.2")
     try:
         assert w.auth_lock(key).heartbeat_s > 0
     finally:
@@ -156,14 +150,14 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     held = []
     try:
         for last in (3, 4, 5):              # 1 (the lock) + 3 = max_connections_per_address
-            h = Wire(broker.port, "X", source=f"127.0.0.{last}")
+            h = Peer(broker.port, "X", source=f"127.0.0.{last}")
             held.append(h)
             h.hello(Role.LOCK)                # admitted: CHALLENGE
-        extra = Wire(broker.port, "X", source="127.0.0.6")
+        extra = Peer(broker.port, "X", source="127.0.0.6")
         held.append(extra)
         err = refusal(lambda: extra.hello(Role.LOCK))
         assert err.code == ErrorCode.TOO_MANY_CONNECTIONS
-        other = Wire(broker.port, "X", source="127.0.1.6")  # another /24: its own budget
+        other = Peer(broker.port, "X", source="127.0.1.6")  # another /24: its own budget
         held.append(other)
         other.hello(Role.LOCK)
         broker.wait_log(r"security_connection_refused reason=max_connections_per_address "
@@ -190,7 +184,7 @@ def test_heartbeat_flood_is_rate_limited_and_stored_once(tmp_path, brokers):
     broker = brokers(data, {"security": {"lock_message_rate": 20.0, "lock_message_burst": 50}})
     mark = broker.mark()
     gap = 30.0                               # [devices] heartbeat_s: the default record gap
-    w = Wire(broker.port, "LOCK-8")
+    w = Peer(broker.port, "LOCK-8")
     try:
         w.auth_lock(key)
         n = 2000
@@ -266,13 +260,13 @@ def test_auth_cannot_be_turned_off_silently(tmp_path, brokers, broker_lines, sec
     broker = brokers(data, {"broker": {"auth": "required"}})
     assert "auth=required" in broker.wait_log(r"event=broker_started")
     assert broker.metrics()["lockmq_auth_required"] == 1
-    w = Wire(broker.port, "svc")
+    w = Peer(broker.port, "svc")
     try:
         assert refusal(lambda: w.auth_token("lmq_0000000000000000_" + "x" * 43)).code \
             == ErrorCode.AUTH_FAILED
     finally:
         w.close()
-    w = Wire(broker.port, "LOCK-9")
+    w = Peer(broker.port, "LOCK-9")
     try:
         w.auth_lock(key)
         assert w.publish("lock.events", 1) is not None
@@ -288,7 +282,6 @@ def test_auth_cannot_be_turned_off_silently(tmp_path, brokers, broker_lines, sec
 
 
 # -- item 14: the status page has a whole-request deadline and a connection cap -------------------
-
 
 
 def test_status_page_deadline_and_connection_cap(tmp_path, brokers):
@@ -370,7 +363,7 @@ def test_files_are_owner_only_whatever_the_umask(brokers, locks):
         data = root / "data"
         keys = _register(data, "LOCK-15", "FW-15")
         first = brokers(data, {})
-        w = Wire(first.port, "LOCK-15")
+        w = Peer(first.port, "LOCK-15")
         try:
             w.auth_lock(keys["LOCK-15"])
             w.publish("lock.events", 1, payload=b"card=04A1B2C3D4")
@@ -403,7 +396,7 @@ def test_files_are_owner_only_whatever_the_umask(brokers, locks):
         assert "to 0600/0700 (were: LOCK 0644," in line
 
         # the legitimate path: the lock publishes to a new topic (new files, umask 0)
-        w = Wire(broker.port, "LOCK-15")
+        w = Peer(broker.port, "LOCK-15")
         try:
             w.auth_lock(keys["LOCK-15"])
             assert w.publish("lock.audit", 2).status == 0   # seq 2: dedup is per lock

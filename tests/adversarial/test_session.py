@@ -10,9 +10,8 @@ import pytest
 
 from lockmq.protocol import Connect, ErrorCode, Op, Role, decode_body, encode_frame
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+from lockmq.testing import BrokerProcess, Peer, Refused, read_until_closed
 
-from tests.security.conftest import BrokerProcess
-from tests.security.wire import Refused, Wire, read_until_closed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,10 +41,8 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-
-
 def _legit_lock_publishes(broker, keys, seq: int) -> None:
-    w = Wire(broker.port, "LOCK-0001")
+    w = Peer(broker.port, "LOCK-0001")
     try:
         w.auth_lock(keys["LOCK-0001"])
         assert w.publish("lock.events", seq) is not None
@@ -109,7 +106,7 @@ def test_reserved_and_lookalike_ids_cannot_be_claimed(env, claimed):
     message-id separator are refused at CONNECT, for any role, before any token check."""
     broker, _, token = env
     mark = broker.mark()
-    w = Wire(broker.port, claimed)
+    w = Peer(broker.port, claimed)
     try:
         with pytest.raises(Refused) as ei:
             w.auth_token(token)
@@ -119,7 +116,7 @@ def test_reserved_and_lookalike_ids_cannot_be_claimed(env, claimed):
     finally:
         w.close()
     broker.wait_log(r"session_violation.*code=8", start=mark)
-    good = Wire(broker.port, "billing-worker-1")
+    good = Peer(broker.port, "billing-worker-1")
     try:
         good.auth_token(token)
         assert good.publish("billing.invoices", 1) is not None

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +24,8 @@ from lockmq.protocol import (TAG_SIZE, ErrorCode, Flag, FrameDecoder, Op, Protoc
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
 from lockmq.security.tls import client_context
-
-from tests.security.conftest import BrokerProcess, free_port
-from tests.security.wire import Refused, Wire
+from lockmq.testing import BrokerProcess, Lock, Peer, Refused, free_port, require_micropython
+from lockmq.testing.relay import pipe
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -145,7 +143,7 @@ def test_cli_uses_tls_and_never_sends_a_token_in_clear(tls_broker):
 
     # The broker's own guard stays: a token over its plain port from a non-allowed
     # address is refused, logged and counted.
-    w = Wire(broker.port, "", source="127.0.0.7")
+    w = Peer(broker.port, "", source="127.0.0.7")
     try:
         with pytest.raises(Refused) as ei:
             w.auth_token(token)
@@ -183,7 +181,7 @@ class TamperProxy:
             except OSError:
                 return
             broker_side = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pipe, args=(broker_side, lock_side), daemon=True).start()
+            threading.Thread(target=pipe, args=(broker_side, lock_side), daemon=True).start()
             threading.Thread(target=self._from_lock, args=(lock_side, broker_side),
                              daemon=True).start()
 
@@ -207,16 +205,6 @@ class TamperProxy:
         finally:
             dst.close()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            dst.close()
-
     def close(self) -> None:
         self.srv.close()
 
@@ -236,9 +224,7 @@ def mac_broker(tmp_path_factory):
 
 
 def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broker):
-    fw = pytest.importorskip("tests.firmware.conftest")
-    if not Path(fw.MICROPYTHON).exists():
-        pytest.skip("the MicroPython unix port is not installed")
+    require_micropython()
     from lockmq.firmware_tools.build import DeviceConfig, build_folder
 
     root, broker, key = mac_broker
@@ -246,7 +232,7 @@ def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broke
     board = build_folder(root / "board", DeviceConfig(
         sn="MAC-LOCK-1", key=key.hex(), brokers=[("127.0.0.1", proxy.port)], hw="sim",
         extra={"frame_mac": True}))
-    lock = fw.Lock(board)
+    lock = Lock(board)
     try:
         # Legitimate path: the real firmware over plain TCP asks for MACs, its event is
         # tagged and acked.
@@ -276,7 +262,7 @@ def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broke
         proxy.close()
 
     # Policy: on this broker a lock on plain TCP that does not ask for MACs is refused.
-    w = Wire(broker.port, "MAC-LOCK-1")
+    w = Peer(broker.port, "MAC-LOCK-1")
     try:
         with pytest.raises(Refused) as ei:
             w.auth_lock(key)

@@ -6,12 +6,11 @@ import threading
 
 import pytest
 from lockmq.protocol import ErrorCode, Op, Pull, Role, Unsubscribe, decode_body
-
-from .conftest import BrokerError, Peer, drain
+from lockmq.testing import Refused, drain, open_peer
 
 
 def _publish(port: int, topic: str, n: int, sn: str = "LOCK-P", start: int = 0) -> None:
-    p = Peer(port, sn=sn, role=Role.LOCK)
+    p = open_peer(port, sn=sn, role=Role.LOCK)
     for seq in range(start, start + n):
         p.publish(topic, seq, f"{sn}/{seq}".encode())
     p.close()
@@ -19,7 +18,7 @@ def _publish(port: int, topic: str, n: int, sn: str = "LOCK-P", start: int = 0) 
 
 def test_members_compete_and_every_message_is_processed_once(broker):
     _publish(broker.port, "ev", 300)
-    members = [Peer(broker.port, sn=f"svc{i}") for i in range(3)]
+    members = [open_peer(broker.port, sn=f"svc{i}") for i in range(3)]
     subs = [m.subscribe("ev", "workers").sub_id for m in members]
     # each member pulls small batches in turn until the topic is drained
     seen: list[str] = []
@@ -41,7 +40,7 @@ def test_members_compete_and_every_message_is_processed_once(broker):
 
 
 def test_idle_member_is_notified_when_messages_arrive(broker):
-    cons = Peer(broker.port)
+    cons = open_peer(broker.port)
     sub = cons.subscribe("late", "c1").sub_id
     assert cons.pull(sub, 10).messages == []          # idle now
     _publish(broker.port, "late", 3)
@@ -51,7 +50,7 @@ def test_idle_member_is_notified_when_messages_arrive(broker):
 
 
 def test_long_poll_pull_is_answered_when_a_message_arrives(broker):
-    cons = Peer(broker.port)
+    cons = open_peer(broker.port)
     sub = cons.subscribe("lp", "c1").sub_id
     op = cons.send(Op.PULL, Pull(sub, 10, 5000).encode())
     _publish(broker.port, "lp", 1)
@@ -62,7 +61,7 @@ def test_long_poll_pull_is_answered_when_a_message_arrives(broker):
 
 def test_several_clusters_each_get_every_message(broker):
     _publish(broker.port, "fan", 50)
-    a, b = Peer(broker.port), Peer(broker.port)
+    a, b = open_peer(broker.port), open_peer(broker.port)
     sa = a.subscribe("fan", "analytics").sub_id
     sb = b.subscribe("fan", "alarms").sub_id
     assert len({m.message_id for m in drain(a, sa, 50)}) == 50
@@ -73,11 +72,11 @@ def test_consumer_killed_holding_leases_releases_them_at_once(make_broker):
     # a long visibility timeout: only the release on disconnect can redeliver in time
     broker = make_broker(consumers={"visibility_timeout_ms": 600_000})
     _publish(broker.port, "k", 20)
-    victim = Peer(broker.port)
+    victim = open_peer(broker.port)
     sv = victim.subscribe("k", "grp").sub_id
     held = victim.pull(sv, 15).messages
     assert len(held) == 15
-    survivor = Peer(broker.port)
+    survivor = open_peer(broker.port)
     ss = survivor.subscribe("k", "grp").sub_id
     victim.sock.close()                       # killed: no ack, no unsubscribe
     got = drain(survivor, ss, 20)
@@ -89,7 +88,7 @@ def test_consumer_killed_holding_leases_releases_them_at_once(make_broker):
 def test_unacked_message_is_redelivered_after_visibility_timeout(make_broker):
     broker = make_broker(consumers={"visibility_timeout_ms": 200})
     _publish(broker.port, "vt", 1)
-    cons = Peer(broker.port)
+    cons = open_peer(broker.port)
     sub = cons.subscribe("vt", "g").sub_id
     first = cons.pull(sub, 10).messages
     assert len(first) == 1 and first[0].delivery == 1
@@ -100,19 +99,19 @@ def test_unacked_message_is_redelivered_after_visibility_timeout(make_broker):
             break
     assert again and again[0].message_id == first[0].message_id and again[0].delivery == 2
     # the old lease is gone: acking it is a clear error
-    with pytest.raises(BrokerError) as ei:
+    with pytest.raises(Refused) as ei:
         cons.ack(sub, [first[0].lease])
     assert ei.value.code == ErrorCode.UNKNOWN_LEASE
     cons.ack(sub, [again[0].lease])
 
 
 def test_ack_of_unknown_lease_is_an_error(broker):
-    cons = Peer(broker.port)
+    cons = open_peer(broker.port)
     sub = cons.subscribe("x", "g").sub_id
-    with pytest.raises(BrokerError) as ei:
+    with pytest.raises(Refused) as ei:
         cons.ack(sub, [(12345, 1)])
     assert ei.value.code == ErrorCode.UNKNOWN_LEASE
-    with pytest.raises(BrokerError) as ei:
+    with pytest.raises(Refused) as ei:
         cons.ack(999, [(1, 1)])
     assert ei.value.code == ErrorCode.UNKNOWN_SUBSCRIPTION
 
@@ -121,7 +120,7 @@ def test_member_and_cluster_caps_are_enforced_and_visible(make_broker):
     broker = make_broker(consumers={"max_inflight_per_member": 5,
                                     "max_inflight_per_cluster": 8})
     _publish(broker.port, "cap", 30)
-    a, b = Peer(broker.port), Peer(broker.port)
+    a, b = open_peer(broker.port), open_peer(broker.port)
     sa = a.subscribe("cap", "g").sub_id
     sb = b.subscribe("cap", "g").sub_id
     ga = a.pull(sa, 100).messages
@@ -144,7 +143,7 @@ def test_members_join_and_leave_mid_stream(broker):
     t.start()
     seen: set[str] = set()
     for round_ in range(6):
-        m = Peer(broker.port, sn=f"m{round_}")
+        m = open_peer(broker.port, sn=f"m{round_}")
         s = m.subscribe("churn", "g").sub_id
         for _ in range(3):
             got = m.pull(s, 25, wait_ms=300).messages
@@ -155,7 +154,7 @@ def test_members_join_and_leave_mid_stream(broker):
             m.request(Op.UNSUBSCRIBE, Unsubscribe(s).encode())
         m.close()
     t.join(30)
-    last = Peer(broker.port)
+    last = open_peer(broker.port)
     s = last.subscribe("churn", "g").sub_id
     seen.update(x.message_id for x in drain(last, s, total - len(seen)))
     assert seen == {f"LOCK-P:{i}" for i in range(total)}
@@ -172,7 +171,7 @@ def test_many_producers_and_consumers_concurrently(broker):
     lock = threading.Lock()
 
     def producer(i: int) -> None:
-        p = Peer(broker.port, sn=f"L{i}", role=Role.LOCK)
+        p = open_peer(broker.port, sn=f"L{i}", role=Role.LOCK)
         for start in range(0, per_lock, 25):
             ops = []
             frames = []
@@ -186,7 +185,7 @@ def test_many_producers_and_consumers_concurrently(broker):
         p.close()
 
     def consumer(i: int) -> None:
-        c = Peer(broker.port, sn=f"c{i}")
+        c = open_peer(broker.port, sn=f"c{i}")
         sub = c.subscribe("mix", "g").sub_id
         while not done.is_set():
             got = c.pull(sub, 50, wait_ms=100).messages
@@ -213,7 +212,7 @@ def test_many_producers_and_consumers_concurrently(broker):
 def test_window_cap_holds_reading_behind_the_oldest_unfinished_message(make_broker):
     broker = make_broker(consumers={"max_window": 10, "visibility_timeout_ms": 600_000})
     _publish(broker.port, "win", 30)
-    c = Peer(broker.port)
+    c = open_peer(broker.port)
     sub = c.subscribe("win", "g").sub_id
     first = c.pull(sub, 1).messages             # offset 0 stays leased
     rest = []
@@ -231,7 +230,7 @@ def test_window_cap_holds_reading_behind_the_oldest_unfinished_message(make_brok
 
 def test_reset_replays_or_skips(broker):
     _publish(broker.port, "rs", 10)
-    c = Peer(broker.port)
+    c = open_peer(broker.port)
     sub = c.subscribe("rs", "g").sub_id
     assert len(drain(c, sub, 10)) == 10
     r = c.admin("clusters.reset", cluster="g", to="earliest")

@@ -15,7 +15,7 @@ import pytest
 from lockmq.broker.dashboard import MAX_KNOWN_LOCKS, History, Sample, sparkline
 from lockmq.protocol import Role
 
-from .conftest import Peer
+from lockmq.testing import open_peer
 
 #: where the screenshot is kept after the run (ignored by git)
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -50,9 +50,9 @@ def chromium(tmp_path: Path, *args: str) -> str:
 def busy_broker(broker) -> tuple[str, Peer, Peer]:
     """A broker with two locks seen (one gone), a lagging cluster and three samples."""
     url = broker.status_page()
-    online, gone = Peer(broker.port, sn="LOCK-1", role=Role.LOCK), \
-        Peer(broker.port, sn="LOCK-2", role=Role.LOCK)
-    member = Peer(broker.port)
+    online, gone = open_peer(broker.port, sn="LOCK-1", role=Role.LOCK), \
+        open_peer(broker.port, sn="LOCK-2", role=Role.LOCK)
+    member = open_peer(broker.port)
     sub = member.subscribe("ev", "backend").sub_id
     for seq in range(20):
         online.publish("ev", seq)

@@ -7,8 +7,7 @@ import time
 
 from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode, Flag,
                              Heartbeat, Op, Role, decode_body, encode_frame)
-
-from .conftest import Peer, drain
+from lockmq.testing import Peer, drain, open_peer
 
 
 def _events(cons: Peer, sub: int, n: int) -> list[dict]:
@@ -16,11 +15,11 @@ def _events(cons: Peer, sub: int, n: int) -> list[dict]:
 
 
 def test_connect_disconnect_and_replace_are_published(broker):
-    watch = Peer(broker.port)
+    watch = open_peer(broker.port)
     sub = watch.subscribe("$devices", "ops").sub_id
-    lock = Peer(broker.port, sn="LOCK-9", role=Role.LOCK)
+    lock = open_peer(broker.port, sn="LOCK-9", role=Role.LOCK)
     assert watch.admin("devices")["devices"][0]["sn"] == "LOCK-9"
-    lock2 = Peer(broker.port, sn="LOCK-9", role=Role.LOCK)      # same SN again
+    lock2 = open_peer(broker.port, sn="LOCK-9", role=Role.LOCK)      # same SN again
     assert lock.read_frame().opcode == Op.DISCONNECT             # the old one is told
     lock2.close()
     ev = _events(watch, sub, 5)
@@ -36,9 +35,9 @@ def test_connect_disconnect_and_replace_are_published(broker):
 def test_heartbeat_is_answered_and_silent_lock_is_evicted(make_broker):
     broker = make_broker(devices={"heartbeat_s": 0.5, "evict_after_s": 2.0,
                                   "sweep_interval_s": 0.1})
-    watch = Peer(broker.port)
+    watch = open_peer(broker.port)
     sub = watch.subscribe("$devices", "ops").sub_id
-    lock = Peer(broker.port, sn="LOCK-H", role=Role.LOCK)
+    lock = open_peer(broker.port, sn="LOCK-H", role=Role.LOCK)
     hb = lock.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80, 1000).encode())
     assert isinstance(hb, Heartbeat)
     d = watch.admin("devices")["devices"][0]
@@ -61,11 +60,11 @@ def test_heartbeat_is_answered_and_silent_lock_is_evicted(make_broker):
 
 
 def test_command_waits_for_offline_lock_and_result_reaches_sender(broker):
-    svc = Peer(broker.port, sn="door-service")
+    svc = open_peer(broker.port, sn="door-service")
     op = svc.send(Op.COMMAND, Command("LOCK-7", 42, 0, CommandKind.UNLOCK,
                                       b"\x00\x05").encode())
     assert svc.admin("commands")["queued"] == {"LOCK-7": 1}
-    lock = Peer(broker.port, sn="LOCK-7", role=Role.LOCK)
+    lock = open_peer(broker.port, sn="LOCK-7", role=Role.LOCK)
     f = lock.wait_unsolicited(Op.COMMAND)
     assert f.target == "LOCK-7" and f.kind == CommandKind.UNLOCK and f.args == b"\x00\x05"
     lock.send(Op.COMMAND_RESULT, CommandResult("LOCK-7", f.cmd_id, CommandStatus.OK,
@@ -76,7 +75,7 @@ def test_command_waits_for_offline_lock_and_result_reaches_sender(broker):
 
 
 def test_command_to_lock_that_stays_offline_expires(broker):
-    svc = Peer(broker.port, sn="door-service")
+    svc = open_peer(broker.port, sn="door-service")
     op = svc.send(Op.COMMAND, Command("LOCK-X", 7, int(time.time() * 1000) + 300,
                                       CommandKind.REBOOT).encode())
     f = svc.wait(op, timeout=10)
@@ -85,12 +84,12 @@ def test_command_to_lock_that_stays_offline_expires(broker):
 
 
 def test_command_resent_after_lock_reconnects_without_answering(broker):
-    svc = Peer(broker.port, sn="door-service")
-    lock = Peer(broker.port, sn="LOCK-R", role=Role.LOCK)
+    svc = open_peer(broker.port, sn="door-service")
+    lock = open_peer(broker.port, sn="LOCK-R", role=Role.LOCK)
     op = svc.send(Op.COMMAND, Command("LOCK-R", 1, 0, CommandKind.UNLOCK, b"\x00\x01").encode())
     first = lock.wait_unsolicited(Op.COMMAND)
     lock.close()                                        # gone before answering
-    lock2 = Peer(broker.port, sn="LOCK-R", role=Role.LOCK)
+    lock2 = open_peer(broker.port, sn="LOCK-R", role=Role.LOCK)
     again = lock2.wait_unsolicited(Op.COMMAND)
     assert again.cmd_id == first.cmd_id
     lock2.send(Op.COMMAND_RESULT, CommandResult("LOCK-R", again.cmd_id, CommandStatus.OK).encode())
@@ -99,11 +98,11 @@ def test_command_resent_after_lock_reconnects_without_answering(broker):
 
 
 def test_command_on_a_replaced_connection_goes_to_the_new_one(broker):
-    svc = Peer(broker.port, sn="door-service")
-    old = Peer(broker.port, sn="LOCK-N", role=Role.LOCK)
+    svc = open_peer(broker.port, sn="door-service")
+    old = open_peer(broker.port, sn="LOCK-N", role=Role.LOCK)
     op = svc.send(Op.COMMAND, Command("LOCK-N", 3, 0, CommandKind.UNLOCK, b"\x00\x02").encode())
     first = old.wait_unsolicited(Op.COMMAND)
-    new = Peer(broker.port, sn="LOCK-N", role=Role.LOCK)   # the lock reconnected
+    new = open_peer(broker.port, sn="LOCK-N", role=Role.LOCK)   # the lock reconnected
     again = new.wait_unsolicited(Op.COMMAND)
     assert again.cmd_id == first.cmd_id
     new.send(Op.COMMAND_RESULT, CommandResult("LOCK-N", again.cmd_id, CommandStatus.OK).encode())
@@ -118,8 +117,8 @@ def test_waiting_commands_are_capped_in_bytes_per_sender_and_per_lock(make_broke
     broker = make_broker(commands={"max_pending_bytes_per_sender": 3000,
                                    "max_pending_bytes_per_lock": 2500,
                                    "lock_max_frame_default": 65536})
-    svc = Peer(broker.port, sn="door-service")
-    other = Peer(broker.port, sn="card-sync")
+    svc = open_peer(broker.port, sn="door-service")
+    other = open_peer(broker.port, sn="card-sync")
 
     def cmd(peer: Peer, sn: str, nbytes: int) -> int:
         return peer.send(Op.COMMAND, Command(sn, 1, 0, CommandKind.CARDS_SET,
@@ -143,7 +142,7 @@ def test_waiting_commands_are_capped_in_bytes_per_sender_and_per_lock(make_broke
     info = svc.admin("commands")
     assert info["held"] == 3 and info["by_sender"]["admin:door-service"]["count"] == 2
     # LOCK-B1 comes online and answers: the room is given back
-    lock = Peer(broker.port, sn="LOCK-B1", role=Role.LOCK)
+    lock = open_peer(broker.port, sn="LOCK-B1", role=Role.LOCK)
     for _ in range(2):
         f = lock.wait_unsolicited(Op.COMMAND)
         lock.send(Op.COMMAND_RESULT, CommandResult("LOCK-B1", f.cmd_id, CommandStatus.OK).encode())

@@ -9,8 +9,7 @@ import time
 import pytest
 from lockmq.protocol import (Connect, ErrorCode, Flag, Op, Publish, PublishAck, Pull, Role,
                              decode_body, encode_frame)
-
-from .conftest import BrokerError, Peer, drain
+from lockmq.testing import Peer, Refused, drain, open_peer
 
 
 def _closed_with(peer: Peer, code: int) -> None:
@@ -26,26 +25,26 @@ def _closed_with(peer: Peer, code: int) -> None:
     (b"\x01\x00\x00\x00\x03" + b"\x00" * 10, ErrorCode.BAD_FRAME),
 ])
 def test_malformed_frame_gets_error_and_close_others_unaffected(broker, garbage, code):
-    good = Peer(broker.port, sn="LOCK-G", role=Role.LOCK)
-    bad = Peer(broker.port, sn="LOCK-B", role=Role.LOCK)
+    good = open_peer(broker.port, sn="LOCK-G", role=Role.LOCK)
+    bad = open_peer(broker.port, sn="LOCK-B", role=Role.LOCK)
     bad.raw(garbage)
     _closed_with(bad, code)
     assert good.publish("t", 1).status == PublishAck.STORED
 
 
 def test_bad_checksum_and_bad_body_close_the_connection(broker):
-    p = Peer(broker.port, sn="LOCK-C", role=Role.LOCK)
+    p = open_peer(broker.port, sn="LOCK-C", role=Role.LOCK)
     frame = bytearray(encode_frame(Op.PUBLISH, "LOCK-C", Publish("t", 1, 0, b"x").encode(), 9))
     frame[-1] ^= 0xFF
     p.raw(bytes(frame))
     _closed_with(p, ErrorCode.BAD_CHECKSUM)
-    q = Peer(broker.port, sn="LOCK-D", role=Role.LOCK)
+    q = open_peer(broker.port, sn="LOCK-D", role=Role.LOCK)
     q.raw(encode_frame(Op.PUBLISH, "LOCK-D", b"\x05ab", 3))     # truncated PUBLISH body
     _closed_with(q, ErrorCode.BAD_BODY)
 
 
 def test_split_and_sticky_frames_are_decoded(broker):
-    p = Peer(broker.port, sn="LOCK-S", role=Role.LOCK)
+    p = open_peer(broker.port, sn="LOCK-S", role=Role.LOCK)
     data = b"".join(encode_frame(Op.PUBLISH, "LOCK-S", Publish("t", i, 0, b"y").encode(), 100 + i)
                     for i in range(50))
     for i in range(0, len(data), 7):            # 7-byte pieces
@@ -55,7 +54,7 @@ def test_split_and_sticky_frames_are_decoded(broker):
 
 
 def test_unknown_opcode_is_refused_but_connection_kept(broker):
-    p = Peer(broker.port)
+    p = open_peer(broker.port)
     p.raw(encode_frame(0x7777, "svc", b"", 5))
     f = p.read_frame()
     assert f.opcode == Op.ERROR and decode_body(f.opcode, f.body).code == ErrorCode.UNKNOWN_OPCODE
@@ -63,23 +62,23 @@ def test_unknown_opcode_is_refused_but_connection_kept(broker):
 
 
 def test_request_before_handshake_is_refused(broker):
-    p = Peer(broker.port, handshake=False)
+    p = Peer(broker.port, "svc")
     p.send(Op.PUBLISH, Publish("t", 1, 0, b"x").encode())
     _closed_with(p, ErrorCode.NOT_AUTHENTICATED)
 
 
 def test_lock_frame_with_another_sn_is_refused(broker):
-    p = Peer(broker.port, sn="LOCK-1", role=Role.LOCK)
+    p = open_peer(broker.port, sn="LOCK-1", role=Role.LOCK)
     p.send(Op.PUBLISH, Publish("t", 1, 0, b"x").encode(), sn="LOCK-2")
     _closed_with(p, ErrorCode.SN_MISMATCH)
 
 
 def test_lock_may_not_publish_to_system_topics_or_consume(broker):
-    p = Peer(broker.port, sn="LOCK-1", role=Role.LOCK)
-    with pytest.raises(BrokerError) as ei:
+    p = open_peer(broker.port, sn="LOCK-1", role=Role.LOCK)
+    with pytest.raises(Refused) as ei:
         p.publish("$devices", 1)
     assert ei.value.code == ErrorCode.FORBIDDEN
-    with pytest.raises(BrokerError) as ei:
+    with pytest.raises(Refused) as ei:
         p.subscribe("t", "c")
     assert ei.value.code == ErrorCode.FORBIDDEN
     assert p.publish("t", 2).status == PublishAck.STORED    # still connected
@@ -87,17 +86,17 @@ def test_lock_may_not_publish_to_system_topics_or_consume(broker):
 
 def test_full_disk_answers_busy_with_retry_after(make_broker):
     broker = make_broker(store={"min_free_bytes": 1 << 60})   # more than any disk
-    p = Peer(broker.port, sn="LOCK-F", role=Role.LOCK)
+    p = open_peer(broker.port, sn="LOCK-F", role=Role.LOCK)
     for seq in range(3):
-        with pytest.raises(BrokerError) as ei:
+        with pytest.raises(Refused) as ei:
             p.publish("t", seq)
         assert ei.value.code == ErrorCode.STORAGE_FULL and ei.value.err.retry_after_ms > 0
     # a oneway publish that is refused gets no answer (SPEC) but is counted
     op = p.send(Op.PUBLISH, Publish("t", 9, 0, b"x").encode(), flags=Flag.ONEWAY)
-    with pytest.raises(BrokerError):
+    with pytest.raises(Refused):
         p.publish("t", 10)                     # answered after the oneway was handled
     assert op not in p.answers and not p.unsolicited
-    stats = Peer(broker.port).admin("stats")
+    stats = open_peer(broker.port).admin("stats")
     assert stats["ok"], stats
     assert stats["broker"]["publish_busy"] == 5 and stats["broker"]["publish_stored"] == 0
     assert stats["broker"]["publish_oneway_refused"] == 1
@@ -114,7 +113,7 @@ def test_store_queue_full_answers_busy_and_never_drops(make_broker):
         results: dict[str, list[tuple[int, int]]] = {}
 
         def producer(i: int) -> None:
-            p = Peer(broker.port, sn=f"LOCK-{attempt}-{i}", role=Role.LOCK)
+            p = open_peer(broker.port, sn=f"LOCK-{attempt}-{i}", role=Role.LOCK)
             ops = []
             for start in range(0, n_msg, 10):       # 40 writes: many store appends
                 frames = []
@@ -142,7 +141,7 @@ def test_store_queue_full_answers_busy_and_never_drops(make_broker):
         if total_busy:
             break
     assert total_busy > 0 and acked_ids
-    c = Peer(broker.port)
+    c = open_peer(broker.port)
     sub = c.subscribe("q", "g").sub_id
     got = {m.message_id for m in drain(c, sub, len(acked_ids))}
     assert got == acked_ids                        # every acked one is stored
@@ -154,11 +153,11 @@ def test_peer_that_does_not_read_is_paused_not_buffered(make_broker):
     answers pass max_conn_buffer_bytes the broker stops reading it (TCP pushes back)
     instead of buffering without bound; when it reads again everything arrives."""
     broker = make_broker(broker={"max_conn_buffer_bytes": 64 * 1024})
-    prod = Peer(broker.port, sn="LOCK-BIG", role=Role.LOCK)
+    prod = open_peer(broker.port, sn="LOCK-BIG", role=Role.LOCK)
     n = 240
     for seq in range(n):
         prod.publish("big", seq, bytes([seq % 256]) * 100_000)    # 24 MB in all
-    c = Peer(broker.port)
+    c = open_peer(broker.port)
     sub = c.subscribe("big", "g").sub_id
     c.sock.settimeout(2.0)
     ops = []
@@ -168,7 +167,7 @@ def test_peer_that_does_not_read_is_paused_not_buffered(make_broker):
     except (socket.timeout, TimeoutError):
         pass
     time.sleep(0.5)                                # the broker fills the socket
-    stats = Peer(broker.port).admin("stats")["broker"]
+    stats = open_peer(broker.port).admin("stats")["broker"]
     assert stats["reads_paused"] >= 1
     c.sock.settimeout(20)
     got = 0

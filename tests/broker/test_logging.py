@@ -16,7 +16,7 @@ from pathlib import Path
 from lockmq.broker.logs import EventLog
 from lockmq.protocol import Role
 
-from .conftest import Peer
+from lockmq.testing import open_peer
 
 LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
 
@@ -58,7 +58,7 @@ log_level = "DEBUG"   # lock connects are logged at debug
 
         rotated = log.with_name("broker.log.1")
         log.rename(rotated)                      # logrotate's default: move, no signal
-        lock = Peer(port, sn="LOCK-7", role=Role.LOCK)
+        lock = open_peer(port, sn="LOCK-7", role=Role.LOCK)
         wait_for_line(log, r"event=device_online sn=LOCK-7 ", proc)
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
         assert "LOCK-7" not in rotated.read_text()

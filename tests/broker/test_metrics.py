@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lockmq.broker.metrics import BrokerCollector
 from lockmq.protocol import Role
 
-from .conftest import Peer
+from lockmq.testing import open_peer
 
 
 def scrape(url: str) -> str:
@@ -36,7 +36,7 @@ def samples(text: str) -> dict[str, float]:
 
 
 def produce(port: int, topic: str, n: int, sn: str = "LOCK-1") -> Peer:
-    p = Peer(port, sn=sn, role=Role.LOCK)
+    p = open_peer(port, sn=sn, role=Role.LOCK)
     for seq in range(n):
         p.publish(topic, seq)
     return p
@@ -44,7 +44,7 @@ def produce(port: int, topic: str, n: int, sn: str = "LOCK-1") -> Peer:
 
 def consume(port: int, topic: str, cluster: str, n: int) -> Peer:
     """Join ``cluster`` and ack its first ``n`` messages."""
-    c = Peer(port)
+    c = open_peer(port)
     sub = c.subscribe(topic, cluster).sub_id
     got = c.pull(sub, n).messages
     assert len(got) == n
@@ -98,7 +98,7 @@ def test_a_cluster_without_members_keeps_its_backlog_after_a_restart(make_broker
     assert m["lockmq_cluster_backlog" + lab] == 54
     assert m["lockmq_cluster_live" + lab] == 0
     assert m["lockmq_cluster_members" + lab] == 0
-    admin = Peer(second.port).admin("clusters", cluster="backend")["clusters"]
+    admin = open_peer(second.port).admin("clusters", cluster="backend")["clusters"]
     assert [c["backlog"] for c in admin] == [54]
     with urllib.request.urlopen(url + "/summary", timeout=10) as r:
         row = [ln for ln in r.read().decode().splitlines() if ln.startswith("backend ")]

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 
 from lockmq.protocol import Flag, Op, Publish, PublishAck, decode_body
-
-from .conftest import Peer, drain
+from lockmq.testing import Peer, drain, open_peer
 
 
 def test_sync_publish_then_consume_and_ack(broker):
-    prod = Peer(broker.port, sn="LOCK-1")
+    prod = open_peer(broker.port, sn="LOCK-1")
     offsets = []
     for seq in range(5):
         ack = prod.publish("locks", seq, f"rec{seq}".encode())
         assert ack.status == PublishAck.STORED
         offsets.append(ack.offset)                 # commit-log positions
     assert offsets == sorted(set(offsets))
-    cons = Peer(broker.port, sn="svc-a")
+    cons = open_peer(broker.port, sn="svc-a")
     sub = cons.subscribe("locks", "backend")
     assert sub.backlog == 5
     msgs = drain(cons, sub.sub_id, 5)
@@ -27,7 +26,7 @@ def test_sync_publish_then_consume_and_ack(broker):
 
 
 def test_pipelined_publish_acks_match_opaque(broker):
-    prod = Peer(broker.port, sn="LOCK-2")
+    prod = open_peer(broker.port, sn="LOCK-2")
     n = 500
     ops = {}
     data = b"".join(
@@ -49,23 +48,23 @@ def _frame(peer: Peer, pub: Publish, ops: dict, seq: int) -> bytes:
 
 
 def test_oneway_publish_is_stored_without_answer(broker):
-    prod = Peer(broker.port, sn="LOCK-3")
+    prod = open_peer(broker.port, sn="LOCK-3")
     for seq in range(20):
         prod.send(Op.PUBLISH, Publish("oneway", seq, 0, b"o").encode(), flags=Flag.ONEWAY)
     # a sync publish after them is answered; the oneways before it got no answer
     prod.publish("oneway", 20)
     assert not prod.answers and not prod.unsolicited
-    topics = {t["topic"]: t for t in Peer(broker.port).admin("topics")["topics"]}
+    topics = {t["topic"]: t for t in open_peer(broker.port).admin("topics")["topics"]}
     assert topics["oneway"]["queue_end"] == 21
 
 
 def test_retransmit_is_acked_again_but_stored_once(broker):
-    prod = Peer(broker.port, sn="LOCK-4")
+    prod = open_peer(broker.port, sn="LOCK-4")
     assert prod.publish("locks", 7, b"a").status == PublishAck.STORED
     again = prod.publish("locks", 7, b"a")
     assert again.status == PublishAck.DUPLICATE
     # a new connection of the same lock (after a lost ack) too
-    prod2 = Peer(broker.port, sn="LOCK-4")
+    prod2 = open_peer(broker.port, sn="LOCK-4")
     assert prod2.publish("locks", 7, b"a").status == PublishAck.DUPLICATE
     topics = {t["topic"]: t for t in prod2.admin("topics")["topics"]}
     assert topics["locks"]["queue_end"] == 1
@@ -111,7 +110,7 @@ def test_connection_burst_every_lock_acked(broker):
         tasks = [asyncio.ensure_future(lock(i, ready, acked)) for i in range(500)]
         while len(acked) < 500 and not any(t.done() and t.exception() for t in tasks):
             await asyncio.sleep(0.05)
-        online = Peer(broker.port).admin("devices")["count"]
+        online = open_peer(broker.port).admin("devices")["count"]
         ready.set()
         await asyncio.gather(*tasks)
         assert len(acked) == 500

@@ -12,8 +12,7 @@ import time
 
 import pytest
 from lockmq.protocol import ErrorCode, Role
-
-from .conftest import BrokerError, Peer
+from lockmq.testing import Peer, Refused, open_peer
 
 
 def _apply(call, sub: int, msgs: list) -> set:
@@ -21,7 +20,7 @@ def _apply(call, sub: int, msgs: list) -> set:
     a slow machine) -- the others were applied."""
     try:
         call(sub, [m.lease for m in msgs])
-    except BrokerError as exc:
+    except Refused as exc:
         assert exc.code == ErrorCode.UNKNOWN_LEASE
         return {(int(q), int(d)) for q, d in re.findall(r"\((\d+),(\d+)\)", exc.err.message)}
     return set()
@@ -33,13 +32,13 @@ def test_random_member_behaviour_keeps_the_invariants(make_broker, seed):
     broker = make_broker(consumers={"time_scale": 0.001, "retry_levels_s": [5, 20],
                                     "max_retries": 2, "visibility_timeout_ms": 300})
     n = 150
-    prod = Peer(broker.port, sn="R", role=Role.LOCK)
+    prod = open_peer(broker.port, sn="R", role=Role.LOCK)
     for seq in range(n):
         prod.publish("rnd", seq, str(seq).encode())
     ordered = seed == 3                               # one run with per-lock ordering
 
     def join(i: int) -> tuple[Peer, int]:
-        p = Peer(broker.port, sn=f"m{i}")
+        p = open_peer(broker.port, sn=f"m{i}")
         return p, p.subscribe("rnd", "g", ordered=ordered).sub_id
 
     members = [join(i) for i in range(3)]

@@ -4,8 +4,6 @@ acknowledged lost; SIGTERM shuts down gracefully; the status page answers."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,39 +11,20 @@ import time
 import urllib.request
 
 from lockmq.protocol import Op, Publish, Role, encode_frame
-
-from .conftest import Peer
+from lockmq.testing import BrokerProcess, free_port, open_peer
 
 LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(data: str, port: int, status_port: int = 0) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [LOCKMQ, "broker", "--host", "127.0.0.1", "--port", str(port), "--status-port",
-         str(status_port), "--data-dir", data, "--auth", "off", "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("broker did not start")
+def _start(data: str) -> BrokerProcess:
+    """``lockmq broker`` with auth off (a restart keeps its port)."""
+    return BrokerProcess(data, {"broker": {"auth": "off"}})
 
 
 def _producer(port: int, sn: str, acked: list[int], stop: threading.Event) -> None:
     """Pipelined sends (32 in flight), recording every acknowledged seq."""
     try:
-        p = Peer(port, sn=sn, role=Role.LOCK)
+        p = open_peer(port, sn=sn, role=Role.LOCK)
         seq = 0
         while not stop.is_set() and seq < 20_000:
             ops = {}
@@ -64,8 +43,8 @@ def _producer(port: int, sn: str, acked: list[int], stop: threading.Event) -> No
 
 
 def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
-    data, port = str(tmp_path / "data"), _free_port()
-    proc = _start(data, port)
+    proc = _start(str(tmp_path / "data"))
+    port = proc.port
     stop = threading.Event()
     acked: dict[str, list[int]] = {f"LOCK-{i}": [] for i in range(3)}
     threads = [threading.Thread(target=_producer, args=(port, sn, lst, stop))
@@ -74,7 +53,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
         t.start()
     consumed_before: set[str] = set()
     try:
-        cons = Peer(port)
+        cons = open_peer(port)
         sub = cons.subscribe("ev", "backend").sub_id
         deadline = time.monotonic() + 90             # generous: a shared, loaded machine
         while len(consumed_before) < 1000 and time.monotonic() < deadline:
@@ -87,17 +66,16 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
         while sum(len(v) for v in acked.values()) < 3000 and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
-        proc.send_signal(signal.SIGKILL)                # mid-stream
-        proc.wait(10)
+        proc.kill()                                     # mid-stream
         stop.set()
         for t in threads:
             t.join(15)
     total_acked = sum(len(v) for v in acked.values())
     assert total_acked >= 3000 and len(consumed_before) >= 1000
 
-    proc = _start(data, port)
+    proc.start()
     try:
-        cons = Peer(port)
+        cons = open_peer(port)
         sub = cons.subscribe("ev", "backend").sub_id
         after: list[str] = []
         empty = 0
@@ -118,15 +96,14 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
         assert {m.message_id for m in held} <= set(after)
         assert len(after) == len(set(after))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        assert proc.stop(20) == 0
 
 
 def test_sigterm_is_graceful_and_status_page_answers(tmp_path):
-    data, port, sport = str(tmp_path / "data"), _free_port(), _free_port()
-    proc = _start(data, port, sport)
+    proc = _start(str(tmp_path / "data"))
+    port, sport = proc.port, proc.status_port
     try:
-        p = Peer(port, sn="LOCK-1", role=Role.LOCK)
+        p = open_peer(port, sn="LOCK-1", role=Role.LOCK)
         for seq in range(10):
             p.publish("t", seq)
         page = urllib.request.urlopen(f"http://127.0.0.1:{sport}/summary",
@@ -137,31 +114,27 @@ def test_sigterm_is_graceful_and_status_page_answers(tmp_path):
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{sport}/metrics", timeout=5).read()
         assert b"lockmq_publish_stored_total 10.0" in metrics
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(20)
-        err = proc.stderr.read().decode()
-    assert rc == 0, err
+        rc = proc.stop(20)
+    assert rc == 0, proc.log_tail()
     f = p.read_frame()                             # told why, then closed
     assert f is not None and f.opcode == Op.DISCONNECT
     assert p.read_frame() is None
-    proc = _start(data, port)
+    proc.start()
     try:
-        c = Peer(port)
+        c = open_peer(port)
         assert {t["topic"]: t["queue_end"] for t in c.admin("topics")["topics"]}["t"] == 10
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        proc.stop(20)
 
 
 def test_second_broker_on_the_same_data_dir_fails_clearly(tmp_path):
-    data, port = str(tmp_path / "data"), _free_port()
-    proc = _start(data, port)
+    data = str(tmp_path / "data")
+    proc = _start(data)
     try:
         out = subprocess.run([LOCKMQ, "broker", "--host", "127.0.0.1", "--port",
-                              str(_free_port()), "--status-port", "0", "--data-dir", data,
+                              str(free_port()), "--status-port", "0", "--data-dir", data,
                               "--auth", "off"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 1
         assert "event=broker_failed" in out.stderr and "in use" in out.stderr
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        proc.stop(20)

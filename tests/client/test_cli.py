@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lockmq.cli import main
+from lockmq.testing import BrokerThread
 
 
 def test_demo_runs_end_to_end_and_reports_ok(capsys):
@@ -65,12 +66,10 @@ def test_dlq_list_and_replay(broker, capsys, tmp_path):
 
 def test_sim_with_keys_provisioned_by_lockmq_devices(tmp_path, capsys):
     pytest.importorskip("cryptography")
-    from lockmq.client.embedded import EmbeddedBroker
-
     data, prov = str(tmp_path / "data"), str(tmp_path / "prov")
     assert main(["devices", "add", "SIM-000001", "SIM-000002", "--data-dir", data,
                  "--out", prov]) == 0
-    b = EmbeddedBroker(data, auth="required").start()
+    b = BrokerThread(data, auth="required").start()
     try:
         capsys.readouterr()
         assert main(["sim", "--broker", b.address, "--locks", "2", "--events", "3",

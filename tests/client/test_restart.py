@@ -3,51 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 from lockmq.client import AsyncConsumer, AsyncProducer, SqliteIdempotency
 from lockmq.sim import SimConfig, SimStats, run_sim
 from lockmq.client.session import Endpoint
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_broker(data_dir: str, port: int, log) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker", "--host", "127.0.0.1",
-           "--port", str(port), "--status-port", "0", "--data-dir", data_dir,
-           "--auth", "off", "--time-scale", "0.01", "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError("broker exited at start")
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("broker did not start listening")
+from lockmq.testing import BrokerProcess
 
 
 def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
-    port = _free_port()
-    data = str(tmp_path / "data")
-    log = open(tmp_path / "broker.log", "wb")
     idem = SqliteIdempotency(str(tmp_path / "app.db"), synchronous="NORMAL")
     idem._conn().execute("CREATE TABLE effects (msg_id TEXT)")
     handler = idem.wrap(lambda conn, msg: conn.execute("INSERT INTO effects VALUES (?)",
                                                        (msg.id,)))
     count = 800
-    proc = _start_broker(data, port, log)
+    broker = BrokerProcess(tmp_path / "data", {"broker": {"auth": "off"},
+                                               "consumers": {"time_scale": 0.01}})
+    port = broker.port
     try:
         async def main():
             producer = AsyncProducer(f"127.0.0.1:{port}", producer_id="restart-test",
@@ -68,11 +40,9 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
                 if i % 20 == 0:
                     await asyncio.sleep(0.01)
                 if i == count // 2:
-                    nonlocal_proc[0].send_signal(signal.SIGKILL)
-                    nonlocal_proc[0].wait(10)
-                    await asyncio.sleep(0.3)
-                    nonlocal_proc[0] = await asyncio.get_running_loop().run_in_executor(
-                        None, _start_broker, data, port, log)
+                    broker.kill()
+                    await asyncio.sleep(0.3)                    # down for a moment
+                    await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
             deadline = time.monotonic() + 60
             while idem.count() < count and time.monotonic() < deadline:
@@ -81,16 +51,9 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
             await producer.close()
             return acked, producer, consumer
 
-        nonlocal_proc = [proc]
         acked, producer, consumer = asyncio.run(main())
-        proc = nonlocal_proc[0]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        broker.stop()
     assert len(acked) == count and len(set(acked)) == count
     assert producer.reconnects >= 1 and consumer.reconnects >= 1
     rows = idem._conn().execute("SELECT msg_id, count(*) FROM effects GROUP BY msg_id").fetchall()

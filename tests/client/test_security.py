@@ -18,10 +18,10 @@ from lockmq.client import (
     CommandError,
     ForbiddenError,
 )
-from lockmq.client.embedded import EmbeddedBroker
 from lockmq.client.session import Credentials, Endpoint, open_session
 from lockmq.protocol import CommandKind, Role
 from lockmq.sim import SimConfig, SimStats, register_locks, run_sim
+from lockmq.testing import BrokerThread
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def secured(tmp_path):
         publish=("orders",), consume=("orders:billing", "lock.events:billing"),
         command=("SIM-000001",)))
     store.close()
-    b = EmbeddedBroker(data, auth="required").start()
+    b = BrokerThread(data, auth="required").start()
     try:
         yield b, cfg, svc
     finally:
@@ -115,8 +115,8 @@ def test_tls_connection_with_a_token(tmp_path):
     token, _ = store.create("tls-service", Permissions(publish=("secure",),
                                                        consume=("secure:readers",)))
     store.close()
-    b = EmbeddedBroker(data, auth="required", overrides={"security": {
-        "tls_cert": str(cert_pem), "tls_key": str(key_pem), "tls_port": 0}}).start()
+    b = BrokerThread(data, auth="required", security={
+        "tls_cert": str(cert_pem), "tls_key": str(key_pem), "tls_port": 0}).start()
     try:
         ctx = ssl.create_default_context()
         ca.configure_trust(ctx)

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from lockmq.firmware_tools.build import DeviceConfig, build_folder
+from lockmq.testing import Lock, set_config
+from lockmq.testing.lock import KEY, SN
 
-from .conftest import KEY, SN, Lock, set_config
 from .minibroker import MiniBroker
 
 

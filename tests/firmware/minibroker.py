@@ -1,9 +1,15 @@
-"""A small broker for the firmware tests: the real protocol on real sockets.
+"""A small scriptable broker for the firmware tests: the real protocol on real sockets.
 
 It speaks the lock side of the session (CONNECT/CHALLENGE/AUTH/CONNECT_ACK,
 PUBLISH/PUBLISH_ACK with (sn, seq) de-duplication, HEARTBEAT, COMMAND/
-COMMAND_RESULT) so the firmware's link can be tested before and independently of
-lockmq's broker. Runs its asyncio loop in a thread; the test drives it.
+COMMAND_RESULT). Kept beside :class:`lockmq.testing.BrokerProcess` because these
+tests need what the real broker will not do on request: answer the next N publishes
+with BUSY, write raw (malformed) bytes to a lock, send a COMMAND in the same TCP
+segment as the CONNECT_ACK, sign a command with a wrong key or MAC, and drop every
+connection at once without a shutdown. It needs no registry or provisioning, so the
+firmware's link is tested independently of the broker. The end-to-end tests against
+the real broker are ``test_broker_e2e.py``, ``tests/security/test_e2e_firmware.py``
+and ``tests/adversarial``. Runs its asyncio loop in a thread; the test drives it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .conftest import run_mpy
+from lockmq.testing.micropython import run_mpy
 
 
 def test_cap_doubles_to_the_maximum_and_jitter_spreads(built, tmp_path):

@@ -7,60 +7,27 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import socket
 import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from lockmq.cli import main as lockmq_main
 from lockmq.protocol import CommandKind, EventType, LockEvent
-
-from .conftest import Lock
+from lockmq.testing import BrokerProcess, Lock, free_port
 
 LOCKMQ = str(Path(sys.executable).with_name("lockmq"))
 SN = "LOCKE2E1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_broker(args: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([LOCKMQ, "broker", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    pytest.fail("lockmq broker did not start")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 @pytest.fixture
 def real_broker(tmp_path):
-    pytest.importorskip("lockmq.broker.server")
     data = tmp_path / "data"
-    port = _free_port()
+    broker = BrokerProcess(data, {"broker": {"port": free_port()}}, start=False)
+    port = broker.port
     prov = tmp_path / "prov.json"
     subprocess.run([LOCKMQ, "devices", "add", SN, "--out", str(prov), "--broker", f"127.0.0.1:{port}",
                     "--data-dir", str(data)], check=True, capture_output=True, timeout=60)
@@ -68,9 +35,9 @@ def real_broker(tmp_path):
                           "--command", SN, "--json", "--data-dir", str(data)],
                          check=True, capture_output=True, timeout=60)
     token = json.loads(tok.stdout)["token"]
-    proc = _start_broker(["--port", str(port), "--status-port", "0", "--data-dir", str(data)], port)
+    broker.start()
     yield port, prov, token
-    _stop(proc)
+    broker.stop()
 
 
 def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_broker, lock_factory):
@@ -117,27 +84,19 @@ def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_b
 def test_tls_to_lockmq_broker(built, tmp_path, lock_factory):
     """`lockmq certs init` -> broker TLS port -> `devices add --tls-ca` ->
     `firmware build --config --tls-ca`: the lock verifies the broker and publishes."""
-    pytest.importorskip("lockmq.broker.server")
     data, tls = tmp_path / "data", tmp_path / "tls"
-    port, tls_port = _free_port(), _free_port()
+    tls_port = free_port()
     subprocess.run([LOCKMQ, "certs", "init", str(tls), "--host", "gw.lock.test", "--ip", "127.0.0.1"],
                    check=True, capture_output=True, timeout=60)
-    conf = tmp_path / "broker.toml"
-    conf.write_text(f"""[broker]
-port = {port}
-status_port = 0
-data_dir = "{data}"
-
-[security]
-tls_cert = "{tls / 'server.pem'}"
-tls_key = "{tls / 'server.key'}"
-tls_port = {tls_port}
-""")
+    broker = BrokerProcess(data, {"security": {"tls_cert": str(tls / "server.pem"),
+                                               "tls_key": str(tls / "server.key"),
+                                               "tls_port": tls_port}}, start=False)
+    conf = broker.write_config()
     prov = tmp_path / "prov.json"
     subprocess.run([LOCKMQ, "devices", "add", SN, "--out", str(prov), "--broker", f"127.0.0.1:{tls_port}",
                     "--tls-ca", str(tls / "ca.der"), "--server-hostname", "gw.lock.test",
                     "--config", str(conf)], check=True, capture_output=True, timeout=60)
-    proc = _start_broker(["--config", str(conf)], tls_port)
+    broker.start()
     try:
         board = tmp_path / "board"
         shutil.copytree(built, board)
@@ -149,4 +108,4 @@ tls_port = {tls_port}
         lk.send("event tamper")
         lk.expect(r"^I evt acked seq=1$", timeout=20)
     finally:
-        _stop(proc)
+        broker.stop()

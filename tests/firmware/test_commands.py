@@ -11,8 +11,10 @@ import time
 import pytest
 
 from lockmq.protocol import CommandKind, CommandStatus, EventType, Method
+from lockmq.testing import set_config
+from lockmq.testing.lock import KEY, SN
+from lockmq.testing.micropython import run_mpy
 
-from .conftest import KEY, SN, set_config
 from .minibroker import MiniBroker
 
 
@@ -169,7 +171,6 @@ def test_cfgchange_itself_refuses_an_unmarked_network_change(built, tmp_path):
     config.json as it was; with the marker it validates the TLS settings."""
     import shutil
 
-    from .conftest import run_mpy
 
     shutil.copy(built / "config.json", tmp_path / "config.json")
     before = (tmp_path / "config.json").read_text()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from lockmq.protocol import EventType, Method, Result
+from lockmq.testing import set_config
+from lockmq.testing.lock import KEY, SN
 
-from .conftest import KEY, SN, set_config
 from .minibroker import MiniBroker
 
 

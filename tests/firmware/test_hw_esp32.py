@@ -5,7 +5,7 @@ tests cannot reach, not the hardware's behaviour."""
 
 from __future__ import annotations
 
-from .conftest import run_mpy
+from lockmq.testing.micropython import run_mpy
 
 FAKES = '''
 # machine / network stand-ins (tests only)

@@ -9,8 +9,9 @@ import threading
 import pytest
 
 from lockmq.protocol import EventType, Method
+from lockmq.testing import Lock, set_config
+from lockmq.testing.lock import KEY, SN
 
-from .conftest import KEY, SN, Lock, set_config
 from .minibroker import MiniBroker
 
 

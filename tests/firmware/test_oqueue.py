@@ -11,7 +11,7 @@ import subprocess
 import time
 import zlib
 
-from .conftest import MICROPYTHON, micropython_env, run_mpy
+from lockmq.testing.micropython import micropython_binary, micropython_env, run_mpy
 
 
 def _parse(data: bytes) -> list[tuple[int, str, bytes]]:
@@ -255,7 +255,7 @@ while True:
     trying: set[int] = set()      # an ack in progress at the kill
     taken: list[int] = []         # every seq ever seen handed out
     for round_ in range(8):
-        proc = subprocess.Popen([MICROPYTHON, "-X", "heapsize=256K", "work.py"], cwd=tmp_path,
+        proc = subprocess.Popen([micropython_binary(), "-X", "heapsize=256K", "work.py"], cwd=tmp_path,
                                 env=micropython_env(built / "lib", home),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         first = proc.stdout.readline().decode()

@@ -13,7 +13,7 @@ from lockmq.protocol import _fast
 from lockmq.protocol._crc import crc16_table
 
 from . import vector_checks
-from .conftest import PROTOCOL, build_mpy_lib, run_micropython
+from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
 
 
 @pytest.fixture

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from lockmq.protocol import (AuthMethod, ClientSession, ConnectAck, FrameDecoder, Role,
                              ServerSession, verify_auth_proof)
+from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
 
 from . import session_checks
-from .conftest import HERE, PROTOCOL, build_mpy_lib, run_micropython
 
+HERE = Path(__file__).resolve().parent
 VECTORS = PROTOCOL / "session_vectors.json"
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from lockmq import protocol as p
 from lockmq.protocol._crc import crc16_crcmod, crc16_table
+from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
 
 from . import vector_checks
-from .conftest import HERE, PROTOCOL, build_mpy_lib, run_micropython
 
+HERE = Path(__file__).resolve().parent
 VECTORS = PROTOCOL / "vectors.json"
 
 

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
 
-from lockmq.cli import certs, devices, tokens
 from lockmq.security import DeviceRegistry, SecurityConfig, TokenStore
-
-
-def run(*argv: str) -> int:
-    """Run only our command groups (the full CLI may still be missing groups)."""
-    parser = argparse.ArgumentParser(prog="lockmq")
-    sub = parser.add_subparsers()
-    for mod in (devices, tokens, certs):
-        mod.register(sub)
-    args = parser.parse_args(list(argv))
-    return int(args.func(args) or 0)
+from lockmq.testing import run_cli
 
 
 def test_devices_lifecycle(tmp_path, capsys):
     data = str(tmp_path / "data")
     out = tmp_path / "L1.json"
-    assert run("devices", "add", "L1", "--out", str(out), "--broker", "10.0.0.2:6800",
+    assert run_cli("devices", "add", "L1", "--out", str(out), "--broker", "10.0.0.2:6800",
                "--tls-ca", "tls/ca.der", "--data-dir", data) == 0
     doc = json.loads(out.read_text())
     assert doc["sn"] == "L1" and doc["brokers"] == [["10.0.0.2", 6800]]
@@ -35,23 +24,23 @@ def test_devices_lifecycle(tmp_path, capsys):
         assert reg.key_for("L1") == bytes.fromhex(doc["key"])
     finally:
         reg.close()
-    assert run("devices", "add", "L1", "--out", str(out), "--data-dir", data) == 1
-    assert run("devices", "disable", "L1", "--data-dir", data) == 0
+    assert run_cli("devices", "add", "L1", "--out", str(out), "--data-dir", data) == 1
+    assert run_cli("devices", "disable", "L1", "--data-dir", data) == 0
     capsys.readouterr()
-    assert run("devices", "list", "--json", "--data-dir", data) == 0
+    assert run_cli("devices", "list", "--json", "--data-dir", data) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["sn"], r["enabled"]) for r in rows] == [("L1", False)]
-    assert run("devices", "rekey", "L1", "--out", str(out), "--data-dir", data) == 0
+    assert run_cli("devices", "rekey", "L1", "--out", str(out), "--data-dir", data) == 0
     assert json.loads(out.read_text())["key"] != doc["key"]
-    assert run("devices", "remove", "L1", "--data-dir", data) == 0
-    assert run("devices", "show", "L1", "--data-dir", data) == 1
+    assert run_cli("devices", "remove", "L1", "--data-dir", data) == 0
+    assert run_cli("devices", "show", "L1", "--data-dir", data) == 1
 
 
 def test_tokens_lifecycle(tmp_path, capsys):
     data = str(tmp_path / "data")
-    assert run("tokens", "create", "svc", "--data-dir", data) == 2      # no rights given
+    assert run_cli("tokens", "create", "svc", "--data-dir", data) == 2      # no rights given
     capsys.readouterr()
-    assert run("tokens", "create", "svc", "--consume", "lock.*:svc", "--ttl", "1h",
+    assert run_cli("tokens", "create", "svc", "--consume", "lock.*:svc", "--ttl", "1h",
                "--data-dir", data) == 0
     token = capsys.readouterr().out.strip()
     store = TokenStore(SecurityConfig(data_dir=data).registry_path)
@@ -60,35 +49,35 @@ def test_tokens_lifecycle(tmp_path, capsys):
         assert info.permissions.consume == ("lock.*:svc",)
     finally:
         store.close()
-    assert run("tokens", "list", "--data-dir", data) == 0
+    assert run_cli("tokens", "list", "--data-dir", data) == 0
     listing = capsys.readouterr().out
     assert info.id in listing and token not in listing
-    assert run("tokens", "revoke", info.id, "--data-dir", data) == 0
-    assert run("tokens", "revoke", info.id, "--data-dir", data) == 1
+    assert run_cli("tokens", "revoke", info.id, "--data-dir", data) == 0
+    assert run_cli("tokens", "revoke", info.id, "--data-dir", data) == 1
 
 
 def test_config_file_gives_the_data_dir(tmp_path):
     data = tmp_path / "elsewhere"
     conf = tmp_path / "broker.toml"
     conf.write_text(f'[broker]\ndata_dir = "{data}"\n')
-    assert run("devices", "add", "L9", "--out", str(tmp_path / "p.json"),
+    assert run_cli("devices", "add", "L9", "--out", str(tmp_path / "p.json"),
                "--config", str(conf)) == 0
     assert (data / "security.db").exists()
 
 
 def test_certs_init_refuses_to_overwrite(tmp_path, capsys):
     d = str(tmp_path / "tls")
-    assert run("certs", "init", d, "--ip", "127.0.0.1") == 0
+    assert run_cli("certs", "init", d, "--ip", "127.0.0.1") == 0
     for name in ("ca.pem", "ca.der", "ca.key", "server.pem", "server.key"):
         assert os.path.exists(os.path.join(d, name))
     assert stat.S_IMODE(os.stat(os.path.join(d, "server.key")).st_mode) == 0o600
-    assert run("certs", "init", d, "--ip", "127.0.0.1") == 1
-    assert run("certs", "init", d, "--ip", "127.0.0.1", "--force") == 0
+    assert run_cli("certs", "init", d, "--ip", "127.0.0.1") == 1
+    assert run_cli("certs", "init", d, "--ip", "127.0.0.1", "--force") == 0
 
 
 def test_tokens_warn_when_publish_covers_lock_topics(tmp_path, capsys):
     data = str(tmp_path / "data")
-    assert run("tokens", "create", "ingest", "--publish", "lock.*", "--data-dir", data) == 0
+    assert run_cli("tokens", "create", "ingest", "--publish", "lock.*", "--data-dir", data) == 0
     assert "covers the locks' own topics" in capsys.readouterr().err
-    assert run("tokens", "create", "billing", "--publish", "billing.*", "--data-dir", data) == 0
+    assert run_cli("tokens", "create", "billing", "--publish", "billing.*", "--data-dir", data) == 0
     assert "covers" not in capsys.readouterr().err

@@ -16,8 +16,8 @@ from lockmq.security.commands import (PLAIN_CONFIG_KEYS, InvalidCommand, check_n
 from lockmq.security.errors import PermissionDenied
 from lockmq.security.principal import (COMMAND_DENIED_MESSAGE, Principal,
                                        parse_command_right)
+from lockmq.testing import run_cli
 
-from .test_cli import run
 
 K = CommandKind
 
@@ -130,14 +130,14 @@ def test_command_frame_size_is_the_signed_frame():
 
 def test_cli_grants_kinds_warns_for_legacy_and_network_rights(tmp_path, capsys):
     data = str(tmp_path / "data")
-    assert run("tokens", "create", "old", "--command", "LOCK-*", "--json", "--data-dir", data) == 0
+    assert run_cli("tokens", "create", "old", "--command", "LOCK-*", "--json", "--data-dir", data) == 0
     out = capsys.readouterr()
     assert "allows unlock and cards only" in out.err
     assert json.loads(out.out)["permissions"]["command"] == ["unlock,cards:LOCK-*"]
-    assert run("tokens", "create", "net", "--command", "config.network:LOCK-1",
+    assert run_cli("tokens", "create", "net", "--command", "config.network:LOCK-1",
                "--data-dir", data) == 0
     assert "can repoint those locks" in capsys.readouterr().err
-    assert run("tokens", "create", "bad", "--command", "open:LOCK-*", "--data-dir", data) == 2
+    assert run_cli("tokens", "create", "bad", "--command", "open:LOCK-*", "--data-dir", data) == 2
     assert "unknown command kind 'open'" in capsys.readouterr().err
     store = TokenStore(SecurityConfig(data_dir=data).registry_path)
     try:
@@ -146,5 +146,5 @@ def test_cli_grants_kinds_warns_for_legacy_and_network_rights(tmp_path, capsys):
         assert [t.name for t in store.list()] == ["net", "old"]
     finally:
         store.close()
-    assert run("tokens", "list", "--data-dir", data) == 0
+    assert run_cli("tokens", "list", "--data-dir", data) == 0
     assert "command=unlock,cards:LOCK-*" in capsys.readouterr().out

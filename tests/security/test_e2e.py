@@ -7,7 +7,6 @@ gets, the broker's log line, and the ``/metrics`` counter.
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 
@@ -17,9 +16,8 @@ from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus,
                              Op, Role, Subscribe, decode_body)
 from lockmq.security import (CommandRefused, CommandVerifier, DeviceRegistry, Permissions,
                              SecurityConfig, TokenStore)
+from lockmq.testing import BrokerProcess, Peer, refusal, run_cli
 
-from .conftest import BrokerProcess
-from .wire import Wire, refusal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,11 +46,9 @@ def env(tmp_path_factory):
     tokens.close()
 
 
-
-
 def test_registered_lock_publishes(env):
     broker, _, keys, _ = env
-    w = Wire(broker.port, "LOCK-A")
+    w = Peer(broker.port, "LOCK-A")
     try:
         ack = w.auth_lock(keys["LOCK-A"])
         assert ack.heartbeat_s > 0
@@ -67,7 +63,7 @@ def test_unknown_sn_and_wrong_key_get_the_same_answer(env):
     mark = broker.mark()
     errs = []
     for sn in ("NOBODY-1", "LOCK-B"):
-        w = Wire(broker.port, sn)
+        w = Peer(broker.port, sn)
         try:
             errs.append(refusal(lambda: w.auth_lock(os.urandom(32))))
             assert w.read(5) is None            # and the connection is closed
@@ -87,12 +83,12 @@ def test_unknown_sn_and_wrong_key_get_the_same_answer(env):
 
 def test_replayed_challenge_answer_is_refused(env):
     broker, _, keys, _ = env
-    w = Wire(broker.port, "LOCK-C")
+    w = Peer(broker.port, "LOCK-C")
     w.auth_lock(keys["LOCK-C"])
     recorded = w.sent_auth
     w.close()
     mark = broker.mark()
-    eve = Wire(broker.port, "LOCK-C")          # an eavesdropper replays the answer
+    eve = Peer(broker.port, "LOCK-C")          # an eavesdropper replays the answer
     try:
         eve.hello(Role.LOCK)
         err = refusal(lambda: eve.request(Op.AUTH, recorded))
@@ -106,7 +102,7 @@ def test_replayed_challenge_answer_is_refused(env):
 def test_frame_claiming_another_sn_is_refused(env):
     broker, _, keys, _ = env
     mark = broker.mark()
-    w = Wire(broker.port, "LOCK-D")
+    w = Peer(broker.port, "LOCK-D")
     try:
         w.auth_lock(keys["LOCK-D"])
         err = refusal(lambda: w.publish("lock.events", 1, sn="LOCK-A"))
@@ -120,7 +116,7 @@ def test_frame_claiming_another_sn_is_refused(env):
 
 def test_lock_may_not_publish_to_another_locks_topic(env):
     broker, _, keys, _ = env
-    w = Wire(broker.port, "LOCK-B")
+    w = Peer(broker.port, "LOCK-B")
     try:
         w.auth_lock(keys["LOCK-B"])
         err = refusal(lambda: w.publish("locks.LOCK-A.events", 1))
@@ -133,7 +129,7 @@ def test_lock_may_not_publish_to_another_locks_topic(env):
 def test_service_without_permission_is_refused(env):
     broker, _, _, tok = env
     mark = broker.mark()
-    w = Wire(broker.port, "")
+    w = Peer(broker.port, "")
     try:
         w.auth_token(tok["reader"])
         assert w.request(Op.SUBSCRIBE, Subscribe("lock.events", "billing").encode())
@@ -156,7 +152,7 @@ def test_service_without_permission_is_refused(env):
 def test_expired_token_is_refused(env):
     broker, _, _, tok = env
     mark = broker.mark()
-    w = Wire(broker.port, "")
+    w = Peer(broker.port, "")
     try:
         err = refusal(lambda: w.auth_token(tok["expired"]))
         assert err.code == ErrorCode.TOKEN_EXPIRED
@@ -168,8 +164,8 @@ def test_expired_token_is_refused(env):
 
 def test_downlink_command_is_signed_and_a_replay_is_refused_by_the_lock(env):
     broker, _, keys, tok = env
-    lock = Wire(broker.port, "LOCK-A")
-    svc = Wire(broker.port, "")
+    lock = Peer(broker.port, "LOCK-A")
+    svc = Peer(broker.port, "")
     try:
         lock.auth_lock(keys["LOCK-A"])
         svc.auth_token(tok["opener"])
@@ -205,10 +201,8 @@ def test_downlink_command_is_signed_and_a_replay_is_refused_by_the_lock(env):
 def test_silent_socket_is_closed_after_the_auth_timeout(env):
     broker, _, _, _ = env
     mark = broker.mark()
-    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
-    w = Wire.__new__(Wire)
-    Wire.__init__  # noqa: B018 -- reuse the reader on a raw socket
-    w.sock, w.dec, w.pending = s, __import__("lockmq.protocol").protocol.FrameDecoder(65536), []
+    w = Peer(broker.port, timeout=30)      # connected, and then silent
+    s = w.sock
     try:
         seen = w.wait_closed(timeout=30)
         assert [e.code for e in seen if hasattr(e, "code")] == [ErrorCode.AUTH_TIMEOUT]
@@ -220,9 +214,8 @@ def test_silent_socket_is_closed_after_the_auth_timeout(env):
 
 def test_oversized_frame_is_refused_before_buffering(env):
     broker, _, _, _ = env
-    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
-    w = Wire.__new__(Wire)
-    w.sock, w.dec, w.pending = s, __import__("lockmq.protocol").protocol.FrameDecoder(65536), []
+    w = Peer(broker.port, timeout=30)
+    s = w.sock
     try:
         # version 1, length 100 MB, opcode PUBLISH, empty SN: refused from the header
         s.sendall(struct.pack(">BIHB", 1, 100_000_000, Op.PUBLISH, 0))
@@ -237,11 +230,11 @@ def test_disabled_lock_is_refused_at_its_next_connect(env):
     broker, reg, keys, _ = env
     reg.add("LOCK-X")
     key = reg.rekey("LOCK-X")
-    w = Wire(broker.port, "LOCK-X")
+    w = Peer(broker.port, "LOCK-X")
     w.auth_lock(key)
     w.close()
     reg.set_enabled("LOCK-X", False)
-    w = Wire(broker.port, "LOCK-X")
+    w = Peer(broker.port, "LOCK-X")
     try:
         assert refusal(lambda: w.auth_lock(key)).code == ErrorCode.AUTH_FAILED
     finally:
@@ -249,18 +242,17 @@ def test_disabled_lock_is_refused_at_its_next_connect(env):
 
 
 def test_devices_online_lists_connected_locks(env, capsys):
-    from .test_cli import run
     broker, _, keys, tok = env
-    w = Wire(broker.port, "LOCK-C")
+    w = Peer(broker.port, "LOCK-C")
     try:
         w.auth_lock(keys["LOCK-C"])
-        assert run("devices", "online", "--broker", f"127.0.0.1:{broker.port}",
+        assert run_cli("devices", "online", "--broker", f"127.0.0.1:{broker.port}",
                    "--token", tok["ops"], "--json") == 0
         import json
         sns = [d["sn"] for d in json.loads(capsys.readouterr().out)]
         assert "LOCK-C" in sns
         for bad in ("expired", "reader"):       # expired token; token without admin
-            assert run("devices", "online", "--broker", f"127.0.0.1:{broker.port}",
+            assert run_cli("devices", "online", "--broker", f"127.0.0.1:{broker.port}",
                        "--token", tok[bad]) == 1
     finally:
         w.close()
@@ -270,16 +262,15 @@ def test_unauthenticated_peers_get_only_small_frames(env):
     """Before AUTH a frame may be at most preauth_max_frame_bytes (4 KiB): an
     unauthenticated socket cannot make the broker buffer max_frame bytes."""
     broker, _, keys, _ = env
-    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
-    w = Wire.__new__(Wire)
-    w.sock, w.dec, w.pending = s, __import__("lockmq.protocol").protocol.FrameDecoder(65536), []
+    w = Peer(broker.port, timeout=30)
+    s = w.sock
     try:
         s.sendall(struct.pack(">BIHB", 1, 8192, Op.CONNECT, 0))   # within max_frame (64 KiB)
         seen = w.wait_closed(timeout=30)
         assert [e.code for e in seen if hasattr(e, "code")] == [ErrorCode.FRAME_TOO_LARGE]
     finally:
         s.close()
-    w = Wire(broker.port, "LOCK-B")                                # after AUTH: full limit
+    w = Peer(broker.port, "LOCK-B")                                # after AUTH: full limit
     try:
         w.auth_lock(keys["LOCK-B"])
         assert w.publish("lock.events", 99, payload=b"z" * 20000) is not None
@@ -290,7 +281,7 @@ def test_unauthenticated_peers_get_only_small_frames(env):
 def test_challenges_of_closed_connections_are_forgotten(env):
     broker, _, _, _ = env
     for _ in range(20):
-        w = Wire(broker.port, "LOCK-A")
+        w = Peer(broker.port, "LOCK-A")
         w.hello(1)
         w.close()
     deadline = time.monotonic() + 30

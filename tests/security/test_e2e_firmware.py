@@ -18,12 +18,10 @@ from lockmq.protocol import (Command, CommandKind, CommandStatus, FrameDecoder, 
                              ProtocolError, encode_frame)
 from lockmq.security import Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
+from lockmq.testing import BrokerProcess, Lock, Peer, free_port, require_micropython, run_cli
+from lockmq.testing.relay import pipe
 
-from .conftest import BrokerProcess, free_port
-from .test_cli import run
-from .wire import Wire
 
-fw = pytest.importorskip("tests.firmware.conftest")
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -46,7 +44,7 @@ class MitmProxy:
         broker_side = socket.create_connection(("127.0.0.1", self.target))
         self._to_lock = lock_side
         self._ready.set()
-        threading.Thread(target=self._pipe, args=(lock_side, broker_side), daemon=True).start()
+        threading.Thread(target=pipe, args=(lock_side, broker_side), daemon=True).start()
         dec = FrameDecoder(1 << 20)
         try:
             while data := broker_side.recv(65536):
@@ -62,16 +60,6 @@ class MitmProxy:
         finally:
             lock_side.close()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            dst.close()
-
     def inject(self, raw: bytes) -> None:
         assert self._ready.wait(10)
         with self._send:
@@ -83,8 +71,7 @@ class MitmProxy:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    if not Path(fw.MICROPYTHON).exists():
-        pytest.skip("the MicroPython unix port is not installed")
+    require_micropython()
     root = tmp_path_factory.mktemp("chain")
     data = root / "data"
     data.mkdir()
@@ -107,7 +94,7 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
             "--data-dir", data_dir]
     if tls_ca:
         argv += ["--tls-ca", tls_ca, "--server-hostname", "gw.local"]
-    assert run(*argv) == 0
+    assert run_cli(*argv) == 0
     doc = json.loads(prov.read_text())
     tls = doc.get("tls", {})
     folder = build_folder(root / f"board-{sn}", DeviceConfig(
@@ -117,7 +104,7 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
     return folder
 
 
-def command(svc: Wire, sn: str, args: bytes = b"\x00\x03") -> int:
+def command(svc: Peer, sn: str, args: bytes = b"\x00\x03") -> int:
     return svc.send(Op.COMMAND, Command(sn, 0, 0, CommandKind.UNLOCK, args).encode())
 
 
@@ -125,8 +112,8 @@ def test_provisioned_firmware_runs_signed_unlock_and_refuses_replay_and_forgery(
     root, broker, _, _, opener = chain
     proxy = MitmProxy(broker.port)
     board = build_board(root, "FW-1", proxy.port, broker.data_dir)
-    lock = fw.Lock(board)
-    svc = Wire(broker.port, "")
+    lock = Lock(board)
+    svc = Peer(broker.port, "")
     try:
         lock.expect(r"I net connected", timeout=30)
         svc.auth_token(opener)
@@ -164,9 +151,9 @@ def _body(raw: bytes) -> bytes:
 def test_wrong_key_firmware_is_refused(chain):
     root, broker, _, _, _ = chain
     board = build_board(root, "FW-2", broker.port, broker.data_dir)
-    assert run("devices", "rekey", "FW-2", "--out", str(root / "FW-2-new.json"),
+    assert run_cli("devices", "rekey", "FW-2", "--out", str(root / "FW-2-new.json"),
                "--data-dir", broker.data_dir) == 0          # the board keeps the old key
-    lock = fw.Lock(board)
+    lock = Lock(board)
     try:
         lock.expect(r"E net auth failed", timeout=30)
     finally:
@@ -177,7 +164,7 @@ def test_wrong_key_firmware_is_refused(chain):
 def test_firmware_over_tls_with_der_ca(chain):
     root, broker, tls_port, certs, _ = chain
     board = build_board(root, "FW-3", tls_port, broker.data_dir, tls_ca=certs.ca_der)
-    lock = fw.Lock(board)
+    lock = Lock(board)
     try:
         lock.expect(r"I net connected", timeout=30)
     finally:

@@ -15,9 +15,8 @@ from lockmq.protocol import ErrorCode
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 from lockmq.security.certs import init_ca_and_server
 from lockmq.security.tls import client_context
+from lockmq.testing import BrokerProcess, Peer, Refused, free_port
 
-from .conftest import BrokerProcess, free_port
-from .wire import Refused, Wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +44,7 @@ def tls_env(tmp_path_factory):
 def test_lock_over_tls_verifies_the_gateway_with_a_der_ca(tls_env):
     broker, tls_port, files, key, _ = tls_env
     ctx = client_context(cadata=open(files.ca_der, "rb").read())
-    w = Wire(tls_port, "TLS-LOCK", tls=ctx)
+    w = Peer(tls_port, "TLS-LOCK", tls=ctx)
     try:
         assert isinstance(w.sock, ssl.SSLSocket) and w.sock.version() in ("TLSv1.2", "TLSv1.3")
         w.auth_lock(key)
@@ -59,13 +58,13 @@ def test_a_client_with_another_ca_cannot_connect(tls_env, tmp_path):
     _, tls_port, _, _, _ = tls_env
     other = init_ca_and_server(str(tmp_path / "other"), ["gw.local"], ["127.0.0.1"])
     with pytest.raises(ssl.SSLCertVerificationError):
-        Wire(tls_port, "TLS-LOCK", tls=client_context(other.ca_pem))
+        Peer(tls_port, "TLS-LOCK", tls=client_context(other.ca_pem))
 
 
 def test_plain_port_is_open_and_logged_as_unencrypted(tls_env):
     broker, _, _, key, _ = tls_env
     broker.wait_log(r"listener.*PLAIN-TCP-UNENCRYPTED")
-    w = Wire(broker.port, "TLS-LOCK")
+    w = Peer(broker.port, "TLS-LOCK")
     try:
         w.auth_lock(key)
     finally:
@@ -75,7 +74,7 @@ def test_plain_port_is_open_and_logged_as_unencrypted(tls_env):
 
 def test_token_needs_tls_unless_from_an_allowed_address(tls_env):
     broker, tls_port, files, _, token = tls_env
-    w = Wire(broker.port, "", source="127.0.0.7")      # plain TCP, not 127.0.0.1
+    w = Peer(broker.port, "", source="127.0.0.7")      # plain TCP, not 127.0.0.1
     try:
         with pytest.raises(Refused) as ei:
             w.auth_token(token)
@@ -83,7 +82,7 @@ def test_token_needs_tls_unless_from_an_allowed_address(tls_env):
     finally:
         w.close()
     broker.wait_log(r"plain_token_refused")
-    w = Wire(tls_port, "", tls=client_context(files.ca_pem), source="127.0.0.7")
+    w = Peer(tls_port, "", tls=client_context(files.ca_pem), source="127.0.0.7")
     try:
         w.auth_token(token)                                # same token over TLS: fine
     finally:

@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 from lockmq.protocol import (BODY_TYPES, Auth, AuthMethod, Connect, FrameDecoder, Op,
                              ProtocolError, Publish, Role, auth_proof, decode_body, encode_frame)
 from lockmq.security import DeviceRegistry, SecurityConfig, SecurityError
+from lockmq.testing import BrokerProcess, Peer
 
-from .conftest import BrokerProcess
-from .wire import Wire
 
 OPCODES = sorted(BODY_TYPES) + [Op.OK, Op.ADMIN_REQUEST, 0x7777]
 FAST = settings(max_examples=300, deadline=None,
@@ -185,7 +184,7 @@ def test_live_broker_still_serves_and_memory_is_bounded(live):
         _throw(broker.port, os.urandom(64) if i % 2 else valid_stream()[:-3])
     grown = rss_kb(broker.proc.pid) - base
     assert grown < 32 * 1024, f"broker RSS grew by {grown} kB over 600 hostile connections"
-    w = Wire(broker.port, "FUZZ-OK")
+    w = Peer(broker.port, "FUZZ-OK")
     try:
         w.auth_lock(key)
         assert w.publish("lock.events", 1) is not None

@@ -14,7 +14,7 @@ from lockmq.store import NewRecord, Store, StoreConfig
 
 
 def payload_for(sn: str, seq: int) -> bytes:
-    """Same rule as conftest.payload_for, with a size that varies with seq."""
+    """Same rule as helpers.payload_for, with a size that varies with seq."""
     return (hashlib.sha256(f"{sn}:{seq}".encode()).digest() * 4)[:8 + seq % 97]
 
 

@@ -11,7 +11,7 @@ import pytest
 from lockmq.cli import store as store_cli
 from lockmq.store import Store
 
-from .conftest import config, rec, run
+from .helpers import config, rec, run
 
 
 def cli(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ import pytest
 from lockmq.store import Store, StoreFull
 from lockmq.store.inspect import check_dir
 
-from .conftest import config, payload_for, rec, run
+from .helpers import config, payload_for, rec, run
 
 
 @pytest.fixture

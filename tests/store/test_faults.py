@@ -11,7 +11,7 @@ import pytest
 from lockmq.store import Store, StoreBusy, StoreFailed, StoreFull, engine
 from lockmq.store.inspect import check_dir
 
-from .conftest import config, rec, run
+from .helpers import config, rec, run
 
 
 def _in_writer() -> bool:

@@ -15,7 +15,7 @@ import pytest
 from lockmq.store import Store
 from lockmq.store.inspect import check_dir
 
-from .conftest import config
+from .helpers import config
 from .kill_writer import payload_for
 
 CHILD = os.path.join(os.path.dirname(__file__), "kill_writer.py")

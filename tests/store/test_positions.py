@@ -10,7 +10,7 @@ import pytest
 from lockmq.store import Store
 from lockmq.store.positions import PositionsFile, parse
 
-from .conftest import config, run
+from .helpers import config, run
 
 
 def test_save_load_merge_and_reopen(data_dir):

@@ -12,7 +12,7 @@ from lockmq.store import Store
 from lockmq.store.names import list_segments, segment_name
 from lockmq.store.inspect import check_dir
 
-from .conftest import config, payload_for, rec, run
+from .helpers import config, payload_for, rec, run
 
 SEG = 2048
 

@@ -8,7 +8,7 @@ import time
 from lockmq.store import Store
 from lockmq.store.inspect import check_dir
 
-from .conftest import config, rec, run
+from .helpers import config, rec, run
 
 FUTURE = int(time.time() * 1000) + 10 * 365 * 24 * 3600 * 1000
 

@@ -9,7 +9,7 @@ from lockmq.store.names import (index_file_name, index_topic, positions_cluster,
                                 positions_file_name, qstart_name, segment_base, segment_name)
 from lockmq.store.segment import Segment, SegmentList
 
-from .conftest import config, fill, run
+from .helpers import config, fill, run
 
 
 def test_every_name_parses_back_and_other_names_are_refused():

@@ -11,7 +11,7 @@ from lockmq.store import (InvalidRecord, NewRecord, Store, StoreClosed, StoreLoc
                           validate_topic)
 from lockmq.store.inspect import check_dir
 
-from .conftest import config, fill, payload_for, rec, run
+from .helpers import config, fill, payload_for, rec, run
 
 
 def test_round_trip_across_segment_rolls(data_dir):

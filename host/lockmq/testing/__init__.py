@@ -1,0 +1,33 @@
+"""lockmq's test harness: real brokers, a wire peer, a simulated lock, free ports.
+
+Every test folder (and the HIL rig) starts brokers and speaks the protocol through
+this package, so there is one way to do each:
+
+- :class:`BrokerThread` -- a real broker in this process, on its own loop thread;
+- :class:`BrokerProcess` -- ``lockmq broker`` in a child process (kill, stop, restart,
+  log lines, ``/metrics``);
+- :class:`Peer` -- a blocking wire client whose handshake runs the protocol's
+  ``ClientSession``; :func:`open_peer` logs one in to an auth-off broker;
+- :class:`Lock` -- the real firmware in the MicroPython unix port (a simulated lock);
+- :func:`free_port`, :func:`wait_for` -- ports and bounded waits.
+
+Shipped in the wheel so a deployment can test itself; nothing here imports pytest at
+import time or imports the test suite. Submodules that need an extra (the firmware
+tools, a MicroPython binary) load it when used.
+"""
+
+from .cli import run_cli
+from .lock import Lock, set_config
+from .micropython import require_micropython
+from .ports import free_port
+from .process import BrokerProcess
+from .tables import merge_tables, to_toml
+from .thread import FAST_TIMERS, BrokerThread, uvloop_wanted
+from .waiting import raises, wait_for
+from .wire import Peer, Refused, drain, open_peer, read_until_closed, refusal
+
+__all__ = [
+    "BrokerProcess", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "drain",
+    "free_port", "merge_tables", "open_peer", "raises", "read_until_closed", "refusal",
+    "require_micropython", "run_cli", "set_config", "to_toml", "uvloop_wanted", "wait_for",
+]

@@ -1,0 +1,188 @@
+"""``lockmq broker`` in a child process on 127.0.0.1, as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+from .ports import free_port
+from .tables import Tables, merge_tables, to_toml
+
+# Exactly the `lockmq` command; LOCKMQ_TEST_UVLOOP=0 hides uvloop (plain asyncio loop).
+_RUN_BROKER = (
+    "import os, sys\n"
+    "if os.environ.get('LOCKMQ_TEST_UVLOOP', '1') == '0': sys.modules['uvloop'] = None\n"
+    "from lockmq.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def kill_process(proc: subprocess.Popen[Any] | None) -> None:
+    """SIGKILL ``proc`` if it runs and reap it (a crash, a power cut)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 30.0) -> int:
+    """SIGTERM ``proc`` and wait (SIGKILL after ``timeout``); its exit status (0 if
+    it never ran)."""
+    if proc is None:
+        return 0
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_process(proc)
+    return int(proc.returncode or 0)
+
+
+class BrokerProcess:
+    """One ``lockmq broker`` process, its log lines collected.
+
+    The config is written from ``tables`` to ``broker.toml`` beside ``data_dir``
+    (auth required, INFO logs and a status page on a free port unless the tables say
+    otherwise). The broker is started at once unless ``start=False``; it can be
+    killed (SIGKILL: a crash), stopped (SIGTERM) and started again on the same port
+    and data directory.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], tables: Tables | None = None,
+                 start: bool = True) -> None:
+        self.data_dir = str(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.workdir = Path(self.data_dir).parent
+        self.tables = merge_tables(
+            {"broker": {"host": "127.0.0.1", "port": 0, "status_port": free_port(),
+                        "data_dir": self.data_dir, "auth": "required", "log_level": "INFO",
+                        "handshake_timeout_s": 2.0},
+             "store": {"min_free_bytes": 0}},
+            tables or {})
+        self.status_port = int(self.tables["broker"]["status_port"])
+        self.port = int(self.tables["broker"]["port"])
+        self.config_path = str(self.workdir / "broker.toml")
+        self.log_path = self.workdir / "broker.log"
+        self.lines: list[str] = []
+        self.starts = 0
+        self.proc: subprocess.Popen[str] | None = None
+        self._cond = threading.Condition()
+        if start:
+            self.start()
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> "BrokerProcess":
+        """Start and return once the broker logged ``broker_started``."""
+        if self.running():
+            raise RuntimeError("broker already running")
+        self.write_config()
+        self.starts += 1
+        # the log file stays open until the process ends (a test may delete its folder)
+        log = open(self.log_path, "a", buffering=1)
+        mark = self._add_line(f"==== start #{self.starts} {time.strftime('%H:%M:%S')} ====", log)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _RUN_BROKER, "broker", "--config", self.config_path],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
+        line = self.wait_log(r"broker_started", timeout=timeout, start=mark)
+        self.port = int(re.search(r"\bport=(\d+)", line).group(1))
+        return self
+
+    def write_config(self) -> str:
+        """Write ``broker.toml`` (also for CLI commands run before :meth:`start`);
+        returns its path."""
+        if self.port:                  # a restart keeps the port clients know
+            self.tables["broker"]["port"] = self.port
+        with open(self.config_path, "w") as fh:
+            fh.write(to_toml(self.tables))
+        return self.config_path
+
+    def kill(self) -> None:
+        """SIGKILL: the broker crashes (what was acked must survive)."""
+        kill_process(self.proc)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM: graceful shutdown (SIGKILL after ``timeout``). Returns the exit status."""
+        return stop_process(self.proc, timeout)
+
+    def restart(self, crash: bool = True) -> None:
+        """Kill (or stop) and start again on the same port and data directory."""
+        self.kill() if crash else self.stop()
+        self.start()
+
+    def running(self) -> bool:
+        """True while the process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:<port>``, where clients connect."""
+        return f"127.0.0.1:{self.port}"
+
+    # -- the log ------------------------------------------------------------------------
+    def _add_line(self, line: str, log: IO[str] | None = None) -> int:
+        with self._cond:
+            self.lines.append(line)
+            if log is not None:
+                log.write(line + "\n")
+            self._cond.notify_all()
+            return len(self.lines)
+
+    def _pump(self, proc: subprocess.Popen[str], log: IO[str]) -> None:
+        assert proc.stdout is not None
+        with log:
+            for line in proc.stdout:
+                self._add_line(line.rstrip("\n"), log)
+
+    def mark(self) -> int:
+        """Where the log is now: pass as ``start`` to :meth:`wait_log`."""
+        with self._cond:
+            return len(self.lines)
+
+    def wait_log(self, pattern: str, timeout: float = 15.0, start: int = 0) -> str:
+        """The first log line from index ``start`` matching ``pattern`` (regex)."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines[start:]:
+                    if rx.search(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.running():
+                    raise AssertionError(f"no log line matching {pattern!r}; last lines:\n"
+                                         + self.log_tail())
+                self._cond.wait(min(left, 0.5))
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the broker's log."""
+        with self._cond:
+            return "\n".join(self.lines[-lines:])
+
+    # -- the status page ----------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as ``{series: value}``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.status_port}/metrics",
+                                    timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def __enter__(self) -> "BrokerProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

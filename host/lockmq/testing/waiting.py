@@ -1,0 +1,32 @@
+"""Waiting for a condition, bounded: tests wait for what they need, never for luck."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(cond: Callable[[], T], what: str, timeout: float = 30.0,
+             interval: float = 0.05) -> T:
+    """Poll ``cond`` until it returns something true and return it; fail with
+    ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def raises(exc_type: type[BaseException], fn: Callable[[], Any]) -> Any:
+    """Run ``fn``, which must raise ``exc_type``; return the exception (like
+    ``pytest.raises``, without needing pytest at import time)."""
+    try:
+        fn()
+    except exc_type as exc:
+        return exc
+    raise AssertionError(f"{getattr(fn, '__name__', fn)!s} did not raise {exc_type.__name__}")
