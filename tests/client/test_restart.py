@@ -20,10 +20,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_broker(data_dir: str, port: int, log) -> subprocess.Popen:
+def _start_broker(data_dir: str, port: int, log, *extra: str) -> subprocess.Popen:
+    """A broker process on 127.0.0.1:``port`` (``extra``: more `lockmq broker` options)."""
     cmd = [sys.executable, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker", "--host", "127.0.0.1",
            "--port", str(port), "--status-port", "0", "--data-dir", data_dir,
-           "--auth", "off", "--time-scale", "0.01", "--log-level", "WARNING"]
+           "--auth", "off", "--time-scale", "0.01", "--log-level", "WARNING", *extra]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
