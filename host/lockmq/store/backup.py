@@ -191,15 +191,18 @@ def _open_segments(seg_dir: str) -> list[tuple[int, int, int]]:
     return keep
 
 
-def _summarise(store: Store, rep: BackupReport) -> None:
-    rep.log_start, rep.log_end = store.log_start, store.log_end
-    rep.topics = {t: [store.queue_start(t), store.queue_end(t)] for t in store.topics()}
-    rep.clusters = store.clusters()
-
-
-def _open_copy(path: str) -> Store:
-    """Open a copied data directory as a store (crash recovery runs on it)."""
-    return Store.open(StoreConfig(data_dir=path, min_free_bytes=0))
+def _recover_copy(path: str, rep: BackupReport) -> None:
+    """Open a copied data directory as a store (crash recovery runs on it: a torn
+    tail is cut, a fresh checkpoint written), note what it holds in ``rep``, close."""
+    store = Store.open(StoreConfig(data_dir=path, min_free_bytes=0))
+    try:
+        rep.bytes_cut = store.recovery.bytes_cut
+        rep.log_start, rep.log_end = store.log_start, store.log_end
+        rep.topics = {t: [store.queue_start(t), store.queue_end(t)] for t in store.topics()}
+        rep.clusters = store.clusters()
+    finally:
+        store.close_sync()
+        os.unlink(os.path.join(path, LOCK))   # no process holds it: leave no stale lock
 
 
 def backup(data_dir: str, dest: str) -> BackupReport:
@@ -263,13 +266,7 @@ def backup(data_dir: str, dest: str) -> BackupReport:
     fsync_dir(seg_dest)
     fsync_dir(dest)
     # (6) recovery on the copy: cut a torn tail, write a fresh checkpoint
-    store = _open_copy(dest)
-    try:
-        rep.bytes_cut = store.recovery.bytes_cut
-        _summarise(store, rep)
-    finally:
-        store.close_sync()
-        os.unlink(os.path.join(dest, LOCK))
+    _recover_copy(dest, rep)
     rep.seconds = round(time.monotonic() - t0, 3)
     manifest = dict(asdict(rep), format=MANIFEST_FORMAT, lockmq=_version())
     atomic_write(os.path.join(dest, MANIFEST),
@@ -324,13 +321,7 @@ def restore(src: str, data_dir: str) -> BackupReport:
                     and name != CHECKPOINT:
                 rep.side_files.append(name)
         fsync_dir(os.path.join(work, sub))
-    store = _open_copy(work)
-    try:
-        rep.bytes_cut = store.recovery.bytes_cut
-        _summarise(store, rep)
-    finally:
-        store.close_sync()
-        os.unlink(os.path.join(work, LOCK))
+    _recover_copy(work, rep)
     if os.path.isdir(target):
         os.rmdir(target)   # empty (checked above)
     os.rename(work, target)
