@@ -23,8 +23,22 @@ import lockmq
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Not part of a source distribution: local state, caches, earlier builds.
-LOCAL = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                               ".pytest_cache", ".hypothesis", "data", "out")
+_ANYWHERE = shutil.ignore_patterns(".git", ".venv", "*.egg-info", "__pycache__",
+                                   ".pytest_cache", ".hypothesis")
+#: Build output and local state at the top; dist/ keeps its tracked files (the
+#: systemd unit, shipped as lockmq/systemd) and loses only built wheels and sdists.
+_AT_TOP = {"build", "data", "out"}
+
+
+def LOCAL(folder: str, names: list[str]) -> set[str]:
+    ignored = set(_ANYWHERE(folder, names))
+    if Path(folder) == ROOT:
+        ignored |= _AT_TOP & set(names)
+    elif Path(folder) == ROOT / "dist":
+        ignored |= {n for n in names if n.endswith((".whl", ".tar.gz"))}
+    return ignored
+
+
 KEY = "ab" * 32
 
 
@@ -85,7 +99,8 @@ def test_wheel_holds_the_package_and_the_firmware_app_but_no_tests(wheel):
     assert not [n for n in names if Path(n).name.startswith("test_") or Path(n).name == "conftest.py"]
     assert {"lockmq/__init__.py", "lockmq/protocol/_codec.py", "lockmq/hil/plugin.py",
             "lockmq/spark/ingest.py", "lockmq/firmware_tools/app/main.py",
-            "lockmq/firmware_tools/app/lockapp/app.py"} <= set(names)
+            "lockmq/firmware_tools/app/lockapp/app.py", "lockmq/systemd/lockmq.service",
+            "lockmq/systemd/lockmq.sysusers", "lockmq/systemd/lockmq.toml"} <= set(names)
     # One top-level package, and the one version (lockmq.__version__) in the metadata.
     assert {n.split("/")[0] for n in names} == {"lockmq", f"lockmq-{lockmq.__version__}.dist-info"}
 
@@ -96,6 +111,8 @@ def test_cli_help_and_version_from_the_wheel(installed):
     assert "firmware" in out and "broker" in out
     version_line = _run(installed / "bin" / "lockmq", "--version", env=env, cwd=installed).stdout
     assert version_line == f"lockmq {lockmq.__version__}\n"
+    unit = _run(installed / "bin" / "lockmq", "systemd-unit", env=env, cwd=installed).stdout
+    assert f"ExecStart={installed}/bin/lockmq broker --config " in unit
 
 
 def test_firmware_build_from_the_wheel(installed, tmp_path):

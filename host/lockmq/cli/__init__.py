@@ -29,6 +29,7 @@ GROUPS: list[str] = [
     "devices",
     "tokens",
     "certs",
+    "systemd",
     "export",
     "spark",
 ]

@@ -1,10 +1,12 @@
-"""`lockmq store check DIR` and `lockmq store dump DIR`: offline tools for the data directory."""
+"""`lockmq store check|dump DIR` (offline tools for the data directory) and
+`lockmq store backup DEST` / `lockmq store restore SRC DATA_DIR` (online backup)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 
 
@@ -120,9 +122,63 @@ def _dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_dir(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The broker's data directory (``--data-dir``, else the config's) and the
+    security files that its config keeps outside of it (not in a backup)."""
+    from lockmq.config import load_config
+    from lockmq.security import SecurityConfig
+
+    overrides = {"broker": {"data_dir": args.data_dir}} if args.data_dir else None
+    cfg = load_config(args.config, overrides)
+    data_dir = os.path.abspath(cfg.broker.data_dir)
+    sec = SecurityConfig.from_broker_config(cfg)
+    outside = [p for p in (sec.registry_path, sec.master_key_path)
+               if os.path.commonpath([data_dir, os.path.abspath(p)]) != data_dir]
+    return data_dir, outside
+
+
+def _describe(rep) -> str:
+    topics = ", ".join(f"{t} {q0}..{q1}" for t, (q0, q1) in rep.topics.items()) or "none"
+    return (f"  {rep.files} files, {rep.bytes} bytes, log {rep.log_start}..{rep.log_end}\n"
+            f"  topics (queue offsets): {topics}\n"
+            f"  clusters: {', '.join(rep.clusters) or 'none'}\n"
+            f"  other files: {', '.join(rep.side_files) or 'none'}")
+
+
+def _backup(args: argparse.Namespace) -> int:
+    from lockmq.config import ConfigError
+    from lockmq.store.backup import BackupError, backup
+    try:
+        data_dir, outside = _data_dir(args)
+        rep = backup(data_dir, args.dest)
+    except (BackupError, ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"backup of {rep.source} in {rep.path} ({rep.seconds} s):\n{_describe(rep)}")
+    if rep.bytes_cut:
+        print(f"  ({rep.bytes_cut} bytes of a record being written were left out)")
+    for path in outside:
+        print(f"warning: {path} is outside the data directory and NOT in the backup; "
+              "keep a copy of it too", file=sys.stderr)
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from lockmq.store.backup import BackupError, restore
+    try:
+        rep = restore(args.src, args.data_dir)
+    except (BackupError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"restored the backup of {rep.created} from {rep.source} into {rep.path}:\n"
+          f"{_describe(rep)}\nstart the broker with [broker] data_dir = \"{rep.path}\"")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `store` command group."""
-    p = subparsers.add_parser("store", help="inspect a broker data directory (offline)")
+    p = subparsers.add_parser("store", help="inspect, back up and restore a broker data "
+                                            "directory")
     sub = p.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
     c = sub.add_parser("check", help="verify every checksum; exit 1 on corruption")
@@ -143,3 +199,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="payloads as hex only (by default JSON records, lock events and "
                         "printable text are shown decoded)")
     d.set_defaults(func=_dump)
+    b = sub.add_parser("backup", help="copy the data directory, while the broker runs, "
+                                      "into a new directory usable as a data directory")
+    b.add_argument("dest", help="new (or empty) directory for the backup")
+    b.add_argument("--config", "-c", metavar="FILE",
+                   help="broker config (TOML): its [broker] data_dir is backed up")
+    b.add_argument("--data-dir", metavar="DIR",
+                   help="the data directory (overrides the config's; default ./data)")
+    b.set_defaults(func=_backup)
+    r = sub.add_parser("restore", help="restore a backup into a new (or empty) data "
+                                       "directory; the broker must not run on it")
+    r.add_argument("src", help="a directory made by `lockmq store backup`")
+    r.add_argument("data_dir", help="the data directory to create")
+    r.set_defaults(func=_restore)
