@@ -16,7 +16,7 @@ DEFAULTS = {
     "heartbeat_s": 30,
     "topic": "lock.events",
     "tls": {"enabled": False, "ca": "ca.der", "server_hostname": ""},
-    "frame_mac": False,     # MAC every frame on plain TCP (broker must know it)
+    "frame_mac": True,      # on plain TCP, ask for a MAC on every frame (TLS: not needed)
     "hw": "auto",
     "unlock_s": 5,
     "door_open_alarm_s": 60,

@@ -81,7 +81,7 @@ class Env:
         set_config(folder, backoff_min_ms=100, backoff_max_ms=500)
         lock = Lock(folder)
         self.locks.append(lock)
-        lock.expect(rf"^I net connected broker=127.0.0.1:{self.port}$", timeout=60)
+        lock.expect(rf"^I net connected broker=127.0.0.1:{self.port} mac=1$", timeout=60)
         return lock
 
     def metric(self, name: str) -> float:

@@ -135,7 +135,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
         w.close()
     # ... and the real firmware, on the same source, connects and its events flow
     lock = locks(_board(tmp_path, "FW-7", key, broker.port))
-    lock.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$", timeout=60)
+    lock.expect(rf"^I net connected broker=127.0.0.1:{broker.port} mac=1$", timeout=60)
     lock.send("event unlock 1")
     lock.expect(r"^I evt acked seq=1$", timeout=30)
     broker.wait_log(r"security_auth_ok reason=lock name=FW-7 addr=127.0.0.1", start=mark)
@@ -424,7 +424,7 @@ def test_files_are_owner_only_whatever_the_umask(brokers, locks):
         assert json.loads(list_image(image)["/config.json"])["key"] == keys["FW-15"].hex()
         # and the board built that way boots and connects to its broker
         lock = locks(out)
-        lock.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$", timeout=60)
+        lock.expect(rf"^I net connected broker=127.0.0.1:{broker.port} mac=1$", timeout=60)
         broker.wait_log(r"security_auth_ok reason=lock name=FW-15")
     finally:
         shutil.rmtree(root, ignore_errors=True)

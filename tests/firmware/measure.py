@@ -45,7 +45,8 @@ def main() -> None:
         dead = MiniBroker({SN: KEY})
         port = dead.port
         dead.stop()
-        set_config(board, brokers=[["127.0.0.1", port]], backoff_min_ms=100, backoff_max_ms=200)
+        set_config(board, brokers=[["127.0.0.1", port]], backoff_min_ms=100, backoff_max_ms=200,
+                   frame_mac=False)
         lk = Lock(board, a.heap)
         lk.expect(r"^I sys ready")
         idle_peak, idle_live = _mem(lk)
@@ -63,7 +64,7 @@ def main() -> None:
         board = tmp / "online"
         shutil.copytree(tpl, board)
         b = MiniBroker({SN: KEY})
-        set_config(board, brokers=[["127.0.0.1", b.port]])
+        set_config(board, brokers=[["127.0.0.1", b.port]], frame_mac=False)
         lk = Lock(board, a.heap)
         lk.expect(r"^I net connected")
         lat = []

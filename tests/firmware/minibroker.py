@@ -10,6 +10,8 @@ connection at once without a shutdown. It needs no registry or provisioning, so 
 firmware's link is tested independently of the broker. The end-to-end tests against
 the real broker are ``test_broker_e2e.py``, ``tests/security/test_e2e_firmware.py``
 and ``tests/adversarial``. Runs its asyncio loop in a thread; the test drives it.
+It speaks no frame MACs: a lock pointed at it is configured with ``frame_mac=False``
+(the firmware's default asks for them on plain TCP; the real broker grants them).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_b
     assert lockmq_main(["firmware", "build", "--out", str(board), "--config", str(prov),
                         "--hw", "sim", "--no-image"]) == 0
     lk: Lock = lock_factory(board)
-    lk.expect(rf"^I net connected broker=127.0.0.1:{port}$", timeout=30)
+    lk.expect(rf"^I net connected broker=127.0.0.1:{port} mac=1$", timeout=30)
     lk.send("event unlock 3")
     lk.expect(r"^I evt queued seq=3 type=unlock$")
     lk.send("badcard 99")

@@ -27,7 +27,7 @@ def broker():
 
 @pytest.fixture
 def lock(flash, broker, lock_factory):
-    set_config(flash, brokers=[["127.0.0.1", broker.port]], backoff_min_ms=100,
+    set_config(flash, brokers=[["127.0.0.1", broker.port]], frame_mac=False, backoff_min_ms=100,
                backoff_max_ms=500, io_timeout_ms=3000)
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
@@ -129,8 +129,8 @@ def test_command_arriving_with_the_connect_ack_runs_at_once(flash, lock_factory)
     next frame (heartbeat_s=300 here: waiting for it would time the test out)."""
     b = MiniBroker({SN: KEY}, heartbeat_s=300)
     try:
-        set_config(flash, brokers=[["127.0.0.1", b.port]], heartbeat_s=300, backoff_min_ms=100,
-                   backoff_max_ms=500)
+        set_config(flash, brokers=[["127.0.0.1", b.port]], frame_mac=False, heartbeat_s=300,
+                   backoff_min_ms=100, backoff_max_ms=500)
         fut = b.queue_command(SN, 1, CommandKind.UNLOCK, struct.pack(">H", 1))
         lk = lock_factory(flash)
         lk.expect(r"^I net connected")

@@ -15,8 +15,8 @@ from .minibroker import MiniBroker
 @pytest.fixture
 def online(flash, lock_factory):
     b = MiniBroker({SN: KEY})
-    set_config(flash, brokers=[["127.0.0.1", b.port]], door_open_alarm_s=1, unlock_s=1,
-               battery_low_pct=20, backoff_min_ms=100, backoff_max_ms=500)
+    set_config(flash, brokers=[["127.0.0.1", b.port]], frame_mac=False, door_open_alarm_s=1,
+               unlock_s=1, battery_low_pct=20, backoff_min_ms=100, backoff_max_ms=500)
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
     yield lk, b

@@ -24,7 +24,8 @@ def broker():
 
 def _fast(folder, broker_ports, **kw):
     settings = {"backoff_min_ms": 100, "backoff_max_ms": 800, "io_timeout_ms": 3000, **kw}
-    set_config(folder, brokers=[["127.0.0.1", p] for p in broker_ports], **settings)
+    set_config(folder, brokers=[["127.0.0.1", p] for p in broker_ports], frame_mac=False,
+               **settings)
 
 
 def test_boot_connect_publish_ack(flash, broker, lock_factory):

@@ -86,7 +86,8 @@ def chain(tmp_path_factory):
     tokens.close()
 
 
-def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | None = None) -> Path:
+def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | None = None,
+                frame_mac: bool = True) -> Path:
     """`lockmq devices add` -> provisioning file -> flash folder of the real firmware."""
     from lockmq.firmware_tools.build import DeviceConfig, build_folder
     prov = root / f"{sn}.json"
@@ -100,7 +101,8 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
     folder = build_folder(root / f"board-{sn}", DeviceConfig(
         sn=doc["sn"], key=doc["key"], brokers=[tuple(b) for b in doc["brokers"]], hw="sim",
         tls=bool(tls.get("enabled")), tls_ca=tls.get("ca", "ca.der"),
-        tls_server_hostname=tls.get("server_hostname", "")), tls_ca_file=tls_ca)
+        tls_server_hostname=tls.get("server_hostname", ""), frame_mac=frame_mac),
+        tls_ca_file=tls_ca)
     return folder
 
 
@@ -111,7 +113,10 @@ def command(svc: Peer, sn: str, args: bytes = b"\x00\x03") -> int:
 def test_provisioned_firmware_runs_signed_unlock_and_refuses_replay_and_forgery(chain):
     root, broker, _, _, opener = chain
     proxy = MitmProxy(broker.port)
-    board = build_board(root, "FW-1", proxy.port, broker.data_dir)
+    # Frame MACs off: with them (the default) an injected frame never reaches the
+    # command layer (BAD_MAC, tests/adversarial/test_transport.py); here the command
+    # signatures' own replay and forgery checks are the defence under test.
+    board = build_board(root, "FW-1", proxy.port, broker.data_dir, frame_mac=False)
     lock = Lock(board)
     svc = Peer(broker.port, "")
     try:

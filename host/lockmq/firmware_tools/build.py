@@ -75,6 +75,8 @@ class DeviceConfig:
     tls: bool = False
     tls_ca: str = "ca.der"
     tls_server_hostname: str = ""
+    #: on plain TCP the lock asks for frame MACs (SPEC "Frame MACs"); ignored over TLS
+    frame_mac: bool = True
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -103,6 +105,7 @@ class DeviceConfig:
             "topic": self.topic,
             "tls": {"enabled": self.tls, "ca": self.tls_ca,
                     "server_hostname": self.tls_server_hostname},
+            "frame_mac": self.frame_mac,
             "hw": self.hw,
         }
         cfg.update(self.extra)
