@@ -29,7 +29,9 @@ TIMEOUT = 10.0
 class BrokerThread:
     """A broker in a thread; ``port`` is its protocol port."""
 
-    def __init__(self, data_dir: str, settings: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, data_dir: str, settings: dict[str, dict[str, Any]],
+                 clock: Any = None) -> None:
+        self.clock = clock   # a lockmq.clock.ManualClock for time-scale tests
         tables: dict[str, dict[str, Any]] = {
             "broker": {"port": 0, "status_port": 0, "host": "127.0.0.1",
                        "data_dir": data_dir, "auth": "off", "log_level": "WARNING",
@@ -57,7 +59,8 @@ class BrokerThread:
         asyncio.set_event_loop(self.loop)
 
         async def main() -> None:
-            self.broker = Broker(self.config)
+            self.broker = Broker(self.config) if self.clock is None else \
+                Broker(self.config, clock=self.clock)
             await self.broker.start()
             self.port = self.broker.port
 
@@ -250,8 +253,9 @@ def make_broker(tmp_path: Any) -> Iterator[Callable[..., BrokerThread]]:
     """Start brokers with settings: ``make_broker(consumers={...})``."""
     started: list[BrokerThread] = []
 
-    def make(data_dir: str | None = None, **settings: dict[str, Any]) -> BrokerThread:
-        b = BrokerThread(data_dir or str(tmp_path / "data"), settings).start()
+    def make(data_dir: str | None = None, clock: Any = None,
+             **settings: dict[str, Any]) -> BrokerThread:
+        b = BrokerThread(data_dir or str(tmp_path / "data"), settings, clock).start()
         started.append(b)
         return b
 

@@ -340,15 +340,26 @@ class Store:
         """Last saved ``{topic: queue offset}`` of consumer cluster ``cluster``."""
         return self._positions_file(cluster).load()
 
-    async def save_positions(self, cluster: str, positions: dict[str, int]) -> None:
-        """Merge ``positions`` into the cluster's saved positions and make them
-        durable (fsync in a thread). A crash during the save leaves the previous
-        positions. Calls for the same store are applied in call order."""
+    async def save_positions(self, cluster: str, positions: dict[str, int],
+                             counters: dict[str, int] | None = None) -> None:
+        """Merge ``positions`` (and ``counters``: ``last_active_ms``, ``skipped``)
+        into the cluster's saved state and make it durable (fsync in a thread). A
+        crash during the save leaves the previous state. Calls for the same store
+        are applied in call order."""
         pf = self._positions_file(cluster)
         if self._pos_exec is None:
             self._pos_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-positions")
         await asyncio.get_running_loop().run_in_executor(self._pos_exec, pf.save,
-                                                         dict(positions))
+                                                         dict(positions), None,
+                                                         dict(counters or {}))
+
+    def cluster_counters(self, cluster: str) -> dict[str, int]:
+        """The cluster's saved counters: ``last_active_ms`` (when a member was last
+        connected or a position last moved) and ``skipped`` (messages retention
+        deleted before the cluster read them); ``{}`` for a file without them."""
+        self.cluster_meta(cluster)   # opens (and caches) the file only if it exists
+        p = self._positions.get(cluster)
+        return {} if p is None else dict(p.counters)
 
     def cluster_meta(self, cluster: str) -> dict[str, str]:
         """What the cluster's positions file says besides positions: ``owner`` (who
