@@ -9,6 +9,7 @@ the file maps to one dataclass here::
     port = 6800
     [devices]       # heartbeats and eviction
     [consumers]     # leases, in-flight caps, retries, dead letters, ordering
+    [clusters]      # consumer-cluster lifecycle: expiry of unused clusters
     [commands]      # downlink commands to locks
     [store]         # passed to lockmq.store.StoreConfig (durability, retention ...)
     [security]      # passed to lockmq.security (keys, tokens, rate limits)
@@ -214,6 +215,26 @@ class ConsumersSection:
 
 
 @dataclass
+class ClustersSection:
+    """The life cycle of consumer clusters.
+
+    Attributes:
+        offsets_retention_ms: a cluster with no member connected and no committed
+            progress for this long is expired: its position, owner, topic binding
+            and retry state are deleted (logged and counted), as Kafka expires a
+            group's offsets (``offsets.retention.minutes``). 7 days; -1 keeps
+            clusters forever. The last activity is saved with the cluster's
+            position, so the clock survives restarts.
+    """
+
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+
+    def offsets_retention(self) -> int | None:
+        """``offsets_retention_ms``, or None for "forever" (-1)."""
+        return None if self.offsets_retention_ms == -1 else self.offsets_retention_ms
+
+
+@dataclass
 class CommandsSection:
     """Downlink commands (remote unlock, card list sync ...).
 
@@ -262,6 +283,7 @@ class Config:
     broker: BrokerSection = field(default_factory=BrokerSection)
     devices: DevicesSection = field(default_factory=DevicesSection)
     consumers: ConsumersSection = field(default_factory=ConsumersSection)
+    clusters: ClustersSection = field(default_factory=ClustersSection)
     commands: CommandsSection = field(default_factory=CommandsSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
@@ -312,6 +334,9 @@ class Config:
             raise ValueError("consumers.time_scale must be positive")
         if c.start not in ("earliest", "latest"):
             raise ValueError("consumers.start must be 'earliest' or 'latest'")
+        if self.clusters.offsets_retention_ms <= 0 and self.clusters.offsets_retention_ms != -1:
+            raise ValueError("clusters.offsets_retention_ms must be positive, or -1 to keep "
+                             "clusters forever")
         if k.default_expiry_s <= 0 or k.max_expiry_s < k.default_expiry_s:
             raise ValueError("commands: 0 < default_expiry_s <= max_expiry_s")
         for name in ("max_pending_per_lock", "max_pending_total", "max_pending_bytes_per_lock",
@@ -369,6 +394,7 @@ _SECTIONS = {
     "broker": BrokerSection,
     "devices": DevicesSection,
     "consumers": ConsumersSection,
+    "clusters": ClustersSection,
     "commands": CommandsSection,
 }
 
@@ -432,7 +458,8 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|commands|store|security)\.([a-z0-9_]+)")
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|store|security)"
+                      r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``
 #: the broker would serve plain TCP and never read them.

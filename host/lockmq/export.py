@@ -29,6 +29,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 
+from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.spark.layout import MANIFEST, SEGMENT_DIR, Segment, complete_end, list_segments, read_identity, walk_boundaries
 
 MANIFEST_VERSION = 1
@@ -107,10 +108,15 @@ def _plan(src: str, manifest: dict, include_active: bool) -> tuple[list[tuple[Se
     return todo, skipped
 
 
-def _describe(data: bytes, seg: Segment) -> dict:
+def _stamp(clock: Clock) -> str:
+    """Now on ``clock``, as the manifest writes it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.wall_ms() / 1000))
+
+
+def _describe(data: bytes, seg: Segment, clock: Clock) -> dict:
     _, n, _, _ = walk_boundaries(data, 0, len(data))
     return {"base": seg.base, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-            "records": n, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "records": n, "exported_at": _stamp(clock)}
 
 
 def _fsync_dir(d: str) -> None:
@@ -131,23 +137,28 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def export(src: str, dest: str, gateway_id: str | None = None, include_active: bool = False,
-           parquet: str | None = None) -> ExportResult:
-    """Export the closed segments of the data directory ``src`` to ``dest`` (see module doc)."""
+           parquet: str | None = None, clock: Clock = SYSTEM_CLOCK) -> ExportResult:
+    """Export the closed segments of the data directory ``src`` to ``dest`` (see module doc).
+
+    ``clock`` dates the manifest's entries (lockmq.clock; a time-scale bench passes
+    the broker's). A quiet gateway's records reach a closed segment after ``[store]
+    segment_ms`` (1 day by default)."""
     src = os.path.abspath(src)
     if not os.path.isdir(src):
         raise ExportError(f"no such data directory: {src}")
     broker, gateway = _identity(src, gateway_id)
     res = ExportResult(dest=dest, gateway_id=gateway)
     if dest.endswith(".tar"):
-        _export_tar(src, dest, broker, gateway, include_active, res)
+        _export_tar(src, dest, broker, gateway, include_active, res, clock)
     else:
-        _export_dir(src, dest, broker, gateway, include_active, res)
+        _export_dir(src, dest, broker, gateway, include_active, res, clock)
     if parquet and res.exported:
         res.parquet_files = _to_parquet(src, res, parquet, gateway)
     return res
 
 
-def _export_dir(src: str, dest: str, broker: str, gateway: str, include_active: bool, res: ExportResult) -> None:
+def _export_dir(src: str, dest: str, broker: str, gateway: str, include_active: bool,
+                res: ExportResult, clock: Clock) -> None:
     seg_dir = os.path.join(dest, SEGMENT_DIR)
     os.makedirs(seg_dir, exist_ok=True)
     mpath = os.path.join(dest, MANIFEST)
@@ -162,20 +173,21 @@ def _export_dir(src: str, dest: str, broker: str, gateway: str, include_active: 
         data = _segment_bytes(seg, active)
         name = os.path.basename(seg.path)
         _write_atomic(os.path.join(seg_dir, name), data)
-        manifest["segments"][name] = _describe(data, seg)
+        manifest["segments"][name] = _describe(data, seg, clock)
         names.append(name)
         res.sizes[name] = len(data)
         res.bytes += len(data)
         res.records += manifest["segments"][name]["records"]
     if names:
         _fsync_dir(seg_dir)
-        manifest["exports"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "segments": names})
+        manifest["exports"].append({"at": _stamp(clock), "segments": names})
         _write_atomic(mpath, json.dumps(manifest, indent=1, sort_keys=True).encode())
         _fsync_dir(dest)
     res.exported = names
 
 
-def _export_tar(src: str, dest: str, broker: str, gateway: str, include_active: bool, res: ExportResult) -> None:
+def _export_tar(src: str, dest: str, broker: str, gateway: str, include_active: bool,
+                res: ExportResult, clock: Clock) -> None:
     manifest = _new_manifest(broker, gateway)
     if os.path.exists(dest):
         with tarfile.open(dest, "r:") as tf:
@@ -196,12 +208,12 @@ def _export_tar(src: str, dest: str, broker: str, gateway: str, include_active: 
             info = tarfile.TarInfo(f"{SEGMENT_DIR}/{name}")
             info.size, info.mtime = len(data), int(time.time())
             tf.addfile(info, io.BytesIO(data))
-            manifest["segments"][name] = _describe(data, seg)
+            manifest["segments"][name] = _describe(data, seg, clock)
             names.append(name)
             res.sizes[name] = len(data)
             res.bytes += len(data)
             res.records += manifest["segments"][name]["records"]
-        manifest["exports"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "segments": names})
+        manifest["exports"].append({"at": _stamp(clock), "segments": names})
         blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
         info = tarfile.TarInfo(MANIFEST)
         info.size, info.mtime = len(blob), int(time.time())

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.testing import FAST_TIMERS, BrokerThread, merge_tables
 
 
@@ -18,8 +19,9 @@ def make_broker(tmp_path: Any) -> Iterator[Callable[..., BrokerThread]]:
     """Start brokers with settings: ``make_broker(consumers={...})``."""
     started: list[BrokerThread] = []
 
-    def make(data_dir: str | None = None, **settings: dict[str, Any]) -> BrokerThread:
-        b = BrokerThread(data_dir or str(tmp_path / "data"),
+    def make(data_dir: str | None = None, clock: Clock = SYSTEM_CLOCK,
+             **settings: dict[str, Any]) -> BrokerThread:
+        b = BrokerThread(data_dir or str(tmp_path / "data"), clock=clock,
                          **merge_tables(FAST_TIMERS, settings)).start()
         started.append(b)
         return b

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -14,6 +15,7 @@ _SOAK = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "soak.py")
 def _soak_module():
     spec = importlib.util.spec_from_file_location("lockmq_bench_soak", _SOAK)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # (dataclasses look their module up there)
     spec.loader.exec_module(mod)
     return mod
 
@@ -24,8 +26,7 @@ def test_short_soak_keeps_disk_bounded_delivers_expires_and_exports(tmp_path):
                     abandon_day=1, work_dir=str(tmp_path))
     assert res.problems() == []
     # the checks are not vacuous: retention deleted, clusters skipped and expired
-    assert res.disk_bytes[-1] < sum(res.bound_bytes[-1:]) + 1
-    assert max(res.disk_bytes) < 0.5 * (res.disk_bytes[-1] * 4)   # ~1 of 4 days kept
+    assert res.disk_bytes[-1] < res.written_bytes / 2    # about 1 of 4 days is kept
     assert res.lagging_skipped > 0 and res.clusters_expired == 1
     assert res.delivered_live == res.acked_events > 0
     assert res.exported_records >= res.acked

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from lockmq.store import Store
 from lockmq.store.inspect import check_dir
 
@@ -22,37 +24,39 @@ def _build(data_dir, **kw):
     return main
 
 
-def test_age_retention_keeps_what_a_cluster_needs(data_dir):
+def test_age_retention_wins_over_a_cluster_that_has_not_read(data_dir):
+    # (was: age retention kept what a cluster needed -- an abandoned cluster then
+    # filled the disk; issue 12 makes the limits win and counts what is skipped)
     async def main():
         s = await _build(data_dir, retention_ms=1000)()
-        nseg = len(os.listdir(os.path.join(data_dir, "message.log")))
+        nseg = len(s._segments)
         assert s.enforce_retention({}, now_ms=0).deleted_segments == []  # nothing is old yet
-        rep = s.enforce_retention({"a": 50}, now_ms=FUTURE)
-        assert rep.deleted_segments and not rep.forced_segments
-        assert 0 < s.queue_start("a") <= 50
-        assert s.read("a", 50, 1)[0].queue_offset == 50
-        assert s.queue_start("b") > 0
-        got = s.read("b", 0, 1)  # before the start: reads from the first retained record
-        assert got[0].queue_offset == s.queue_start("b")
-        # everything old, nothing needed: all but the active segment go
-        rep2 = s.enforce_retention({}, now_ms=FUTURE)
-        assert len(s._segments) == 1 and rep2.log_start == s.log_start
-        assert len(rep.deleted_segments) + len(rep2.deleted_segments) < nseg
+        rep = s.enforce_retention({"a": 0, "b": 149}, now_ms=FUTURE)
+        assert len(s._segments) == 1 and rep.log_start == s.log_start
+        assert len(rep.deleted_segments) == nseg - 1   # all but the active segment
+        start_a = s.queue_start("a")
+        assert start_a > 0 and rep.skipped_records == {"a": start_a}
+        assert s.stats["skipped_records"] == start_a
+        got = s.read("a", 0, 1)  # before the start: reads from the first retained record
+        assert got[0].queue_offset == start_a
         assert s.queue_end("a") == 150
         await s.close()
     run(main())
     assert check_dir(str(data_dir)).ok
 
 
-def test_size_limit_deletes_needed_records_and_counts_them(data_dir):
+def test_size_limit_deletes_unread_records_and_counts_them(data_dir):
     async def main():
-        s = await _build(data_dir, retention_bytes=6000, retention_ms=None)()
+        s = await _build(data_dir, retention_bytes=6000, retention_ms=-1)()
         rep = s.enforce_retention({"a": 0, "b": 149})
-        assert rep.forced_segments and rep.forced_records.get("a", 0) > 0
-        assert "b" not in rep.forced_records
-        assert s.stats["forced_deleted_records"] == rep.forced_records["a"]
+        assert rep.deleted_segments and rep.skipped_records.get("a", 0) > 0
+        assert "b" not in rep.skipped_records
+        assert s.stats["skipped_records"] == rep.skipped_records["a"]
         assert s.log_end - s.log_start <= 6000 + 2048
-        assert s.queue_start("a") == rep.forced_records["a"]
+        assert s.queue_start("a") == rep.skipped_records["a"]
+        # a second pass deletes nothing more and counts nothing twice
+        again = s.enforce_retention({"a": 0})
+        assert again.deleted_segments == [] and again.skipped_records == {}
         await s.close()
     run(main())
 
@@ -80,9 +84,10 @@ def test_queue_offsets_survive_restart_after_retention(data_dir):
     run(main())
 
 
-def test_no_limits_deletes_nothing(data_dir):
+@pytest.mark.parametrize("forever", [None, -1])
+def test_no_limits_deletes_nothing(data_dir, forever):
     async def main():
-        s = await _build(data_dir, retention_ms=None)()
+        s = await _build(data_dir, retention_ms=forever, retention_bytes=forever)()
         rep = s.enforce_retention({}, now_ms=FUTURE)
         assert rep.deleted_segments == [] and s.queue_start("a") == 0
         await s.close()

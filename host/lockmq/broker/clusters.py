@@ -87,6 +87,9 @@ class ClusterHost(Protocol):
     def log(self, event: str, **fields: Any) -> None:
         """Write one structured log line."""
 
+    def wall_ms(self) -> float:
+        """Wall time on the broker's clock (lockmq.clock): a cluster's last activity."""
+
 
 @dataclass
 class ClusterSettings:
@@ -126,26 +129,36 @@ class ClusterSettings:
 class Source:
     """One topic read in queue order by one cluster (see the module docstring)."""
 
-    __slots__ = ("topic", "committed", "next", "done_above", "dirty")
+    __slots__ = ("topic", "committed", "next", "done_above", "gaps", "dirty")
 
     def __init__(self, topic: str, committed: int) -> None:
         self.topic = topic
         self.committed = committed
         self.next = committed
         self.done_above: set[int] = set()
+        #: ranges ``lo -> hi`` above ``committed`` that retention deleted (skipped):
+        #: finished as a whole, so a skip costs O(1) however many offsets it covers
+        self.gaps: dict[int, int] = {}
         self.dirty = False
+
+    def _walk(self, c: int) -> int:
+        """The first offset from ``c`` on that is not finished (consumes what it passes)."""
+        done, gaps = self.done_above, self.gaps
+        while True:
+            if c in done:
+                done.discard(c)
+                c += 1
+            elif gaps and c in gaps:
+                c = gaps.pop(c)
+            else:
+                return c
 
     def finish(self, qoff: int) -> None:
         """Mark ``qoff`` finished and move ``committed`` over finished offsets."""
         if qoff < self.committed:
             return
         if qoff == self.committed:
-            c = qoff + 1
-            done = self.done_above
-            while c in done:
-                done.discard(c)
-                c += 1
-            self.committed = c
+            self.committed = self._walk(qoff + 1)
             self.dirty = True
         else:
             self.done_above.add(qoff)
@@ -161,10 +174,7 @@ class Source:
         done = self.done_above
         done.update(qoffs)
         if c in done:
-            while c in done:
-                done.discard(c)
-                c += 1
-            self.committed = c
+            self.committed = self._walk(c)
             self.dirty = True
 
     def skip_to(self, qoff: int) -> None:
@@ -174,9 +184,8 @@ class Source:
         if self.committed == self.next:
             self.committed = qoff
             self.dirty = True
-        else:
-            for q in range(self.next, qoff):
-                self.finish(q)
+        else:   # the window below ``next`` is still in memory: finish the gap after it
+            self.gaps[self.next] = qoff
         self.next = qoff
 
 
@@ -303,13 +312,19 @@ class Cluster:
         self.capped = False
         self.stats = {"delivered": 0, "acked": 0, "nacked": 0, "redelivered": 0,
                       "released": 0, "retried": 0, "dead_lettered": 0,
-                      "member_cap_hits": 0, "cluster_cap_hits": 0, "unknown_lease": 0}
+                      "member_cap_hits": 0, "cluster_cap_hits": 0, "unknown_lease": 0,
+                      "skipped": 0}
+        #: when a member was last connected or a position last moved (broker clock):
+        #: what ``[clusters] offsets_retention_ms`` counts from; saved with positions
+        self.last_active_ms = host.wall_ms()
+        self.activity_dirty = False
 
     # -- membership -----------------------------------------------------------------
 
     def join(self, member: Member) -> None:
         """Add a member; it is notified at once if there is work."""
         self.members[id(member)] = member
+        self.touch()
         self.host.log("member_join", cluster=self.name, topic=self.topic,
                       member=member.member_id, name=member.name, peer=member.peer,
                       members=len(self.members))
@@ -318,6 +333,7 @@ class Cluster:
     def leave(self, member: Member, reason: str = "left") -> int:
         """Remove a member and release its leases at once; returns how many."""
         self.members.pop(id(member), None)
+        self.touch()
         released = 0
         for wire in sorted(member.leases, reverse=True):
             lease = self.leases.pop(wire, None)
@@ -333,6 +349,29 @@ class Cluster:
         if released:
             self.wake()
         return released
+
+    def touch(self) -> None:
+        """The cluster is in use now (a member joined, left, acked or nacked)."""
+        self.last_active_ms = self.host.wall_ms()
+        self.activity_dirty = True
+
+    def skip_to_start(self, queue_start: Callable[[str], int]) -> int:
+        """Retention deleted records this cluster had not read: move every source
+        (main topic and retry levels) to ``queue_start(topic)``. Returns how many
+        messages were skipped (also counted in ``stats["skipped"]``). Messages already
+        read into memory (the window) are still delivered."""
+        n = 0
+        for src in [self.main, *self.retry_sources.values()]:
+            start = queue_start(src.topic)
+            if src.next < start:
+                n += start - src.next
+                src.skip_to(start)
+        self.stats["skipped"] += n
+        return n
+
+    def counters(self) -> dict[str, int]:
+        """What ``consume-<cluster>.log`` keeps besides positions (see lockmq.store.positions)."""
+        return {"last_active_ms": int(self.last_active_ms), "skipped": self.stats["skipped"]}
 
     # -- load -----------------------------------------------------------------------
 
@@ -599,6 +638,7 @@ class Cluster:
         lease.source.finish(lease.qoff)
         if self.ordered:
             self._sn_free(lease)
+        self.touch()
         member.acked += 1
         self.stats["acked"] += 1
 
@@ -631,6 +671,7 @@ class Cluster:
             if ordered:
                 self._sn_free(lease)
         main.finish_many(done)
+        self.touch()   # once per ACK frame
         n = len(keys) - len(bad)
         member.acked += n
         self.stats["acked"] += n
@@ -643,6 +684,7 @@ class Cluster:
         """Retry a leased message later (or dead-letter it). Returns what was done:
         ``"retry"`` or ``"dlq"``."""
         lease = self._take(member, wire, delivery)
+        self.touch()
         member.nacked += 1
         self.stats["nacked"] += 1
         lease.retries += 1
@@ -779,6 +821,7 @@ class Cluster:
         heapq.heapify(self.delayed)
         src.committed = src.next = qoff
         src.done_above.clear()
+        src.gaps.clear()
         src.dirty = True
         self.capped = False
 
@@ -815,5 +858,6 @@ class Cluster:
             "dlq_size": self.host.queue_end(self.dlq_topic),
             "cluster_cap": self.s.max_inflight_per_cluster, "cluster_capped": self.capped,
             "member_cap": self.s.max_inflight_per_member,
+            "last_active_ms": int(self.last_active_ms), "skipped": self.stats["skipped"],
             "stats": dict(self.stats),
         }

@@ -13,6 +13,7 @@ import asyncio
 import time
 from typing import Any, Awaitable
 
+from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.config import Config
 from lockmq.security.identity import owner_of
 from lockmq.store import Appended, NewRecord, Store, StoreClosed, StoredRecord
@@ -34,8 +35,11 @@ MAX_SEQ = 0xFFFFFFFF
 class BrokerCore:
     """Owns the store and the clusters; see the module docstring."""
 
-    def __init__(self, config: Config, log: EventLog, stats: Stats) -> None:
+    def __init__(self, config: Config, log: EventLog, stats: Stats,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
+        #: the time of the store, cluster activity and expiry (lockmq.clock)
+        self.clock = clock
         self.log = log
         self.stats = stats
         self.store: Store | None = None
@@ -63,7 +67,7 @@ class BrokerCore:
 
     def open(self) -> None:
         """Open the store (runs crash recovery) and start the timers."""
-        store = Store.open(self.config.store_config())
+        store = Store.open(self.config.store_config(), self.clock)
         self.store = store
         rep = store.recovery
         self.log("store_open", data_dir=store.data_dir, log_end=store.log_end,
@@ -156,6 +160,10 @@ class BrokerCore:
             self.log("system_records_duplicate", count=dups, level="error")
         return res
 
+    def wall_ms(self) -> float:
+        """Wall time on the broker's clock."""
+        return self.clock.wall_ms()
+
     def spawn(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` in the background; it is awaited (bounded) at shutdown."""
         task = asyncio.ensure_future(coro)
@@ -170,7 +178,7 @@ class BrokerCore:
     def publish_system(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None,
                        lock_ts_ms: int = 0) -> None:
         """Fire-and-forget a system record (``$devices`` events ...); failures are logged."""
-        ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(time.time() * 1000)
+        ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(self.clock.wall_ms())
 
         async def run() -> None:
             try:
@@ -257,6 +265,7 @@ class BrokerCore:
                      legacy=known or None)
         c = Cluster(name, topic, ordered, self.settings, self, positions,
                     start_latest=self.config.consumers.start == "latest")
+        c.stats["skipped"] = store.cluster_counters(name).get("skipped", 0)
         self.clusters[name] = c
         self.by_topic.setdefault(topic, []).append(c)
         self.log("cluster_open", cluster=name, topic=topic, ordered=ordered,
@@ -345,9 +354,10 @@ class BrokerCore:
         for c in list(self.clusters.values()):
             if self.clusters.get(c.name) is not c:
                 continue   # deleted meanwhile (clusters.delete): do not write its file again
-            if c.take_dirty() or force:
+            if c.take_dirty() or c.activity_dirty or force:
+                c.activity_dirty = False
                 try:
-                    await self.store.save_positions(c.name, c.positions())
+                    await self.store.save_positions(c.name, c.positions(), c.counters())
                 except Exception as exc:  # noqa: BLE001
                     c.main.dirty = True
                     self.log("positions_save_failed", cluster=c.name, error=repr(exc),
@@ -366,17 +376,94 @@ class BrokerCore:
                 needed[topic] = min(needed.get(topic, pos), pos)
         return needed
 
-    def enforce_retention(self) -> None:
-        """Delete what retention allows and no cluster still needs (the retention timer)."""
-        assert self.store is not None
-        needed = self.needed_positions()
+    async def enforce_retention(self) -> None:
+        """The retention timer: close an old quiet segment (``segment_ms``), expire
+        unused clusters, delete what the age and size limits say -- also records a
+        cluster has not read -- and move such clusters to the new start (counted
+        and logged: ``cluster_skipped``)."""
+        store = self.store
+        assert store is not None
         try:
-            rep = self.store.enforce_retention(needed)
+            if await store.roll_if_old():
+                self.log("segment_rolled", reason="segment_ms", log_end=store.log_end)
+            await self.expire_clusters()
+            rep = store.enforce_retention(self.needed_positions())
             if rep.deleted_segments:
                 self.log("retention", deleted_segments=len(rep.deleted_segments),
-                         deleted_bytes=rep.deleted_bytes)
+                         deleted_bytes=rep.deleted_bytes,
+                         skipped_records=sum(rep.skipped_records.values()))
+                await self._skip_behind_retention()
         except Exception as exc:  # noqa: BLE001
             self.log("retention_failed", error=repr(exc), level="error")
+
+    def _disk_clusters(self) -> list[str]:
+        """Names of the clusters with a positions file (valid names only)."""
+        assert self.store is not None
+        out = []
+        for name in self.store.clusters():
+            try:
+                validate_cluster(name)
+            except ValueError:   # a file name that is no cluster name: not ours
+                continue
+            out.append(name)
+        return out
+
+    async def _skip_behind_retention(self) -> None:
+        """Move every cluster (live or only on disk) whose position retention deleted
+        to its topic's new start; count and log what each skipped."""
+        store = self.store
+        assert store is not None
+        for name in self._disk_clusters():
+            c = self.clusters.get(name)
+            if c is not None:
+                n = c.skip_to_start(store.queue_start)
+                if n and not c.members:   # no member will commit it: save it now (not as
+                    c.take_dirty()        # activity, or it would never expire)
+                    await store.save_positions(name, c.positions(), c.counters())
+            else:
+                saved = store.load_positions(name)
+                moved = {t: store.queue_start(t) for t, p in saved.items()
+                         if p < store.queue_start(t)}
+                n = sum(q - saved[t] for t, q in moved.items())
+                if n:
+                    total = store.cluster_counters(name).get("skipped", 0) + n
+                    await store.save_positions(name, moved, {"skipped": total})
+            if n:
+                self.stats.inc("retention_skipped", n)
+                self.log("cluster_skipped", cluster=name, skipped=n,
+                         reason="retention deleted records the cluster had not read",
+                         level="warning")
+
+    async def expire_clusters(self) -> list[str]:
+        """Expire clusters unused for ``[clusters] offsets_retention_ms`` (no member
+        connected, no position moved): position, owner, topic binding and retry
+        state are deleted, logged and counted. Returns their names."""
+        store = self.store
+        assert store is not None
+        limit = self.config.clusters.offsets_retention()
+        now = self.clock.wall_ms()
+        expired = []
+        for name in self._disk_clusters():
+            c = self.clusters.get(name)
+            if c is not None:
+                if c.members:
+                    c.touch()   # in use; saved by the positions timer
+                    continue
+                last: float | None = c.last_active_ms
+            else:
+                last = store.cluster_counters(name).get("last_active_ms")
+                if last is None:   # a file from before activity was saved: start now
+                    await store.save_positions(name, {}, {"last_active_ms": int(now)})
+                    continue
+            if limit is None or now - last < limit:
+                continue
+            owner = self.cluster_owners.get(name, "")
+            self.forget_cluster(name)
+            expired.append(name)
+            self.stats.inc("clusters_expired")
+            self.log("cluster_expired", cluster=name, owner=owner,
+                     idle_ms=int(now - last), offsets_retention_ms=limit, level="warning")
+        return expired
 
     # -- admin views ----------------------------------------------------------------
 
@@ -399,12 +486,16 @@ class BrokerCore:
             if name in self.clusters or name.startswith(("$",)):
                 continue
             pos = self.store.load_positions(name)
+            counters = self.store.cluster_counters(name)
             main = {t: p for t, p in pos.items() if not t.startswith(RETRY_PREFIX)}
             for topic, p in main.items():
                 end = self.store.queue_end(topic)
+                skipped = counters.get("skipped", 0)
                 out.append({"name": name, "topic": topic, "owner": owners.get(name, ""),
                             "members": [], "inflight": 0,
                             "committed": p, "queue_end": end, "backlog": max(0, end - p),
                             "dlq_size": self.store.queue_end(DLQ_PREFIX + name),
+                            "last_active_ms": counters.get("last_active_ms"),
+                            "skipped": skipped, "stats": {"skipped": skipped},
                             "live": False})
         return out

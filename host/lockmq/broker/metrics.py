@@ -84,6 +84,8 @@ COUNTER_HELP: dict[str, str] = {
     "status_timeouts": "Status-page requests over status_request_timeout_s (408)",
     "status_refused": "Status-page connections over status_max_connections (503)",
     "status_bad_requests": "Status-page requests that could not be parsed (400)",
+    "retention_skipped": "Messages clusters skipped because retention deleted them unread",
+    "clusters_expired": "Clusters expired after [clusters] offsets_retention_ms unused",
 }
 
 #: Broker counters exported under another name: ``store_batches`` would collide with
@@ -99,7 +101,8 @@ STORE_COUNTER_HELP: dict[str, str] = {
     "fsyncs": "fsync calls of the store",
     "checkpoints": "Store checkpoints written",
     "full": "Batches refused because the disk is full (min_free_bytes)",
-    "forced_deleted_records": "Records a cluster still needed that the size limit deleted",
+    "skipped_records": "Records retention deleted before the slowest cluster read them",
+    "time_rolls": "Segments closed by age (segment_ms) rather than size",
 }
 
 #: Per-cluster counters of live clusters (since the cluster was opened), as
@@ -116,6 +119,7 @@ CLUSTER_COUNTER_HELP: dict[str, str] = {
     "member_cap_hits": "Pulls limited by max_inflight_per_member",
     "cluster_cap_hits": "Pulls limited by max_inflight_per_cluster",
     "unknown_lease": "ACK/NACK of a lease the cluster does not hold",
+    "skipped": "Messages retention deleted before the cluster read them (it skipped them)",
 }
 
 #: Per-cluster gauges from the ``clusters`` op (live and offline clusters alike).

@@ -20,6 +20,8 @@ import signal
 import socket
 import sys
 from typing import Callable
+
+from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.config import Config
 from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
@@ -66,7 +68,10 @@ def _somaxconn() -> int | None:
 class Broker:
     """One running broker. ``await start()``, then ``await stop()``."""
 
-    def __init__(self, config: Config, log: EventLog | None = None) -> None:
+    def __init__(self, config: Config, log: EventLog | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        """``clock`` dates records and ages segments and clusters (lockmq.clock): a
+        test or ``bench/soak.py`` passes a ManualClock to a broker in a thread."""
         self.config = config
         #: the broker closes the log (its file) on stop only if it opened it
         self._owns_log = log is None
@@ -74,7 +79,7 @@ class Broker:
                                    log_file=config.broker.log_file)
         log, stats = self.log, Stats()
         self.stats = stats
-        self.core = BrokerCore(config, log, stats)
+        self.core = BrokerCore(config, log, stats, clock)
         self.guard: BrokerGuard = make_guard(config, log)
         self.connections = Connections()
         #: the open connections by id (read by the status page and admin views)

@@ -12,6 +12,8 @@ import asyncio
 import threading
 from typing import Any
 
+from lockmq.clock import SYSTEM_CLOCK, Clock
+
 from .sync import new_event_loop
 
 
@@ -25,12 +27,15 @@ class EmbeddedBroker:
         overrides: extra config tables, e.g. ``{"consumers": {"time_scale": 0.01}}``.
         log_level: the broker's log level.
         uvloop: run the broker on uvloop when installed (else the asyncio loop).
+        clock: the broker's :mod:`lockmq.clock` (a ``ManualClock`` for time-scale tests).
     """
 
     def __init__(self, data_dir: str, port: int = 0, auth: str = "off",
                  overrides: dict[str, dict[str, Any]] | None = None,
-                 log_level: str = "WARNING", uvloop: bool = True) -> None:
+                 log_level: str = "WARNING", uvloop: bool = True,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.data_dir = data_dir
+        self.clock = clock
         self.port = port
         self.auth = auth
         self.overrides = overrides or {}
@@ -73,7 +78,7 @@ class EmbeddedBroker:
 
             async def boot() -> None:
                 try:
-                    self.broker = Broker(cfg)
+                    self.broker = Broker(cfg, clock=self.clock)
                     await self.broker.start()
                     self.port = self.broker.port
                 except BaseException as exc:  # noqa: BLE001 - reported to start()

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+#: a limit of -1 means "no limit" (Kafka's ``retention.ms = -1``): TOML has no None
+FOREVER = -1
+#: the limits that may be -1 (or None in Python)
+OPTIONAL_LIMITS = ("retention_ms", "retention_bytes", "segment_ms")
 
 
 @dataclass
@@ -18,6 +22,11 @@ class StoreConfig:
             positions, the dedup snapshot and the checkpoint. Created if missing.
         segment_bytes: size at which a commit-log segment is closed and a new one
             started (128 MiB). Also the upper bound of one record.
+        segment_ms: age at which the active segment is closed even if it is small
+            (Kafka's ``segment.ms``; 1 day), so that a quiet gateway's records reach
+            retention and ``lockmq export`` (closed segments only). The age counts
+            from the segment's first record; the broker's retention timer also closes
+            an old segment when no new write comes. ``-1`` (or None): size only.
         flush: ``"sync"`` (default) resolves :meth:`Store.append` only after the
             fdatasync that covers the record; ``"async"`` resolves after ``write()``
             and fdatasyncs every ``flush_interval_ms``. See docs/storage.md for what
@@ -28,11 +37,12 @@ class StoreConfig:
             written since the last checkpoint, so this bounds start-up time.
         checkpoint_bytes: also checkpoint after this many log bytes.
         retention_ms: closed segments whose newest write is older than this are
-            deleted by :meth:`Store.enforce_retention` (unless a consumer cluster
-            still needs them). ``None`` keeps them forever.
+            deleted by :meth:`Store.enforce_retention`, also when a consumer cluster
+            has not read them yet (the cluster skips forward; counted and logged):
+            retention can never fill the disk. ``-1`` (Kafka's spelling; None in
+            Python) keeps them forever; 0 is refused.
         retention_bytes: total commit-log size above which the oldest closed
-            segments are deleted, even if a cluster still needs them (logged and
-            counted). ``None`` means no size limit.
+            segments are deleted, read or not. ``-1`` (or None) means no size limit.
         min_free_bytes: disk reserve; a batch that would leave less free space on
             the file system is refused with :class:`StoreFull`.
         dedup_window: how many sequence numbers below a lock's highest stored
@@ -48,6 +58,7 @@ class StoreConfig:
 
     data_dir: str | os.PathLike[str] = "./data"
     segment_bytes: int = 128 * MiB
+    segment_ms: int | None = 24 * 3600 * 1000
     flush: str = "sync"
     flush_interval_ms: int = 200
     checkpoint_interval_ms: int = 2000
@@ -66,9 +77,9 @@ class StoreConfig:
         for name in ("segment_bytes", "flush_interval_ms", "checkpoint_interval_ms",
                      "checkpoint_bytes", "min_free_bytes", "dedup_window", "dedup_max_sns",
                      "max_record_bytes", "max_batch_bytes", "max_pending_bytes",
-                     "retention_ms", "retention_bytes"):
+                     "retention_ms", "retention_bytes", "segment_ms"):
             value = getattr(self, name)
-            if value is None and name.startswith("retention"):
+            if value is None and name in OPTIONAL_LIMITS:
                 continue
             if type(value) is not int:
                 raise ValueError(f"{name} must be an integer, not {value!r}")
@@ -87,12 +98,19 @@ class StoreConfig:
             raise ValueError("dedup_window must be at most 65535")
         if self.min_free_bytes < 0:
             raise ValueError("min_free_bytes must be >= 0")
-        if self.retention_ms is not None and self.retention_ms <= 0:
-            raise ValueError("retention_ms must be positive or None")
-        if self.retention_bytes is not None and self.retention_bytes <= 0:
-            raise ValueError("retention_bytes must be positive or None")
+        for name in OPTIONAL_LIMITS:
+            value = getattr(self, name)
+            if value is not None and value <= 0 and value != FOREVER:
+                raise ValueError(f"{name} must be positive, or -1 for no limit (forever), "
+                                 f"not {value}")
         if self.max_batch_bytes < self.record_limit:
             raise ValueError("max_batch_bytes must be >= max_record_bytes")
+
+    def limit(self, name: str) -> int | None:
+        """The limit ``name`` (``retention_ms``, ``retention_bytes``, ``segment_ms``),
+        None when there is none (-1 or None)."""
+        value = getattr(self, name)
+        return None if value is None or value == FOREVER else value
 
     @property
     def record_limit(self) -> int:

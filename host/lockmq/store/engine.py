@@ -17,9 +17,10 @@ import asyncio
 import fcntl
 import logging
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
+
+from lockmq.clock import SYSTEM_CLOCK, Clock
 
 from . import reads, retention
 from .config import StoreConfig
@@ -57,9 +58,11 @@ class Store:
     then finish with :meth:`close_sync`.
     """
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         config.validate()
         self.config = config
+        #: the time of record timestamps, segment ages and retention (lockmq.clock)
+        self.clock = clock
         self.data_dir = os.path.abspath(os.fspath(config.data_dir))
         self.seg_dir = os.path.join(self.data_dir, SEGMENT_DIR)
         self._dedup = DedupTable(config.dedup_window, config.dedup_max_sns)
@@ -74,25 +77,27 @@ class Store:
         self._closed = False
         self._lock_fd = -1
         #: counters: records stored, duplicates dropped, batches (group commits), log
-        #: bytes, fsyncs, checkpoints, batches refused with StoreFull, records a
-        #: cluster still needed that the size limit deleted
+        #: bytes, fsyncs, checkpoints, batches refused with StoreFull, records that
+        #: retention deleted before the slowest cluster read them, segments closed by
+        #: age (``segment_ms``)
         self.stats: dict[str, int] = dict.fromkeys(
             ("records", "duplicates", "batches", "bytes", "fsyncs", "checkpoints",
-             "store_full", "forced_deleted_records"), 0)
+             "store_full", "skipped_records", "time_rolls"), 0)
         #: what crash recovery did when the store was opened
         self.recovery = RecoveryReport()
 
     # ------------------------------------------------------------------ open/close
 
     @classmethod
-    def open(cls, config: StoreConfig) -> "Store":
+    def open(cls, config: StoreConfig, clock: Clock = SYSTEM_CLOCK) -> "Store":
         """Open (creating if needed) the store in ``config.data_dir``.
 
         Runs crash recovery synchronously; its outcome is in :attr:`recovery`
         (and logged). Raises :class:`StoreLocked` if another process has the
-        directory open.
+        directory open. ``clock`` (default: the system's) dates records and ages
+        segments; tests and benches pass a :class:`lockmq.clock.ManualClock`.
         """
-        self = cls(config)
+        self = cls(config, clock)
         # 0700 / 0600 whatever the umask; an older, looser data dir is tightened
         # (the commit log holds card ids) -- with a log line saying so
         changed = secure_data_dir(self.data_dir)
@@ -121,7 +126,8 @@ class Store:
                 self._topics[name] = t
             self._writer = GroupCommit(config, self.data_dir, segments, rep.log_end,
                                        self._topics, self._dedup, self.stats,
-                                       self._on_visible)
+                                       self._on_visible, clock,
+                                       self._first_write_ms(segments.active, rep.log_end))
             try:
                 self._writer.checkpoint_now()
             except OSError as exc:  # e.g. a full disk: the store can still serve reads
@@ -197,7 +203,7 @@ class Store:
             raise StoreFailed(f"store failed earlier: {w.failed!r}") from w.failed
         if not records:
             return []
-        ts = time.time_ns() // 1000
+        ts = int(self.clock.wall_ms() * 1000)
         maxrec = self._max_record
         topics = self._topics
         enc = []
@@ -209,6 +215,29 @@ class Store:
             if r.topic not in topics:
                 self._new_topic(r.topic)
         return await w.submit(records, enc, n, ts // 1_000_000)
+
+    def _first_write_ms(self, seg: Segment, log_end: int) -> float | None:
+        """When the first record of ``seg`` was stored (None if it is empty): the age
+        ``segment_ms`` counts from, read back from the record's broker timestamp."""
+        if log_end <= seg.base:
+            return None
+        try:
+            return reads.read_at(self._segments, log_end, seg.base).broker_ts_us / 1000
+        except Exception:  # noqa: BLE001 -- unreadable: age it from the file instead
+            return seg.mtime_ms()
+
+    async def roll_if_old(self) -> bool:
+        """Close the active segment if it is older than ``segment_ms`` and holds
+        records, also when no new write comes (the broker's retention timer calls
+        this), so a quiet gateway's records reach retention and export. True if a
+        segment was closed."""
+        w = self._writer
+        assert w is not None
+        if not w.roll_due():
+            return False
+        before = len(self._segments)
+        await w.submit([], [], 0, 0)
+        return len(self._segments) > before
 
     def _new_topic(self, topic: str) -> Topic:
         validate_topic(topic)
@@ -311,15 +340,26 @@ class Store:
         """Last saved ``{topic: queue offset}`` of consumer cluster ``cluster``."""
         return self._positions_file(cluster).load()
 
-    async def save_positions(self, cluster: str, positions: dict[str, int]) -> None:
-        """Merge ``positions`` into the cluster's saved positions and make them
-        durable (fsync in a thread). A crash during the save leaves the previous
-        positions. Calls for the same store are applied in call order."""
+    async def save_positions(self, cluster: str, positions: dict[str, int],
+                             counters: dict[str, int] | None = None) -> None:
+        """Merge ``positions`` (and ``counters``: ``last_active_ms``, ``skipped``)
+        into the cluster's saved state and make it durable (fsync in a thread). A
+        crash during the save leaves the previous state. Calls for the same store
+        are applied in call order."""
         pf = self._positions_file(cluster)
         if self._pos_exec is None:
             self._pos_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-positions")
         await asyncio.get_running_loop().run_in_executor(self._pos_exec, pf.save,
-                                                         dict(positions))
+                                                         dict(positions), None,
+                                                         dict(counters or {}))
+
+    def cluster_counters(self, cluster: str) -> dict[str, int]:
+        """The cluster's saved counters: ``last_active_ms`` (when a member was last
+        connected or a position last moved) and ``skipped`` (messages retention
+        deleted before the cluster read them); ``{}`` for a file without them."""
+        self.cluster_meta(cluster)   # opens (and caches) the file only if it exists
+        p = self._positions.get(cluster)
+        return {} if p is None else dict(p.counters)
 
     def cluster_meta(self, cluster: str) -> dict[str, str]:
         """What the cluster's positions file says besides positions: ``owner`` (who
@@ -344,7 +384,8 @@ class Store:
                                            {"owner": owner, "topic": topic})
 
     def delete_cluster(self, cluster: str) -> bool:
-        """Forget ``cluster``: remove its positions file (owner, topic, positions).
+        """Forget ``cluster``: remove its positions file (owner, topic, positions,
+        counters).
         False if it had none."""
         pf = self._positions_file(cluster)
         existed = pf.exists
@@ -360,20 +401,21 @@ class Store:
     # ------------------------------------------------------------------ retention
 
     def enforce_retention(self, needed: dict[str, int] | None = None,
-                          now_ms: int | None = None) -> RetentionReport:
+                          now_ms: float | None = None) -> RetentionReport:
         """Delete closed segments that are past the age or size limit.
 
-        ``needed`` maps topics to the lowest queue offset a consumer cluster still
-        needs. Age-based deletion never removes a segment holding a needed record;
-        the size limit (``retention_bytes``) does, and then the loss is logged and
-        counted in the report and in ``stats["forced_deleted_records"]``.
-        The active segment is never deleted. Runs on the caller's thread (unlink
-        is cheap); call it every minute or so.
+        Both limits win over consumer clusters: a segment goes even if a cluster has
+        not read it (the caller moves such clusters to :meth:`queue_start`).
+        ``needed`` maps topics to the lowest queue offset a cluster still needs;
+        the deleted records at or above it are counted in the report's
+        ``skipped_records`` and in ``stats["skipped_records"]``. The active segment
+        is never deleted. Runs on the caller's thread (unlink is cheap); call it
+        every minute or so. ``now_ms`` defaults to the store's clock.
         """
-        now = time.time() * 1000 if now_ms is None else now_ms
+        now = self.clock.wall_ms() if now_ms is None else now_ms
         rep = retention.enforce(self.config, self._segments, self._topics, self._end,
                                 needed or {}, now)
-        self.stats["forced_deleted_records"] += sum(rep.forced_records.values())
+        self.stats["skipped_records"] += sum(rep.skipped_records.values())
         return rep
 
 

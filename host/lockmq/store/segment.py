@@ -56,6 +56,11 @@ class Segment:
         """When the log file was last written (ms since the epoch)."""
         return os.stat(self.path).st_mtime * 1000
 
+    def set_mtime_ms(self, ms: float) -> None:
+        """Set the log file's mtime (a closed segment's last write, on the store's clock)."""
+        ns = int(ms * 1_000_000)
+        os.utime(self.path, ns=(ns, ns))
+
     def open_writer(self) -> None:
         """Open the existing log file for writing (the active segment at open)."""
         if self._wfd < 0:

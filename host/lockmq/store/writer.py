@@ -21,6 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from lockmq.clock import SYSTEM_CLOCK, Clock
+
 from . import checkpoint as ckpt
 from .config import StoreConfig
 from .dedup import DedupTable
@@ -57,7 +59,7 @@ class _Chunk:
 class _Plan:
     """One group commit: what to write where, and what to answer each caller."""
 
-    __slots__ = ("entries", "results", "chunks", "index", "ids", "end", "nbytes")
+    __slots__ = ("entries", "results", "chunks", "index", "ids", "end", "nbytes", "now_ms")
 
     def __init__(self) -> None:
         self.entries: list = []
@@ -67,6 +69,7 @@ class _Plan:
         self.ids: list[tuple[str, int]] = []
         self.end = 0
         self.nbytes = 0
+        self.now_ms = 0.0
 
 
 class GroupCommit:
@@ -79,8 +82,17 @@ class GroupCommit:
 
     def __init__(self, config: StoreConfig, data_dir: str, segments: SegmentList,
                  log_end: int, topics: dict[str, Topic], dedup: DedupTable,
-                 stats: dict[str, int], on_visible: Publish) -> None:
+                 stats: dict[str, int], on_visible: Publish, clock: Clock = SYSTEM_CLOCK,
+                 active_first_ms: float | None = None) -> None:
         self.config = config
+        self.clock = clock
+        self._segment_ms = config.limit("segment_ms")
+        #: clock time of the active segment's first record (None while it is empty)
+        #: and of its last write: its age for ``segment_ms`` and, once closed, for
+        #: retention (the closed file's mtime is set to it)
+        self._active_first_ms = active_first_ms
+        self._active_last_ms = clock.wall_ms() if active_first_ms is None \
+            else segments.active.mtime_ms()
         self.data_dir = data_dir
         self._segments = segments
         self._topics = topics
@@ -134,6 +146,14 @@ class GroupCommit:
                 self._w_idle = False
                 self._cond.notify()
         return fut
+
+    def roll_due(self, now_ms: float | None = None) -> bool:
+        """True if the active segment holds records and is older than ``segment_ms``."""
+        first = self._active_first_ms
+        if self._segment_ms is None or first is None:
+            return False
+        now = self.clock.wall_ms() if now_ms is None else now_ms
+        return now - first >= self._segment_ms
 
     def _start(self) -> None:
         """Start the writer thread, bound to the running event loop."""
@@ -326,8 +346,10 @@ class GroupCommit:
         results = plan.results
         pos = self._w_end
         active_base = self._active.base
-        # the roll rule (size); a time-based roll would lower this limit to ``pos``
-        seg_limit = active_base + seg_bytes
+        # the roll rules: size, and age (``segment_ms``: the limit drops to ``pos``)
+        plan.now_ms = self.clock.wall_ms()
+        time_roll = self.roll_due(plan.now_ms) and pos > active_base
+        seg_limit = pos if time_roll else active_base + seg_bytes
         # the first chunk goes to the active segment; dropped below if it stays empty
         first = chunk = _Chunk(active_base, pos - active_base, False, None)
         plan.chunks.append(chunk)
@@ -380,6 +402,10 @@ class GroupCommit:
             results.append(res)
         if c:
             c[1] = q
+        if time_roll:
+            self.stats["time_rolls"] += 1
+            if len(plan.chunks) == 1:   # no record came: close the old segment anyway
+                plan.chunks.append(self._roll_chunk(pos, counters))
         if not first.parts:
             plan.chunks.remove(first)
         for t, first_q, blob in pindex.values():
@@ -437,9 +463,10 @@ class GroupCommit:
                     created.append(seg)
                 else:
                     seg = old
-                seg.write_at(ch.parts[0] if len(ch.parts) == 1 else b"".join(ch.parts),
-                             ch.file_pos)
-                written.append(seg)
+                if ch.parts:
+                    seg.write_at(ch.parts[0] if len(ch.parts) == 1 else b"".join(ch.parts),
+                                 ch.file_pos)
+                    written.append(seg)
             for ch in plan.chunks:
                 if ch.new:
                     ch.segment.write_qstart(ch.qstart or {})  # type: ignore[union-attr]
@@ -450,8 +477,8 @@ class GroupCommit:
             elif created:
                 # a closed segment is always durable, also in async mode
                 old.sync()
-                for seg in written[:-1]:
-                    if seg is not old:
+                for seg in written:
+                    if seg is not old and seg is not written[-1]:
                         seg.sync()
             if created:
                 fsync_dir(self._segments.seg_dir)
@@ -460,11 +487,21 @@ class GroupCommit:
             if exc.errno in _NO_SPACE:
                 raise StoreFull(f"disk full: {exc}") from exc
             raise
+        now = plan.now_ms
         if created:
-            self._active = created[-1]
-            for seg in created[:-1]:
-                seg.close_writer()
+            # a closed segment's mtime is its last write on the store's clock: the
+            # age retention reads, also after a restart
+            old.set_mtime_ms(now if old in written else self._active_last_ms)
             old.close_writer()
+            for seg in created[:-1]:
+                seg.set_mtime_ms(now)
+                seg.close_writer()
+            self._active = created[-1]
+            self._active_first_ms = None
+        if self._active in written:
+            self._active_last_ms = now
+            if self._active_first_ms is None:
+                self._active_first_ms = now
         if not self._sync:
             self._unsynced = True
 

@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 from lockmq.client.embedded import EmbeddedBroker
 
+from lockmq.clock import SYSTEM_CLOCK, Clock
+
 from .tables import Tables, merge_tables
 
 #: Timers a test does not want to wait for: positions flushed and leases swept
@@ -27,9 +29,10 @@ class BrokerThread(EmbeddedBroker):
     tables, e.g. ``BrokerThread(d, consumers={"time_scale": 0.01})``."""
 
     def __init__(self, data_dir: str, port: int = 0, auth: str = "off",
-                 uvloop: bool | None = None, **tables: dict[str, Any]) -> None:
+                 uvloop: bool | None = None, clock: Clock = SYSTEM_CLOCK,
+                 **tables: dict[str, Any]) -> None:
         super().__init__(data_dir, port=port, auth=auth, overrides=merge_tables(tables),
-                         uvloop=uvloop_wanted() if uvloop is None else uvloop)
+                         uvloop=uvloop_wanted() if uvloop is None else uvloop, clock=clock)
 
     def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Run ``fn`` on the broker's loop (awaiting it if it returns a coroutine) and
