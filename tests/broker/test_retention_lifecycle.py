@@ -4,12 +4,11 @@ over real TCP with the broker on a ManualClock: simulated hours pass in no time.
 from __future__ import annotations
 
 import os
-import time
 
 from lockmq.clock import ManualClock
 from lockmq.protocol import Role
 
-from .conftest import Peer, drain
+from lockmq.testing import Peer, drain, open_peer, wait_for
 
 HOUR = 3600 * 1000
 DAY = 24 * HOUR
@@ -17,17 +16,10 @@ T0 = 1_700_000_000_000
 
 
 def _publish(port: int, topic: str, start: int, n: int) -> None:
-    p = Peer(port, sn="LOCK-R", role=Role.LOCK)
+    p = open_peer(port, sn="LOCK-R", role=Role.LOCK)
     for seq in range(start, start + n):
         p.publish(topic, seq, b"x" * 200)
     p.close()
-
-
-def _wait(cond, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _cluster(peer: Peer, name: str) -> dict:
@@ -46,13 +38,13 @@ def test_an_abandoned_cluster_no_longer_keeps_the_log_and_skips_forward(make_bro
     b = make_broker(clock=clock, **_settings())
     core = b.broker.core
     _publish(b.port, "t1", 0, 200)
-    c = Peer(b.port)
+    c = open_peer(b.port)
     sub = c.subscribe("t1", "cli").sub_id           # `lockmq consume t1 -n 1`
     assert len(drain(c, sub, 1, batch=1)) == 1
     c.close()
-    live = Peer(b.port)                             # a member that lags: connected, idle
+    live = open_peer(b.port)                             # a member that lags: connected, idle
     live_sub = live.subscribe("t1", "lagging").sub_id
-    _wait(lambda: _cluster(live, "cli").get("live") is False or
+    wait_for(lambda: _cluster(live, "cli").get("live") is False or
           not _cluster(live, "cli").get("members"), "the cli member to leave")
     clock.advance(3 * HOUR)
     _publish(b.port, "t1", 200, 200)
@@ -71,7 +63,7 @@ def test_an_abandoned_cluster_no_longer_keeps_the_log_and_skips_forward(make_bro
     # consumers get the next available message: no error, no hang
     got = live.pull(live_sub, 5).messages
     assert [m.queue_offset for m in got] == list(range(start, start + 5))
-    again = Peer(b.port)
+    again = open_peer(b.port)
     sub = again.subscribe("t1", "cli").sub_id
     assert drain(again, sub, 1, batch=1)[0].queue_offset == start
     # the skip was saved: a restart keeps it
@@ -79,7 +71,7 @@ def test_an_abandoned_cluster_no_longer_keeps_the_log_and_skips_forward(make_bro
     live.close()
     b.stop()
     b2 = make_broker(data_dir=core.store.data_dir, clock=clock, **_settings())
-    p = Peer(b2.port)
+    p = open_peer(b2.port)
     info = _cluster(p, "cli")
     assert info["committed"] >= start and info["skipped"] == start - 1
     p.close()
@@ -91,17 +83,17 @@ def test_unused_clusters_expire_and_the_clock_survives_a_restart(make_broker, tm
     settings = _settings(offsets_retention_ms=DAY)
     b = make_broker(data_dir=data, clock=clock, **settings)
     _publish(b.port, "t", 0, 10)
-    old = Peer(b.port)
+    old = open_peer(b.port)
     sub = old.subscribe("t", "old").sub_id
     drain(old, sub, 10)
     old.close()
-    busy = Peer(b.port)
+    busy = open_peer(b.port)
     busy.subscribe("t", "busy")                     # connected, never commits
-    _wait(lambda: _cluster(busy, "old").get("members") == [], "the old member to leave")
+    wait_for(lambda: _cluster(busy, "old").get("members") == [], "the old member to leave")
     assert _cluster(busy, "old")["last_active_ms"] >= T0
     clock.advance(12 * HOUR)
     busy.close()
-    _wait(lambda: _cluster(Peer(b.port), "busy").get("members") == [], "busy to leave")
+    wait_for(lambda: _cluster(open_peer(b.port), "busy").get("members") == [], "busy to leave")
     b.stop()                                        # a restart half-way
     b = make_broker(data_dir=data, clock=clock, **settings)
     core = b.broker.core
@@ -109,7 +101,7 @@ def test_unused_clusters_expire_and_the_clock_survives_a_restart(make_broker, tm
     assert b.call(core.expire_clusters) == []       # not a day since old was used
     clock.advance(2)
     assert b.call(core.expire_clusters) == ["old"]  # counted from before the restart
-    p = Peer(b.port)
+    p = open_peer(b.port)
     assert _cluster(p, "old") == {} and _cluster(p, "busy")
     assert not os.path.exists(os.path.join(data, "consume-old.log"))
     assert p.admin("stats")["broker"]["clusters_expired"] == 1
@@ -128,11 +120,11 @@ def test_forever_keeps_clusters_and_the_timer_closes_a_quiet_segment(make_broker
                     clusters={"offsets_retention_ms": -1})
     core = b.broker.core
     _publish(b.port, "q", 0, 3)
-    p = Peer(b.port)
+    p = open_peer(b.port)
     p.subscribe("q", "keep")
     p.close()
     clock.advance(HOUR)                             # no new write: the timer rolls
-    _wait(lambda: len(core.store._segments) == 2, "the quiet segment to be closed")
+    wait_for(lambda: len(core.store._segments) == 2, "the quiet segment to be closed")
     clock.advance(365 * DAY)
     assert b.call(core.expire_clusters) == []
     assert core.store.stats["time_rolls"] == 1 and core.store.log_start == 0

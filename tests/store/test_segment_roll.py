@@ -8,7 +8,7 @@ from lockmq.clock import ManualClock
 from lockmq.config import ConfigError, config_from_dict
 from lockmq.store import Store, StoreConfig
 
-from .conftest import config, rec, run
+from .helpers import config, rec, run
 
 HOUR = 3600 * 1000
 DAY = 24 * HOUR
