@@ -49,6 +49,8 @@ from lockmq.protocol import (
     SubscribeAck,
 )
 
+from peers import CLIENTS, PEERS  # noqa: E402  (bench/ is on sys.path: run as a script)
+
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
 
@@ -263,8 +265,9 @@ async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[n
 
 
 async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: float,
-                           topic: str, prefix: str) -> dict:
-    """N locks, W in flight each, for ``duration`` seconds: acks/s and latency."""
+                           topic: str, prefix: str, peer: str = "") -> dict:
+    """N locks, W in flight each, for ``duration`` seconds: acks/s and latency.
+    ``peer``: speak to Mosquitto or Redis instead (``peers.py``), same loop."""
     rng = random.Random(1)
     tp = struct.pack(">B", len(topic)) + topic.encode()
     payload = record(rng)
@@ -279,11 +282,16 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
         if len(ready) == locks:
             all_ready.set()
 
+    def make(j: int):  # type: ignore[no-untyped-def]
+        if peer:
+            return CLIENTS[peer](f"{prefix}{j:06d}", payload, window, stats, lat, sample,
+                                 on_ready)
+        return LeanLock(f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready)
+
     protos: list[LeanLock] = []
     for i in range(0, locks, 256):
-        got = await asyncio.gather(*[lean_connect(ep, lambda j=j: LeanLock(
-            f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready))
-            for j in range(i, min(locks, i + 256))])
+        got = await asyncio.gather(*[lean_connect(ep, lambda j=j: make(j))
+                                     for j in range(i, min(locks, i + 256))])
         protos.extend(p for p in got if p is not None)
     await asyncio.wait_for(all_ready.wait(), 60)
     await asyncio.sleep(0.2)
@@ -299,7 +307,11 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
     deadline = time.monotonic() + 10
     while any(p.sent_at for p in protos) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    await close_politely([p.transport for p in protos])
+    if peer:
+        for p in protos:
+            p.close()
+    else:
+        await close_politely([p.transport for p in protos])
     return {"acked": acked_at_end, "acked_total": stats["acked"], "busy": stats["busy"],
             "errors": stats["errors"], "unacked_at_close": sum(len(p.sent_at) for p in protos),
             "seconds": elapsed, "rate": acked_at_end / elapsed,
@@ -534,12 +546,14 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--topic", default="bench.events")
     ap.add_argument("--prefix", default="BENCH-")
+    ap.add_argument("--peer", choices=PEERS, default="",
+                    help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead")
     args = ap.parse_args()
     raise_nofile()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
         coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,
-                                args.prefix)
+                                args.prefix, args.peer)
     elif args.scenario == "storm":
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
     elif args.scenario == "deliver":
