@@ -49,7 +49,7 @@ from lockmq.protocol import (
     SubscribeAck,
 )
 
-from peers import CLIENTS, PEERS  # noqa: E402  (bench/ is on sys.path: run as a script)
+from peers import CLIENTS, PEERS, Windowed  # noqa: E402  (bench/ is on sys.path: run as a script)
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
@@ -139,7 +139,7 @@ async def close_politely(transports: list, timeout: float = 5.0) -> None:
             t.close()
 
 
-class LeanLock(asyncio.Protocol):
+class LeanLock(Windowed):
     """A callback-driven simulated lock: handshake, then keep ``window`` records in
     flight until told to stop. No task or future per message, one socket write per
     read — so the generator, not its own overhead, sets the pace."""
@@ -147,25 +147,15 @@ class LeanLock(asyncio.Protocol):
     def __init__(self, sn: str, topic_prefix: bytes, payload: bytes, window: int,
                  stats: dict, lat: list, sample: int, on_ready, on_acked=None,
                  max_records: int | None = None) -> None:
+        super().__init__(payload, window, stats, lat, sample, on_ready)
         self.sn = sn
         self.snb = sn.encode()
         self.tp = topic_prefix
-        self.payload = payload
-        self.window = window
-        self.stats = stats
-        self.lat = lat
-        self.sample = sample
-        self.on_ready = on_ready
         self.on_acked = on_acked
         self.max_records = max_records
         self.dec = FrameDecoder(1 << 20)
-        self.transport = None
-        self.seq = 0
         self.sent_at: dict[int, tuple[int, float, bytes]] = {}
-        self.running = False
-        self.out: list[bytes] = []
         self.t_connect = 0.0
-        self.acked = 0
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         self.transport = transport
@@ -177,13 +167,6 @@ class LeanLock(asyncio.Protocol):
         if self.sent_at:
             self.stats["lost_in_flight"] += len(self.sent_at)
 
-    def start(self) -> None:
-        """Begin publishing (fill the window)."""
-        self.running = True
-        for _ in range(self.window):
-            self._publish()
-        self._flush()
-
     def _publish(self) -> None:
         if self.max_records is not None and self.seq >= self.max_records:
             return
@@ -193,11 +176,6 @@ class LeanLock(asyncio.Protocol):
         opaque = seq + 1
         self.sent_at[opaque] = (seq, time.monotonic(), body)
         self.out.append(encode_frame(Op.PUBLISH, self.snb, body, opaque))
-
-    def _flush(self) -> None:
-        if self.out and self.transport is not None:
-            self.transport.write(b"".join(self.out))
-        self.out = []
 
     def _resend(self, opaque: int) -> None:
         entry = self.sent_at.get(opaque)

@@ -61,13 +61,12 @@ def _mqtt_len(n: int) -> bytes:
             return bytes(out)
 
 
-class _Lean(asyncio.Protocol):
-    """What the peers' clients share with ``loadgen.LeanLock``: a window of records
-    in flight, one socket write per read, a latency sample every ``sample`` acks."""
+class Windowed(asyncio.Protocol):
+    """A publisher keeping ``window`` records in flight, with one socket write per
+    read (``out``): shared by ``loadgen.LeanLock`` and the peers' clients."""
 
-    def __init__(self, name: str, payload: bytes, window: int, stats: dict, lat: list,
-                 sample: int, on_ready: Callable) -> None:
-        self.name = name.encode()
+    def __init__(self, payload: bytes, window: int, stats: dict, lat: list, sample: int,
+                 on_ready: Callable) -> None:
         self.payload = payload
         self.window = window
         self.stats = stats
@@ -75,15 +74,10 @@ class _Lean(asyncio.Protocol):
         self.sample = sample
         self.on_ready = on_ready
         self.transport: asyncio.Transport | None = None
-        self.sent_at: dict[int, float] = {}
         self.running = False
         self.out: list[bytes] = []
-        self.buf = b""
         self.acked = 0
         self.seq = 0
-
-    def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
-        self.transport = None
 
     def start(self) -> None:
         """Begin publishing (fill the window)."""
@@ -97,6 +91,23 @@ class _Lean(asyncio.Protocol):
             self.transport.write(b"".join(self.out))
         self.out = []
 
+    def _publish(self) -> None:
+        raise NotImplementedError
+
+
+class _Lean(Windowed):
+    """What the peers' clients share: a latency sample every ``sample`` acks."""
+
+    def __init__(self, name: str, payload: bytes, window: int, stats: dict, lat: list,
+                 sample: int, on_ready: Callable) -> None:
+        super().__init__(payload, window, stats, lat, sample, on_ready)
+        self.name = name.encode()
+        self.sent_at: dict[int, float] = {}
+        self.buf = b""
+
+    def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+        self.transport = None
+
     def _acked(self, key: int) -> None:
         t = self.sent_at.pop(key, None)
         if t is None:
@@ -107,9 +118,6 @@ class _Lean(asyncio.Protocol):
             self.lat.append((time.monotonic() - t) * 1000)
         if self.running:
             self._publish()
-
-    def _publish(self) -> None:
-        raise NotImplementedError
 
 
 class LeanMqtt(_Lean):
