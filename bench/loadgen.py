@@ -49,6 +49,8 @@ from lockmq.protocol import (
     SubscribeAck,
 )
 
+from peers import CLIENTS, PEERS, Windowed  # noqa: E402  (bench/ is on sys.path: run as a script)
+
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
 
@@ -137,7 +139,7 @@ async def close_politely(transports: list, timeout: float = 5.0) -> None:
             t.close()
 
 
-class LeanLock(asyncio.Protocol):
+class LeanLock(Windowed):
     """A callback-driven simulated lock: handshake, then keep ``window`` records in
     flight until told to stop. No task or future per message, one socket write per
     read — so the generator, not its own overhead, sets the pace."""
@@ -145,25 +147,15 @@ class LeanLock(asyncio.Protocol):
     def __init__(self, sn: str, topic_prefix: bytes, payload: bytes, window: int,
                  stats: dict, lat: list, sample: int, on_ready, on_acked=None,
                  max_records: int | None = None) -> None:
+        super().__init__(payload, window, stats, lat, sample, on_ready)
         self.sn = sn
         self.snb = sn.encode()
         self.tp = topic_prefix
-        self.payload = payload
-        self.window = window
-        self.stats = stats
-        self.lat = lat
-        self.sample = sample
-        self.on_ready = on_ready
         self.on_acked = on_acked
         self.max_records = max_records
         self.dec = FrameDecoder(1 << 20)
-        self.transport = None
-        self.seq = 0
         self.sent_at: dict[int, tuple[int, float, bytes]] = {}
-        self.running = False
-        self.out: list[bytes] = []
         self.t_connect = 0.0
-        self.acked = 0
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         self.transport = transport
@@ -175,13 +167,6 @@ class LeanLock(asyncio.Protocol):
         if self.sent_at:
             self.stats["lost_in_flight"] += len(self.sent_at)
 
-    def start(self) -> None:
-        """Begin publishing (fill the window)."""
-        self.running = True
-        for _ in range(self.window):
-            self._publish()
-        self._flush()
-
     def _publish(self) -> None:
         if self.max_records is not None and self.seq >= self.max_records:
             return
@@ -191,11 +176,6 @@ class LeanLock(asyncio.Protocol):
         opaque = seq + 1
         self.sent_at[opaque] = (seq, time.monotonic(), body)
         self.out.append(encode_frame(Op.PUBLISH, self.snb, body, opaque))
-
-    def _flush(self) -> None:
-        if self.out and self.transport is not None:
-            self.transport.write(b"".join(self.out))
-        self.out = []
 
     def _resend(self, opaque: int) -> None:
         entry = self.sent_at.get(opaque)
@@ -263,8 +243,9 @@ async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[n
 
 
 async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: float,
-                           topic: str, prefix: str) -> dict:
-    """N locks, W in flight each, for ``duration`` seconds: acks/s and latency."""
+                           topic: str, prefix: str, peer: str = "") -> dict:
+    """N locks, W in flight each, for ``duration`` seconds: acks/s and latency.
+    ``peer``: speak to Mosquitto or Redis instead (``peers.py``), same loop."""
     rng = random.Random(1)
     tp = struct.pack(">B", len(topic)) + topic.encode()
     payload = record(rng)
@@ -279,11 +260,16 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
         if len(ready) == locks:
             all_ready.set()
 
+    def make(j: int):  # type: ignore[no-untyped-def]
+        if peer:
+            return CLIENTS[peer](f"{prefix}{j:06d}", payload, window, stats, lat, sample,
+                                 on_ready)
+        return LeanLock(f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready)
+
     protos: list[LeanLock] = []
     for i in range(0, locks, 256):
-        got = await asyncio.gather(*[lean_connect(ep, lambda j=j: LeanLock(
-            f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready))
-            for j in range(i, min(locks, i + 256))])
+        got = await asyncio.gather(*[lean_connect(ep, lambda j=j: make(j))
+                                     for j in range(i, min(locks, i + 256))])
         protos.extend(p for p in got if p is not None)
     await asyncio.wait_for(all_ready.wait(), 60)
     await asyncio.sleep(0.2)
@@ -299,7 +285,11 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
     deadline = time.monotonic() + 10
     while any(p.sent_at for p in protos) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    await close_politely([p.transport for p in protos])
+    if peer:
+        for p in protos:
+            p.close()
+    else:
+        await close_politely([p.transport for p in protos])
     return {"acked": acked_at_end, "acked_total": stats["acked"], "busy": stats["busy"],
             "errors": stats["errors"], "unacked_at_close": sum(len(p.sent_at) for p in protos),
             "seconds": elapsed, "rate": acked_at_end / elapsed,
@@ -534,12 +524,14 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--topic", default="bench.events")
     ap.add_argument("--prefix", default="BENCH-")
+    ap.add_argument("--peer", choices=PEERS, default="",
+                    help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead")
     args = ap.parse_args()
     raise_nofile()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
         coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,
-                                args.prefix)
+                                args.prefix, args.peer)
     elif args.scenario == "storm":
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
     elif args.scenario == "deliver":

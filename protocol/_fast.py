@@ -11,6 +11,8 @@
 import json
 import struct
 
+from ._constants import VERSION, MIN_FRAME, Op, Flag
+from ._crc import crc16
 from ._errors import BadBody, LocalProtocolError
 from ._consume import Ack, Nack, Messages
 
@@ -21,6 +23,12 @@ _U32 = struct.Struct(">I")
 _LEASE = struct.Struct(">QH")
 _NACK = struct.Struct(">II")        # sub_id, delay_ms
 _NO_HEADERS = b"\x00\x00"
+_PUB = struct.Struct(">IQ")         # PUBLISH: seq, lock_ts_ms (after the topic)
+# A whole PUBLISH_ACK frame from the broker (empty SN, RESPONSE flag) but its CRC:
+# version, length, opcode, sn_len, flags, opaque | status, offset
+_ACK_FRAME = struct.Struct(">BIHBBIBQ")
+_ACK_FRAME_LEN = MIN_FRAME + 9
+_topics = {}
 _CACHE_MAX = 100000
 _str8 = {}
 
@@ -41,6 +49,36 @@ def str8(s):
             _str8.clear()
         _str8[s] = b
     return b
+
+
+def publish_fields(body):
+    """``(topic, seq, lock_ts_ms, payload)`` of a PUBLISH body: the fields of
+    ``Publish.decode`` without building the object (the broker's hot path). Topic
+    names are cached (a broker hears few distinct ones)."""
+    n = body[0] if body else 0
+    if len(body) < 13 + n:
+        raise BadBody("PUBLISH body truncated")
+    tb = body[1:1 + n]
+    topic = _topics.get(tb)
+    if topic is None:
+        try:
+            topic = bytes(tb).decode()
+        except UnicodeError:
+            raise BadBody("PUBLISH topic is not UTF-8") from None
+        if len(_topics) >= 4096:
+            _topics.clear()
+        _topics[bytes(tb)] = topic
+    seq, lock_ts_ms = _PUB.unpack_from(body, 1 + n)
+    return topic, seq, lock_ts_ms, bytes(body[13 + n:])
+
+
+def publish_ack_frame(status, offset, opaque):
+    """The broker's PUBLISH_ACK frame for request ``opaque``, in one pack: the same
+    bytes as ``encode_frame(Op.PUBLISH_ACK, "", PublishAck(status, offset).encode(),
+    opaque, Flag.RESPONSE)`` (a frame without MAC)."""
+    data = _ACK_FRAME.pack(VERSION, _ACK_FRAME_LEN, Op.PUBLISH_ACK, 0, Flag.RESPONSE,
+                           opaque, status, offset)
+    return data + _U16.pack(crc16(data))
 
 
 def messages_head(sub_id, count):

@@ -15,15 +15,25 @@ from ._crc import crc16
 from ._errors import (BadFrame, UnsupportedVersion, FrameTooLarge,
                       BadChecksum, UnknownOpcode, LocalProtocolError)
 
-_HEAD = ">BIHB"       # version, length, opcode, sn_len
 # MicroPython (the lock) hashes the CRC through a memoryview; CPython (crcmod, the
 # broker's hot path) slices, which is faster there.
 _VIEW = sys.implementation.name == "micropython"
-_SUB = ">BI"          # flags, opaque
 _CRC = ">H"
 
-# The whole fixed part of a frame with an SN of n bytes, read in one call.
+# The whole fixed part of a frame with an SN of n bytes, read (or written) in one call.
 _HEAD_BY_SN_LEN = {}
+_PACK_BY_SN_LEN = {}
+
+
+def _pack_struct(sn_len):
+    fmt = ">BIHB%dsBI" % sn_len
+    try:
+        pack = struct.Struct(fmt).pack
+    except AttributeError:           # MicroPython has no struct.Struct
+        def pack(*values):
+            return struct.pack(fmt, *values)
+    _PACK_BY_SN_LEN[sn_len] = pack   # (sn_len is at most MAX_SN: checked before)
+    return pack
 
 
 def _head_struct(sn_len):
@@ -82,8 +92,8 @@ def encode_frame(opcode, sn, body=b"", opaque=0, flags=0):
         raise LocalProtocolError("frame of %d bytes exceeds %d" % (length, HARD_MAX_FRAME))
     if not 0 <= opcode <= 0xFFFF or not 0 <= flags <= 0xFF or not 0 <= opaque <= 0xFFFFFFFF:
         raise LocalProtocolError("opcode, flags or opaque out of range")
-    data = b"".join((struct.pack(_HEAD, VERSION, length, opcode, n), snb,
-                     struct.pack(_SUB, flags, opaque), body))
+    pack = _PACK_BY_SN_LEN.get(n) or _pack_struct(n)
+    data = pack(VERSION, length, opcode, n, snb, flags, opaque) + body
     return data + struct.pack(_CRC, crc16(data))
 
 
@@ -147,12 +157,13 @@ class FrameDecoder:
     def _decode(self, limit):
         # One tight loop for every frame in the buffer: the broker decodes a
         # whole socket read at once, so per-frame overhead is what counts.
+        # (max_frame is read per frame: it grows once the peer has authenticated,
+        # possibly in the middle of one read.)
         if self._error is not None:
             raise self._error
         buf = self._buf
         pos = self._pos
         size = len(buf)
-        max_frame = self.max_frame
         known = self._known
         sn_cache = self._sn_cache
         while limit:
@@ -167,7 +178,7 @@ class FrameDecoder:
                 break
             unpack = _HEAD_BY_SN_LEN.get(sn_len) or _head_struct(sn_len)
             version, length, opcode, _, snb, flags, opaque = unpack(buf, pos)
-            if version != VERSION or sn_len > MAX_SN or not MIN_FRAME + sn_len <= length <= max_frame:
+            if version != VERSION or sn_len > MAX_SN or not MIN_FRAME + sn_len <= length <= self.max_frame:
                 self._check_length(version, length, sn_len)
             end = pos + length
             if end > size:

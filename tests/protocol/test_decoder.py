@@ -161,3 +161,17 @@ def test_an_iterator_made_stale_by_feed_stops_instead_of_corrupting_state() -> N
     dec.feed(publish(3)[5:])
     assert list(it) == []
     assert [p.Publish.decode(f.body).seq for f in dec.frames()] == [2, 3]
+
+
+def test_a_raised_max_frame_applies_to_the_rest_of_the_same_read() -> None:
+    # The broker raises the limit once AUTH succeeds, maybe in the middle of one read
+    # it iterates with frames(): the frames after it get the new limit.
+    small = p.encode_frame(p.Op.HEARTBEAT, "A", b"")
+    big = p.encode_frame(p.Op.PUBLISH, "A", bytes(500))
+    dec = p.FrameDecoder(max_frame=100)
+    dec.feed(small + big)
+    got = []
+    for frame in dec.frames():
+        got.append(frame)
+        dec.max_frame = 1000
+    assert [f.opcode for f in got] == [p.Op.HEARTBEAT, p.Op.PUBLISH]

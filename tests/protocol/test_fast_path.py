@@ -99,3 +99,33 @@ def test_micropython_does_not_load_the_fast_path(tmp_path: Path) -> None:
     proc = run_micropython(script, [], tmp_path, [lib, tmp_path], "512K")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "portable"
+
+
+@given(st.integers(0, 1), st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1))
+def test_publish_ack_frame_is_the_generic_encoding(status: int, offset: int,
+                                                   opaque: int) -> None:
+    generic = p.encode_frame(p.Op.PUBLISH_ACK, "", p.PublishAck(status, offset).encode(),
+                             opaque, p.Flag.RESPONSE)
+    assert _fast.publish_ack_frame(status, offset, opaque) == generic
+
+
+@given(st.text(max_size=40), st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1),
+       st.binary(max_size=64))
+def test_publish_fields_match_publish_decode(topic: str, seq: int, ts: int,
+                                             payload: bytes) -> None:
+    if len(topic.encode()) > 255:
+        return
+    body = p.Publish(topic, seq, ts, payload).encode()
+    d = p.Publish.decode(body)
+    assert _fast.publish_fields(body) == (d.topic, d.seq, d.lock_ts_ms, d.payload)
+    for bad in (body[:12 + len(topic.encode())], b""):
+        with pytest.raises(p.BadBody):
+            p.Publish.decode(bad)
+        with pytest.raises(p.BadBody):
+            _fast.publish_fields(bad)
+
+
+def test_publish_fields_refuse_a_topic_that_is_not_utf8() -> None:
+    body = b"\x02\xff\xfe" + bytes(12)
+    with pytest.raises(p.BadBody, match="UTF-8"):
+        _fast.publish_fields(body)

@@ -2,7 +2,8 @@
 
 The same file (protocol/vectors.json) and the same checks
 (vector_checks.py) run under both interpreters: this is what proves the lock's
-table-driven CRC, its HMAC and its codec agree with the host's crcmod-based one.
+table-driven CRC, its HMAC and its codec agree with the host's binascii- and
+crcmod-based ones.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 
 from lockmq import protocol as p
-from lockmq.protocol._crc import crc16_crcmod, crc16_table
+from lockmq.protocol._crc import crc16, crc16_crcmod, crc16_hqx, crc16_table
 from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
 
 from . import vector_checks
@@ -24,7 +25,7 @@ VECTORS = PROTOCOL / "vectors.json"
 
 
 def test_vectors_pass_under_cpython() -> None:
-    passed, failures = vector_checks.run(str(VECTORS), [crc16_table, crc16_crcmod])
+    passed, failures = vector_checks.run(str(VECTORS), [crc16_table, crc16_crcmod, crc16_hqx])
     assert failures == []
     assert passed > 100
 
@@ -32,9 +33,12 @@ def test_vectors_pass_under_cpython() -> None:
 def test_crc_implementations_agree_and_match_the_standard_check_value() -> None:
     assert crc16_crcmod(b"123456789") == 0x29B1          # CRC-16/CCITT-FALSE check value
     assert crc16_table(b"123456789") == 0x29B1
+    assert crc16_hqx(b"123456789") == 0x29B1
+    assert crc16 is crc16_hqx                            # the host uses the fastest one
     data = bytes(range(256)) * 3
     for cut in range(0, len(data), 37):
-        assert crc16_table(data[:cut]) == crc16_crcmod(data[:cut])
+        assert crc16_table(data[:cut]) == crc16_crcmod(data[:cut]) == crc16_hqx(data[:cut])
+        assert crc16_hqx(memoryview(data)[:cut]) == crc16_table(data[:cut])
 
 
 def test_hmac_matches_the_standard_library() -> None:

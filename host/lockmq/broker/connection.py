@@ -32,7 +32,7 @@ from typing import Any
 
 from lockmq.protocol import (NO_SEQ, Ack, CommandResult, Command, Nack, PublishAck,
                              ESTABLISHED, ConnectAck, ErrorCode, Flag, FrameDecoder, Heartbeat,
-                             Notify, Op, ProtocolError, Publish,
+                             Notify, Op, ProtocolError,
                              Pull, Role, ServerSession, SessionError, Subscribe, SubscribeAck,
                              UnknownOpcode, Unsubscribe, decode_json, encode_json,
                              op_name)
@@ -41,7 +41,7 @@ from lockmq.security import BrokerGuard, ConnectionRefused, Principal, SecurityE
 from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
-    messages_head
+    messages_head, publish_ack_frame, publish_fields
 
 from .admin import Admin
 from .clusters import Cluster, ClusterError, Lease, Member, ParkedPull
@@ -244,43 +244,50 @@ class Connection(asyncio.Protocol):
             self._bad_input(exc)
             return
         n = 0
+        # One iterator over every whole frame of this read (not one call per frame);
+        # an unknown opcode ends it, and the next one resumes after the skipped frame.
         while not self.closed:
             try:
-                frame = dec.next_frame()
+                for frame in dec.frames():
+                    n += 1
+                    if not self._handle_safely(frame) or self.closed:
+                        break
+                break
             except UnknownOpcode as exc:
                 err = self.session.unknown_opcode(exc)
                 if err.fatal:
                     self._bad_input(err)
                     break
                 self.send_error(err.code, err.message, 0)
-                continue
             except ProtocolError as exc:
                 self._bad_input(exc)
                 break
-            if frame is None:
-                break
-            n += 1
-            try:
-                self._handle(frame)
-            except SessionError as exc:
-                if exc.fatal:
-                    self._session_violation(exc, frame)
-                    break
-                self.send_error(exc.code, exc.message, frame.opaque)
-            except ProtocolError as exc:
-                self._bad_input(exc)
-                break
-            except Exception as exc:  # noqa: BLE001 -- a broker bug or a store error
-                b.log("internal_error", conn=self.id, peer=self.peer,
-                      op=op_name(frame.opcode), error=repr(exc), level="error")
-                b.stats.inc("internal_errors")
-                self.send_error(_code("INTERNAL"), f"internal error: {type(exc).__name__}",
-                                frame.opaque)
         b.stats.c["frames_in"] += n
         if self._pub:
             self._submit_publishes()
         if self.out:
             self.flush()
+
+    def _handle_safely(self, frame: Any) -> bool:
+        """Handle one frame, answering what it broke; False: stop reading this peer."""
+        try:
+            self._handle(frame)
+        except SessionError as exc:
+            if exc.fatal:
+                self._session_violation(exc, frame)
+                return False
+            self.send_error(exc.code, exc.message, frame.opaque)
+        except ProtocolError as exc:
+            self._bad_input(exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 -- a broker bug or a store error
+            b = self.services
+            b.log("internal_error", conn=self.id, peer=self.peer,
+                  op=op_name(frame.opcode), error=repr(exc), level="error")
+            b.stats.inc("internal_errors")
+            self.send_error(_code("INTERNAL"), f"internal error: {type(exc).__name__}",
+                            frame.opaque)
+        return True
 
     # -- output -----------------------------------------------------------------------
 
@@ -475,13 +482,12 @@ class Connection(asyncio.Protocol):
         self.close("client disconnect")
 
     def _on_publish(self, frame: Any) -> None:
-        p = Publish.decode(frame.body)
+        topic, seq, lock_ts_ms, payload = publish_fields(frame.body)   # Publish.decode's
         b = self.services
         oneway = bool(frame.flags & Flag.ONEWAY)
         b.stats.c["publish_received"] += 1
         if oneway:
             b.stats.c["publish_oneway"] += 1
-        topic = p.topic
         if topic not in self._topics_ok:
             try:
                 validate_topic(topic)
@@ -494,7 +500,7 @@ class Connection(asyncio.Protocol):
             self._topics_ok.add(topic)
         try:
             # (the frame's SN was bound to the principal by the session already)
-            b.guard.check_publish(self.principal, p.topic, n=1)
+            b.guard.check_publish(self.principal, topic, n=1)
         except SecurityError as exc:
             b.stats.inc("publish_refused")
             if exc.close or not oneway:
@@ -525,7 +531,7 @@ class Connection(asyncio.Protocol):
                 return
             self._producer_ok = sn
         self._pub.append((frame.opaque, oneway,
-                          NewRecord(p.topic, sn, p.seq, p.lock_ts_ms, p.payload)))
+                          NewRecord(topic, sn, seq, lock_ts_ms, payload)))
         if len(self._pub) >= b.config.broker.max_publish_batch:
             self._submit_publishes()   # (the publish path stores it at once)
 
@@ -563,22 +569,36 @@ class Connection(asyncio.Protocol):
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
         stats = self.services.stats.c
         stored = dup = 0
-        ack_op = Op.PUBLISH_ACK
+        # Acks without a frame MAC are packed whole in one call (protocol/_fast.py);
+        # with MACs on they are sealed one by one.
+        sealed = self.session.mac_key is not None
+        acks: list[bytes] = []
         for (opaque, oneway, _r), a in zip(batch, results):
             if isinstance(a, Exception):
+                if acks:   # answers keep the order of the requests
+                    self._send_acks(acks)
+                    acks = []
                 if isinstance(a, PublishRefused):
                     self._pub_error(oneway, a.code, a.message, opaque, a.retry_after_ms)
                 else:
                     self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
                 continue
+            status = PublishAck.STORED
             if a.duplicate:
                 dup += 1
+                status = PublishAck.DUPLICATE
             else:
                 stored += 1
-            if not oneway:
-                self.send_frame(ack_op, PublishAck(
-                    PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED,
-                    a.offset if a.offset > 0 else 0).encode(), opaque, _RESP)
+            if oneway:
+                continue
+            offset = a.offset if a.offset > 0 else 0
+            if sealed:
+                self.send_frame(Op.PUBLISH_ACK, PublishAck(status, offset).encode(), opaque,
+                                _RESP)
+            else:
+                acks.append(publish_ack_frame(status, offset, opaque))
+        if acks:
+            self._send_acks(acks)
         stats["publish_stored"] += stored
         stats["publish_duplicates"] += dup
         self._pub_bytes -= size
@@ -586,6 +606,10 @@ class Connection(asyncio.Protocol):
                 self.services.config.broker.max_conn_buffer_bytes // 2:
             self._paused_for_pub = False
             self._update_reading()
+
+    def _send_acks(self, acks: list[bytes]) -> None:
+        self.services.stats.c["frames_out"] += len(acks)
+        self.send(b"".join(acks) if len(acks) > 1 else acks[0])
 
     # -- consumers ----------------------------------------------------------------------
 

@@ -1,0 +1,203 @@
+"""The benchmark's peers: what a gateway operator would run instead of lockmq.
+
+* ``mosquitto`` — MQTT 3.1.1, QoS 1 PUBLISH / PUBACK (default persistence: it acks
+  from memory, never fsyncs before an ack);
+* ``redis``     — ``XADD`` on a stream with ``appendfsync always`` (fsync before the
+  reply, like lockmq's ``store.flush = sync``).
+
+Each has a lean asyncio client with the same shape as ``loadgen.LeanLock`` (``start``,
+``running``, ``sent_at``, ``transport``) so ``loadgen.scenario_publish`` drives all
+of them with the same loop, and a ``command`` for ``bench_broker.Server``. Nothing
+here is lockmq code: a peer that is not installed is skipped by the benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import struct
+import time
+from typing import Callable
+
+PEERS = ("mosquitto", "redis")
+
+
+def peer_binary(kind: str) -> str | None:
+    """The server's executable, or None when it is not installed."""
+    name = {"mosquitto": "mosquitto", "redis": "redis-server"}[kind]
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)
+
+
+def command(kind: str, port: int, data_dir: str) -> list[str]:
+    """The command line that runs peer ``kind`` on ``port`` with its data in ``data_dir``."""
+    exe = peer_binary(kind)
+    if exe is None:
+        raise FileNotFoundError(f"{kind} is not installed (apt-get install "
+                                f"{'mosquitto' if kind == 'mosquitto' else 'redis-server'})")
+    if kind == "mosquitto":
+        conf = os.path.join(data_dir, "mosquitto.conf")
+        with open(conf, "w") as fh:
+            fh.write(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+                     f"persistence true\npersistence_location {data_dir}/\n"
+                     "max_inflight_messages 0\nmax_queued_messages 0\n")
+        return [exe, "-c", conf]
+    return [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", data_dir,
+            "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+            "--protected-mode", "no", "--daemonize", "no"]
+
+
+def _mqtt_str(s: bytes) -> bytes:
+    return struct.pack(">H", len(s)) + s
+
+
+def _mqtt_len(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n % 128, n // 128
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+class Windowed(asyncio.Protocol):
+    """A publisher keeping ``window`` records in flight, with one socket write per
+    read (``out``): shared by ``loadgen.LeanLock`` and the peers' clients."""
+
+    def __init__(self, payload: bytes, window: int, stats: dict, lat: list, sample: int,
+                 on_ready: Callable) -> None:
+        self.payload = payload
+        self.window = window
+        self.stats = stats
+        self.lat = lat
+        self.sample = sample
+        self.on_ready = on_ready
+        self.transport: asyncio.Transport | None = None
+        self.running = False
+        self.out: list[bytes] = []
+        self.acked = 0
+        self.seq = 0
+
+    def start(self) -> None:
+        """Begin publishing (fill the window)."""
+        self.running = True
+        for _ in range(self.window):
+            self._publish()
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.out and self.transport is not None:
+            self.transport.write(b"".join(self.out))
+        self.out = []
+
+    def _publish(self) -> None:
+        raise NotImplementedError
+
+
+class _Lean(Windowed):
+    """What the peers' clients share: a latency sample every ``sample`` acks."""
+
+    def __init__(self, name: str, payload: bytes, window: int, stats: dict, lat: list,
+                 sample: int, on_ready: Callable) -> None:
+        super().__init__(payload, window, stats, lat, sample, on_ready)
+        self.name = name.encode()
+        self.sent_at: dict[int, float] = {}
+        self.buf = b""
+
+    def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+        self.transport = None
+
+    def _acked(self, key: int) -> None:
+        t = self.sent_at.pop(key, None)
+        if t is None:
+            return
+        self.stats["acked"] += 1
+        self.acked += 1
+        if self.acked % self.sample == 0:
+            self.lat.append((time.monotonic() - t) * 1000)
+        if self.running:
+            self._publish()
+
+
+class LeanMqtt(_Lean):
+    """MQTT 3.1.1 publisher at QoS 1: CONNECT, then PUBLISH / PUBACK by packet id."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self.transport = transport
+        var = _mqtt_str(b"MQTT") + bytes((4, 0x02)) + struct.pack(">H", 60)
+        body = var + _mqtt_str(self.name)
+        transport.write(b"\x10" + _mqtt_len(len(body)) + body)
+        self.topic = _mqtt_str(b"bench/events")
+
+    def _publish(self) -> None:
+        self.seq = self.seq % 65535 + 1
+        body = self.topic + struct.pack(">H", self.seq) + self.payload
+        self.sent_at[self.seq] = time.monotonic()
+        self.out.append(b"\x32" + _mqtt_len(len(body)) + body)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        pos = 0
+        # the broker sends only CONNACK (0x20) and PUBACK (0x40), both 4 bytes
+        while len(buf) - pos >= 4:
+            kind = buf[pos]
+            if kind == 0x40:
+                self._acked(struct.unpack_from(">H", buf, pos + 2)[0])
+            elif kind == 0x20:
+                self.on_ready(self)
+            else:
+                self.stats["errors"] += 1
+            pos += 4
+        self.buf = buf[pos:]
+        self._flush()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.write(b"\xe0\x00")   # DISCONNECT
+            self.transport.close()
+
+
+class LeanRedis(_Lean):
+    """Redis publisher: ``XADD bench.events * r <payload>``; replies come in order."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self.transport = transport
+        self.next_reply = 1
+        asyncio.get_running_loop().call_soon(self.on_ready, self)
+
+    def _publish(self) -> None:
+        self.seq += 1
+        p = self.payload
+        self.sent_at[self.seq] = time.monotonic()
+        self.out.append(b"*5\r\n$4\r\nXADD\r\n$12\r\nbench.events\r\n$1\r\n*\r\n$1\r\nr\r\n$%d\r\n"
+                        % len(p) + p + b"\r\n")
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        pos = 0
+        while True:
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                break
+            kind = buf[pos:pos + 1]
+            if kind == b"$":   # the new entry's id: $n\r\n<id>\r\n
+                stop = end + 2 + int(buf[pos + 1:end]) + 2
+                if stop > len(buf):
+                    break
+                pos = stop
+                self._acked(self.next_reply)
+            else:              # -ERR ...
+                pos = end + 2
+                self.stats["errors"] += 1
+                self.sent_at.pop(self.next_reply, None)
+            self.next_reply += 1
+        self.buf = buf[pos:]
+        self._flush()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+CLIENTS = {"mosquitto": LeanMqtt, "redis": LeanRedis}
