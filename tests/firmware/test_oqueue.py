@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -237,7 +238,8 @@ def _run_report(out: bytes, loaded: list[int]) -> tuple[list[int], list[int], in
     acked: list[int] = []
     trying = None
     for line in lines:
-        kind, seq = line.split()[0], int(line.split()[1])
+        assert re.fullmatch(r"[QTA] \d+", line), out[-400:]   # e.g. a traceback
+        kind, seq = line[0], int(line[2:])
         if kind == "Q":
             assert trying is None and (not queued or seq == queued[-1] + 1), (line, queued[-1:])
             queued.append(seq)
