@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -221,10 +222,44 @@ print(q2.seqs(), [d for _, d in q2.read(0, 3)], s.take(), SeqNo("seq.dat", 4).ne
     ]
 
 
+def _run_report(out: bytes, loaded: list[int]) -> tuple[list[int], list[int], int | None]:
+    """What one run of the kill9 writer reported: (queued, acked, ack in progress).
+
+    Only lines whose newline was written count: that print returned, so the work it
+    reports is done; a line cut by the kill is left out (an append whose "Q" was cut
+    shows up at the next load as one extra seq; an ack whose "A" was cut stays "in
+    progress"). The output must be whole: the writer's seqs are consecutive and it
+    acks its queue in order (the loaded seqs, then its own), each "T" followed by its
+    "A". A chunk of output lost by the reader would otherwise pass for events lost on
+    flash (the cause of a flaky failure: readline() buffered output that
+    communicate() then bypassed)."""
+    lines = out.decode().split("\n")[:-1]     # the last piece has no newline
+    queued: list[int] = []
+    acked: list[int] = []
+    trying = None
+    for line in lines:
+        assert re.fullmatch(r"[QTA] \d+", line), out[-400:]   # e.g. a traceback
+        kind, seq = line[0], int(line[2:])
+        if kind == "Q":
+            assert trying is None and (not queued or seq == queued[-1] + 1), (line, queued[-1:])
+            queued.append(seq)
+        elif kind == "T":
+            order = loaded + queued
+            assert trying is None and seq == order[len(acked)], (line, order[len(acked):][:1])
+            trying = seq
+        else:
+            assert kind == "A" and seq == trying, (line, trying)
+            acked.append(seq)
+            trying = None
+    return queued, acked, trying
+
+
 def test_kill9_during_appends_and_acks(built, tmp_path):
     """SIGKILL the interpreter at random instants while it appends and acks: what it
     reported queued and not acked is there after restart; nothing comes back twice;
-    no sequence number is ever handed out twice."""
+    no sequence number is ever handed out twice; the loader reads exactly what the
+    documented format says is on flash (a copy of q.dat before each restart is kept
+    in tmp_path for a post-mortem)."""
     script = (tmp_path / "work.py")
     script.write_text("""
 from lockapp.oqueue import OQueue
@@ -239,13 +274,13 @@ n = 0
 while True:
     seq = s.take()
     q.append(seq, b"evt")
-    print("Q", seq)
+    print("Q %d" % seq)
     n += 1
     if n % 3 == 0 or len(q) > 50:     # stays far below the bound: no drops
         a = q.seqs()[0]
-        print("T", a)
+        print("T %d" % a)
         q.ack(a)
-        print("A", a)
+        print("A %d" % a)
 """)
     rng = random.Random(5)
     home = tmp_path / "home"
@@ -254,39 +289,45 @@ while True:
     acked: set[int] = set()       # reported acked
     trying: set[int] = set()      # an ack in progress at the kill
     taken: list[int] = []         # every seq ever seen handed out
-    for round_ in range(8):
+    for round_ in range(12):
+        flash = tmp_path / "q.dat"
+        saved = tmp_path / f"q.before-round-{round_}.dat"
+        data = flash.read_bytes() if flash.exists() else b""
+        saved.write_bytes(data)
+        on_flash, _head, _dropped = _expected_after(_parse(data), len(data))
         proc = subprocess.Popen([micropython_binary(), "-X", "heapsize=256K", "work.py"], cwd=tmp_path,
                                 env=micropython_env(built / "lib", home),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        first = proc.stdout.readline().decode()
-        assert first.startswith("L"), first
-        loaded = [int(x) for x in first.split()[1:]]
-        assert loaded == sorted(set(loaded))
-        assert set(loaded) >= queued - acked - trying, (round_, sorted(queued - acked - trying - set(loaded)))
-        assert not set(loaded) & acked
-        extra = set(loaded) - queued          # an append cut before its "Q" line
-        assert len(extra) <= 1 and all(x > max(taken, default=0) for x in extra)
-        taken += sorted(extra)
-        queued |= extra
-        acked |= trying - set(loaded)
-        early = [proc.stdout.readline() for _ in range(5)]   # it is running: now cut at random
-        time.sleep(rng.uniform(0.0, 0.2))
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate(timeout=10)
-        trying = set()
-        for line in b"".join(early + [out]).decode(errors="replace").splitlines():
-            parts = line.split()
-            if len(parts) != 2 or not parts[1].isdigit():
-                continue      # the line cut by the kill
-            kind, seq = parts[0], int(parts[1])
-            if kind == "Q":
-                queued.add(seq)
-                taken.append(seq)
-            elif kind == "T":
-                trying = {seq}
-            elif kind == "A":
-                acked.add(seq)
-                trying = set()
+        try:
+            first = proc.stdout.readline().decode()
+            assert first.startswith("L"), first
+            loaded = [int(x) for x in first.split()[1:]]
+            assert loaded == on_flash, (round_, saved)
+            assert loaded == sorted(set(loaded))
+            assert set(loaded) >= queued - acked - trying, (round_, sorted(queued - acked - trying - set(loaded)), saved)
+            assert not set(loaded) & acked
+            extra = set(loaded) - queued          # an append cut before its "Q" line
+            assert len(extra) <= 1 and all(x > max(taken, default=0) for x in extra)
+            taken += sorted(extra)
+            queued |= extra
+            acked |= trying - set(loaded)
+            early = [proc.stdout.readline() for _ in range(5)]   # it is running: now cut at random
+            time.sleep(rng.uniform(0.0, 0.2))
+            proc.send_signal(signal.SIGKILL)
+            # the rest through the same buffered reader: communicate() would read the
+            # pipe directly and lose what readline() had buffered
+            out = b"".join(early) + proc.stdout.read()
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        run_queued, run_acked, run_trying = _run_report(out, loaded)
+        queued |= set(run_queued)
+        taken += run_queued
+        acked |= set(run_acked)
+        trying = {run_trying} if run_trying is not None else set()
     assert len(taken) > 20, "the writer made too little progress to test anything"
     assert len(taken) == len(set(taken)), "a sequence number was reused"
     assert taken == sorted(taken)
