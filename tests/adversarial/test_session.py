@@ -9,8 +9,8 @@ import time
 import pytest
 
 from lockmq.protocol import Connect, ErrorCode, Op, Role, decode_body, encode_frame
-from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
-from lockmq.testing import BrokerProcess, Peer, Refused, read_until_closed
+from lockmq.security import Permissions
+from lockmq.testing import Peer, SecureBroker, Refused, read_until_closed
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -18,19 +18,12 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("session")
-    data = root / "data"
-    data.mkdir()
-    cfg = SecurityConfig(data_dir=str(data))
-    reg = DeviceRegistry.open(cfg)
-    keys = reg.add_many(["LOCK-0001"])
-    tokens = TokenStore(cfg.registry_path)
-    token = tokens.create("svc", Permissions(publish=("billing.*",)))[0]
-    broker = BrokerProcess(str(data), {"broker": {"handshake_timeout_s": 2.0}})
-    yield broker, keys, token
-    broker.stop()
-    reg.close()
-    tokens.close()
+    env = SecureBroker(tmp_path_factory.mktemp("session"),
+                       {"broker": {"handshake_timeout_s": 2.0}})
+    keys = env.add_locks("LOCK-0001")
+    token = env.token("svc", Permissions(publish=("billing.*",)))
+    yield env.start(), keys, token
+    env.close()
 
 
 def _rss_kib(pid: int) -> int:

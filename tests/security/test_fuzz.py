@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from lockmq.protocol import (BODY_TYPES, Auth, AuthMethod, Connect, FrameDecoder, Op,
                              ProtocolError, Publish, Role, auth_proof, decode_body, encode_frame)
-from lockmq.security import DeviceRegistry, SecurityConfig, SecurityError
-from lockmq.testing import BrokerProcess, Peer
+from lockmq.security import SecurityConfig, SecurityError
+from lockmq.testing import Peer, SecureBroker
 
 
 OPCODES = sorted(BODY_TYPES) + [Op.OK, Op.ADMIN_REQUEST, 0x7777]
@@ -127,19 +127,13 @@ def test_guard_authenticate_never_crashes(fuzz_guard, sn, method, cnonce, proof,
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzzbroker")
-    data = root / "data"
-    data.mkdir()
-    reg = DeviceRegistry.open(SecurityConfig(data_dir=str(data)))
-    key = reg.add("FUZZ-OK")
-    reg.close()
-    b = BrokerProcess(str(data), {"broker": {"handshake_timeout_s": 1.0, "max_frame": 65536},
-                                  "security": {"limit_exempt_addresses": [],
-                                               "connect_rate": 10000.0,
-                                               "connect_burst": 10000,
-                                               "auth_fail_per_address": 1_000_000}})
-    yield b, key
-    b.stop()
+    env = SecureBroker(tmp_path_factory.mktemp("fuzzbroker"), {
+        "broker": {"handshake_timeout_s": 1.0, "max_frame": 65536},
+        "security": {"limit_exempt_addresses": [], "connect_rate": 10000.0,
+                     "connect_burst": 10000, "auth_fail_per_address": 1_000_000}})
+    key = env.add_locks("FUZZ-OK")["FUZZ-OK"]
+    yield env.start(), key
+    env.close()
 
 
 def rss_kb(pid: int) -> int:
