@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Callable, TypeVar
 
@@ -20,6 +21,20 @@ def wait_for(cond: Callable[[], T], what: str, timeout: float = 30.0,
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+async def wait_for_async(cond: Callable[[], T], what: str, timeout: float = 30.0,
+                         interval: float = 0.02) -> T:
+    """:func:`wait_for` inside a coroutine: the event loop keeps running (producers,
+    consumers) while ``cond`` is polled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def raises(exc_type: type[BaseException], fn: Callable[[], Any]) -> Any:
