@@ -10,6 +10,7 @@ this package, so there is one way to do each:
   and (optionally) a TLS port with a fresh CA;
 - :class:`Peer` -- a blocking wire client whose handshake runs the protocol's
   ``ClientSession``; :func:`open_peer` logs one in to an auth-off broker;
+  :class:`AsyncPeer` / :func:`open_async_peer` the same for asyncio (hundreds at once);
 - :class:`Lock` -- the real firmware in the MicroPython unix port (a simulated lock);
 - :func:`free_port`, :func:`wait_for` (:func:`wait_for_async` in a coroutine) -- ports
   and bounded waits.
@@ -19,6 +20,7 @@ import time or imports the test suite. Submodules that need an extra (the firmwa
 tools, a MicroPython binary) load it when used.
 """
 
+from .async_wire import AsyncPeer, open_async_peer
 from .cli import run_cli
 from .lock import Lock, set_config
 from .micropython import require_micropython
@@ -31,7 +33,7 @@ from .waiting import raises, wait_for, wait_for_async
 from .wire import Peer, Refused, drain, open_peer, read_until_closed, refusal
 
 __all__ = [
-    "BrokerProcess", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker",
+    "AsyncPeer", "open_async_peer", "BrokerProcess", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker",
     "drain", "free_port", "merge_tables", "open_peer", "raises", "read_until_closed",
     "refusal", "require_micropython", "run_cli", "set_config", "to_toml", "uvloop_wanted",
     "wait_for", "wait_for_async",
