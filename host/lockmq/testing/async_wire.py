@@ -30,9 +30,11 @@ class AsyncPeer:
         self.unsolicited: list[Any] = []
 
     @classmethod
-    async def open(cls, port: int, sn: str = "", timeout: float = TIMEOUT) -> "AsyncPeer":
-        """Connect (no login yet)."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(cls, port: int, sn: str = "", timeout: float = TIMEOUT,
+                   source: str | None = None) -> "AsyncPeer":
+        """Connect (no login yet), from the local address ``source`` if given."""
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=(source, 0) if source else None)
         return cls(reader, writer, sn, timeout)
 
     def next_opaque(self) -> int:
