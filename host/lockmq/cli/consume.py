@@ -21,7 +21,7 @@ from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail,
 from lockmq.client.idempotency import idempotency_store
 from lockmq.client.sync import new_event_loop
 
-from ._signals import stop_on_signals
+from lockmq.signals import stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:

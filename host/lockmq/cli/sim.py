@@ -22,7 +22,7 @@ from lockmq.client.errors import LockmqError
 from lockmq.client.session import Endpoint
 from lockmq.client.sync import new_event_loop
 
-from ._signals import stop_on_signals
+from lockmq.signals import stop_on_signals
 from lockmq.sim import (DEFAULT_TOPIC, SimConfig, SimStats, load_keys, raise_nofile,
                         register_locks, run_sim)
 

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM end a long-running command cleanly."""
+"""Ctrl-C and SIGTERM end a long-running command (or service) cleanly."""
 
 from __future__ import annotations
 
