@@ -26,14 +26,6 @@ def env(tmp_path_factory):
     env.close()
 
 
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def _legit_lock_publishes(broker, keys, seq: int) -> None:
     w = Peer(broker.port, "LOCK-0001")
     try:
@@ -49,7 +41,7 @@ def test_unauthenticated_floods_get_one_answer_and_cost_nothing(env):
     auth timeout waited for a drain that never came (10 sockets: +54 MiB)."""
     broker, keys, _ = env
     mark = broker.mark()
-    rss_before = _rss_kib(broker.proc.pid)
+    rss_before = broker.rss_kib()
     unknown = encode_frame(0x7777, "", b"x" * 200)
     publish = encode_frame(Op.PUBLISH, "LOCK-0001", b"y" * 200)
     socks = []
@@ -73,7 +65,7 @@ def test_unauthenticated_floods_get_one_answer_and_cost_nothing(env):
             err = decode_body(Op.ERROR, frame.next_frame().body)
             assert err.code == ErrorCode.NOT_AUTHENTICATED
     broker.wait_log(r"session_violation.*state=CONNECTING", start=mark)
-    assert _rss_kib(broker.proc.pid) - rss_before < 16 * 1024
+    assert broker.rss_kib() - rss_before < 16 * 1024
     _legit_lock_publishes(broker, keys, 1)
 
 

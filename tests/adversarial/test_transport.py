@@ -64,10 +64,9 @@ def cli(*argv: str, env: dict | None = None, timeout: float = 90) -> subprocess.
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory):
     """A broker with auth required, TLS on one port and plain TCP on the main port."""
-    env = SecureBroker(tmp_path_factory.mktemp("transport"), tls=True)
-    key = env.add_locks("MAC-LOCK-1")["MAC-LOCK-1"]
-    token = env.token("ops", Permissions(admin=True))
-    yield env.start(), env.tls_port, env.certs, token, key
+    env = SecureBroker(tmp_path_factory.mktemp("transport"), tls=True, locks=["MAC-LOCK-1"],
+                       tokens={"ops": Permissions(admin=True)})
+    yield env.start(), env.tls_port, env.certs, env.tok["ops"], env.keys["MAC-LOCK-1"]
     env.close()
 
 

@@ -56,11 +56,11 @@ def test_broker_process_restarts_on_its_port_with_its_data(tmp_path):
 
 def test_secure_broker_serves_its_locks_and_tokens_over_plain_and_tls(tmp_path):
     from lockmq.security.tls import client_context
-    env = SecureBroker(tmp_path, tls=True)
+    env = SecureBroker(tmp_path, tls=True, locks=["LOCK-H3"], tokens={"ops": Permissions(admin=True)})
     try:
-        key = env.add_locks("LOCK-H3")["LOCK-H3"]
-        token = env.token("ops", Permissions(admin=True))
+        key, token = env.keys["LOCK-H3"], env.tok["ops"]
         broker = env.start()
+        assert broker.rss_kib() > 0
         with Peer(broker.port, "LOCK-H3") as lock:
             lock.auth_lock(key)
             assert lock.publish("lock.events", 1) is not None

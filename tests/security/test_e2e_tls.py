@@ -23,10 +23,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def tls_env(tmp_path_factory):
-    env = SecureBroker(tmp_path_factory.mktemp("tls"), tls=True)
-    key = env.add_locks("TLS-LOCK")["TLS-LOCK"]
-    token = env.token("ops", Permissions(admin=True))
-    yield env.start(), env.tls_port, env.certs, key, token
+    env = SecureBroker(tmp_path_factory.mktemp("tls"), tls=True, locks=["TLS-LOCK"],
+                       tokens={"ops": Permissions(admin=True)})
+    yield env.start(), env.tls_port, env.certs, env.keys["TLS-LOCK"], env.tok["ops"]
     env.close()
 
 

@@ -118,14 +118,6 @@ def live(tmp_path_factory):
     env.close()
 
 
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def _throw(port: int, data: bytes) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         try:
@@ -155,10 +147,10 @@ def test_live_broker_still_serves_and_memory_is_bounded(live):
     for i in range(200):
         _throw(broker.port, struct.pack(">BIHB", 1, 2**31, Op.PUBLISH, 0))
         _throw(broker.port, valid_stream()[: 7 + i % 40])
-    base = rss_kb(broker.proc.pid)
+    base = broker.rss_kib()
     for i in range(600):
         _throw(broker.port, os.urandom(64) if i % 2 else valid_stream()[:-3])
-    grown = rss_kb(broker.proc.pid) - base
+    grown = broker.rss_kib() - base
     assert grown < 32 * 1024, f"broker RSS grew by {grown} kB over 600 hostile connections"
     w = Peer(broker.port, "FUZZ-OK")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 
@@ -17,14 +17,17 @@ class SecureBroker:
     """A ``data`` folder under ``root`` with a device registry and a token store, and
     the :class:`BrokerProcess` (auth required) that serves it.
 
-    Register locks and create tokens, then :meth:`start`; both stay usable while the
-    broker runs (it reads them from the same database). With ``tls=True`` a CA and a
+    ``locks`` are registered (their keys in :attr:`keys`) and ``tokens`` created (name
+    to :class:`Permissions`; the token strings in :attr:`tok`) at once; register more
+    with :meth:`add_locks` and :meth:`token`, also while the broker runs (it reads
+    them from the same database). :meth:`start` starts it. With ``tls=True`` a CA and a
     server certificate for ``gw.local``/127.0.0.1 are made under ``root/certs`` and the
     broker gets a TLS port (:attr:`tls_port`, :attr:`certs`) beside its plain one.
     """
 
     def __init__(self, root: str | os.PathLike[str], tables: Tables | None = None,
-                 tls: bool = False) -> None:
+                 tls: bool = False, locks: Sequence[str] = (),
+                 tokens: Mapping[str, Permissions] | None = None) -> None:
         self.root = Path(root)
         self.data = self.root / "data"
         self.data.mkdir(parents=True, exist_ok=True)
@@ -44,6 +47,8 @@ class SecureBroker:
                 "tls_port": self.tls_port}}, tables or {})
         self.tables: Tables = tables or {}
         self.broker: BrokerProcess | None = None
+        self.keys = self.add_locks(*locks)
+        self.tok = {name: self.token(name, perms) for name, perms in (tokens or {}).items()}
 
     def add_locks(self, *sns: str) -> dict[str, bytes]:
         """Register locks; their keys by SN."""
