@@ -43,8 +43,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info, spread  # noqa: E402
 
-from lockmq.protocol import (Auth, AuthMethod, Connect, FrameDecoder, Op, Publish,  # noqa: E402
-                             Role, auth_proof, decode_body, encode_frame)
+from lockmq.protocol import AuthMethod, Role  # noqa: E402
+from lockmq.testing import AsyncPeer, Refused  # noqa: E402
 
 RUN_BROKER = (
     "import os, sys\n"
@@ -151,56 +151,28 @@ limit_exempt_addresses = []
 # -- a legitimate lock ------------------------------------------------------------------------
 
 class Lock:
-    """One provisioned lock: handshake with its key, then sync publishes."""
+    """One provisioned lock: the harness's AsyncPeer from its own source address,
+    logged in with its key, then sync publishes."""
 
     def __init__(self, sn: str, key: bytes, src: str) -> None:
         self.sn, self.key, self.src = sn, key, src
         self.seq = 0
-        self.opaque = 0
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.dec = FrameDecoder(1 << 20)
-
-    async def _frame(self):  # type: ignore[no-untyped-def]
-        while True:
-            f = self.dec.next_frame()
-            if f is not None:
-                return f
-            data = await self.reader.read(65536)  # type: ignore[union-attr]
-            if not data:
-                raise ConnectionError(f"{self.sn}: broker closed the connection")
-            self.dec.feed(data)
-
-    async def request(self, op: int, body: bytes):  # type: ignore[no-untyped-def]
-        self.opaque += 1
-        self.writer.write(encode_frame(op, self.sn, body, self.opaque))  # type: ignore[union-attr]
-        while True:
-            f = await self._frame()
-            if f.opaque == self.opaque:
-                b = decode_body(f.opcode, f.body)
-                if f.opcode == Op.ERROR:
-                    raise ConnectionError(f"{self.sn}: ERROR {b.code} {b.message}")
-                return b
+        self.peer: AsyncPeer | None = None
 
     async def connect(self, port: int) -> None:
-        self.reader, self.writer = await asyncio.open_connection(
-            "127.0.0.1", port, local_addr=(self.src, 0))
-        self.dec = FrameDecoder(1 << 20)
-        ch = await self.request(Op.CONNECT, Connect(Role.LOCK, 30, "bench").encode())
-        cn = os.urandom(16)
-        await self.request(Op.AUTH, Auth(AuthMethod.DEVICE_HMAC, cn,
-                                         auth_proof(self.key, ch.nonce, cn, self.sn)).encode())
+        self.peer = await AsyncPeer.open(port, self.sn, timeout=60, source=self.src)
+        await self.peer.handshake(Role.LOCK, AuthMethod.DEVICE_HMAC, self.key)
 
     async def publish_until(self, deadline: float, lat: list[float]) -> int:
+        assert self.peer is not None
         errors = 0
         payload = b"r" * 24
         while time.monotonic() < deadline:
             self.seq += 1
             t0 = time.perf_counter()
             try:
-                await self.request(Op.PUBLISH, Publish("lock.events", self.seq,
-                                                       int(time.time() * 1000), payload).encode())
-            except ConnectionError:
+                await self.peer.publish("lock.events", self.seq, payload)
+            except (ConnectionError, Refused):
                 errors += 1
                 await asyncio.sleep(0.01)
                 continue
@@ -208,8 +180,8 @@ class Lock:
         return errors
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.peer is not None:
+            self.peer.writer.close()
 
 
 async def legit_phase(locks: list[Lock], port: int, duration: float) -> dict[str, float]:

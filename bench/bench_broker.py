@@ -59,6 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from machine import machine_facts  # noqa: E402
 from peers import PEERS, command as peer_command, peer_binary  # noqa: E402
+from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
 
@@ -82,12 +83,6 @@ def fdatasync_rate(directory: str, seconds: float = 0.5) -> float:
 
 
 # -- servers ---------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -23,114 +23,43 @@ runs a short version in the default suite.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
-import socket
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from lockmq.clock import ManualClock
-from lockmq.config import config_from_dict
 from lockmq.export import export
-from lockmq.protocol import (Ack, Auth, AuthMethod, Connect, FrameDecoder, Op, Publish,
-                             PublishAck, Pull, Role, Subscribe, decode_body, encode_frame,
-                             encode_json)
+from lockmq.protocol import Op, Publish, PublishAck
 from lockmq.store.records import scan
+from lockmq.testing import BrokerThread, Peer, open_peer
 
 HOUR = 3600 * 1000
 DAY = 24 * HOUR
 T0 = 1_767_225_600_000   # 2026-01-01T00:00:00Z
 
 
-class Link:
-    """One blocking protocol connection whose requests are pipelined: send a batch of
-    frames, then collect every answer by its opaque."""
-
-    def __init__(self, port: int, name: str, role: int = Role.SERVICE) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        self.name = name
-        self.dec = FrameDecoder(16 << 20)
-        self.opaque = 0
-        self.calls([(Op.CONNECT, Connect(role, 30, "soak").encode())])
-        self.calls([(Op.AUTH, Auth(AuthMethod.TOKEN, os.urandom(16), b"x").encode())])
-
-    def calls(self, requests: list[tuple[int, bytes]]) -> list[Any]:
-        """Send ``(opcode, body)`` requests at once; their decoded answers, in order."""
-        first = self.opaque + 1
-        out = []
-        for opcode, body in requests:
-            self.opaque += 1
-            out.append(encode_frame(opcode, self.name, body, self.opaque, 0))
-        self.sock.sendall(b"".join(out))
-        answers: dict[int, Any] = {}
-        while len(answers) < len(requests):
-            frame = self.dec.next_frame()
-            if frame is None:
-                data = self.sock.recv(1 << 20)
-                if not data:
-                    raise ConnectionError("the broker closed the connection")
-                self.dec.feed(data)
-                continue
-            if frame.opaque >= first:   # answers; NOTIFY and the like are not needed here
-                body = decode_body(frame.opcode, frame.body)
-                if frame.opcode == Op.ERROR:
-                    raise RuntimeError(f"broker error: {body.code} {body.message}")
-                answers[frame.opaque] = body
-        return [answers[k] for k in range(first, self.opaque + 1)]
-
-    def consume(self, sub_id: int, limit: int) -> list[Any]:
-        """Pull and ack up to ``limit`` messages (what is there now); returns them."""
-        got: list[Any] = []
-        while len(got) < limit:
-            msgs = self.calls([(Op.PULL, Pull(sub_id, min(512, limit - len(got)), 0).encode())])
-            batch = msgs[0].messages
-            if not batch:
-                break
-            self.calls([(Op.ACK, Ack(sub_id, [m.lease for m in batch]).encode())])
-            got.extend(batch)
-        return got
-
-    def admin(self, op: str, **args: Any) -> dict[str, Any]:
-        """One admin request."""
-        return self.calls([(Op.ADMIN_REQUEST, encode_json({"op": op, "args": args}))])[0]
-
-    def close(self) -> None:
-        self.sock.close()
+def calls(peer: Peer, requests: list[tuple[int, bytes]]) -> list[Any]:
+    """Send ``(opcode, body)`` requests back to back (pipelined), then collect their
+    decoded answers, in order."""
+    opaques = [peer.send(opcode, body) for opcode, body in requests]
+    return [peer.answer(opaque) for opaque in opaques]
 
 
-class BrokerInThread:
-    """``lockmq.broker.Broker`` on its own loop in a thread, given the soak's clock."""
-
-    def __init__(self, tables: dict[str, dict[str, Any]], clock: ManualClock) -> None:
-        from lockmq.broker import Broker
-
-        self.loop = asyncio.new_event_loop()
-        self.broker = Broker(config_from_dict(tables), clock=clock)
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self.broker.start)
-
-    @property
-    def port(self) -> int:
-        return self.broker.port
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (sync or async) on the broker's loop; its result."""
-        async def wrap() -> Any:
-            out = fn()
-            return await out if asyncio.iscoroutine(out) else out
-        return asyncio.run_coroutine_threadsafe(wrap(), self.loop).result(120)
-
-    def stop(self) -> None:
-        self.call(self.broker.stop)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
+def consume(peer: Peer, sub_id: int, limit: int) -> list[Any]:
+    """Pull and ack up to ``limit`` messages (what is there now); returns them."""
+    got: list[Any] = []
+    while len(got) < limit:
+        batch = peer.pull(sub_id, min(512, limit - len(got))).messages
+        if not batch:
+            break
+        peer.ack(sub_id, [m.lease for m in batch])
+        got.extend(batch)
+    return got
 
 
 @dataclass
@@ -214,13 +143,12 @@ def soak(days: int = 30, locks: int = 500, retention_days: float = 7.0,
     }
     res = SoakResult(days, locks, retention_days)
     started = time.monotonic()
-    broker = BrokerInThread(tables, clock)
+    broker = BrokerThread(data_dir, clock=clock, **tables).start()
     core = broker.broker.core
-    gateway = Link(broker.port, "SOAK-GW")
-    readers = {name: Link(broker.port, f"svc-{name}")
+    gateway = open_peer(broker.port, "SOAK-GW", timeout=60)
+    readers = {name: open_peer(broker.port, f"svc-{name}", timeout=60)
                for name in ("live", "lagging", "abandoned")}
-    subs = {name: link.calls([(Op.SUBSCRIBE, Subscribe("lock.events", name, 0, 0, 0)
-                                .encode())])[0].sub_id for name, link in readers.items()}
+    subs = {name: peer.subscribe("lock.events", name).sub_id for name, peer in readers.items()}
     per_hour = lagging_per_hour or max(1, locks * events_per_lock_hour // 3)
     seq = 0
     acked: set[tuple[str, int]] = set()
@@ -243,20 +171,20 @@ def soak(days: int = 30, locks: int = 500, retention_days: float = 7.0,
             chunk = batch[i:i + 1000]
             reqs = [(Op.PUBLISH, Publish(topic, seq + k, int(clock.wall_ms()), payload).encode())
                     for k, (topic, payload) in enumerate(chunk)]
-            for k, ack in enumerate(gateway.calls(reqs)):
+            for k, ack in enumerate(calls(gateway, reqs)):
                 assert isinstance(ack, PublishAck) and ack.status == PublishAck.STORED
                 acked.add(("SOAK-GW", seq + k))
                 if chunk[k][0] == "lock.events":
                     events.add(seq + k)
             seq += len(chunk)
-        for m in readers["live"].consume(subs["live"], 1 << 30):
+        for m in consume(readers["live"], subs["live"], 1 << 30):
             if m.seq in seen_live:
                 res.duplicates_live += 1
             seen_live.add(m.seq)
-        res.lagging_delivered += len(readers["lagging"].consume(subs["lagging"], per_hour))
+        res.lagging_delivered += len(consume(readers["lagging"], subs["lagging"], per_hour))
         if "abandoned" in readers:
             if hour < abandon_day * 24:
-                readers["abandoned"].consume(subs["abandoned"], 1 << 30)
+                consume(readers["abandoned"], subs["abandoned"], 1 << 30)
             else:
                 readers.pop("abandoned").close()   # never comes back
         written.append(core.store.log_end - log_end)
@@ -283,8 +211,8 @@ def soak(days: int = 30, locks: int = 500, retention_days: float = 7.0,
     exported = _exported_ids(dest)
     res.exported_records = len(exported)
     res.export_missing = len(acked - exported)
-    for link in [gateway, *readers.values()]:
-        link.close()
+    for peer in [gateway, *readers.values()]:
+        peer.close()
     broker.stop()
     res.wall_s = time.monotonic() - started
     return res

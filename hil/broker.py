@@ -1,4 +1,5 @@
-"""The broker the boards talk to: ``lockmq broker`` as a real process, on 127.0.0.1.
+"""The broker the boards talk to: ``lockmq broker`` as a real process, started the one
+way the test harness starts it (:class:`lockmq.testing.BrokerProcess`).
 
 Started, killed (SIGKILL: a crash) or stopped (SIGTERM) and restarted on the same
 port and data directory. Locks are provisioned with ``lockmq devices add`` (the
@@ -10,16 +11,15 @@ back with :mod:`lockmq.store`.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from lockmq import testing
+from lockmq.config import BrokerSection
 from lockmq.testing.ports import free_port
-from lockmq.testing.process import kill_process, stop_process
+from lockmq.testing.tables import Tables, merge_tables
 
 
 def lockmq_cli() -> list[str]:
@@ -43,24 +43,24 @@ def broker_available() -> str | None:
     return None
 
 
-class BrokerProcess:
-    """One ``lockmq broker`` process; survives restarts with the same port and data."""
+class BrokerProcess(testing.BrokerProcess):
+    """The harness's :class:`lockmq.testing.BrokerProcess` as the boards need it: data
+    in ``workdir/data``, listening on ``host`` (the address boards reach), started by
+    :meth:`start`; adds provisioning through the CLI and reading back what was stored.
+    ``tables`` add config (e.g. ``{"security": {"lock_message_rate": 100.0}}``)."""
 
     def __init__(self, workdir: Path, port: int | None = None, host: str = "127.0.0.1",
-                 extra_args: list[str] | None = None) -> None:
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.data_dir = self.workdir / "data"
+                 tables: Tables | None = None) -> None:
         self.host = host
-        self.port = port or free_port()
-        self.extra_args = extra_args or []
-        self.log_path = self.workdir / "broker.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
+        # boards on a real link get the production handshake time, not the harness's 2 s
+        super().__init__(Path(workdir) / "data", merge_tables(
+            {"broker": {"host": host, "port": port or free_port(),
+                        "handshake_timeout_s": BrokerSection.handshake_timeout_s}},
+            tables or {}), start=False)
 
-    @property
+    @property  # type: ignore[override]
     def address(self) -> tuple[str, int]:
-        """Where clients connect."""
+        """Where boards connect: ``(host, port)``."""
         return (self.host, self.port)
 
     def _cli(self, *args: str, timeout: float = 60) -> str:
@@ -80,7 +80,7 @@ class BrokerProcess:
         for i in range(0, len(sns), 200):
             batch = sns[i : i + 200]
             out = outdir if len(batch) > 1 else outdir / f"{batch[0]}.json"
-            self._cli("devices", "add", *batch, "--data-dir", str(self.data_dir),
+            self._cli("devices", "add", *batch, "--data-dir", self.data_dir,
                       "--out", str(out), "--broker", f"{host}:{port}")
         for sn in sns:
             doc = json.loads((outdir / f"{sn}.json").read_text())
@@ -89,64 +89,9 @@ class BrokerProcess:
 
     def service_token(self, name: str, *perms: str) -> str:
         """Create a service token with the given ``lockmq tokens create`` flags."""
-        out = self._cli("tokens", "create", name, *perms, "--json", "--data-dir", str(self.data_dir))
+        out = self._cli("tokens", "create", name, *perms, "--json", "--data-dir", self.data_dir)
         doc = json.loads(out)
         return str(doc.get("token") or doc.get("secret"))
-
-    # -- life cycle -----------------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> "BrokerProcess":
-        """Start and wait until the port accepts connections."""
-        if self.proc is not None and self.proc.poll() is None:
-            raise RuntimeError("broker already running")
-        log = open(self.log_path, "ab")
-        log.write(f"\n==== start #{self.starts + 1} {time.strftime('%H:%M:%S')} ====\n".encode())
-        log.flush()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [*lockmq_cli(), "broker", "--host", self.host, "--port", str(self.port),
-             "--status-port", "0", "--data-dir", str(self.data_dir), "--log-level", "INFO",
-             *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
-        )
-        log.close()
-        self.starts += 1
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with socket.create_connection(self.address, timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"broker did not listen on {self.address} within {timeout} s:\n{self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: the broker crashes (what was acked must survive)."""
-        kill_process(self.proc)
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM: graceful shutdown. Returns the exit status."""
-        return stop_process(self.proc, timeout)
-
-    def restart(self, crash: bool = True, down_s: float = 0.0) -> None:
-        """Kill (or stop) and start again on the same port and data directory."""
-        self.kill() if crash else self.stop()
-        if down_s > 0:
-            time.sleep(down_s)
-        self.start()
-
-    def running(self) -> bool:
-        """True while the process runs."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, chars: int = 4000) -> str:
-        """The end of the broker's own log."""
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     # -- what was stored ------------------------------------------------------------
     def records(self, topic: str, sn: str | None = None) -> list[Any]:
@@ -158,7 +103,7 @@ class BrokerProcess:
             raise RuntimeError("stop the broker before reading its store")
         from lockmq.store import Store, StoreConfig
 
-        store = Store.open(StoreConfig(data_dir=str(self.data_dir), min_free_bytes=0))
+        store = Store.open(StoreConfig(data_dir=self.data_dir, min_free_bytes=0))
         try:
             out: list[Any] = []
             if topic not in store.topics():

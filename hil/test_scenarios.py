@@ -64,10 +64,9 @@ def test_order_kept_when_the_broker_rate_limits(tmp_path, lock_factory: LockFact
 
     if broker_available():
         pytest.skip(broker_available())
-    config = tmp_path / "broker.toml"
-    config.write_text("[security]\nlock_message_rate = 100.0\nlock_message_burst = 20\n")
     broker = BrokerProcess(tmp_path / "slow-broker", host=hil_target.board_broker_host,
-                           extra_args=["--config", str(config)]).start()
+                           tables={"security": {"lock_message_rate": 100.0,
+                                                "lock_message_burst": 20}}).start()
     try:
         lock = online_lock(broker, lock_factory, queue_max=400)
         lock.events("unlock", 300)

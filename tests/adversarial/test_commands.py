@@ -24,8 +24,8 @@ from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import (VERSION, Auth, AuthMethod, Command, CommandKind, CommandResult,
                              CommandStatus, Connect, ErrorCode, ErrorReply, Flag, Op, Role,
                              auth_proof, decode_body, encode_json)
-from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
-from lockmq.testing import BrokerProcess, Lock, Peer, Refused, set_config, wait_for
+from lockmq.security import Permissions
+from lockmq.testing import Lock, Peer, Refused, SecureBroker, set_config, wait_for
 
 
 pytestmark = pytest.mark.timeout(240)
@@ -38,22 +38,15 @@ REBOOT = CommandKind.REBOOT
 
 # -- one broker per test, with its own registry, tokens and settings ------------------
 
-class Env:
+class Env(SecureBroker):
     """A broker (auth required) with registered locks and tokens."""
 
     def __init__(self, root: Path, sns: list[str], tokens: dict[str, Permissions],
                  commands: dict[str, Any] | None = None) -> None:
-        self.root = root
-        data = root / "data"
-        data.mkdir()
-        cfg = SecurityConfig(data_dir=str(data))
-        self.registry = DeviceRegistry.open(cfg)
-        self.keys = self.registry.add_many(sns)
-        self._tokens = TokenStore(cfg.registry_path)
-        self.tok = {name: self._tokens.create(name, perms, ttl_s=3600)[0]
-                    for name, perms in tokens.items()}
-        self.broker = BrokerProcess(str(data), {"commands": commands or {}})
-        self.port = self.broker.port
+        super().__init__(root, {"commands": commands or {}})
+        self.keys = self.add_locks(*sns)
+        self.tok = {name: self.token(name, perms, ttl_s=3600) for name, perms in tokens.items()}
+        self.port = self.start().port
         self.wires: list[Peer] = []
         self.locks: list[Any] = []
 
@@ -92,9 +85,7 @@ class Env:
             w.close()
         for lk in self.locks:
             lk.close()
-        self.broker.stop()
-        self.registry.close()
-        self._tokens.close()
+        super().close()
 
 
 @pytest.fixture

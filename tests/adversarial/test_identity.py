@@ -19,10 +19,10 @@ import pytest
 
 from lockmq.protocol import (Ack, Command, CommandKind, CommandStatus, ErrorCode, Nack, Op,
                              Pull, Subscribe, Unsubscribe, decode_json, encode_json)
-from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+from lockmq.security import Permissions
 from lockmq.store import NewRecord, open_store
-from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, free_port, refusal,
-                            require_micropython, set_config, wait_for)
+from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker, free_port,
+                            refusal, require_micropython, set_config, wait_for)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,31 +32,21 @@ MAX_SEQ = 0xFFFFFFFF
 # -- helpers kept in this module ----------------------------------------------------------
 
 
-class Env:
-    """A data directory with a registry and tokens, and the broker that serves it."""
+class Env(SecureBroker):
+    """The auth-required broker with the peers a test opened and the admin views."""
 
     def __init__(self, root: Path, tables: dict[str, dict[str, Any]] | None = None) -> None:
-        self.root = root
-        self.data = root / "data"
-        self.data.mkdir(parents=True, exist_ok=True)
-        self.cfg = SecurityConfig(data_dir=str(self.data))
-        self.reg = DeviceRegistry.open(self.cfg)
-        self.tokens = TokenStore(self.cfg.registry_path)
-        self.tables = tables or {}
+        super().__init__(root, tables)
         # a fixed port: a restarted broker is found again by the locks provisioned for it
         self.tables.setdefault("broker", {}).setdefault("port", free_port())
-        self.broker: BrokerProcess | None = None
         self.wires: list[Peer] = []
-        self.ops = self.token("ops", admin=True)
+        self.ops = self.grant("ops", admin=True)
 
-    def token(self, name: str, **perms: Any) -> str:
-        p = Permissions(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
-                           for k, v in perms.items()})
-        return self.tokens.create(name, p, ttl_s=3600)[0]
-
-    def start(self) -> BrokerProcess:
-        self.broker = BrokerProcess(str(self.data), self.tables)
-        return self.broker
+    def grant(self, name: str, **perms: Any) -> str:
+        """A one-hour token with these rights (lists of patterns)."""
+        return self.token(name, Permissions(**{
+            k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in perms.items()}),
+            ttl_s=3600)
 
     def restart(self) -> BrokerProcess:
         assert self.broker is not None
@@ -95,10 +85,7 @@ class Env:
     def close(self) -> None:
         for w in self.wires:
             w.close()
-        if self.broker is not None:
-            self.broker.stop()
-        self.reg.close()
-        self.tokens.close()
+        super().close()
 
 
 def decode_json_answer(body: Any) -> dict[str, Any]:
@@ -150,7 +137,7 @@ def firmware(tmp_path):
     locks: list[Any] = []
 
     def make(e: Env, sn: str) -> Any:
-        key = e.reg.add(sn)
+        key = e.registry.add(sn)
         folder = build_folder(tmp_path / f"board-{sn}", DeviceConfig(
             sn=sn, key=key.hex(), brokers=[("127.0.0.1", e.port)], hw="sim"),
             cards=["0A1B2C3D"])
@@ -182,8 +169,8 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
     e = env({"devices": {"heartbeat_s": 1.0, "evict_after_s": 10.0},
              "consumers": {"retry_levels_s": [0.2], "visibility_timeout_ms": 60_000}})
     asyncio.run(_poison_like_v01(str(e.data)))
-    billing = e.token("billing", publish=["billing.*"], consume=["lock.*:billing"])
-    evil = e.token("evil", publish=["billing.*"])
+    billing = e.grant("billing", publish=["billing.*"], consume=["lock.*:billing"])
+    evil = e.grant("evil", publish=["billing.*"])
     broker = e.start()
     mark = broker.mark()
 
@@ -270,8 +257,8 @@ def test_item1_no_service_can_make_the_broker_drop_records(env, firmware):
 
 def test_item10_system_topics_need_the_system_right_internal_ones_are_closed(env, capsys):
     e = env()
-    wild = e.token("wild", publish=["*", "$*"])
-    alarms = e.token("alarms", system=["$alerts"])
+    wild = e.grant("wild", publish=["*", "$*"])
+    alarms = e.grant("alarms", system=["$alerts"])
     broker = e.start()
     mark = broker.mark()
 
@@ -320,9 +307,9 @@ def test_item10_system_topics_need_the_system_right_internal_ones_are_closed(env
 
 def test_item11_a_cluster_belongs_to_its_creator(env):
     e = env({"consumers": {"visibility_timeout_ms": 60_000}})
-    shop = e.token("shop", publish=["orders.*"])
-    billing = e.token("billing", consume=["orders.*:billing"])
-    evil = e.token("evil", consume=["*"])
+    shop = e.grant("shop", publish=["orders.*"])
+    billing = e.grant("billing", consume=["orders.*:billing"])
+    evil = e.grant("evil", consume=["*"])
     broker = e.start()
     mark = broker.mark()
 
@@ -381,8 +368,8 @@ def test_item11_a_cluster_belongs_to_its_creator(env):
 
 def test_item12_sns_cannot_be_told_apart_and_lookalikes_are_refused(env, firmware):
     e = env()
-    opener = e.token("opener", command=["LOCK-0001", "LOCK-00X*"])
-    e.reg.add("LOCK-0002")                                    # registered, outside the scope
+    opener = e.grant("opener", command=["LOCK-0001", "LOCK-00X*"])
+    e.registry.add("LOCK-0002")                                    # registered, outside the scope
     broker = e.start()
     mark = broker.mark()
     lock = firmware(e, "LOCK-0001")
@@ -434,8 +421,8 @@ def test_item12_sns_cannot_be_told_apart_and_lookalikes_are_refused(env, firmwar
 
 def test_item13_subscriptions_and_clusters_are_capped(env):
     e = env()   # the defaults: 64 subscriptions per connection, 32 clusters per owner
-    wide = e.token("wide", consume=["*"])
-    other = e.token("other", consume=["*"])
+    wide = e.grant("wide", consume=["*"])
+    other = e.grant("other", consume=["*"])
     broker = e.start()
     mark = broker.mark()
 

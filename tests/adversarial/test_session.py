@@ -9,8 +9,8 @@ import time
 import pytest
 
 from lockmq.protocol import Connect, ErrorCode, Op, Role, decode_body, encode_frame
-from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
-from lockmq.testing import BrokerProcess, Peer, Refused, read_until_closed
+from lockmq.security import Permissions
+from lockmq.testing import Peer, SecureBroker, Refused, read_until_closed
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -18,27 +18,12 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("session")
-    data = root / "data"
-    data.mkdir()
-    cfg = SecurityConfig(data_dir=str(data))
-    reg = DeviceRegistry.open(cfg)
-    keys = reg.add_many(["LOCK-0001"])
-    tokens = TokenStore(cfg.registry_path)
-    token = tokens.create("svc", Permissions(publish=("billing.*",)))[0]
-    broker = BrokerProcess(str(data), {"broker": {"handshake_timeout_s": 2.0}})
-    yield broker, keys, token
-    broker.stop()
-    reg.close()
-    tokens.close()
-
-
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    env = SecureBroker(tmp_path_factory.mktemp("session"),
+                       {"broker": {"handshake_timeout_s": 2.0}})
+    keys = env.add_locks("LOCK-0001")
+    token = env.token("svc", Permissions(publish=("billing.*",)))
+    yield env.start(), keys, token
+    env.close()
 
 
 def _legit_lock_publishes(broker, keys, seq: int) -> None:
@@ -56,7 +41,7 @@ def test_unauthenticated_floods_get_one_answer_and_cost_nothing(env):
     auth timeout waited for a drain that never came (10 sockets: +54 MiB)."""
     broker, keys, _ = env
     mark = broker.mark()
-    rss_before = _rss_kib(broker.proc.pid)
+    rss_before = broker.rss_kib()
     unknown = encode_frame(0x7777, "", b"x" * 200)
     publish = encode_frame(Op.PUBLISH, "LOCK-0001", b"y" * 200)
     socks = []
@@ -80,7 +65,7 @@ def test_unauthenticated_floods_get_one_answer_and_cost_nothing(env):
             err = decode_body(Op.ERROR, frame.next_frame().body)
             assert err.code == ErrorCode.NOT_AUTHENTICATED
     broker.wait_log(r"session_violation.*state=CONNECTING", start=mark)
-    assert _rss_kib(broker.proc.pid) - rss_before < 16 * 1024
+    assert broker.rss_kib() - rss_before < 16 * 1024
     _legit_lock_publishes(broker, keys, 1)
 
 

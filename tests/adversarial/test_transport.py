@@ -21,10 +21,10 @@ from lockmq.client.errors import InsecureTransportError
 from lockmq.client.session import Credentials, Endpoint, cleartext_refusal, is_loopback_host
 from lockmq.protocol import (TAG_SIZE, ErrorCode, Flag, FrameDecoder, Op, ProtocolError,
                              encode_frame)
-from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
-from lockmq.security.certs import init_ca_and_server
+from lockmq.security import Permissions
 from lockmq.security.tls import client_context
-from lockmq.testing import BrokerProcess, Lock, Peer, Refused, free_port, require_micropython
+from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker,
+                            require_micropython)
 from lockmq.testing.relay import pipe
 
 pytestmark = pytest.mark.timeout(180)
@@ -64,22 +64,10 @@ def cli(*argv: str, env: dict | None = None, timeout: float = 90) -> subprocess.
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory):
     """A broker with auth required, TLS on one port and plain TCP on the main port."""
-    root = tmp_path_factory.mktemp("transport")
-    data = root / "data"
-    data.mkdir()
-    files = init_ca_and_server(str(root / "certs"), ["gw.local"], ["127.0.0.1"])
-    cfg = SecurityConfig(data_dir=str(data))
-    reg = DeviceRegistry.open(cfg)
-    key = reg.add("MAC-LOCK-1")
-    tokens = TokenStore(cfg.registry_path)
-    token, _ = tokens.create("ops", Permissions(admin=True))
-    tls_port = free_port()
-    broker = BrokerProcess(str(data), {"security": {
-        "tls_cert": files.server_pem, "tls_key": files.server_key, "tls_port": tls_port}})
-    yield broker, tls_port, files, token, key
-    broker.stop()
-    reg.close()
-    tokens.close()
+    env = SecureBroker(tmp_path_factory.mktemp("transport"), tls=True, locks=["MAC-LOCK-1"],
+                       tokens={"ops": Permissions(admin=True)})
+    yield env.start(), env.tls_port, env.certs, env.tok["ops"], env.keys["MAC-LOCK-1"]
+    env.close()
 
 
 def _metric(broker: BrokerProcess, prefix: str) -> float:
@@ -212,15 +200,11 @@ class TamperProxy:
 @pytest.fixture(scope="module")
 def mac_broker(tmp_path_factory):
     """A broker whose plain port requires frame MACs from locks; one registered lock."""
-    root = tmp_path_factory.mktemp("mac")
-    data = root / "data"
-    data.mkdir()
-    reg = DeviceRegistry.open(SecurityConfig(data_dir=str(data)))
-    key = reg.add("MAC-LOCK-1")
-    broker = BrokerProcess(str(data), {"security": {"lock_frame_mac": "required"}})
-    yield root, broker, key
-    broker.stop()
-    reg.close()
+    env = SecureBroker(tmp_path_factory.mktemp("mac"),
+                       {"security": {"lock_frame_mac": "required"}})
+    key = env.add_locks("MAC-LOCK-1")["MAC-LOCK-1"]
+    yield env.root, env.start(), key
+    env.close()
 
 
 def test_lock_frames_on_plain_tcp_are_maced_and_altered_frames_refused(mac_broker):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 
-from lockmq.protocol import Flag, Op, Publish, PublishAck, decode_body
-from lockmq.testing import Peer, drain, open_peer
+from lockmq.protocol import Flag, Op, Publish, PublishAck, Role, decode_body
+from lockmq.testing import Peer, drain, open_async_peer, open_peer, wait_for_async
 
 
 def test_sync_publish_then_consume_and_ack(broker):
@@ -73,43 +74,19 @@ def test_retransmit_is_acked_again_but_stored_once(broker):
 def test_connection_burst_every_lock_acked(broker):
     """500 locks connect at once (the building after a power cut), each publishes
     one record: every one is acknowledged and all are online together."""
-    import asyncio
-    import os as _os
-
-    from lockmq.protocol import (Auth, AuthMethod, Connect, FrameDecoder, Role,
-                                 encode_frame as enc)
-
     async def lock(i: int, ready: asyncio.Event, acked: list) -> None:
-        sn = f"STORM-{i:04d}"
-        r, w = await asyncio.open_connection("127.0.0.1", broker.port)
-        dec = FrameDecoder(1 << 20)
-
-        async def recv():
-            while True:
-                f = dec.next_frame()
-                if f is not None:
-                    return f
-                data = await asyncio.wait_for(r.read(65536), 30)
-                assert data, "closed"
-                dec.feed(data)
-
-        w.write(enc(Op.CONNECT, sn, Connect(Role.LOCK, 30, "t").encode(), 1))
-        await recv()
-        w.write(enc(Op.AUTH, sn, Auth(AuthMethod.DEVICE_HMAC, _os.urandom(16), b"x").encode(), 2))
-        assert (await recv()).opcode == Op.CONNECT_ACK
-        w.write(enc(Op.PUBLISH, sn, Publish("storm", 0, 0, b"x" * 24).encode(), 3))
-        f = await recv()
-        assert f.opcode == Op.PUBLISH_ACK
-        acked.append(sn)
+        peer = await open_async_peer(broker.port, f"STORM-{i:04d}", Role.LOCK, timeout=30)
+        assert (await peer.publish("storm", 0)).status == PublishAck.STORED
+        acked.append(peer.sn)
         await ready.wait()
-        w.close()
+        await peer.close()
 
     async def main() -> int:
         ready = asyncio.Event()
         acked: list = []
         tasks = [asyncio.ensure_future(lock(i, ready, acked)) for i in range(500)]
-        while len(acked) < 500 and not any(t.done() and t.exception() for t in tasks):
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: len(acked) == 500 or any(t.done() and t.exception()
+                                                              for t in tasks), "500 acks", 60)
         online = open_peer(broker.port).admin("devices")["count"]
         ready.set()
         await asyncio.gather(*tasks)

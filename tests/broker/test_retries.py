@@ -6,7 +6,7 @@ import json
 import time
 
 from lockmq.protocol import Role
-from lockmq.testing import Peer, open_peer
+from lockmq.testing import Peer, open_peer, wait_for
 
 FAST = {"time_scale": 0.001, "retry_levels_s": [1, 5, 10, 30], "max_retries": 3}
 
@@ -21,12 +21,8 @@ def _publish(port: int, topic: str, items: list[tuple[str, int]]) -> None:
 
 
 def _pull_one(peer: Peer, sub: int, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = peer.pull(sub, 1, wait_ms=200).messages
-        if got:
-            return got[0]
-    raise AssertionError("no message redelivered")
+    return wait_for(lambda: peer.pull(sub, 1, wait_ms=200).messages, "a redelivered message",
+                    timeout)[0]
 
 
 def test_nack_retries_with_backoff_then_dead_letters(make_broker):
@@ -43,13 +39,7 @@ def test_nack_retries_with_backoff_then_dead_letters(make_broker):
     assert deliveries == [1, 2, 3, 4]
     # the 4th nack exceeds max_retries=3: dead-lettered, not redelivered
     assert cons.pull(sub, 10, wait_ms=300).messages == []
-    dl = {}
-    for _ in range(50):
-        dl = cons.admin("dlq.list", cluster="w")
-        if dl["messages"]:
-            break
-        time.sleep(0.05)
-    [d] = dl["messages"]
+    [d] = wait_for(lambda: cons.admin("dlq.list", cluster="w")["messages"], "a dead letter")
     assert d["msg_id"] == "L1:1" and d["reason"] == "handler failed"
     assert d["deliveries"] == 4 and d["retries"] == 4 and d["topic"] == "jobs"
     assert bytes.fromhex(d["payload_hex"]) == b"L1/1"

@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,7 +15,7 @@ from lockmq.client import AsyncConsumer, AsyncProducer
 from lockmq.store import open_store
 from lockmq.store.positions import parse
 
-from lockmq.testing import BrokerProcess
+from lockmq.testing import BrokerProcess, wait_for_async
 
 LOCKMQ = [sys.executable, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())"]
 DEADLINE_S = 60
@@ -38,13 +37,6 @@ def _saved_position(data_dir: str, cluster: str, topic: str) -> int:
             return parse(f.read())[1].get(topic, 0)
     except FileNotFoundError:
         return 0
-
-
-async def _wait_for(cond, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def test_online_backup_restores_every_acknowledged_record(tmp_path):
@@ -83,8 +75,9 @@ def test_online_backup_restores_every_acknowledged_record(tmp_path):
 
             publishers = [asyncio.ensure_future(publish(w)) for w in range(8)]
             # several segments and a saved cluster position before the backup starts
-            await _wait_for(lambda: len(acked) >= 2000 and
-                            _saved_position(data, "app", "doors") > 0, "records and positions")
+            await wait_for_async(lambda: len(acked) >= 2000 and
+                                 _saved_position(data, "app", "doors") > 0,
+                                 "records and positions", DEADLINE_S)
             position_before = _saved_position(data, "app", "doors")
             backup_proc = await asyncio.create_subprocess_exec(
                 *LOCKMQ, "store", "backup", backup, "--config", config,
@@ -147,7 +140,8 @@ def test_online_backup_restores_every_acknowledged_record(tmp_path):
                                      handler=lambda msg: seen.add(msg.id), max_workers=1,
                                      batch=256)
             await consumer.start()
-            await _wait_for(lambda: acked_before <= seen, "the acknowledged records")
+            await wait_for_async(lambda: acked_before <= seen, "the acknowledged records",
+                                 DEADLINE_S)
             await consumer.stop()
             return seen
 

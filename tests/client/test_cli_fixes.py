@@ -61,3 +61,25 @@ def test_store_dump_decodes_lock_events_json_and_text(broker_factory, tmp_path, 
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert rows[0]["json"] == {"order": 7} and rows[0]["payload"] == b'{"order": 7}'.hex()
     assert rows[1]["text"] == "hello door"
+
+
+def test_consume_stops_cleanly_on_sigterm_and_prints_its_totals(broker):
+    """The shared signal helper of `lockmq consume` and `lockmq sim`: SIGTERM sets the
+    stop event, the consumer leaves its cluster and the totals are printed."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from lockmq.cli import main; sys.exit(main())",
+         "consume", "--broker", broker.address, "doors", "--cluster", "sig"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert "consuming 'doors'" in proc.stderr.readline()   # started, handlers set
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "handled 0 in" in err

@@ -18,6 +18,7 @@ from lockmq.client import (
     Producer,
     SqliteIdempotency,
 )
+from lockmq.testing import wait_for
 
 PG_DSN = os.environ.get("LOCKMQ_TEST_PG_DSN")
 
@@ -226,14 +227,10 @@ def test_handler_exception_nacks_retries_then_dead_letters(broker):
     assert attempts["retry-test:1"] == 2
     assert attempts["retry-test:2"] == 3
     with Admin(broker.address) as admin:
-        dl = {}
-        for _ in range(100):
-            dl = admin.request("dlq.list", cluster="workers")
-            if dl["messages"]:
-                break
-            time.sleep(0.05)
-        assert [m["msg_id"] for m in dl["messages"]] == ["retry-test:2"]
-        assert "cannot parse" in dl["messages"][0]["reason"]
+        dead = wait_for(lambda: admin.request("dlq.list", cluster="workers")["messages"],
+                        "a dead letter")
+        assert [m["msg_id"] for m in dead] == ["retry-test:2"]
+        assert "cannot parse" in dead[0]["reason"]
 
 
 def test_worker_pool_grows_with_backlog_and_shrinks_when_idle(broker):

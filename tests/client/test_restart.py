@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from lockmq.client import AsyncConsumer, AsyncProducer, SqliteIdempotency
 from lockmq.sim import SimConfig, SimStats, run_sim
 from lockmq.client.session import Endpoint
-from lockmq.testing import BrokerProcess
+from lockmq.testing import BrokerProcess, wait_for_async
 
 
 def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
@@ -44,9 +43,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
                     await asyncio.sleep(0.3)                    # down for a moment
                     await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
-            deadline = time.monotonic() + 60
-            while idem.count() < count and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await wait_for_async(lambda: idem.count() >= count, "every message consumed", 60)
             await consumer.stop()
             await producer.close()
             return acked, producer, consumer
@@ -70,8 +67,7 @@ def test_simulated_locks_reconnect_and_retransmit_after_restart(broker_factory):
         stats = SimStats()
         cfg = SimConfig(locks=20, events_per_lock=30, rate_per_lock=50, ack_timeout_s=10)
         sim = asyncio.ensure_future(run_sim(cfg, Endpoint("127.0.0.1", port), stats=stats))
-        while stats.acked < 200:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: stats.acked >= 200, "200 acked events")
         await asyncio.get_running_loop().run_in_executor(None, b.stop)
         await asyncio.sleep(0.2)
         await asyncio.get_running_loop().run_in_executor(None, lambda: broker_factory(port=port))

@@ -4,12 +4,16 @@ through the protocol's session, its broker process restarts on the same port, an
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
-from lockmq.protocol import ErrorCode, Role
-from lockmq.testing import BrokerProcess, BrokerThread, Peer, open_peer, refusal
+from lockmq.protocol import Connect, ErrorCode, FrameDecoder, Op, Role, encode_frame
+from lockmq.security import Permissions
+from lockmq.testing import (BrokerProcess, BrokerThread, Peer, Refused, SecureBroker,
+                            open_async_peer, open_peer, raises, refusal, wait_for_async)
+from lockmq.testing.fuzz import decode_stream
 
 REPEAT = Path(__file__).resolve().parents[2] / "scripts" / "repeat"
 
@@ -48,6 +52,59 @@ def test_broker_process_restarts_on_its_port_with_its_data(tmp_path):
         assert topics["t"] == 1
     finally:
         assert broker.stop() == 0
+
+
+def test_secure_broker_serves_its_locks_and_tokens_over_plain_and_tls(tmp_path):
+    from lockmq.security.tls import client_context
+    env = SecureBroker(tmp_path, tls=True, locks=["LOCK-H3"], tokens={"ops": Permissions(admin=True)})
+    try:
+        key, token = env.keys["LOCK-H3"], env.tok["ops"]
+        broker = env.start()
+        assert broker.rss_kib() > 0
+        with Peer(broker.port, "LOCK-H3") as lock:
+            lock.auth_lock(key)
+            assert lock.publish("lock.events", 1) is not None
+        tls = client_context(cadata=open(env.certs.ca_der, "rb").read())
+        with Peer(env.tls_port, "", tls=tls, server_hostname="gw.local") as svc:
+            svc.auth_token(token)
+            assert svc.admin("topics")["topics"]
+        with Peer(broker.port, "") as svc:          # auth is required: junk is refused
+            assert refusal(lambda: svc.auth_token("nope")).code == ErrorCode.AUTH_FAILED
+    finally:
+        env.close()
+
+
+def test_async_peer_logs_in_publishes_and_sees_a_refusal(tmp_path):
+    async def main(port: int) -> None:
+        lock = await open_async_peer(port, "LOCK-H4", Role.LOCK)
+        assert (await lock.publish("t", 1)).status == 0
+        assert (await lock.publish("t", 1)).status != 0          # a retransmit: duplicate
+        await lock.close()
+
+    with BrokerThread(str(tmp_path / "open")) as broker:
+        asyncio.run(main(broker.port))
+    with BrokerThread(str(tmp_path / "closed"), auth="required") as broker:
+        async def refused() -> Refused:
+            try:
+                await open_async_peer(broker.port)
+            except Refused as exc:
+                return exc
+            raise AssertionError("an unknown token logged in")
+        assert asyncio.run(refused()).code == ErrorCode.AUTH_FAILED
+
+
+def test_wait_for_async_fails_naming_what_it_waited_for():
+    err = raises(AssertionError, lambda: asyncio.run(
+        wait_for_async(lambda: False, "the moon", timeout=0.05)))
+    assert "the moon" in str(err)
+
+
+def test_decode_stream_skips_garbage_and_stops_at_a_fatal_error():
+    good = encode_frame(Op.CONNECT, "S1", Connect(Role.LOCK, 30, "t").encode(), 1)
+    stream = good + good + b"\x01\x7f\xff\xff\xff" + good     # a frame claiming 2 GiB
+    frames = list(decode_stream(FrameDecoder(4096), stream, 7))
+    assert [f.opaque for f, _ in frames] == [1, 1]
+    assert all(isinstance(body, Connect) for _, body in frames)
 
 
 def _repeat(tmp_path: Path, n: str, script: str) -> subprocess.CompletedProcess[str]:

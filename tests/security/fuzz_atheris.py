@@ -19,9 +19,9 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from lockmq.protocol import (BODY_TYPES, FrameDecoder, ProtocolError, decode_body,
-                                 encode_frame)
+    from lockmq.protocol import BODY_TYPES, FrameDecoder, ProtocolError, encode_frame
     from lockmq.security import Guard, SecurityConfig, SecurityError
+    from lockmq.testing.fuzz import decode_stream
 
 _GUARD = Guard(SecurityConfig(data_dir=tempfile.mkdtemp(prefix="lockmq-fuzz-")))
 _GUARD.registry.add("FUZZ-1")
@@ -45,29 +45,12 @@ def one_input(data: bytes) -> None:
             except ProtocolError:
                 pass
     dec = FrameDecoder(4096)
-    try:
-        for i in range(0, len(stream), chunk):
-            dec.feed(stream[i:i + chunk])
-            while True:
-                try:
-                    f = dec.next_frame()
-                except ProtocolError as exc:
-                    if exc.fatal:
-                        raise
-                    continue
-                if f is None:
-                    break
-                try:
-                    body = decode_body(f.opcode, f.body)
-                except ProtocolError:
-                    continue
-                if hasattr(body, "proof"):
-                    try:
-                        _GUARD.authenticate(f.sn, body, _GUARD.challenge(), "10.0.0.1")
-                    except SecurityError:
-                        pass
-    except ProtocolError:
-        pass
+    for f, body in decode_stream(dec, stream, chunk):
+        if hasattr(body, "proof"):
+            try:
+                _GUARD.authenticate(f.sn, body, _GUARD.challenge(), "10.0.0.1")
+            except SecurityError:
+                pass
     if dec.buffered() > 4096 + chunk:
         raise AssertionError(f"decoder buffers {dec.buffered()} bytes")
 

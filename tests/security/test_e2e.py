@@ -14,9 +14,8 @@ import pytest
 
 from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode,
                              Op, Role, Subscribe, decode_body)
-from lockmq.security import (CommandRefused, CommandVerifier, DeviceRegistry, Permissions,
-                             SecurityConfig, TokenStore)
-from lockmq.testing import BrokerProcess, Peer, refusal, run_cli
+from lockmq.security import CommandRefused, CommandVerifier, Permissions
+from lockmq.testing import Peer, SecureBroker, refusal, run_cli
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,26 +23,18 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("secure")
-    data = root / "data"
-    data.mkdir()
-    cfg = SecurityConfig(data_dir=str(data))
-    reg = DeviceRegistry.open(cfg)
-    keys = reg.add_many(["LOCK-A", "LOCK-B", "LOCK-C", "LOCK-D"])
-    tokens = TokenStore(cfg.registry_path)
+    env = SecureBroker(tmp_path_factory.mktemp("secure"),
+                       {"broker": {"handshake_timeout_s": 2.0, "max_frame": 65536}})
+    keys = env.add_locks("LOCK-A", "LOCK-B", "LOCK-C", "LOCK-D")
     tok = {
-        "reader": tokens.create("reader", Permissions(consume=("lock.*:billing",)))[0],
-        "opener": tokens.create("opener", Permissions(command=("LOCK-A",)))[0],
-        "ops": tokens.create("ops", Permissions(admin=True), ttl_s=3600)[0],
-        "expired": tokens.create("old", Permissions(admin=True), ttl_s=60,
-                                 now=time.time() - 3600)[0],
+        "reader": env.token("reader", Permissions(consume=("lock.*:billing",))),
+        "opener": env.token("opener", Permissions(command=("LOCK-A",))),
+        "ops": env.token("ops", Permissions(admin=True), ttl_s=3600),
+        "expired": env.token("old", Permissions(admin=True), ttl_s=60,
+                             now=time.time() - 3600),
     }
-    broker = BrokerProcess(str(data), {"broker": {"handshake_timeout_s": 2.0,
-                                                  "max_frame": 65536}})
-    yield broker, reg, keys, tok
-    broker.stop()
-    reg.close()
-    tokens.close()
+    yield env.start(), env.registry, keys, tok
+    env.close()
 
 
 def test_registered_lock_publishes(env):

@@ -16,9 +16,8 @@ import pytest
 
 from lockmq.protocol import (Command, CommandKind, CommandStatus, FrameDecoder, Op,
                              ProtocolError, encode_frame)
-from lockmq.security import Permissions, SecurityConfig, TokenStore
-from lockmq.security.certs import init_ca_and_server
-from lockmq.testing import BrokerProcess, Lock, Peer, free_port, require_micropython, run_cli
+from lockmq.security import Permissions
+from lockmq.testing import Lock, Peer, SecureBroker, require_micropython, run_cli
 from lockmq.testing.relay import pipe
 
 
@@ -72,18 +71,10 @@ class MitmProxy:
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     require_micropython()
-    root = tmp_path_factory.mktemp("chain")
-    data = root / "data"
-    data.mkdir()
-    certs = init_ca_and_server(str(root / "certs"), ["gw.local"], ["127.0.0.1"])
-    tls_port = free_port()
-    broker = BrokerProcess(str(data), {"security": {
-        "tls_cert": certs.server_pem, "tls_key": certs.server_key, "tls_port": tls_port}})
-    tokens = TokenStore(SecurityConfig(data_dir=str(data)).registry_path)
-    opener, _ = tokens.create("opener", Permissions(command=("FW-*",)))
-    yield root, broker, tls_port, certs, opener
-    broker.stop()
-    tokens.close()
+    env = SecureBroker(tmp_path_factory.mktemp("chain"), tls=True)
+    opener = env.token("opener", Permissions(command=("FW-*",)))
+    yield env.root, env.start(), env.tls_port, env.certs, opener
+    env.close()
 
 
 def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | None = None,

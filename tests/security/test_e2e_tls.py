@@ -12,10 +12,10 @@ import ssl
 import pytest
 
 from lockmq.protocol import ErrorCode
-from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+from lockmq.security import Permissions
 from lockmq.security.certs import init_ca_and_server
 from lockmq.security.tls import client_context
-from lockmq.testing import BrokerProcess, Peer, Refused, free_port
+from lockmq.testing import Peer, Refused, SecureBroker
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,22 +23,10 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def tls_env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tls")
-    data = root / "data"
-    data.mkdir()
-    files = init_ca_and_server(str(root / "certs"), ["gw.local"], ["127.0.0.1"])
-    cfg = SecurityConfig(data_dir=str(data))
-    reg = DeviceRegistry.open(cfg)
-    key = reg.add("TLS-LOCK")
-    tokens = TokenStore(cfg.registry_path)
-    token, _ = tokens.create("ops", Permissions(admin=True))
-    tls_port = free_port()
-    broker = BrokerProcess(str(data), {"security": {
-        "tls_cert": files.server_pem, "tls_key": files.server_key, "tls_port": tls_port}})
-    yield broker, tls_port, files, key, token
-    broker.stop()
-    reg.close()
-    tokens.close()
+    env = SecureBroker(tmp_path_factory.mktemp("tls"), tls=True, locks=["TLS-LOCK"],
+                       tokens={"ops": Permissions(admin=True)})
+    yield env.start(), env.tls_port, env.certs, env.keys["TLS-LOCK"], env.tok["ops"]
+    env.close()
 
 
 def test_lock_over_tls_verifies_the_gateway_with_a_der_ca(tls_env):

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lockmq.protocol import (BODY_TYPES, Auth, AuthMethod, Connect, FrameDecoder, Op,
-                             ProtocolError, Publish, Role, auth_proof, decode_body, encode_frame)
-from lockmq.security import DeviceRegistry, SecurityConfig, SecurityError
-from lockmq.testing import BrokerProcess, Peer
+from lockmq.protocol import (BODY_TYPES, Auth, AuthMethod, Connect, FrameDecoder, Op, Publish,
+                             Role, auth_proof, encode_frame)
+from lockmq.security import SecurityConfig, SecurityError
+from lockmq.testing import Peer, SecureBroker
+from lockmq.testing.fuzz import decode_stream
 
 
 OPCODES = sorted(BODY_TYPES) + [Op.OK, Op.ADMIN_REQUEST, 0x7777]
@@ -73,26 +74,7 @@ hostile = st.one_of(st.binary(max_size=300), mutated(), crc_valid_frames(),
 @given(data=hostile, chunk=st.integers(1, 64))
 def test_decoder_and_bodies_raise_only_protocol_errors(data: bytes, chunk: int) -> None:
     dec = FrameDecoder(4096)
-    frames = 0
-    try:
-        for i in range(0, len(data), chunk):
-            dec.feed(data[i:i + chunk])
-            while True:
-                try:
-                    f = dec.next_frame()
-                except ProtocolError as exc:
-                    if exc.fatal:
-                        raise
-                    continue
-                if f is None:
-                    break
-                frames += 1
-                try:
-                    decode_body(f.opcode, f.body)
-                except ProtocolError:
-                    pass
-    except ProtocolError:
-        pass
+    frames = sum(1 for _ in decode_stream(dec, data, chunk))
     assert dec.buffered() <= 4096 + chunk
     assert frames <= len(data) // 15 + 1
 
@@ -127,27 +109,13 @@ def test_guard_authenticate_never_crashes(fuzz_guard, sn, method, cnonce, proof,
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzzbroker")
-    data = root / "data"
-    data.mkdir()
-    reg = DeviceRegistry.open(SecurityConfig(data_dir=str(data)))
-    key = reg.add("FUZZ-OK")
-    reg.close()
-    b = BrokerProcess(str(data), {"broker": {"handshake_timeout_s": 1.0, "max_frame": 65536},
-                                  "security": {"limit_exempt_addresses": [],
-                                               "connect_rate": 10000.0,
-                                               "connect_burst": 10000,
-                                               "auth_fail_per_address": 1_000_000}})
-    yield b, key
-    b.stop()
-
-
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    env = SecureBroker(tmp_path_factory.mktemp("fuzzbroker"), {
+        "broker": {"handshake_timeout_s": 1.0, "max_frame": 65536},
+        "security": {"limit_exempt_addresses": [], "connect_rate": 10000.0,
+                     "connect_burst": 10000, "auth_fail_per_address": 1_000_000}})
+    key = env.add_locks("FUZZ-OK")["FUZZ-OK"]
+    yield env.start(), key
+    env.close()
 
 
 def _throw(port: int, data: bytes) -> None:
@@ -179,10 +147,10 @@ def test_live_broker_still_serves_and_memory_is_bounded(live):
     for i in range(200):
         _throw(broker.port, struct.pack(">BIHB", 1, 2**31, Op.PUBLISH, 0))
         _throw(broker.port, valid_stream()[: 7 + i % 40])
-    base = rss_kb(broker.proc.pid)
+    base = broker.rss_kib()
     for i in range(600):
         _throw(broker.port, os.urandom(64) if i % 2 else valid_stream()[:-3])
-    grown = rss_kb(broker.proc.pid) - base
+    grown = broker.rss_kib() - base
     assert grown < 32 * 1024, f"broker RSS grew by {grown} kB over 600 hostile connections"
     w = Peer(broker.port, "FUZZ-OK")
     try:

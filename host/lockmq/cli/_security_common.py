@@ -1,11 +1,39 @@
-"""Options shared by ``lockmq devices``, ``lockmq tokens`` (where the registry is)."""
+"""What ``lockmq devices``, ``lockmq tokens`` and ``lockmq certs`` share: the command
+group, where the registry is, and how a listing is printed."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+from typing import Any, Callable, Sequence
 
 from lockmq.security import SecurityConfig
+
+
+def add_group(sub: argparse._SubParsersAction, name: str, help: str, doc: str | None,
+              dest: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """``lockmq NAME ACTION``: the group's parser (its help, exit 2, without an ACTION);
+    returns where its actions are added."""
+    p = sub.add_parser(name, help=help, description=doc,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = p.add_subparsers(dest=dest, metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    return actions
+
+
+def print_rows(rows: Sequence[Any], as_json: bool, header: str, line: Callable[[Any], str],
+               noun: str) -> int:
+    """A listing: one JSON object a line (``to_dict()``), or a table with a count."""
+    if as_json:
+        for row in rows:
+            print(json.dumps(row.to_dict()))
+        return 0
+    print(header)
+    for row in rows:
+        print(line(row))
+    print(f"{len(rows)} {noun}(s)")
+    return 0
 
 
 def add_registry_options(parser: argparse.ArgumentParser) -> None:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._security_common import add_group
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lockmq certs``."""
-    p = sub.add_parser("certs", help="TLS: create a gateway CA and server certificate",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    csub = p.add_subparsers(dest="certs_cmd", metavar="ACTION")
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    csub = add_group(sub, "certs", "TLS: create a gateway CA and server certificate", __doc__,
+                     "certs_cmd")
     i = csub.add_parser("init", help="create ca.* and server.* in DIR")
     i.add_argument("dir")
     i.add_argument("--host", action="append", default=[], help="DNS name of the broker")

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 import sys
 import threading
 import time
@@ -21,6 +20,8 @@ from lockmq.client import AsyncConsumer, LockmqError, Message
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, render_payload
 from lockmq.client.idempotency import idempotency_store
 from lockmq.client.sync import new_event_loop
+
+from lockmq.signals import stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,13 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _consume(args: argparse.Namespace) -> int:
-    stop = asyncio.Event()
+    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
     counts = {"handled": 0, "failed": 0, "duplicates": 0}
     rng = random.Random()
     lock = threading.Lock()

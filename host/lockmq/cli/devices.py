@@ -20,15 +20,14 @@ import sys
 from lockmq.security import DeviceRegistry, provisioning_config
 from lockmq.security.registry import DeviceExists, UnknownDevice, write_provisioning
 
-from ._security_common import add_registry_options, security_config, when
+from ._security_common import (add_group, add_registry_options, print_rows, security_config,
+                               when)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lockmq devices`` and its sub-commands."""
-    p = sub.add_parser("devices", help="device registry: provision, list, disable, re-key locks",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    dsub = p.add_subparsers(dest="devices_cmd", metavar="ACTION")
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    dsub = add_group(sub, "devices", "device registry: provision, list, disable, re-key locks",
+                     __doc__, "devices_cmd")
 
     a = dsub.add_parser("add", help="register lock(s) and write provisioning config(s)")
     a.add_argument("sn", nargs="+", help="lock serial number(s)")
@@ -149,16 +148,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = reg.list(args.pattern)
     finally:
         reg.close()
-    if args.json:
-        for d in rows:
-            print(json.dumps(d.to_dict()))
-        return 0
-    print(f"{'SN':<24} {'STATE':<9} {'KEY':>4} {'LAST CMD':>8}  {'UPDATED (UTC)':<16}  NOTE")
-    for d in rows:
-        print(f"{d.sn:<24} {'enabled' if d.enabled else 'DISABLED':<9} v{d.key_version:<3} "
-              f"{d.last_command_id:>8}  {when(d.updated_at):<16}  {d.note}")
-    print(f"{len(rows)} device(s)")
-    return 0
+    return print_rows(
+        rows, args.json,
+        f"{'SN':<24} {'STATE':<9} {'KEY':>4} {'LAST CMD':>8}  {'UPDATED (UTC)':<16}  NOTE",
+        lambda d: (f"{d.sn:<24} {'enabled' if d.enabled else 'DISABLED':<9} "
+                   f"v{d.key_version:<3} {d.last_command_id:>8}  {when(d.updated_at):<16}  "
+                   f"{d.note}"),
+        "device")
 
 
 def _simple(args: argparse.Namespace, op: str) -> int:

@@ -13,9 +13,7 @@ SNs to that broker's device registry first.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
 import sys
 import time
 
@@ -23,6 +21,8 @@ from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
 from lockmq.client.errors import LockmqError
 from lockmq.client.session import Endpoint
 from lockmq.client.sync import new_event_loop
+
+from lockmq.signals import stop_on_signals
 from lockmq.sim import (DEFAULT_TOPIC, SimConfig, SimStats, load_keys, raise_nofile,
                         register_locks, run_sim)
 
@@ -94,13 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(cfg: SimConfig, endpoint: Endpoint, args: argparse.Namespace) -> SimStats:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    stop = stop_on_signals()
     t0 = time.monotonic()
     last = [0, t0]
 

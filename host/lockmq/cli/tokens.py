@@ -36,15 +36,14 @@ from lockmq.security import Permissions, TokenStore
 from lockmq.security.principal import NETWORK_RIGHT
 from lockmq.security.tokens import parse_duration
 
-from ._security_common import add_registry_options, security_config, when
+from ._security_common import (add_group, add_registry_options, print_rows, security_config,
+                               when)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lockmq tokens`` and its sub-commands."""
-    p = sub.add_parser("tokens", help="service/admin tokens: create, list, revoke",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tsub = p.add_subparsers(dest="tokens_cmd", metavar="ACTION")
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    tsub = add_group(sub, "tokens", "service/admin tokens: create, list, revoke", __doc__,
+                     "tokens_cmd")
 
     c = tsub.add_parser("create", help="create a token (printed once)")
     c.add_argument("name", help="who uses it (service name)")
@@ -171,16 +170,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = [t for t in store.list() if args.all or t.state() == "active"]
     finally:
         store.close()
-    if args.json:
-        for t in rows:
-            print(json.dumps(t.to_dict()))
-        return 0
-    print(f"{'ID':<16}  {'NAME':<20} {'STATE':<8} {'EXPIRES (UTC)':<16}  RIGHTS")
-    for t in rows:
-        print(f"{t.id:<16}  {t.name:<20} {t.state():<8} {when(t.expires_at):<16}  "
-              f"{t.permissions.describe()}")
-    print(f"{len(rows)} token(s)")
-    return 0
+    return print_rows(
+        rows, args.json, f"{'ID':<16}  {'NAME':<20} {'STATE':<8} {'EXPIRES (UTC)':<16}  RIGHTS",
+        lambda t: (f"{t.id:<16}  {t.name:<20} {t.state():<8} {when(t.expires_at):<16}  "
+                   f"{t.permissions.describe()}"),
+        "token")
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:

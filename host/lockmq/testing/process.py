@@ -168,6 +168,15 @@ class BrokerProcess:
         with self._cond:
             return "\n".join(self.lines[-lines:])
 
+    def rss_kib(self) -> int:
+        """The broker process's resident memory (VmRSS), in KiB."""
+        assert self.proc is not None, "broker not started"
+        with open(f"/proc/{self.proc.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS line")
+
     # -- the status page ----------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as ``{series: value}``."""

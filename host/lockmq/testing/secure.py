@@ -1,0 +1,72 @@
+"""A broker with auth required: its data folder, device registry, tokens and TLS."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
+
+from .ports import free_port
+from .process import BrokerProcess
+from .tables import Tables, merge_tables
+
+
+class SecureBroker:
+    """A ``data`` folder under ``root`` with a device registry and a token store, and
+    the :class:`BrokerProcess` (auth required) that serves it.
+
+    ``locks`` are registered (their keys in :attr:`keys`) and ``tokens`` created (name
+    to :class:`Permissions`; the token strings in :attr:`tok`) at once; register more
+    with :meth:`add_locks` and :meth:`token`, also while the broker runs (it reads
+    them from the same database). :meth:`start` starts it. With ``tls=True`` a CA and a
+    server certificate for ``gw.local``/127.0.0.1 are made under ``root/certs`` and the
+    broker gets a TLS port (:attr:`tls_port`, :attr:`certs`) beside its plain one.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], tables: Tables | None = None,
+                 tls: bool = False, locks: Sequence[str] = (),
+                 tokens: Mapping[str, Permissions] | None = None) -> None:
+        self.root = Path(root)
+        self.data = self.root / "data"
+        self.data.mkdir(parents=True, exist_ok=True)
+        cfg = SecurityConfig(data_dir=str(self.data))
+        self.registry = DeviceRegistry.open(cfg)
+        self.tokens = TokenStore(cfg.registry_path)
+        self.certs: Any = None
+        self.tls_port: int | None = None
+        if tls:
+            # imported here: certificates need the `cryptography` package
+            from lockmq.security.certs import init_ca_and_server
+            self.certs = init_ca_and_server(str(self.root / "certs"), ["gw.local"],
+                                            ["127.0.0.1"])
+            self.tls_port = free_port()
+            tables = merge_tables({"security": {
+                "tls_cert": self.certs.server_pem, "tls_key": self.certs.server_key,
+                "tls_port": self.tls_port}}, tables or {})
+        self.tables: Tables = tables or {}
+        self.broker: BrokerProcess | None = None
+        self.keys = self.add_locks(*locks)
+        self.tok = {name: self.token(name, perms) for name, perms in (tokens or {}).items()}
+
+    def add_locks(self, *sns: str) -> dict[str, bytes]:
+        """Register locks; their keys by SN."""
+        return self.registry.add_many(list(sns))
+
+    def token(self, name: str, permissions: Permissions | None = None,
+              ttl_s: float | None = None, now: float | None = None) -> str:
+        """A new token string for ``name`` (no rights unless ``permissions`` says)."""
+        return self.tokens.create(name, permissions or Permissions(), ttl_s=ttl_s, now=now)[0]
+
+    def start(self) -> BrokerProcess:
+        """Start the broker on :attr:`tables`; returns it (also :attr:`broker`)."""
+        self.broker = BrokerProcess(str(self.data), self.tables)
+        return self.broker
+
+    def close(self) -> None:
+        """Stop the broker and close the registry and the token store."""
+        if self.broker is not None:
+            self.broker.stop()
+        self.registry.close()
+        self.tokens.close()
