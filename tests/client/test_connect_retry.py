@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 
@@ -14,18 +13,13 @@ import pytest
 
 from lockmq.client import Admin, AsyncProducer, ConnectionLost
 from lockmq.client.session import Endpoint
+from lockmq.testing import free_port
 
 LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
 
 
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_produce_started_before_the_broker_waits_for_it(broker_factory):
-    port = _unused_port()
+    port = free_port()
     proc = subprocess.Popen([LOCKMQ, "produce", "--broker", f"127.0.0.1:{port}",
                              "--connect-retry", "60", "early", "hello"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -33,7 +27,10 @@ def test_cli_produce_started_before_the_broker_waits_for_it(broker_factory):
         first = proc.stderr.readline()        # the condition: it has failed once
         assert "not reachable yet" in first and str(port) in first, first
         broker = broker_factory(port=port)
-        out, err = proc.communicate(timeout=60)
+        # the rest through the same readers: communicate() after readline() would
+        # miss what readline() already buffered (docs/design.md, "Test harness")
+        proc.wait(60)
+        out, err = proc.stdout.read(), first + proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -45,7 +42,7 @@ def test_cli_produce_started_before_the_broker_waits_for_it(broker_factory):
 
 
 def test_first_connect_gives_up_after_connect_retry_s():
-    port = _unused_port()
+    port = free_port()
 
     async def attempts(retry_s: float) -> int:
         p = AsyncProducer(Endpoint("127.0.0.1", port, connect_retry_s=retry_s))
