@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Optional system services for the full test suite, from Debian's packages:
 # PostgreSQL (the idempotency helper's production store) and QEMU with the
-# micro:bit MicroPython image (the HIL rig's QEMU transport). Needs root and
+# micro:bit MicroPython image (the HIL rig's QEMU transport), gcc-multilib. Needs root and
 # apt-get; without them the tests that need these skip and say why.
 # Prints `export ...` lines for the test environment on stdout.
 set -euo pipefail
@@ -18,6 +18,8 @@ command -v pg_ctlcluster >/dev/null || want+=(postgresql)
 command -v qemu-system-arm >/dev/null || want+=(qemu-system-arm)
 [ -e /usr/share/firmware-microbit-micropython/firmware.hex ] || want+=(firmware-microbit-micropython)
 command -v chromium >/dev/null || want+=(chromium)   # the dashboard test (headless)
+# gcc -m32: the 32-bit MicroPython with the lock app frozen in (mpy32-frozen test runs)
+dpkg -s gcc-multilib >/dev/null 2>&1 || want+=(gcc-multilib)
 if [ ${#want[@]} -gt 0 ]; then
   log "installing ${want[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}") >&2 \
