@@ -95,7 +95,10 @@ def _interpreter_names(config: pytest.Config) -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """On the virtual target, every test with a lock runs once per ``--hil-interpreter``."""
-    if "lock_factory" in metafunc.fixturenames and metafunc.config.getoption("--target") == "virtual":
+    # (the rig's lock_factory, not another folder's fixture of the same name)
+    names = metafunc.fixturenames
+    if "lock_factory" in names and "hil_interpreter" in names \
+            and metafunc.config.getoption("--target") == "virtual":
         metafunc.parametrize("hil_interpreter", _interpreter_names(metafunc.config),
                              indirect=True, scope="session")
 
