@@ -1,6 +1,6 @@
 """Firmware figures on a virtual lock (the real firmware in the MicroPython unix port).
 
-    .venv/bin/python bench/bench_firmware.py [--runs 5] [--events 1000] [--heapsize 128K]
+    .venv/bin/python bench/bench_firmware.py [--runs 5] [--events 1000] [--heapsize 144K]
 
 Three rows side by side, in one run: the 64-bit unix port with the app as ``.mpy`` in
 ``lib/`` (``--heapsize``), the 32-bit port (ESP32 object sizes) with the same ``.mpy``
@@ -209,7 +209,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--events", type=int, default=1000, help="events per throughput run")
     ap.add_argument("--latency-samples", type=int, default=50)
-    ap.add_argument("--heapsize", default="128K", help="64-bit row's heap")
+    ap.add_argument("--heapsize", default="144K", help="64-bit row's heap (lockmq.testing.lock.HEAP)")
     ap.add_argument("--heapsize32", default="96K", help="32-bit rows' heap (.mpy boots in 96K)")
     ap.add_argument("--ladder-events", type=int, default=300,
                     help="events of the throughput run that decides the smallest heap")
