@@ -1,6 +1,13 @@
 """Firmware figures on a virtual lock (the real firmware in the MicroPython unix port).
 
-    .venv/bin/python bench/bench_firmware.py [--runs 5] [--events 1000] [--heapsize 128K]
+    .venv/bin/python bench/bench_firmware.py [--runs 5] [--events 1000] [--heapsize 144K]
+
+Three rows side by side, in one run: the 64-bit unix port with the app as ``.mpy`` in
+``lib/`` (``--heapsize``), the 32-bit port (ESP32 object sizes) with the same ``.mpy``
+files, and the 32-bit port with the app frozen in as on an ESP32 image (the last two at
+``--heapsize32``; skipped with the reason when the 32-bit port cannot be built). For
+each: peak heap, the smallest heap (of a ladder) that passes a throughput run,
+events/s and event->ack latency.
 
 Measures, against a real ``lockmq broker`` (durable acks, fsync) on 127.0.0.1:
 
@@ -67,11 +74,59 @@ def stats(name: str, values: list[float], unit: str, fmt: str = "{:.1f}") -> Non
 
 
 def new_lock(template: Path, work: Path, broker: BrokerProcess, sn: str, key: str,
-             heapsize: str, address: tuple[str, int], **settings: object) -> Lock:
+             heapsize: str, address: tuple[str, int], micropython: str | None = None,
+             **settings: object) -> Lock:
     flash = make_flash(template, work / sn, sn, key, [address], **{**SETTINGS, **settings})
-    dut = Dut(VirtualBoard(flash, heapsize=heapsize, name=sn), log_path=work / f"{sn}.log",
-              default_timeout=60)
+    dut = Dut(VirtualBoard(flash, heapsize=heapsize, name=sn, micropython=micropython),
+              log_path=work / f"{sn}.log", default_timeout=60)
     return Lock(dut, sn, key, flash)
+
+
+#: Heaps tried for "smallest heap that passes the throughput run", smallest first.
+LADDER_KB = (32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
+
+
+def smallest_heap(template: Path, work: Path, broker: BrokerProcess, sn: str, key: str,
+                  micropython: str | None, events: int) -> int | None:
+    """The smallest heap of LADDER_KB (KiB) in which the lock connects and gets
+    ``events`` events durably acked; None if none does."""
+    for kb in LADDER_KB:
+        lock = new_lock(template, work / f"ladder{kb}", broker, sn, key, f"{kb}K", broker.address,
+                        micropython, queue_max=events + 100)
+        try:
+            lock.dut.default_timeout = 15
+            lock.wait_online()
+            throughput(lock, events)
+            return kb
+        except AssertionError:
+            continue  # MemoryError at boot or mid-run: the lock never gets there
+        finally:
+            lock.close()
+    return None
+
+
+def measure_row(template: Path, work: Path, broker: BrokerProcess, sns: list[str], keys: dict,
+                heapsize: str, micropython: str | None, args: argparse.Namespace) -> dict:
+    """events/s, latency and peak heap over ``args.runs`` locks, and the smallest heap."""
+    tput: list[float] = []
+    lat: list[float] = []
+    peaks: list[float] = []
+    for r in range(args.runs):
+        sn = sns[r]
+        lock = new_lock(template, work, broker, sn, keys[sn], heapsize, broker.address, micropython,
+                        queue_max=args.events + 100)
+        try:
+            lock.wait_ready()
+            lock.wait_online()
+            tput.append(throughput(lock, args.events))
+            lat.extend(latencies(lock, args.latency_samples))
+            lock.command("mem")
+            peaks.append(int(lock.expect(r"I mem peak=(\d+)").group(1)) / 1024)
+        finally:
+            lock.close()
+    least = smallest_heap(template, work, broker, sns[args.runs], keys[sns[args.runs]], micropython,
+                          args.ladder_events)
+    return {"tput": tput, "lat": lat, "peaks": peaks, "least": least}
 
 
 def throughput(lock: Lock, n: int) -> float:
@@ -130,50 +185,60 @@ def flash_per_event(lock: Lock, n: int) -> float:
     return (q.stat().st_size - before) / n
 
 
+def rows(work: Path, args: argparse.Namespace) -> list[tuple[str, Path, str, str | None]]:
+    """(label, flash template, heap, interpreter) per row; a row that cannot run here
+    is reported with the reason and left out."""
+    from lockmq.testing.micropython import MPY32_FROZEN, get_interpreter, interpreter_unavailable
+
+    mpy = build(work / "template")
+    out: list[tuple[str, Path, str, str | None]] = [("64-bit, .mpy in lib/", mpy, args.heapsize, None)]
+    why = interpreter_unavailable(MPY32_FROZEN)
+    if why:
+        print(f"32-bit rows skipped: {why}")
+        return out
+    exe = get_interpreter(MPY32_FROZEN).exe  # lib/ comes first on its path: .mpy shadows frozen
+    frozen = build(work / "frozen", "TEMPLATE", "00" * 32, None,
+                   "--frozen", "--manifest-dir", str(work / "manifest"))
+    out.append(("32-bit, .mpy in lib/", mpy, args.heapsize32, exe))
+    out.append(("32-bit, frozen", frozen, args.heapsize32, exe))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--events", type=int, default=1000, help="events per throughput run")
     ap.add_argument("--latency-samples", type=int, default=50)
-    ap.add_argument("--heapsize", default="128K")
+    ap.add_argument("--heapsize", default="144K", help="64-bit row's heap (lockmq.testing.lock.HEAP)")
+    ap.add_argument("--heapsize32", default="96K", help="32-bit rows' heap (.mpy boots in 96K)")
+    ap.add_argument("--ladder-events", type=int, default=300,
+                    help="events of the throughput run that decides the smallest heap")
+    ap.add_argument("--flash-runs", type=int, default=0, help="also measure flash per queued event")
     args = ap.parse_args()
 
     print(machine())
     print(f"runs {args.runs}, {args.events} events per throughput run, "
-          f"{args.latency_samples} latency samples per run, heapsize {args.heapsize}, "
-          "broker: lockmq broker, durable acks (fsync), auth required")
+          f"{args.latency_samples} latency samples per run, smallest heap: {args.ladder_events} "
+          f"events from {LADDER_KB[0]}K up; broker: lockmq broker, durable acks (fsync), auth "
+          "required; frame MACs on (the default)")
+    results: list[tuple[str, str, dict]] = []
+    floor: list[float] = []
+    per_event: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-fw-") as tmp:
         work = Path(tmp)
-        template = build(work / "template")
         broker = BrokerProcess(work / "broker").start()
-        sns = [f"BENCH{i:02d}" for i in range(args.runs + 1)]
+        sns = [f"BENCH{i:02d}" for i in range(args.runs + 2)]
         keys = broker.provision(sns)
-        tput: list[float] = []
-        lat: list[float] = []
-        floor: list[float] = []
-        peaks: list[float] = []
-        per_event: list[float] = []
         try:
-            for r in range(args.runs):
-                sn = sns[r]
-                lock = new_lock(template, work, broker, sn, keys[sn], args.heapsize, broker.address,
-                                queue_max=args.events + 100)
-                try:
-                    lock.wait_ready()
-                    lock.wait_online()
-                    tput.append(throughput(lock, args.events))
-                    lat.extend(latencies(lock, args.latency_samples))
-                    lock.command("mem")
-                    peaks.append(int(lock.expect(r"I mem peak=(\d+)").group(1)) / 1024)
-                finally:
-                    lock.close()
-                floor.extend(pty_floor(work, args.latency_samples))
-            # Flash cost: a lock whose broker address has nothing listening.
-            dead = ("127.0.0.1", free_port())
+            for i, (label, template, heap, exe) in enumerate(rows(work, args)):
+                results.append((label, heap, measure_row(template, work / f"row{i}", broker, sns, keys,
+                                                         heap, exe, args)))
+            floor.extend(pty_floor(work, args.latency_samples))
+            dead = ("127.0.0.1", free_port())  # flash cost: nothing listens at the lock's broker
             sn = sns[-1]
-            for r in range(args.runs):
-                lock = new_lock(template, work / f"offline{r}", broker, sn, keys[sn], args.heapsize,
-                                dead, queue_max=400)
+            for r in range(args.flash_runs):
+                lock = new_lock(work / "template", work / f"offline{r}", broker, sn, keys[sn],
+                                args.heapsize, dead, queue_max=400)
                 try:
                     per_event.append(flash_per_event(lock, 200))
                 finally:
@@ -181,12 +246,18 @@ def main() -> int:
         finally:
             broker.stop()
     print("results (min / median / max):")
-    stats("events/s, one lock (to durable ack)", tput, "events/s")
-    stats("event -> broker ack", lat, "ms", "{:.2f}")
+    for label, heap, res in results:
+        print(f"{label} (-X heapsize={heap}):")
+        stats("peak heap", res["peaks"], "KiB")
+        least = f"{res['least']}K" if res["least"] else f"none up to {LADDER_KB[-1]}K"
+        print(f"  {'smallest heap passing the run':34s} {least}")
+        stats("events/s, one lock (to durable ack)", res["tput"], "events/s")
+        stats("event -> broker ack", res["lat"], "ms", "{:.2f}")
+        print(f"  {'ratio ack latency / pty floor':34s} median "
+              f"{statistics.median(res['lat']) / statistics.median(floor):.1f}x")
     stats("floor: line round trip on the pty", floor, "ms", "{:.2f}")
-    print(f"  {'ratio ack latency / pty floor':34s} median {statistics.median(lat) / statistics.median(floor):.1f}x")
-    stats(f"peak heap (-X heapsize={args.heapsize})", peaks, "KiB")
-    stats("flash per queued event (queue.dat)", per_event, "bytes")
+    if per_event:
+        stats("flash per queued event (queue.dat)", per_event, "bytes")
     return 0
 
 

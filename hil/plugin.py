@@ -7,6 +7,7 @@ that need a missing tool skip and name it. Options::
 
     --target virtual | serial:PORT | qemu
     --qemu-path PATH  --qemu-machine esp32|microbit  --qemu-firmware FILE
+    --hil-interpreter mpy64,mpy32-frozen  --mpy-src DIR
     --heapsize 160K  --baud 115200  --power-cut-cmd CMD  --board-broker-host HOST
 
 Fixtures: ``hil_target`` (the :class:`TargetSpec`), ``board_factory`` (make DUTs
@@ -26,7 +27,10 @@ import pytest
 
 from .broker import BrokerProcess, broker_available
 from .dut import Dut
-from .firmware import build, firmware_available, make_flash
+from lockmq.testing.micropython import (INTERPRETERS, Interpreter, get_interpreter,
+                                        interpreter_unavailable)
+
+from .firmware import TEMPLATE_KEY, TEMPLATE_SN, build, firmware_available, make_flash
 from .lock import Lock
 from .proxy import FaultProxy
 from .target import TargetSpec, TargetUnavailable
@@ -53,6 +57,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "({off} = seconds off), e.g. a uhubctl or relay command")
     g.addoption("--flash-template", default=None,
                 help="use this flash folder (from `lockmq firmware build`) instead of building one")
+    g.addoption("--hil-interpreter", default=",".join(INTERPRETERS),
+                help="virtual boards: the interpreters the lock tests run on, comma-separated: "
+                     "mpy64 (64-bit unix port, app as .mpy in lib/, --heapsize) and mpy32-frozen "
+                     "(32-bit, app frozen in as on an ESP32 image, 64K heap; built once and cached). "
+                     "Default: both")
+    g.addoption("--mpy-src", default=None, metavar="DIR",
+                help="build the mpy32-frozen interpreter from this MicroPython source tree "
+                     "(default: the shared toolchain's build-micropython32.sh)")
     g.addoption("--board-broker-host", default="127.0.0.1",
                 help="address the board uses to reach the rig's broker (a LAN address for a real board)")
 
@@ -66,7 +78,44 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"hil target: {config.getoption('--target')}"
+    target = config.getoption("--target")
+    if target != "virtual":
+        return f"hil target: {target}"
+    return f"hil target: virtual ({config.getoption('--hil-interpreter')})"
+
+
+def _interpreter_names(config: pytest.Config) -> list[str]:
+    names = [n.strip() for n in config.getoption("--hil-interpreter").split(",") if n.strip()]
+    bad = [n for n in names if n not in INTERPRETERS]
+    if bad or not names:
+        raise pytest.UsageError(f"--hil-interpreter: {', '.join(bad) or 'empty'}; "
+                                f"choose from {', '.join(INTERPRETERS)}")
+    return names
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """On the virtual target, every test with a lock runs once per ``--hil-interpreter``."""
+    # (the rig's lock_factory, not another folder's fixture of the same name)
+    names = metafunc.fixturenames
+    if "lock_factory" in names and "hil_interpreter" in names \
+            and metafunc.config.getoption("--target") == "virtual":
+        metafunc.parametrize("hil_interpreter", _interpreter_names(metafunc.config),
+                             indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def hil_interpreter(request: pytest.FixtureRequest, hil_target: TargetSpec) -> Interpreter | None:
+    """The interpreter of this test's virtual boards (skips with the reason when it
+    cannot be built here); None on other targets. Tests without a lock get the first
+    ``--hil-interpreter``."""
+    if hil_target.kind != "virtual":
+        return None
+    name = getattr(request, "param", None) or _interpreter_names(request.config)[0]
+    mpy_src = request.config.getoption("--mpy-src")
+    why = interpreter_unavailable(name, mpy_src)
+    if why:
+        pytest.skip(f"{name}: {why}")
+    return get_interpreter(name, mpy_src)
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +145,8 @@ BoardFactory = Callable[..., Dut]
 
 @pytest.fixture
 def board_factory(request: pytest.FixtureRequest, hil_target: TargetSpec, tmp_path: Path) -> Iterator[BoardFactory]:
-    """``make(name, flash_dir=None, heapsize=None) -> Dut`` on the chosen target.
+    """``make(name, flash_dir=None, heapsize=None, micropython=None) -> Dut`` on the
+    chosen target (``micropython``: a virtual board's interpreter).
 
     Skips the test (with the reason) when the target cannot run here or when the
     test wants more boards than the target has.
@@ -105,11 +155,11 @@ def board_factory(request: pytest.FixtureRequest, hil_target: TargetSpec, tmp_pa
     request.node.stash[_DUTS_KEY] = duts
 
     def make(name: str, flash_dir: Path | None = None, heapsize: str | None = None,
-             default_timeout: float = 10.0) -> Dut:
+             default_timeout: float = 10.0, micropython: str | None = None) -> Dut:
         if len(duts) >= hil_target.max_boards:
             pytest.skip(f"{hil_target.label} has {hil_target.max_boards} board(s); this test needs more")
         try:
-            board = hil_target.make_board(name, flash_dir, heapsize)
+            board = hil_target.make_board(name, flash_dir, heapsize, micropython)
         except TargetUnavailable as exc:
             pytest.skip(str(exc))
         dut = Dut(board, name=name, log_path=tmp_path / f"{name}.log", default_timeout=default_timeout)
@@ -163,15 +213,21 @@ TEST_SETTINGS: dict[str, object] = {
 
 
 @pytest.fixture(scope="session")
-def firmware_template(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
-    """One flash folder built with ``lockmq firmware build`` (copied for every lock)."""
+def firmware_template(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config,
+                      hil_interpreter: Interpreter | None) -> Path:
+    """One flash folder built with ``lockmq firmware build`` (copied for every lock);
+    ``--frozen`` (no lib/) for an interpreter with the app frozen in."""
     given = pytestconfig.getoption("--flash-template")
     if given:
         return Path(given)
     why = firmware_available()
     if why:
         pytest.skip(why)
-    return build(tmp_path_factory.mktemp("firmware") / "template")
+    work = tmp_path_factory.mktemp("firmware")
+    if hil_interpreter is not None and hil_interpreter.frozen:
+        return build(work / "template", TEMPLATE_SN, TEMPLATE_KEY, None,
+                     "--frozen", "--manifest-dir", str(work / "manifest"))
+    return build(work / "template")
 
 
 @pytest.fixture
@@ -196,7 +252,7 @@ LockFactory = Callable[..., Lock]
 
 @pytest.fixture
 def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_template: Path,
-                 tmp_path: Path) -> LockFactory:
+                 tmp_path: Path, hil_interpreter: Interpreter | None) -> LockFactory:
     """``make(sn, key, brokers, heapsize=None, **settings) -> Lock``: a fresh lock board.
 
     ``brokers``: the addresses the lock dials (the broker's, or a fault proxy's).
@@ -210,8 +266,10 @@ def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_t
              **settings: object) -> Lock:
         flash = make_flash(firmware_template, tmp_path / "boards" / sn, sn, key, brokers,
                            **{**TEST_SETTINGS, **settings})
-        if hil_target.kind == "virtual":
-            return Lock(board_factory(sn, flash, heapsize), sn, key, flash)
+        if hil_interpreter is not None:  # the virtual target
+            # the 64-bit port at --heapsize; the frozen 32-bit one at its ESP32-like heap
+            heap = heapsize or (hil_interpreter.heap if hil_interpreter.frozen else None)
+            return Lock(board_factory(sn, flash, heap, micropython=hil_interpreter.exe), sn, key, flash)
         if hil_target.kind == "qemu":
             return Lock(board_factory(sn, flash, heapsize, default_timeout=30.0), sn, key, None, flash)
         lock = Lock(board_factory(sn, None, heapsize, default_timeout=20.0), sn, key, None, flash)

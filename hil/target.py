@@ -96,14 +96,17 @@ class TargetSpec:
                 raise TargetUnavailable("qemu target: --qemu-firmware (a MicroPython ESP32 .bin) is "
                                         "needed to build the flash image")
 
-    def make_board(self, name: str, flash_dir: Path | None = None, heapsize: str | None = None) -> Board:
+    def make_board(self, name: str, flash_dir: Path | None = None, heapsize: str | None = None,
+                   micropython: str | None = None) -> Board:
         """A board of this target. ``flash_dir``: the virtual board's file system,
-        or (esp32 QEMU) the folder whose LittleFS image goes into the flash."""
+        or (esp32 QEMU) the folder whose LittleFS image goes into the flash.
+        ``micropython``: the virtual board's interpreter (default: the 64-bit unix port)."""
         self.check()
         if self.kind == "virtual":
             if flash_dir is None:
                 raise ValueError("a virtual board needs a flash folder")
-            return VirtualBoard(flash_dir, heapsize=heapsize or self.heapsize, name=name)
+            return VirtualBoard(flash_dir, heapsize=heapsize or self.heapsize, name=name,
+                                micropython=micropython)
         if self.kind == "serial":
             assert self.port is not None
             return SerialBoard(self.port, baudrate=self.baudrate, name=name,

