@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import time
 
+from lockmq.rlimits import raise_nofile_limit
 from lockmq.protocol import (
     NO_SEQ,
     Challenge,
@@ -150,14 +150,6 @@ async def serve(host: str, port: int, mode: str, data_dir: str) -> None:
         await server.serve_forever()
 
 
-def raise_nofile() -> int:
-    """Raise the soft open-file limit to the hard limit; return it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mode", choices=("ack", "fsync"), default="ack")
@@ -165,7 +157,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=6900)
     ap.add_argument("--dir", default=".")
     args = ap.parse_args()
-    raise_nofile()
+    raise_nofile_limit()
     try:
         import uvloop
 

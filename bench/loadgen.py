@@ -20,7 +20,6 @@ import hmac
 import json
 import os
 import random
-import resource
 import socket
 import struct
 import sys
@@ -29,6 +28,7 @@ import time
 from lockmq.client._conn import FrameConnection
 from lockmq.client.session import Credentials, Endpoint, error_from_body, open_session
 from lockmq.client.errors import BusyError, LockmqError
+from lockmq.rlimits import raise_nofile_limit
 from lockmq.protocol import (
     Ack,
     Auth,
@@ -75,12 +75,6 @@ def record(rng: random.Random) -> bytes:
 def publish_body(topic_prefix: bytes, seq: int, payload: bytes) -> bytes:
     """A PUBLISH body built without an object per message (topic, seq, ts, payload)."""
     return topic_prefix + struct.pack(">IQ", seq, int(time.time() * 1000)) + payload
-
-
-def raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def connect_lock(ep: Endpoint, sn: str, retries: int = 50) -> tuple[FrameConnection, int]:
@@ -527,7 +521,7 @@ def main() -> None:
     ap.add_argument("--peer", choices=PEERS, default="",
                     help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead")
     args = ap.parse_args()
-    raise_nofile()
+    raise_nofile_limit()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
         coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,

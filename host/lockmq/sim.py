@@ -44,6 +44,7 @@ from .client._conn import FrameConnection
 from .client.backoff import Backoff
 from .client.errors import BusyError, ConnectionLost, LockmqError
 from .client.session import Credentials, Endpoint, error_from_body, open_session
+from .rlimits import raise_nofile_limit
 
 DEFAULT_TOPIC = "lock.events"
 
@@ -460,15 +461,6 @@ def register_locks(cfg: SimConfig, data_dir: str | None = None) -> dict[str, byt
 
 
 def raise_nofile() -> int:
-    """Raise this process's soft open-file limit to the hard limit (thousands of
-    simulated locks need thousands of sockets); return the new soft limit."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
+    """Raise this process's open-file limit (thousands of simulated locks need
+    thousands of sockets); return the new soft limit."""
+    return raise_nofile_limit()[0]

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import resource
-import signal
 import socket
 import sys
 from typing import Callable
@@ -26,6 +24,8 @@ from lockmq.config import Config
 from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
+from lockmq.rlimits import raise_nofile_limit
+from lockmq.signals import stop_on_signals
 
 from .admin import Admin
 from .auth import make_guard
@@ -39,22 +39,6 @@ from .status import StatusPage
 
 #: file descriptors kept for the store, logs and the status page
 FD_RESERVE = 64
-
-
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; return (soft, hard)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        target = max(soft, 1 << 20)
-    else:
-        target = hard
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return soft, hard
 
 
 def _somaxconn() -> int | None:
@@ -248,14 +232,7 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
         ready(broker)
     if tune_gc:
         _tune_gc()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    await stop.wait()
+    await stop_on_signals().wait()
     broker.log("signal", action="shutdown")
     await broker.stop()
 
