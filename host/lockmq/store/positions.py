@@ -22,7 +22,7 @@ import threading
 import zlib
 from typing import Any
 
-from .files import atomic_write
+from .files import atomic_write, fsync_dir
 from .names import positions_file_name
 from .records import validate_cluster
 
@@ -145,11 +145,7 @@ class PositionsFile:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-            dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(os.path.dirname(self.path) or ".")
             self.gen, self.positions, self.meta, self._size = 0, {}, {}, 0
             self.counters = {}
             self.exists = False
