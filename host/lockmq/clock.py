@@ -1,4 +1,4 @@
-"""The broker's one clock seam: wall time in milliseconds and a monotonic clock.
+"""The broker's one clock seam: wall time in milliseconds.
 
 Everything that ages data asks a :class:`Clock`: the store (record timestamps,
 segment age and time-based rolls, retention), the consumer clusters (last
@@ -20,42 +20,29 @@ class Clock(Protocol):
     def wall_ms(self) -> float:
         """Milliseconds since the Unix epoch (microsecond resolution)."""
 
-    def monotonic(self) -> float:
-        """Seconds on a clock that never goes back (for intervals)."""
-
 
 class SystemClock:
-    """The real clock: ``time.time_ns`` and ``time.monotonic``."""
+    """The real clock: ``time.time_ns``."""
 
     def wall_ms(self) -> float:
         """Milliseconds since the epoch, now."""
         return time.time_ns() / 1_000_000
 
-    def monotonic(self) -> float:
-        """``time.monotonic()``."""
-        return time.monotonic()
-
 
 class ManualClock:
     """A clock that moves only when told to (thread-safe): tests and time-scale benches.
 
-    Both readings start at the given wall time and move together with :meth:`advance`.
+    It starts at the given wall time (default: now) and moves only by :meth:`advance`.
     """
 
     def __init__(self, start_ms: float | None = None) -> None:
         self._lock = threading.Lock()
         self._wall_ms = time.time_ns() / 1_000_000 if start_ms is None else float(start_ms)
-        self._mono = 0.0
 
     def wall_ms(self) -> float:
         """The clock's wall time in ms."""
         with self._lock:
             return self._wall_ms
-
-    def monotonic(self) -> float:
-        """Seconds since the clock was made, in the clock's time."""
-        with self._lock:
-            return self._mono
 
     def advance(self, ms: float) -> None:
         """Move time forward by ``ms`` milliseconds."""
@@ -63,7 +50,6 @@ class ManualClock:
             raise ValueError("a clock does not go back")
         with self._lock:
             self._wall_ms += ms
-            self._mono += ms / 1000.0
 
 
 #: The clock of every broker and store that is not given another.
