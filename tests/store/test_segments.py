@@ -90,3 +90,33 @@ def test_retention_deletes_a_segment_with_its_sidecar(data_dir):
             assert segment_name(base) in before and qstart_name(base) not in after
         await s.close()
     run(main())
+
+
+def test_backup_copies_the_run_of_segments_that_have_their_sidecars(tmp_path):
+    """The backup keeps the run of segments from the first usable one: a segment
+    whose sidecar is not written yet (being created) ends it, and every descriptor
+    of a segment it leaves out is closed."""
+    from lockmq.store.backup import _open_segments
+
+    seg_dir = str(tmp_path)
+    for base, sidecar in ((0, False), (100, True), (200, False), (300, True)):
+        seg = Segment.create(seg_dir, base)
+        if sidecar:
+            seg.write_qstart({"t": base})
+        seg.close()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    kept = _open_segments(seg_dir)
+    try:
+        assert [(b, side >= 0) for b, _log, side in kept] == [(0, False), (100, True)]
+        assert len(os.listdir("/proc/self/fd")) == fds_before + 3
+    finally:
+        for _b, log_fd, side_fd in kept:
+            os.close(log_fd)
+            if side_fd >= 0:
+                os.close(side_fd)
+    os.unlink(os.path.join(seg_dir, segment_name(0)))   # retention took the first one
+    kept = _open_segments(seg_dir)
+    assert [b for b, _log, _side in kept] == [100]
+    for _b, log_fd, side_fd in kept:
+        os.close(log_fd)
+        os.close(side_fd)

@@ -175,14 +175,12 @@ def _open_segments(seg_dir: str) -> list[tuple[int, int, int]]:
         except FileNotFoundError:
             side_fd = -1
         opened.append((base, log_fd, side_fd))
-    usable = [s for s in opened if s[1] >= 0 and (s[0] == 0 or s[2] >= 0)]
-    keep: list[tuple[int, int, int]] = []
-    if usable:   # the contiguous run from the first usable segment on
-        first = opened.index(usable[0])
-        for s in opened[first:]:
-            if s[1] < 0 or (s[0] and s[2] < 0):
-                break
+    keep: list[tuple[int, int, int]] = []   # the run of usable segments from the first
+    for s in opened:
+        if s[1] >= 0 and (s[0] == 0 or s[2] >= 0):
             keep.append(s)
+        elif keep:
+            break
     for s in opened:
         if s not in keep:
             for fd in s[1:]:
