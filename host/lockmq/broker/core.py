@@ -74,11 +74,8 @@ class BrokerCore:
                  recovery_s=round(rep.seconds, 3))
         last = store.last_seq(BROKER_SN)
         self._seq = 0 if last is None else (last + 1) & MAX_SEQ
-        for name in store.clusters():
-            try:
-                self.cluster_owners[name] = store.cluster_meta(name).get("owner", "")
-            except ValueError:   # a file name that is no cluster name: not ours
-                continue
+        for name in self._disk_clusters():
+            self.cluster_owners[name] = store.cluster_meta(name).get("owner", "")
         store.on_durable(self._on_durable)
         cfg = self.config
         self._timers = [
@@ -276,7 +273,7 @@ class BrokerCore:
         assert self.store is not None
         bound = self.store.cluster_meta(name).get("topic", "")
         if not bound:
-            main = [t for t in self.store.load_positions(name) if not t.startswith("$retry.")]
+            main = [t for t in self.store.load_positions(name) if not t.startswith(RETRY_PREFIX)]
             bound = main[0] if len(main) == 1 else ""
         return bound
 
