@@ -118,7 +118,6 @@ class Connection(asyncio.Protocol):
         self.closed = False          # the socket is closed (or closing): send nothing more
         self.session = ServerSession()   # the protocol's rules for this connection
         self.claimed_sn = ""
-        self.role = 0
         self.nonce = b""
         self.principal: Principal | None = None
         # Until AUTH succeeds only small frames (security: unauthenticated sockets
@@ -417,7 +416,6 @@ class Connection(asyncio.Protocol):
 
     def _on_connect(self, frame: Any) -> None:
         self.claimed_sn = frame.sn
-        self.role = self.session.role
         # the command path never sends this peer a frame larger than it stated
         self.peer_max_frame = self.session.connect.max_frame
         self.nonce = self.services.guard.challenge()
