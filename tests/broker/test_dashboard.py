@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from lockmq.broker.dashboard import MAX_KNOWN_LOCKS, History, Sample, sparkline
 from lockmq.protocol import Role
 
-from lockmq.testing import open_peer
+from lockmq.testing import Peer, open_peer, wait_for
 
 #: where the screenshot is kept after the run (ignored by git)
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -26,14 +25,6 @@ def get(url: str, accept: str = "") -> tuple[str, str]:
     req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.headers["Content-Type"], r.read().decode()
-
-
-def wait_for(cond, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (got := cond()):
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-    return got
 
 
 def chromium(tmp_path: Path, *args: str) -> str:
@@ -62,7 +53,8 @@ def busy_broker(broker) -> tuple[str, Peer, Peer]:
     gone.publish("ev", 0)
     broker.call(broker.broker.status.sample)
     gone.close()
-    wait_for(lambda: broker.call(lambda: len(broker.broker.admin.devices({})["devices"])) == 1)
+    wait_for(lambda: broker.call(lambda: len(broker.broker.admin.devices({})["devices"])) == 1,
+             "LOCK-2 to go offline")
     for seq in range(20, 50):
         online.publish("ev", seq)
     broker.call(broker.broker.status.sample)

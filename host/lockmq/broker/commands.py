@@ -52,8 +52,6 @@ if TYPE_CHECKING:   # (types only: connections call this module, not the reverse
 #: SNs whose stated frame limit is remembered while they are offline (bounded: with
 #: auth required only registered locks get in; with auth off any name could).
 _MAX_REMEMBERED_LIMITS = 1 << 16
-#: Refusal log lines per reason per second (a flood is counted, not logged line by line).
-_LOG_EVERY_S = 1.0
 
 
 class Pending:
@@ -103,7 +101,6 @@ class Commands:
         self.by_owner: dict[str, list[int]] = {}         # owner -> [count, bytes]
         self.by_lock: dict[str, list[int]] = {}          # SN -> [count, bytes]
         self.lock_limits: dict[str, int] = {}            # SN -> max_frame it last stated
-        self._logged: dict[str, list[float]] = {}        # reason -> [last line, suppressed]
         self._task: asyncio.Task[Any] | None = None
 
     def start(self) -> None:
@@ -243,14 +240,9 @@ class Commands:
         self.stats.inc("commands_refused")
         self.stats.inc(f"commands_refused_{reason}")
         sender.send_error(code, message, opaque, retry_after_ms=retry_after_ms)
-        now = time.monotonic()
-        mark = self._logged.setdefault(f"{reason}:{fields.get('cap', '')}", [0.0, 0])
-        if now - mark[0] < _LOG_EVERY_S:
-            mark[1] += 1
-            return
-        self.log("command_refused", reason=reason, sender=getattr(sender.principal, "name", "?"),
-              suppressed=int(mark[1]) or None, message=message, level="warning", **fields)
-        mark[0], mark[1] = now, 0
+        self.log.limited("command_refused", f"command_refused:{reason}:{fields.get('cap', '')}",
+                         reason=reason, sender=getattr(sender.principal, "name", "?"),
+                         message=message, level="warning", **fields)
 
     def lock_online(self, lock: "Connection") -> None:
         """A lock connected: remember the frame limit it stated, send what waits for it."""

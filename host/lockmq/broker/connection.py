@@ -118,7 +118,6 @@ class Connection(asyncio.Protocol):
         self.closed = False          # the socket is closed (or closing): send nothing more
         self.session = ServerSession()   # the protocol's rules for this connection
         self.claimed_sn = ""
-        self.role = 0
         self.nonce = b""
         self.principal: Principal | None = None
         # Until AUTH succeeds only small frames (security: unauthenticated sockets
@@ -417,7 +416,6 @@ class Connection(asyncio.Protocol):
 
     def _on_connect(self, frame: Any) -> None:
         self.claimed_sn = frame.sn
-        self.role = self.session.role
         # the command path never sends this peer a frame larger than it stated
         self.peer_max_frame = self.session.connect.max_frame
         self.nonce = self.services.guard.challenge()
@@ -502,11 +500,7 @@ class Connection(asyncio.Protocol):
             # (the frame's SN was bound to the principal by the session already)
             b.guard.check_publish(self.principal, topic, n=1)
         except SecurityError as exc:
-            b.stats.inc("publish_refused")
-            if exc.close or not oneway:
-                self.refused(exc, frame.opaque)
-            else:
-                b.stats.c["publish_oneway_refused"] += 1
+            self._pub_refused(exc, oneway, frame.opaque)
             return
         if b.connections.closing:
             self._pub_error(oneway, _code("SHUTTING_DOWN"), "the broker is shutting down",
@@ -517,23 +511,28 @@ class Connection(asyncio.Protocol):
             try:
                 b.guard.check_producer_id(self.principal, sn)
             except SecurityError as exc:   # FORBIDDEN
-                b.stats.inc("publish_refused")
                 b.stats.inc("producer_ids_refused")
                 if "producer" not in self._limits_logged:   # (the guard logs each, rate-limited)
                     self._limits_logged.add("producer")
                     b.log("producer_id_refused", conn=self.id, peer=self.peer,
                           principal=self.principal.name, producer_id=sn[:80],
                           reason=exc.reason, level="warning")
-                if exc.close or not oneway:
-                    self.refused(exc, frame.opaque)
-                else:
-                    b.stats.c["publish_oneway_refused"] += 1
+                self._pub_refused(exc, oneway, frame.opaque)
                 return
             self._producer_ok = sn
         self._pub.append((frame.opaque, oneway,
                           NewRecord(topic, sn, seq, lock_ts_ms, payload)))
         if len(self._pub) >= b.config.broker.max_publish_batch:
             self._submit_publishes()   # (the publish path stores it at once)
+
+    def _pub_refused(self, exc: SecurityError, oneway: bool, opaque: int) -> None:
+        """A publish the guard refused: counted; answered unless it was ONEWAY and the
+        guard keeps the link (then only counted in ``publish_oneway_refused``)."""
+        self.services.stats.inc("publish_refused")
+        if exc.close or not oneway:
+            self.refused(exc, opaque)
+        else:
+            self.services.stats.c["publish_oneway_refused"] += 1
 
     def _pub_error(self, oneway: bool, code: int, msg: str, opaque: int,
                    retry_after_ms: int = 0) -> None:

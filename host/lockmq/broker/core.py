@@ -10,7 +10,6 @@ connection; the timers run through ``periodic.py``.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Awaitable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
@@ -61,7 +60,6 @@ class BrokerCore:
         #: every cluster with a positions file (live or not) -> its owner ("" for
         #: files from before owners were saved: the next subscriber claims it)
         self.cluster_owners: dict[str, str] = {}
-        self._log_budget: dict[str, list[float]] = {}   # event -> [last, suppressed]
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -76,11 +74,8 @@ class BrokerCore:
                  recovery_s=round(rep.seconds, 3))
         last = store.last_seq(BROKER_SN)
         self._seq = 0 if last is None else (last + 1) & MAX_SEQ
-        for name in store.clusters():
-            try:
-                self.cluster_owners[name] = store.cluster_meta(name).get("owner", "")
-            except ValueError:   # a file name that is no cluster name: not ours
-                continue
+        for name in self._disk_clusters():
+            self.cluster_owners[name] = store.cluster_meta(name).get("owner", "")
         store.on_durable(self._on_durable)
         cfg = self.config
         self._timers = [
@@ -278,7 +273,7 @@ class BrokerCore:
         assert self.store is not None
         bound = self.store.cluster_meta(name).get("topic", "")
         if not bound:
-            main = [t for t in self.store.load_positions(name) if not t.startswith("$retry.")]
+            main = [t for t in self.store.load_positions(name) if not t.startswith(RETRY_PREFIX)]
             bound = main[0] if len(main) == 1 else ""
         return bound
 
@@ -294,24 +289,11 @@ class BrokerCore:
                          code: str = "INVALID_ARGUMENT") -> None:
         """Count, log (at most once a second per kind) and raise a refused SUBSCRIBE."""
         self.stats.inc(f"clusters_refused_{why}")
-        self.log_limited(f"cluster_refused_{why}", cluster=name,
+        self.log.limited(f"cluster_refused_{why}", cluster=name,
                          principal=getattr(principal, "name", None),
                          owner=owner_of(principal) if principal is not None else None,
                          level="warning")
         raise ClusterError(code, message)
-
-    def log_limited(self, event: str, **fields: Any) -> None:
-        """Log ``event`` at most once a second (a peer repeating a refused request must
-        not flood the log); the next line says how many were left out."""
-        now = time.monotonic()
-        b = self._log_budget.setdefault(event, [0.0, 0.0])
-        if now - b[0] < 1.0:
-            b[1] += 1
-            return
-        if b[1]:
-            fields["suppressed"] = int(b[1])
-        b[0], b[1] = now, 0.0
-        self.log(event, **fields)
 
     def forget_cluster(self, name: str) -> bool:
         """Delete a cluster (no members may be connected): its live state, its

@@ -25,6 +25,8 @@ import time
 from typing import Any, TextIO
 
 _LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
+#: seconds between two lines of one :meth:`EventLog.limited` key
+LIMITED_EVERY_S = 1.0
 
 
 def _kv(value: Any) -> str:
@@ -93,6 +95,7 @@ class EventLog:
         handler = make_handler(log_file, stream)
         handler.setFormatter(EventFormatter(fmt))
         self.logger.addHandler(handler)
+        self._budget: dict[str, list[float]] = {}   # limited(): key -> [last line, left out]
 
     def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
         """Log ``event`` with ``fields`` at ``level`` (debug/info/warning/error)."""
@@ -100,6 +103,20 @@ class EventLog:
         if levelno < self.level:
             return
         self.logger.log(levelno, event, extra={"event_level": level, "event_fields": fields})
+
+    def limited(self, event: str, key: str = "", level: str = "info", **fields: Any) -> None:
+        """Log ``event`` at most once a second per ``key`` (default: the event), for
+        what a peer can repeat at will (refused requests); the next line says how many
+        were left out (``suppressed``). Counters count them all."""
+        now = time.monotonic()
+        b = self._budget.setdefault(key or event, [0.0, 0])
+        if now - b[0] < LIMITED_EVERY_S:
+            b[1] += 1
+            return
+        if b[1]:
+            fields["suppressed"] = int(b[1])
+        b[0], b[1] = now, 0
+        self(event, level=level, **fields)
 
     def close(self) -> None:
         """Close the handlers (the log file); later lines are dropped."""

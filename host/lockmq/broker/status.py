@@ -191,7 +191,8 @@ class StatusPage:
         return stats, clusters, extra
 
     def _online(self) -> set[str]:
-        return {d["sn"] for d in self.broker.admin.devices({})["devices"]}
+        # the SNs only: not the ``devices`` view (sorted, one dict per lock) per sample
+        return set(self.broker.devices.online_by_sn)
 
     def sample(self) -> None:
         """Add one sample to the dashboard's history (the periodic helper calls this)."""
