@@ -82,6 +82,11 @@ def test_every_family_has_help_and_type_and_every_series_appears_once(broker):
     assert member is not None   # kept connected until here
     assert m['lockmq_cluster_acked_total{cluster="backend",topic="ev"}'] == 2
     assert m["lockmq_store_log_bytes"] > 0 and m["lockmq_store_disk_free_bytes"] > 0
+    # counters that have not counted yet are there at 0: increase() sees their first event
+    for never in ("clusters_expired", "retention_skipped", "frame_mac_refused",
+                  "commands_refused_cap"):
+        assert m[f"lockmq_{never}_total"] == 0, never
+    assert m["lockmq_store_skipped_records_total"] == 0
 
 
 def test_a_cluster_without_members_keeps_its_backlog_after_a_restart(make_broker, tmp_path):

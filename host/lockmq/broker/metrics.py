@@ -181,8 +181,13 @@ def _broker_gauges(stats: dict[str, Any],
 
 def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
               renames: dict[str, str]) -> Iterator[Metric]:
-    named = sorted((renames.get(key, key), value) for key, value in values.items())
-    for name, value in named:
+    named = {renames.get(key, key): value for key, value in values.items()}
+    for name in helps:
+        # every known counter from the first scrape, at 0 until it counts: an alert on
+        # increase(...) must see the first event, and a series that appears only with
+        # it has nothing to increase from
+        named.setdefault(name, 0)
+    for name, value in sorted(named.items()):
         if name == "uptime_s" or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         help_text = helps.get(name, f"lockmq counter {prefix}{name}")
