@@ -20,12 +20,12 @@ from typing import Any, Callable
 
 import pytest
 
-from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import (VERSION, Auth, AuthMethod, Command, CommandKind, CommandResult,
                              CommandStatus, Connect, ErrorCode, ErrorReply, Flag, Op, Role,
                              auth_proof, decode_body, encode_json)
 from lockmq.security import Permissions
 from lockmq.testing import Lock, Peer, Refused, SecureBroker, set_config, wait_for
+from lockmq.testing.lock import build_flash
 
 
 pytestmark = pytest.mark.timeout(240)
@@ -69,8 +69,8 @@ class Env(SecureBroker):
 
     def firmware_lock(self, sn: str) -> Any:
         """The real firmware for ``sn``, pointed at this broker, connected."""
-        folder = build_folder(self.root / f"board-{sn}", DeviceConfig(
-            sn=sn, key=self.keys[sn].hex(), brokers=[("127.0.0.1", self.port)], hw="sim"))
+        folder = build_flash(self.root / f"board-{sn}", sn, self.keys[sn],
+                             [("127.0.0.1", self.port)], cards=[])
         set_config(folder, backoff_min_ms=100, backoff_max_ms=500)
         lock = Lock(folder)
         self.locks.append(lock)

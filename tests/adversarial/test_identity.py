@@ -23,6 +23,7 @@ from lockmq.security import Permissions
 from lockmq.store import NewRecord, open_store
 from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker, free_port,
                             refusal, require_micropython, set_config, wait_for)
+from lockmq.testing.lock import build_flash
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -132,15 +133,11 @@ def firmware(tmp_path):
     """``firmware(env, sn)``: the real firmware (unix port), registered in ``env``'s
     registry and provisioned for its broker; stopped after the test."""
     require_micropython()
-    from lockmq.firmware_tools.build import DeviceConfig, build_folder
-
     locks: list[Any] = []
 
     def make(e: Env, sn: str) -> Any:
         key = e.registry.add(sn)
-        folder = build_folder(tmp_path / f"board-{sn}", DeviceConfig(
-            sn=sn, key=key.hex(), brokers=[("127.0.0.1", e.port)], hw="sim"),
-            cards=["0A1B2C3D"])
+        folder = build_flash(tmp_path / f"board-{sn}", sn, key, [("127.0.0.1", e.port)])
         set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
         lk = Lock(folder)
         locks.append(lk)

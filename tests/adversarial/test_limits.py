@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import ErrorCode, Heartbeat, Op, Role, decode_body, encode_frame
 from lockmq.security import DeviceRegistry, SecurityConfig
 from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, read_until_closed, refusal,
                             require_micropython, wait_for)
+from lockmq.testing.lock import build_flash
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -56,11 +56,6 @@ def _register(data: Path, *sns: str) -> dict[str, bytes]:
         return reg.add_many(list(sns))
     finally:
         reg.close()
-
-
-def _board(root: Path, sn: str, key: bytes, port: int) -> Path:
-    return build_folder(root / f"board-{sn}", DeviceConfig(
-        sn=sn, key=key.hex(), brokers=[("127.0.0.1", port)], hw="sim"))
 
 
 @pytest.fixture
@@ -134,7 +129,8 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     finally:
         w.close()
     # ... and the real firmware, on the same source, connects and its events flow
-    lock = locks(_board(tmp_path, "FW-7", key, broker.port))
+    lock = locks(build_flash(tmp_path / "board-FW-7", "FW-7", key,
+                             [("127.0.0.1", broker.port)], cards=[]))
     lock.expect(rf"^I net connected broker=127.0.0.1:{broker.port} mac=1$", timeout=60)
     lock.send("event unlock 1")
     lock.expect(r"^I evt acked seq=1$", timeout=30)
