@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import struct
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
@@ -90,16 +91,14 @@ class Env(SecureBroker):
 
 @pytest.fixture
 def make_env(tmp_path) -> Callable[..., Env]:
-    made: list[Env] = []
+    """``make_env(sns, tokens, commands)``: an :class:`Env`; all are closed after the test."""
+    with ExitStack() as stack:
+        def make(*args: Any, **kwargs: Any) -> Env:
+            env = Env(tmp_path, *args, **kwargs)
+            stack.callback(env.close)
+            return env
 
-    def make(*args: Any, **kwargs: Any) -> Env:
-        env = Env(tmp_path, *args, **kwargs)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.close()
+        yield make
 
 
 # -- small protocol helpers -----------------------------------------------------------

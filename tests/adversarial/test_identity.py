@@ -11,7 +11,9 @@ slept for.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -113,16 +115,15 @@ def metric(broker: BrokerProcess, name: str) -> float:
 
 @pytest.fixture
 def env(tmp_path):
-    envs: list[Env] = []
+    """``env(tables)``: a new :class:`Env` in its own folder; all are closed after the test."""
+    numbers = itertools.count()
+    with ExitStack() as stack:
+        def make(tables: dict[str, dict[str, Any]] | None = None) -> Env:
+            e = Env(tmp_path / f"env{next(numbers)}", tables)
+            stack.callback(e.close)
+            return e
 
-    def make(tables: dict[str, dict[str, Any]] | None = None) -> Env:
-        e = Env(tmp_path / f"env{len(envs)}", tables)
-        envs.append(e)
-        return e
-
-    yield make
-    for e in envs:
-        e.close()
+        yield make
 
 
 # -- the real firmware ----------------------------------------------------------------------
@@ -133,20 +134,17 @@ def firmware(tmp_path):
     """``firmware(env, sn)``: the real firmware (unix port), registered in ``env``'s
     registry and provisioned for its broker; stopped after the test."""
     require_micropython()
-    locks: list[Any] = []
+    with ExitStack() as stack:
+        def make(e: Env, sn: str) -> Lock:
+            key = e.registry.add(sn)
+            folder = build_flash(tmp_path / f"board-{sn}", sn, key, [("127.0.0.1", e.port)])
+            set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
+            lk = Lock(folder)
+            stack.callback(lk.close)
+            lk.expect(r"I net connected", timeout=60)
+            return lk
 
-    def make(e: Env, sn: str) -> Any:
-        key = e.registry.add(sn)
-        folder = build_flash(tmp_path / f"board-{sn}", sn, key, [("127.0.0.1", e.port)])
-        set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
-        lk = Lock(folder)
-        locks.append(lk)
-        lk.expect(r"I net connected", timeout=60)
-        return lk
-
-    yield make
-    for lk in locks:
-        lk.close()
+        yield make
 
 
 # -- item 1: the broker's own records, producer ids ------------------------------------------

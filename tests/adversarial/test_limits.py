@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -60,34 +61,27 @@ def _register(data: Path, *sns: str) -> dict[str, bytes]:
 
 @pytest.fixture
 def brokers():
-    """Start ``lockmq broker`` processes; all are stopped at the end."""
-    started: list[BrokerProcess] = []
+    """Start ``lockmq broker`` processes; all are stopped at the end (even if
+    stopping one fails: no broker process outlives the test run)."""
+    with ExitStack() as stack:
+        def start(data: Path, tables: dict) -> BrokerProcess:
+            data.mkdir(parents=True, exist_ok=True)
+            return stack.enter_context(BrokerProcess(str(data), tables))
 
-    def start(data: Path, tables: dict) -> BrokerProcess:
-        data.mkdir(parents=True, exist_ok=True)
-        b = BrokerProcess(str(data), tables)
-        started.append(b)
-        return b
-
-    yield start
-    for b in started:
-        b.stop()
+        yield start
 
 
 @pytest.fixture
 def locks():
     """Run firmware boards (the MicroPython unix port); all are killed at the end."""
     require_micropython()
-    made: list = []
+    with ExitStack() as stack:
+        def run(folder: Path) -> Lock:
+            lk = Lock(folder)
+            stack.callback(lk.close)
+            return lk
 
-    def run(folder: Path):
-        lk = Lock(folder)
-        made.append(lk)
-        return lk
-
-    yield run
-    for lk in made:
-        lk.close()
+        yield run
 
 
 # -- item 7: a flood of wrong answers cannot lock the real lock out -------------------------
