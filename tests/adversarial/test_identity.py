@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from lockmq.protocol import (Ack, Command, CommandKind, CommandStatus, ErrorCode, Nack, Op,
-                             Pull, Subscribe, Unsubscribe, decode_json, encode_json)
+                             Unsubscribe)
 from lockmq.security import Permissions
 from lockmq.store import NewRecord, open_store
 from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker, free_port,
@@ -69,12 +69,8 @@ class Env(SecureBroker):
         return w
 
     def admin(self, op: str, **args: Any) -> dict[str, Any]:
-        w = self.service(self.ops, "ops-tool")
-        try:
-            return decode_json_answer(w.request(Op.ADMIN_REQUEST,
-                                                encode_json({"op": op, "args": args})))
-        finally:
-            w.close()
+        with self.service(self.ops, "ops-tool") as w:
+            return w.admin(op, **args)
 
     def stats(self) -> dict[str, Any]:
         return self.admin("stats")["broker"]
@@ -91,12 +87,8 @@ class Env(SecureBroker):
         super().close()
 
 
-def decode_json_answer(body: Any) -> dict[str, Any]:
-    return body if isinstance(body, dict) else decode_json(body)
-
-
 def subscribe(w: Peer, topic: str, cluster: str) -> int:
-    return w.request(Op.SUBSCRIBE, Subscribe(topic, cluster).encode()).sub_id
+    return w.subscribe(topic, cluster).sub_id
 
 
 def pull(w: Peer, sub_id: int, want: int = 1, timeout: float = 30.0) -> list[Any]:
@@ -105,7 +97,7 @@ def pull(w: Peer, sub_id: int, want: int = 1, timeout: float = 30.0) -> list[Any
     deadline = time.monotonic() + timeout
     while len(got) < want:
         assert time.monotonic() < deadline, f"only {len(got)} of {want} messages arrived"
-        got.extend(w.request(Op.PULL, Pull(sub_id, 100, 500).encode()).messages)
+        got.extend(w.pull(sub_id, 100, wait_ms=500).messages)
     return got
 
 
