@@ -17,7 +17,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -28,13 +27,11 @@ import pytest
 
 from lockmq.protocol import ErrorCode, Heartbeat, Op, Role, decode_body, encode_frame
 from lockmq.security import DeviceRegistry, SecurityConfig
-from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, read_until_closed, refusal,
-                            require_micropython, wait_for)
+from lockmq.testing import (LOCKMQ_COMMAND, BrokerProcess, Lock, Peer, Refused,
+                            read_until_closed, refusal, require_micropython, wait_for)
 from lockmq.testing.lock import build_flash
 
 pytestmark = pytest.mark.timeout(240)
-
-_LOCKMQ = ("import sys\nfrom lockmq.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
 # -- helpers (module-local: no conftest in tests/adversarial) -----------------------------
@@ -237,7 +234,7 @@ def test_auth_cannot_be_turned_off_silently(tmp_path, brokers, broker_lines, sec
     conf = tmp_path / "sneaky.toml"
     conf.write_text(f'[broker]\ndata_dir = "{data}"\nhost = "127.0.0.1"\nport = 0\n'
                     f"status_port = 0\n{broker_lines}\n[security]\n{security_lines}\n")
-    out = subprocess.run([sys.executable, "-c", _LOCKMQ, "broker", "--config", str(conf)],
+    out = subprocess.run([*LOCKMQ_COMMAND, "broker", "--config", str(conf)],
                          capture_output=True, text=True, timeout=120)
     # refused at start with a configuration error naming file, table and key
     assert out.returncode == 2, out.stderr
