@@ -15,17 +15,18 @@ import os
 import re
 import socket
 import struct
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import (VERSION, Auth, AuthMethod, Command, CommandKind, CommandResult,
                              CommandStatus, Connect, ErrorCode, ErrorReply, Flag, Op, Role,
                              auth_proof, decode_body, encode_json)
 from lockmq.security import Permissions
 from lockmq.testing import Lock, Peer, Refused, SecureBroker, set_config, wait_for
+from lockmq.testing.lock import build_flash
 
 
 pytestmark = pytest.mark.timeout(240)
@@ -69,8 +70,8 @@ class Env(SecureBroker):
 
     def firmware_lock(self, sn: str) -> Any:
         """The real firmware for ``sn``, pointed at this broker, connected."""
-        folder = build_folder(self.root / f"board-{sn}", DeviceConfig(
-            sn=sn, key=self.keys[sn].hex(), brokers=[("127.0.0.1", self.port)], hw="sim"))
+        folder = build_flash(self.root / f"board-{sn}", sn, self.keys[sn],
+                             [("127.0.0.1", self.port)], cards=[])
         set_config(folder, backoff_min_ms=100, backoff_max_ms=500)
         lock = Lock(folder)
         self.locks.append(lock)
@@ -90,16 +91,14 @@ class Env(SecureBroker):
 
 @pytest.fixture
 def make_env(tmp_path) -> Callable[..., Env]:
-    made: list[Env] = []
+    """``make_env(sns, tokens, commands)``: an :class:`Env`; all are closed after the test."""
+    with ExitStack() as stack:
+        def make(*args: Any, **kwargs: Any) -> Env:
+            env = Env(tmp_path, *args, **kwargs)
+            stack.callback(env.close)
+            return env
 
-    def make(*args: Any, **kwargs: Any) -> Env:
-        env = Env(tmp_path, *args, **kwargs)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.close()
+        yield make
 
 
 # -- small protocol helpers -----------------------------------------------------------

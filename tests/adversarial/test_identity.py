@@ -11,18 +11,21 @@ slept for.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lockmq.protocol import (Ack, Command, CommandKind, CommandStatus, ErrorCode, Nack, Op,
-                             Pull, Subscribe, Unsubscribe, decode_json, encode_json)
+                             Unsubscribe)
 from lockmq.security import Permissions
 from lockmq.store import NewRecord, open_store
 from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker, free_port,
                             refusal, require_micropython, set_config, wait_for)
+from lockmq.testing.lock import build_flash
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,12 +69,8 @@ class Env(SecureBroker):
         return w
 
     def admin(self, op: str, **args: Any) -> dict[str, Any]:
-        w = self.service(self.ops, "ops-tool")
-        try:
-            return decode_json_answer(w.request(Op.ADMIN_REQUEST,
-                                                encode_json({"op": op, "args": args})))
-        finally:
-            w.close()
+        with self.service(self.ops, "ops-tool") as w:
+            return w.admin(op, **args)
 
     def stats(self) -> dict[str, Any]:
         return self.admin("stats")["broker"]
@@ -88,12 +87,8 @@ class Env(SecureBroker):
         super().close()
 
 
-def decode_json_answer(body: Any) -> dict[str, Any]:
-    return body if isinstance(body, dict) else decode_json(body)
-
-
 def subscribe(w: Peer, topic: str, cluster: str) -> int:
-    return w.request(Op.SUBSCRIBE, Subscribe(topic, cluster).encode()).sub_id
+    return w.subscribe(topic, cluster).sub_id
 
 
 def pull(w: Peer, sub_id: int, want: int = 1, timeout: float = 30.0) -> list[Any]:
@@ -102,7 +97,7 @@ def pull(w: Peer, sub_id: int, want: int = 1, timeout: float = 30.0) -> list[Any
     deadline = time.monotonic() + timeout
     while len(got) < want:
         assert time.monotonic() < deadline, f"only {len(got)} of {want} messages arrived"
-        got.extend(w.request(Op.PULL, Pull(sub_id, 100, 500).encode()).messages)
+        got.extend(w.pull(sub_id, 100, wait_ms=500).messages)
     return got
 
 
@@ -112,16 +107,15 @@ def metric(broker: BrokerProcess, name: str) -> float:
 
 @pytest.fixture
 def env(tmp_path):
-    envs: list[Env] = []
+    """``env(tables)``: a new :class:`Env` in its own folder; all are closed after the test."""
+    numbers = itertools.count()
+    with ExitStack() as stack:
+        def make(tables: dict[str, dict[str, Any]] | None = None) -> Env:
+            e = Env(tmp_path / f"env{next(numbers)}", tables)
+            stack.callback(e.close)
+            return e
 
-    def make(tables: dict[str, dict[str, Any]] | None = None) -> Env:
-        e = Env(tmp_path / f"env{len(envs)}", tables)
-        envs.append(e)
-        return e
-
-    yield make
-    for e in envs:
-        e.close()
+        yield make
 
 
 # -- the real firmware ----------------------------------------------------------------------
@@ -132,24 +126,17 @@ def firmware(tmp_path):
     """``firmware(env, sn)``: the real firmware (unix port), registered in ``env``'s
     registry and provisioned for its broker; stopped after the test."""
     require_micropython()
-    from lockmq.firmware_tools.build import DeviceConfig, build_folder
+    with ExitStack() as stack:
+        def make(e: Env, sn: str) -> Lock:
+            key = e.registry.add(sn)
+            folder = build_flash(tmp_path / f"board-{sn}", sn, key, [("127.0.0.1", e.port)])
+            set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
+            lk = Lock(folder)
+            stack.callback(lk.close)
+            lk.expect(r"I net connected", timeout=60)
+            return lk
 
-    locks: list[Any] = []
-
-    def make(e: Env, sn: str) -> Any:
-        key = e.registry.add(sn)
-        folder = build_folder(tmp_path / f"board-{sn}", DeviceConfig(
-            sn=sn, key=key.hex(), brokers=[("127.0.0.1", e.port)], hw="sim"),
-            cards=["0A1B2C3D"])
-        set_config(folder, backoff_max_ms=2000)   # back soon after a broker restart
-        lk = Lock(folder)
-        locks.append(lk)
-        lk.expect(r"I net connected", timeout=60)
-        return lk
-
-    yield make
-    for lk in locks:
-        lk.close()
+        yield make
 
 
 # -- item 1: the broker's own records, producer ids ------------------------------------------

@@ -17,23 +17,21 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from lockmq.firmware_tools.build import DeviceConfig, build_folder
 from lockmq.protocol import ErrorCode, Heartbeat, Op, Role, decode_body, encode_frame
 from lockmq.security import DeviceRegistry, SecurityConfig
-from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, read_until_closed, refusal,
-                            require_micropython, wait_for)
+from lockmq.testing import (LOCKMQ_COMMAND, BrokerProcess, Lock, Peer, Refused,
+                            read_until_closed, refusal, require_micropython, wait_for)
+from lockmq.testing.lock import build_flash
 
 pytestmark = pytest.mark.timeout(240)
-
-_LOCKMQ = ("import sys\nfrom lockmq.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
 # -- helpers (module-local: no conftest in tests/adversarial) -----------------------------
@@ -58,41 +56,29 @@ def _register(data: Path, *sns: str) -> dict[str, bytes]:
         reg.close()
 
 
-def _board(root: Path, sn: str, key: bytes, port: int) -> Path:
-    return build_folder(root / f"board-{sn}", DeviceConfig(
-        sn=sn, key=key.hex(), brokers=[("127.0.0.1", port)], hw="sim"))
-
-
 @pytest.fixture
 def brokers():
-    """Start ``lockmq broker`` processes; all are stopped at the end."""
-    started: list[BrokerProcess] = []
+    """Start ``lockmq broker`` processes; all are stopped at the end (even if
+    stopping one fails: no broker process outlives the test run)."""
+    with ExitStack() as stack:
+        def start(data: Path, tables: dict) -> BrokerProcess:
+            data.mkdir(parents=True, exist_ok=True)
+            return stack.enter_context(BrokerProcess(str(data), tables))
 
-    def start(data: Path, tables: dict) -> BrokerProcess:
-        data.mkdir(parents=True, exist_ok=True)
-        b = BrokerProcess(str(data), tables)
-        started.append(b)
-        return b
-
-    yield start
-    for b in started:
-        b.stop()
+        yield start
 
 
 @pytest.fixture
 def locks():
     """Run firmware boards (the MicroPython unix port); all are killed at the end."""
     require_micropython()
-    made: list = []
+    with ExitStack() as stack:
+        def run(folder: Path) -> Lock:
+            lk = Lock(folder)
+            stack.callback(lk.close)
+            return lk
 
-    def run(folder: Path):
-        lk = Lock(folder)
-        made.append(lk)
-        return lk
-
-    yield run
-    for lk in made:
-        lk.close()
+        yield run
 
 
 # -- item 7: a flood of wrong answers cannot lock the real lock out -------------------------
@@ -134,7 +120,8 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     finally:
         w.close()
     # ... and the real firmware, on the same source, connects and its events flow
-    lock = locks(_board(tmp_path, "FW-7", key, broker.port))
+    lock = locks(build_flash(tmp_path / "board-FW-7", "FW-7", key,
+                             [("127.0.0.1", broker.port)], cards=[]))
     lock.expect(rf"^I net connected broker=127.0.0.1:{broker.port} mac=1$", timeout=60)
     lock.send("event unlock 1")
     lock.expect(r"^I evt acked seq=1$", timeout=30)
@@ -247,7 +234,7 @@ def test_auth_cannot_be_turned_off_silently(tmp_path, brokers, broker_lines, sec
     conf = tmp_path / "sneaky.toml"
     conf.write_text(f'[broker]\ndata_dir = "{data}"\nhost = "127.0.0.1"\nport = 0\n'
                     f"status_port = 0\n{broker_lines}\n[security]\n{security_lines}\n")
-    out = subprocess.run([sys.executable, "-c", _LOCKMQ, "broker", "--config", str(conf)],
+    out = subprocess.run([*LOCKMQ_COMMAND, "broker", "--config", str(conf)],
                          capture_output=True, text=True, timeout=120)
     # refused at start with a configuration error naming file, table and key
     assert out.returncode == 2, out.stderr

@@ -6,6 +6,7 @@ fsync, auth off, fast timers); the tests speak to it with :class:`lockmq.testing
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -16,19 +17,17 @@ from lockmq.testing import FAST_TIMERS, BrokerThread, merge_tables
 
 @pytest.fixture
 def make_broker(tmp_path: Any) -> Iterator[Callable[..., BrokerThread]]:
-    """Start brokers with settings: ``make_broker(consumers={...})``."""
-    started: list[BrokerThread] = []
+    """Start brokers with settings: ``make_broker(consumers={...})``; every one is
+    stopped after the test (all of them, even if stopping one fails)."""
+    with ExitStack() as stack:
+        def make(data_dir: str | None = None, clock: Clock = SYSTEM_CLOCK,
+                 **settings: dict[str, Any]) -> BrokerThread:
+            b = BrokerThread(data_dir or str(tmp_path / "data"), clock=clock,
+                             **merge_tables(FAST_TIMERS, settings)).start()
+            stack.callback(b.stop)
+            return b
 
-    def make(data_dir: str | None = None, clock: Clock = SYSTEM_CLOCK,
-             **settings: dict[str, Any]) -> BrokerThread:
-        b = BrokerThread(data_dir or str(tmp_path / "data"), clock=clock,
-                         **merge_tables(FAST_TIMERS, settings)).start()
-        started.append(b)
-        return b
-
-    yield make
-    for b in started:
-        b.stop()
+        yield make
 
 
 @pytest.fixture

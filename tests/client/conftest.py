@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import pytest
 
 from lockmq.testing import BrokerThread, merge_tables
@@ -22,15 +24,13 @@ def broker(tmp_path):
 
 @pytest.fixture
 def broker_factory(tmp_path):
-    """Start brokers on demand (same data dir and port across restarts)."""
-    started: list[BrokerThread] = []
+    """Start brokers on demand (same data dir and port across restarts); every one is
+    stopped after the test (all of them, even if stopping one fails)."""
+    with ExitStack() as stack:
+        def make(port: int = 0, **overrides) -> BrokerThread:
+            b = BrokerThread(str(tmp_path / "data"), port=port,
+                             **merge_tables(FAST, overrides)).start()
+            stack.callback(b.stop)
+            return b
 
-    def make(port: int = 0, **overrides) -> BrokerThread:
-        b = BrokerThread(str(tmp_path / "data"), port=port,
-                         **merge_tables(FAST, overrides)).start()
-        started.append(b)
-        return b
-
-    yield make
-    for b in started:
-        b.stop()
+        yield make

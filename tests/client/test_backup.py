@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -15,14 +14,13 @@ from lockmq.client import AsyncConsumer, AsyncProducer
 from lockmq.store import open_store
 from lockmq.store.positions import parse
 
-from lockmq.testing import BrokerProcess, wait_for_async
+from lockmq.testing import LOCKMQ_COMMAND, BrokerProcess, wait_for_async
 
-LOCKMQ = [sys.executable, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())"]
 DEADLINE_S = 60
 
 
 def _lockmq(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(LOCKMQ + list(args), capture_output=True, text=True, timeout=120)
+    return subprocess.run([*LOCKMQ_COMMAND, *args], capture_output=True, text=True, timeout=120)
 
 
 def _broker(data_dir: str, start: bool = True) -> BrokerProcess:
@@ -80,7 +78,7 @@ def test_online_backup_restores_every_acknowledged_record(tmp_path):
                                  "records and positions", DEADLINE_S)
             position_before = _saved_position(data, "app", "doors")
             backup_proc = await asyncio.create_subprocess_exec(
-                *LOCKMQ, "store", "backup", backup, "--config", config,
+                *LOCKMQ_COMMAND, "store", "backup", backup, "--config", config,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             # the records acknowledged when the backup has made its directory (after
             # it began, before it copies anything): a superset of those acknowledged

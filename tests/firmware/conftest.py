@@ -11,6 +11,7 @@ Every test that boots a lock runs twice: on the 64-bit unix port with the app as
 from __future__ import annotations
 
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -69,13 +70,12 @@ def flash(board_template, tmp_path) -> Path:
 
 @pytest.fixture
 def lock_factory(firmware_interp):
-    """``lock_factory(folder)`` boots a lock; every lock is killed after the test."""
-    made: list[Lock] = []
+    """``lock_factory(folder)`` boots a lock; every lock is killed after the test (all
+    of them, even if killing one fails)."""
+    with ExitStack() as stack:
+        def make(folder: Path, heap: str | None = None) -> Lock:
+            lk = Lock(folder, heap or firmware_interp.heap, micropython=firmware_interp.exe)
+            stack.callback(lk.close)
+            return lk
 
-    def make(folder: Path, heap: str | None = None) -> Lock:
-        lk = Lock(folder, heap or firmware_interp.heap, micropython=firmware_interp.exe)
-        made.append(lk)
-        return lk
-    yield make
-    for lk in made:
-        lk.close()
+        yield make

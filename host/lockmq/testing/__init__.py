@@ -25,7 +25,7 @@ from .cli import run_cli
 from .lock import Lock, set_config
 from .micropython import require_micropython
 from .ports import free_port
-from .process import BrokerProcess
+from .process import LOCKMQ_COMMAND, BrokerProcess
 from .secure import SecureBroker
 from .tables import merge_tables, to_toml
 from .thread import FAST_TIMERS, BrokerThread, uvloop_wanted
@@ -33,7 +33,7 @@ from .waiting import raises, wait_for, wait_for_async
 from .wire import Peer, Refused, drain, open_peer, read_until_closed, refusal
 
 __all__ = [
-    "AsyncPeer", "open_async_peer", "BrokerProcess", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker",
+    "AsyncPeer", "open_async_peer", "BrokerProcess", "LOCKMQ_COMMAND", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker",
     "drain", "free_port", "merge_tables", "open_peer", "raises", "read_until_closed",
     "refusal", "require_micropython", "run_cli", "set_config", "to_toml", "uvloop_wanted",
     "wait_for", "wait_for_async",

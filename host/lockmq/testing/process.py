@@ -24,6 +24,10 @@ _RUN_BROKER = (
     "sys.exit(main(sys.argv[1:]))\n"
 )
 
+#: The ``lockmq`` command in a child process of this interpreter: ``[*LOCKMQ_COMMAND,
+#: "store", "backup", ...]`` (no installed script needed; uvloop as for the broker).
+LOCKMQ_COMMAND: list[str] = [sys.executable, "-c", _RUN_BROKER]
+
 
 def kill_process(proc: subprocess.Popen[Any] | None) -> None:
     """SIGKILL ``proc`` if it runs and reap it (a crash, a power cut)."""
@@ -89,7 +93,7 @@ class BrokerProcess:
         log = open(self.log_path, "a", buffering=1)
         mark = self._add_line(f"==== start #{self.starts} {time.strftime('%H:%M:%S')} ====", log)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _RUN_BROKER, "broker", "--config", self.config_path],
+            [*LOCKMQ_COMMAND, "broker", "--config", self.config_path],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
