@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from lockmq.protocol import IDENTITY_RULE, identity_problem
+
 from . import db, keys
 
-SN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+def valid_sn(sn: Any) -> bool:
+    """Whether ``sn`` can be a lock SN: the protocol's one identity rule
+    (:func:`lockmq.protocol.identity_problem`), the one its session checks at CONNECT."""
+    return isinstance(sn, str) and identity_problem(sn) is None
 
 
 def check_sn(sn: str) -> str:
@@ -21,9 +26,8 @@ def check_sn(sn: str) -> str:
 
     1-64 characters of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit.
     """
-    if not isinstance(sn, str) or not SN_RE.match(sn):
-        raise ValueError(f"invalid SN {sn!r}: 1-64 characters of A-Z a-z 0-9 . _ -, "
-                         "starting with a letter or digit")
+    if not valid_sn(sn):
+        raise ValueError(f"invalid SN {sn!r}: {IDENTITY_RULE}")
     return sn
 
 
