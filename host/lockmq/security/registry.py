@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from lockmq.protocol import IDENTITY_RULE, identity_problem
 
 from . import db, keys
+from .identity import fold
 
 
 def valid_sn(sn: Any) -> bool:
@@ -120,7 +121,7 @@ class DeviceRegistry:
         and the duplicate table must never mix a lock up with a lookalike."""
         seen: dict[str, str] = {}
         for sn in sns:
-            f = sn.casefold()
+            f = fold(sn)
             if f in seen and seen[f] != sn:
                 raise SnTaken(f"SNs {seen[f]!r} and {sn!r} differ only in case")
             seen[f] = sn
@@ -211,7 +212,7 @@ class DeviceRegistry:
         otherwise grow the table forever). Persisted: ownership survives restarts.
         """
         now = time.time() if now is None else now
-        f = pid.casefold()
+        f = fold(pid)
         row = self._db.execute("SELECT owner, last_used FROM producer_ids WHERE id_fold = ?",
                                (f,)).fetchone()
         if row is not None and row[0] == owner and now - float(row[1]) < _TOUCH_S:
