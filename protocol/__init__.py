@@ -32,7 +32,7 @@ if sys.implementation.name != "micropython":
     _fast.install()
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
-    from ._identity import check_identity, identity_problem, identity_key, IDENTITY_RULE
+    from ._identity import check_identity, identity_problem, IDENTITY_RULE
     # Frame MACs: a lock loads _mac only when its session turns them on.
     from ._mac import session_key, frame_tag, TAG_SIZE
 
@@ -51,6 +51,6 @@ __all__ = [
     "auth_proof", "command_mac", "verify_auth_proof", "verify_command", "session_key",
     "frame_tag", "TAG_SIZE",
     "ServerSession", "ClientSession", "SessionError", "check_identity", "identity_problem",
-    "identity_key", "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",
+    "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",
     "CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING",
 ]

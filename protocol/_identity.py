@@ -31,8 +31,3 @@ def check_identity(name, what="client id"):
         raise SessionError("%s %r refused: %s; an id is %s (ids starting with $ are the "
                            "broker's own)" % (what, name, problem, IDENTITY_RULE),
                            ErrorCode.INVALID_ARGUMENT)
-
-
-def identity_key(name):
-    """The form two identities are compared in: ``LOCK-1`` and ``lock-1`` are one."""
-    return name.lower()

@@ -152,20 +152,31 @@ def _check_frame_macs(m, a, check):
     hb = _one(fr["heartbeat"])
     passed += check(lock.seal(p.Op.HEARTBEAT, sn, hb.body[:-_mac.TAG_SIZE], 1) == fr["heartbeat"],
                     "frame mac: sealed HEARTBEAT, counter 1")
-    # the broker's view: recompute the tags of what it received, then the refusals
-    rx = 0
+    # the broker's view: the tag check ServerSession runs on every frame once
+    # established (_Session._open -> _mac.open_frame), on a bare broker-side session
+    # (ServerSession itself is not loaded on a lock, and this runs in a lock's heap)
+    from lockmq.protocol._session import _Session
+    broker = _Session()
+    broker._OUT = _mac.TO_CLIENT
+    broker.mac_key = skey
+    broker.state = p.ESTABLISHED
     for name in ("publish", "heartbeat"):
         f = _one(fr[name])
-        body, tag = f.body[:-_mac.TAG_SIZE], f.body[-_mac.TAG_SIZE:]
-        passed += check(f.flags & p.Flag.MAC and _mac.frame_tag(skey, 0, rx, f.opcode, f.sn, f.flags,
-                        f.opaque, body) == tag, "frame mac: broker checks %s" % name)
-        rx += 1
+        body = f.body[:-_mac.TAG_SIZE]
+        try:
+            broker._open(f)
+            err = None
+        except p.ProtocolError as e:
+            err = e
+        passed += check(err is None and f.body == body,
+                        "frame mac: broker checks %s: %s" % (name, err))
+    rx = broker.rx
     for bad in m["refused"]:
-        f = _one(_h(bad["hex"]))
-        ok = bool(f.flags & p.Flag.MAC) and len(f.body) >= _mac.TAG_SIZE and p.compare_digest(
-            _mac.frame_tag(skey, 0, rx, f.opcode, f.sn, f.flags, f.opaque, f.body[:-_mac.TAG_SIZE]),
-            f.body[-_mac.TAG_SIZE:])
-        passed += check(not ok, "frame mac: %s refused" % bad["name"])
+        broker.rx = rx          # each as the next frame after the heartbeat
+        broker.state = p.ESTABLISHED
+        err = _expect_error(lambda: broker._open(_one(_h(bad["hex"]))), "SessionError", 17)
+        passed += check(err is None and broker.state == p.CLOSING,
+                        "frame mac: %s refused: %s" % (bad["name"], err))
     # the lock refuses a broker frame replayed to it (BAD_MAC, fatal)
     err = _expect_error(lambda: lock.receive(_one(fr["publish_ack"])), "SessionError", 17)
     passed += check(err is None, "frame mac: replayed PUBLISH_ACK refused: %s" % err)

@@ -40,7 +40,8 @@ def test_duplicate_and_invalid_sn_are_refused(reg):
     reg.add("A1")
     with pytest.raises(DeviceExists):
         reg.add("A1")
-    for bad in ("", "-x", "a b", "x" * 65, "é", "a/b"):
+    # "A1\n" too: the session refuses it at CONNECT, so no lock could ever use it
+    for bad in ("", "-x", "a b", "x" * 65, "é", "a/b", "A1\n", "$broker"):
         with pytest.raises(ValueError):
             check_sn(bad)
         with pytest.raises(ValueError):

@@ -36,7 +36,7 @@ from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
 from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal
-from .registry import SN_RE, DeviceRegistry
+from .registry import DeviceRegistry, valid_sn
 from .tokens import TokenError, TokenStore
 
 METHOD_DEVICE = "device"
@@ -329,7 +329,7 @@ class Guard:
             raise self._failed(exc, sn, src, exempt, peer_ip, method, tls) from None
         principal.peer_ip = peer_ip
         principal.tls = tls
-        if method == METHOD_DEVICE and SN_RE.match(sn):
+        if method == METHOD_DEVICE and valid_sn(sn):
             self._fail_sn.succeed(f"{src}|{sn}")
         audit.record(self.metrics, "auth_ok", principal.kind, name=principal.name,
                      addr=peer_ip, tls=tls, transport="tls" if tls else "PLAIN-TCP")
@@ -345,7 +345,7 @@ class Guard:
         RATE_LIMITED with ``retry_after_ms`` until its window ends) -- other sources
         are not affected, and a correct proof from anywhere is accepted whatever the
         counters say (see :meth:`authenticate`)."""
-        per_sn = method == METHOD_DEVICE and bool(SN_RE.match(sn))
+        per_sn = method == METHOD_DEVICE and valid_sn(sn)
         # the first `limit` failures in a window are answered AUTH_FAILED, later ones
         # RATE_LIMITED: look at the count before adding this failure
         wait, scope = 0.0, ""
@@ -370,7 +370,7 @@ class Guard:
     def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
         cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
         proof = bytes(_field(body, "proof", "mac") or b"")
-        key, state = self.registry.lookup(sn) if SN_RE.match(sn) else (None, "unknown")
+        key, state = self.registry.lookup(sn) if valid_sn(sn) else (None, "unknown")
         # Compute the MAC whether or not the SN exists: same work, same answer.
         want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
         good = keys.equal(want, proof)
@@ -516,7 +516,7 @@ class Guard:
         An authorised network change is logged at warning level with the principal.
         """
         # Look the lock up first, whatever the answer will be: the same work each time.
-        state = self.registry.lookup(sn)[1] if SN_RE.match(sn) else "unknown"
+        state = self.registry.lookup(sn)[1] if valid_sn(sn) else "unknown"
         network: tuple[str, ...] = ()
         try:
             principal.require_command(sn)                      # scope, before any detail

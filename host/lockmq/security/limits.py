@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
 
-from .errors import AuthRateLimited, ConnectionRefused, FrameTooLarge, LimitExceeded, RateLimited
+from .errors import ConnectionRefused, FrameTooLarge, LimitExceeded, RateLimited
 
 Clock = Callable[[], float]
 K = TypeVar("K", bound=Hashable)
@@ -163,7 +163,6 @@ class ConnectionLimiter:
         self.max_connections = max_connections
         self.per_address = per_address
         self.policy = policy or SourcePolicy(exempt=exempt)
-        self.exempt = frozenset(exempt)
         self.total = 0
         self._by_addr: dict[str, int] = {}
         self._rate = KeyedRateLimiter(rate, burst, max_keys, clock)
@@ -230,20 +229,6 @@ class FailureLimiter:
         if entry[1] >= self.limit:
             return max(self.window_s - (now - entry[0]), 0.001)
         return 0.0
-
-    def check(self, key: str, label: str) -> None:
-        """Raise :class:`AuthRateLimited` if ``key`` is blocked now."""
-        entry = self._fails.get(key)
-        if entry is None:
-            return
-        now = self._clock()
-        if now - entry[0] >= self.window_s:
-            self._fails.pop(key)
-            return
-        if entry[1] >= self.limit:
-            wait = self.window_s - (now - entry[0])
-            raise AuthRateLimited(f"too many failed authentications for {label}",
-                                  reason="auth_rate_limited", retry_after_ms=int(wait * 1000) + 1)
 
     def fail(self, key: str) -> None:
         """Count one failure of ``key``."""

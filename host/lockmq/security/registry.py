@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from . import db, keys
+from lockmq.protocol import IDENTITY_RULE, identity_problem
 
-SN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+from . import db, keys
+from .identity import fold
+
+
+def valid_sn(sn: Any) -> bool:
+    """Whether ``sn`` can be a lock SN: the protocol's one identity rule
+    (:func:`lockmq.protocol.identity_problem`), the one its session checks at CONNECT."""
+    return isinstance(sn, str) and identity_problem(sn) is None
 
 
 def check_sn(sn: str) -> str:
@@ -21,9 +27,8 @@ def check_sn(sn: str) -> str:
 
     1-64 characters of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit.
     """
-    if not isinstance(sn, str) or not SN_RE.match(sn):
-        raise ValueError(f"invalid SN {sn!r}: 1-64 characters of A-Z a-z 0-9 . _ -, "
-                         "starting with a letter or digit")
+    if not valid_sn(sn):
+        raise ValueError(f"invalid SN {sn!r}: {IDENTITY_RULE}")
     return sn
 
 
@@ -116,7 +121,7 @@ class DeviceRegistry:
         and the duplicate table must never mix a lock up with a lookalike."""
         seen: dict[str, str] = {}
         for sn in sns:
-            f = sn.casefold()
+            f = fold(sn)
             if f in seen and seen[f] != sn:
                 raise SnTaken(f"SNs {seen[f]!r} and {sn!r} differ only in case")
             seen[f] = sn
@@ -207,7 +212,7 @@ class DeviceRegistry:
         otherwise grow the table forever). Persisted: ownership survives restarts.
         """
         now = time.time() if now is None else now
-        f = pid.casefold()
+        f = fold(pid)
         row = self._db.execute("SELECT owner, last_used FROM producer_ids WHERE id_fold = ?",
                                (f,)).fetchone()
         if row is not None and row[0] == owner and now - float(row[1]) < _TOUCH_S:
