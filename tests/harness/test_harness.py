@@ -54,6 +54,19 @@ def test_broker_process_restarts_on_its_port_with_its_data(tmp_path):
         assert broker.stop() == 0
 
 
+def test_a_broker_that_dies_at_start_is_reported_with_its_last_words(tmp_path):
+    """start() fails with the broker's own refusal in the message: the log is read to
+    its end before giving up, not only until the process is seen gone."""
+    broker = BrokerProcess(tmp_path / "data", {"security": {"no_such_key": 1}}, start=False)
+    try:
+        broker.start()
+    except AssertionError as exc:
+        assert "no_such_key" in str(exc)
+        assert not broker.running()
+    else:
+        raise AssertionError("a broker with an unknown [security] key started")
+
+
 def test_secure_broker_serves_its_locks_and_tokens_over_plain_and_tls(tmp_path):
     from lockmq.security.tls import client_context
     env = SecureBroker(tmp_path, tls=True, locks=["LOCK-H3"], tokens={"ops": Permissions(admin=True)})

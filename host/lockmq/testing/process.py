@@ -76,6 +76,8 @@ class BrokerProcess:
         self.config_path = str(self.workdir / "broker.toml")
         self.log_path = self.workdir / "broker.log"
         self.lines: list[str] = []
+        #: True while a thread is still reading the process's output
+        self._reading = False
         self.starts = 0
         self.proc: subprocess.Popen[str] | None = None
         self._cond = threading.Condition()
@@ -96,6 +98,7 @@ class BrokerProcess:
             [*LOCKMQ_COMMAND, "broker", "--config", self.config_path],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._reading = True
         threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
         line = self.wait_log(r"broker_started", timeout=timeout, start=mark)
         self.port = int(re.search(r"\bport=(\d+)", line).group(1))
@@ -146,6 +149,9 @@ class BrokerProcess:
         with log:
             for line in proc.stdout:
                 self._add_line(line.rstrip("\n"), log)
+        with self._cond:       # every line the process wrote is in self.lines now
+            self._reading = False
+            self._cond.notify_all()
 
     def mark(self) -> int:
         """Where the log is now: pass as ``start`` to :meth:`wait_log`."""
@@ -162,7 +168,10 @@ class BrokerProcess:
                     if rx.search(line):
                         return line
                 left = deadline - time.monotonic()
-                if left <= 0 or not self.running():
+                # give up once all output is read (not merely once the process is
+                # gone: its last lines, often the reason it died, may still be in
+                # the pipe)
+                if left <= 0 or not self._reading:
                     raise AssertionError(f"no log line matching {pattern!r}; last lines:\n"
                                          + self.log_tail())
                 self._cond.wait(min(left, 0.5))
