@@ -119,7 +119,7 @@ def main() -> None:
     print(f"floor (bare struct.unpack_from loop): {spread(floors)} frames/s")
     print(f"decode (FrameDecoder, CRC checked):   {spread(decodes)} frames/s")
     print(f"  ratio decode/floor:                 {spread(ratios)}")
-    print(f"  CRC-16 alone (crcmod, per frame):   {spread(crcs)} frames/s")
+    print(f"  CRC-16 alone (crc_hqx, per frame):   {spread(crcs)} frames/s")
     print(f"encode (encode_frame):                {spread(encodes)} frames/s")
     print(micropython_figures(args.mpy_frames))
 

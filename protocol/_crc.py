@@ -1,9 +1,9 @@
 # CRC-16/CCITT-FALSE (poly 0x1021, init 0xFFFF, no reflection, xorout 0).
 # The lock computes it from a 256-entry table with small-int arithmetic only
 # (no heap allocation per byte on a 32-bit MicroPython); the host uses the standard
-# library's binascii.crc_hqx (the same CRC with init 0xFFFF, in C, and faster than
-# crcmod on 40-72-byte frames), else crcmod, else the table. The shared vectors
-# prove every one gives the same answer.
+# library's binascii.crc_hqx (the same CRC with init 0xFFFF, in C; every supported
+# CPython has it). The shared vectors prove both give the same answer (the tests
+# also hold them against crcmod, an independent implementation).
 
 try:
     from array import array
@@ -35,20 +35,7 @@ def crc16_table(data, crc=0xFFFF):
     return crc
 
 
-try:
-    import crcmod.predefined as _crcmod_predefined
-except ImportError:  # MicroPython, or a host without crcmod
-    crc16_crcmod = None
-    crc16 = crc16_table
-else:
-    crc16_crcmod = _crcmod_predefined.mkCrcFun("crc-ccitt-false")
-    # crcmod wraps its C function in a Python closure; calling the C function
-    # directly saves a Python frame per CRC on the decoder's hot path.
-    _init, _ctable, _cfun = crc16_crcmod.__defaults__
-
-    def crc16(data, crc=0xFFFF):
-        """CRC-16/CCITT-FALSE of a bytes-like object (crcmod's C code)."""
-        return _cfun(data, crc, _ctable)
+crc16 = crc16_table
 
 try:
     from binascii import crc_hqx as _crc_hqx

@@ -15,7 +15,7 @@ from ._crc import crc16
 from ._errors import (BadFrame, UnsupportedVersion, FrameTooLarge,
                       BadChecksum, UnknownOpcode, LocalProtocolError)
 
-# MicroPython (the lock) hashes the CRC through a memoryview; CPython (crcmod, the
+# MicroPython (the lock) hashes the CRC through a memoryview; CPython (crc_hqx, the
 # broker's hot path) slices, which is faster there.
 _VIEW = sys.implementation.name == "micropython"
 _CRC = ">H"
