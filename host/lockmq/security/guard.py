@@ -445,8 +445,11 @@ class Guard:
             raise
 
     def check_publish(self, principal: Principal, topic: str, sn: Any = None, n: int = 1) -> None:
-        """SN binding, topic permission and (for locks) the message rate of a publish."""
-        self.check_frame_sn(principal, sn)
+        """SN binding, topic permission and (for locks) the message rate of a publish.
+        The broker binds a frame's SN in the session and passes none: no second check
+        per record on the publish path."""
+        if sn is not None:
+            self.check_frame_sn(principal, sn)
         try:
             if topic in self.internal_topics:
                 raise system_topic_refusal(principal, topic, internal=True)
