@@ -74,10 +74,10 @@ def run(path, crc_functions=None):
     a = v["auth"]
     passed += check(p.verify_auth_proof(_h(a["key_hex"]), _h(a["nonce_hex"]), _h(a["cnonce_hex"]),
                                         a["sn"], _h(a["proof_hex"])), "auth proof")
-    all_frames = b""
+    parts = []             # joined once: += would copy the growing stream every frame
     for f in v["frames"]:
         data = _h(f["hex"])
-        all_frames += data
+        parts.append(data)
         enc = p.encode_frame(f["opcode"], f["sn"], _h(f["body_hex"]), f["opaque"], f["flags"])
         passed += check(enc == data, "encode %s" % f["name"])
         got, _ = _decode_all(data, 1)
@@ -95,10 +95,13 @@ def run(path, crc_functions=None):
             body.args = b"\x00\x3c"
             passed += check(not p.verify_command(_h(a["key_hex"]), f["sn"], body),
                             "tampered command refused")
+    all_frames = b"".join(parts)
+    parts = None
     for chunk in (1, 7, 64, 4096):
         got, dec = _decode_all(all_frames, chunk)
         passed += check(len(got) == len(v["frames"]) and dec.buffered() == 0,
                         "stream in chunks of %d" % chunk)
+        got = dec = None   # one stream's frames at a time, in a lock-sized heap
     for e in v["events"]:
         ev = p.LockEvent.decode(_h(e["hex"]))
         passed += check(_plain(ev) == e["fields"] and ev.encode() == _h(e["hex"]), "lock event")
