@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
+from lockmq.store.files import fsync_dir
 from lockmq.spark.layout import MANIFEST, SEGMENT_DIR, Segment, complete_end, list_segments, read_identity, walk_boundaries
 
 MANIFEST_VERSION = 1
@@ -119,15 +120,9 @@ def _describe(data: bytes, seg: Segment, clock: Clock) -> dict:
             "records": n, "exported_at": _stamp(clock)}
 
 
-def _fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: str, data: bytes) -> None:
+    # Not store.files.atomic_write: an export is handed to other users (Spark, a
+    # copy tool), so its files keep the umask's mode, not the store's private 0600.
     tmp = path + ".part"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -179,10 +174,10 @@ def _export_dir(src: str, dest: str, broker: str, gateway: str, include_active: 
         res.bytes += len(data)
         res.records += manifest["segments"][name]["records"]
     if names:
-        _fsync_dir(seg_dir)
+        fsync_dir(seg_dir)
         manifest["exports"].append({"at": _stamp(clock), "segments": names})
         _write_atomic(mpath, json.dumps(manifest, indent=1, sort_keys=True).encode())
-        _fsync_dir(dest)
+        fsync_dir(dest)
     res.exported = names
 
 
