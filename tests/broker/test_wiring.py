@@ -23,6 +23,7 @@ from lockmq.broker.connection import Connection, Services
 from lockmq.broker.devices import Devices
 from lockmq.broker.periodic import start_periodic, stop_task
 from lockmq.broker.publish import PublishPath
+from lockmq.broker.status import StatusPage
 from lockmq.security import BrokerGuard, Guard, SecurityConfig
 
 BROKER_DIR = Path(lockmq.broker.__file__).parent
@@ -59,7 +60,8 @@ def test_both_guards_implement_the_broker_guard_protocol(guard) -> None:
     assert guard.auth_mode in ("off", "required")
 
 
-@pytest.mark.parametrize("component", [Connection, Devices, Commands, Admin, PublishPath])
+@pytest.mark.parametrize("component", [Connection, Devices, Commands, Admin, PublishPath,
+                                       StatusPage])
 def test_no_component_receives_the_whole_broker(component) -> None:
     whole = re.compile(r"\bBroker\b")
     for p in list(inspect.signature(component.__init__).parameters.values())[1:]:

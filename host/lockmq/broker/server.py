@@ -77,7 +77,7 @@ class Broker:
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections)
-        self.status = StatusPage(self)
+        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
@@ -129,6 +129,7 @@ class Broker:
             self.servers.append(srv)
             if self.server is None:
                 self.server, self.port = srv, port
+                self.status.title = f"lockmq broker :{port}"
             if tls:
                 self.tls_port = port
         if cfg.status_port:

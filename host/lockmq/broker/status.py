@@ -26,7 +26,11 @@ from .metrics import MetricsEndpoint, disk_free_bytes
 from .periodic import start_periodic, stop_task
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from lockmq.config import BrokerSection
+
+    from .admin import Admin
+    from .devices import Devices
+    from .logs import EventLog, Stats
 
 MAX_REQUEST = 8192
 MAX_HEADER_LINES = 64
@@ -39,8 +43,15 @@ class _BadRequest(Exception):
 class StatusPage:
     """The HTTP listener; see the module docstring."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
+    def __init__(self, settings: "BrokerSection", stats: "Stats", log: "EventLog",
+                 admin: "Admin", devices: "Devices") -> None:
+        self.settings = settings
+        self.stats = stats
+        self.log = log
+        self.admin = admin
+        self.devices = devices
+        #: the dashboard's title; the broker adds its port once it listens
+        self.title = "lockmq broker"
         self.server: asyncio.base_events.Server | None = None
         #: status connections open now (capped by ``status_max_connections``)
         self.active = 0
@@ -51,7 +62,7 @@ class StatusPage:
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",
                      "status_bad_requests"):
-            broker.stats.c.setdefault(name, 0)
+            stats.c.setdefault(name, 0)
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port."""
@@ -75,8 +86,8 @@ class StatusPage:
                 .encode() + body)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        b = self.broker
-        cfg = b.config.broker
+        b = self
+        cfg = self.settings
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if self.active >= cfg.status_max_connections:
@@ -114,7 +125,7 @@ class StatusPage:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         state: dict[str, bool]) -> None:
         """Read one request and write its answer (under the caller's deadline)."""
-        b = self.broker
+        b = self
         try:
             line = await reader.readline()
             accept = ""
@@ -143,16 +154,15 @@ class StatusPage:
         self._refused_since_log += 1
         now = time.monotonic()
         if now - self._refused_logged >= 1.0:
-            self.broker.log("status_refused", peer=peer, refused=self._refused_since_log,
-                            max_connections=self.broker.config.broker.status_max_connections,
-                            level="warning")
+            self.log("status_refused", peer=peer, refused=self._refused_since_log,
+                     max_connections=self.settings.status_max_connections, level="warning")
             self._refused_logged = now
             self._refused_since_log = 0
 
     def render(self, path: str, accept: str = "") -> tuple[str, str, bytes]:
         """(status, content type, body) of ``path``; ``accept`` is the request's
         Accept header (``text/plain`` without ``text/html`` asks ``/`` for text)."""
-        admin = self.broker.admin
+        admin = self.admin
         views: dict[str, Any] = {"/stats": admin.stats, "/clusters": admin.clusters,
                                  "/topics": admin.topics, "/devices": admin.devices,
                                  "/commands": admin.commands}
@@ -176,11 +186,11 @@ class StatusPage:
 
     def _views(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The ``stats`` and ``clusters`` admin views (every cluster, live or on disk)."""
-        admin = self.broker.admin
+        admin = self.admin
         return admin.stats({}), admin.clusters({})["clusters"]
 
     def _disk_free(self) -> float:
-        return disk_free_bytes(self.broker.config.broker.data_dir)
+        return disk_free_bytes(self.settings.data_dir)
 
     def _metric_views(self) -> tuple[dict[str, Any], list[dict[str, Any]],
                                      dict[str, tuple[str, float]]]:
@@ -192,7 +202,7 @@ class StatusPage:
 
     def _online(self) -> set[str]:
         # the SNs only: not the ``devices`` view (sorted, one dict per lock) per sample
-        return set(self.broker.devices.online_by_sn)
+        return set(self.devices.online_by_sn)
 
     def sample(self) -> None:
         """Add one sample to the dashboard's history (the periodic helper calls this)."""
@@ -201,19 +211,19 @@ class StatusPage:
             self.history.add(dashboard.take_sample(stats, clusters, self._disk_free()),
                              self._online())
         except Exception as exc:  # noqa: BLE001 -- a failed sample must not stop sampling
-            self.broker.log("dashboard_sample_failed", error=repr(exc), level="error")
+            self.log("dashboard_sample_failed", error=repr(exc), level="error")
 
     def dashboard(self) -> str:
         """The HTML dashboard."""
         stats, clusters = self._views()
-        return dashboard.render(f"lockmq broker :{self.broker.port}", stats, clusters,
+        return dashboard.render(self.title, stats, clusters,
                                 self._online(), self.history)
 
     def summary(self) -> str:
         """A page a person reads: connections, devices, clusters, counters."""
         stats, clusters = self._views()
         s = stats["broker"]
-        out = [f"lockmq broker  port {self.broker.port}  uptime {s['uptime_s']:.0f} s",
+        out = [f"{self.title}  uptime {s['uptime_s']:.0f} s",
                f"connections {stats['connections']} (max {stats['max_connections']})   "
                f"locks online {stats['devices_online']}",
                f"published {s['publish_stored']} stored, {s['publish_duplicates']} duplicates, "
