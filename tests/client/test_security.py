@@ -211,3 +211,18 @@ def test_a_missing_right_is_named(secured):
     with Admin(b.address, token=token) as admin:
         with pytest.raises(AdminError, match="needs a token with the admin right"):
             admin.request("topics")
+
+
+@pytest.mark.parametrize("client_id", ["$broker", "ops tool", "a:1", "ops\n"])
+def test_an_invalid_client_id_is_refused_before_connecting(client_id):
+    """The library raises its own error (a LockmqError and a ValueError), naming the
+    rule, without opening a socket: port 9 on loopback has no listener, and a
+    connect attempt would raise ConnectionLost instead."""
+    from lockmq.client import InvalidIdentityError, LockmqError
+    from lockmq.protocol import ErrorCode
+
+    with pytest.raises(InvalidIdentityError) as info:
+        asyncio.run(open_session(Endpoint("127.0.0.1", 9), client_id, Role.SERVICE,
+                                 Credentials.token("t")))
+    assert isinstance(info.value, LockmqError) and isinstance(info.value, ValueError)
+    assert info.value.code == ErrorCode.INVALID_ARGUMENT and "client id" in str(info.value)

@@ -32,6 +32,7 @@ from .errors import (
     ConnectionLost,
     ForbiddenError,
     InsecureTransportError,
+    InvalidIdentityError,
     LockmqError,
     TlsError,
 )
@@ -51,5 +52,6 @@ __all__ = [
     "Producer", "Message", "SendResult", "CommandOutcome", "Credentials", "Endpoint",
     "IdempotencyStore", "SqliteIdempotency", "PostgresIdempotency", "idempotency_store",
     "LockmqError", "ConnectionLost", "ClientClosed", "BrokerError", "BusyError", "AuthError",
-    "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError", "TlsError",
+    "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError", "InvalidIdentityError",
+    "TlsError",
 ]

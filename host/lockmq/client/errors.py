@@ -77,6 +77,19 @@ class AdminError(LockmqError):
     """An admin request was refused or failed on the broker."""
 
 
+class InvalidIdentityError(LockmqError, ValueError):
+    """Refused before connecting: the client id (or lock SN) breaks the identity rule
+    (SPEC §2), so the broker would refuse it. Nothing was sent.
+
+    Attributes:
+        code: ``ErrorCode.INVALID_ARGUMENT``.
+    """
+
+    def __init__(self, message: str, code: int) -> None:
+        self.code = code
+        super().__init__(message)
+
+
 class InsecureTransportError(LockmqError):
     """Refused before connecting: a token would cross the network in clear.
 

@@ -42,6 +42,7 @@ from .errors import (
     ConnectionLost,
     ForbiddenError,
     InsecureTransportError,
+    InvalidIdentityError,
     TlsError,
 )
 
@@ -180,9 +181,10 @@ async def open_session(
 ) -> tuple[FrameConnection, ConnectAck]:
     """Connect, authenticate and return the live connection and the broker's ack.
 
-    Raises :class:`InsecureTransportError` (before any connect: a token would go in
-    clear to a remote host), :class:`AuthError`, :class:`BusyError` (too many
-    connections, ...), :class:`BrokerError` or :class:`ConnectionLost`. Frames the broker sent right
+    Raises :class:`InvalidIdentityError` or :class:`InsecureTransportError` (before any
+    connect: an id the broker would refuse; a token would go in clear to a remote
+    host), :class:`AuthError`, :class:`BusyError` (too many connections, ...),
+    :class:`BrokerError` or :class:`ConnectionLost`. Frames the broker sent right
     after CONNECT_ACK wait in ``conn.early_frames``: call ``conn.dispatch_early()``
     once the caller is ready for them.
     """
@@ -197,7 +199,10 @@ async def open_session(
                                on_lost=lambda exc: inbox.put_nowait(None))
 
     if sn or role == Role.LOCK:
-        check_identity(sn, "lock SN" if role == Role.LOCK else "client id")
+        try:
+            check_identity(sn, "lock SN" if role == Role.LOCK else "client id")
+        except SessionError as exc:   # the client library raises its own errors only
+            raise InvalidIdentityError(str(exc), exc.code) from None
     session = ClientSession(role, sn, credentials.method, credentials.secret, CLIENT_NAME,
                             keepalive_s)
 
