@@ -28,6 +28,9 @@ class Op:
     ERROR = 0x0F
     PUBLISH = 0x10
     PUBLISH_ACK = 0x11
+    # scheduled delivery (protocol/_schedule.py; SPEC "Scheduled delivery")
+    PUBLISH_AT = 0x18         # a publish delivered at deliver_at_ms -> PUBLISH_ACK(schedule id)
+    SCHEDULE_CANCEL = 0x19    # cancel a scheduled publish or command -> OK
     SUBSCRIBE = 0x20
     SUBSCRIBE_ACK = 0x21
     UNSUBSCRIBE = 0x22
@@ -38,6 +41,8 @@ class Op:
     NACK = 0x27
     COMMAND = 0x30
     COMMAND_RESULT = 0x31
+    COMMAND_AT = 0x32         # a command that enters the command path at not_before_ms
+    COMMAND_SCHEDULED = 0x33  # -> COMMAND_AT accepted: its schedule id
     ADMIN_REQUEST = 0x100
     ADMIN_RESPONSE = 0x101
 

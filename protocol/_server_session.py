@@ -19,7 +19,8 @@ CLIENT_HANDSHAKE = {
 # What an authenticated client may send, by its role (decided by the broker from
 # the credentials, not by what the client claimed).
 _COMMON = (Op.HEARTBEAT, Op.DISCONNECT, Op.PUBLISH)
-_SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op.COMMAND)
+_SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op.COMMAND,
+                      Op.PUBLISH_AT, Op.SCHEDULE_CANCEL, Op.COMMAND_AT)   # (scheduled)
 CLIENT_REQUESTS = {
     Role.LOCK: _COMMON + (Op.COMMAND_RESULT,),
     Role.SERVICE: _SERVICE,

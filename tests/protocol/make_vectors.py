@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 
 from lockmq import protocol as p
+from lockmq.protocol import _schedule as sched
 
 OUT = Path(__file__).resolve().parents[2] / "protocol" / "vectors.json"
 SN = "LK-0A1B2C3D"
@@ -89,6 +90,19 @@ def main() -> None:
         frame_vector("command_result", p.Op.COMMAND_RESULT,
                      p.CommandResult(SN, 7, p.CommandStatus.OK, "unlocked 5 s"), 20, p.Flag.RESPONSE),
         frame_vector("ok", p.Op.OK, b"", 21, p.Flag.RESPONSE),
+        # scheduled delivery (SPEC "Scheduled delivery"; protocol/_schedule.py)
+        frame_vector("publish_at", p.Op.PUBLISH_AT,
+                     sched.PublishAt("door.reminders", 44, TS, TS + 300_000, b"still open?"), 40,
+                     0, "svc-billing-1"),
+        frame_vector("publish_at_ack", p.Op.PUBLISH_ACK, p.PublishAck(0, 17), 40,
+                     p.Flag.RESPONSE, "svc-billing-1"),
+        frame_vector("schedule_cancel", p.Op.SCHEDULE_CANCEL, sched.ScheduleCancel(17), 41, 0,
+                     "svc-billing-1"),
+        frame_vector("command_at", p.Op.COMMAND_AT,
+                     sched.CommandAt(SN, 8, 0, p.CommandKind.UNLOCK, struct.pack(">H", 600),
+                                     TS + 3_600_000), 42, 0, "svc-billing-1"),
+        frame_vector("command_scheduled", p.Op.COMMAND_SCHEDULED,
+                     sched.CommandScheduled(SN, 8, 18), 42, p.Flag.RESPONSE, "svc-billing-1"),
         frame_vector("admin_request", p.Op.ADMIN_REQUEST,
                      p.encode_json({"op": "topics", "args": {}}), 30, 0, "admin"),
     ]
@@ -125,6 +139,8 @@ def main() -> None:
          "code": 6},
         {"name": "publish_truncated", "opcode": p.Op.PUBLISH, "body_hex": "0b6c6f636b2e657665",
          "error": "BadBody", "code": 6},
+        {"name": "command_at_truncated", "opcode": p.Op.COMMAND_AT,
+         "body_hex": "0000019aa8d0", "error": "BadBody", "code": 6},
         {"name": "ack_trailing_bytes", "opcode": p.Op.ACK, "body_hex": "000000010000ff",
          "error": "BadBody", "code": 6},
         {"name": "error_message_not_utf8", "opcode": p.Op.ERROR, "body_hex": "0014000000000002fffe",
