@@ -277,6 +277,31 @@ class CommandsSection:
 
 
 @dataclass
+class ScheduledSection:
+    """Scheduled publishes and commands (``lockmq.broker.scheduler``).
+
+    Attributes:
+        max_per_principal: scheduled items one token (or lock) may have waiting;
+            beyond it a new one gets LIMIT_EXCEEDED.
+        max_total: scheduled items waiting in the whole broker (LIMIT_EXCEEDED).
+        max_bytes_total: payload bytes held for waiting items (they are kept in
+            memory to be written on time; LIMIT_EXCEEDED).
+        max_horizon_s: how far ahead a deliver-at / not-before time may be
+            (INVALID_ARGUMENT); keep it below the store's retention.
+        max_sleep_ms: longest the timer sleeps between looks at the clock (it wakes
+            earlier for the earliest due item).
+        batch: items written to their topics in one group commit.
+    """
+
+    max_per_principal: int = 10_000
+    max_total: int = 200_000
+    max_bytes_total: int = 256 * 1024 * 1024
+    max_horizon_s: float = 40 * 24 * 3600.0
+    max_sleep_ms: int = 1000
+    batch: int = 2000
+
+
+@dataclass
 class Config:
     """The whole broker configuration (one TOML file)."""
 
@@ -285,6 +310,7 @@ class Config:
     consumers: ConsumersSection = field(default_factory=ConsumersSection)
     clusters: ClustersSection = field(default_factory=ClustersSection)
     commands: CommandsSection = field(default_factory=CommandsSection)
+    scheduled: ScheduledSection = field(default_factory=ScheduledSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -396,6 +422,7 @@ _SECTIONS = {
     "consumers": ConsumersSection,
     "clusters": ClustersSection,
     "commands": CommandsSection,
+    "scheduled": ScheduledSection,
 }
 
 

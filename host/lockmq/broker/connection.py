@@ -101,6 +101,7 @@ class Services:
     commands: Commands
     admin: Admin
     connections: Connections
+    scheduler: Any = None      # scheduler.Scheduler: PUBLISH_AT, COMMAND_AT, SCHEDULE_CANCEL
 
 
 class Connection(asyncio.Protocol):
@@ -829,6 +830,10 @@ _HANDLERS = {
     Op.COMMAND: Connection._on_command,
     Op.COMMAND_RESULT: Connection._on_command_result,
     Op.ADMIN_REQUEST: Connection._on_admin,
+    # scheduled delivery (scheduler.py)
+    Op.PUBLISH_AT: lambda c, f: c.services.scheduler.on_publish_at(c, f),
+    Op.COMMAND_AT: lambda c, f: c.services.scheduler.on_command_at(c, f),
+    Op.SCHEDULE_CANCEL: lambda c, f: c.services.scheduler.on_cancel(c, f),
 }
 
 __all__ = ["Connection", "Role"]

@@ -35,6 +35,7 @@ from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
+from .scheduler import Scheduler
 from .status import StatusPage
 
 #: file descriptors kept for the store, logs and the status page
@@ -75,8 +76,13 @@ class Broker:
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
+        self.scheduler = Scheduler(config.scheduled, self.core, self.publisher, self.commands,
+                                   self.guard, stats, log, lambda: self.connections.closing)
+        self.admin.ops.update({"scheduled.list": self.scheduler.list_op,
+                               "scheduled.cancel": self.scheduler.cancel_op})
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
-                                 self.devices, self.commands, self.admin, self.connections)
+                                 self.devices, self.commands, self.admin, self.connections,
+                                 self.scheduler)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
@@ -110,6 +116,7 @@ class Broker:
         store_logger.addHandler(self._store_log)
         store_logger.setLevel(logging.INFO)
         self.core.open()
+        await self.scheduler.start()
         loop = asyncio.get_running_loop()
         ctx = self.guard.tls_context()
         services = self.services
@@ -162,6 +169,7 @@ class Broker:
         await self.status.stop()
         await self.devices.stop()
         await self.commands.stop()
+        await self.scheduler.stop()
         # locks go offline with the broker (consumers of $devices see it)
         for conn in list(self.devices.online_by_sn.values()):
             self.devices.offline(conn, "offline", reason="broker shutdown")

@@ -1,0 +1,568 @@
+"""Scheduled publishes and commands: records in the log, one timer, delivered once.
+
+A PUBLISH_AT or COMMAND_AT is stored like any publish (group commit, fsync, then
+the answer) as a record of the internal topic ``$scheduled``; its queue offset there
+is the *schedule id*. The broker keeps every waiting item in memory (a dict and a
+heap of due times, capped per principal, in count and in bytes) and rebuilds both
+from ``$scheduled`` on start. One task sleeps until the earliest due time (at most
+``max_sleep_ms``, so a test's ManualClock is seen too) and then:
+
+* publishes: writes a batch of due items to their real topics under the system id
+  ``$scheduled`` / seq = schedule id, with the header ``scheduled_id``; then appends
+  one ``done`` op record naming the ids (and, per topic, the last queue offset
+  written). A crash between the two leaves items written but not marked: on start,
+  each due item's topic is scanned from a bound (its queue end when it was
+  scheduled, and past the last marked offset) for its ``scheduled_id``, and those
+  found are only marked -- so an item is written once;
+* commands: hands the command to the command path (``Commands.submit``, rights were
+  checked when it was scheduled) and then marks it done: at least once.
+
+Cancel (SCHEDULE_CANCEL or the admin op ``scheduled.cancel``) appends a ``done``
+op with ``why = cancelled``. Records of ``$scheduled``:
+
+=========  ======================================================================
+``pub``    producer's (sn, seq), payload; headers ``t, at, topic, owner, q0``
+``cmd``    ``$scheduled`` id; payload = COMMAND body; headers ``t, at, owner, by,
+           admin``
+``done``   ``$scheduled`` id; headers ``t, why, ids, q`` (topic -> last offset)
+=========  ======================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from lockmq.config import ScheduledSection
+from lockmq.protocol import Command, CommandResult, ErrorCode, Flag, Op, PublishAck
+from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
+from lockmq.security import BrokerGuard, SecurityError
+from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic
+
+from .commands import Commands
+from .core import BrokerCore
+from .logs import EventLog, Stats
+from .publish import PublishPath, PublishRefused
+
+if TYPE_CHECKING:   # (types only)
+    from .connection import Connection
+
+#: the internal topic of scheduled items and their op records
+TOPIC = "$scheduled"
+#: the producer id of the broker's own records here and of delivered messages
+SCHED_SN = "$scheduled"
+MAX_SEQ = 0xFFFFFFFF
+#: results of scheduled commands kept for ``scheduled.list`` (bounded)
+RECENT_RESULTS = 200
+#: items shown by ``scheduled.list`` at most
+MAX_LIST = 1000
+
+
+class Item:
+    """One waiting scheduled publish (``kind`` "pub") or command ("cmd")."""
+
+    __slots__ = ("id", "at_ms", "kind", "topic", "sn", "seq", "lock_ts_ms", "payload",
+                 "owner", "by", "admin", "q0", "busy")
+
+    def __init__(self, id: int, at_ms: int, kind: str, topic: str, sn: str, seq: int,
+                 lock_ts_ms: int, payload: bytes, owner: str, by: str = "",
+                 admin: bool = False, q0: int = 0) -> None:
+        self.id = id
+        self.at_ms = at_ms
+        self.kind = kind
+        self.topic = topic          # real topic (pub) or the lock's SN (cmd)
+        self.sn = sn
+        self.seq = seq
+        self.lock_ts_ms = lock_ts_ms
+        self.payload = payload      # message payload (pub) or COMMAND body (cmd)
+        self.owner = owner          # the cap key: token name or lock SN
+        self.by = by                # principal name (commands: whose command)
+        self.admin = admin
+        self.q0 = q0                # the topic's queue end when scheduled (dedup bound)
+        self.busy = False           # being delivered: no longer cancellable
+
+    def view(self) -> dict[str, Any]:
+        """The admin view of the item."""
+        return {"id": self.id, "kind": "publish" if self.kind == "pub" else "command",
+                ("topic" if self.kind == "pub" else "target"): self.topic,
+                "at_ms": self.at_ms, "owner": self.owner, "bytes": len(self.payload)}
+
+
+def owner_of(principal: Any) -> str:
+    """The cap key of a principal: its token's name, else its own name."""
+    return getattr(principal, "token_name", "") or getattr(principal, "name", "?")
+
+
+class ScheduledSender:
+    """Stands in for the connection of a scheduled command when it enters the command
+    path (the service that scheduled it may be long gone): it keeps the outcome."""
+
+    def __init__(self, item: Item, principal: Any, done: Callable[[Item, int, str], None]) -> None:
+        self.item = item
+        self.principal = principal
+        self.closed = False
+        self._done = done
+
+    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
+        """The command's result (COMMAND_RESULT)."""
+        if opcode == Op.COMMAND_RESULT:
+            res = CommandResult.decode(body)
+            self._done(self.item, res.status, res.detail)
+
+    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
+        """The command path refused it (caps, size, expiry)."""
+        self._done(self.item, -int(code), message)
+
+    def refused(self, exc: SecurityError, opaque: int) -> None:
+        """Refused by the guard (only if rights were not checked)."""
+        self._done(self.item, -int(exc.code), exc.public_message or str(exc))
+
+
+class _Principal:
+    """The principal of a scheduled command at due time (rights were checked then)."""
+
+    def __init__(self, name: str, owner: str, admin: bool) -> None:
+        self.name = name
+        self.kind = "admin" if admin else "service"
+        self.token_id = ""
+        self.token_name = owner
+        self.is_admin = admin
+
+
+class Scheduler:
+    """Scheduled items: submit, hold, deliver on time, cancel (module docstring)."""
+
+    def __init__(self, cfg: ScheduledSection, core: BrokerCore, publisher: PublishPath,
+                 commands: Commands, guard: BrokerGuard, stats: Stats, log: EventLog,
+                 closing: Callable[[], bool]) -> None:
+        self.cfg = cfg
+        self.core = core
+        self.clock = core.clock
+        self.publisher = publisher
+        self.commands = commands
+        self.guard = guard
+        self.stats = stats
+        self.log = log
+        self.closing = closing
+        self.items: dict[int, Item] = {}
+        self._heap: list[tuple[int, int]] = []          # (at_ms, id); stale ids skipped
+        self.by_owner: dict[str, int] = {}              # waiting + being stored
+        self.held = 0
+        self.held_bytes = 0
+        self.last_q: dict[str, int] = {}                # topic -> last offset marked
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_RESULTS)
+        self._seq = 0
+        #: the clock's time at the timer's last look (tests wait for it to pass a time)
+        self.looked_at_ms = 0.0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Rebuild the waiting items from ``$scheduled``, settle the ones a crash left
+        written but unmarked, and start the timer task."""
+        self._wake = asyncio.Event()
+        self._rebuild()
+        await self._settle_in_doubt()
+        self._task = asyncio.ensure_future(self._run())
+        self.log("scheduled_started", waiting=len(self.items), bytes=self.held_bytes)
+
+    async def stop(self) -> None:
+        """Stop the timer (an item cut mid-write is settled at the next start)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+            self._task = None
+
+    def _rebuild(self) -> None:
+        store = self.core.store
+        assert store is not None
+        last = store.last_seq(SCHED_SN)
+        self._seq = 0 if last is None else (last + 1) & MAX_SEQ
+        q, end = store.queue_start(TOPIC), store.queue_end(TOPIC)
+        while q < end:
+            recs = store.read(TOPIC, q, 1000)
+            if not recs:
+                break
+            for r in recs:
+                self._replay(r)
+            q = recs[-1].queue_offset + 1
+        for it in self.items.values():
+            self._count_in(it.owner, len(it.payload))
+        self._heap = [(it.at_ms, it.id) for it in self.items.values()]
+        heapq.heapify(self._heap)
+
+    def _replay(self, r: Any) -> None:
+        h = r.headers or {}
+        t = h.get("t")
+        try:
+            if t == "pub":
+                self.items[r.queue_offset] = Item(
+                    r.queue_offset, int(h["at"]), "pub", str(h["topic"]), r.sn, r.seq,
+                    r.lock_ts_ms, bytes(r.payload), str(h["owner"]), q0=int(h.get("q0", 0)))
+            elif t == "cmd":
+                self.items[r.queue_offset] = Item(
+                    r.queue_offset, int(h["at"]), "cmd", Command.decode(r.payload).target,
+                    r.sn, r.seq, 0, bytes(r.payload), str(h["owner"]), str(h.get("by", "")),
+                    bool(h.get("admin")))
+            elif t == "done":
+                for i in h.get("ids", ()):
+                    self.items.pop(int(i), None)
+                for topic, qo in (h.get("q") or {}).items():
+                    self.last_q[topic] = max(self.last_q.get(topic, -1), int(qo))
+        except (KeyError, TypeError, ValueError, Exception) as exc:  # noqa: BLE001
+            self.log("scheduled_record_skipped", queue_offset=r.queue_offset, error=repr(exc),
+                     level="warning")
+
+    async def _settle_in_doubt(self) -> None:
+        """Items due before this start may have been written to their topic by the
+        last run without being marked (a crash between the two): find them there."""
+        now = self.clock.wall_ms()
+        due: dict[str, dict[int, Item]] = {}
+        for it in self.items.values():
+            if it.kind == "pub" and it.at_ms <= now:
+                due.setdefault(it.topic, {})[it.id] = it
+        store = self.core.store
+        assert store is not None
+        found: list[Item] = []
+        for topic, byid in due.items():
+            q = max(min(it.q0 for it in byid.values()), self.last_q.get(topic, -1) + 1,
+                    store.queue_start(topic))
+            end = store.queue_end(topic)
+            while q < end and byid:
+                recs = store.read(topic, q, 1000)
+                if not recs:
+                    break
+                for r in recs:
+                    sid = (r.headers or {}).get("scheduled_id") if r.sn == SCHED_SN else None
+                    if sid is not None and int(sid) in byid:
+                        found.append(byid.pop(int(sid)))
+                q = recs[-1].queue_offset + 1
+        if found:
+            await self._mark(found, "delivered", {})
+            self.stats.inc("scheduled_dedup", len(found))
+            self.log("scheduled_settled", written_before_crash=len(found), level="warning")
+
+    # -- submit ---------------------------------------------------------------------
+
+    def on_publish_at(self, conn: "Connection", frame: Any) -> None:
+        """A PUBLISH_AT: check rights, horizon and caps, store it, answer PUBLISH_ACK
+        with the schedule id."""
+        p = PublishAt.decode(frame.body)
+        oneway = bool(frame.flags & Flag.ONEWAY)
+        principal = conn.principal
+        sn = frame.sn or principal.name
+        try:
+            validate_topic(p.topic)
+            if p.topic.startswith("$"):
+                raise InvalidRecord("scheduled messages go to client topics, not $ topics")
+            self.guard.check_publish(principal, p.topic, n=1)
+            self.guard.check_producer_id(principal, sn)
+        except SecurityError as exc:
+            self.stats.inc("scheduled_refused")
+            if exc.close or not oneway:
+                conn.refused(exc, frame.opaque)
+            return
+        except InvalidRecord as exc:
+            self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(exc))
+            return
+        owner = owner_of(principal)
+        if not self._admit(conn, frame, oneway, owner, p.deliver_at_ms, len(p.payload)):
+            return
+        rec = NewRecord(TOPIC, sn, p.seq, p.lock_ts_ms, p.payload, {
+            "t": "pub", "at": p.deliver_at_ms, "topic": p.topic, "owner": owner,
+            "q0": self.core.queue_end(p.topic)})
+
+        def stored(results: list[Any]) -> None:
+            a = results[0]
+            item = None
+            if not isinstance(a, Exception) and not a.duplicate:
+                item = Item(a.queue_offset, p.deliver_at_ms, "pub", p.topic, sn, p.seq,
+                            p.lock_ts_ms, p.payload, owner, q0=rec.headers["q0"])
+            self._stored(conn, frame, oneway, owner, len(p.payload), a, item)
+            if item is not None and not oneway:
+                conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.STORED, item.id).encode(),
+                                frame.opaque, Flag.RESPONSE)
+            elif a is not None and not isinstance(a, Exception) and not oneway:
+                conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.DUPLICATE, 0).encode(),
+                                frame.opaque, Flag.RESPONSE)
+
+        self.publisher.submit([rec], stored)
+
+    def on_command_at(self, conn: "Connection", frame: Any) -> None:
+        """A COMMAND_AT: check the command right now, store it, answer
+        COMMAND_SCHEDULED; at its time it enters the command path."""
+        c = CommandAt.decode(frame.body)
+        principal = conn.principal
+        try:
+            self.guard.check_command(principal, c.target, c.kind, c.args)
+        except SecurityError as exc:
+            self.stats.inc("scheduled_refused")
+            conn.refused(exc, frame.opaque)
+            return
+        owner = owner_of(principal)
+        body = Command(c.target, c.cmd_id, c.expires_ms, c.kind, c.args).encode()
+        if not self._admit(conn, frame, False, owner, c.not_before_ms, len(body)):
+            return
+        admin = bool(getattr(principal, "is_admin", False))
+        rec = NewRecord(TOPIC, SCHED_SN, self._next_seq(), 0, body, {
+            "t": "cmd", "at": c.not_before_ms, "owner": owner, "by": principal.name,
+            "admin": admin})
+
+        def stored(results: list[Any]) -> None:
+            a = results[0]
+            item = None
+            if not isinstance(a, Exception):
+                item = Item(a.queue_offset, c.not_before_ms, "cmd", c.target, SCHED_SN, rec.seq,
+                            0, body, owner, principal.name, admin)
+            self._stored(conn, frame, False, owner, len(body), a, item)
+            if item is not None:
+                conn.send_frame(Op.COMMAND_SCHEDULED,
+                                CommandScheduled(c.target, c.cmd_id, item.id).encode(),
+                                frame.opaque, Flag.RESPONSE)
+
+        self.publisher.submit([rec], stored)
+
+    def _admit(self, conn: "Connection", frame: Any, oneway: bool, owner: str, at_ms: int,
+               size: int) -> bool:
+        """Horizon and caps; on success the item is counted in (until stored or not)."""
+        cfg = self.cfg
+        if self.closing():
+            self._refuse(conn, frame, oneway, ErrorCode.SHUTTING_DOWN,
+                         "the broker is shutting down", 1000)
+            return False
+        if at_ms > self.clock.wall_ms() + cfg.max_horizon_s * 1000:
+            self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT,
+                         f"the delivery time is more than scheduled.max_horizon_s = "
+                         f"{cfg.max_horizon_s:g} s ahead")
+            return False
+        n = self.by_owner.get(owner, 0)
+        over = None
+        if n + 1 > cfg.max_per_principal:
+            over = f"{owner!r} has {n} scheduled items waiting (scheduled.max_per_principal)"
+        elif self.held + 1 > cfg.max_total:
+            over = f"{self.held} scheduled items are waiting (scheduled.max_total)"
+        elif self.held_bytes + size > cfg.max_bytes_total:
+            over = f"{self.held_bytes} bytes of scheduled items are waiting " \
+                   f"(scheduled.max_bytes_total)"
+        if over is not None:
+            self.stats.inc("scheduled_refused_cap")
+            self._refuse(conn, frame, oneway, ErrorCode.LIMIT_EXCEEDED,
+                         f"too many scheduled items: {over}")
+            self.log.limited("scheduled_refused", f"scheduled_cap:{owner}", owner=owner,
+                             message=over, level="warning")
+            return False
+        self._count_in(owner, size)
+        return True
+
+    def _stored(self, conn: "Connection", frame: Any, oneway: bool, owner: str, size: int,
+                a: Any, item: Item | None) -> None:
+        """What the store did with a scheduled record: hold the item, or answer why not."""
+        if item is None:
+            self._count_out(owner, size)
+        if isinstance(a, PublishRefused):
+            self._refuse(conn, frame, oneway, a.code, a.message, a.retry_after_ms)
+        elif isinstance(a, Exception):
+            self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(a))
+        elif item is not None:
+            self.items[item.id] = item
+            heapq.heappush(self._heap, (item.at_ms, item.id))
+            self.stats.inc("scheduled_accepted")
+            if self._wake is not None and self._heap[0][1] == item.id:
+                self._wake.set()      # the new earliest: re-arm the timer
+
+    def _refuse(self, conn: "Connection", frame: Any, oneway: bool, code: int, message: str,
+                retry_after_ms: int = 0) -> None:
+        self.stats.inc("scheduled_refused")
+        if not oneway:
+            conn.send_error(int(code), message, frame.opaque, retry_after_ms=retry_after_ms)
+
+    def _count_in(self, owner: str, size: int) -> None:
+        self.by_owner[owner] = self.by_owner.get(owner, 0) + 1
+        self.held += 1
+        self.held_bytes += size
+
+    def _count_out(self, owner: str, size: int) -> None:
+        n = self.by_owner.get(owner, 0) - 1
+        if n > 0:
+            self.by_owner[owner] = n
+        else:
+            self.by_owner.pop(owner, None)
+        self.held -= 1
+        self.held_bytes -= size
+
+    def _next_seq(self) -> int:
+        s = self._seq
+        self._seq = (s + 1) & MAX_SEQ
+        return s
+
+    # -- cancel ---------------------------------------------------------------------
+
+    def on_cancel(self, conn: "Connection", frame: Any) -> None:
+        """SCHEDULE_CANCEL: the sender's own item (or any, for an admin) -> OK."""
+        sid = ScheduleCancel.decode(frame.body).schedule_id
+        p = conn.principal
+        why = self._cancellable(sid, owner_of(p), bool(getattr(p, "is_admin", False)))
+        if why:
+            conn.send_error(int(ErrorCode.INVALID_ARGUMENT), why, frame.opaque)
+            return
+
+        async def run() -> None:
+            try:
+                await self.cancel(sid)
+            except Exception as exc:  # noqa: BLE001 -- the store refused the op record
+                conn.send_error(int(ErrorCode.BUSY), f"not cancelled: {exc}", frame.opaque,
+                                retry_after_ms=100)
+                return
+            conn.send_frame(Op.OK, b"", frame.opaque, Flag.RESPONSE)
+
+        self.core.spawn(run())
+
+    def _cancellable(self, sid: int, owner: str, admin: bool) -> str:
+        """Why ``sid`` cannot be cancelled by ``owner`` ("" when it can)."""
+        it = self.items.get(sid)
+        if it is None or (not admin and it.owner != owner):
+            return f"no waiting scheduled item {sid} of yours (unknown, delivered or cancelled)"
+        if it.busy:
+            return f"scheduled item {sid} is being delivered now"
+        return ""
+
+    async def cancel(self, sid: int) -> None:
+        """Cancel waiting item ``sid`` durably (an op record), then forget it."""
+        it = self.items[sid]
+        it.busy = True
+        try:
+            await self._mark([it], "cancelled", {})
+        except Exception:
+            it.busy = False
+            raise
+        self.stats.inc("scheduled_cancelled")
+
+    # -- delivery -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                due = self._pop_due()
+                if due:
+                    await self._deliver(due)
+                    continue
+                wait_ms = self.cfg.max_sleep_ms
+                if self._heap:
+                    wait_ms = min(wait_ms, max(1.0, self._heap[0][0] - self.clock.wall_ms()))
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait_ms / 1000.0)
+                except asyncio.TimeoutError:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except StoreBusy:
+                await asyncio.sleep(0.05)
+            except Exception as exc:  # noqa: BLE001 -- keep the timer alive; retry later
+                self.log("scheduled_delivery_failed", error=repr(exc), level="error")
+                await asyncio.sleep(1.0)
+
+    def _pop_due(self) -> list[Item]:
+        now = self.clock.wall_ms()
+        self.looked_at_ms = now
+        heap, items = self._heap, self.items
+        out: list[Item] = []
+        while heap and heap[0][0] <= now and len(out) < self.cfg.batch:
+            _, sid = heapq.heappop(heap)
+            it = items.get(sid)
+            if it is not None and not it.busy:
+                it.busy = True
+                out.append(it)
+        return out
+
+    async def _deliver(self, due: list[Item]) -> None:
+        try:
+            pubs = [it for it in due if it.kind == "pub"]
+            q: dict[str, int] = {}
+            if pubs:
+                res = await self.core.append([NewRecord(
+                    it.topic, SCHED_SN, it.id & MAX_SEQ, it.lock_ts_ms, it.payload,
+                    {"scheduled_id": it.id, "producer": it.sn, "producer_seq": it.seq,
+                     "deliver_at_ms": it.at_ms}) for it in pubs])
+                for it, a in zip(pubs, res):
+                    q[it.topic] = max(q.get(it.topic, -1), a.queue_offset)
+            for it in due:
+                if it.kind == "cmd":
+                    self._submit_command(it)
+            await self._mark(due, "delivered", q)
+        except BaseException:
+            for it in due:            # not marked: due again (dedup covers the writes)
+                if it.id in self.items:
+                    it.busy = False
+                    heapq.heappush(self._heap, (it.at_ms, it.id))
+            raise
+        now = self.clock.wall_ms()
+        self.stats.inc("scheduled_delivered", len(pubs))
+        self.stats.inc("scheduled_commands_due", len(due) - len(pubs))
+        self.stats.c["scheduled_last_lateness_ms"] = int(max(0.0, now - due[-1].at_ms))
+
+    def _submit_command(self, it: Item) -> None:
+        c = Command.decode(it.payload)
+        sender = ScheduledSender(it, _Principal(it.by, it.owner, it.admin), self._command_done)
+        self.commands.submit(sender, 0, c, checked=True)   # type: ignore[arg-type]
+
+    def _command_done(self, it: Item, status: int, detail: str) -> None:
+        self.recent.append({"id": it.id, "target": it.topic, "status": status,
+                            "detail": detail[:200], "at_ms": it.at_ms})
+        self.stats.inc("scheduled_command_results")
+        self.log("scheduled_command_result", id=it.id, target=it.topic, status=status,
+                 detail=detail[:200], level="info" if status == 0 else "warning")
+
+    async def _mark(self, items: list[Item], why: str, q: dict[str, int]) -> None:
+        """Append the ``done`` op record for ``items``, then forget them."""
+        rec = NewRecord(TOPIC, SCHED_SN, self._next_seq(), 0, b"",
+                        {"t": "done", "why": why, "ids": [it.id for it in items], "q": q})
+        await self.core.append([rec])
+        for topic, qo in q.items():
+            self.last_q[topic] = max(self.last_q.get(topic, -1), qo)
+        for it in items:
+            if self.items.pop(it.id, None) is not None:
+                self._count_out(it.owner, len(it.payload))
+
+    # -- operators ------------------------------------------------------------------
+
+    def list_op(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Admin ``scheduled.list`` [owner, limit]: waiting items, earliest first."""
+        owner = args.get("owner")
+        limit = args.get("limit", 100)
+        if not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+            return {"ok": False, "error": "INVALID_ARGUMENT",
+                    "message": f"limit must be an integer in [1, {MAX_LIST}]"}
+        its = [it for it in self.items.values() if not owner or it.owner == owner]
+        shown = heapq.nsmallest(limit, its, key=lambda it: (it.at_ms, it.id))
+        return {"ok": True, "waiting": len(self.items), "bytes": self.held_bytes,
+                "by_owner": dict(self.by_owner), "items": [it.view() for it in shown],
+                "recent_command_results": list(self.recent)}
+
+    def cancel_op(self, args: dict[str, Any]) -> Any:
+        """Admin ``scheduled.cancel`` {id}: cancel any waiting item."""
+        sid = args.get("id")
+        if not isinstance(sid, int) or isinstance(sid, bool):
+            return {"ok": False, "error": "INVALID_ARGUMENT", "message": "id (an integer) is required"}
+        why = self._cancellable(sid, "", True)
+        if why:
+            return {"ok": False, "error": "INVALID_ARGUMENT", "message": why}
+
+        async def run() -> dict[str, Any]:
+            await self.cancel(sid)
+            return {"ok": True, "cancelled": sid}
+        return run()
+
+    def info(self) -> dict[str, Any]:
+        """Gauges: waiting items and bytes, the next due time."""
+        nxt = min((at for at, sid in self._heap if sid in self.items), default=None) \
+            if len(self._heap) < 10000 else (self._heap[0][0] if self._heap else None)
+        return {"waiting": len(self.items), "bytes": self.held_bytes, "next_due_ms": nxt}
