@@ -150,7 +150,8 @@ class BrokerProcess:
             for line in proc.stdout:
                 self._add_line(line.rstrip("\n"), log)
         with self._cond:       # every line the process wrote is in self.lines now
-            self._reading = False
+            if proc is self.proc:   # (a killed process's pump may end after a restart)
+                self._reading = False
             self._cond.notify_all()
 
     def mark(self) -> int:
