@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable
+from datetime import datetime
+from typing import Any, Callable
 
 from lockmq.protocol import (
     Command,
@@ -37,6 +38,7 @@ from lockmq.protocol import (
 
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
+from .scheduled import cancel_body, command_at_body, due_ms, publish_at_body, scheduled_id_of
 from .errors import BrokerError, BusyError, ClientClosed, CommandError, LockmqError
 from .session import Credentials, Endpoint, error_from_body
 
@@ -59,7 +61,7 @@ class SendResult:
 
 
 class _Pending:
-    __slots__ = ("seq", "body", "future", "deadline", "callback", "retry_handle")
+    __slots__ = ("seq", "body", "future", "deadline", "callback", "retry_handle", "opcode")
 
     def __init__(self, seq: int, body: bytes, future: asyncio.Future, deadline: float,
                  callback: Callable[[asyncio.Future], None] | None) -> None:
@@ -69,6 +71,7 @@ class _Pending:
         self.deadline = deadline
         self.callback = callback
         self.retry_handle: asyncio.TimerHandle | None = None
+        self.opcode = Op.PUBLISH      # PUBLISH_AT for a scheduled message (scheduled.py)
 
 
 @dataclass(frozen=True)
@@ -137,9 +140,12 @@ class AsyncProducer(SessionClient):
                       "retransmits": 0, "failed": 0, "oneway": 0}
 
     # -- the three send modes --------------------------------------------------------
-    async def send(self, topic: str, payload: bytes, lock_ts_ms: int = 0) -> SendResult:
-        """Sync send: publish and wait for the broker's acknowledgement."""
-        return await self.send_async(topic, payload, lock_ts_ms)
+    async def send(self, topic: str, payload: bytes, lock_ts_ms: int = 0,
+                   **when: Any) -> SendResult:
+        """Sync send: publish and wait for the broker's acknowledgement.
+        ``deliver_at=`` / ``delay=`` / ``level=``: a scheduled message (see
+        :meth:`send_async`)."""
+        return await self.send_async(topic, payload, lock_ts_ms, **when)
 
     def send_async(
         self,
@@ -147,11 +153,20 @@ class AsyncProducer(SessionClient):
         payload: bytes,
         lock_ts_ms: int = 0,
         callback: Callable[[asyncio.Future], None] | None = None,
+        *,
+        deliver_at: float | datetime | None = None,
+        delay: float | None = None,
+        level: int | None = None,
     ) -> asyncio.Future:
         """Async send: publish now, return a future of :class:`SendResult`.
 
         ``callback(future)`` runs when the future resolves (ack or failure).
+        ``deliver_at`` (datetime or epoch seconds), ``delay`` (seconds) or ``level``
+        (RocketMQ delay level 1..18): the broker stores the message now and writes it
+        to ``topic`` when due; the result's ``offset`` is then its schedule id (for
+        :meth:`cancel_scheduled`; 0 when the send was a retransmission).
         """
+        at_ms = due_ms(deliver_at, delay, level)
         if self.closing:
             raise ClientClosed("producer is closed")
         if len(self._pending) >= self.max_in_flight:
@@ -159,9 +174,12 @@ class AsyncProducer(SessionClient):
                                   "(max_in_flight); await send() or flush() first", "LOCAL_BUSY")
         seq = self._next_seq()
         loop = asyncio.get_running_loop()
-        body = Publish(topic, seq, lock_ts_ms, bytes(payload)).encode()
+        body = Publish(topic, seq, lock_ts_ms, bytes(payload)).encode() if at_ms is None \
+            else publish_at_body(topic, seq, lock_ts_ms, at_ms, payload)
         fut = loop.create_future()
         p = _Pending(seq, body, fut, loop.time() + self.send_timeout_s, callback)
+        if at_ms is not None:
+            p.opcode = Op.PUBLISH_AT
         if callback is not None:
             fut.add_done_callback(callback)
         self._pending[seq] = p
@@ -225,6 +243,33 @@ class AsyncProducer(SessionClient):
             raise CommandError(_STATUS_REASON.get(res.status, str(res.status)), res.detail)
         return outcome
 
+    async def schedule_command(self, target: str, kind: int, args: bytes = b"", *,
+                               not_before: float | datetime | None = None,
+                               delay: float | None = None, level: int | None = None,
+                               expires_in_s: float = 0.0) -> int:
+        """Schedule a command for lock ``target``: durable at the broker, it enters the
+        command path at ``not_before`` (or after ``delay`` s / delay ``level``).
+        Returns the schedule id. ``expires_in_s`` counts from ``not_before`` (0: the
+        broker's default expiry). Rights are checked now (CommandError ``forbidden``);
+        the lock's answer is in the broker's ``scheduled.list`` and log."""
+        at_ms = due_ms(not_before, delay, level)
+        if at_ms is None:
+            raise ValueError("give not_before, delay or level (or use command())")
+        expires_ms = at_ms + int(expires_in_s * 1000) if expires_in_s else 0
+        frame = await self._require_conn().request(
+            Op.COMMAND_AT, command_at_body(target, kind, args, at_ms, expires_ms))
+        if frame.opcode == Op.ERROR:
+            err = error_from_body(frame.body)
+            raise CommandError(err.name.lower(), err.detail)
+        return scheduled_id_of(frame.opcode, frame.body)
+
+    async def cancel_scheduled(self, schedule_id: int) -> None:
+        """Cancel a waiting scheduled message or command of this producer's principal;
+        raises :class:`BrokerError` when it is unknown, delivered or not yours."""
+        frame = await self._require_conn().request(Op.SCHEDULE_CANCEL, cancel_body(schedule_id))
+        if frame.opcode == Op.ERROR:
+            raise error_from_body(frame.body)
+
     # -- internals ----------------------------------------------------------------------
     def _next_seq(self) -> int:
         seq = self._seq
@@ -237,7 +282,7 @@ class AsyncProducer(SessionClient):
         if conn is None or not conn.is_open or p.future.done():
             return  # retransmitted by _on_connected after the reconnect
         try:
-            reply = conn.request(Op.PUBLISH, p.body)
+            reply = conn.request(p.opcode, p.body)
         except LockmqError:
             return
         reply.add_done_callback(lambda f, p=p: self._on_reply(p, f))

@@ -103,9 +103,19 @@ class Producer:
         return dict(self._p.stats)
 
     def send_sync(self, topic: str, payload: bytes, lock_ts_ms: int = 0,
-                  timeout: float | None = None) -> SendResult:
-        """Publish and wait for the ack."""
-        return self._lt.run(self._p.send(topic, payload, lock_ts_ms), timeout)
+                  timeout: float | None = None, **when: Any) -> SendResult:
+        """Publish and wait for the ack; ``deliver_at=`` / ``delay=`` / ``level=``
+        schedule it (``AsyncProducer.send_async``)."""
+        return self._lt.run(self._p.send(topic, payload, lock_ts_ms, **when), timeout)
+
+    def schedule_command(self, target: str, kind: int, args: bytes = b"", **when: Any) -> int:
+        """A command for ``target`` at ``not_before=`` (``AsyncProducer.schedule_command``);
+        returns its schedule id."""
+        return self._lt.run(self._p.schedule_command(target, kind, args, **when))
+
+    def cancel_scheduled(self, schedule_id: int) -> None:
+        """Cancel a waiting scheduled message or command."""
+        self._lt.run(self._p.cancel_scheduled(schedule_id))
 
     def send_async(
         self,
