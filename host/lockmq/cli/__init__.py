@@ -23,6 +23,7 @@ GROUPS: list[str] = [
     "clusters",
     "dlq",
     "command",
+    "scheduled",
     "sim",
     "store",
     "broker",

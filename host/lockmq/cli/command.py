@@ -25,6 +25,7 @@ import struct
 from lockmq.client import AsyncProducer, CommandError, LockmqError
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
 from lockmq.client.sync import new_event_loop
+from lockmq.cli.scheduled import add_when_args, when_kwargs
 from lockmq.protocol import CommandKind
 
 KINDS = ("unlock", "cards", "config", "reboot", "fw-update")
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--expires", type=float, default=60.0,
                    help="give up if the lock is not reached within this many seconds "
                         "(default 60)")
+    add_when_args(p)   # a scheduled command: --at / --delay / --level (not before then)
     p.set_defaults(func=run)
 
 
@@ -100,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
 async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
     producer = AsyncProducer(endpoint_from_args(args), token=args.token, name="cli-command")
     await producer.connect()
+    when = when_kwargs(args, "not_before")
     try:
+        if when:   # stored by the broker; runs at its time (`lockmq scheduled list`)
+            sid = await producer.schedule_command(args.sn, kind, payload,
+                                                  expires_in_s=args.expires, **when)
+            print(f"{args.sn}: command scheduled, id {sid}")
+            return 0
         outcome = await producer.command(args.sn, kind, payload, expires_in_s=args.expires)
     finally:
         await producer.close()

@@ -20,6 +20,7 @@ from typing import Iterator
 from lockmq.client import AsyncProducer, LockmqError
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
 from lockmq.client.sync import new_event_loop
+from lockmq.cli.scheduled import add_when_args, when_kwargs
 from lockmq.sim import make_event, percentile
 
 
@@ -45,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=1000,
                    help="messages in flight in async mode (default %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the summary")
+    add_when_args(p)   # scheduled delivery: --at / --delay / --level (sync and async)
     p.set_defaults(func=run)
 
 
@@ -79,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _produce(args: argparse.Namespace) -> int:
+    when = when_kwargs(args)
+    if when and args.mode == "oneway":
+        return fail("--at/--delay/--level need an ack: use --mode sync or async", 2)
     p = AsyncProducer(endpoint_from_args(args), token=args.token, producer_id=args.producer_id,
                       name="cli", max_in_flight=max(1, args.window) + 1)
     await p.connect()
@@ -97,18 +102,19 @@ async def _produce(args: argparse.Namespace) -> int:
             if args.mode == "sync":
                 ts = time.monotonic()
                 try:
-                    r = await p.send(args.topic, body)
+                    r = await p.send(args.topic, body, **when)
                 except (LockmqError, asyncio.TimeoutError) as exc:
                     failed += 1
                     print(f"failed: {exc}", file=sys.stderr)
                     continue
                 lat.append((time.monotonic() - ts) * 1000)
                 if not args.quiet:
-                    print(f"{r.message_id} offset={r.offset}" + (" duplicate" if r.duplicate else ""))
+                    print(f"{r.message_id} {'schedule_id' if when else 'offset'}={r.offset}"
+                          + (" duplicate" if r.duplicate else ""))
                 continue
             await sem.acquire()
             ts = time.monotonic()
-            fut = p.send_async(args.topic, body)
+            fut = p.send_async(args.topic, body, **when)
 
             def done(f: asyncio.Future, ts: float = ts) -> None:
                 nonlocal failed
