@@ -149,6 +149,10 @@ class BrokerProcess:
         with log:
             for line in proc.stdout:
                 self._add_line(line.rstrip("\n"), log)
+        try:   # EOF comes just before the exit: "all read" then also means "gone"
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         with self._cond:       # every line the process wrote is in self.lines now
             if proc is self.proc:   # (a killed process's pump may end after a restart)
                 self._reading = False
