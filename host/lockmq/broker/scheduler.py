@@ -263,7 +263,9 @@ class Scheduler:
             if p.topic.startswith("$"):
                 raise InvalidRecord("scheduled messages go to client topics, not $ topics")
             self.guard.check_publish(principal, p.topic, n=1)
-            self.guard.check_producer_id(principal, sn)
+            if sn != conn._producer_ok:   # once per connection and id, as for PUBLISH
+                self.guard.check_producer_id(principal, sn)
+                conn._producer_ok = sn
         except SecurityError as exc:
             self.stats.inc("scheduled_refused")
             if exc.close or not oneway:
