@@ -308,6 +308,10 @@ class Scheduler:
             self.stats.inc("scheduled_refused")
             conn.refused(exc, frame.opaque)
             return
+        if c.expires_ms and c.expires_ms <= c.not_before_ms:
+            self._refuse(conn, frame, False, ErrorCode.INVALID_ARGUMENT,
+                         "expires_ms must be after not_before_ms (or 0: the default expiry)")
+            return
         owner = owner_of(principal)
         body = Command(c.target, c.cmd_id, c.expires_ms, c.kind, c.args).encode()
         if not self._admit(conn, frame, False, owner, c.not_before_ms, len(body)):
@@ -562,9 +566,3 @@ class Scheduler:
             await self.cancel(sid)
             return {"ok": True, "cancelled": sid}
         return run()
-
-    def info(self) -> dict[str, Any]:
-        """Gauges: waiting items and bytes, the next due time."""
-        nxt = min((at for at, sid in self._heap if sid in self.items), default=None) \
-            if len(self._heap) < 10000 else (self._heap[0][0] if self._heap else None)
-        return {"waiting": len(self.items), "bytes": self.held_bytes, "next_due_ms": nxt}
