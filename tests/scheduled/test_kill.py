@@ -27,6 +27,7 @@ def test_kill_during_deliveries_delivers_each_once(tmp_path):
             at = time.time() * 1000 + 1000
             ids = {publish_at(p, "t", i, at, b"%d" % i) for i in range(N)}
             wait_for(lambda: _topic_end(p, "t") > 0, "deliveries to start", timeout=30)
+            assert b.metrics()["lockmq_scheduled_accepted_total"] == N
         b.restart(crash=True)                   # SIGKILL mid-way (or just after)
         with open_peer(b.port) as p:
             wait_for(lambda: p.admin("scheduled.list")["waiting"] == 0, "all delivered",
