@@ -11,7 +11,7 @@ from lockmq.security import Permissions
 from lockmq.testing import Lock, Peer, SecureBroker, refusal, require_micropython, wait_for
 from lockmq.testing.lock import build_flash, set_config
 
-from .helpers import command_at
+from .helpers import cancel, command_at
 
 SN = "SC-1"
 
@@ -33,6 +33,7 @@ def test_scheduled_unlock_reaches_the_lock_at_its_time(tmp_path):
         assert refusal(lambda: command_at(stranger, SN, CommandKind.UNLOCK, args,
                                           not_before)).code == ErrorCode.FORBIDDEN
         sid = command_at(svc, SN, CommandKind.UNLOCK, args, not_before, cmd_id=5)
+        assert refusal(lambda: cancel(stranger, sid)).code == ErrorCode.INVALID_ARGUMENT
         listed = admin.admin("scheduled.list")
         assert [i["id"] for i in listed["items"]] == [sid] and listed["items"][0]["target"] == SN
         folder = build_flash(tmp_path / "board", SN, env.keys[SN],

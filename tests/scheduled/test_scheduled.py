@@ -9,7 +9,7 @@ commit; docs/operators.md)."""
 from __future__ import annotations
 
 from lockmq.clock import ManualClock
-from lockmq.protocol import ErrorCode
+from lockmq.protocol import ErrorCode, Op
 from lockmq.store import NewRecord
 from lockmq.testing import BrokerThread, open_peer, refusal, wait_for
 
@@ -121,5 +121,8 @@ def test_caps_per_principal_and_horizon(tmp_path):
             ErrorCode.INVALID_ARGUMENT, ErrorCode.FORBIDDEN)
         cancel(p, ids[0])
         publish_at(p, "t", 6, T0 + 1000)          # room again
+        with open_peer(b.port, "bad-input") as bad:   # a malformed body: that link only
+            bad.send(Op.PUBLISH_AT, b"\x05ab")
+            assert [e.code for e in bad.wait_closed()] == [ErrorCode.BAD_BODY]
         assert p.admin("scheduled.list")["waiting"] == 3
         assert p.publish("t", 7).status == 0        # the broker keeps serving
