@@ -291,6 +291,9 @@ class ScheduledSection:
         max_sleep_ms: longest the timer sleeps between looks at the clock (it wakes
             earlier for the earliest due item).
         batch: items written to their topics in one group commit.
+        refresh_after_s: a waiting item stored longer ago than this is written to
+            ``$scheduled`` again (same id), so retention never deletes the record of
+            a waiting item; keep it well below ``[store] retention_ms``.
     """
 
     max_per_principal: int = 10_000
@@ -299,6 +302,7 @@ class ScheduledSection:
     max_horizon_s: float = 40 * 24 * 3600.0
     max_sleep_ms: int = 1000
     batch: int = 2000
+    refresh_after_s: float = 24 * 3600.0
 
 
 @dataclass

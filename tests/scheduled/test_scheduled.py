@@ -126,3 +126,21 @@ def test_caps_per_principal_and_horizon(tmp_path):
             assert [e.code for e in bad.wait_closed()] == [ErrorCode.BAD_BODY]
         assert p.admin("scheduled.list")["waiting"] == 3
         assert p.publish("t", 7).status == 0        # the broker keeps serving
+
+
+def test_a_long_wait_is_rewritten_under_its_id_before_retention_could_take_it(tmp_path):
+    clock = ManualClock(T0)
+    d = str(tmp_path / "d")
+    day = 24 * 3600 * 1000
+    tables = {"scheduled": {**FAST, "refresh_after_s": 3600.0}}
+    with BrokerThread(d, clock=clock, **tables) as b, open_peer(b.port) as p:
+        sid = publish_at(p, "t", 1, T0 + 10 * day, b"in ten days")
+        clock.advance(2 * 3600 * 1000)
+        wait_for(lambda: b.broker.stats.c.get("scheduled_refreshed", 0) == 1, "a refresh")
+        assert _queue_end(b, "$scheduled") == 2
+    with BrokerThread(d, clock=clock, **tables) as b, open_peer(b.port) as p:
+        assert [i["id"] for i in p.admin("scheduled.list")["items"]] == [sid]
+        clock.advance(10 * day)
+        [m] = consume(p, "t", 1)
+        assert headers(m)["scheduled_id"] == sid and headers(m)["producer_seq"] == 1
+        wait_for(lambda: p.admin("scheduled.list")["waiting"] == 0, "the delivered mark")

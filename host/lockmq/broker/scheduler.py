@@ -64,7 +64,7 @@ class Item:
     """One waiting scheduled publish (``kind`` "pub") or command ("cmd")."""
 
     __slots__ = ("id", "at_ms", "kind", "topic", "sn", "seq", "lock_ts_ms", "payload",
-                 "owner", "by", "admin", "q0", "busy")
+                 "owner", "by", "admin", "q0", "busy", "stored_ms")
 
     def __init__(self, id: int, at_ms: int, kind: str, topic: str, sn: str, seq: int,
                  lock_ts_ms: int, payload: bytes, owner: str, by: str = "",
@@ -82,6 +82,7 @@ class Item:
         self.admin = admin
         self.q0 = q0                # the topic's queue end when scheduled (dedup bound)
         self.busy = False           # being delivered: no longer cancellable
+        self.stored_ms = 0.0        # when its newest record was written (refresh)
 
     def view(self) -> dict[str, Any]:
         """The admin view of the item."""
@@ -156,6 +157,7 @@ class Scheduler:
         self._seq = 0
         #: the clock's time at the timer's last look (tests wait for it to pass a time)
         self.looked_at_ms = 0.0
+        self._refreshed_at = 0.0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[Any] | None = None
 
@@ -201,16 +203,20 @@ class Scheduler:
     def _replay(self, r: Any) -> None:
         h = r.headers or {}
         t = h.get("t")
+        # a refreshed record (see _refresh) carries its first id and producer id
+        sid = int(h.get("id", r.queue_offset))
         try:
             if t == "pub":
-                self.items[r.queue_offset] = Item(
-                    r.queue_offset, int(h["at"]), "pub", str(h["topic"]), r.sn, r.seq,
-                    r.lock_ts_ms, bytes(r.payload), str(h["owner"]), q0=int(h.get("q0", 0)))
+                it = Item(sid, int(h["at"]), "pub", str(h["topic"]), str(h.get("sn", r.sn)),
+                          int(h.get("seq", r.seq)), r.lock_ts_ms, bytes(r.payload),
+                          str(h["owner"]), q0=int(h.get("q0", 0)))
             elif t == "cmd":
-                self.items[r.queue_offset] = Item(
-                    r.queue_offset, int(h["at"]), "cmd", Command.decode(r.payload).target,
-                    r.sn, r.seq, 0, bytes(r.payload), str(h["owner"]), str(h.get("by", "")),
-                    bool(h.get("admin")))
+                it = Item(sid, int(h["at"]), "cmd", Command.decode(r.payload).target,
+                          r.sn, r.seq, 0, bytes(r.payload), str(h["owner"]),
+                          str(h.get("by", "")), bool(h.get("admin")))
+            if t in ("pub", "cmd"):
+                it.stored_ms = r.broker_ts_us / 1000
+                self.items[sid] = it
             elif t == "done":
                 for i in h.get("ids", ()):
                     self.items.pop(int(i), None)
@@ -377,6 +383,7 @@ class Scheduler:
         elif isinstance(a, Exception):
             self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(a))
         elif item is not None:
+            item.stored_ms = self.clock.wall_ms()
             self.items[item.id] = item
             heapq.heappush(self._heap, (item.at_ms, item.id))
             self.stats.inc("scheduled_accepted")
@@ -460,6 +467,8 @@ class Scheduler:
                 if due:
                     await self._deliver(due)
                     continue
+                if await self._refresh():
+                    continue
                 wait_ms = self.cfg.max_sleep_ms
                 if self._heap:
                     wait_ms = min(wait_ms, max(1.0, self._heap[0][0] - self.clock.wall_ms()))
@@ -527,6 +536,33 @@ class Scheduler:
         self.stats.inc("scheduled_command_results")
         self.log("scheduled_command_result", id=it.id, target=it.topic, status=status,
                  detail=detail[:200], level="info" if status == 0 else "warning")
+
+    async def _refresh(self) -> bool:
+        """Write items stored more than ``refresh_after_s`` ago again (same id), so that
+        retention, which deletes the oldest segments first, never takes the record of a
+        waiting item (a ``done`` op is always newer than what it marks). True if any."""
+        now = self.clock.wall_ms()
+        if now - self._refreshed_at < 1000:
+            return False
+        self._refreshed_at = now
+        limit = now - self.cfg.refresh_after_s * 1000
+        old = [it for it in self.items.values() if it.stored_ms < limit and not it.busy]
+        old = old[:self.cfg.batch]
+        if not old:
+            return False
+        recs = []
+        for it in old:
+            h: dict[str, Any] = {"t": it.kind, "at": it.at_ms, "owner": it.owner, "id": it.id}
+            if it.kind == "pub":
+                h.update(topic=it.topic, q0=it.q0, sn=it.sn, seq=it.seq)
+            else:
+                h.update(by=it.by, admin=it.admin)
+            recs.append(NewRecord(TOPIC, SCHED_SN, self._next_seq(), it.lock_ts_ms, it.payload, h))
+        await self.core.append(recs)
+        for it in old:
+            it.stored_ms = now
+        self.stats.inc("scheduled_refreshed", len(old))
+        return True
 
     async def _mark(self, items: list[Item], why: str, q: dict[str, int]) -> None:
         """Append the ``done`` op record for ``items``, then forget them."""
