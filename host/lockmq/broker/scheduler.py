@@ -222,7 +222,7 @@ class Scheduler:
                     self.items.pop(int(i), None)
                 for topic, qo in (h.get("q") or {}).items():
                     self.last_q[topic] = max(self.last_q.get(topic, -1), int(qo))
-        except (KeyError, TypeError, ValueError, Exception) as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 -- a damaged op must not stop the start
             self.log("scheduled_record_skipped", queue_offset=r.queue_offset, error=repr(exc),
                      level="warning")
 
@@ -499,9 +499,9 @@ class Scheduler:
         return out
 
     async def _deliver(self, due: list[Item]) -> None:
+        pubs = [it for it in due if it.kind == "pub"]
+        q: dict[str, int] = {}
         try:
-            pubs = [it for it in due if it.kind == "pub"]
-            q: dict[str, int] = {}
             if pubs:
                 res = await self.core.append([NewRecord(
                     it.topic, SCHED_SN, it.id & MAX_SEQ, it.lock_ts_ms, it.payload,
@@ -509,16 +509,26 @@ class Scheduler:
                      "deliver_at_ms": it.at_ms}) for it in pubs])
                 for it, a in zip(pubs, res):
                     q[it.topic] = max(q.get(it.topic, -1), a.queue_offset)
-            for it in due:
-                if it.kind == "cmd":
-                    self._submit_command(it)
-            await self._mark(due, "delivered", q)
         except BaseException:
-            for it in due:            # not marked: due again (dedup covers the writes)
-                if it.id in self.items:
-                    it.busy = False
-                    heapq.heappush(self._heap, (it.at_ms, it.id))
+            for it in due:            # nothing written: due again at the next look
+                it.busy = False
+                heapq.heappush(self._heap, (it.at_ms, it.id))
             raise
+        for it in due:
+            if it.kind == "cmd":
+                self._submit_command(it)
+        # Written: never write again -- retry the mark until it is stored (a crash or
+        # shutdown before that is settled at the next start by the topic scan).
+        while True:
+            try:
+                await self._mark(due, "delivered", q)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- StoreBusy and friends
+                self.log.limited("scheduled_mark_retry", "scheduled_mark_retry",
+                                 error=repr(exc), level="warning")
+                await asyncio.sleep(0.1)
         now = self.clock.wall_ms()
         self.stats.inc("scheduled_delivered", len(pubs))
         self.stats.inc("scheduled_commands_due", len(due) - len(pubs))
