@@ -6,6 +6,18 @@ from typing import Any
 
 from lockmq.client.admin import AsyncAdmin
 from lockmq.client.errors import AdminError, LockmqError
+from lockmq.client.session import Endpoint
+
+#: a registry that does not answer is skipped quickly (there may be another)
+CONNECT_TIMEOUT_S = 5.0
+
+
+def registry_endpoint(address: str) -> Endpoint:
+    """``host:port`` of a registry, tried once (no 30 s first-connect retry)."""
+    ep = Endpoint.parse(address)
+    ep.connect_retry_s = 0.0
+    ep.connect_timeout_s = CONNECT_TIMEOUT_S
+    return ep
 
 
 def registry_addresses(registry: str | list[str]) -> list[str]:
@@ -27,7 +39,7 @@ async def registry_request(registry: str | list[str], op: str, *, token: str | N
     """
     last: Exception | None = None
     for address in registry_addresses(registry):
-        admin = AsyncAdmin(address, token=token, timeout_s=timeout_s)
+        admin = AsyncAdmin(registry_endpoint(address), token=token, timeout_s=timeout_s)
         try:
             await admin.connect()
             return await admin.request(op, **args)
