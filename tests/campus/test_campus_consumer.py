@@ -6,7 +6,7 @@ import sqlite3
 
 from lockmq.client import Producer, SqliteIdempotency
 from lockmq.client.campus import CampusConsumer
-from lockmq.testing import wait_for
+from lockmq.testing import run_cli, wait_for
 
 from .helpers import TOKEN, RegistryProcess, gateway, names
 
@@ -58,3 +58,17 @@ def test_a_campus_consumer_joins_a_gateway_that_appears_mid_stream_and_handles_e
         assert sorted(done) == sorted(sent)        # every record of both gateways, once
         assert len(done) == len(set(done)) == 3 * N + 10
     idem.close()
+
+
+def test_lockmq_consume_with_registry_reads_every_gateway(tmp_path, capsys) -> None:
+    reg = RegistryProcess(tmp_path / "reg")
+    with reg, gateway(tmp_path / "a" / "data", reg.address, "gw-a") as gw_a, \
+            gateway(tmp_path / "b" / "data", reg.address, "gw-b") as gw_b:
+        sent = publish(gw_a.address, "a", 0, 20) | publish(gw_b.address, "b", 0, 20)
+        wait_for(lambda: names(reg.address, topic="lock.events") == ["gw-a", "gw-b"],
+                 "both gateways announced")
+        capsys.readouterr()
+        assert run_cli("consume", "lock.events", "--registry", reg.address,
+                       "--registry-token", TOKEN, "--count", "40", "--format", "text") == 0
+        out = capsys.readouterr().out
+        assert {line.split()[-1] for line in out.splitlines() if line.strip()} == sent
