@@ -295,6 +295,8 @@ class RegistrySection:
         max_topics: most topics announced (the registry has its own cap too).
         heartbeat_s: seconds between heartbeats (RocketMQ: 30; the registry evicts
             a gateway silent for its ``--evict-after``, 120 s by default).
+        insecure: send ``token`` over plain TCP to a registry that is not on this
+            host (the registry has no TLS listener yet; use a trusted network).
     """
 
     addresses: list[str] = field(default_factory=list)
@@ -306,6 +308,7 @@ class RegistrySection:
     topics: list[str] = field(default_factory=list)
     max_topics: int = 1000
     heartbeat_s: float = 30.0
+    insecure: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``registry.*`` setting."""

@@ -111,7 +111,8 @@ async def _consume(args: argparse.Namespace) -> int:
     opts = dict(topic=args.topic, cluster=args.cluster, handler=handle,
                 min_workers=args.min_workers, max_workers=args.max_workers,
                 batch=args.batch, ordered=args.ordered, token=args.token)
-    c = AsyncCampusConsumer(args.registry, registry_token=args.registry_token, **opts) \
+    c = AsyncCampusConsumer(args.registry, registry_token=args.registry_token,
+                            registry_insecure=args.insecure, **opts) \
         if args.registry \
         else AsyncConsumer(endpoint_from_args(args), **opts)
     t0 = time.monotonic()

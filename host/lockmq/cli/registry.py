@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        default=os.environ.get("LOCKMQ_REGISTRY"))
         q.add_argument("--token", default=os.environ.get("LOCKMQ_TOKEN"))
         q.add_argument("--json", action="store_true", help="print JSON")
+        q.add_argument("--insecure", action="store_true",
+                       help="allow the token in clear to a registry on another host")
         if name == "lookup":
             q.add_argument("topic", nargs="?", default=None)
             q.add_argument("--building", default=None)
@@ -96,7 +98,7 @@ def show(args: argparse.Namespace) -> int:
         q = {k: v for k, v in (("topic", args.topic), ("building", args.building)) if v}
     try:
         reply = asyncio.run(registry_request(args.registry, f"registry.{args.registry_op}",
-                                             token=args.token, **q))
+                                             token=args.token, insecure=args.insecure, **q))
     except (LockmqError, OSError, ValueError) as exc:
         return fail(str(exc) or type(exc).__name__)
     gateways = reply["gateways"]

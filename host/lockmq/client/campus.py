@@ -35,13 +35,15 @@ class AsyncCampusConsumer:
         registry_token: the registry's token (default: ``token``).
         building: only gateways of this building.
         lookup_every_s: how often the registry is asked again.
+        registry_insecure: allow the registry token in clear to a remote registry.
         **consumer_kwargs: passed to every :class:`AsyncConsumer` (workers, batch ...).
     """
 
     def __init__(self, registry: str | list[str], *, topic: str, cluster: str,
                  handler: Handler, token: str | None = None,
                  registry_token: str | None = None, building: str | None = None,
-                 lookup_every_s: float = 10.0, **consumer_kwargs: Any) -> None:
+                 lookup_every_s: float = 10.0, registry_insecure: bool = False,
+                 **consumer_kwargs: Any) -> None:
         self.registry = registry
         self.topic = topic
         self.cluster = cluster
@@ -50,6 +52,7 @@ class AsyncCampusConsumer:
         self.registry_token = registry_token if registry_token is not None else token
         self.building = building
         self.lookup_every_s = lookup_every_s
+        self.registry_insecure = registry_insecure
         self.consumer_kwargs = consumer_kwargs
         #: the running consumers, by gateway name
         self.consumers: dict[str, AsyncConsumer] = {}
@@ -104,7 +107,8 @@ class AsyncCampusConsumer:
 
         try:
             found = await lookup(self.registry, topic=self.topic, building=self.building,
-                                 token=self.registry_token)
+                                 token=self.registry_token,
+                                 insecure=self.registry_insecure)
         except (LockmqError, OSError, asyncio.TimeoutError) as exc:
             self.lookup_errors += 1
             if raise_errors:

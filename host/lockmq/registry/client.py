@@ -12,9 +12,13 @@ from lockmq.client.session import Endpoint
 CONNECT_TIMEOUT_S = 5.0
 
 
-def registry_endpoint(address: str) -> Endpoint:
-    """``host:port`` of a registry, tried once (no 30 s first-connect retry)."""
+def registry_endpoint(address: str, insecure: bool = False) -> Endpoint:
+    """``host:port`` of a registry, tried once (no 30 s first-connect retry).
+
+    ``insecure``: allow the token in clear to a non-loopback registry (the registry
+    has no TLS listener yet)."""
     ep = Endpoint.parse(address)
+    ep.insecure = insecure
     ep.connect_retry_s = 0.0
     ep.connect_timeout_s = CONNECT_TIMEOUT_S
     return ep
@@ -30,7 +34,8 @@ def registry_addresses(registry: str | list[str]) -> list[str]:
 
 
 async def registry_request(registry: str | list[str], op: str, *, token: str | None = None,
-                           timeout_s: float = 10.0, **args: Any) -> dict[str, Any]:
+                           timeout_s: float = 10.0, insecure: bool = False,
+                           **args: Any) -> dict[str, Any]:
     """Run ``op`` on the first registry that answers.
 
     An :class:`AdminError` (the registry refused the request) is raised at once; a
@@ -39,7 +44,7 @@ async def registry_request(registry: str | list[str], op: str, *, token: str | N
     """
     last: Exception | None = None
     for address in registry_addresses(registry):
-        admin = AsyncAdmin(registry_endpoint(address), token=token, timeout_s=timeout_s)
+        admin = AsyncAdmin(registry_endpoint(address, insecure), token=token, timeout_s=timeout_s)
         try:
             await admin.connect()
             return await admin.request(op, **args)
@@ -54,7 +59,9 @@ async def registry_request(registry: str | list[str], op: str, *, token: str | N
 
 
 async def lookup(registry: str | list[str], *, topic: str | None = None,
-                 building: str | None = None, token: str | None = None) -> list[dict[str, Any]]:
+                 building: str | None = None, token: str | None = None,
+                 insecure: bool = False) -> list[dict[str, Any]]:
     """The gateways serving ``topic`` (and/or in ``building``)."""
     args = {k: v for k, v in (("topic", topic), ("building", building)) if v is not None}
-    return (await registry_request(registry, "registry.lookup", token=token, **args))["gateways"]
+    return (await registry_request(registry, "registry.lookup", token=token,
+                                   insecure=insecure, **args))["gateways"]
