@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 from .consumer import AsyncConsumer, Handler
 from .errors import LockmqError
+from .sync import Consumer, _LoopThread
 
 log = logging.getLogger("lockmq.client.campus")
 
@@ -66,6 +68,11 @@ class AsyncCampusConsumer:
     def gateways(self) -> list[str]:
         """Names of the gateways consumed from now."""
         return sorted(self.consumers)
+
+    @property
+    def workers(self) -> int:
+        """Workers over every gateway's consumer right now."""
+        return sum(c.workers for c in self.consumers.values())
 
     @property
     def stats(self) -> dict[str, int]:
@@ -160,46 +167,23 @@ class AsyncCampusConsumer:
         await self.stop()
 
 
-class CampusConsumer:
+class CampusConsumer(Consumer):
     """Blocking :class:`AsyncCampusConsumer`: ``CampusConsumer(registry="host:port",
-    topic=..., cluster=..., handler=...)``; ``handler(msg)`` runs in worker threads."""
+    topic=..., cluster=..., handler=...)``; ``handler(msg)`` runs in worker threads.
+    ``start`` / ``run`` / ``stop`` / ``with`` as for :class:`~lockmq.client.Consumer`."""
 
     def __init__(self, registry: str | list[str], *, handler: Handler, **kwargs: Any) -> None:
-        from .sync import _LoopThread
-
         self._lt = _LoopThread("lockmq-campus")
-
-        async def make() -> AsyncCampusConsumer:
-            return AsyncCampusConsumer(registry, handler=handler, **kwargs)
-
-        self._c: AsyncCampusConsumer = self._lt.run(make())
+        self._stop = threading.Event()
+        self._started = False
+        self._c = self._lt.run(_make(registry, handler, kwargs))  # type: ignore[assignment]
 
     @property
     def gateways(self) -> list[str]:
         """Names of the gateways consumed from now."""
-        return self._lt.call(lambda: self._c.gateways)
+        return self._lt.call(lambda: self._c.gateways)  # type: ignore[attr-defined]
 
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counters summed over the gateways (see :attr:`AsyncCampusConsumer.stats`)."""
-        return self._lt.call(lambda: self._c.stats)
 
-    def start(self) -> None:
-        """Look up, join every gateway, consume in the background."""
-        self._lt.run(self._c.start())
-
-    def stop(self, drain_timeout_s: float = 10.0) -> None:
-        """Finish the messages being handled, leave every gateway, stop the loop."""
-        if self._lt.loop.is_closed():
-            return
-        try:
-            self._lt.run(self._c.stop(drain_timeout_s))
-        finally:
-            self._lt.stop()
-
-    def __enter__(self) -> "CampusConsumer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+async def _make(registry: str | list[str], handler: Handler,
+                kwargs: dict[str, Any]) -> AsyncCampusConsumer:
+    return AsyncCampusConsumer(registry, handler=handler, **kwargs)
