@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 
@@ -100,3 +101,29 @@ def test_a_gateway_registers_on_start_and_again_after_the_registry_lost_its_stat
         # one warning per outage, not one per retry
         assert sum("registry_unreachable" in line for line in gw.lines) == 1
         assert gw.running()
+
+
+def test_a_live_gateway_the_registry_evicted_registers_again_on_its_next_heartbeat(tmp_path) -> None:
+    """The registry's clock jumps past evict_after_s: the gateway's next heartbeat is
+    answered UNKNOWN_GATEWAY and it registers again, on the same connection."""
+    clock = ManualClock()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = RegistryServer(tokens=[TOKEN.encode()], clock=clock, sweep_s=0.05)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+    reg = f"127.0.0.1:{server.port}"
+    try:
+        with gateway(tmp_path / "gw" / "data", reg, "gw-east") as gw:
+            wait_for(lambda: server.stats["registers"] == 1, "registered")
+            wait_for(lambda: server.stats["heartbeats"] >= 1, "heartbeating")
+            clock.advance(121_000)
+            wait_for(lambda: server.stats["evicted"] == 1, "evicted")
+            wait_for(lambda: server.stats["registers"] == 2, "registered again")
+            assert server.stats["connections"] == 1   # the gateway's one session
+            assert names(reg) == ["gw-east"]
+            assert not any("registry_unreachable" in line for line in gw.lines)
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

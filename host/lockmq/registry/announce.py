@@ -69,7 +69,7 @@ class Announcer:
                     if not registered:
                         await admin.request("registry.register", **info)
                         registered = True
-                        self.log("registry_registered", level="info" if not down else "warning",
+                        self.log("registry_registered",
                                  registry=address, name=info["name"], topics=len(info["topics"]))
                     else:
                         try:
