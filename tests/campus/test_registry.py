@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 
 import pytest
@@ -12,9 +13,17 @@ from lockmq.client import AdminError, AuthError, Producer
 from lockmq.clock import ManualClock
 from lockmq.registry.client import registry_request
 from lockmq.registry.server import RegistryServer
-from lockmq.testing import raises, wait_for, wait_for_async
+from lockmq.protocol import FrameDecoder, Op
+from lockmq.testing import raises, read_until_closed, wait_for, wait_for_async
 
 from .helpers import TOKEN, RegistryProcess, gateway, names, request
+
+
+def decode_frames(data: bytes) -> list[int]:
+    """The opcodes of the whole frames in ``data``."""
+    dec = FrameDecoder()
+    dec.feed(data)
+    return [f.opcode for f in dec.frames()]
 
 
 def test_a_silent_gateway_is_evicted_after_evict_after_s_and_must_register_again() -> None:
@@ -74,6 +83,11 @@ def test_lookup_by_topic_and_building_caps_and_a_bad_token(tmp_path) -> None:
         # a wrong token or none is refused before any op runs
         raises(AuthError, lambda: request(addr, "registry.list", token="campus.wrong"))
         raises(AuthError, lambda: request(addr, "registry.list", token=None))
+        # garbage gets one ERROR and a closed connection; the registry keeps serving
+        with socket.create_connection(("127.0.0.1", reg.port)) as junk:
+            junk.sendall(b"GET / HTTP/1.0\r\n\r\n" * 4)
+            answer = read_until_closed(junk, 10)
+        assert Op.ERROR in decode_frames(answer)   # one ERROR, then the registry hangs up
         listed = request(addr, "registry.list")
         assert [g["name"] for g in listed["gateways"]] == ["north-1", "south-1"]
         assert listed["stats"]["auth_failed"] == 2
