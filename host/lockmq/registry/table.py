@@ -10,7 +10,7 @@ registry answer lookups at once instead of after one heartbeat period.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
@@ -42,9 +42,15 @@ class Gateway:
     registered_ms: float = 0.0
     last_seen_ms: float = 0.0
 
+    def row(self) -> dict[str, Any]:
+        """The fields as plain data (``asdict`` deep-copies: 10x slower on lookups)."""
+        return {"name": self.name, "building": self.building, "addresses": list(self.addresses),
+                "tls_port": self.tls_port, "topics": list(self.topics), "role": self.role,
+                "registered_ms": self.registered_ms, "last_seen_ms": self.last_seen_ms}
+
     def view(self, now_ms: float) -> dict[str, Any]:
         """What lookups and ``registry.list`` return."""
-        out = asdict(self)
+        out = self.row()
         out["silent_s"] = round(max(0.0, now_ms - self.last_seen_ms) / 1000, 3)
         return out
 
@@ -133,7 +139,7 @@ class GatewayTable:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The table as JSON-able rows (for the state file)."""
-        return [asdict(gw) for gw in self.gateways.values()]
+        return [gw.row() for gw in self.gateways.values()]
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
         """Load rows saved by :meth:`snapshot`; each gets a fresh eviction window
