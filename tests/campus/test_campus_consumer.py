@@ -8,7 +8,7 @@ from lockmq.client import Producer, SqliteIdempotency
 from lockmq.client.campus import CampusConsumer
 from lockmq.testing import run_cli, wait_for
 
-from .helpers import TOKEN, RegistryProcess, gateway, names
+from .helpers import TOKEN, RegistryProcess, gateway, names, request
 
 N = 150
 
@@ -45,6 +45,12 @@ def test_a_campus_consumer_joins_a_gateway_that_appears_mid_stream_and_handles_e
             assert consumer.gateways == ["gw-a"]
             wait_for(lambda: len(effects()) >= N // 3, "consuming gw-a")
             # a second building's gateway comes up while gw-a's records are consumed
+            # a standby announcing the topic is not consumed (it follows a primary's log)
+            request(reg.address, "registry.register", name="gw-a-standby",
+                    addresses=[gw_a.address], topics=["lock.events"], role="standby")
+            seen = consumer.stats["lookups"]
+            wait_for(lambda: consumer.stats["lookups"] >= seen + 2, "two lookups")
+            assert consumer.gateways == ["gw-a"]
             with gateway(tmp_path / "b" / "data", reg.address, "gw-b") as gw_b:
                 sent |= publish(gw_b.address, "b", 0, N)
                 sent |= publish(gw_a.address, "a", N, N)
