@@ -38,6 +38,8 @@ MAX_FRAME = 1024 * 1024
 #: what ConnectAck tells clients about heartbeats
 HEARTBEAT_S = 30
 HANDSHAKE_TIMEOUT_S = 5.0
+#: an established peer silent this long is dropped (clients heartbeat every HEARTBEAT_S)
+IDLE_TIMEOUT_S = 3 * HEARTBEAT_S
 #: connections at once (each holds at most one frame of MAX_FRAME)
 MAX_CONNECTIONS = 1024
 
@@ -130,11 +132,10 @@ class RegistryServer:
         self._open += 1
         self.stats["connections"] += 1
         session, decoder = ServerSession(), FrameDecoder(MAX_FRAME)
-        nonce = b""
         try:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
             while True:
-                timeout = None if session.state == ESTABLISHED \
+                timeout = IDLE_TIMEOUT_S if session.state == ESTABLISHED \
                     else max(0.01, deadline - time.monotonic())
                 data = await asyncio.wait_for(reader.read(65536), timeout)
                 if not data:
@@ -147,8 +148,8 @@ class RegistryServer:
                         if was == ESTABLISHED:
                             out = self._request(session, frame)
                         elif frame.opcode == Op.CONNECT:
-                            nonce = os.urandom(NONCE_SIZE)
-                            out = session.challenge(nonce, int(time.time() * 1000), frame.opaque)
+                            out = session.challenge(os.urandom(NONCE_SIZE),
+                                                    int(time.time() * 1000), frame.opaque)
                         elif frame.opcode == Op.AUTH:
                             out = self._auth(session, frame, peer)
                         else:
@@ -164,9 +165,11 @@ class RegistryServer:
                     if session.state == CLOSING:   # refused
                         return
                 await writer.drain()
-        except (ProtocolError, asyncio.TimeoutError) as exc:
-            code = getattr(exc, "code", ErrorCode.AUTH_TIMEOUT)
-            writer.write(error_frame(code, str(getattr(exc, "message", "")) or "handshake timeout"))
+        except ProtocolError as exc:
+            writer.write(error_frame(exc.code, exc.message))
+        except asyncio.TimeoutError:
+            writer.write(error_frame(ErrorCode.AUTH_TIMEOUT, "authentication not finished in time")
+                         if session.state != ESTABLISHED else b"")
         except (ConnectionError, OSError):
             pass
         except Exception as exc:  # noqa: BLE001 -- a registry bug: log it, keep serving
