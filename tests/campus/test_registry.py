@@ -141,3 +141,16 @@ def test_a_live_gateway_the_registry_evicted_registers_again_on_its_next_heartbe
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_a_gateway_with_a_wrong_token_keeps_serving_and_says_why_once(tmp_path) -> None:
+    reg = RegistryProcess(tmp_path / "reg")
+    with reg, gateway(tmp_path / "gw" / "data", reg.address, "gw-west",
+                      token="campus.not-the-token") as gw:
+        gw.wait_log(r"registry_refused.*AUTH_FAILED")
+        wait_for(lambda: sum("auth_failed" in line for line in reg.lines) >= 2,
+                 "the gateway retried")
+        assert names(reg.address) == []
+        assert sum("registry_refused" in line for line in gw.lines) == 1
+        with Producer(gw.address) as p:   # the gateway itself is not affected
+            p.send_sync("lock.events", b"still serving")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from lockmq.client.admin import AsyncAdmin
 from lockmq.client.backoff import Backoff
-from lockmq.client.errors import AdminError, LockmqError
+from lockmq.client.errors import AdminError, AuthError, LockmqError
 
 from .client import registry_addresses, registry_endpoint
 
@@ -89,7 +89,10 @@ class Announcer:
                 raise
             except (LockmqError, OSError, asyncio.TimeoutError) as exc:
                 if not down:   # once per outage, not once per retry
-                    self.log("registry_unreachable", level="warning", registry=address,
+                    # refused (a cap, a bad token, a bad name) or not reachable at all
+                    refused = isinstance(exc, (AdminError, AuthError))
+                    self.log("registry_refused" if refused else "registry_unreachable",
+                             level="warning", registry=address,
                              error=str(exc) or type(exc).__name__)
                     down = True
             finally:
