@@ -11,6 +11,7 @@ the file maps to one dataclass here::
     [consumers]     # leases, in-flight caps, retries, dead letters, ordering
     [clusters]      # consumer-cluster lifecycle: expiry of unused clusters
     [commands]      # downlink commands to locks
+    [registry]      # discovery: register with the campus registries
     [store]         # passed to lockmq.store.StoreConfig (durability, retention ...)
     [security]      # passed to lockmq.security (keys, tokens, rate limits)
 
@@ -306,6 +307,51 @@ class ScheduledSection:
 
 
 @dataclass
+class RegistrySection:
+    """Discovery: this gateway registers with the campus registries (``lockmq registry``).
+
+    Attributes:
+        addresses: ``host:port`` of every registry (empty: do not register). The
+            gateway registers with each and heartbeats every ``heartbeat_s``.
+        token: the token the registries accept (from their token file).
+        name: this gateway's name in the registry (default: the advertised address).
+        building: the building this gateway serves (clients may look up by it).
+        advertise: ``host:port`` clients should connect to (default:
+            ``[broker] host`` and the listening port).
+        role: ``primary`` or ``standby``.
+        topics: topics announced even before they hold a record (the topics of
+            the store are always announced).
+        max_topics: most topics announced (the registry has its own cap too).
+        heartbeat_s: seconds between heartbeats (RocketMQ: 30; the registry evicts
+            a gateway silent for its ``--evict-after``, 120 s by default).
+        insecure: send ``token`` over plain TCP to a registry that is not on this
+            host (the registry has no TLS listener yet; use a trusted network).
+    """
+
+    addresses: list[str] = field(default_factory=list)
+    token: str = ""
+    name: str = ""
+    building: str = ""
+    advertise: str = ""
+    role: str = "primary"
+    topics: list[str] = field(default_factory=list)
+    max_topics: int = 1000
+    heartbeat_s: float = 30.0
+    insecure: bool = False
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``registry.*`` setting."""
+        if self.role not in ("primary", "standby"):
+            raise ValueError("registry.role must be 'primary' or 'standby'")
+        if self.heartbeat_s <= 0 or self.max_topics <= 0:
+            raise ValueError("registry.heartbeat_s and registry.max_topics must be positive")
+        for item in [*self.addresses, *self.topics]:
+            if not isinstance(item, str) or not item:
+                raise ValueError("registry.addresses and registry.topics must be lists of "
+                                 "non-empty strings")
+
+
+@dataclass
 class Config:
     """The whole broker configuration (one TOML file)."""
 
@@ -315,6 +361,7 @@ class Config:
     clusters: ClustersSection = field(default_factory=ClustersSection)
     commands: CommandsSection = field(default_factory=CommandsSection)
     scheduled: ScheduledSection = field(default_factory=ScheduledSection)
+    registry: RegistrySection = field(default_factory=RegistrySection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -387,6 +434,7 @@ class Config:
                              "max_pending_bytes_total")
         if k.result_timeout_s <= 0:
             raise ValueError("commands.result_timeout_s must be positive")
+        self.registry.validate()
 
     def store_config(self) -> Any:
         """The ``lockmq.store.StoreConfig`` of this broker (``data_dir`` from ``[broker]``)."""
@@ -427,6 +475,7 @@ _SECTIONS = {
     "clusters": ClustersSection,
     "commands": CommandsSection,
     "scheduled": ScheduledSection,
+    "registry": RegistrySection,
 }
 
 
@@ -489,7 +538,7 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|store|security)"
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|registry|store|security)"
                       r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``

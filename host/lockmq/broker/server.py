@@ -24,6 +24,7 @@ from lockmq.config import Config
 from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
+from lockmq.registry.announce import Announcer, start_announcer
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import stop_on_signals
 
@@ -91,6 +92,7 @@ class Broker:
         self.status_port = 0
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
+        self.announcer: Announcer | None = None   # [registry]: registers this gateway
 
     @property
     def max_connections(self) -> int:
@@ -144,6 +146,7 @@ class Broker:
         self.devices.start()
         self.commands.start()
         self.devices.broker_started()
+        self.announcer = start_announcer(self)
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
@@ -167,6 +170,8 @@ class Broker:
         for srv in self.servers:
             srv.close()
         await self.status.stop()
+        if self.announcer is not None:
+            await self.announcer.stop()
         await self.devices.stop()
         await self.commands.stop()
         await self.scheduler.stop()

@@ -33,6 +33,7 @@ GROUPS: list[str] = [
     "systemd",
     "export",
     "spark",
+    "registry",
 ]
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import threading
 import time
 
 from lockmq.client import AsyncConsumer, LockmqError, Message
+from lockmq.client.campus import AsyncCampusConsumer
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, render_payload
 from lockmq.client.idempotency import idempotency_store
 from lockmq.client.sync import new_event_loop
@@ -44,6 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="share of messages the handler fails (nack), 0..1")
     p.add_argument("--idempotency", metavar="PATH|DSN", default=None,
                    help="processed-message table: SQLite file or postgresql:// DSN")
+    p.add_argument("--registry", "-r", metavar="HOST:PORT[,HOST:PORT]",
+                   default=os.environ.get("LOCKMQ_REGISTRY"),
+                   help="consume from every gateway the campus registry lists for the "
+                        "topic, joining new ones as they appear (env LOCKMQ_REGISTRY; "
+                        "--broker is then not used)")
+    p.add_argument("--registry-token", default=os.environ.get("LOCKMQ_REGISTRY_TOKEN"),
+                   help="the registry's token (env LOCKMQ_REGISTRY_TOKEN; default --token)")
     p.set_defaults(func=run)
 
 
@@ -99,9 +108,13 @@ async def _consume(args: argparse.Namespace) -> int:
         if args.count and n >= args.count:
             loop.call_soon_threadsafe(stop.set)
 
-    c = AsyncConsumer(endpoint_from_args(args), topic=args.topic, cluster=args.cluster, handler=handle,
-                      min_workers=args.min_workers, max_workers=args.max_workers,
-                      batch=args.batch, ordered=args.ordered, token=args.token)
+    opts = dict(topic=args.topic, cluster=args.cluster, handler=handle,
+                min_workers=args.min_workers, max_workers=args.max_workers,
+                batch=args.batch, ordered=args.ordered, token=args.token)
+    c = AsyncCampusConsumer(args.registry, registry_token=args.registry_token,
+                            registry_insecure=args.insecure, **opts) \
+        if args.registry \
+        else AsyncConsumer(endpoint_from_args(args), **opts)
     t0 = time.monotonic()
     await c.start()
     print(f"consuming {args.topic!r} as cluster {args.cluster!r} (Ctrl-C to stop)",

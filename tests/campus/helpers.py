@@ -1,0 +1,72 @@
+"""The campus tests' helpers: a ``lockmq registry`` process, gateways that register."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from lockmq.registry.client import registry_request
+from lockmq.testing import BrokerProcess, free_port
+from lockmq.testing.process import LOCKMQ_COMMAND
+
+TOKEN = "campus.s3cret-registry-token"
+
+
+class RegistryProcess(BrokerProcess):
+    """One ``lockmq registry`` process: BrokerProcess's log, kill, stop and restart,
+    with the registry's command line (``flags``) instead of a broker config."""
+
+    def __init__(self, workdir: str | os.PathLike[str], flags: list[str] | None = None,
+                 token: str | None = TOKEN) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tokens_path = self.workdir / "registry.tokens"
+        self.tokens_path.write_text(f"# accepted tokens\n{token}\n" if token else "")
+        self.flags = ["--host", "127.0.0.1", "--state", str(self.workdir / "registry.json"),
+                      *(["--tokens", str(self.tokens_path)] if token else []), *(flags or [])]
+        self.port = free_port()
+        self.log_path = self.workdir / "registry.log"
+        self.lines: list[str] = []
+        self._reading = False
+        self.starts = 0
+        self.proc: subprocess.Popen[str] | None = None
+        self._cond = threading.Condition()
+        self.start()
+
+    def start(self, timeout: float = 30.0) -> "RegistryProcess":
+        """Start and return once the registry logged ``registry_started``."""
+        self.starts += 1
+        log = open(self.log_path, "a", buffering=1)
+        mark = self._add_line(f"==== registry start #{self.starts} ====", log)
+        self.proc = subprocess.Popen(
+            [*LOCKMQ_COMMAND, "registry", "--port", str(self.port), *self.flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._reading = True
+        threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
+        line = self.wait_log(r"registry_started", timeout=timeout, start=mark)
+        self.port = int(re.search(r"\bport=(\d+)", line).group(1))
+        return self
+
+
+def request(registry: str, op: str, token: str | None = TOKEN, **args: Any) -> dict[str, Any]:
+    """One registry op from a test (blocking)."""
+    return asyncio.run(registry_request(registry, op, token=token, **args))
+
+
+def names(registry: str, **query: Any) -> list[str]:
+    """The names of the gateways a lookup returns."""
+    return [g["name"] for g in request(registry, "registry.lookup", **query)["gateways"]]
+
+
+def gateway(data_dir: str | os.PathLike[str], registry: str, name: str,
+            heartbeat_s: float = 0.3, **registry_table: Any) -> BrokerProcess:
+    """A broker (auth off) registering as ``name`` with ``registry``."""
+    table = {"addresses": [registry], "token": TOKEN, "name": name, "building": name,
+             "heartbeat_s": heartbeat_s, **registry_table}
+    return BrokerProcess(data_dir, {"broker": {"auth": "off"}, "registry": table})
