@@ -28,6 +28,13 @@ class Op:
     ERROR = 0x0F
     PUBLISH = 0x10
     PUBLISH_ACK = 0x11
+    # transactional messages (SPEC "Transactional messages"; bodies in _txn.py)
+    TXN_PUBLISH = 0x12
+    TXN_PUBLISH_ACK = 0x13
+    TXN_END = 0x14
+    TXN_CHECK = 0x15
+    TXN_CHECK_ANSWER = 0x16
+    TXN_JOIN = 0x17
     SUBSCRIBE = 0x20
     SUBSCRIBE_ACK = 0x21
     UNSUBSCRIBE = 0x22

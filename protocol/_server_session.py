@@ -19,7 +19,9 @@ CLIENT_HANDSHAKE = {
 # What an authenticated client may send, by its role (decided by the broker from
 # the credentials, not by what the client claimed).
 _COMMON = (Op.HEARTBEAT, Op.DISCONNECT, Op.PUBLISH)
-_SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op.COMMAND)
+_SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op.COMMAND,
+                      # transactional producers (SPEC "Transactional messages")
+                      Op.TXN_PUBLISH, Op.TXN_END, Op.TXN_CHECK_ANSWER, Op.TXN_JOIN)
 CLIENT_REQUESTS = {
     Role.LOCK: _COMMON + (Op.COMMAND_RESULT,),
     Role.SERVICE: _SERVICE,
