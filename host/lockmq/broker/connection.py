@@ -50,6 +50,7 @@ from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, Stats
 from .publish import PublishPath, PublishRefused
+from .transactions import TXN_HANDLERS
 
 _RESP = Flag.RESPONSE
 _conn_ids = iter(range(1, 1 << 62))
@@ -101,6 +102,8 @@ class Services:
     commands: Commands
     admin: Admin
     connections: Connections
+    #: transactional messages (transactions.py); None: TXN_* frames are not served
+    transactions: Any = None
 
 
 class Connection(asyncio.Protocol):
@@ -830,5 +833,6 @@ _HANDLERS = {
     Op.COMMAND_RESULT: Connection._on_command_result,
     Op.ADMIN_REQUEST: Connection._on_admin,
 }
+_HANDLERS.update(TXN_HANDLERS)   # transactional messages: TXN_PUBLISH, TXN_END, ...
 
 __all__ = ["Connection", "Role"]

@@ -36,6 +36,7 @@ from .devices import Devices
 from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
 from .status import StatusPage
+from .transactions import Transactions
 
 #: file descriptors kept for the store, logs and the status page
 FD_RESERVE = 64
@@ -75,8 +76,12 @@ class Broker:
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
+        self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log)
+        self.admin.ops.update({"txn.list": self.transactions.admin_list,
+                               "txn.resolve": self.transactions.admin_resolve})
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
-                                 self.devices, self.commands, self.admin, self.connections)
+                                 self.devices, self.commands, self.admin, self.connections,
+                                 transactions=self.transactions)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
@@ -110,6 +115,7 @@ class Broker:
         store_logger.addHandler(self._store_log)
         store_logger.setLevel(logging.INFO)
         self.core.open()
+        self.transactions.start()   # pending half messages rebuilt from the log
         loop = asyncio.get_running_loop()
         ctx = self.guard.tls_context()
         services = self.services
@@ -162,6 +168,7 @@ class Broker:
         await self.status.stop()
         await self.devices.stop()
         await self.commands.stop()
+        await self.transactions.stop()
         # locks go offline with the broker (consumers of $devices see it)
         for conn in list(self.devices.online_by_sn.values()):
             self.devices.offline(conn, "offline", reason="broker shutdown")

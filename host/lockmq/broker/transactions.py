@@ -1,0 +1,411 @@
+"""Transactional messages (RocketMQ's half messages with check-back; SPEC
+"Transactional messages").
+
+A TXN_PUBLISH stores a *half* record in the broker-internal topic
+:data:`HALF_TOPIC` (no client may write or normally read a ``$sys.`` topic), with
+the real topic and message id in its headers; its commit-log offset is the txn id.
+A commit stores the real record under the producer's ``(sn, seq)`` (deduplicated
+like any publish, so a commit repeated after a crash delivers once) and then an op
+record in :data:`OP_TOPIC`; a rollback stores only the op record. On start the
+pending transactions are rebuilt from the two topics. A transaction left undecided
+for ``check_after_s`` is checked back (TXN_CHECK) with a connection of its producer
+group and principal, every ``check_interval_s``, at most ``max_checks`` times; then
+``on_check_limit`` decides, and the log says so.
+
+Connections call the four ``on_*`` handlers (see :data:`TXN_HANDLERS`); nothing here
+imports the connection module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from lockmq.config import TransactionsSection
+from lockmq.protocol import ErrorCode, Flag, Op
+from lockmq.protocol._txn import (OUTCOME_NAMES, TxnCheck, TxnCheckAnswer, TxnEnd, TxnJoin,
+                                  TxnOutcome, TxnPublish, TxnPublishAck)
+from lockmq.security import BrokerGuard, SecurityError
+from lockmq.store import InvalidRecord, NewRecord, validate_topic
+
+from .core import BROKER_SN, BrokerCore
+from .logs import EventLog, Stats
+from .periodic import start_periodic, stop_task
+
+#: half messages (broker-internal: the ``$sys.`` prefix keeps clients from writing it)
+HALF_TOPIC = "$sys.txn.half"
+#: commit / rollback op records, one per ended transaction
+OP_TOPIC = "$sys.txn.op"
+#: outcomes of recently ended transactions kept for a repeated TXN_END
+RECENT_ENDED = 10_000
+#: groups one connection may join (TXN_JOIN / TXN_PUBLISH)
+MAX_GROUPS_PER_CONN = 16
+_RESP = Flag.RESPONSE
+
+
+@dataclass
+class Pending:
+    """One undecided transaction."""
+
+    txn_id: int
+    topic: str
+    sn: str
+    seq: int
+    lock_ts_ms: int
+    payload: bytes
+    group: str
+    owner: str          # principal name that stored it: the only one that may end it
+    stored_ms: int      # broker wall time of the half record
+    checks: int = 0
+    next_check: float = 0.0   # monotonic
+    ending: bool = False      # a commit/rollback is being written
+
+    def info(self) -> dict[str, Any]:
+        """The admin view (``txn.list``)."""
+        return {"txn_id": self.txn_id, "topic": self.topic, "msg_id": f"{self.sn}:{self.seq}",
+                "group": self.group, "principal": self.owner, "stored_ms": self.stored_ms,
+                "checks": self.checks, "bytes": len(self.payload)}
+
+
+class TxnError(Exception):
+    """A refused transactional request: the wire code and a message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Transactions:
+    """The broker's transactions: pending half messages, their ends and check-backs."""
+
+    def __init__(self, config: TransactionsSection, core: BrokerCore, guard: BrokerGuard,
+                 stats: Stats, log: EventLog) -> None:
+        self.cfg = config
+        self.core = core
+        self.guard = guard
+        self.stats = stats
+        self.log = log
+        self.pending: dict[int, Pending] = {}
+        self._by_msg: dict[tuple[str, int], int] = {}
+        self._per_owner: Counter[str] = Counter()
+        self._ended: OrderedDict[int, int] = OrderedDict()   # txn_id -> outcome
+        self._groups: dict[str, set[Any]] = {}                # group -> connections
+        self._task: asyncio.Task[None] | None = None
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Rebuild the pending transactions from the store, then start check-backs."""
+        self.recover()
+        c = self.cfg
+        tick = max(0.02, min(1.0, c.check_after_s / 4, c.check_interval_s / 4))
+        self._task = start_periodic("txn_checks", tick, self.check_due, self.log)
+
+    async def stop(self) -> None:
+        """Stop the check-back timer (pending transactions stay in the log)."""
+        await stop_task(self._task)
+        self._task = None
+
+    def recover(self) -> None:
+        """Pending = half records of the broker without an op record."""
+        store = self.core.store
+        assert store is not None
+        ended: dict[int, int] = {}
+        for r in _scan(store, OP_TOPIC):
+            h = r.headers or {}
+            if r.sn == BROKER_SN and isinstance(h.get("txn_id"), int):
+                ended[h["txn_id"]] = int(h.get("outcome", 0))
+        now_ms = int(self.core.wall_ms())
+        for r in _scan(store, HALF_TOPIC):
+            h = r.headers or {}
+            if r.sn != BROKER_SN or r.offset in ended or not isinstance(h.get("seq"), int):
+                continue
+            p = Pending(r.offset, str(h["topic"]), str(h["sn"]), h["seq"], r.lock_ts_ms,
+                        r.payload, str(h["group"]), str(h["principal"]),
+                        r.broker_ts_us // 1000)
+            age_s = max(0.0, (now_ms - p.stored_ms) / 1000)
+            p.next_check = time.monotonic() + max(0.0, self.cfg.check_after_s - age_s)
+            self._add(p)
+        for txn_id, outcome in list(ended.items())[-RECENT_ENDED:]:
+            self._ended[txn_id] = outcome
+        if self.pending or ended:
+            self.log("txn_recovered", pending=len(self.pending), ended=len(ended))
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _add(self, p: Pending) -> None:
+        self.pending[p.txn_id] = p
+        self._by_msg[(p.sn, p.seq)] = p.txn_id
+        self._per_owner[p.owner] += 1
+
+    def _remove(self, p: Pending, outcome: int) -> None:
+        self.pending.pop(p.txn_id, None)
+        self._by_msg.pop((p.sn, p.seq), None)
+        self._per_owner[p.owner] -= 1
+        if self._per_owner[p.owner] <= 0:
+            del self._per_owner[p.owner]
+        self._ended[p.txn_id] = outcome
+        while len(self._ended) > RECENT_ENDED:
+            self._ended.popitem(last=False)
+
+    def join(self, conn: Any, group: str) -> None:
+        """``conn`` answers check-backs of ``group`` (its own principal's only)."""
+        if not group or len(group) > 128:
+            raise TxnError(ErrorCode.INVALID_ARGUMENT, "group must be 1..128 characters")
+        joined = getattr(conn, "txn_groups", None)
+        if joined is None:
+            joined = conn.txn_groups = set()
+        if group in joined:
+            return
+        if len(joined) >= MAX_GROUPS_PER_CONN:
+            raise TxnError(ErrorCode.LIMIT_EXCEEDED,
+                           f"a connection may join at most {MAX_GROUPS_PER_CONN} groups")
+        joined.add(group)
+        self._groups.setdefault(group, set()).add(conn)
+
+    # -- requests ---------------------------------------------------------------------
+
+    def on_publish(self, conn: Any, frame: Any) -> None:
+        """TXN_PUBLISH: store the half message, answer TXN_PUBLISH_ACK(txn_id)."""
+        body = TxnPublish.decode(frame.body)
+        principal = conn.principal
+        sn = frame.sn or principal.name
+        try:
+            validate_topic(body.topic)
+            self.guard.check_publish(principal, body.topic, n=1)
+            self.guard.check_producer_id(principal, sn)
+            self.join(conn, body.group)
+        except InvalidRecord as exc:
+            conn.send_error(ErrorCode.INVALID_ARGUMENT, str(exc), frame.opaque)
+            return
+        except SecurityError as exc:
+            self.stats.inc("txn_refused")
+            conn.refused(exc, frame.opaque)
+            return
+        except TxnError as exc:
+            conn.send_error(exc.code, exc.message, frame.opaque)
+            return
+        known = self._by_msg.get((sn, body.seq))
+        if known is not None:   # a retried half: same transaction
+            conn.send_frame(Op.TXN_PUBLISH_ACK, TxnPublishAck(TxnPublishAck.DUPLICATE,
+                                                              known).encode(), frame.opaque, _RESP)
+            return
+        c = self.cfg
+        if self._per_owner[principal.name] >= c.max_pending_per_principal \
+                or len(self.pending) >= c.max_pending_total:
+            self.stats.inc("txn_limit_exceeded")
+            self.log.limited("txn_limit_exceeded", principal=principal.name,
+                             pending=self._per_owner[principal.name], level="warning")
+            conn.send_error(ErrorCode.LIMIT_EXCEEDED,
+                            f"too many undecided transactions (at most "
+                            f"{c.max_pending_per_principal} per principal, "
+                            f"{c.max_pending_total} in all): commit or roll back first",
+                            frame.opaque)
+            return
+        headers = {"topic": body.topic, "sn": sn, "seq": body.seq, "group": body.group,
+                   "principal": principal.name}
+        half = NewRecord(HALF_TOPIC, BROKER_SN, 0, body.lock_ts_ms, body.payload, headers)
+        self.core.spawn(self._store_half(conn, frame.opaque, half, body, sn))
+
+    async def _store_half(self, conn: Any, opaque: int, half: NewRecord, body: TxnPublish,
+                          sn: str) -> None:
+        try:
+            res = await self.core.append_system([half])
+        except Exception as exc:  # noqa: BLE001 -- StoreBusy, closed ...: never ack
+            conn.send_error(ErrorCode.BUSY, f"half message not stored: {exc}", opaque, 100)
+            return
+        p = Pending(res[0].offset, body.topic, sn, body.seq, body.lock_ts_ms, body.payload,
+                    body.group, conn.principal.name, int(self.core.wall_ms()))
+        p.next_check = time.monotonic() + self.cfg.check_after_s
+        self._add(p)
+        self.stats.inc("txn_half_stored")
+        conn.send_frame(Op.TXN_PUBLISH_ACK, TxnPublishAck(TxnPublishAck.STORED,
+                                                          p.txn_id).encode(), opaque, _RESP)
+
+    def on_end(self, conn: Any, frame: Any) -> None:
+        """TXN_END: commit or roll back; OK once durable."""
+        body = TxnEnd.decode(frame.body)
+        self._decide(conn, body.txn_id, body.outcome, "producer", frame.opaque)
+
+    def on_check_answer(self, conn: Any, frame: Any) -> None:
+        """TXN_CHECK_ANSWER: as TXN_END (never answered); UNKNOWN waits for the next check."""
+        body = TxnCheckAnswer.decode(frame.body)
+        if body.outcome == TxnOutcome.UNKNOWN:
+            self.stats.inc("txn_check_unknown")
+            return
+        self._decide(conn, body.txn_id, body.outcome, "check", None)
+
+    def on_join(self, conn: Any, frame: Any) -> None:
+        """TXN_JOIN: this connection answers the group's check-backs; OK."""
+        try:
+            self.join(conn, TxnJoin.decode(frame.body).group)
+        except TxnError as exc:
+            conn.send_error(exc.code, exc.message, frame.opaque)
+            return
+        conn.send_frame(Op.OK, b"", frame.opaque, _RESP)
+
+    def _decide(self, conn: Any, txn_id: int, outcome: int, by: str, opaque: int | None) -> None:
+        try:
+            p = self._owned(conn.principal, txn_id, outcome)
+        except TxnError as exc:
+            self.stats.inc("txn_refused")
+            if opaque is not None:
+                conn.send_error(exc.code, exc.message, opaque)
+            return
+        if p is None:   # already ended this way: a retried TXN_END
+            if opaque is not None:
+                conn.send_frame(Op.OK, b"", opaque, _RESP)
+            return
+        p.ending = True
+
+        async def run() -> None:
+            try:
+                await self.end(p, outcome, by)
+            except Exception as exc:  # noqa: BLE001 -- not durable: the producer retries
+                if opaque is not None:
+                    conn.send_error(ErrorCode.BUSY, f"transaction not ended: {exc}", opaque, 100)
+                return
+            if opaque is not None:
+                conn.send_frame(Op.OK, b"", opaque, _RESP)
+        self.core.spawn(run())
+
+    def _owned(self, principal: Any, txn_id: int, outcome: int) -> Pending | None:
+        """The pending transaction ``principal`` may end; None if already ended so."""
+        p = self.pending.get(txn_id)
+        if p is None:
+            done = self._ended.get(txn_id)
+            if done == outcome:
+                return None
+            if done is None:
+                raise TxnError(ErrorCode.INVALID_ARGUMENT, f"unknown transaction {txn_id}")
+            raise TxnError(ErrorCode.INVALID_ARGUMENT,
+                           f"transaction {txn_id} already ended: {OUTCOME_NAMES[done]}")
+        if p.owner != principal.name and not principal.is_admin:
+            raise TxnError(ErrorCode.FORBIDDEN,
+                           f"transaction {txn_id} belongs to another principal")
+        if p.ending:
+            raise TxnError(ErrorCode.BUSY, f"transaction {txn_id} is being ended")
+        return p
+
+    # -- ending -----------------------------------------------------------------------
+
+    async def end(self, p: Pending, outcome: int, by: str) -> None:
+        """Write the outcome durably: the record (commit) first, then the op record. A
+        crash between the two leaves the transaction pending; the next commit of it
+        is then taken as a duplicate of the stored record and delivers nothing new."""
+        p.ending = True   # (callers set it before spawning this, too)
+        try:
+            if outcome == TxnOutcome.COMMIT:
+                await self.core.append([NewRecord(p.topic, p.sn, p.seq, p.lock_ts_ms,
+                                                  p.payload)])
+            op = NewRecord(OP_TOPIC, BROKER_SN, 0, 0, b"",
+                           {"txn_id": p.txn_id, "outcome": outcome, "by": by})
+            await self.core.append_system([op])
+        finally:
+            p.ending = False
+        self._remove(p, outcome)
+        name = OUTCOME_NAMES[outcome]
+        self.stats.inc("txn_committed" if outcome == TxnOutcome.COMMIT else "txn_rolled_back")
+        self.log("txn_end", txn_id=p.txn_id, outcome=name, by=by, topic=p.topic,
+                 msg_id=f"{p.sn}:{p.seq}", checks=p.checks,
+                 level="warning" if by == "check_limit" else "debug")
+
+    async def resolve(self, txn_id: int, outcome: int) -> dict[str, Any]:
+        """An operator's decision (``txn.resolve``)."""
+        p = self.pending.get(txn_id)
+        if p is None or p.ending:
+            return {"ok": False, "error": "INVALID_ARGUMENT",
+                    "message": f"no pending transaction {txn_id}"}
+        p.ending = True
+        await self.end(p, outcome, "operator")
+        return {"ok": True, "txn_id": txn_id, "outcome": OUTCOME_NAMES[outcome]}
+
+    # -- check-back -------------------------------------------------------------------
+
+    def check_due(self) -> None:
+        """Check back every transaction whose time has come (the periodic timer)."""
+        now = time.monotonic()
+        limit = self.cfg.max_checks
+        for p in list(self.pending.values()):
+            if p.ending or p.next_check > now:
+                continue
+            p.next_check = now + self.cfg.check_interval_s
+            if p.checks >= limit:
+                outcome = TxnOutcome.COMMIT if self.cfg.on_check_limit == "commit" \
+                    else TxnOutcome.ROLLBACK
+                self.stats.inc("txn_check_limit")
+                p.ending = True
+                self.core.spawn(self.end(p, outcome, "check_limit"))
+                continue
+            conn = self._producer_of(p)
+            p.checks += 1   # a check with no producer online counts too (RocketMQ's)
+            if conn is None:
+                self.stats.inc("txn_check_no_producer")
+                continue
+            self.stats.inc("txn_checks_sent")
+            headers = json.dumps({"checks": p.checks}, separators=(",", ":"))
+            conn.send_frame(Op.TXN_CHECK, TxnCheck(p.txn_id, p.topic, p.sn, p.seq, headers,
+                                                   p.payload).encode())
+
+    def _producer_of(self, p: Pending) -> Any:
+        """A live connection of the group with the transaction's principal (any one)."""
+        conns = self._groups.get(p.group)
+        if not conns:
+            return None
+        for c in list(conns):
+            if not c.established:
+                conns.discard(c)   # closed: forget it here
+                continue
+            if c.principal is not None and c.principal.name == p.owner:
+                return c
+        if not conns:
+            del self._groups[p.group]
+        return None
+
+    # -- operators --------------------------------------------------------------------
+
+    def admin_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``txn.list``: the pending transactions (oldest first, at most ``limit``)."""
+        limit = args.get("limit", 1000)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= 10_000:
+            return {"ok": False, "error": "INVALID_ARGUMENT",
+                    "message": "limit must be an integer in [1, 10000]"}
+        items = sorted(self.pending.values(), key=lambda p: p.txn_id)[:limit]
+        return {"ok": True, "count": len(self.pending), "transactions": [p.info() for p in items]}
+
+    def admin_resolve(self, args: dict[str, Any]) -> Any:
+        """``txn.resolve``: ``{"txn_id": N, "outcome": "commit"|"rollback"}``."""
+        txn_id, outcome = args.get("txn_id"), args.get("outcome")
+        if not isinstance(txn_id, int) or outcome not in ("commit", "rollback"):
+            return {"ok": False, "error": "INVALID_ARGUMENT",
+                    "message": "txn_id (an integer) and outcome (commit|rollback) are required"}
+        return self.resolve(txn_id, TxnOutcome.COMMIT if outcome == "commit"
+                            else TxnOutcome.ROLLBACK)
+
+
+def _scan(store: Any, topic: str, chunk: int = 1000) -> Any:
+    """Every stored record of ``topic``, oldest first, ``chunk`` at a time."""
+    if topic not in store.topics():
+        return
+    q, end = store.queue_start(topic), store.queue_end(topic)
+    while q < end:
+        recs = store.read(topic, q, min(chunk, end - q))
+        if not recs:
+            return
+        yield from recs
+        q = recs[-1].queue_offset + 1
+
+
+#: opcode -> handler(connection, frame), merged into the connection's dispatch table
+TXN_HANDLERS: dict[int, Callable[[Any, Any], None]] = {
+    Op.TXN_PUBLISH: lambda conn, frame: conn.services.transactions.on_publish(conn, frame),
+    Op.TXN_END: lambda conn, frame: conn.services.transactions.on_end(conn, frame),
+    Op.TXN_CHECK_ANSWER: lambda conn, frame: conn.services.transactions.on_check_answer(conn,
+                                                                                         frame),
+    Op.TXN_JOIN: lambda conn, frame: conn.services.transactions.on_join(conn, frame),
+}
