@@ -30,6 +30,7 @@ from lockmq.protocol import ErrorCode, Flag, Op
 from lockmq.protocol._txn import (OUTCOME_NAMES, TxnCheck, TxnCheckAnswer, TxnEnd, TxnJoin,
                                   TxnOutcome, TxnPublish, TxnPublishAck)
 from lockmq.security import BrokerGuard, SecurityError
+from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
 from .core import BROKER_SN, BrokerCore
@@ -58,7 +59,7 @@ class Pending:
     lock_ts_ms: int
     payload: bytes
     group: str
-    owner: str          # principal name that stored it: the only one that may end it
+    owner: str          # owner_of(principal) that stored it (a token's name): who may end it
     stored_ms: int      # broker wall time of the half record
     checks: int = 0
     next_check: float = 0.0   # monotonic
@@ -196,11 +197,12 @@ class Transactions:
                                                               known).encode(), frame.opaque, _RESP)
             return
         c = self.cfg
-        if self._per_owner[principal.name] >= c.max_pending_per_principal \
+        owner = owner_of(principal)
+        if self._per_owner[owner] >= c.max_pending_per_principal \
                 or len(self.pending) >= c.max_pending_total:
             self.stats.inc("txn_limit_exceeded")
-            self.log.limited("txn_limit_exceeded", principal=principal.name,
-                             pending=self._per_owner[principal.name], level="warning")
+            self.log.limited("txn_limit_exceeded", principal=owner,
+                             pending=self._per_owner[owner], level="warning")
             conn.send_error(ErrorCode.LIMIT_EXCEEDED,
                             f"too many undecided transactions (at most "
                             f"{c.max_pending_per_principal} per principal, "
@@ -208,7 +210,7 @@ class Transactions:
                             frame.opaque)
             return
         headers = {"topic": body.topic, "sn": sn, "seq": body.seq, "group": body.group,
-                   "principal": principal.name}
+                   "principal": owner}
         half = NewRecord(HALF_TOPIC, BROKER_SN, 0, body.lock_ts_ms, body.payload, headers)
         self.core.spawn(self._store_half(conn, frame.opaque, half, body, sn))
 
@@ -220,7 +222,7 @@ class Transactions:
             conn.send_error(ErrorCode.BUSY, f"half message not stored: {exc}", opaque, 100)
             return
         p = Pending(res[0].offset, body.topic, sn, body.seq, body.lock_ts_ms, body.payload,
-                    body.group, conn.principal.name, int(self.core.wall_ms()))
+                    body.group, owner_of(conn.principal), int(self.core.wall_ms()))
         p.next_check = time.monotonic() + self.cfg.check_after_s
         self._add(p)
         self.stats.inc("txn_half_stored")
@@ -285,7 +287,7 @@ class Transactions:
                 raise TxnError(ErrorCode.INVALID_ARGUMENT, f"unknown transaction {txn_id}")
             raise TxnError(ErrorCode.INVALID_ARGUMENT,
                            f"transaction {txn_id} already ended: {OUTCOME_NAMES[done]}")
-        if p.owner != principal.name and not principal.is_admin:
+        if p.owner != owner_of(principal) and not principal.is_admin:
             raise TxnError(ErrorCode.FORBIDDEN,
                            f"transaction {txn_id} belongs to another principal")
         if p.ending:
@@ -353,7 +355,8 @@ class Transactions:
                                                    p.payload).encode())
 
     def _producer_of(self, p: Pending) -> Any:
-        """A live connection of the group with the transaction's principal (any one)."""
+        """A live connection of the group with the transaction's owner (any one: a
+        producer restarted under another id with the same token answers too)."""
         conns = self._groups.get(p.group)
         if not conns:
             return None
@@ -361,7 +364,7 @@ class Transactions:
             if not c.established:
                 conns.discard(c)   # closed: forget it here
                 continue
-            if c.principal is not None and c.principal.name == p.owner:
+            if c.principal is not None and owner_of(c.principal) == p.owner:
                 return c
         if not conns:
             del self._groups[p.group]
