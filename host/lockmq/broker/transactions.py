@@ -355,8 +355,8 @@ class Transactions:
                                                    p.payload).encode())
 
     def _producer_of(self, p: Pending) -> Any:
-        """A live connection of the group with the transaction's owner (any one: a
-        producer restarted under another id with the same token answers too)."""
+        """A live connection of the group with the transaction's owner or an admin
+        (any one: a producer restarted under another id with the same token answers)."""
         conns = self._groups.get(p.group)
         if not conns:
             return None
@@ -364,7 +364,8 @@ class Transactions:
             if not c.established:
                 conns.discard(c)   # closed: forget it here
                 continue
-            if c.principal is not None and owner_of(c.principal) == p.owner:
+            pr = c.principal
+            if pr is not None and (owner_of(pr) == p.owner or pr.is_admin):
                 return c
         if not conns:
             del self._groups[p.group]
