@@ -9,7 +9,7 @@ from lockmq.protocol import ErrorCode, Op
 from lockmq.protocol._txn import TxnCheck, TxnCheckAnswer, TxnOutcome, TxnPublish, TxnPublishAck
 from lockmq.testing import BrokerThread, open_peer, refusal, wait_for
 
-from .helpers import FAST_CHECKS, backlog, end, half, join, pending, read_topic
+from .helpers import FAST_CHECKS, FEW_CHECKS, backlog, end, half, join, pending, read_topic
 
 
 @pytest.fixture
@@ -81,18 +81,20 @@ def _silent_member_sees_checks_until_the_limit(port: int) -> tuple[int, object]:
         return checks, p.admin("stats")
 
 
-def test_no_answer_rolls_back_after_max_checks_by_default(broker):
-    checks, stats = _silent_member_sees_checks_until_the_limit(broker.port)
-    assert checks == FAST_CHECKS["max_checks"]
-    with open_peer(broker.port, "r") as r:
-        assert backlog(r, "cards", "c1") == 0
+def test_no_answer_rolls_back_after_max_checks_by_default(tmp_path):
+    with BrokerThread(str(tmp_path / "d"), transactions=FEW_CHECKS) as b:
+        checks, stats = _silent_member_sees_checks_until_the_limit(b.port)
+        assert checks == FEW_CHECKS["max_checks"]
+        assert stats["broker"]["txn_check_limit"] == 1 and stats["broker"]["txn_rolled_back"] == 1
+        with open_peer(b.port, "r") as r:
+            assert backlog(r, "cards", "c1") == 0
 
 
 def test_no_answer_commits_after_max_checks_when_configured(tmp_path):
-    tables = {**FAST_CHECKS, "on_check_limit": "commit"}
+    tables = {**FEW_CHECKS, "on_check_limit": "commit"}
     with BrokerThread(str(tmp_path / "d"), transactions=tables) as b:
         checks, _ = _silent_member_sees_checks_until_the_limit(b.port)
-        assert checks == FAST_CHECKS["max_checks"]
+        assert checks == FEW_CHECKS["max_checks"]
         with open_peer(b.port, "r") as r:
             assert read_topic(r, "cards", "c1", 1) == [b"undecided"]
 

@@ -46,6 +46,10 @@ RECENT_ENDED = 10_000
 #: groups one connection may join (TXN_JOIN / TXN_PUBLISH)
 MAX_GROUPS_PER_CONN = 16
 _RESP = Flag.RESPONSE
+#: the broker counters of this module (``stats`` op and ``/metrics``)
+TXN_COUNTERS = ("txn_half_stored", "txn_committed", "txn_rolled_back", "txn_checks_sent",
+                "txn_check_no_producer", "txn_check_unknown", "txn_check_limit", "txn_refused",
+                "txn_limit_exceeded")
 
 
 @dataclass
@@ -97,6 +101,13 @@ class Transactions:
         self._ended: OrderedDict[int, int] = OrderedDict()   # txn_id -> outcome
         self._groups: dict[str, set[Any]] = {}                # group -> connections
         self._task: asyncio.Task[None] | None = None
+        for name in TXN_COUNTERS:   # exported (/metrics, stats) from the start, at 0
+            stats.c.setdefault(name, 0)
+
+    @property
+    def pending_count(self) -> int:
+        """Undecided transactions now."""
+        return len(self.pending)
 
     # -- life cycle -------------------------------------------------------------------
 
