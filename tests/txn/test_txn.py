@@ -7,7 +7,7 @@ import pytest
 
 from lockmq.protocol import ErrorCode, Op
 from lockmq.protocol._txn import TxnCheck, TxnCheckAnswer, TxnOutcome, TxnPublish, TxnPublishAck
-from lockmq.testing import BrokerThread, open_peer, refusal, wait_for
+from lockmq.testing import BrokerThread, open_peer, refusal, run_cli, wait_for
 
 from .helpers import FAST_CHECKS, FEW_CHECKS, backlog, end, half, join, pending, read_topic
 
@@ -108,3 +108,19 @@ def test_bad_transactional_bodies_are_refused_and_the_broker_keeps_serving(broke
         txn = half(p, "cards", 1, b"ok")
         end(p, txn, commit=True)
         assert read_topic(p, "cards", "c1", 1) == [b"ok"]
+
+
+def test_operators_list_and_resolve_pending_transactions_with_the_cli(broker, capsys):
+    with open_peer(broker.port, "svc-tx") as p:
+        keep = half(p, "cards", 1, b"operator-commits")
+        drop = half(p, "cards", 2, b"operator-drops")
+        addr = ["--broker", f"127.0.0.1:{broker.port}"]
+        assert run_cli("txn", "list", *addr) == 0
+        out = capsys.readouterr().out
+        assert str(keep) in out and str(drop) in out and "svc-tx:2" in out
+        assert run_cli("txn", "resolve", *addr, str(keep), "commit") == 0
+        assert run_cli("txn", "resolve", *addr, str(drop), "rollback") == 0
+        assert run_cli("txn", "resolve", *addr, str(drop), "commit") != 0   # ended already
+        assert pending(p) == []
+        assert read_topic(p, "cards", "c1", 1) == [b"operator-commits"]
+        assert backlog(p, "cards", "c2") == 1
