@@ -33,7 +33,7 @@ from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
-from .core import BROKER_SN, BrokerCore
+from .core import BrokerCore
 from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 
@@ -41,6 +41,11 @@ from .periodic import start_periodic, stop_task
 HALF_TOPIC = "$sys.txn.half"
 #: commit / rollback op records, one per ended transaction
 OP_TOPIC = "$sys.txn.op"
+#: the producer id of half and op records: a system id (``$``: no client may use it,
+#: the store never deduplicates it), numbered here so that a commit's record and its
+#: op record go to the store in one append (one group commit)
+TXN_SN = "$txn"
+MAX_SEQ = 0xFFFFFFFF
 #: outcomes of recently ended transactions kept for a repeated TXN_END
 RECENT_ENDED = 10_000
 #: groups one connection may join (TXN_JOIN / TXN_PUBLISH)
@@ -101,6 +106,7 @@ class Transactions:
         self._ended: OrderedDict[int, int] = OrderedDict()   # txn_id -> outcome
         self._groups: dict[str, set[Any]] = {}                # group -> connections
         self._task: asyncio.Task[None] | None = None
+        self._seq = 0   # next sequence number of TXN_SN (set from the store at start)
         for name in TXN_COUNTERS:   # exported (/metrics, stats) from the start, at 0
             stats.c.setdefault(name, 0)
 
@@ -127,15 +133,17 @@ class Transactions:
         """Pending = half records of the broker without an op record."""
         store = self.core.store
         assert store is not None
+        last = store.last_seq(TXN_SN)
+        self._seq = 0 if last is None else (last + 1) & MAX_SEQ
         ended: dict[int, int] = {}
         for r in _scan(store, OP_TOPIC):
             h = r.headers or {}
-            if r.sn == BROKER_SN and isinstance(h.get("txn_id"), int):
+            if r.sn == TXN_SN and isinstance(h.get("txn_id"), int):
                 ended[h["txn_id"]] = int(h.get("outcome", 0))
         now_ms = int(self.core.wall_ms())
         for r in _scan(store, HALF_TOPIC):
             h = r.headers or {}
-            if r.sn != BROKER_SN or r.offset in ended or not isinstance(h.get("seq"), int):
+            if r.sn != TXN_SN or r.offset in ended or not isinstance(h.get("seq"), int):
                 continue
             p = Pending(r.offset, str(h["topic"]), str(h["sn"]), h["seq"], r.lock_ts_ms,
                         r.payload, str(h["group"]), str(h["principal"]),
@@ -164,6 +172,11 @@ class Transactions:
         self._ended[p.txn_id] = outcome
         while len(self._ended) > RECENT_ENDED:
             self._ended.popitem(last=False)
+
+    def _next_seq(self) -> int:
+        seq = self._seq
+        self._seq = (seq + 1) & MAX_SEQ
+        return seq
 
     def join(self, conn: Any, group: str) -> None:
         """``conn`` answers check-backs of ``group`` (its own principal's only)."""
@@ -222,13 +235,14 @@ class Transactions:
             return
         headers = {"topic": body.topic, "sn": sn, "seq": body.seq, "group": body.group,
                    "principal": owner}
-        half = NewRecord(HALF_TOPIC, BROKER_SN, 0, body.lock_ts_ms, body.payload, headers)
+        half = NewRecord(HALF_TOPIC, TXN_SN, self._next_seq(), body.lock_ts_ms, body.payload,
+                         headers)
         self.core.spawn(self._store_half(conn, frame.opaque, half, body, sn))
 
     async def _store_half(self, conn: Any, opaque: int, half: NewRecord, body: TxnPublish,
                           sn: str) -> None:
         try:
-            res = await self.core.append_system([half])
+            res = await self.core.append([half])
         except Exception as exc:  # noqa: BLE001 -- StoreBusy, closed ...: never ack
             conn.send_error(ErrorCode.BUSY, f"half message not stored: {exc}", opaque, 100)
             return
@@ -308,17 +322,18 @@ class Transactions:
     # -- ending -----------------------------------------------------------------------
 
     async def end(self, p: Pending, outcome: int, by: str) -> None:
-        """Write the outcome durably: the record (commit) first, then the op record. A
-        crash between the two leaves the transaction pending; the next commit of it
-        is then taken as a duplicate of the stored record and delivers nothing new."""
+        """Write the outcome durably: the record (commit), then the op record, in one
+        append. Should a crash keep the record and lose the op record, the transaction
+        is pending again after restart; its next commit is then taken as a duplicate
+        of the stored record and delivers nothing new."""
         p.ending = True   # (callers set it before spawning this, too)
         try:
-            if outcome == TxnOutcome.COMMIT:
-                await self.core.append([NewRecord(p.topic, p.sn, p.seq, p.lock_ts_ms,
-                                                  p.payload)])
-            op = NewRecord(OP_TOPIC, BROKER_SN, 0, 0, b"",
+            op = NewRecord(OP_TOPIC, TXN_SN, self._next_seq(), 0, b"",
                            {"txn_id": p.txn_id, "outcome": outcome, "by": by})
-            await self.core.append_system([op])
+            records = [op]
+            if outcome == TxnOutcome.COMMIT:
+                records.insert(0, NewRecord(p.topic, p.sn, p.seq, p.lock_ts_ms, p.payload))
+            await self.core.append(records)
         finally:
             p.ending = False
         self._remove(p, outcome)
