@@ -1,12 +1,13 @@
 # Transactional messages (SPEC "Transactional messages"): the bodies of
-# TXN_PUBLISH, TXN_PUBLISH_ACK, TXN_END, TXN_CHECK, TXN_CHECK_ANSWER, TXN_JOIN.
+# TXN_PUBLISH, TXN_END and TXN_CHECK_ANSWER (one layout), TXN_CHECK and TXN_JOIN;
+# TXN_PUBLISH_ACK is PUBLISH_ACK's layout (its offset is the txn id).
 # A lock never sends these: the firmware does not import this module (each
 # byte of the frozen protocol costs lock RAM). MicroPython subset only.
 import struct
 
 from ._constants import Op
 from ._codec import Reader, pack8, pack16, check_range
-from ._bodies import _Body, BODY_TYPES
+from ._bodies import _Body, BODY_TYPES, PublishAck
 from ._errors import BadBody, LocalProtocolError
 
 
@@ -48,81 +49,30 @@ class TxnPublish(_Body):
         return TxnPublish(group, topic, seq, lock_ts_ms, r.rest())
 
 
-class TxnPublishAck(_Body):
-    """Broker -> producer: the half message is stored (status 0) or was stored
-    before (1, a retried TXN_PUBLISH); ``txn_id`` names the transaction."""
-    __slots__ = ("status", "txn_id")
-    OPCODE = Op.TXN_PUBLISH_ACK
-    STORED = 0
-    DUPLICATE = 1
-
-    def __init__(self, status, txn_id):
-        self.status = status
-        self.txn_id = txn_id
-
-    def encode(self):
-        return struct.pack(">BQ", self.status, self.txn_id)
-
-    @staticmethod
-    def decode(body):
-        r = Reader(body, "TXN_PUBLISH_ACK")
-        status, txn_id = r.unpack(">BQ", 9)
-        r.end()
-        return TxnPublishAck(status, txn_id)
-
-
-def _encode_outcome(body):
-    if body.outcome not in body.ALLOWED:
-        raise LocalProtocolError("outcome %r not allowed in %s" % (body.outcome, body.WHAT))
-    return struct.pack(">QB", body.txn_id, body.outcome)
-
-
-def _decode_outcome(cls, body):
-    r = Reader(body, cls.WHAT)
-    txn_id, outcome = r.unpack(">QB", 9)
-    r.end()
-    if outcome not in cls.ALLOWED:
-        raise BadBody("%s outcome %d is not one of %r" % (cls.WHAT, outcome, cls.ALLOWED))
-    return cls(txn_id, outcome)
-
-
 class TxnEnd(_Body):
-    """Producer -> broker: commit or roll back transaction ``txn_id``. Answered OK."""
+    """Producer -> broker: how transaction ``txn_id`` ends. The body of TXN_END
+    (COMMIT or ROLLBACK; answered OK) and of TXN_CHECK_ANSWER (also UNKNOWN: "ask
+    again later"; never answered)."""
     __slots__ = ("txn_id", "outcome")
     OPCODE = Op.TXN_END
-    WHAT = "TXN_END"
-    ALLOWED = (TxnOutcome.COMMIT, TxnOutcome.ROLLBACK)
 
     def __init__(self, txn_id, outcome):
         self.txn_id = txn_id
         self.outcome = outcome
 
     def encode(self):
-        return _encode_outcome(self)
+        if self.outcome not in OUTCOME_NAMES:
+            raise LocalProtocolError("outcome %r is not 0, 1 or 2" % (self.outcome,))
+        return struct.pack(">QB", self.txn_id, self.outcome)
 
     @staticmethod
     def decode(body):
-        return _decode_outcome(TxnEnd, body)
-
-
-class TxnCheckAnswer(_Body):
-    """Producer -> broker: the answer to a TXN_CHECK (same layout as TXN_END);
-    UNKNOWN asks the broker to check again later. Never answered."""
-    __slots__ = ("txn_id", "outcome")
-    OPCODE = Op.TXN_CHECK_ANSWER
-    WHAT = "TXN_CHECK_ANSWER"
-    ALLOWED = (TxnOutcome.UNKNOWN, TxnOutcome.COMMIT, TxnOutcome.ROLLBACK)
-
-    def __init__(self, txn_id, outcome):
-        self.txn_id = txn_id
-        self.outcome = outcome
-
-    def encode(self):
-        return _encode_outcome(self)
-
-    @staticmethod
-    def decode(body):
-        return _decode_outcome(TxnCheckAnswer, body)
+        r = Reader(body, "TXN_END")
+        txn_id, outcome = r.unpack(">QB", 9)
+        r.end()
+        if outcome not in OUTCOME_NAMES:
+            raise BadBody("TXN_END outcome %d is not 0, 1 or 2" % outcome)
+        return TxnEnd(txn_id, outcome)
 
 
 class TxnCheck(_Body):
@@ -176,5 +126,8 @@ class TxnJoin(_Body):
         return TxnJoin(group)
 
 
-for _cls in (TxnPublish, TxnPublishAck, TxnEnd, TxnCheckAnswer, TxnCheck, TxnJoin):
+for _cls in (TxnPublish, TxnEnd, TxnCheck, TxnJoin):
     BODY_TYPES[_cls.OPCODE] = _cls
+BODY_TYPES[Op.TXN_CHECK_ANSWER] = TxnEnd
+# the half message's commit-log offset is the txn id: PUBLISH_ACK's body says it
+BODY_TYPES[Op.TXN_PUBLISH_ACK] = PublishAck

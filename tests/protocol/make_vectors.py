@@ -100,7 +100,7 @@ def main() -> None:
         frame_vector("txn_publish", p.Op.TXN_PUBLISH,
                      t.TxnPublish("card-grants", "cards.granted", 7, TS, b'{"card":"0a1b"}'), 40, 0,
                      "svc-cards-1"),
-        frame_vector("txn_publish_ack", p.Op.TXN_PUBLISH_ACK, t.TxnPublishAck(0, 81920), 40,
+        frame_vector("txn_publish_ack", p.Op.TXN_PUBLISH_ACK, p.PublishAck(0, 81920), 40,
                      p.Flag.RESPONSE, "svc-cards-1"),
         frame_vector("txn_end_commit", p.Op.TXN_END, t.TxnEnd(81920, t.TxnOutcome.COMMIT), 41, 0,
                      "svc-cards-1"),
@@ -108,7 +108,7 @@ def main() -> None:
                      t.TxnCheck(81920, "cards.granted", "svc-cards-1", 7, '{"checks":1}',
                                 b'{"card":"0a1b"}'), 0, 0, "svc-cards-2"),
         frame_vector("txn_check_answer_unknown", p.Op.TXN_CHECK_ANSWER,
-                     t.TxnCheckAnswer(81920, t.TxnOutcome.UNKNOWN), 0, p.Flag.ONEWAY, "svc-cards-2"),
+                     t.TxnEnd(81920, t.TxnOutcome.UNKNOWN), 0, p.Flag.ONEWAY, "svc-cards-2"),
         frame_vector("txn_join", p.Op.TXN_JOIN, t.TxnJoin("card-grants"), 42, 0, "svc-cards-2"),
     ]
 
@@ -152,7 +152,7 @@ def main() -> None:
          "body_hex": event.encode()[:-2].hex(), "error": "BadBody", "code": 6},
     ]
     txn_bad_bodies = [
-        {"name": "txn_end_outcome_unknown", "opcode": p.Op.TXN_END, "body_hex": "000000000001400000",
+        {"name": "txn_end_outcome_not_0_1_2", "opcode": p.Op.TXN_END, "body_hex": "000000000001400003",
          "error": "BadBody", "code": 6},
         {"name": "txn_publish_truncated", "opcode": p.Op.TXN_PUBLISH, "body_hex": "0167017400",
          "error": "BadBody", "code": 6},

@@ -23,7 +23,7 @@ FEW_CHECKS = {**FAST_CHECKS, "max_checks": 2}
 
 def half(peer: Peer, topic: str, seq: int, payload: bytes, group: str = "g") -> int:
     """TXN_PUBLISH; returns the txn id."""
-    return peer.request(Op.TXN_PUBLISH, TxnPublish(group, topic, seq, 0, payload).encode()).txn_id
+    return peer.request(Op.TXN_PUBLISH, TxnPublish(group, topic, seq, 0, payload).encode()).offset
 
 
 def end(peer: Peer, txn_id: int, commit: bool) -> Any:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from lockmq.protocol import ErrorCode, Op
-from lockmq.protocol._txn import TxnCheck, TxnCheckAnswer, TxnOutcome, TxnPublish, TxnPublishAck
+from lockmq.protocol import PublishAck
+from lockmq.protocol._txn import TxnCheck, TxnEnd, TxnOutcome, TxnPublish
 from lockmq.testing import BrokerThread, open_peer, refusal, run_cli, wait_for
 
 from .helpers import FAST_CHECKS, FEW_CHECKS, backlog, end, half, join, pending, read_topic
@@ -25,7 +26,7 @@ def test_a_committed_message_is_delivered_once_even_when_commit_and_half_are_ret
     with open_peer(broker.port, "svc-tx") as p:
         txn = half(p, "cards", 1, b"grant")
         again = p.request(Op.TXN_PUBLISH, TxnPublish("g", "cards", 1, 0, b"grant").encode())
-        assert again == TxnPublishAck(TxnPublishAck.DUPLICATE, txn)   # a retried half
+        assert again == PublishAck(PublishAck.DUPLICATE, txn)   # a retried half
         assert end(p, txn, commit=True) == b""
         assert end(p, txn, commit=True) == b""          # a retried commit: OK, nothing new
         assert read_topic(p, "cards", "c1", 1) == [b"grant"]
@@ -65,7 +66,7 @@ def test_an_undecided_transaction_is_checked_back_and_the_answer_decides(broker)
         assert isinstance(body, TxnCheck)
         assert (body.txn_id, body.topic, body.sn, body.seq, body.payload) == \
             (txn, "cards", "svc-tx", 7, b"checked")
-        other.send(Op.TXN_CHECK_ANSWER, TxnCheckAnswer(txn, TxnOutcome.COMMIT).encode())
+        other.send(Op.TXN_CHECK_ANSWER, TxnEnd(txn, TxnOutcome.COMMIT).encode())
         wait_for(lambda: pending(other) == [], "the answer ended the transaction")
         assert read_topic(other, "cards", "c1", 1) == [b"checked"]
 
@@ -74,7 +75,7 @@ def _silent_member_sees_checks_until_the_limit(port: int) -> tuple[int, object]:
     with open_peer(port, "svc-tx") as p:
         join(p, "g")
         txn = half(p, "cards", 1, b"undecided")
-        p.send(Op.TXN_CHECK_ANSWER, TxnCheckAnswer(txn, TxnOutcome.UNKNOWN).encode())
+        p.send(Op.TXN_CHECK_ANSWER, TxnEnd(txn, TxnOutcome.UNKNOWN).encode())
         wait_for(lambda: pending(p) == [], "the check limit ended the transaction", timeout=20)
         # every check was sent before the limit ended it, so before the last answer read
         checks = sum(1 for f in p.unsolicited if f.opcode == Op.TXN_CHECK)
@@ -101,9 +102,11 @@ def test_no_answer_commits_after_max_checks_when_configured(tmp_path):
 
 def test_bad_transactional_bodies_are_refused_and_the_broker_keeps_serving(broker):
     with open_peer(broker.port, "svc-bad") as bad:
-        # outcome 0 (unknown) is not allowed in TXN_END
-        err = refusal(lambda: bad.request(Op.TXN_END, bytes(8) + b"\x00"))
-        assert err.code in (ErrorCode.BAD_BODY, None)
+        # outcome 0 (unknown) is for check answers only; 7 is no outcome at all
+        assert refusal(lambda: bad.request(Op.TXN_END, bytes(8) + b"\x00")).code == \
+            ErrorCode.INVALID_ARGUMENT
+        assert refusal(lambda: bad.request(Op.TXN_END, bytes(8) + b"\x07")).code in \
+            (ErrorCode.BAD_BODY, None)   # a malformed frame: answered, then closed
     with open_peer(broker.port, "svc-tx") as p:
         txn = half(p, "cards", 1, b"ok")
         end(p, txn, commit=True)

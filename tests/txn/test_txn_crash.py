@@ -11,7 +11,7 @@ import pytest
 from lockmq.client import TransactionProducer
 from lockmq.client.transaction import COMMIT
 from lockmq.protocol import Op
-from lockmq.protocol._txn import TxnCheck, TxnCheckAnswer, TxnOutcome
+from lockmq.protocol._txn import TxnCheck, TxnEnd, TxnOutcome
 from lockmq.testing import BrokerProcess, open_peer, wait_for
 
 from .helpers import (FAST_CHECKS, backlog, end, half, join, pending,
@@ -75,7 +75,7 @@ def test_a_pending_half_survives_a_broker_crash_and_is_checked_back(broker):
         join(q, "g")
         chk = q.wait_unsolicited(Op.TXN_CHECK)
         assert isinstance(chk, TxnCheck) and (chk.txn_id, chk.seq) == (txn, 5)
-        q.send(Op.TXN_CHECK_ANSWER, TxnCheckAnswer(txn, TxnOutcome.COMMIT).encode())
+        q.send(Op.TXN_CHECK_ANSWER, TxnEnd(txn, TxnOutcome.COMMIT).encode())
         wait_for(lambda: pending(q) == [], "the answer ended it")
         assert read_topic(q, "cards", "c1", 1) == [b"pending"]
         assert backlog(q, "cards", "c2") == 1

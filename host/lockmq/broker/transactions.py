@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 from lockmq.config import TransactionsSection
 from lockmq.protocol import ErrorCode, Flag, Op
-from lockmq.protocol._txn import (OUTCOME_NAMES, TxnCheck, TxnCheckAnswer, TxnEnd, TxnJoin,
-                                  TxnOutcome, TxnPublish, TxnPublishAck)
+from lockmq.protocol import PublishAck
+from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
@@ -217,8 +217,8 @@ class Transactions:
             return
         known = self._by_msg.get((sn, body.seq))
         if known is not None:   # a retried half: same transaction
-            conn.send_frame(Op.TXN_PUBLISH_ACK, TxnPublishAck(TxnPublishAck.DUPLICATE,
-                                                              known).encode(), frame.opaque, _RESP)
+            conn.send_frame(Op.TXN_PUBLISH_ACK, PublishAck(PublishAck.DUPLICATE, known).encode(),
+                            frame.opaque, _RESP)
             return
         c = self.cfg
         owner = owner_of(principal)
@@ -251,17 +251,21 @@ class Transactions:
         p.next_check = time.monotonic() + self.cfg.check_after_s
         self._add(p)
         self.stats.inc("txn_half_stored")
-        conn.send_frame(Op.TXN_PUBLISH_ACK, TxnPublishAck(TxnPublishAck.STORED,
-                                                          p.txn_id).encode(), opaque, _RESP)
+        conn.send_frame(Op.TXN_PUBLISH_ACK, PublishAck(PublishAck.STORED, p.txn_id).encode(),
+                        opaque, _RESP)
 
     def on_end(self, conn: Any, frame: Any) -> None:
         """TXN_END: commit or roll back; OK once durable."""
         body = TxnEnd.decode(frame.body)
+        if body.outcome == TxnOutcome.UNKNOWN:
+            conn.send_error(ErrorCode.INVALID_ARGUMENT, "TXN_END needs commit (1) or rollback (2)",
+                            frame.opaque)
+            return
         self._decide(conn, body.txn_id, body.outcome, "producer", frame.opaque)
 
     def on_check_answer(self, conn: Any, frame: Any) -> None:
         """TXN_CHECK_ANSWER: as TXN_END (never answered); UNKNOWN waits for the next check."""
-        body = TxnCheckAnswer.decode(frame.body)
+        body = TxnEnd.decode(frame.body)
         if body.outcome == TxnOutcome.UNKNOWN:
             self.stats.inc("txn_check_unknown")
             return

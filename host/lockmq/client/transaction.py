@@ -36,9 +36,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
-from lockmq.protocol import ConnectAck, Flag, Op, Role
-from lockmq.protocol._txn import (OUTCOME_NAMES, TxnCheck, TxnCheckAnswer, TxnEnd, TxnJoin,
-                                  TxnOutcome, TxnPublish, TxnPublishAck)
+from lockmq.protocol import ConnectAck, Flag, Op, PublishAck, Role
+from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
@@ -146,7 +145,7 @@ class TransactionProducer(SessionClient):
         msg_id = f"{self.producer_id}:{seq}"
         frame = await self._request(Op.TXN_PUBLISH, TxnPublish(self.group, topic, seq, lock_ts_ms,
                                                                 bytes(payload)).encode())
-        txn_id = TxnPublishAck.decode(frame.body).txn_id
+        txn_id = PublishAck.decode(frame.body).offset   # the half record's offset
         self.stats["sent"] += 1
         msg = TxnMessage(msg_id, topic, bytes(payload), txn_id)
         try:
@@ -198,7 +197,7 @@ class TransactionProducer(SessionClient):
             outcome = UNKNOWN
         conn = self.conn
         if conn is not None and conn.is_open:
-            conn.send(Op.TXN_CHECK_ANSWER, TxnCheckAnswer(chk.txn_id, outcome).encode(), 0,
+            conn.send(Op.TXN_CHECK_ANSWER, TxnEnd(chk.txn_id, outcome).encode(), 0,
                       Flag.ONEWAY)
 
     async def __aenter__(self) -> "TransactionProducer":
