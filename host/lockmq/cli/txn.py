@@ -9,10 +9,11 @@ by hand, e.g. for a producer group that is gone for good.
 from __future__ import annotations
 
 import argparse
-import datetime
 
 from lockmq.client import Admin, LockmqError
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
+
+from .dlq import _when   # (one way to show a broker time in the CLI)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,13 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("outcome", choices=("commit", "rollback"))
     pr.set_defaults(func=run_resolve)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
-
-
-def _when(ms: object) -> str:
-    if not isinstance(ms, int) or ms <= 0:
-        return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S")
 
 
 def run_list(args: argparse.Namespace) -> int:
