@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lockmq.protocol import ErrorCode, Op
+from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode, Op,
+                             Role)
 from lockmq.protocol import PublishAck
 from lockmq.protocol._txn import TxnCheck, TxnEnd, TxnOutcome, TxnPublish
 from lockmq.testing import BrokerThread, open_peer, refusal, run_cli, wait_for
@@ -127,3 +128,22 @@ def test_operators_list_and_resolve_pending_transactions_with_the_cli(broker, ca
         assert pending(p) == []
         assert read_topic(p, "cards", "c1", 1) == [b"operator-commits"]
         assert backlog(p, "cards", "c2") == 1
+
+
+def test_a_transactional_command_reaches_the_lock_only_when_committed(broker):
+    args = (5).to_bytes(2, "big")
+    with open_peer(broker.port, "LK-TX1", Role.LOCK) as lock, open_peer(broker.port, "svc-tx") as p:
+        dropped = half(p, "$command", 1, Command("LK-TX1", 0, 0, CommandKind.UNLOCK, args).encode())
+        kept = half(p, "$command", 2, Command("LK-TX1", 0, 0, CommandKind.UNLOCK, args).encode())
+        assert p.admin("commands")["total_queued"] == 0      # nothing issued while undecided
+        end(p, dropped, commit=False)
+        end(p, kept, commit=True)
+        cmd = lock.wait_unsolicited(Op.COMMAND)
+        assert (cmd.target, cmd.kind, cmd.args) == ("LK-TX1", CommandKind.UNLOCK, args)
+        lock.send(Op.COMMAND_RESULT, CommandResult("LK-TX1", cmd.cmd_id, CommandStatus.OK).encode())
+        wait_for(lambda: p.admin("stats")["broker"]["txn_command_results"] == 1, "the result")
+        stats = p.admin("stats")["broker"]
+        assert stats["txn_commands_issued"] == 1 and stats["commands_received"] == 1
+        assert [f for f in lock.unsolicited if f.opcode == Op.COMMAND] == []   # one command
+        # a half command with a malformed COMMAND body is refused at once
+        assert refusal(lambda: half(p, "$command", 3, b"\x01")).code == ErrorCode.INVALID_ARGUMENT

@@ -116,3 +116,38 @@ def _run(broker: BrokerThread, producer_db: Any, consumer_db: Any) -> None:
                 c.ack(sub.sub_id, [m.lease for m in got])
     assert sorted(seen) == [b"A", b"A", b"B", b"B"]
     assert sorted(r[0] for r in _q(consumer_db, "SELECT card FROM applied")) == ["A", "B"]
+
+
+def test_a_transactional_card_grant_command_is_issued_only_with_its_grant_row(tmp_path):
+    from lockmq.protocol import CommandKind, Op, Role
+    idem, close = _sqlite(str(tmp_path / "grants.db"), "producer")
+    try:
+        with BrokerThread(str(tmp_path / "data"), transactions=FAST_CHECKS) as broker, \
+                open_peer(broker.port, "LK-CARDS", Role.LOCK) as lock:
+            def grant(conn: Any, msg: Any, card: str) -> None:
+                conn.execute("INSERT INTO grants VALUES ('%s', '%s')" % (card, msg.id))
+                if card == "bad":
+                    raise RuntimeError("no such student")
+
+            local, check = idempotent_transaction(idem, grant)
+
+            async def produce() -> None:
+                async with TransactionProducer(f"127.0.0.1:{broker.port}", group="grants",
+                                               local_transaction=local, check=check) as tp:
+                    cards = (1).to_bytes(2, "big") + bytes.fromhex("0a1b2c3d4e5f6071")
+                    with pytest.raises(RuntimeError):
+                        await tp.send_command("LK-CARDS", CommandKind.CARDS_SET, cards, "bad")
+                    r = await tp.send_command("LK-CARDS", CommandKind.CARDS_SET, cards, "good")
+                    assert r.outcome == "commit"
+                    with open_peer(broker.port, "ops") as ops:   # the failed grant: checked back
+                        await asyncio.to_thread(wait_for, lambda: pending(ops) == [],
+                                                "the failed grant's check-back")
+            asyncio.run(produce())
+            cmd = lock.wait_unsolicited(Op.COMMAND)
+            assert cmd.kind == CommandKind.CARDS_SET
+            with open_peer(broker.port, "ops") as ops:
+                assert ops.admin("stats")["broker"]["txn_commands_issued"] == 1
+            assert [f for f in lock.unsolicited if f.opcode == Op.COMMAND] == []
+        assert [r[0] for r in _q(idem, "SELECT card FROM grants")] == ["good"]
+    finally:
+        close()

@@ -76,7 +76,8 @@ class Broker:
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
-        self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log)
+        self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log,
+                                         self.commands)
         self.admin.ops.update({"txn.list": self.transactions.admin_list,
                                "txn.resolve": self.transactions.admin_resolve})
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from lockmq.config import TransactionsSection
 from lockmq.protocol import ErrorCode, Flag, Op
-from lockmq.protocol import PublishAck
+from lockmq.protocol import Command, CommandResult, ProtocolError, PublishAck
 from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.identity import owner_of
@@ -46,6 +46,9 @@ OP_TOPIC = "$sys.txn.op"
 #: op record go to the store in one append (one group commit)
 TXN_SN = "$txn"
 MAX_SEQ = 0xFFFFFFFF
+#: a half message to this topic is a COMMAND body: on commit it is issued to its lock
+#: through the normal command path instead of being stored as a message
+COMMAND_TOPIC = "$command"
 #: outcomes of recently ended transactions kept for a repeated TXN_END
 RECENT_ENDED = 10_000
 #: groups one connection may join (TXN_JOIN / TXN_PUBLISH)
@@ -54,7 +57,8 @@ _RESP = Flag.RESPONSE
 #: the broker counters of this module (``stats`` op and ``/metrics``)
 TXN_COUNTERS = ("txn_half_stored", "txn_committed", "txn_rolled_back", "txn_checks_sent",
                 "txn_check_no_producer", "txn_check_unknown", "txn_check_limit", "txn_refused",
-                "txn_limit_exceeded")
+                "txn_limit_exceeded", "txn_commands_issued", "txn_commands_refused",
+                "txn_command_results")
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Pending:
     checks: int = 0
     next_check: float = 0.0   # monotonic
     ending: bool = False      # a commit/rollback is being written
+    principal: Any = None     # who stored it (in memory only: a command's sender)
 
     def info(self) -> dict[str, Any]:
         """The admin view (``txn.list``)."""
@@ -94,8 +99,9 @@ class Transactions:
     """The broker's transactions: pending half messages, their ends and check-backs."""
 
     def __init__(self, config: TransactionsSection, core: BrokerCore, guard: BrokerGuard,
-                 stats: Stats, log: EventLog) -> None:
+                 stats: Stats, log: EventLog, commands: Any = None) -> None:
         self.cfg = config
+        self.commands = commands   # broker/commands.py: where committed commands go
         self.core = core
         self.guard = guard
         self.stats = stats
@@ -202,10 +208,14 @@ class Transactions:
         sn = frame.sn or principal.name
         try:
             validate_topic(body.topic)
-            self.guard.check_publish(principal, body.topic, n=1)
+            if body.topic == COMMAND_TOPIC:   # the rights of the command it carries
+                cmd = Command.decode(body.payload)
+                self.guard.check_command(principal, cmd.target, cmd.kind, cmd.args)
+            else:
+                self.guard.check_publish(principal, body.topic, n=1)
             self.guard.check_producer_id(principal, sn)
             self.join(conn, body.group)
-        except InvalidRecord as exc:
+        except (InvalidRecord, ProtocolError) as exc:   # a bad topic or command body
             conn.send_error(ErrorCode.INVALID_ARGUMENT, str(exc), frame.opaque)
             return
         except SecurityError as exc:
@@ -249,6 +259,7 @@ class Transactions:
         p = Pending(res[0].offset, body.topic, sn, body.seq, body.lock_ts_ms, body.payload,
                     body.group, owner_of(conn.principal), int(self.core.wall_ms()))
         p.next_check = time.monotonic() + self.cfg.check_after_s
+        p.principal = conn.principal
         self._add(p)
         self.stats.inc("txn_half_stored")
         conn.send_frame(Op.TXN_PUBLISH_ACK, PublishAck(PublishAck.STORED, p.txn_id).encode(),
@@ -294,6 +305,9 @@ class Transactions:
             return
         p.ending = True
 
+        if conn.principal is not None:
+            p.principal = conn.principal   # (after a restart: the committing producer's)
+
         async def run() -> None:
             try:
                 await self.end(p, outcome, by)
@@ -335,17 +349,30 @@ class Transactions:
             op = NewRecord(OP_TOPIC, TXN_SN, self._next_seq(), 0, b"",
                            {"txn_id": p.txn_id, "outcome": outcome, "by": by})
             records = [op]
-            if outcome == TxnOutcome.COMMIT:
+            if outcome == TxnOutcome.COMMIT and p.topic != COMMAND_TOPIC:
                 records.insert(0, NewRecord(p.topic, p.sn, p.seq, p.lock_ts_ms, p.payload))
             await self.core.append(records)
         finally:
             p.ending = False
         self._remove(p, outcome)
+        if outcome == TxnOutcome.COMMIT and p.topic == COMMAND_TOPIC:
+            self._issue_command(p)
         name = OUTCOME_NAMES[outcome]
         self.stats.inc("txn_committed" if outcome == TxnOutcome.COMMIT else "txn_rolled_back")
         self.log("txn_end", txn_id=p.txn_id, outcome=name, by=by, topic=p.topic,
                  msg_id=f"{p.sn}:{p.seq}", checks=p.checks,
                  level="warning" if by == "check_limit" else "debug")
+
+    def _issue_command(self, p: Pending) -> None:
+        """A committed transactional command goes the normal command path (rights,
+        caps, queue while the lock is offline, expiry); its result is logged."""
+        sender = CommandSender(p.principal, p.txn_id, self.stats, self.log)
+        if p.principal is None or self.commands is None:
+            sender.send_error(ErrorCode.INTERNAL, "committed by the broker after a restart "
+                              "with no producer connected: not issued", 0)
+            return
+        self.stats.inc("txn_commands_issued")
+        self.commands.submit(sender, 0, Command.decode(p.payload))
 
     async def resolve(self, txn_id: int, outcome: int) -> dict[str, Any]:
         """An operator's decision (``txn.resolve``)."""
@@ -420,6 +447,34 @@ class Transactions:
                     "message": "txn_id (an integer) and outcome (commit|rollback) are required"}
         return self.resolve(txn_id, TxnOutcome.COMMIT if outcome == "commit"
                             else TxnOutcome.ROLLBACK)
+
+
+class CommandSender:
+    """The sender of a committed transactional command, for ``Commands.submit``: the
+    producer may be gone, so the lock's result (or a refusal) is logged and counted."""
+
+    closed = False
+
+    def __init__(self, principal: Any, txn_id: int, stats: Stats, log: EventLog) -> None:
+        self.principal = principal
+        self.txn_id = txn_id
+        self.stats = stats
+        self.log = log
+
+    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
+        if opcode == Op.COMMAND_RESULT:
+            r = CommandResult.decode(body)
+            self.stats.inc("txn_command_results")
+            self.log("txn_command_result", txn_id=self.txn_id, target=r.target,
+                     cmd_id=r.cmd_id, status=r.status, detail=r.detail)
+
+    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
+        self.stats.inc("txn_commands_refused")
+        self.log("txn_command_refused", txn_id=self.txn_id, code=int(code), message=message,
+                 level="warning")
+
+    def refused(self, exc: SecurityError, opaque: int) -> None:
+        self.send_error(exc.code, exc.public_message or str(exc), opaque)
 
 
 def _scan(store: Any, topic: str, chunk: int = 1000) -> Any:

@@ -33,16 +33,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
-from lockmq.protocol import ConnectAck, Flag, Op, PublishAck, Role
+from lockmq.protocol import Command, ConnectAck, Flag, Op, PublishAck, Role
 from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
 from .session import Credentials, Endpoint, error_from_body
 
+#: the broker's topic for transactional commands (broker/transactions.py)
+COMMAND_TOPIC = "$command"
 COMMIT = TxnOutcome.COMMIT
 ROLLBACK = TxnOutcome.ROLLBACK
 UNKNOWN = TxnOutcome.UNKNOWN
@@ -158,6 +161,16 @@ class TransactionProducer(SessionClient):
         else:
             await self.end(txn_id, outcome)
         return TxnResult(msg_id, txn_id, OUTCOME_NAMES[outcome])
+
+    async def send_command(self, target: str, kind: int, args: bytes = b"", arg: Any = None,
+                           expires_in_s: float = 60.0) -> TxnResult:
+        """A transactional COMMAND to lock ``target`` (a ``CommandKind``): issued
+        through the broker's normal command path only if the local transaction
+        commits. The lock's result is logged by the broker (``txn_command_result``),
+        not returned here: the producer may be gone by then."""
+        expires_ms = int((time.time() + expires_in_s) * 1000)
+        return await self.send(COMMAND_TOPIC, Command(target, 0, expires_ms, kind,
+                                                      bytes(args)).encode(), arg)
 
     async def end(self, txn_id: int, outcome: int) -> None:
         """Commit or roll back transaction ``txn_id`` (done by :meth:`send`)."""
