@@ -2,11 +2,12 @@
 "Transactional messages").
 
 A TXN_PUBLISH stores a *half* record in the broker-internal topic
-:data:`HALF_TOPIC` (no client may write or normally read a ``$sys.`` topic), with
-the real topic and message id in its headers; its commit-log offset is the txn id.
-A commit stores the real record under the producer's ``(sn, seq)`` (deduplicated
-like any publish, so a commit repeated after a crash delivers once) and then an op
-record in :data:`OP_TOPIC`; a rollback stores only the op record. On start the
+:data:`HALF_TOPIC` (no client may write a ``$sys.`` topic), with the real topic and
+message id in its headers; its commit-log offset is the txn id. A commit stores the
+real record under the producer's ``(sn, seq)`` (deduplicated like any publish, so a
+commit repeated after a crash delivers once) and an op record in :data:`OP_TOPIC`,
+in one append; a rollback stores only the op record. A half message to
+:data:`COMMAND_TOPIC` carries a COMMAND, issued through ``Commands`` on commit. On start the
 pending transactions are rebuilt from the two topics. A transaction left undecided
 for ``check_after_s`` is checked back (TXN_CHECK) with a connection of its producer
 group and principal, every ``check_interval_s``, at most ``max_checks`` times; then
