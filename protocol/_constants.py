@@ -28,6 +28,13 @@ class Op:
     ERROR = 0x0F
     PUBLISH = 0x10
     PUBLISH_ACK = 0x11
+    # transactional messages (SPEC "Transactional messages"; bodies in _txn.py)
+    TXN_PUBLISH = 0x12
+    TXN_PUBLISH_ACK = 0x13
+    TXN_END = 0x14
+    TXN_CHECK = 0x15
+    TXN_CHECK_ANSWER = 0x16
+    TXN_JOIN = 0x17
     # scheduled delivery (protocol/_schedule.py; SPEC "Scheduled delivery")
     PUBLISH_AT = 0x18         # a publish delivered at deliver_at_ms -> PUBLISH_ACK(schedule id)
     SCHEDULE_CANCEL = 0x19    # cancel a scheduled publish or command -> OK

@@ -20,7 +20,10 @@ CLIENT_HANDSHAKE = {
 # the credentials, not by what the client claimed).
 _COMMON = (Op.HEARTBEAT, Op.DISCONNECT, Op.PUBLISH)
 _SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op.COMMAND,
-                      Op.PUBLISH_AT, Op.SCHEDULE_CANCEL, Op.COMMAND_AT)   # (scheduled)
+                      # scheduled delivery (SPEC "Scheduled delivery")
+                      Op.PUBLISH_AT, Op.SCHEDULE_CANCEL, Op.COMMAND_AT,
+                      # transactional producers (SPEC "Transactional messages")
+                      Op.TXN_PUBLISH, Op.TXN_END, Op.TXN_CHECK_ANSWER, Op.TXN_JOIN)
 CLIENT_REQUESTS = {
     Role.LOCK: _COMMON + (Op.COMMAND_RESULT,),
     Role.SERVICE: _SERVICE,

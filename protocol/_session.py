@@ -22,8 +22,8 @@ CLOSING = 3       # an error or DISCONNECT ended it: nothing more is accepted
 # by the client's role; every other broker frame must answer a request.
 BROKER_PUSHES = {
     Role.LOCK: (Op.COMMAND, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
-    Role.SERVICE: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
-    Role.ADMIN: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
+    Role.SERVICE: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT, Op.TXN_CHECK),
+    Role.ADMIN: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT, Op.TXN_CHECK),
 }
 
 

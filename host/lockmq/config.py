@@ -352,6 +352,39 @@ class RegistrySection:
 
 
 @dataclass
+class TransactionsSection:
+    """Transactional messages (half messages, check-back; docs/operators.md).
+
+    Attributes:
+        check_after_s: a half message with no commit or rollback for this long is
+            checked back with a producer of its group (RocketMQ's transactionTimeout).
+        check_interval_s: time between two check-backs of the same transaction.
+        max_checks: check-backs sent (answered UNKNOWN or not at all) before the
+            broker applies ``on_check_limit`` (RocketMQ's transactionCheckMax).
+        on_check_limit: what becomes of a transaction still undecided after
+            ``max_checks``: "rollback" (dropped) or "commit" (delivered); logged.
+        max_pending_per_principal: undecided transactions one principal may hold.
+        max_pending_total: undecided transactions in the whole broker.
+    """
+
+    check_after_s: float = 6.0
+    check_interval_s: float = 60.0
+    max_checks: int = 15
+    on_check_limit: str = "rollback"
+    max_pending_per_principal: int = 10_000
+    max_pending_total: int = 100_000
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` for an out-of-range setting."""
+        if self.on_check_limit not in ("rollback", "commit"):
+            raise ValueError("transactions.on_check_limit must be 'rollback' or 'commit'")
+        if not (self.check_after_s > 0 and self.check_interval_s > 0 and self.max_checks >= 0
+                and self.max_pending_per_principal > 0 and self.max_pending_total > 0):
+            raise ValueError("transactions: check_after_s, check_interval_s, "
+                             "max_pending_* must be > 0 and max_checks >= 0")
+
+
+@dataclass
 class Config:
     """The whole broker configuration (one TOML file)."""
 
@@ -362,6 +395,7 @@ class Config:
     commands: CommandsSection = field(default_factory=CommandsSection)
     scheduled: ScheduledSection = field(default_factory=ScheduledSection)
     registry: RegistrySection = field(default_factory=RegistrySection)
+    transactions: TransactionsSection = field(default_factory=TransactionsSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -373,6 +407,7 @@ class Config:
         if not 0 <= b.port <= 65535 or not 0 <= b.status_port <= 65535:
             raise ValueError("broker.port and broker.status_port must be in [0, 65535]")
         check_auth_mode(b.auth)
+        self.transactions.validate()
         if b.log_format not in ("kv", "json"):
             raise ValueError("broker.log_format must be 'kv' or 'json'")
         if b.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -476,6 +511,7 @@ _SECTIONS = {
     "commands": CommandsSection,
     "scheduled": ScheduledSection,
     "registry": RegistrySection,
+    "transactions": TransactionsSection,
 }
 
 

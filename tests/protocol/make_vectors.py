@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lockmq import protocol as p
 from lockmq.protocol import _schedule as sched
+from lockmq.protocol import _txn as t
 
 OUT = Path(__file__).resolve().parents[2] / "protocol" / "vectors.json"
 SN = "LK-0A1B2C3D"
@@ -107,6 +108,24 @@ def main() -> None:
                      p.encode_json({"op": "topics", "args": {}}), 30, 0, "admin"),
     ]
 
+    # never loaded on a lock: checked apart (txn_vector_checks.py), not in the
+    # lock-sized heap of the frames above
+    txn_frames = [
+        frame_vector("txn_publish", p.Op.TXN_PUBLISH,
+                     t.TxnPublish("card-grants", "cards.granted", 7, TS, b'{"card":"0a1b"}'), 40, 0,
+                     "svc-cards-1"),
+        frame_vector("txn_publish_ack", p.Op.TXN_PUBLISH_ACK, p.PublishAck(0, 81920), 40,
+                     p.Flag.RESPONSE, "svc-cards-1"),
+        frame_vector("txn_end_commit", p.Op.TXN_END, t.TxnEnd(81920, t.TxnOutcome.COMMIT), 41, 0,
+                     "svc-cards-1"),
+        frame_vector("txn_check", p.Op.TXN_CHECK,
+                     t.TxnCheck(81920, "cards.granted", "svc-cards-1", 7, '{"checks":1}',
+                                b'{"card":"0a1b"}'), 0, 0, "svc-cards-2"),
+        frame_vector("txn_check_answer_unknown", p.Op.TXN_CHECK_ANSWER,
+                     t.TxnEnd(81920, t.TxnOutcome.UNKNOWN), 0, p.Flag.ONEWAY, "svc-cards-2"),
+        frame_vector("txn_join", p.Op.TXN_JOIN, t.TxnJoin("card-grants"), 42, 0, "svc-cards-2"),
+    ]
+
     good = p.encode_frame(p.Op.PUBLISH, SN, p.Publish("lock.events", 42, TS, event.encode()).encode(), 3)
     bad_crc = bytearray(good)
     bad_crc[-1] ^= 0x01
@@ -148,6 +167,12 @@ def main() -> None:
         {"name": "event_credential_overrun", "opcode": -1,
          "body_hex": event.encode()[:-2].hex(), "error": "BadBody", "code": 6},
     ]
+    txn_bad_bodies = [
+        {"name": "txn_end_outcome_not_0_1_2", "opcode": p.Op.TXN_END, "body_hex": "000000000001400003",
+         "error": "BadBody", "code": 6},
+        {"name": "txn_publish_truncated", "opcode": p.Op.TXN_PUBLISH, "body_hex": "0167017400",
+         "error": "BadBody", "code": 6},
+    ]
     crc = [{"data_hex": d.hex(), "crc": p.crc16(d)} for d in
            (b"123456789", b"", b"\x00", bytes(range(256)), good[:-2])]
     hmac = [  # RFC 4231 cases 1, 2 and 6, then the lockmq proof above
@@ -169,7 +194,7 @@ def main() -> None:
            "invalid_frames": invalid, "invalid_bodies": bad_bodies,
            "auth": {"key_hex": key.hex(), "nonce_hex": nonce.hex(), "cnonce_hex": cnonce.hex(),
                     "sn": SN, "proof_hex": proof.hex()},
-           "frame_mac": mac}
+           "frame_mac": mac, "txn_frames": txn_frames, "txn_invalid_bodies": txn_bad_bodies}
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {OUT}: {len(frames)} frames, {len(invalid)} invalid frames")
 

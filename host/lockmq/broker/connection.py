@@ -50,6 +50,7 @@ from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, Stats
 from .publish import PublishPath, PublishRefused
+from .transactions import TXN_HANDLERS
 
 _RESP = Flag.RESPONSE
 _conn_ids = iter(range(1, 1 << 62))
@@ -102,6 +103,8 @@ class Services:
     admin: Admin
     connections: Connections
     scheduler: Any = None      # scheduler.Scheduler: PUBLISH_AT, COMMAND_AT, SCHEDULE_CANCEL
+    #: transactional messages (transactions.py); None: TXN_* frames are not served
+    transactions: Any = None
 
 
 class Connection(asyncio.Protocol):
@@ -835,5 +838,6 @@ _HANDLERS = {
     Op.COMMAND_AT: lambda c, f: c.services.scheduler.on_command_at(c, f),
     Op.SCHEDULE_CANCEL: lambda c, f: c.services.scheduler.on_cancel(c, f),
 }
+_HANDLERS.update(TXN_HANDLERS)   # transactional messages: TXN_PUBLISH, TXN_END, ...
 
 __all__ = ["Connection", "Role"]

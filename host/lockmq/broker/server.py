@@ -38,6 +38,7 @@ from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
 from .scheduler import Scheduler
 from .status import StatusPage
+from .transactions import Transactions
 
 #: file descriptors kept for the store, logs and the status page
 FD_RESERVE = 64
@@ -81,9 +82,13 @@ class Broker:
                                    self.guard, stats, log, lambda: self.connections.closing)
         self.admin.ops.update({"scheduled.list": self.scheduler.list_op,
                                "scheduled.cancel": self.scheduler.cancel_op})
+        self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log,
+                                         self.commands)
+        self.admin.ops.update({"txn.list": self.transactions.admin_list,
+                               "txn.resolve": self.transactions.admin_resolve})
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
-                                 self.scheduler)
+                                 scheduler=self.scheduler, transactions=self.transactions)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
@@ -118,6 +123,7 @@ class Broker:
         store_logger.addHandler(self._store_log)
         store_logger.setLevel(logging.INFO)
         self.core.open()
+        self.transactions.start()   # pending half messages rebuilt from the log
         await self.scheduler.start()
         loop = asyncio.get_running_loop()
         ctx = self.guard.tls_context()
@@ -175,6 +181,7 @@ class Broker:
         await self.devices.stop()
         await self.commands.stop()
         await self.scheduler.stop()
+        await self.transactions.stop()
         # locks go offline with the broker (consumers of $devices see it)
         for conn in list(self.devices.online_by_sn.values()):
             self.devices.offline(conn, "offline", reason="broker shutdown")

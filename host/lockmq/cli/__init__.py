@@ -22,6 +22,7 @@ GROUPS: list[str] = [
     "topics",
     "clusters",
     "dlq",
+    "txn",
     "command",
     "scheduled",
     "sim",

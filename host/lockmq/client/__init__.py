@@ -46,6 +46,7 @@ from .message import Message
 from .producer import AsyncProducer, CommandOutcome, SendResult
 from .session import Credentials, Endpoint
 from .sync import Consumer, Producer
+from .transaction import TransactionProducer, TxnMessage, TxnResult, idempotent_transaction
 
 __all__ = [
     "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Autoscaler", "Consumer",
@@ -54,4 +55,6 @@ __all__ = [
     "LockmqError", "ConnectionLost", "ClientClosed", "BrokerError", "BusyError", "AuthError",
     "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError", "InvalidIdentityError",
     "TlsError",
+    # transactional messages (transaction.py)
+    "TransactionProducer", "TxnMessage", "TxnResult", "idempotent_transaction",
 ]

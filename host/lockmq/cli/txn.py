@@ -1,0 +1,68 @@
+"""``lockmq txn list|resolve``: undecided transactional messages — inspect and decide.
+
+A transaction is undecided between its half message and the producer's commit or
+rollback (or the answer to a check-back). ``list`` shows them oldest first with the
+check-backs sent so far; ``resolve`` commits (delivers) or rolls back (drops) one
+by hand, e.g. for a producer group that is gone for good.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lockmq.client import Admin, LockmqError
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
+
+from .dlq import _when   # (one way to show a broker time in the CLI)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``lockmq txn list`` and ``lockmq txn resolve``."""
+    p = sub.add_parser("txn", help="undecided transactional messages: list, resolve",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    tsub = p.add_subparsers(dest="txn_command", metavar="ACTION")
+    pl = tsub.add_parser("list", help="list undecided transactions")
+    add_connection_args(pl)
+    pl.add_argument("--limit", type=int, default=100, help="at most this many (oldest first)")
+    pl.add_argument("--json", action="store_true", help="print the broker's JSON answer")
+    pl.set_defaults(func=run_list)
+    pr = tsub.add_parser("resolve", help="commit or roll back one transaction by hand")
+    add_connection_args(pr)
+    pr.add_argument("txn_id", type=int, help="the transaction id (see `lockmq txn list`)")
+    pr.add_argument("outcome", choices=("commit", "rollback"))
+    pr.set_defaults(func=run_resolve)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Entry point of ``lockmq txn list``."""
+    try:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
+            resp = admin.request("txn.list", limit=args.limit)
+    except (LockmqError, OSError) as exc:
+        return fail(str(exc))
+    if args.json:
+        print_json(resp)
+        return 0
+    items = resp.get("transactions", [])
+    if not items:
+        print("no undecided transactions")
+        return 0
+    rows = [{**t, "stored": _when(t.get("stored_ms"))} for t in items]
+    print_table(rows, ["txn_id", "msg_id", "topic", "group", "principal", "stored", "checks",
+                       "bytes"])
+    if resp.get("count", 0) > len(items):
+        print(f"... {resp['count'] - len(items)} more (--limit)")
+    return 0
+
+
+def run_resolve(args: argparse.Namespace) -> int:
+    """Entry point of ``lockmq txn resolve``."""
+    try:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
+            admin.request("txn.resolve", txn_id=args.txn_id, outcome=args.outcome)
+    except (LockmqError, OSError) as exc:
+        return fail(str(exc))
+    print(f"transaction {args.txn_id}: {args.outcome}")
+    return 0
