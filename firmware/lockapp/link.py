@@ -321,7 +321,7 @@ class Link:
             log.error("evt rejected seq=%d code=%d total=%d" % (v[0], e.code, app.q.dropped))
             return 0
         if op == Op.COMMAND:
-            cmd_id, status, detail = app.commands().handle(f.body, app.clock.now_ms())
+            cmd_id, status, detail = app.handle_command(f.body)
             await self._send(Op.COMMAND_RESULT,
                              CommandResult(app.sn, cmd_id, status, detail[:200]).encode(),
                              f.opaque, Flag.RESPONSE)
