@@ -100,6 +100,8 @@ class Link:
             await asyncio.sleep_ms(delay)
 
     def _close(self):
+        # Offline, nothing of the session is held: decoder, session keys, streams.
+        self._dec = self._sess = self._r = None
         w = self._w
         self._w = None
         if w is not None:
@@ -277,6 +279,9 @@ class Link:
                         raise LinkError("rx_overflow")
                 if self._rx_frames:
                     self.signal.set()
+                if not self._dec.buffered():
+                    self._dec.feed(b"")   # all decoded: let the last chunk read go
+                data = None               # ... and not hold it while waiting
                 data = await self._r.read(512)
                 if not data:
                     raise LinkError("closed")
