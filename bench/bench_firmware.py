@@ -17,7 +17,15 @@ Measures, against a real ``lockmq broker`` (durable acks, fsync) on 127.0.0.1:
   line through the same pty to a 3-line MicroPython echo script;
 * peak heap: the app's ``I mem peak=`` after the load (``-X heapsize`` as given);
 * flash bytes per queued event: growth of ``queue.dat`` while the broker is
-  unreachable, divided by the events queued.
+  unreachable, divided by the events queued;
+* TLS (``--tls-runs``, on every interpreter built with ``ssl``: the 64-bit one; the
+  32-bit build has none, docs/firmware.md says why): the live heap with a TLS session
+  open to a real ``lockmq broker`` TLS port (``lockmq certs`` CA, certificate and name
+  verified) and the smallest heap in which a TLS lock connects and gets events acked,
+  next to the same two figures over plain TCP (frame MACs) in the same run. On the unix
+  port mbedTLS allocates its contexts and record buffers in the MicroPython heap, so
+  the difference is the TLS session's cost; the ladder bounds the handshake's
+  high-water (a heap below it fails the connect with MemoryError).
 
 Prints the machine, then min / median / max over ``--runs``. The unix port is a
 64-bit build running on a desktop CPU: an ESP32 is slower and its heap objects
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +46,7 @@ import time
 from pathlib import Path
 
 from lockmq.hil import Dut, VirtualBoard
-from lockmq.hil.broker import BrokerProcess, free_port
+from lockmq.hil.broker import BrokerProcess, free_port, lockmq_cli
 from lockmq.hil.firmware import build, make_flash
 from lockmq.hil.lock import Lock
 from lockmq.hil.virtual import find_micropython
@@ -185,6 +194,86 @@ def flash_per_event(lock: Lock, n: int) -> float:
     return (q.stat().st_size - before) / n
 
 
+TLS_HOST = "gw.lock.test"
+
+
+def tls_broker(work: Path) -> tuple[BrokerProcess, Path]:
+    """A ``lockmq broker`` with a TLS port and the ``lockmq certs`` folder of its CA."""
+    tls = work / "tls"
+    subprocess.run([*lockmq_cli(), "certs", "init", str(tls), "--host", TLS_HOST,
+                    "--ip", "127.0.0.1"], check=True, capture_output=True, timeout=120)
+    broker = BrokerProcess(work / "tlsbroker", tables={"security": {
+        "tls_cert": str(tls / "server.pem"), "tls_key": str(tls / "server.key"),
+        "tls_port": free_port()}})
+    return broker.start(), tls
+
+
+def tls_lock(template: Path, work: Path, broker: BrokerProcess, ca: Path, sn: str, key: str,
+             heapsize: str, micropython: str | None, **settings: object) -> Lock:
+    """A lock that connects to ``broker``'s TLS port and verifies it against ``ca``."""
+    port = broker.tables["security"]["tls_port"]
+    lock = new_lock(template, work, broker, sn, key, heapsize, ("127.0.0.1", port), micropython,
+                    tls={"enabled": True, "ca": "ca.der", "server_hostname": TLS_HOST}, **settings)
+    assert lock.flash is not None
+    shutil.copy(ca, lock.flash / "ca.der")
+    return lock
+
+
+def session_peak(lock: Lock) -> float:
+    """KiB: the lock's live-heap peak once online with 20 events acked."""
+    lock.wait_online()
+    throughput(lock, 20)
+    lock.command("mem")
+    return int(lock.expect(r"I mem peak=(\d+)").group(1)) / 1024
+
+
+def measure_tls(template: Path, work: Path, plain: BrokerProcess, plain_key: str,
+                start_kb: int | None, args: argparse.Namespace) -> dict:
+    """The live heap with a TLS session open and with a plain-TCP one (frame MACs), the
+    same procedure and queue size; and the smallest heap of LADDER_KB, from
+    ``start_kb`` (the plain row's) up, in which a TLS lock connects and gets
+    ``args.ladder_events`` acked."""
+    broker, tls = tls_broker(work)
+    qmax = args.events + 100
+    try:
+        ladder = [kb for kb in LADDER_KB if kb >= (start_kb or 0)]
+        sns = [f"TLS{i:02d}" for i in range(args.tls_runs + len(ladder))]
+        keys = broker.provision(sns)
+        peaks: list[float] = []
+        plain_peaks: list[float] = []
+        for r in range(args.tls_runs):
+            lock = tls_lock(template, work / f"tls{r}", broker, tls / "ca.der", sns[r], keys[sns[r]],
+                            args.heapsize, None, queue_max=qmax)
+            try:
+                peaks.append(session_peak(lock))
+            finally:
+                lock.close()
+            lock = new_lock(template, work / f"plain{r}", plain, "PLAIN00", plain_key, args.heapsize,
+                            plain.address, None, queue_max=qmax)
+            try:
+                plain_peaks.append(session_peak(lock))
+            finally:
+                lock.close()
+        least = None
+        for i, kb in enumerate(ladder):
+            sn = sns[args.tls_runs + i]
+            lock = tls_lock(template, work / f"tlsladder{kb}", broker, tls / "ca.der", sn, keys[sn],
+                            f"{kb}K", None, queue_max=args.ladder_events + 100)
+            try:
+                lock.dut.default_timeout = 15
+                lock.wait_online()
+                throughput(lock, args.ladder_events)
+                least = kb
+                break
+            except AssertionError:
+                continue
+            finally:
+                lock.close()
+        return {"peaks": peaks, "plain": plain_peaks, "least": least}
+    finally:
+        broker.stop()
+
+
 def rows(work: Path, args: argparse.Namespace) -> list[tuple[str, Path, str, str | None]]:
     """(label, flash template, heap, interpreter) per row; a row that cannot run here
     is reported with the reason and left out."""
@@ -214,6 +303,8 @@ def main() -> int:
     ap.add_argument("--ladder-events", type=int, default=300,
                     help="events of the throughput run that decides the smallest heap")
     ap.add_argument("--flash-runs", type=int, default=0, help="also measure flash per queued event")
+    ap.add_argument("--tls-runs", type=int, default=1,
+                    help="locks measured over TLS on the 64-bit port (0: skip TLS)")
     args = ap.parse_args()
 
     print(machine())
@@ -224,16 +315,20 @@ def main() -> int:
     results: list[tuple[str, str, dict]] = []
     floor: list[float] = []
     per_event: list[float] = []
+    tls_res: dict | None = None
     with tempfile.TemporaryDirectory(prefix="bench-fw-") as tmp:
         work = Path(tmp)
         broker = BrokerProcess(work / "broker").start()
         sns = [f"BENCH{i:02d}" for i in range(args.runs + 2)]
-        keys = broker.provision(sns)
+        keys = broker.provision(sns + ["PLAIN00"])
         try:
             for i, (label, template, heap, exe) in enumerate(rows(work, args)):
                 results.append((label, heap, measure_row(template, work / f"row{i}", broker, sns, keys,
                                                          heap, exe, args)))
             floor.extend(pty_floor(work, args.latency_samples))
+            if args.tls_runs:
+                tls_res = measure_tls(work / "template", work / "tlsrow", broker, keys["PLAIN00"],
+                                      results[0][2]["least"], args)
             dead = ("127.0.0.1", free_port())  # flash cost: nothing listens at the lock's broker
             sn = sns[-1]
             for r in range(args.flash_runs):
@@ -256,6 +351,15 @@ def main() -> int:
         print(f"  {'ratio ack latency / pty floor':34s} median "
               f"{statistics.median(res['lat']) / statistics.median(floor):.1f}x")
     stats("floor: line round trip on the pty", floor, "ms", "{:.2f}")
+    if tls_res is not None:
+        plain = results[0][2]
+        print(f"TLS, 64-bit, .mpy in lib/ (-X heapsize={args.heapsize}; plain TCP figures of the "
+              "same run beside):")
+        stats("live heap, TLS session open", tls_res["peaks"], "KiB")
+        stats("live heap, plain TCP (frame MACs)", tls_res["plain"], "KiB")
+        least = f"{tls_res['least']}K" if tls_res["least"] else f"none up to {LADDER_KB[-1]}K"
+        print(f"  {'smallest heap, TLS connect + run':34s} {least}  (plain TCP: {plain['least']}K)")
+        print("  32-bit rows: no TLS figure (that build has no ssl module: docs/firmware.md)")
     if per_event:
         stats("flash per queued event (queue.dat)", per_event, "bytes")
     return 0

@@ -54,3 +54,8 @@ __all__ = [
     "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",
     "CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING",
 ]
+
+if sys.implementation.name == "micropython":
+    # Only `from lockmq.protocol import *` reads __all__; a lock would hold the list
+    # (~0.3 KB of heap) for nothing.
+    del __all__

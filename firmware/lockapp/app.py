@@ -12,7 +12,6 @@ from lockapp.seqno import SeqNo
 from lockapp.oqueue import OQueue
 from lockapp.events import Lock
 from lockapp.link import Link
-from lockapp.commands import Commands
 
 _TYPES = {"unlock": EventType.UNLOCK, "failed": EventType.FAILED_ATTEMPT,
           "door_open": EventType.DOOR_LEFT_OPEN, "tamper": EventType.TAMPER,
@@ -30,7 +29,6 @@ class App:
         self.q = OQueue("queue.dat", cfg["queue_max"])
         self.seq = SeqNo("seq.dat", cfg["seq_block"])
         self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
-        self._commands = Commands(self)
         self.reboot_pending = False
         self.lock = Lock(self)
         self.link = Link(self)
@@ -66,10 +64,17 @@ class App:
         self.link.signal.set()
         return seq
 
-    def commands(self):
-        # Loaded at boot like everything the app may need: the heap use measured at
-        # boot is the heap use in service.
-        return self._commands
+    def handle_command(self, body):
+        # A downlink command (rare: a few a day). Its code is loaded for it and
+        # unloaded after (module and package attribute), so its heap is not held in
+        # service; the last id and result are read from cmd.dat each time, the
+        # state that matters across power cuts anyway.
+        import lockapp.commands
+        try:
+            return lockapp.commands.Commands(self).handle(body, self.clock.now_ms())
+        finally:
+            sys.modules.pop("lockapp.commands", None)
+            del lockapp.commands
 
     def confirm_seq(self, last_seq):
         # First CONNECT_ACK with provisional numbers (fresh file system or damaged

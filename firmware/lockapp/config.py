@@ -1,4 +1,4 @@
-# config.json: the device's settings. Missing keys take DEFAULTS; unknown keys are
+# config.json: the device's settings. Missing keys take defaults(); unknown keys are
 # kept. A downlink config change rewrites the file atomically.
 import json
 from binascii import unhexlify
@@ -8,27 +8,30 @@ from lockapp import atomic
 
 PATH = "config.json"
 
-DEFAULTS = {
-    "sn": "",
-    "key": "",
-    "brokers": [["127.0.0.1", 6800]],
-    "wifi": {"ssid": "", "password": ""},
-    "heartbeat_s": 30,
-    "topic": "lock.events",
-    "tls": {"enabled": False, "ca": "ca.der", "server_hostname": ""},
-    "frame_mac": True,      # on plain TCP, ask for a MAC on every frame (TLS: not needed)
-    "hw": "auto",
-    "unlock_s": 5,
-    "door_open_alarm_s": 60,
-    "battery_low_pct": 20,
-    "queue_max": 256,
-    "seq_block": 64,
-    "backoff_min_ms": 500,
-    "backoff_max_ms": 60000,
-    "io_timeout_ms": 10000,
-    "window": 1,
-    "wdt_ms": 30000,
-}
+def defaults():
+    # Built when needed (boot, a config change), not kept as a module global: the
+    # merged config holds the values, the table itself would cost ~0.4 KB of heap.
+    return {
+        "sn": "",
+        "key": "",
+        "brokers": [["127.0.0.1", 6800]],
+        "wifi": {"ssid": "", "password": ""},
+        "heartbeat_s": 30,
+        "topic": "lock.events",
+        "tls": {"enabled": False, "ca": "ca.der", "server_hostname": ""},
+        "frame_mac": True,      # on plain TCP, ask for a MAC on every frame (TLS: not needed)
+        "hw": "auto",
+        "unlock_s": 5,
+        "door_open_alarm_s": 60,
+        "battery_low_pct": 20,
+        "queue_max": 256,
+        "seq_block": 64,
+        "backoff_min_ms": 500,
+        "backoff_max_ms": 60000,
+        "io_timeout_ms": 10000,
+        "window": 1,
+        "wdt_ms": 30000,
+    }
 
 class ConfigError(ValueError):
     pass
@@ -46,9 +49,7 @@ def load(path=PATH):
 
 
 def merged(cfg):
-    out = {}
-    for k in DEFAULTS:
-        out[k] = DEFAULTS[k]
+    out = defaults()
     for k in cfg:
         out[k] = cfg[k]
     return out

@@ -100,6 +100,8 @@ class Link:
             await asyncio.sleep_ms(delay)
 
     def _close(self):
+        # Offline, nothing of the session is held: decoder, session keys, streams.
+        self._dec = self._sess = self._r = None
         w = self._w
         self._w = None
         if w is not None:
@@ -277,6 +279,9 @@ class Link:
                         raise LinkError("rx_overflow")
                 if self._rx_frames:
                     self.signal.set()
+                if not self._dec.buffered():
+                    self._dec.feed(b"")   # all decoded: let the last chunk read go
+                data = None               # ... and not hold it while waiting
                 data = await self._r.read(512)
                 if not data:
                     raise LinkError("closed")
@@ -321,7 +326,7 @@ class Link:
             log.error("evt rejected seq=%d code=%d total=%d" % (v[0], e.code, app.q.dropped))
             return 0
         if op == Op.COMMAND:
-            cmd_id, status, detail = app.commands().handle(f.body, app.clock.now_ms())
+            cmd_id, status, detail = app.handle_command(f.body)
             await self._send(Op.COMMAND_RESULT,
                              CommandResult(app.sn, cmd_id, status, detail[:200]).encode(),
                              f.opaque, Flag.RESPONSE)

@@ -19,7 +19,7 @@ import pytest
 from lockmq.testing import Lock, require_micropython
 from lockmq.testing.lock import build_flash
 from lockmq.testing.micropython import (INTERPRETERS, Interpreter, get_interpreter,
-                                        interpreter_unavailable)
+                                        interpreter_unavailable, run_mpy)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +44,30 @@ def board_template(firmware_interp, built, tmp_path_factory) -> Path:
     if not firmware_interp.frozen:
         return built
     return build_flash(tmp_path_factory.mktemp("fw-frozen") / "flash", frozen=True)
+
+
+@pytest.fixture(scope="session")
+def app_lib(firmware_interp, built, tmp_path_factory) -> Path:
+    """The ``lib/`` a unit-test script imports the app from: the compiled one, or
+    (frozen interpreter) an empty one, so that the app comes from the executable."""
+    if not firmware_interp.frozen:
+        return built / "lib"
+    return tmp_path_factory.mktemp("frozen-lib")
+
+
+#: The heap of the firmware's unit-test scripts: they compile their own source in the
+#: heap and some fill a whole queue, so more than a running lock's.
+UNIT_HEAP = "256K"
+
+
+@pytest.fixture
+def run_app(firmware_interp, app_lib):
+    """``run_app(script, cwd, heap=UNIT_HEAP, timeout=60)``: run a script that imports
+    the app under ``firmware_interp`` (64-bit with .mpy, 32-bit frozen); its stdout."""
+    def run(script: str, cwd: Path, heap: str = UNIT_HEAP, timeout: float = 60) -> str:
+        return run_mpy(script, cwd, app_lib, heap, timeout, firmware_interp.exe)
+
+    return run
 
 
 @pytest.fixture

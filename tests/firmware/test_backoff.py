@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 
-from lockmq.testing.micropython import run_mpy
 
-
-def test_cap_doubles_to_the_maximum_and_jitter_spreads(built, tmp_path):
-    out = run_mpy("""
+def test_cap_doubles_to_the_maximum_and_jitter_spreads(run_app, tmp_path):
+    out = run_app("""
 import json
 from lockapp.backoff import Backoff, seed
 seed(b"LOCK0001")
@@ -31,7 +29,7 @@ for _ in range(6):
 spread = [many.next_ms() for _ in range(200)]
 print(json.dumps([caps, samples, lows, highs, floor, f.attempt, min(spread), max(spread),
                   len(set(spread))]))
-""", tmp_path, built / "lib")
+""", tmp_path)
     caps, samples, lows, highs, floor, attempt, smin, smax, distinct = json.loads(out)
     assert caps == [500, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]
     assert all(500 <= s <= c for s, c in zip(samples, caps))
@@ -41,7 +39,7 @@ print(json.dumps([caps, samples, lows, highs, floor, f.attempt, min(spread), max
     assert smin >= 1000 and smax <= 1000000 and distinct > 150
 
 
-def test_two_locks_draw_different_delays(built, tmp_path):
+def test_two_locks_draw_different_delays(run_app, tmp_path):
     script = """
 import sys
 from lockapp.backoff import Backoff, seed
@@ -51,17 +49,17 @@ for _ in range(5):
     b.next_ms()
 print([b.next_ms() for _ in range(8)])
 """
-    a = run_mpy(script % "LOCK0001", tmp_path, built / "lib")
-    b = run_mpy(script % "LOCK0002", tmp_path, built / "lib")
+    a = run_app(script % "LOCK0001", tmp_path)
+    b = run_app(script % "LOCK0002", tmp_path)
     assert a != b
 
 
-def test_timeout_errnos_are_timeouts(built, tmp_path):
-    out = run_mpy("""
+def test_timeout_errnos_are_timeouts(run_app, tmp_path):
+    out = run_app("""
 import errno, asyncio
 from lockapp.link import reason_of, LinkError
 print([reason_of(OSError(n)) for n in (11, 110, 116, errno.ECONNREFUSED, errno.ECONNRESET, 5)])
 print(reason_of(asyncio.TimeoutError()), reason_of(LinkError("silent")), reason_of(KeyError("x")))
-""", tmp_path, built / "lib")
+""", tmp_path)
     assert out.splitlines() == ["['timeout', 'timeout', 'timeout', 'refused', 'reset', 'oserror5']",
                                 "timeout silent bug_KeyError"]

@@ -13,7 +13,6 @@ import pytest
 from lockmq.protocol import CommandKind, CommandStatus, EventType, Method
 from lockmq.testing import set_config
 from lockmq.testing.lock import KEY, SN
-from lockmq.testing.micropython import run_mpy
 
 from .minibroker import MiniBroker
 
@@ -165,7 +164,7 @@ def test_config_change_of_brokers_applies_at_the_next_connect(lock, broker):
         other.close()
 
 
-def test_cfgchange_itself_refuses_an_unmarked_network_change(built, tmp_path):
+def test_cfgchange_itself_refuses_an_unmarked_network_change(built, run_app, tmp_path):
     """Defence in depth inside the firmware: even called directly (past the command
     check), the config writer refuses brokers/tls without "network": true and leaves
     config.json as it was; with the marker it validates the TLS settings."""
@@ -174,7 +173,7 @@ def test_cfgchange_itself_refuses_an_unmarked_network_change(built, tmp_path):
 
     shutil.copy(built / "config.json", tmp_path / "config.json")
     before = (tmp_path / "config.json").read_text()
-    out = run_mpy("""
+    out = run_app("""
 from lockapp import config
 from lockapp.cfgchange import apply_change
 cfg = config.load()
@@ -188,9 +187,34 @@ for ch in ({"brokers": [["10.6.6.6", 6800]]}, {"tls": {"enabled": False}},
         print("REFUSED", e)
 new = apply_change(cfg, {"network": True, "brokers": [["10.0.0.2", 6843]]})
 print("OK", new["brokers"], "network" in new)
-""", tmp_path, built / "lib")
+""", tmp_path)
     assert "APPLIED" not in out, out
     assert out.count("REFUSED") == 5
     assert "refused without network=true" in out
     assert "OK [['10.0.0.2', 6843]] False" in out
     assert before != (tmp_path / "config.json").read_text()      # only the marked one wrote
+
+
+def test_command_code_is_unloaded_after_each_command(run_app, tmp_path):
+    """The command handler is loaded for a command and unloaded after (module and
+    package attribute), so its heap is not held in service; a second command loads
+    it again."""
+    out = run_app("""
+import sys, gc
+import lockapp
+from lockapp.app import App
+class Clock:
+    def now_ms(self): return 0
+class Stub:
+    clock = Clock()
+held = []
+for _ in range(3):
+    print(App.handle_command(Stub(), b"junk"))
+    print("lockapp.commands" in sys.modules, hasattr(lockapp, "commands"))
+    gc.collect()
+    held.append(gc.mem_alloc())
+# (a .mpy's names are interned for good at its first load: compare later loads)
+print(held[2] - held[1] < 64)
+""", tmp_path)
+    lines = [ln for ln in out.splitlines() if not ln.startswith("W cmd refused")]
+    assert lines == ["(0, 2, 'malformed')", "False False"] * 3 + ["True"], out

@@ -82,3 +82,25 @@ def test_the_cli_manifest_is_what_the_interpreter_froze(tmp_path):
                           cwd=tmp_path, env={"HOME": str(home), "MICROPYPATH": ".frozen"},
                           capture_output=True, text=True, timeout=30)
     assert proc.stdout.split() == [str(2**31 - 1), "lockapp/app.py"], proc.stdout + proc.stderr
+
+
+def test_interpreter_command_prints_the_cached_32bit_interpreter(capsys):
+    """`lockmq firmware interpreter --bits 32` is the tests' own frozen-app interpreter
+    (same cache entry), and it is a 32-bit build."""
+    why = interpreter_unavailable(MPY32_FROZEN)
+    if why:
+        pytest.skip(why)
+    assert lockmq_main(["firmware", "interpreter", "--bits", "32"]) == 0
+    exe = capsys.readouterr().out.strip()
+    assert exe == get_interpreter(MPY32_FROZEN).exe
+    out = subprocess.run([exe, "-c", "import sys; print(sys.maxsize)"], capture_output=True, text=True,
+                         env={"HOME": os.environ.get("HOME", "/tmp")}).stdout
+    assert out.strip() == str(2**31 - 1)
+
+
+def test_interpreter_command_refuses_bad_sources(tmp_path, capsys):
+    assert lockmq_main(["firmware", "interpreter", "--micropython-src", str(tmp_path)]) == 2
+    assert "is not a MicroPython source tree" in capsys.readouterr().err
+    assert lockmq_main(["firmware", "interpreter", "--manifest-dir", str(tmp_path)]) == 2
+    assert "holds no manifest.py" in capsys.readouterr().err
+    assert lockmq_main(["firmware", "interpreter", "--bits", "64", "--manifest-dir", str(tmp_path)]) == 2

@@ -5,7 +5,6 @@ tests cannot reach, not the hardware's behaviour."""
 
 from __future__ import annotations
 
-from lockmq.testing.micropython import run_mpy
 
 FAKES = '''
 # machine / network stand-ins (tests only)
@@ -45,12 +44,12 @@ class WLAN:
 '''
 
 
-def test_esp32_layer_drives_pins_wifi_and_watchdog(built, tmp_path):
+def test_esp32_layer_drives_pins_wifi_and_watchdog(run_app, tmp_path):
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "machine.py").write_text(FAKES)
     (fake / "network.py").write_text(NETWORK)
-    out = run_mpy("""
+    out = run_app("""
 import sys
 sys.path.insert(0, "fake")
 import asyncio, machine
@@ -76,7 +75,7 @@ async def main():
     print(h.net_ok())
 asyncio.run(main())
 print(got)
-""", tmp_path, built / "lib")
+""", tmp_path)
     lines = out.splitlines()
     assert "esp32 True" in lines
     assert "1 1 0 8000 1" in lines

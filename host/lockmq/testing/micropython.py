@@ -41,9 +41,11 @@ def micropython_env(pythonpath: list[Path] | Path, home: Path) -> dict[str, str]
 
 
 def run_micropython(script: Path, args: list[str], cwd: Path, pythonpath: list[Path],
-                    heap: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` under MicroPython with a heap limit; returns the finished process."""
-    exe = require_micropython()
+                    heap: str, timeout: float = 120,
+                    exe: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under MicroPython (``exe``, default the 64-bit one of this
+    environment) with a heap limit; returns the finished process."""
+    exe = exe or require_micropython()
     home = cwd / ".home"
     home.mkdir(exist_ok=True)
     return subprocess.run([exe, "-X", f"heapsize={heap}", str(script), *args], cwd=cwd,
@@ -51,12 +53,14 @@ def run_micropython(script: Path, args: list[str], cwd: Path, pythonpath: list[P
                           text=True, errors="replace", timeout=timeout)
 
 
-def run_mpy(script: str, cwd: Path, lib: Path, heap: str = "256K", timeout: float = 60) -> str:
-    """Run a MicroPython script given as text in ``cwd`` with ``lib`` on the path;
-    return its stdout. A non-zero exit raises with the output."""
+def run_mpy(script: str, cwd: Path, lib: Path, heap: str = "256K", timeout: float = 60,
+            exe: str | None = None) -> str:
+    """Run a MicroPython script given as text in ``cwd`` with ``lib`` on the path (and,
+    with a frozen-app ``exe``, its frozen modules after it); return its stdout. A
+    non-zero exit raises with the output."""
     path = cwd / "_t.py"
     path.write_text(script)
-    proc = run_micropython(path, [], cwd, [lib], heap, timeout)
+    proc = run_micropython(path, [], cwd, [lib], heap, timeout, exe)
     if proc.returncode != 0:
         raise AssertionError(f"micropython exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
     return proc.stdout
