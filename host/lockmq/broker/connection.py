@@ -608,7 +608,12 @@ class Connection(asyncio.Protocol):
 
     def _send_acks(self, acks: list[bytes]) -> None:
         self.services.stats.c["frames_out"] += len(acks)
-        self.send(b"".join(acks) if len(acks) > 1 else acks[0])
+        if self.closed:
+            return
+        self.out.append(b"".join(acks) if len(acks) > 1 else acks[0])
+        # the store's answer is all this connection gets now: written at once, not
+        # one loop iteration later (with whatever else was queued, in order)
+        self.flush()
 
     # -- consumers ----------------------------------------------------------------------
 

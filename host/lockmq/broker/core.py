@@ -17,6 +17,7 @@ from lockmq.config import Config
 from lockmq.security.identity import owner_of
 from lockmq.store import Appended, NewRecord, Store, StoreClosed, StoredRecord
 from lockmq.store.records import validate_cluster, validate_topic
+from lockmq.store.writer import Then
 
 from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError, ClusterSettings
 from .logs import EventLog, Stats
@@ -107,6 +108,14 @@ class BrokerCore:
         if store is None:
             raise StoreClosed("the store is not open")
         return await store.append(records)
+
+    def append_then(self, records: list[NewRecord], then: Then) -> None:
+        """:meth:`append` answered through ``then(results, error)`` (``Store.append_then``:
+        the publish path's fast way, no task per group commit)."""
+        store = self.store
+        if store is None:
+            raise StoreClosed("the store is not open")
+        store.append_then(records, then)
 
     def last_seq(self, sn: str) -> int | None:
         """The last sequence number stored for producer ``sn`` (None: never)."""
