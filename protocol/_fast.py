@@ -12,7 +12,7 @@ import json
 import struct
 
 from ._constants import VERSION, MIN_FRAME, Op, Flag
-from ._crc import crc16
+from ._crc import crc16_init
 from ._errors import BadBody, LocalProtocolError
 from ._consume import Ack, Nack, Messages
 
@@ -78,7 +78,7 @@ def publish_ack_frame(status, offset, opaque):
     opaque, Flag.RESPONSE)`` (a frame without MAC)."""
     data = _ACK_FRAME.pack(VERSION, _ACK_FRAME_LEN, Op.PUBLISH_ACK, 0, Flag.RESPONSE,
                            opaque, status, offset)
-    return data + _U16.pack(crc16(data))
+    return data + _U16.pack(crc16_init(data, 0xFFFF))
 
 
 def messages_head(sub_id, count):
