@@ -136,6 +136,18 @@ class Server:
         except Exception:  # noqa: BLE001 - reported as unknown
             return None
 
+    def peak_rss_mb(self) -> float | None:
+        """The server's peak resident memory (``VmHWM``), e.g. while it held the
+        storm's 10,000 connections; None where /proc cannot tell."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return None
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -178,7 +190,7 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
          "figures": ("rate", "p50_ms", "p99_ms", "lost")},
         {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost")},
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb")},
         {"name": f"deliver-{a.consumers}c", "servers": lockmq,
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
                   str(a.consumers), "--client"],
@@ -298,6 +310,9 @@ def main() -> int:
                             # every acknowledged record must be in the log
                             res["stored"] = stored
                             res["lost"] = max(0, res["acked_total"] - stored)
+                    rss = srv.peak_rss_mb()
+                    if rss is not None:
+                        res["peak_rss_mb"] = rss
                 finally:
                     srv.stop()
                 results[sc["name"]][kind].append(res)
