@@ -49,7 +49,7 @@ from lockmq.protocol import (
     SubscribeAck,
 )
 
-from peers import CLIENTS, PEERS, Windowed  # noqa: E402  (bench/ is on sys.path: run as a script)
+from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ is on sys.path: run as a script)
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
@@ -519,7 +519,8 @@ def main() -> None:
     ap.add_argument("--topic", default="bench.events")
     ap.add_argument("--prefix", default="BENCH-")
     ap.add_argument("--peer", choices=PEERS, default="",
-                    help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead")
+                    help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead; "
+                         "deliver: drain a Redis consumer group (XREADGROUP + XACK)")
     args = ap.parse_args()
     raise_nofile_limit()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
@@ -528,6 +529,9 @@ def main() -> None:
                                 args.prefix, args.peer)
     elif args.scenario == "storm":
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
+    elif args.scenario == "deliver" and args.peer == "redis":
+        coro = redis_drain(ep.host, ep.port, args.messages, args.consumers,
+                           record(random.Random(3)))
     elif args.scenario == "deliver":
         coro = scenario_deliver(ep, args.messages, args.consumers, args.topic, args.prefix,
                                 args.batch, args.client)
