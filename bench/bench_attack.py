@@ -41,7 +41,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import machine_info, spread  # noqa: E402
+from machine import machine_info, proc_status_mb, spread  # noqa: E402
 
 from lockmq.protocol import AuthMethod, Role  # noqa: E402
 from lockmq.testing import AsyncPeer, Refused  # noqa: E402
@@ -130,14 +130,7 @@ limit_exempt_addresses = []
             return 0.0
 
     def rss_mb(self) -> float:
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return 0.0
+        return proc_status_mb(self.proc.pid) or 0.0
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -59,7 +59,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import machine_facts  # noqa: E402
+from machine import machine_facts, proc_status_mb  # noqa: E402
 from peers import PEERS, command as peer_command, peer_binary  # noqa: E402
 from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
@@ -141,14 +141,7 @@ class Server:
     def peak_rss_mb(self) -> float | None:
         """The server's peak resident memory (``VmHWM``), e.g. while it held the
         storm's 10,000 connections; None where /proc cannot tell."""
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return None
+        return proc_status_mb(self.proc.pid, "VmHWM")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

@@ -53,6 +53,19 @@ def str8(s):
     return b
 
 
+def _new_text(cache, raw, cap, what):
+    """Decode ``raw`` and remember it in ``cache`` (emptied at ``cap`` entries): the
+    miss path of the name caches; ``what`` names the field in the BadBody."""
+    try:
+        text = bytes(raw).decode()
+    except UnicodeError:
+        raise BadBody("%s is not UTF-8" % what) from None
+    if len(cache) >= cap:
+        cache.clear()
+    cache[bytes(raw)] = text
+    return text
+
+
 def publish_fields(body):
     """``(topic, seq, lock_ts_ms, payload)`` of a PUBLISH body: the fields of
     ``Publish.decode`` without building the object (the broker's hot path). Topic
@@ -63,13 +76,7 @@ def publish_fields(body):
     tb = body[1:1 + n]
     topic = _topics.get(tb)
     if topic is None:
-        try:
-            topic = bytes(tb).decode()
-        except UnicodeError:
-            raise BadBody("PUBLISH topic is not UTF-8") from None
-        if len(_topics) >= 4096:
-            _topics.clear()
-        _topics[bytes(tb)] = topic
+        topic = _new_text(_topics, tb, 4096, "PUBLISH topic")
     seq, lock_ts_ms = _PUB.unpack_from(body, 1 + n)
     return topic, seq, lock_ts_ms, bytes(body[13 + n:])
 
@@ -181,13 +188,7 @@ def _text8(body, pos):
     raw = body[pos + 1:end]
     t = _texts.get(raw)
     if t is None:
-        try:
-            t = bytes(raw).decode()
-        except UnicodeError:
-            raise BadBody("MESSAGES body has a text field that is not UTF-8") from None
-        if len(_texts) >= _CACHE_MAX:
-            _texts.clear()
-        _texts[bytes(raw)] = t
+        t = _new_text(_texts, raw, _CACHE_MAX, "MESSAGES body has a text field that")
     return t, end
 
 
