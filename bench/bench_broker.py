@@ -20,6 +20,9 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``before`` — with ``--baseline TREE``, the broker of another source tree (``git
   archive main | tar -x -C /tmp/base``), run alternately with this one.
 
+``cpu_us`` is each server's CPU time (user + system, all threads) per acknowledged
+record: on a shared machine it moves far less than the rates do.
+
 Every server of a scenario runs once, then every server again (``--runs`` times),
 so a noisy neighbour hits all of them alike; lockmq's medians are printed as
 ratios to every other server's.
@@ -59,7 +62,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import machine_facts, proc_status_mb  # noqa: E402
+from machine import machine_facts, proc_cpu_s, proc_status_mb  # noqa: E402
 from peers import PEERS, command as peer_command, peer_binary  # noqa: E402
 from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
@@ -176,16 +179,16 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
     out = [
         {"name": "sync-100", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "1", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost")},
+         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
         {"name": "sync-1000", "servers": pub,
          "args": ["publish", "--locks", "1000", "--window", "1", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost")},
+         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
         {"name": "pipelined-100x32", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "32", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost")},
+         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
         {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb")},
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", "cpu_us")},
         {"name": f"deliver-{a.consumers}c",
          "servers": (*(("redis",) if "redis" in peers else ()), *lockmq),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
@@ -301,7 +304,13 @@ def main() -> int:
                 args = sc["args"] + (["--peer", kind] if kind in PEERS else [])
                 srv = Server(kind, a.server_core, base, a.flush, a.baseline)
                 try:
+                    cpu0 = proc_cpu_s(srv.proc.pid)
                     res = loadgen(a.client_core, srv.port, args, timeout=600)
+                    cpu1 = proc_cpu_s(srv.proc.pid)
+                    if res.get("acked_total") and cpu0 is not None and cpu1 is not None:
+                        # the server's CPU (every thread) per acked record: what a
+                        # busy neighbour on the machine moves least
+                        res["cpu_us"] = (cpu1 - cpu0) / res["acked_total"] * 1e6
                     if "acked_total" in res:
                         stored = srv.stored("bench.events")
                         if stored is not None:

@@ -66,3 +66,14 @@ def proc_status_mb(pid: int, key: str = "VmRSS") -> float | None:
     except OSError:
         pass
     return None
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, every thread) process ``pid`` used so far; None
+    where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            f = fh.read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return None
