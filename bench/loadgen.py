@@ -53,6 +53,8 @@ from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ i
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
+#: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
+KEYS: dict[str, bytes] = {}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -199,7 +201,7 @@ class LeanLock(Windowed):
             elif op == Op.CHALLENGE:
                 ch = Challenge.decode(f.body)
                 cn = os.urandom(16)
-                proof = hmac.new(KEY, b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
+                proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
                                  hashlib.sha256).digest()
                 self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
             elif op == Op.CONNECT_ACK:
@@ -521,7 +523,12 @@ def main() -> None:
     ap.add_argument("--peer", choices=PEERS, default="",
                     help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead; "
                          "deliver: drain a Redis consumer group (XREADGROUP + XACK)")
+    ap.add_argument("--keys", default="",
+                    help="JSON file {sn: hex key}: the device keys of registered locks")
     args = ap.parse_args()
+    if args.keys:
+        with open(args.keys) as fh:
+            KEYS.update({sn: bytes.fromhex(k) for sn, k in json.load(fh).items()})
     raise_nofile_limit()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
