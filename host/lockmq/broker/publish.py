@@ -10,6 +10,10 @@ store's :class:`~lockmq.store.Appended`, an :class:`~lockmq.store.InvalidRecord`
 (refused alone: the batch is then stored record by record so the others still
 succeed), or a :class:`PublishRefused` when nothing of the batch was stored (BUSY,
 STORAGE_FULL, SHUTTING_DOWN, a store failure). This module never sees a frame.
+
+The store answers through a callback (``append_then``), run on the loop in the same
+iteration the writer thread reports the group commit durable: no task and no
+future between the fsync and the producers' acks (see docs/performance.md).
 """
 
 from __future__ import annotations
