@@ -41,7 +41,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import machine_info, spread  # noqa: E402
+from machine import machine_info, proc_cpu_s, proc_status_mb, spread  # noqa: E402
 
 from lockmq.protocol import AuthMethod, Role  # noqa: E402
 from lockmq.testing import AsyncPeer, Refused  # noqa: E402
@@ -122,22 +122,10 @@ limit_exempt_addresses = []
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the broker process used so far."""
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as fh:
-                f = fh.read().rsplit(")", 1)[1].split()
-            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-        except OSError:
-            return 0.0
+        return proc_cpu_s(self.proc.pid) or 0.0
 
     def rss_mb(self) -> float:
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return 0.0
+        return proc_status_mb(self.proc.pid) or 0.0
 
     def stop(self) -> None:
         if self.proc.poll() is None:

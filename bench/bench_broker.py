@@ -10,13 +10,20 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``ack``    — the ack floor: parse the frames, ack each, store nothing;
 * ``fsync``  — the durable floor: append every read's records to a file and ack
   after one shared fdatasync (group commit);
-* ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir);
+* ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir;
+  the ``storm-N-auth`` scenario runs it with ``auth = "required"`` and every lock
+  registered);
 * ``mosquitto``, ``redis`` — the peers of the publish scenarios (``peers.py``):
   Mosquitto with MQTT QoS 1 (acks without fsync) and Redis ``XADD`` with
-  ``appendfsync always``; skipped, with the reason, when not installed
+  ``appendfsync always``; Redis is also the peer of the drain (a consumer group of
+  4 members, ``XREADGROUP COUNT 100`` + ``XACK``: its ``rate`` is given as its
+  ``client_rate`` too); skipped, with the reason, when not installed
   (``scripts/system-deps.sh`` installs both);
 * ``before`` — with ``--baseline TREE``, the broker of another source tree (``git
   archive main | tar -x -C /tmp/base``), run alternately with this one.
+
+``cpu_us`` is each server's CPU time (user + system, all threads) per acknowledged
+record: on a shared machine it moves far less than the rates do.
 
 Every server of a scenario runs once, then every server again (``--runs`` times),
 so a noisy neighbour hits all of them alike; lockmq's medians are printed as
@@ -57,7 +64,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import machine_facts  # noqa: E402
+from machine import machine_facts, proc_cpu_s, proc_status_mb  # noqa: E402
 from peers import PEERS, command as peer_command, peer_binary  # noqa: E402
 from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
@@ -96,18 +103,41 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> 
     raise RuntimeError("server did not start listening")
 
 
+def register_locks(data_dir: str, sns: list[str]) -> str:
+    """Register ``sns`` in the device registry of a broker's ``data_dir``; the path of
+    a JSON file of their keys (hex) for the load generator."""
+    from lockmq.security import DeviceRegistry, SecurityConfig
+
+    reg = DeviceRegistry.open(SecurityConfig(data_dir=data_dir))
+    try:
+        keys = reg.add_many(sns)
+    finally:
+        reg.close()
+    path = os.path.join(data_dir, "bench-keys.json")
+    with open(path, "w") as fh:
+        json.dump({sn: k.hex() for sn, k in keys.items()}, fh)
+    return path
+
+
 class Server:
     """One server process pinned to ``core`` with ``taskset``."""
 
     def __init__(self, kind: str, core: str, base_dir: str, flush: str,
-                 baseline: str | None = None) -> None:
+                 baseline: str | None = None, lock_sns: list[str] | None = None) -> None:
         self.kind = kind
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix=f"{kind}-", dir=base_dir)
+        #: with ``lock_sns`` (a broker with ``auth = "required"``): their keys, as
+        #: ``--keys`` for the load generator
+        self.keys_path = ""
         env = None
         if kind in ("broker", "before"):
+            auth = "off"
+            if lock_sns:
+                auth = "required"
+                self.keys_path = register_locks(self.dir, lock_sns)
             cmd = BROKER_CMD + ["--host", "127.0.0.1", "--port", str(self.port),
-                                "--status-port", "0", "--data-dir", self.dir, "--auth", "off",
+                                "--status-port", "0", "--data-dir", self.dir, "--auth", auth,
                                 "--flush", flush, "--log-level", "WARNING"]
             if kind == "before":   # the same broker from another tree (``--baseline``)
                 env = dict(os.environ, PYTHONPATH=os.path.join(str(baseline), "host"))
@@ -135,6 +165,11 @@ class Server:
             return 0
         except Exception:  # noqa: BLE001 - reported as unknown
             return None
+
+    def peak_rss_mb(self) -> float | None:
+        """The server's peak resident memory (``VmHWM``), e.g. while it held the
+        storm's 10,000 connections; None where /proc cannot tell."""
+        return proc_status_mb(self.proc.pid, "VmHWM")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -169,17 +204,26 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
     out = [
         {"name": "sync-100", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "1", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost")},
+         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
         {"name": "sync-1000", "servers": pub,
          "args": ["publish", "--locks", "1000", "--window", "1", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost")},
+         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
         {"name": "pipelined-100x32", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "32", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost")},
+         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
         {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost")},
-        {"name": f"deliver-{a.consumers}c", "servers": lockmq,
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", "cpu_us")},
+        {"name": f"storm-{a.storm_locks}-auth", "servers": lockmq,
+         # auth = "required": every lock registered, HMAC challenge-response, on a
+         # topic locks may publish to (security.lock_topics); the admin lookup of
+         # ``lost`` needs a token, so it is not made here
+         "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread),
+                  "--topic", "lock.bench"],
+         "lock_sns": [f"BENCH-{i:06d}" for i in range(a.storm_locks)],
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "peak_rss_mb", "cpu_us")},
+        {"name": f"deliver-{a.consumers}c",
+         "servers": (*(("redis",) if "redis" in peers else ()), *lockmq),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
                   str(a.consumers), "--client"],
          "figures": ("rate", "lost", "duplicates", "client_rate", "client_lost")},
@@ -230,6 +274,8 @@ TARGETS = {
     ("deliver", "rate"): (">= 100k msg/s", lambda b, f: b >= 100_000),
     ("deliver", "lost"): ("nothing lost", lambda b, f: b == 0),
     ("deliver", "client_lost"): ("nothing lost", lambda b, f: b == 0),
+    ("deliver", "client_rate"): ("AsyncConsumer >= Redis consumer groups",
+                                 lambda b, f: b >= f.get("redis", float("inf"))),
     ("sync", "lost"): ("no acked record missing", lambda b, f: b == 0),
     ("pipelined", "lost"): ("no acked record missing", lambda b, f: b == 0),
     ("storm", "lost"): ("no acked record missing", lambda b, f: b == 0),
@@ -289,15 +335,27 @@ def main() -> int:
         for r in range(a.runs):
             for kind in sc["servers"]:
                 args = sc["args"] + (["--peer", kind] if kind in PEERS else [])
-                srv = Server(kind, a.server_core, base, a.flush, a.baseline)
+                sns = sc.get("lock_sns") if kind in ("broker", "before") else None
+                srv = Server(kind, a.server_core, base, a.flush, a.baseline, sns)
+                if srv.keys_path:
+                    args = args + ["--keys", srv.keys_path]
                 try:
+                    cpu0 = proc_cpu_s(srv.proc.pid)
                     res = loadgen(a.client_core, srv.port, args, timeout=600)
-                    if "acked_total" in res:
+                    cpu1 = proc_cpu_s(srv.proc.pid)
+                    if res.get("acked_total") and cpu0 is not None and cpu1 is not None:
+                        # the server's CPU (every thread) per acked record: what a
+                        # busy neighbour on the machine moves least
+                        res["cpu_us"] = (cpu1 - cpu0) / res["acked_total"] * 1e6
+                    if "acked_total" in res and not srv.keys_path:
                         stored = srv.stored("bench.events")
                         if stored is not None:
                             # every acknowledged record must be in the log
                             res["stored"] = stored
                             res["lost"] = max(0, res["acked_total"] - stored)
+                    rss = srv.peak_rss_mb()
+                    if rss is not None:
+                        res["peak_rss_mb"] = rss
                 finally:
                     srv.stop()
                 results[sc["name"]][kind].append(res)

@@ -49,10 +49,12 @@ from lockmq.protocol import (
     SubscribeAck,
 )
 
-from peers import CLIENTS, PEERS, Windowed  # noqa: E402  (bench/ is on sys.path: run as a script)
+from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ is on sys.path: run as a script)
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
+#: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
+KEYS: dict[str, bytes] = {}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -199,7 +201,7 @@ class LeanLock(Windowed):
             elif op == Op.CHALLENGE:
                 ch = Challenge.decode(f.body)
                 cn = os.urandom(16)
-                proof = hmac.new(KEY, b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
+                proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
                                  hashlib.sha256).digest()
                 self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
             elif op == Op.CONNECT_ACK:
@@ -519,8 +521,14 @@ def main() -> None:
     ap.add_argument("--topic", default="bench.events")
     ap.add_argument("--prefix", default="BENCH-")
     ap.add_argument("--peer", choices=PEERS, default="",
-                    help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead")
+                    help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead; "
+                         "deliver: drain a Redis consumer group (XREADGROUP + XACK)")
+    ap.add_argument("--keys", default="",
+                    help="JSON file {sn: hex key}: the device keys of registered locks")
     args = ap.parse_args()
+    if args.keys:
+        with open(args.keys) as fh:
+            KEYS.update({sn: bytes.fromhex(k) for sn, k in json.load(fh).items()})
     raise_nofile_limit()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
@@ -528,6 +536,9 @@ def main() -> None:
                                 args.prefix, args.peer)
     elif args.scenario == "storm":
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
+    elif args.scenario == "deliver" and args.peer == "redis":
+        coro = redis_drain(ep.host, ep.port, args.messages, args.consumers,
+                           record(random.Random(3)))
     elif args.scenario == "deliver":
         coro = scenario_deliver(ep, args.messages, args.consumers, args.topic, args.prefix,
                                 args.batch, args.client)

@@ -53,3 +53,27 @@ def spread(values: list[float]) -> str:
     return (f"{min(values):,.0f} / {statistics.median(values):,.0f} / {max(values):,.0f}"
             if max(values) >= 100 else
             f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}")
+
+
+def proc_status_mb(pid: int, key: str = "VmRSS") -> float | None:
+    """A memory line of ``/proc/PID/status`` in MiB (``VmRSS`` now, ``VmHWM`` the
+    peak); None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, every thread) process ``pid`` used so far; None
+    where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            f = fh.read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return None

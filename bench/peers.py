@@ -3,7 +3,8 @@
 * ``mosquitto`` — MQTT 3.1.1, QoS 1 PUBLISH / PUBACK (default persistence: it acks
   from memory, never fsyncs before an ack);
 * ``redis``     — ``XADD`` on a stream with ``appendfsync always`` (fsync before the
-  reply, like lockmq's ``store.flush = sync``).
+  reply, like lockmq's ``store.flush = sync``); and the drain of a consumer group
+  (``redis_drain``: ``XREADGROUP COUNT 100``, one ``XACK`` per batch).
 
 Each has a lean asyncio client with the same shape as ``loadgen.LeanLock`` (``start``,
 ``running``, ``sent_at``, ``transport``) so ``loadgen.scenario_publish`` drives all
@@ -201,3 +202,129 @@ class LeanRedis(_Lean):
 
 
 CLIENTS = {"mosquitto": LeanMqtt, "redis": LeanRedis}
+
+
+# -- Redis consumer groups: the drain figure's peer -------------------------------------
+def resp_command(*args: bytes) -> bytes:
+    """One RESP command (an array of bulk strings)."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def resp_parse(buf: bytes, pos: int):  # type: ignore[no-untyped-def]
+    """One RESP reply at ``pos``: (value, next pos), or None while it is incomplete.
+    Errors come back as ``Exception`` values (not raised)."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return None
+    kind, line, nxt = buf[pos:pos + 1], buf[pos + 1:end], end + 2
+    if kind == b"+":
+        return line, nxt
+    if kind == b"-":
+        return Exception(line.decode()), nxt
+    if kind == b":":
+        return int(line), nxt
+    if kind == b"$":
+        n = int(line)
+        if n < 0:
+            return None, nxt
+        if len(buf) < nxt + n + 2:
+            return None
+        return buf[nxt:nxt + n], nxt + n + 2
+    n = int(line)   # "*": an array
+    if n < 0:
+        return None, nxt
+    items = []
+    for _ in range(n):
+        got = resp_parse(buf, nxt)
+        if got is None:
+            return None
+        item, nxt = got
+        items.append(item)
+    return items, nxt
+
+
+class RespConnection(asyncio.Protocol):
+    """Requests and their replies, in order, on one Redis connection."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.waiting: list[asyncio.Future] = []
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        pos = 0
+        while self.waiting:
+            got = resp_parse(buf, pos)
+            if got is None:
+                break
+            value, pos = got
+            self.waiting.pop(0).set_result(value)
+        self.buf = buf[pos:]
+
+    def send(self, *commands: bytes) -> list[asyncio.Future]:
+        """Write ``commands`` at once; one future per reply."""
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in commands]
+        self.waiting.extend(futs)
+        assert self.transport is not None
+        self.transport.write(b"".join(commands))
+        return futs
+
+
+async def redis_drain(host: str, port: int, messages: int, consumers: int, payload: bytes,
+                      count: int = 100) -> dict:
+    """Preload ``messages`` XADDs, then ``consumers`` members of one consumer group drain
+    them: ``XREADGROUP COUNT count`` and one ``XACK`` per batch (sent with the next read)."""
+    loop = asyncio.get_running_loop()
+
+    async def connect() -> RespConnection:
+        _, proto = await loop.create_connection(RespConnection, host, port)
+        return proto
+
+    conn = await connect()
+    xadd = resp_command(b"XADD", b"bench.events", b"*", b"r", payload)
+    t0 = time.monotonic()
+    for base in range(0, messages, 1000):
+        futs = conn.send(*[xadd] * min(1000, messages - base))
+        await futs[-1]
+    preload_s = time.monotonic() - t0
+    (err,) = conn.send(resp_command(b"XGROUP", b"CREATE", b"bench.events", b"g", b"0"))
+    if isinstance(await err, Exception):
+        raise RuntimeError(f"XGROUP CREATE: {err.result()}")
+    seen: set = set()
+    dup = [0]
+
+    async def member(k: int) -> None:
+        c = await connect()
+        read = resp_command(b"XREADGROUP", b"GROUP", b"g", b"c%d" % k, b"COUNT", b"%d" % count,
+                            b"STREAMS", b"bench.events", b">")
+        ack = b""
+        while True:
+            futs = c.send(*([ack, read] if ack else [read]))
+            reply = await futs[-1]
+            if not reply:   # nil: nothing left for this member
+                break
+            entries = reply[0][1]
+            ids = [e[0] for e in entries]
+            for i in ids:
+                if i in seen:
+                    dup[0] += 1
+                seen.add(i)
+            ack = resp_command(b"XACK", b"bench.events", b"g", *ids) if ids else b""
+        if ack:
+            await c.send(ack)[0]
+        c.transport.close()  # type: ignore[union-attr]
+
+    t0 = time.monotonic()
+    await asyncio.gather(*[member(k) for k in range(consumers)])
+    elapsed = time.monotonic() - t0
+    conn.transport.close()  # type: ignore[union-attr]
+    return {"messages": messages, "unique": len(seen), "lost": messages - len(seen),
+            "duplicates": dup[0], "seconds": elapsed, "rate": len(seen) / elapsed,
+            # what a Redis client gets is the figure AsyncConsumer is held against
+            "client_rate": len(seen) / elapsed, "client_lost": messages - len(seen),
+            "preload_s": preload_s}

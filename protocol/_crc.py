@@ -48,3 +48,6 @@ else:
         return _crc_hqx(data, crc)
 
     crc16 = crc16_hqx
+
+# crc16_init(data, 0xFFFF): the fastest CRC called without a Python wrapper (hot loops)
+crc16_init = crc16_table if crc16_hqx is None else _crc_hqx

@@ -1,9 +1,10 @@
 # The CPython fast path of the consumer bodies: the same bytes as _consume.py,
 # written with precompiled structs and cached SN/topic bytes, because a broker
-# encodes every delivered message and decodes every lease it gets back.
+# encodes every delivered message and decodes every lease it gets back, and a
+# consumer decodes every message.
 #
 # One codec, two speeds: install() puts these functions on the _consume classes
-# (Ack.decode, Nack.decode, Messages.encode), so every caller -- decode_body, the
+# (Ack.decode, Nack.decode, Messages.encode, Messages.decode), so every caller -- decode_body, the
 # broker, the clients -- uses them; vectors.json is checked with and without
 # (tests/protocol/test_vectors.py). lockmq.protocol installs it on CPython only:
 # MicroPython never imports this module (struct.Struct and iter_unpack are
@@ -12,11 +13,12 @@ import json
 import struct
 
 from ._constants import VERSION, MIN_FRAME, Op, Flag
-from ._crc import crc16
+from ._crc import crc16_init
 from ._errors import BadBody, LocalProtocolError
-from ._consume import Ack, Nack, Messages
+from ._consume import Ack, Nack, Messages, Message
 
 _MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
+_MSG_SIZE = _MSG.size
 _HEAD = struct.Struct(">IH")        # sub_id, count
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -51,6 +53,19 @@ def str8(s):
     return b
 
 
+def _new_text(cache, raw, cap, what):
+    """Decode ``raw`` and remember it in ``cache`` (emptied at ``cap`` entries): the
+    miss path of the name caches; ``what`` names the field in the BadBody."""
+    try:
+        text = bytes(raw).decode()
+    except UnicodeError:
+        raise BadBody("%s is not UTF-8" % what) from None
+    if len(cache) >= cap:
+        cache.clear()
+    cache[bytes(raw)] = text
+    return text
+
+
 def publish_fields(body):
     """``(topic, seq, lock_ts_ms, payload)`` of a PUBLISH body: the fields of
     ``Publish.decode`` without building the object (the broker's hot path). Topic
@@ -61,13 +76,7 @@ def publish_fields(body):
     tb = body[1:1 + n]
     topic = _topics.get(tb)
     if topic is None:
-        try:
-            topic = bytes(tb).decode()
-        except UnicodeError:
-            raise BadBody("PUBLISH topic is not UTF-8") from None
-        if len(_topics) >= 4096:
-            _topics.clear()
-        _topics[bytes(tb)] = topic
+        topic = _new_text(_topics, tb, 4096, "PUBLISH topic")
     seq, lock_ts_ms = _PUB.unpack_from(body, 1 + n)
     return topic, seq, lock_ts_ms, bytes(body[13 + n:])
 
@@ -78,7 +87,7 @@ def publish_ack_frame(status, offset, opaque):
     opaque, Flag.RESPONSE)`` (a frame without MAC)."""
     data = _ACK_FRAME.pack(VERSION, _ACK_FRAME_LEN, Op.PUBLISH_ACK, 0, Flag.RESPONSE,
                            opaque, status, offset)
-    return data + _U16.pack(crc16(data))
+    return data + _U16.pack(crc16_init(data, 0xFFFF))
 
 
 def messages_head(sub_id, count):
@@ -170,16 +179,65 @@ def _nack_decode(body):
     return n
 
 
+_texts = {}   # str8 bytes -> text: SNs and topics a consumer hears again and again
+
+
+def _text8(body, pos):
+    """The str8 at ``pos``: (text, next pos); decoded names are cached."""
+    end = pos + 1 + body[pos]
+    raw = body[pos + 1:end]
+    t = _texts.get(raw)
+    if t is None:
+        t = _new_text(_texts, raw, _CACHE_MAX, "MESSAGES body has a text field that")
+    return t, end
+
+
+def _messages_decode(body):
+    # every message a consumer gets goes through here: one precompiled unpack for
+    # the fixed fields, cached SN/topic text, no Reader calls per field
+    size = len(body)
+    if size < 6:
+        raise BadBody("MESSAGES body truncated at byte 0")
+    sub_id, count = _HEAD.unpack_from(body, 0)
+    pos = 6
+    out = []
+    unpack = _MSG.unpack_from
+    new = Message.__new__
+    u16 = _U16.unpack_from
+    u32 = _U32.unpack_from
+    try:
+        for _ in range(count):
+            m = new(Message)
+            m.queue_offset, m.delivery, m.seq, m.lock_ts_ms, m.broker_ts_us = unpack(body, pos)
+            m.sn, pos = _text8(body, pos + _MSG_SIZE)
+            m.topic, pos = _text8(body, pos)
+            (n,) = u16(body, pos)
+            m.headers = bytes(body[pos + 2:pos + 2 + n])
+            pos += 2 + n
+            (n,) = u32(body, pos)
+            pos += 4 + n
+            if pos > size:
+                raise IndexError
+            m.payload = bytes(body[pos - n:pos])
+            out.append(m)
+    except (struct.error, IndexError):
+        raise BadBody("MESSAGES body truncated at byte %d" % min(pos, size)) from None
+    if pos != size:
+        raise BadBody("MESSAGES body has %d trailing bytes" % (size - pos))
+    return Messages(sub_id, out)
+
+
 # The portable versions, kept so the fast path can be switched off (tests).
 _PORTABLE = ((Ack, "decode", Ack.decode), (Nack, "decode", Nack.decode),
-             (Messages, "encode", Messages.encode))
+             (Messages, "encode", Messages.encode), (Messages, "decode", Messages.decode))
 _FAST = ((Ack, "decode", staticmethod(_ack_decode)),
          (Nack, "decode", staticmethod(_nack_decode)),
-         (Messages, "encode", _messages_encode))
+         (Messages, "encode", _messages_encode),
+         (Messages, "decode", staticmethod(_messages_decode)))
 
 
 def install(on=True):
-    """Use the fast path for ACK/NACK decoding and MESSAGES encoding (``on``), or the
+    """Use the fast path for ACK/NACK/MESSAGES decoding and MESSAGES encoding (``on``), or the
     portable one of _consume.py (``on=False``); both give the same bytes."""
     for cls, name, fn in (_FAST if on else _PORTABLE):
         setattr(cls, name, fn if on or name != "decode" else staticmethod(fn))

@@ -11,7 +11,7 @@ import sys
 from ._constants import (VERSION, HEADER_SIZE, SUBHEADER_SIZE, CRC_SIZE,
                          MIN_FRAME, MAX_SN, DEFAULT_MAX_FRAME, HARD_MAX_FRAME,
                          OP_NAMES, op_name)
-from ._crc import crc16
+from ._crc import crc16, crc16_init
 from ._errors import (BadFrame, UnsupportedVersion, FrameTooLarge,
                       BadChecksum, UnknownOpcode, LocalProtocolError)
 
@@ -184,7 +184,8 @@ class FrameDecoder:
             if end > size:
                 break
             # (a lock checks the CRC through a view: no second copy of a big frame)
-            if crc16(memoryview(buf)[pos:end - CRC_SIZE] if _VIEW else buf[pos:end - CRC_SIZE]) \
+            if crc16_init(memoryview(buf)[pos:end - CRC_SIZE] if _VIEW else buf[pos:end - CRC_SIZE],
+                          0xFFFF) \
                     != (buf[end - 2] << 8) | buf[end - 1]:
                 self._pos = pos
                 self._fail(BadChecksum("checksum mismatch in a %s frame" % op_name(opcode)))

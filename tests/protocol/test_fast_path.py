@@ -29,6 +29,7 @@ def portable():
 def test_fast_path_is_on_under_cpython() -> None:
     assert p.Ack.decode is _fast._ack_decode
     assert p.Messages.encode is _fast._messages_encode
+    assert p.Messages.decode is _fast._messages_decode
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "portable"])
@@ -74,6 +75,30 @@ def test_messages_encode_alike(sub_id, messages) -> None:
     fast, portable = _both(lambda: p.Messages(sub_id, messages).encode())
     assert fast == portable
     assert p.Messages.decode(fast) == p.Messages(sub_id, messages)
+
+
+@given(st.integers(0, 2**32 - 1), st.lists(_message, max_size=10), st.data())
+def test_messages_decode_alike_whole_cut_or_with_trailing_bytes(sub_id, messages,
+                                                                 data) -> None:
+    body = p.Messages(sub_id, messages).encode()
+    fast, portable = _both(lambda: p.Messages.decode(body))
+    assert fast == portable == p.Messages(sub_id, messages)
+    cut = data.draw(st.integers(0, len(body) - 1))
+    for bad in (body[:cut], body + b"\x00"):
+        for on in (True, False):
+            _fast.install(on)
+            try:
+                with pytest.raises(p.BadBody):
+                    p.Messages.decode(bad)
+            finally:
+                _fast.install(True)
+
+
+def test_messages_decode_refuses_a_name_that_is_not_utf8() -> None:
+    body = bytearray(p.Messages(1, [p.Message(1, 1, "AB", 1, 0, 0, "t", b"x")]).encode())
+    body[6 + 30 + 1] = 0xFF   # the SN's first byte (after the fixed fields)
+    with pytest.raises(p.BadBody, match="UTF-8"):
+        p.Messages.decode(bytes(body))
 
 
 @pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x01\x00",

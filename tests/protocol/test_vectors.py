@@ -18,7 +18,7 @@ from pathlib import Path
 from lockmq import protocol as p
 import crcmod.predefined
 
-from lockmq.protocol._crc import crc16, crc16_hqx, crc16_table
+from lockmq.protocol._crc import crc16, crc16_hqx, crc16_init, crc16_table
 from lockmq.testing.micropython import BIN, PROTOCOL, build_mpy_lib, run_micropython
 
 from . import vector_checks
@@ -40,6 +40,7 @@ def test_crc_implementations_agree_and_match_the_standard_check_value() -> None:
     assert crc16_table(b"123456789") == 0x29B1
     assert crc16_hqx(b"123456789") == 0x29B1
     assert crc16 is crc16_hqx                            # the host uses the fastest one
+    assert crc16_init(b"123456789", 0xFFFF) == 0x29B1   # ... and calls it unwrapped in loops
     data = bytes(range(256)) * 3
     for cut in range(0, len(data), 37):
         assert crc16_table(data[:cut]) == crc16_crcmod(data[:cut]) == crc16_hqx(data[:cut])

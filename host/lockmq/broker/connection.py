@@ -135,6 +135,8 @@ class Connection(asyncio.Protocol):
         self.subs: dict[int, tuple[Cluster, Member]] = {}
         self._next_sub = 1
         self._pub: list[tuple[int, bool, NewRecord]] = []
+        self._pub_recs: list[NewRecord] = []   # the records of _pub (what the store takes)
+        self._pub_size = 0                     # their buffer cost (payload + 64 each)
         self._pub_bytes = 0
         self._topics_ok: set[str] = set()   # topic names already validated
         self._producer_ok = ""              # producer id already checked (guard)
@@ -524,8 +526,10 @@ class Connection(asyncio.Protocol):
                 self._pub_refused(exc, oneway, frame.opaque)
                 return
             self._producer_ok = sn
-        self._pub.append((frame.opaque, oneway,
-                          NewRecord(topic, sn, seq, lock_ts_ms, payload)))
+        rec = NewRecord(topic, sn, seq, lock_ts_ms, payload)
+        self._pub.append((frame.opaque, oneway, rec))
+        self._pub_recs.append(rec)
+        self._pub_size += len(payload) + 64
         if len(self._pub) >= b.config.broker.max_publish_batch:
             self._submit_publishes()   # (the publish path stores it at once)
 
@@ -554,16 +558,16 @@ class Connection(asyncio.Protocol):
 
     def _submit_publishes(self) -> None:
         batch = self._pub
+        records = self._pub_recs
+        size = self._pub_size
         self._pub = []
-        size = 0
-        for _, _, r in batch:
-            size += len(r.payload) + 64
+        self._pub_recs = []
+        self._pub_size = 0
         self._pub_bytes += size
         if self._pub_bytes > self.services.config.broker.max_conn_buffer_bytes:
             self._paused_for_pub = True
             self._update_reading()
-        self.services.publisher.submit([r for _, _, r in batch],
-                                       partial(self._publishes_stored, batch, size))
+        self.services.publisher.submit(records, partial(self._publishes_stored, batch, size))
 
     def _publishes_stored(self, batch: list[tuple[int, bool, NewRecord]], size: int,
                           results: list[Appended | Exception]) -> None:
@@ -612,7 +616,12 @@ class Connection(asyncio.Protocol):
 
     def _send_acks(self, acks: list[bytes]) -> None:
         self.services.stats.c["frames_out"] += len(acks)
-        self.send(b"".join(acks) if len(acks) > 1 else acks[0])
+        if self.closed:
+            return
+        self.out.append(b"".join(acks) if len(acks) > 1 else acks[0])
+        # the store's answer is all this connection gets now: written at once, not
+        # one loop iteration later (with whatever else was queued, in order)
+        self.flush()
 
     # -- consumers ----------------------------------------------------------------------
 

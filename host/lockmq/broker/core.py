@@ -15,8 +15,9 @@ from typing import Any, Awaitable
 from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.config import Config
 from lockmq.security.identity import owner_of
-from lockmq.store import Appended, NewRecord, Store, StoreClosed, StoredRecord
+from lockmq.store import Appended, InvalidRecord, NewRecord, Store, StoreClosed, StoredRecord
 from lockmq.store.records import validate_cluster, validate_topic
+from lockmq.store.writer import Then
 
 from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError, ClusterSettings
 from .logs import EventLog, Stats
@@ -57,6 +58,7 @@ class BrokerCore:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
+        self._sys_batch: list[NewRecord] = []   # system records of this loop iteration
         #: every cluster with a positions file (live or not) -> its owner ("" for
         #: files from before owners were saved: the next subscriber claims it)
         self.cluster_owners: dict[str, str] = {}
@@ -90,6 +92,7 @@ class BrokerCore:
     async def close(self) -> None:
         """Save positions, wait for background writes and close the store."""
         self._closing = True
+        self._flush_system()   # system records queued in this loop iteration
         for t in self._timers:
             await stop_task(t)
         if self._tasks:
@@ -107,6 +110,14 @@ class BrokerCore:
         if store is None:
             raise StoreClosed("the store is not open")
         return await store.append(records)
+
+    def append_then(self, records: list[NewRecord], then: Then) -> None:
+        """:meth:`append` answered through ``then(results, error)`` (``Store.append_then``:
+        the publish path's fast way, no task per group commit)."""
+        store = self.store
+        if store is None:
+            raise StoreClosed("the store is not open")
+        store.append_then(records, then)
 
     def last_seq(self, sn: str) -> int | None:
         """The last sequence number stored for producer ``sn`` (None: never)."""
@@ -172,20 +183,47 @@ class BrokerCore:
 
     def publish_system(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None,
                        lock_ts_ms: int = 0) -> None:
-        """Fire-and-forget a system record (``$devices`` events ...); failures are logged."""
+        """Fire-and-forget a system record (``$devices`` events ...); failures are logged.
+
+        The records of one loop iteration are stored together (one task, one append):
+        a storm of lock handshakes writes one ``online`` event per lock, and one task
+        and one store submit per event cost as much as the rest of the handshake."""
+        if self._closing:
+            return
         ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(self.clock.wall_ms())
+        self._sys_batch.append(NewRecord(topic, BROKER_SN, 0, ts, payload, headers))
+        if len(self._sys_batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_system)
+
+    def _flush_system(self) -> None:
+        batch = self._sys_batch
+        if not batch:
+            return
+        self._sys_batch = []
+
+        async def store(records: list[NewRecord]) -> None:
+            res = await self.append_system(records)
+            if any(a.duplicate for a in res):
+                raise RuntimeError("system record taken as a duplicate: not stored")
 
         async def run() -> None:
             try:
-                res = await self.append_system([NewRecord(topic, BROKER_SN, 0, ts, payload,
-                                                          headers)])
-                if res and res[0].duplicate:
-                    raise RuntimeError("system record taken as a duplicate: not stored")
+                try:
+                    await store(batch)
+                except InvalidRecord:
+                    if len(batch) == 1:
+                        raise
+                    for r in batch:   # one bad record must not cost the others
+                        try:
+                            await store([r])
+                        except InvalidRecord as exc:
+                            self.log("system_publish_failed", topic=r.topic, records=1,
+                                     error=repr(exc), level="warning")
             except Exception as exc:  # noqa: BLE001
-                self.log("system_publish_failed", topic=topic, error=repr(exc), level="warning")
+                self.log("system_publish_failed", topic=batch[0].topic, records=len(batch),
+                         error=repr(exc), level="warning")
 
-        if not self._closing:
-            self.spawn(run())
+        self.spawn(run())
 
     # -- consumer clusters ----------------------------------------------------------
 

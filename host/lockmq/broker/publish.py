@@ -10,12 +10,17 @@ store's :class:`~lockmq.store.Appended`, an :class:`~lockmq.store.InvalidRecord`
 (refused alone: the batch is then stored record by record so the others still
 succeed), or a :class:`PublishRefused` when nothing of the batch was stored (BUSY,
 STORAGE_FULL, SHUTTING_DOWN, a store failure). This module never sees a frame.
+
+The store answers through a callback (``append_then``), run on the loop in the same
+iteration the writer thread reports the group commit durable: no task and no
+future between the fsync and the producers' acks (see docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Callable, Protocol
 
 from lockmq.protocol import ErrorCode
@@ -34,6 +39,11 @@ class RecordSink(Protocol):
 
     async def append(self, records: list[NewRecord]) -> list[Appended]:
         """Store ``records`` durably (one group commit); raises the store's errors."""
+
+    def append_then(self, records: list[NewRecord],
+                    then: Callable[[list[Appended] | None, BaseException | None], None]) -> None:
+        """Queue ``records`` for one group commit; ``then(results, error)`` on the loop
+        once durable. Raises what is refused before queuing (InvalidRecord, busy)."""
 
 
 class PublishRefused(Exception):
@@ -82,15 +92,33 @@ class PublishPath:
         groups = self._groups
         self._groups = []
         self._count = 0
-        asyncio.ensure_future(self._store(groups))
-
-    async def _store(self, groups: list[tuple[list[NewRecord], Done]]) -> None:
         records = [r for recs, _ in groups for r in recs]
         self.stats.c["store_batches"] += 1
+        # the store calls back on the loop as soon as the group commit is durable:
+        # no task, no future hop (one loop iteration from fsync to the acks' write)
         try:
-            res = await self._append(records)
-        except StoreBusy as exc:
-            self.stats.c["publish_busy"] += len(records)
+            self.sink.append_then(records, partial(self._answer, groups, records))
+        except InvalidRecord:
+            # one bad record refuses the whole call: store them one by one
+            asyncio.ensure_future(self._one_by_one(groups, records))
+        except Exception as exc:  # noqa: BLE001 -- refused before queuing (busy, closed)
+            self._answer(groups, records, None, exc)
+
+    def _answer(self, groups: list[tuple[list[NewRecord], Done]], records: list[NewRecord],
+                res: Results | None, exc: BaseException | None) -> None:
+        """The store's answer for one flush: each submitter gets its slice."""
+        if res is None:
+            res = self._refusals(exc, len(records))
+        i = 0
+        for recs, done in groups:
+            n = len(recs)
+            done(res[i:i + n])
+            i += n
+
+    def _refusals(self, exc: BaseException | None, n: int) -> Results:
+        """One :class:`PublishRefused` per record of a batch the store did not take."""
+        if isinstance(exc, StoreBusy):
+            self.stats.c["publish_busy"] += n
             full = isinstance(exc, StoreFull)
             self._log_busy(full, exc)
             refusal = PublishRefused(
@@ -98,31 +126,29 @@ class PublishPath:
                 "storage full (disk reserve reached), retry later" if full
                 else "busy: the store is behind, retry later",
                 FULL_RETRY_MS if full else BUSY_RETRY_MS)
-            res = [refusal] * len(records)
-        except StoreClosed:
-            res = [PublishRefused(int(ErrorCode.SHUTTING_DOWN), "the broker is shutting down",
-                                  1000)] * len(records)
-        except Exception as exc:  # noqa: BLE001 -- StoreFailed etc.: never ack
-            self.log("publish_failed", error=repr(exc), records=len(records), level="error")
-            res = [PublishRefused(int(ErrorCode.INTERNAL), "storage error", 1000)] * len(records)
-        i = 0
-        for recs, done in groups:
-            n = len(recs)
-            done(res[i:i + n])
-            i += n
+        elif isinstance(exc, StoreClosed):
+            refusal = PublishRefused(int(ErrorCode.SHUTTING_DOWN),
+                                     "the broker is shutting down", 1000)
+        else:   # StoreFailed etc.: never ack
+            self.log("publish_failed", error=repr(exc), records=n, level="error")
+            refusal = PublishRefused(int(ErrorCode.INTERNAL), "storage error", 1000)
+        return [refusal] * n
 
-    async def _append(self, records: list[NewRecord]) -> Results:
+    async def _one_by_one(self, groups: list[tuple[list[NewRecord], Done]],
+                          records: list[NewRecord]) -> None:
+        """A batch with an invalid record: each record stored alone, so the others
+        still succeed and the bad one gets its own :class:`InvalidRecord`."""
+        res: Results = []
         try:
-            return list(await self.sink.append(records))
-        except InvalidRecord:
-            # one bad record refuses the whole call: store them one by one
-            res: Results = []
             for r in records:
                 try:
                     res.extend(await self.sink.append([r]))
                 except InvalidRecord as exc:
                     res.append(exc)
-            return res
+        except Exception as exc:  # noqa: BLE001 -- as in _flush: the batch is refused
+            self._answer(groups, records, None, exc)
+            return
+        self._answer(groups, records, res, None)
 
     def _log_busy(self, full: bool, exc: Exception) -> None:
         """Log store back-pressure at most once a second."""

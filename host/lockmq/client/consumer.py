@@ -299,12 +299,15 @@ class AsyncConsumer(SessionClient):
         while not self._stopping:
             if len(self._workers) > self._target_workers:
                 return  # retired by the autoscaler
-            me = asyncio.current_task()
-            self._idle.add(me)  # type: ignore[arg-type]
-            try:
-                msg = await self._queue.get()
-            finally:
-                self._idle.discard(me)  # type: ignore[arg-type]
+            try:   # a fetched message is usually waiting: take it without a coroutine
+                msg = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                me = asyncio.current_task()
+                self._idle.add(me)  # type: ignore[arg-type]
+                try:
+                    msg = await self._queue.get()
+                finally:
+                    self._idle.discard(me)  # type: ignore[arg-type]
             self._busy += 1
             try:
                 if msg._generation != self.generation:

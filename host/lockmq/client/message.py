@@ -68,8 +68,6 @@ class Message:
                     headers = loaded
             except (ValueError, UnicodeError):
                 headers = {"_raw": bytes(m.headers).hex()}
-        return Message(
-            topic=m.topic, sn=m.sn, seq=m.seq, payload=m.payload, delivery=m.delivery,
-            lock_ts_ms=m.lock_ts_ms, broker_ts_us=m.broker_ts_us, headers=headers,
-            queue_offset=m.queue_offset, _sub_id=sub_id, _generation=generation,
-        )
+        # positional: one message per delivery, keyword matching is measurable here
+        return Message(m.topic, m.sn, m.seq, m.payload, m.delivery, m.lock_ts_ms,
+                       m.broker_ts_us, headers, m.queue_offset, sub_id, generation)

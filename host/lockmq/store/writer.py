@@ -41,6 +41,39 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 Publish = Callable[[list[Segment], int, list[tuple[Topic, int]]], None]
 
 
+#: ``then(results, error)``: exactly one of the two is None (see :class:`Answer`)
+Then = Callable[["list[Appended] | None", "BaseException | None"], None]
+
+
+class Answer:
+    """Where the writer puts one append's outcome without a future: ``then`` is called
+    on the loop at once when the batch is durable (or failed), not one ``call_soon``
+    later as a future's callbacks would be; the publish path answers producers from
+    it. Duck-types the three methods of :class:`asyncio.Future` the writer uses."""
+
+    __slots__ = ("_then", "_fired")
+
+    def __init__(self, then: Then) -> None:
+        self._then = then
+        self._fired = False
+
+    def done(self) -> bool:
+        return self._fired
+
+    def set_result(self, results: list[Appended]) -> None:
+        self._fire(results, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._fire(None, exc)
+
+    def _fire(self, results: list[Appended] | None, exc: BaseException | None) -> None:
+        self._fired = True
+        try:
+            self._then(results, exc)
+        except Exception:  # noqa: BLE001 -- one caller's bug must not stop the others' answers
+            log.exception("store: an append's answer callback failed")
+
+
 class _Chunk:
     """Bytes of one batch that go to one segment (``new``: a segment this batch starts,
     with ``qstart`` its queue-start sidecar)."""
@@ -129,12 +162,13 @@ class GroupCommit:
         return self._thread is not None
 
     def submit(self, records: list[NewRecord], enc: list[bytes], n: int,
-               ts_s: int) -> asyncio.Future:
-        """Queue encoded records (``n`` bytes, broker time ``ts_s``); the future
-        resolves to their :class:`Appended` results. Raises :class:`StoreBusy`."""
+               ts_s: int, answer: Answer | None = None) -> "asyncio.Future | Answer":
+        """Queue encoded records (``n`` bytes, broker time ``ts_s``); the returned
+        future (or ``answer``, when given) gets their :class:`Appended` results.
+        Raises :class:`StoreBusy`."""
         if self._thread is None:
             self._start()
-        fut = self._loop.create_future()  # type: ignore[union-attr]
+        fut = self._loop.create_future() if answer is None else answer  # type: ignore[union-attr]
         with self._lock:  # the condition's lock (a C-level context manager: cheaper)
             if self._pending and self._pending_bytes + n > self._max_pending:
                 raise StoreBusy(f"{self._pending_bytes} bytes are waiting to be written")

@@ -1,0 +1,125 @@
+"""The broker's batching of store work (issue #14): system records of one loop
+iteration go to the store in one group commit, and one bad record does not cost the
+others; the publish path answers through the store's callback (no task)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+from lockmq.broker.core import BROKER_SN, BrokerCore
+from lockmq.broker.logs import EventLog, Stats
+from lockmq.broker.publish import PublishPath, PublishRefused
+from lockmq.config import config_from_dict
+from lockmq.store import Appended, InvalidRecord, NewRecord
+
+
+def _core(tmp_path: Any) -> tuple[BrokerCore, io.StringIO]:
+    out = io.StringIO()
+    cfg = config_from_dict({"broker": {"data_dir": str(tmp_path / "data")}})
+    core = BrokerCore(cfg, EventLog("DEBUG", stream=out), Stats())
+    core.open()
+    return core, out
+
+
+async def _settle(core: BrokerCore) -> None:
+    """Until the background system writes are done (no sleeping for luck)."""
+    await asyncio.sleep(0)   # the loop iteration's flush is a call_soon
+    while core._tasks:
+        await asyncio.wait(list(core._tasks))
+
+
+def test_system_records_of_one_loop_iteration_share_one_group_commit(tmp_path) -> None:
+    async def run() -> None:
+        core, _ = _core(tmp_path)
+        assert core.store is not None
+        batches = core.store.stats["batches"]
+        for i in range(50):
+            core.publish_system("$devices", b'{"n":%d}' % i)
+        await _settle(core)
+        assert core.store.stats["batches"] == batches + 1
+        got = core.store.read("$devices", 0, 100)
+        assert [r.payload for r in got] == [b'{"n":%d}' % i for i in range(50)]
+        assert {r.sn for r in got} == {BROKER_SN}
+        assert len({r.seq for r in got}) == 50
+        await core.close()
+
+    asyncio.run(run())
+
+
+def test_a_bad_system_record_does_not_cost_the_others_of_its_batch(tmp_path) -> None:
+    async def run() -> None:
+        core, out = _core(tmp_path)
+        assert core.store is not None
+        core.publish_system("$devices", b"first")
+        core.publish_system("bad topic with spaces", b"refused")
+        core.publish_system("$devices", b"last")
+        await _settle(core)
+        assert [r.payload for r in core.store.read("$devices", 0, 10)] == [b"first", b"last"]
+        assert "system_publish_failed" in out.getvalue()
+        await core.close()
+
+    asyncio.run(run())
+
+
+class _Sink:
+    """A sink that answers like the store, counting its calls."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self.calls = 0
+
+    async def append(self, records: list[NewRecord]) -> list[Appended]:
+        return await self.core.append(records)
+
+    def append_then(self, records: list[NewRecord], then: Any) -> None:
+        self.calls += 1
+        self.core.append_then(records, then)
+
+
+def test_publish_path_answers_every_submitter_and_refuses_only_the_bad_record(tmp_path) -> None:
+    async def run() -> None:
+        core, out = _core(tmp_path)
+        sink = _Sink(core)
+        path = PublishPath(sink, Stats(), EventLog("DEBUG", stream=out), max_batch=1000)
+        answers: dict[str, list] = {}
+        done = asyncio.Event()
+
+        def answer(name: str):  # type: ignore[no-untyped-def]
+            def got(results: list) -> None:
+                answers[name] = results
+                if len(answers) == 3:
+                    done.set()
+            return got
+
+        path.submit([NewRecord("t", "lock-a", 1, 1, b"a1"), NewRecord("t", "lock-a", 2, 1, b"a2")],
+                    answer("a"))
+        path.submit([NewRecord("t", "lock-b", 1, 1, b"b1")], answer("b"))
+        path.submit([NewRecord("t", "lock-a", 2, 1, b"again")], answer("dup"))
+        await asyncio.wait_for(done.wait(), 10)
+        assert sink.calls == 1   # three submitters, one group commit
+        assert [a.duplicate for a in answers["a"] + answers["b"]] == [False] * 3
+        assert answers["dup"][0].duplicate
+
+        # a batch with an invalid record: stored one by one, only that one refused
+        answers.clear()
+        done.clear()
+        path.submit([NewRecord("t", "lock-c", 1, 1, b"c1")], answer("c"))
+        path.submit([NewRecord("no spaces allowed", "lock-c", 2, 1, b"x")], answer("bad"))
+        path.submit([NewRecord("t", "lock-c", 3, 1, b"c3")], answer("c3"))
+        await asyncio.wait_for(done.wait(), 10)
+        assert isinstance(answers["bad"][0], InvalidRecord)
+        assert not answers["c"][0].duplicate and not answers["c3"][0].duplicate
+        assert [r.payload for r in core.store.read("t", 0, 10)] == [b"a1", b"a2", b"b1", b"c1",
+                                                                   b"c3"]
+        await core.close()
+
+        # the store closed: the submitter is refused (SHUTTING_DOWN), never acked
+        answers.clear()
+        done.clear()
+        path.submit([NewRecord("t", "lock-d", 1, 1, b"d")], answer("closed"))
+        await asyncio.sleep(0)
+        assert isinstance(answers["closed"][0], PublishRefused)
+
+    asyncio.run(run())
