@@ -91,7 +91,15 @@ def main() -> None:
         frame_vector("command_result", p.Op.COMMAND_RESULT,
                      p.CommandResult(SN, 7, p.CommandStatus.OK, "unlocked 5 s"), 20, p.Flag.RESPONSE),
         frame_vector("ok", p.Op.OK, b"", 21, p.Flag.RESPONSE),
-        # scheduled delivery (SPEC "Scheduled delivery"; protocol/_schedule.py)
+        frame_vector("admin_request", p.Op.ADMIN_REQUEST,
+                     p.encode_json({"op": "topics", "args": {}}), 30, 0, "admin"),
+    ]
+
+    # bodies a lock never loads (transactional and scheduled messages): checked apart
+    # (host_vector_checks.py), not in the lock-sized heap of the frames above
+    host_frames = [
+        # scheduled delivery (SPEC "Scheduled delivery"; protocol/_schedule.py), then
+        # transactional messages (SPEC "Transactional messages"; protocol/_txn.py)
         frame_vector("publish_at", p.Op.PUBLISH_AT,
                      sched.PublishAt("door.reminders", 44, TS, TS + 300_000, b"still open?"), 40,
                      0, "svc-billing-1"),
@@ -104,13 +112,6 @@ def main() -> None:
                                      TS + 3_600_000), 42, 0, "svc-billing-1"),
         frame_vector("command_scheduled", p.Op.COMMAND_SCHEDULED,
                      sched.CommandScheduled(SN, 8, 18), 42, p.Flag.RESPONSE, "svc-billing-1"),
-        frame_vector("admin_request", p.Op.ADMIN_REQUEST,
-                     p.encode_json({"op": "topics", "args": {}}), 30, 0, "admin"),
-    ]
-
-    # never loaded on a lock: checked apart (txn_vector_checks.py), not in the
-    # lock-sized heap of the frames above
-    txn_frames = [
         frame_vector("txn_publish", p.Op.TXN_PUBLISH,
                      t.TxnPublish("card-grants", "cards.granted", 7, TS, b'{"card":"0a1b"}'), 40, 0,
                      "svc-cards-1"),
@@ -158,8 +159,6 @@ def main() -> None:
          "code": 6},
         {"name": "publish_truncated", "opcode": p.Op.PUBLISH, "body_hex": "0b6c6f636b2e657665",
          "error": "BadBody", "code": 6},
-        {"name": "command_at_truncated", "opcode": p.Op.COMMAND_AT,
-         "body_hex": "0000019aa8d0", "error": "BadBody", "code": 6},
         {"name": "ack_trailing_bytes", "opcode": p.Op.ACK, "body_hex": "000000010000ff",
          "error": "BadBody", "code": 6},
         {"name": "error_message_not_utf8", "opcode": p.Op.ERROR, "body_hex": "0014000000000002fffe",
@@ -167,7 +166,9 @@ def main() -> None:
         {"name": "event_credential_overrun", "opcode": -1,
          "body_hex": event.encode()[:-2].hex(), "error": "BadBody", "code": 6},
     ]
-    txn_bad_bodies = [
+    host_bad_bodies = [
+        {"name": "command_at_truncated", "opcode": p.Op.COMMAND_AT,
+         "body_hex": "0000019aa8d0", "error": "BadBody", "code": 6},
         {"name": "txn_end_outcome_not_0_1_2", "opcode": p.Op.TXN_END, "body_hex": "000000000001400003",
          "error": "BadBody", "code": 6},
         {"name": "txn_publish_truncated", "opcode": p.Op.TXN_PUBLISH, "body_hex": "0167017400",
@@ -194,7 +195,8 @@ def main() -> None:
            "invalid_frames": invalid, "invalid_bodies": bad_bodies,
            "auth": {"key_hex": key.hex(), "nonce_hex": nonce.hex(), "cnonce_hex": cnonce.hex(),
                     "sn": SN, "proof_hex": proof.hex()},
-           "frame_mac": mac, "txn_frames": txn_frames, "txn_invalid_bodies": txn_bad_bodies}
+           "frame_mac": mac, "host_frames": host_frames,
+           "host_invalid_bodies": host_bad_bodies}
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {OUT}: {len(frames)} frames, {len(invalid)} invalid frames")
 

@@ -5,7 +5,6 @@ from binascii import unhexlify
 
 from lockmq import protocol as p
 import lockmq.protocol._consume  # noqa: F401  (consumer bodies, not loaded on a lock by default)
-import lockmq.protocol._schedule  # noqa: F401  (scheduled delivery bodies, likewise)
 from lockmq.protocol._crc import crc16_table
 
 

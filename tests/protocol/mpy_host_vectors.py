@@ -1,10 +1,10 @@
-# Run the transactional vectors under MicroPython:  micropython mpy_txn_vectors.py VECTORS
+# Run the host-only vectors under MicroPython:  micropython mpy_host_vectors.py VECTORS
 # Prints "N passed, M failed" and exits 1 on any failure.
 import sys
 
-import txn_vector_checks
+import host_vector_checks
 
-passed, failures = txn_vector_checks.run(sys.argv[1])
+passed, failures = host_vector_checks.run(sys.argv[1])
 for f in failures:
     print("FAIL", f)
 print("%d passed, %d failed" % (passed, len(failures)))

@@ -1,17 +1,19 @@
-# Checks of the transactional-message vectors (vectors.json "txn_frames" and
-# "txn_invalid_bodies") that run unchanged under CPython (test_txn_vectors.py) and
-# MicroPython (mpy_txn_vectors.py). Kept apart from vector_checks.py: a lock never
-# loads these bodies, so they stay out of its heap-sized run. MicroPython subset only.
+# Checks of the host-only vectors (vectors.json "host_frames" and "host_invalid_bodies":
+# transactional and scheduled messages) that run unchanged under CPython
+# (test_host_vectors.py) and MicroPython (mpy_host_vectors.py). Kept apart from
+# vector_checks.py: a lock never loads these bodies, so they stay out of its
+# heap-sized run. MicroPython subset only.
 import json
 
 from lockmq import protocol as p
+import lockmq.protocol._schedule  # noqa: F401  (registers the scheduled-delivery bodies)
 import lockmq.protocol._txn  # noqa: F401  (registers the TXN_* bodies)
 
 from vector_checks import _h, _plain, _expect_error, _decode_all
 
 
 def run(path):
-    """Check every transactional vector; returns (passed, [failure messages])."""
+    """Check every host-only vector; returns (passed, [failure messages])."""
     with open(path) as fh:
         v = json.load(fh)
     passed = 0
@@ -24,7 +26,7 @@ def run(path):
         return 0
 
     parts = []
-    for f in v["txn_frames"]:
+    for f in v["host_frames"]:
         data = _h(f["hex"])
         parts.append(data)
         enc = p.encode_frame(f["opcode"], f["sn"], _h(f["body_hex"]), f["opaque"], f["flags"])
@@ -40,9 +42,9 @@ def run(path):
     stream = b"".join(parts)
     for chunk in (1, 5, 4096):
         got, dec = _decode_all(stream, chunk)
-        passed += check(len(got) == len(v["txn_frames"]) and dec.buffered() == 0,
-                        "txn stream in chunks of %d" % chunk)
-    for bad in v["txn_invalid_bodies"]:
+        passed += check(len(got) == len(v["host_frames"]) and dec.buffered() == 0,
+                        "host stream in chunks of %d" % chunk)
+    for bad in v["host_invalid_bodies"]:
         def decode_bad(op=bad["opcode"], data=_h(bad["body_hex"])):
             p.decode_body(op, data)
         err = _expect_error(decode_bad, bad["error"], bad["code"])
