@@ -35,6 +35,8 @@ from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
+from lockmq.replication.primary import attach_primary
+from lockmq.replication.standby import follow_if_standby
 from .status import StatusPage
 
 #: file descriptors kept for the store, logs and the status page
@@ -75,6 +77,7 @@ class Broker:
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
+        self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
@@ -222,6 +225,8 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
 
     ``tune_gc`` (set by :func:`run`, which owns the process) applies :func:`_tune_gc`
     once the broker has started."""
+    if not await follow_if_standby(config):   # a standby follows until promoted
+        return
     broker = Broker(config)
     try:
         await broker.start()

@@ -32,6 +32,7 @@ GROUPS: list[str] = [
     "systemd",
     "export",
     "spark",
+    "standby",
 ]
 
 

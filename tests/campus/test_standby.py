@@ -1,0 +1,164 @@
+"""A standby gateway over real processes (issue #16): it follows the primary's log
+byte for byte, holds acks in sync mode, is promoted after the primary is SIGKILLed
+mid-stream and then serves every acknowledged record, with consumer positions."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import threading
+import time
+
+from lockmq.protocol import Op, Publish, Role, encode_frame
+from lockmq.testing import BrokerProcess, free_port, open_peer, run_cli, wait_for
+
+SEG = 64 * 1024   # small segments: the copy must roll exactly where the primary did
+
+
+def _primary(tmp, sync: bool = False) -> BrokerProcess:
+    return BrokerProcess(str(tmp / "p" / "data"), {
+        "broker": {"auth": "off"}, "store": {"segment_bytes": SEG},
+        "replication": {"sync": sync, "sync_timeout_s": 3.0}})
+
+
+def _standby(tmp, primary: BrokerProcess) -> BrokerProcess:
+    sb = BrokerProcess(str(tmp / "s" / "data"), {
+        "broker": {"auth": "off", "port": free_port()}, "store": {"segment_bytes": SEG},
+        "replication": {"role": "standby", "primary": primary.address,
+                        "fetch_wait_ms": 200}}, start=False)
+    return sb.start(ready=r"standby_following")
+
+
+def _status(port: int) -> dict:
+    p = open_peer(port, role=Role.ADMIN)
+    try:
+        return p.admin("replica.status")
+    finally:
+        p.close()
+
+
+def _producer(port: int, sn: str, acked: list[int], stop: threading.Event,
+              first_seq: int = 0, limit: int = 5000) -> None:
+    """Pipelined publishes (16 in flight), recording every acknowledged seq."""
+    try:
+        p = open_peer(port, sn=sn, role=Role.LOCK)
+        seq = first_seq
+        while not stop.is_set() and seq < first_seq + limit:
+            ops = {}
+            frames = []
+            for _ in range(16):
+                op = p.next_opaque()
+                ops[op] = seq
+                frames.append(encode_frame(Op.PUBLISH, sn,
+                                           Publish("ev", seq, 0, b"r" * 40).encode(), op))
+                seq += 1
+            p.raw(b"".join(frames))
+            for op, s in ops.items():
+                if p.wait(op, timeout=10).opcode == Op.PUBLISH_ACK:
+                    acked.append(s)
+    except (OSError, ConnectionError, TimeoutError):
+        return                                   # the primary was killed
+
+
+def _drain(port: int, cluster: str, topic: str = "ev") -> list[str]:
+    """Every message id the cluster gets from its position on (acked as read)."""
+    cons = open_peer(port)
+    try:
+        sub = cons.subscribe(topic, cluster).sub_id
+        out: list[str] = []
+        while True:
+            got = cons.pull(sub, 500, wait_ms=300).messages
+            if not got:
+                return out
+            cons.ack(sub, [m.lease for m in got])
+            out.extend(m.message_id for m in got)
+    finally:
+        cons.close()
+
+
+def test_standby_copies_the_log_byte_for_byte_and_refuses_clients(tmp_path):
+    primary = _primary(tmp_path)
+    standby = _standby(tmp_path, primary)
+    try:
+        pub = open_peer(primary.port, sn="LOCK-1", role=Role.LOCK)
+        for seq in range(3000):   # ~ 6 segments of 64 KiB
+            pub.publish("ev", seq, b"x" * 40)
+        end = _status(primary.port)["log_end"]
+        wait_for(lambda: _status(primary.port)["acked"] >= end, "the standby caught up")
+        # a standby that follows serves no client: locks move on to the next broker
+        try:
+            open_peer(standby.port, sn="LOCK-1", role=Role.LOCK)
+            raise AssertionError("the following standby accepted a client")
+        except (ConnectionError, OSError):
+            pass
+    finally:
+        standby.stop()
+        primary.stop()
+    pseg = tmp_path / "p" / "data" / "message.log"
+    sseg = tmp_path / "s" / "data" / "message.log"
+    names = sorted(os.listdir(pseg))
+    assert len([n for n in names if n.endswith(".log")]) >= 4
+    assert sorted(os.listdir(sseg)) == names
+    last = [n for n in names if n.endswith(".log")][-1]
+    match, mismatch, errors = filecmp.cmpfiles(pseg, sseg, [n for n in names if n != last],
+                                               shallow=False)
+    assert not mismatch and not errors, (mismatch, errors)
+    # the active segment: the primary's shutdown wrote more ($devices) after the
+    # standby had stopped; what the standby has is the primary's, byte for byte
+    copy = (sseg / last).read_bytes()
+    assert int(last[:-4]) + len(copy) >= end
+    assert (pseg / last).read_bytes()[:len(copy)] == copy
+
+
+def test_sync_primary_killed_mid_stream_standby_promoted_loses_nothing(tmp_path):
+    primary = _primary(tmp_path, sync=True)
+    standby = _standby(tmp_path, primary)
+    try:
+        wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
+        # a consumer cluster reads part of the log first: its position must carry over
+        pre = open_peer(primary.port, sn="LOCK-0", role=Role.LOCK)
+        for seq in range(200):
+            pre.publish("ev", seq, b"y" * 40)
+        pre.close()
+        cons = open_peer(primary.port)
+        sub = cons.subscribe("ev", "backend").sub_id
+        first: list[str] = []
+        while len(first) < 120:
+            got = cons.pull(sub, 120 - len(first), wait_ms=500).messages
+            cons.ack(sub, [m.lease for m in got])
+            first.extend(m.message_id for m in got)
+        cons.close()
+        wait_for(lambda: any("backend" in n for n in os.listdir(tmp_path / "s" / "data")),
+                 "the cluster's positions on the standby")
+        stop = threading.Event()
+        acked: dict[str, list[int]] = {f"LOCK-{i}": [] for i in (1, 2, 3)}
+        threads = [threading.Thread(target=_producer, args=(primary.port, sn, lst, stop))
+                   for sn, lst in acked.items()]
+        for t in threads:
+            t.start()
+        wait_for(lambda: sum(map(len, acked.values())) >= 1500, "1500 acks", timeout=60)
+        primary.kill()                            # mid-stream, under load
+        stop.set()
+        for t in threads:
+            t.join(15)
+        assert run_cli("standby", "promote", "--data-dir", standby.data_dir) == 0
+        standby.wait_log(r"broker_started", timeout=30)
+        # the producers fail over and send again what was not acked: dedup drops
+        # what the standby already had
+        for sn, lst in acked.items():
+            p = open_peer(standby.port, sn=sn, role=Role.LOCK)
+            top = max(lst) if lst else -1
+            for seq in range(max(0, top - 64), top + 33):
+                p.publish("ev", seq, b"r" * 40)
+            p.close()
+        rest = _drain(standby.port, "backend")
+    finally:
+        primary.kill()
+        standby.stop()
+    got = first + rest
+    assert len(got) == len(set(got)), "a record was delivered twice after dedup"
+    have = set(got)
+    lost = [f"{sn}:{s}" for sn, lst in acked.items() for s in lst if f"{sn}:{s}" not in have]
+    assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}"
+    # the cluster's position came along: what it had read is not read again
+    assert not set(first) & set(rest)
