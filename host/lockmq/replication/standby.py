@@ -70,8 +70,13 @@ class Follower:
 
     async def _connect(self) -> Any:
         from lockmq.client.admin import AsyncAdmin
+        from lockmq.client.session import Endpoint
 
-        admin = AsyncAdmin(self.settings.primary, token=self.settings.token or None,
+        # one attempt per loop turn: the loop retries, and checks for promotion between
+        endpoint = Endpoint.parse(self.settings.primary)
+        endpoint.connect_retry_s = 0
+        endpoint.connect_timeout_s = 5.0
+        admin = AsyncAdmin(endpoint, token=self.settings.token or None,
                            client_id="standby", timeout_s=self.settings.fetch_wait_ms / 1000 + 5)
         await admin.connect()
         return admin
