@@ -239,3 +239,29 @@ def test_async_standby_loses_at_most_the_unfetched_tail_and_promotes_itself(tmp_
     for sn, lst in acked.items():
         held = [s for s in lst if f"{sn}:{s}" in have]
         assert held == lst[:len(held)], f"{sn}: a hole in the replicated records"
+
+
+def test_sync_primary_degrades_loudly_when_the_standby_is_gone_and_recovers(tmp_path):
+    """A sync primary whose standby died still acks (after ``sync_timeout_s``), with
+    a warning and a metric; when the standby is back and caught up, acks wait again."""
+    primary = _primary(tmp_path, sync=True)
+    standby = _standby(tmp_path, primary)
+    try:
+        wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
+        standby.kill()
+        mark = primary.mark()
+        pub = open_peer(primary.port, sn="LOCK-1", role=Role.LOCK, timeout=30)
+        pub.publish("ev", 1, b"x" * 40)               # acked once replication degraded
+        primary.wait_log(r"replication_degraded", start=mark)
+        assert not _status(primary.port)["in_sync"]
+        assert any("replication_degraded" in k and v >= 1
+                   for k, v in primary.metrics().items())
+        pub.publish("ev", 2, b"x" * 40)               # async now: acked at once
+        standby.start(ready=r"standby_following")
+        wait_for(lambda: _status(primary.port)["in_sync"], "back in sync")
+        ack = pub.publish("ev", 3, b"x" * 40)
+        # sync again: the ack came only once the standby had the record durably
+        assert _status(primary.port)["acked"] > ack.offset
+    finally:
+        standby.stop()
+        primary.stop()
