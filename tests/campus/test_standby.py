@@ -265,3 +265,52 @@ def test_sync_primary_degrades_loudly_when_the_standby_is_gone_and_recovers(tmp_
     finally:
         standby.stop()
         primary.stop()
+
+
+def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_path):
+    """With auth required the standby presents a token; ``replicate`` lets it fetch
+    the log and refuses every other admin op; a bad token copies nothing."""
+    from lockmq.security import Permissions
+    from lockmq.testing import Peer, SecureBroker
+
+    sec = SecureBroker(tmp_path / "p", tables={"store": {"segment_bytes": SEG}},
+                       locks=["LOCK-1"],
+                       tokens={"standby": Permissions(replicate=True),
+                               "ops": Permissions(admin=True)})
+    primary = sec.start()
+    standby = bad = None
+    try:
+        repl = Peer(primary.port, "standby-1")
+        repl.auth_token(sec.tok["standby"])
+        refused = repl.admin("stats")
+        assert refused["ok"] is False and refused["error"] == "FORBIDDEN"
+        assert repl.admin("replica.status")["ok"] is True
+        repl.close()
+        lock = Peer(primary.port, "LOCK-1")
+        lock.auth_lock(sec.keys["LOCK-1"])
+        for seq in range(50):
+            lock.publish("lock.events", seq, b"z" * 40)
+        bad = BrokerProcess(str(tmp_path / "bad" / "data"), {
+            "broker": {"port": free_port()},
+            "replication": {"role": "standby", "primary": primary.address,
+                            "token": "lmq_not-a-token"}}, start=False)
+        bad.start(ready=r"standby_following")
+        bad.wait_log(r"standby_primary_unreachable")
+        standby = BrokerProcess(str(tmp_path / "s" / "data"), {
+            "broker": {"port": free_port()}, "store": {"segment_bytes": SEG},
+            "replication": {"role": "standby", "primary": primary.address,
+                            "token": sec.tok["standby"]}}, start=False)
+        standby.start(ready=r"standby_following")
+        ops = Peer(primary.port, "ops")
+        ops.auth_token(sec.tok["ops"])
+        end = ops.admin("replica.status")["log_end"]
+        wait_for(lambda: ops.admin("replica.status")["acked"] >= end, "the standby caught up")
+        ops.close()
+        lock.close()
+    finally:
+        for b in (standby, bad):
+            if b is not None:
+                b.stop()
+        sec.close()
+    assert os.path.getsize(tmp_path / "bad" / "data" / "message.log" /
+                           "00000000000000000000.log") == 0
