@@ -42,20 +42,14 @@ def _producer(port: int, sn: str, acked: list[int], stop: threading.Event,
     """Pipelined publishes (16 in flight), recording every acknowledged seq."""
     try:
         p = open_peer(port, sn=sn, role=Role.LOCK)
-        seq = first_seq
-        while not stop.is_set() and seq < first_seq + limit:
-            ops = {}
-            frames = []
-            for _ in range(16):
-                op = p.next_opaque()
-                ops[op] = seq
-                frames.append(encode_frame(Op.PUBLISH, sn,
-                                           Publish("ev", seq, 0, b"r" * 40).encode(), op))
-                seq += 1
-            p.raw(b"".join(frames))
-            for op, s in ops.items():
-                if p.wait(op, timeout=10).opcode == Op.PUBLISH_ACK:
-                    acked.append(s)
+        for start in range(first_seq, first_seq + limit, 16):
+            if stop.is_set():
+                return
+            batch = {p.next_opaque(): s for s in range(start, start + 16)}
+            p.raw(b"".join(encode_frame(Op.PUBLISH, sn, Publish("ev", s, 0, b"r" * 40).encode(),
+                                        op) for op, s in batch.items()))
+            acked.extend(s for op, s in batch.items()
+                         if p.wait(op, timeout=10).opcode == Op.PUBLISH_ACK)
     except (OSError, ConnectionError, TimeoutError):
         return                                   # the primary was killed
 
@@ -233,6 +227,10 @@ def test_async_standby_loses_at_most_the_unfetched_tail_and_promotes_itself(tmp_
         standby.wait_log(r"standby_promoted.*unreachable", timeout=30)
         standby.wait_log(r"broker_started", timeout=30)
         have = set(_drain(standby.port, "audit"))
+        # promoted for good: a restart with the same config serves, never follows again
+        standby.restart(crash=True)
+        standby.wait_log(r"standby_already_promoted")
+        assert len(set(_drain(standby.port, "audit-2"))) == len(have)
     finally:
         primary.kill()
         standby.stop()
