@@ -2,9 +2,9 @@
 goes on as an ordinary broker on the copy (``lockmq.broker.server.serve`` calls
 :func:`follow_if_standby` first).
 
-While it follows, the standby opens no client listener: a lock or client that
-tries it gets "connection refused" and moves on to the next broker of its list
-(the firmware and ``lockmq.client`` both do). Promotion: ``lockmq standby promote``
+While it follows, the standby's client port refuses every CONNECT with an ERROR
+(BUSY, "not the primary": :mod:`.refuser`): a lock or client moves on to the next
+broker of its list (the firmware and ``lockmq.client`` both do). Promotion: ``lockmq standby promote``
 drops the :data:`PROMOTE` file into the data directory; a promoted data directory
 keeps a :data:`PROMOTED` marker so a restart never follows an old primary again.
 """
@@ -22,6 +22,7 @@ from lockmq.signals import stop_on_signals
 from lockmq.store.files import create_file, fsync_dir
 
 from .logcopy import LogCopy
+from .refuser import open_refuser
 from .settings import ReplicationSettings
 
 #: dropped into the data directory by ``lockmq standby promote``
@@ -168,8 +169,18 @@ async def follow_if_standby(config: Config) -> bool:
             return True
         follower = Follower(config, settings, log)
         t0 = time.monotonic()
-        if not await follower.run(stop_on_signals()):
-            log("standby_stopped", log_end=follower.copy.end)
+        counts: dict[str, int] = {}
+        refuser = await open_refuser(b.host, b.port, settings.primary, counts) \
+            if b.port else None
+        try:
+            followed = await follower.run(stop_on_signals())
+        finally:
+            if refuser is not None:
+                refuser.close()
+                await refuser.wait_closed()
+        if not followed:
+            log("standby_stopped", log_end=follower.copy.end,
+                clients_refused=counts.get("refused", 0))
             return False
         follower.mark_promoted()
         log("standby_promoted", level="warning", reason=follower.promote_reason,
