@@ -10,7 +10,8 @@ import threading
 import time
 
 from lockmq.protocol import ErrorCode, Op, Publish, Role, encode_frame
-from lockmq.testing import BrokerProcess, free_port, open_peer, refusal, run_cli, wait_for
+from lockmq.testing import (BrokerProcess, Peer, free_port, open_peer, refusal, run_cli,
+                            wait_for)
 
 SEG = 64 * 1024   # small segments: the copy must roll exactly where the primary did
 
@@ -29,8 +30,17 @@ def _standby(tmp, primary: BrokerProcess) -> BrokerProcess:
     return sb.start(ready=r"standby_following")
 
 
-def _status(port: int) -> dict:
-    p = open_peer(port, role=Role.ADMIN)
+def _peer(port: int, token: str | None, role: int = Role.SERVICE, sn: str = "svc") -> Peer:
+    """A service peer: auth off, or logged in with ``token``."""
+    if token is None:
+        return open_peer(port, sn=sn, role=role)
+    p = Peer(port, sn)
+    p.auth_token(token)
+    return p
+
+
+def _status(port: int, token: str | None = None) -> dict:
+    p = _peer(port, token, Role.ADMIN)
     try:
         return p.admin("replica.status")
     finally:
@@ -54,9 +64,9 @@ def _producer(port: int, sn: str, acked: list[int], stop: threading.Event,
         return                                   # the primary was killed
 
 
-def _drain(port: int, cluster: str, topic: str = "ev") -> list[str]:
+def _drain(port: int, cluster: str, topic: str = "ev", token: str | None = None) -> list[str]:
     """Every message id the cluster gets from its position on (acked as read)."""
-    cons = open_peer(port)
+    cons = _peer(port, token)
     try:
         sub = cons.subscribe(topic, cluster).sub_id
         out: list[str] = []
@@ -309,3 +319,63 @@ def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_pat
         sec.close()
     assert os.path.getsize(tmp_path / "bad" / "data" / "message.log" /
                            "00000000000000000000.log") == 0
+
+
+def test_a_lock_fails_over_to_the_promoted_standby_with_nothing_lost(tmp_path):
+    """The real firmware (MicroPython unix port) with ``brokers = [primary, standby]``,
+    auth required on both: events acked by the sync primary and events queued while
+    it is dead all end up on the promoted standby, once each."""
+    import shutil
+    import sqlite3
+
+    from lockmq.security import Permissions
+    from lockmq.testing import Lock, SecureBroker
+    from lockmq.testing.lock import build_flash
+    from lockmq.testing.micropython import require_micropython
+
+    require_micropython()
+    sn = "LOCKFO01"
+    sec = SecureBroker(tmp_path / "p", tables={"replication": {"sync": True}}, locks=[sn],
+                       tokens={"standby": Permissions(replicate=True),
+                               "audit": Permissions(consume=("lock.*",), admin=True)})
+    # the standby is provisioned with the same registry (devices, tokens): operators.md
+    (tmp_path / "s" / "data").mkdir(parents=True)
+    src = sqlite3.connect(sec.data / "security.db")
+    dst = sqlite3.connect(tmp_path / "s" / "data" / "security.db")
+    src.backup(dst)                               # (WAL mode: a file copy may miss rows)
+    src.close()
+    dst.close()
+    shutil.copy(sec.data / "master.key", tmp_path / "s" / "data" / "master.key")
+    primary = sec.start()
+    standby = BrokerProcess(str(tmp_path / "s" / "data"), {
+        "broker": {"port": free_port()},
+        "replication": {"role": "standby", "primary": primary.address,
+                        "token": sec.tok["standby"], "fetch_wait_ms": 200}},
+        start=False).start(ready=r"standby_following")
+    audit = sec.tok["audit"]
+    flash = build_flash(tmp_path / "board", sn=sn, key=sec.keys[sn],
+                        brokers=[("127.0.0.1", primary.port), ("127.0.0.1", standby.port)])
+    lk = Lock(flash)
+    try:
+        wait_for(lambda: _status(primary.port, audit)["in_sync"], "the standby in sync")
+        lk.expect(rf"net connected broker=127.0.0.1:{primary.port}", timeout=30)
+        for _ in range(5):
+            lk.send("event unlock 3")
+        lk.wait_drained()
+        primary.kill()
+        for _ in range(5):                       # queued in the lock while it is cut off
+            lk.send("event tamper")
+        # the standby refuses the lock until it is promoted ("not the primary")
+        lk.expect(rf"net down err=error20 broker=127.0.0.1:{standby.port}", timeout=30)
+        assert run_cli("standby", "promote", "--data-dir", standby.data_dir) == 0
+        lk.expect(rf"net connected broker=127.0.0.1:{standby.port}", timeout=60)
+        lk.wait_drained()
+        queued = {int(m.group(1)) for m in lk.grep(r"evt queued seq=(\d+)")}
+        ids = _drain(standby.port, "audit", topic="lock.events", token=audit)
+    finally:
+        lk.close()
+        standby.stop()
+        sec.close()
+    assert len(ids) == len(set(ids)), "an event was stored twice"
+    seqs = {int(i.split(":")[1]) for i in ids if i.startswith(sn + ":")}
+    assert len(queued) >= 10 and queued <= seqs, sorted(queued - seqs)
