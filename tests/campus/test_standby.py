@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+from lockmq.store.names import positions_file_name
+from lockmq.store.positions import parse_meta
 from lockmq.protocol import ErrorCode, Op, Publish, Role, encode_frame
 from lockmq.testing import (BrokerProcess, Peer, free_port, open_peer, refusal, run_cli,
                             wait_for)
@@ -64,6 +66,16 @@ def _producer(port: int, sn: str, acked: list[int], stop: threading.Event,
         return                                   # the primary was killed
 
 
+def _saved_position(data_dir, cluster: str, topic: str) -> int:
+    """The cluster's last saved position in ``data_dir`` (read-only: the standby
+    may be writing the file)."""
+    try:
+        data = (data_dir / positions_file_name(cluster)).read_bytes()
+    except FileNotFoundError:
+        return -1
+    return parse_meta(data)[1].get(topic, -1)
+
+
 def _drain(port: int, cluster: str, topic: str = "ev", token: str | None = None) -> list[str]:
     """Every message id the cluster gets from its position on (acked as read)."""
     cons = _peer(port, token)
@@ -89,6 +101,14 @@ def test_standby_copies_the_log_byte_for_byte_and_refuses_clients(tmp_path):
             pub.publish("ev", seq, b"x" * 40)
         end = _status(primary.port)["log_end"]
         wait_for(lambda: _status(primary.port)["acked"] >= end, "the standby caught up")
+        # bad fetches get a clear error and cost nothing else
+        adm = open_peer(primary.port, role=Role.ADMIN)
+        for args in ({"from": -1}, {"from": end + 1}, {"from": 0, "max_bytes": "x"},
+                     {"from": 0, "wait_ms": 1.5}):
+            r = adm.admin("replica.fetch", **args)
+            assert r["ok"] is False and r["error"] == "INVALID_ARGUMENT", (args, r)
+        adm.close()
+        assert _status(primary.port)["acked"] >= end
         # a standby that follows serves no client: "not the primary", try the next
         no = refusal(lambda: open_peer(standby.port, sn="LOCK-1", role=Role.LOCK))
         assert no.code == ErrorCode.BUSY and "not the primary" in no.err.message
@@ -129,8 +149,9 @@ def test_sync_primary_killed_mid_stream_standby_promoted_loses_nothing(tmp_path)
             cons.ack(sub, [m.lease for m in got])
             first.extend(m.message_id for m in got)
         cons.close()
-        wait_for(lambda: any("backend" in n for n in os.listdir(tmp_path / "s" / "data")),
-                 "the cluster's positions on the standby")
+        # positions are copied every 200 ms (not with each ack): wait for this one
+        wait_for(lambda: _saved_position(tmp_path / "s" / "data", "backend", "ev") >= 120,
+                 "the cluster's position on the standby")
         stop = threading.Event()
         acked: dict[str, list[int]] = {f"LOCK-{i}": [] for i in (1, 2, 3)}
         threads = [threading.Thread(target=_producer, args=(primary.port, sn, lst, stop))

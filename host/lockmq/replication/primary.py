@@ -144,8 +144,13 @@ class ReplicaSource:
         if not self._listening:   # (the store opens after the broker is built)
             self._listening = True
             store.on_durable(self.on_durable)
+        wait_ms = args.get("wait_ms", self.settings.fetch_wait_ms)
+        max_bytes = args.get("max_bytes", self.settings.fetch_max_bytes)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (wait_ms, max_bytes)):
+            raise AdminError("INVALID_ARGUMENT", "wait_ms and max_bytes must be integers")
+        wait_ms = min(max(wait_ms, 0), 30_000)
+        max_bytes = min(max(max_bytes, 4096), self.settings.fetch_max_bytes)
         self._acknowledge(start)
-        wait_ms = min(int(args.get("wait_ms", self.settings.fetch_wait_ms)), 30_000)
         if start == store.log_end and wait_ms > 0:
             self._data.clear()
             try:
@@ -153,8 +158,7 @@ class ReplicaSource:
             except asyncio.TimeoutError:
                 pass
         out: dict[str, Any] = {"ok": True, "log_end": store.log_end, "in_sync": self.in_sync}
-        out.update(self._chunk(start, min(int(args.get("max_bytes", 1 << 20)),
-                                          self.settings.fetch_max_bytes)))
+        out.update(self._chunk(start, max_bytes))
         now = time.monotonic()
         if now - self._positions_sent >= POSITIONS_EVERY_S:
             self._positions_sent = now
