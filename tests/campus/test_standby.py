@@ -293,16 +293,20 @@ def test_sync_primary_degrades_loudly_when_the_standby_is_gone_and_recovers(tmp_
         primary.stop()
 
 
-def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_path):
+def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_path, capsys):
     """With auth required the standby presents a token; ``replicate`` lets it fetch
     the log and refuses every other admin op; a bad token copies nothing."""
+    import json
+
     from lockmq.security import Permissions
-    from lockmq.testing import Peer, SecureBroker
+    from lockmq.testing import SecureBroker
 
     sec = SecureBroker(tmp_path / "p", tables={"store": {"segment_bytes": SEG}},
-                       locks=["LOCK-1"],
-                       tokens={"standby": Permissions(replicate=True),
-                               "ops": Permissions(admin=True)})
+                       locks=["LOCK-1"], tokens={"ops": Permissions(admin=True)})
+    capsys.readouterr()
+    assert run_cli("tokens", "create", "standby", "--replicate", "--json",
+                   "--data-dir", str(sec.data)) == 0
+    sec.tok["standby"] = json.loads(capsys.readouterr().out)["token"]
     primary = sec.start()
     standby = bad = None
     try:
@@ -333,6 +337,11 @@ def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_pat
         wait_for(lambda: ops.admin("replica.status")["acked"] >= end, "the standby caught up")
         ops.close()
         lock.close()
+        capsys.readouterr()
+        assert run_cli("standby", "status", "--broker", primary.address,
+                       "--token", sec.tok["ops"]) == 0
+        st = json.loads(capsys.readouterr().out)
+        assert st["role"] == "primary" and st["acked"] >= end
     finally:
         for b in (standby, bad):
             if b is not None:
