@@ -26,6 +26,8 @@ from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import stop_on_signals
+from lockmq.replication.primary import attach_primary
+from lockmq.replication.standby import follow_if_standby
 
 from .admin import Admin
 from .auth import make_guard
@@ -35,8 +37,6 @@ from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
-from lockmq.replication.primary import attach_primary
-from lockmq.replication.standby import follow_if_standby
 from .status import StatusPage
 
 #: file descriptors kept for the store, logs and the status page
@@ -77,13 +77,13 @@ class Broker:
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
-        self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
+        self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()

@@ -26,13 +26,13 @@ GROUPS: list[str] = [
     "sim",
     "store",
     "broker",
+    "standby",
     "devices",
     "tokens",
     "certs",
     "systemd",
     "export",
     "spark",
-    "standby",
 ]
 
 
