@@ -7,7 +7,6 @@ from __future__ import annotations
 import filecmp
 import os
 import threading
-import time
 
 from lockmq.store.names import positions_file_name
 from lockmq.store.positions import parse_meta

@@ -21,7 +21,7 @@ from lockmq.config import Config
 from lockmq.signals import stop_on_signals
 from lockmq.store.files import create_file, fsync_dir
 
-from .logcopy import LogCopy
+from .logcopy import LogCopy, LogMismatch
 from .refuser import open_refuser
 from .settings import ReplicationSettings
 
@@ -118,10 +118,11 @@ class Follower:
                     if self._unreachable_since is not None:
                         self.log("standby_primary_back", log_end=self.copy.end)
                     self._unreachable_since = None
-                except (OSError, asyncio.TimeoutError, ConnectionError, EOFError,
-                        Exception) as exc:  # noqa: BLE001 -- every failure: retry
-                    if type(exc).__name__ == "LogMismatch":
-                        raise
+                except LogMismatch as exc:   # not this primary's log: never write over it
+                    self.log("standby_log_mismatch", level="error", error=str(exc),
+                             hint="start the standby from an empty data directory")
+                    raise
+                except Exception as exc:  # noqa: BLE001 -- link, refusal, timeout: retry
                     await self._drop()
                     if self._unreachable_since is None:
                         self._unreachable_since = time.monotonic()
