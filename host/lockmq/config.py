@@ -400,6 +400,8 @@ class Config:
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
     security: dict[str, Any] = field(default_factory=dict)
+    #: Keys of the ``[replication]`` table (``lockmq.replication.ReplicationSettings``).
+    replication: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
@@ -567,6 +569,10 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
             cfg.security.update(table)
         elif name == "store":
             cfg.store.update(table)
+        elif name == "replication":   # checked by its own class (lockmq.replication)
+            from lockmq.replication.settings import ReplicationSettings
+            ReplicationSettings.from_table(table)
+            cfg.replication.update(table)
         else:
             raise ValueError(f"unknown table [{name}]")
     validate_config(cfg, files=check_files)

@@ -457,7 +457,9 @@ class Connection(asyncio.Protocol):
         ack = ConnectAck(int(cfg.devices.heartbeat_s), cfg.broker.max_frame,
                          int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
         b.stats.c["frames_out"] += 1
-        self.send(self.session.accept(_ROLE_OF_KIND.get(principal.kind, Role.SERVICE),
+        role = Role.ADMIN if principal.permissions.replicate \
+            else _ROLE_OF_KIND.get(principal.kind, Role.SERVICE)   # (a standby: replica.*)
+        self.send(self.session.accept(role,
                                       principal.name, ack, frame.opaque,
                                       mac_key=principal.session_key,
                                       mac_required=not self.tls and b.guard.lock_frames_need_mac))

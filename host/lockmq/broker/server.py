@@ -27,6 +27,8 @@ from lockmq.store import StoreLocked
 from lockmq.registry.announce import Announcer, start_announcer
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import stop_on_signals
+from lockmq.replication.primary import attach_primary
+from lockmq.replication.standby import follow_if_standby
 
 from .admin import Admin
 from .auth import make_guard
@@ -93,6 +95,7 @@ class Broker:
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
+        self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
@@ -242,6 +245,8 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
 
     ``tune_gc`` (set by :func:`run`, which owns the process) applies :func:`_tune_gc`
     once the broker has started."""
+    if not await follow_if_standby(config):   # a standby follows until promoted
+        return
     broker = Broker(config)
     try:
         await broker.start()

@@ -28,6 +28,7 @@ GROUPS: list[str] = [
     "sim",
     "store",
     "broker",
+    "standby",
     "devices",
     "tokens",
     "certs",

@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "locks, e.g. 'unlock,cards:LOCK-*'")
     c.add_argument("--admin", action="store_true",
                    help="every right, admin operations too (not --system)")
+    c.add_argument("--replicate", action="store_true",
+                   help="a standby's right: the replica.* admin ops (reads the whole log)")
     c.add_argument("--system", action="append", default=[], metavar="SYSTEM_TOPIC_GLOB",
                    help="$ system topics it may publish to (explicit only; warns)")
     c.add_argument("--ttl", default="90d", help="lifetime: 30m, 12h, 90d, 1w or never")
@@ -90,9 +92,10 @@ def cmd_create(args: argparse.Namespace) -> int:
         command.append(right)
     perms = Permissions(publish=tuple(args.publish), consume=tuple(args.consume),
                         command=tuple(command), admin=args.admin,
-                        system=tuple(args.system))
+                        system=tuple(args.system), replicate=args.replicate)
     if perms == Permissions():
-        print("error: give at least one of --publish --consume --command --admin --system",
+        print("error: give at least one of --publish --consume --command --admin --system "
+              "--replicate",
               file=sys.stderr)
         return 2
     bad = [p for p in perms.system if not p.startswith("$")]

@@ -19,7 +19,7 @@ from lockmq.protocol import ConnectAck, Disconnect, Flag, Op
 from ._conn import FrameConnection
 from .backoff import Backoff
 from .errors import AuthError, BusyError, ClientClosed, ConnectionLost, LockmqError
-from .session import Credentials, Endpoint, open_session
+from .session import Credentials, Endpoint, open_session, parse_endpoints
 
 log = logging.getLogger("lockmq.client")
 
@@ -35,7 +35,8 @@ class SessionClient:
     """Base of the producer, consumer and admin clients (asyncio).
 
     Args:
-        endpoint: the broker (``"host:port"`` or an :class:`Endpoint`).
+        endpoint: the broker (``"host:port"`` or an :class:`Endpoint`), or a broker
+            list ``"host1:port,host2:port"`` (a primary and its standby).
         client_id: the SN field of this client's frames.
         role: :class:`lockmq.protocol.Role` value.
         credentials: how to authenticate (default: token from ``token``).
@@ -55,7 +56,10 @@ class SessionClient:
         reconnect: bool = True,
         backoff: Backoff | None = None,
     ) -> None:
-        self.endpoint = Endpoint.parse(endpoint) if isinstance(endpoint, str) else endpoint
+        #: the brokers to try in turn ("host1:port,host2:port"): the next one after
+        #: a failed connect (e.g. a dead primary, a standby that is not promoted yet)
+        self.endpoints = parse_endpoints(endpoint)
+        self.endpoint = self.endpoints[0]
         self.client_id = client_id
         self.role = role
         self.credentials = credentials or Credentials.token(token or os.environ.get("LOCKMQ_TOKEN"))
@@ -107,10 +111,14 @@ class SessionClient:
 
     async def _open(self) -> bool:
         """Open a session and resume; True when it is up at the end."""
-        conn, ack = await open_session(
-            self.endpoint, self.client_id, self.role, self.credentials,
-            on_frame=self._dispatch, on_lost=self._on_lost,
-        )
+        try:
+            conn, ack = await open_session(
+                self.endpoint, self.client_id, self.role, self.credentials,
+                on_frame=self._dispatch, on_lost=self._on_lost,
+            )
+        except (ConnectionLost, BusyError, asyncio.TimeoutError):
+            self._next_endpoint()
+            raise
         self.conn = conn
         self.connect_ack = ack
         self.backoff.reset()
@@ -133,6 +141,12 @@ class SessionClient:
             return False
         self.connected.set()
         return True
+
+    def _next_endpoint(self) -> None:
+        """Move on to the next broker of the list (after a failed connect)."""
+        if len(self.endpoints) > 1:
+            i = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
+            self.endpoint = self.endpoints[(i + 1) % len(self.endpoints)]
 
     async def close(self) -> None:
         """Say goodbye to the broker and stop every background task."""

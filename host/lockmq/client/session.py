@@ -137,6 +137,21 @@ class Endpoint:
         return Endpoint(host or "127.0.0.1", int(port) if port else DEFAULT_PORT)
 
 
+def parse_endpoints(endpoint: "Endpoint | str | list[Endpoint]") -> list["Endpoint"]:
+    """A broker list: ``"host1:port,host2:port"`` (a primary and its standby), one
+    :class:`Endpoint`, or a list of them. Clients try them in turn (see
+    ``SessionClient``)."""
+    if isinstance(endpoint, Endpoint):
+        return [endpoint]
+    if isinstance(endpoint, str):
+        out = [Endpoint.parse(a.strip()) for a in endpoint.split(",") if a.strip()]
+    else:
+        out = list(endpoint)
+    if not out:
+        raise ValueError("no broker address given")
+    return out
+
+
 def is_loopback_host(host: str) -> bool:
     """True for a loopback IP literal (127.0.0.0/8, ::1) or ``localhost``.
 

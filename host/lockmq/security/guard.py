@@ -546,9 +546,9 @@ class Guard:
                      command_kind=kind)
 
     def check_admin(self, principal: Principal, op: str = "") -> None:
-        """Admin operations need an admin principal."""
+        """Admin operations need an admin principal (``replica.*``: or ``replicate``)."""
         try:
-            principal.require_admin()
+            principal.require_admin_op(op)
         except SecurityError as exc:
             self._refuse(exc, principal, op=op)
             raise

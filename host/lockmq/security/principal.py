@@ -101,6 +101,9 @@ class Permissions:
     command: tuple[str, ...] = ()
     admin: bool = False
     system: tuple[str, ...] = ()
+    #: the standby's right: the ``replica.*`` admin ops (read the whole log) and no
+    #: other (lockmq.replication)
+    replicate: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (stored in the registry)."""
@@ -108,6 +111,8 @@ class Permissions:
                              "command": list(self.command), "admin": self.admin}
         if self.system:
             d["system"] = list(self.system)
+        if self.replicate:
+            d["replicate"] = True
         return d
 
     @classmethod
@@ -115,7 +120,8 @@ class Permissions:
         """Inverse of :meth:`to_dict`."""
         return cls(publish=tuple(d.get("publish", ())), consume=tuple(d.get("consume", ())),
                    command=tuple(d.get("command", ())), admin=bool(d.get("admin", False)),
-                   system=tuple(d.get("system", ())))
+                   system=tuple(d.get("system", ())),
+                   replicate=bool(d.get("replicate", False)))
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first malformed command right."""
@@ -133,6 +139,8 @@ class Permissions:
                 pats = tuple(f"{p}(unlock,cards only)" if ":" not in p else p for p in pats)
             if pats:
                 parts.append(f"{label}={','.join(pats)}")
+        if self.replicate:
+            parts.append("replicate")
         return " ".join(parts) or "(none)"
 
 
@@ -311,6 +319,13 @@ class Principal:
                                    "unlock and cards only: reissue it naming the kinds, e.g. "
                                    f"--command '{name}:{sn}')")
         raise exc
+
+    def require_admin_op(self, op: str) -> None:
+        """May this principal run admin op ``op``? The ``replicate`` right allows the
+        ``replica.*`` ops alone; everything else needs :meth:`require_admin`."""
+        if op.startswith("replica.") and self.permissions.replicate:
+            return
+        self.require_admin()
 
     def require_admin(self) -> None:
         """:attr:`is_admin` or :class:`PermissionDenied`."""

@@ -85,8 +85,9 @@ class BrokerProcess:
             self.start()
 
     # -- life cycle ---------------------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> "BrokerProcess":
-        """Start and return once the broker logged ``broker_started``."""
+    def start(self, timeout: float = 30.0, ready: str = r"broker_started") -> "BrokerProcess":
+        """Start and return once the broker logged ``ready`` (a regex: a standby
+        logs ``standby_following``)."""
         if self.running():
             raise RuntimeError("broker already running")
         self.write_config()
@@ -100,7 +101,14 @@ class BrokerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._reading = True
         threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
-        line = self.wait_log(r"broker_started", timeout=timeout, start=mark)
+        try:
+            line = self.wait_log(ready, timeout=timeout, start=mark)
+        except AssertionError:
+            try:   # its output ended: it is exiting (let running() say so)
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            raise
         self.port = int(re.search(r"\bport=(\d+)", line).group(1))
         return self
 

@@ -1,0 +1,217 @@
+"""The primary's side: answers a standby's fetches (``replica.fetch``) and, with
+``sync = true``, holds each PUBLISH_ACK until the standby has the record durably.
+
+A fetch is Kafka's follower fetch: the standby names the commit-log offset it has
+durably (``from``); that is also its acknowledgement. The answer carries the raw
+commit-log bytes from there (whole records, one segment at a time, only what is
+readable: durable on the primary), the segment's queue-start sidecar when the
+answer starts a segment, and now and then every consumer cluster's saved state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Any
+
+from lockmq.store import Appended, NewRecord
+
+from .settings import ReplicationSettings
+
+#: how often a fetch answer carries the consumer clusters' saved positions
+POSITIONS_EVERY_S = 0.2
+#: most clusters one answer carries (the rest follow in the next ones)
+MAX_CLUSTERS = 1000
+
+
+def whole_records(data: bytes) -> int:
+    """Bytes of ``data`` that are whole commit-log records (FORMAT.md: a 4-byte
+    little-endian length, then that many bytes)."""
+    pos = 0
+    n = len(data)
+    while pos + 4 <= n:
+        size = 4 + int.from_bytes(data[pos:pos + 4], "little")
+        if pos + size > n:
+            break
+        pos += size
+    return pos
+
+
+class ReplicaSource:
+    """The primary's replication state: the standby's acknowledged position, the
+    fetches it has parked, and the publishes waiting for it (sync mode)."""
+
+    def __init__(self, core: Any, settings: ReplicationSettings, stats: Any, log: Any) -> None:
+        self.core = core
+        self.settings = settings
+        self.stats = stats
+        self.log = log
+        #: commit-log offset the standby has durably (-1: no standby seen yet)
+        self.acked = -1
+        self.last_fetch = 0.0
+        #: True while acks wait for the standby (sync mode and the standby caught up)
+        self.in_sync = False
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._data = asyncio.Event()
+        self._positions_sent = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._listening = False
+
+    # -- the store side -------------------------------------------------------------
+
+    def on_durable(self, _topic: str, _end: int) -> None:
+        """New records are readable: wake parked fetches."""
+        self._data.set()
+
+    async def append(self, records: list[NewRecord]) -> list[Appended]:
+        """The publish path's sink in sync mode: store, then wait for the standby."""
+        res = await self.core.append(records)
+        if self.in_sync:
+            await self.wait_replicated(self.core.store.log_end)
+        return res
+
+    async def wait_replicated(self, end: int) -> None:
+        """Return once the standby acknowledged ``end`` (or replication degraded)."""
+        if self.acked >= end or not self.in_sync:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((end, fut))
+        if self._watchdog is None:
+            self._arm_watchdog()
+        await fut
+
+    def _arm_watchdog(self) -> None:
+        self._watchdog = asyncio.get_running_loop().call_later(
+            self.settings.sync_timeout_s / 4, self._check_standby)
+
+    def _check_standby(self) -> None:
+        """Degrade to async if the standby has been silent for ``sync_timeout_s``."""
+        self._watchdog = None
+        if not self._waiters:
+            return
+        silent = time.monotonic() - self.last_fetch
+        if silent >= self.settings.sync_timeout_s:
+            self.in_sync = False
+            self.stats.inc("replication_degraded")
+            self.log("replication_degraded", level="warning", silent_s=round(silent, 1),
+                     acked=self.acked, log_end=self.core.store.log_end,
+                     hint="acks no longer wait for the standby: a primary crash now "
+                          "loses what the standby did not fetch")
+            self._release(1 << 62)
+            return
+        self._arm_watchdog()
+
+    def _release(self, upto: int) -> None:
+        keep = []
+        for end, fut in self._waiters:
+            if end <= upto:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((end, fut))
+        self._waiters = keep
+
+    # -- the fetch op ---------------------------------------------------------------
+
+    def _acknowledge(self, acked: int) -> None:
+        self.last_fetch = time.monotonic()
+        first = self.acked < 0
+        self.acked = max(self.acked, acked)
+        self.stats.c["replication_acked"] = self.acked
+        self._release(self.acked)
+        store = self.core.store
+        if self.settings.sync and not self.in_sync and self.acked >= store.log_end:
+            self.in_sync = True
+            self.log("replication_in_sync", acked=self.acked,
+                     level="info" if first else "warning")
+
+    async def fetch(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``replica.fetch`` {from, max_bytes?, wait_ms?}: log bytes from ``from``."""
+        from lockmq.broker.admin import AdminError  # (the broker imports this module)
+
+        start = args.get("from")
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise AdminError("INVALID_ARGUMENT", "from must be a commit-log offset")
+        store = self.core.store
+        if start > store.log_end:
+            raise AdminError("INVALID_ARGUMENT", f"from {start} is past the log end "
+                             f"{store.log_end}: the standby holds records this primary "
+                             "does not (a different log): rebuild the standby")
+        if start < store.log_start:
+            raise AdminError("INVALID_ARGUMENT", f"from {start} was deleted by retention "
+                             f"(log starts at {store.log_start}): reseed the standby")
+        if not self._listening:   # (the store opens after the broker is built)
+            self._listening = True
+            store.on_durable(self.on_durable)
+        wait_ms = args.get("wait_ms", self.settings.fetch_wait_ms)
+        max_bytes = args.get("max_bytes", self.settings.fetch_max_bytes)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (wait_ms, max_bytes)):
+            raise AdminError("INVALID_ARGUMENT", "wait_ms and max_bytes must be integers")
+        wait_ms = min(max(wait_ms, 0), 30_000)
+        max_bytes = min(max(max_bytes, 4096), self.settings.fetch_max_bytes)
+        self._acknowledge(start)
+        if start == store.log_end and wait_ms > 0:
+            self._data.clear()
+            try:
+                await asyncio.wait_for(self._data.wait(), wait_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+        out: dict[str, Any] = {"ok": True, "log_end": store.log_end, "in_sync": self.in_sync}
+        out.update(self._chunk(start, max_bytes))
+        now = time.monotonic()
+        if now - self._positions_sent >= POSITIONS_EVERY_S:
+            self._positions_sent = now
+            out["clusters"] = self._clusters()
+        return out
+
+    def _chunk(self, start: int, max_bytes: int) -> dict[str, Any]:
+        """The whole records from ``start`` in its segment, up to ``max_bytes``."""
+        store = self.core.store
+        segs = store._segments   # (the store's reader: segments are never rewritten)
+        end = store.log_end
+        if start >= end:
+            return {"base": -1, "data": ""}
+        k = segs.index_of(start)
+        seg = segs[k]
+        stop = min(segs.end_of(k, end), start + max_bytes)
+        data = seg.pread(stop - start, start - seg.base)
+        n = whole_records(data)
+        if n == 0 and data:   # one record larger than max_bytes: send it whole
+            size = 4 + int.from_bytes(data[:4], "little")
+            data = seg.pread(size, start - seg.base)
+            n = len(data)
+        out: dict[str, Any] = {"base": seg.base, "data": base64.b64encode(data[:n]).decode()}
+        if start == seg.base and seg.base > 0:
+            out["qstart"] = seg.read_qstart() or {}
+        return out
+
+    def _clusters(self) -> dict[str, Any]:
+        store = self.core.store
+        out = {}
+        for name in sorted(store.clusters())[:MAX_CLUSTERS]:
+            out[name] = {"positions": store.load_positions(name),
+                         "meta": store.cluster_meta(name),
+                         "counters": store.cluster_counters(name)}
+        return out
+
+    def status(self, _args: dict[str, Any]) -> dict[str, Any]:
+        """``replica.status``: where the standby is."""
+        store = self.core.store
+        seen = self.last_fetch
+        return {"ok": True, "role": "primary", "sync": self.settings.sync,
+                "in_sync": self.in_sync, "acked": self.acked, "log_end": store.log_end,
+                "lag_bytes": store.log_end - self.acked if self.acked >= 0 else None,
+                "standby_seen_s_ago": round(time.monotonic() - seen, 3) if seen else None}
+
+
+def attach_primary(broker: Any) -> ReplicaSource:
+    """Wire replication into a broker being built (one call from ``Broker.__init__``):
+    the ``replica.*`` admin ops, and in sync mode the publish path's sink."""
+    settings = ReplicationSettings.from_table(broker.config.replication)
+    src = ReplicaSource(broker.core, settings, broker.stats, broker.log)
+    broker.admin.ops["replica.fetch"] = src.fetch
+    broker.admin.ops["replica.status"] = src.status
+    if settings.sync:
+        broker.publisher.sink = src
+    return src
