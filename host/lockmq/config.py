@@ -580,7 +580,7 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|registry|store|security)"
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security)"
                       r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``

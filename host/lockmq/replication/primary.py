@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any
+from typing import Any, Callable
 
-from lockmq.store import Appended, NewRecord
+from lockmq.store import Appended, NewRecord, StoreClosed
 
 from .settings import ReplicationSettings
 
@@ -70,6 +70,28 @@ class ReplicaSource:
         if self.in_sync:
             await self.wait_replicated(self.core.store.log_end)
         return res
+
+    def append_then(self, records: list[NewRecord],
+                    then: Callable[[list[Appended] | None, BaseException | None], None]) -> None:
+        """The publish path's fast entry (``RecordSink.append_then``) in sync mode: the
+        store answers once durable here, and ``then`` runs once the standby has it too."""
+        def durable(res: list[Appended] | None, err: BaseException | None) -> None:
+            if err is not None or not self.in_sync:
+                then(res, err)
+                return
+            end = self.core.store.log_end
+            if self.acked >= end:
+                then(res, None)
+                return
+            task = asyncio.ensure_future(self.wait_replicated(end))
+
+            def replicated(t: asyncio.Future) -> None:
+                err = StoreClosed("shutting down") if t.cancelled() else t.exception()
+                then(None if err else res, err)
+
+            task.add_done_callback(replicated)
+
+        self.core.append_then(records, durable)
 
     async def wait_replicated(self, end: int) -> None:
         """Return once the standby acknowledged ``end`` (or replication degraded)."""
