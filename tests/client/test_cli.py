@@ -47,6 +47,21 @@ def test_produce_consume_topics_clusters(broker, capsys):
     assert "readers" in out and "cli.t" in out
 
 
+def test_a_broker_list_walks_past_a_dead_address(broker, capsys):
+    """``--broker dead,live`` (a primary gone, its standby up): the commands connect to
+    the next address instead of failing; ``sim`` refuses a list with a clear error."""
+    from lockmq.testing import free_port
+
+    b = ["--broker", f"127.0.0.1:{free_port()},{broker.address}", "--connect-retry", "5"]
+    assert main(["produce", *b, "cli.list", "via-the-second"]) == 0
+    assert main(["consume", *b, "cli.list", "-c", "list-readers", "-n", "1"]) == 0
+    assert "via-the-second" in capsys.readouterr().out
+    assert main(["topics", *b]) == 0
+    assert "cli.list" in capsys.readouterr().out
+    assert main(["sim", *b, "--locks", "1", "--events", "1"]) == 2
+    assert "one HOST:PORT" in capsys.readouterr().err
+
+
 def test_dlq_list_and_replay(broker, capsys, tmp_path):
     b = ["--broker", broker.address]
     assert main(["produce", *b, "cli.jobs", "poison", "-q"]) == 0

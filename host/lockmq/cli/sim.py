@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         endpoint = endpoint_from_args(args)
     except LockmqError as exc:
         return fail(str(exc), 2)
+    if isinstance(endpoint, list):   # simulated locks talk to one broker each
+        return fail("sim: --broker takes one HOST:PORT", 2)
     raise_nofile()
     loop = new_event_loop()
     try:

@@ -47,7 +47,7 @@ class SessionClient:
 
     def __init__(
         self,
-        endpoint: Endpoint | str = "127.0.0.1:6800",
+        endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800",
         *,
         client_id: str,
         role: int,

@@ -22,7 +22,7 @@ class AsyncAdmin(SessionClient):
 
     def __init__(
         self,
-        endpoint: Endpoint | str = "127.0.0.1:6800",
+        endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800",
         *,
         token: str | None = None,
         credentials: Credentials | None = None,
@@ -60,7 +60,8 @@ class AsyncAdmin(SessionClient):
 class Admin:
     """Blocking admin client: ``Admin(addr).request("topics")``."""
 
-    def __init__(self, endpoint: Endpoint | str = "127.0.0.1:6800", **kwargs: Any) -> None:
+    def __init__(self, endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800",
+                 **kwargs: Any) -> None:
         from .sync import _LoopThread
 
         self._loop = _LoopThread("lockmq-admin")
@@ -85,7 +86,7 @@ class Admin:
         self.close()
 
 
-async def _make(endpoint: Endpoint | str, kwargs: dict[str, Any]) -> AsyncAdmin:
+async def _make(endpoint: Endpoint | str | list[Endpoint], kwargs: dict[str, Any]) -> AsyncAdmin:
     admin = AsyncAdmin(endpoint, **kwargs)
     await admin.connect()
     return admin

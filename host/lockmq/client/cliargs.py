@@ -28,8 +28,9 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     :func:`endpoint_from_args`."""
     env = os.environ.get
     p.add_argument("--broker", "-b", default=env("LOCKMQ_BROKER", DEFAULT_BROKER),
-                   metavar="HOST:PORT",
-                   help="broker address (env LOCKMQ_BROKER; default %(default)s)")
+                   metavar="HOST:PORT[,HOST:PORT]",
+                   help="broker address, or a primary,standby list tried in turn "
+                        "(env LOCKMQ_BROKER; default %(default)s)")
     p.add_argument("--token", default=env("LOCKMQ_TOKEN"),
                    help="service/admin token (env LOCKMQ_TOKEN; not needed when the "
                         "broker runs with auth = \"off\")")
@@ -53,36 +54,43 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
                         "backoff (env LOCKMQ_CONNECT_RETRY; default %(default)g; 0 = once)")
 
 
-def endpoint_from_args(args: argparse.Namespace) -> "Endpoint":
-    """The :class:`Endpoint` the options of :func:`add_connection_args` describe.
+def endpoint_from_args(args: argparse.Namespace) -> "Endpoint | list[Endpoint]":
+    """The broker the options of :func:`add_connection_args` describe: one
+    :class:`Endpoint`, or a list of them for ``--broker host1:port,host2:port`` (a
+    primary and its standby: the clients try them in turn).
 
     Raises :class:`~lockmq.client.LockmqError` for a bad address or an unreadable CA.
     The cleartext rule (no token in clear to a remote host) is enforced when the
     session opens, before any connect.
     """
     from lockmq.client.errors import LockmqError
-    from lockmq.client.session import Endpoint
+    from lockmq.client.session import parse_endpoints
 
     try:
-        endpoint = Endpoint.parse(args.broker)
+        endpoints = parse_endpoints(args.broker)
     except ValueError:
-        raise LockmqError(f"bad broker address {args.broker!r} (want HOST:PORT)") from None
-    endpoint.insecure = bool(getattr(args, "insecure", False))
+        raise LockmqError(f"bad broker address {args.broker!r} "
+                          "(want HOST:PORT or HOST:PORT,HOST:PORT)") from None
     retry = getattr(args, "connect_retry", None)
-    if retry is not None:
-        if retry < 0:
-            raise LockmqError(f"--connect-retry {retry:g}: must be >= 0 seconds")
-        endpoint.connect_retry_s = retry
+    if retry is not None and retry < 0:
+        raise LockmqError(f"--connect-retry {retry:g}: must be >= 0 seconds")
     ca = getattr(args, "tls_ca", None)
+    ctx = None
     if ca or getattr(args, "tls", False):
         from lockmq.security.tls import client_context
 
         try:
-            endpoint.ssl = client_context(ca)   # PEM or DER
+            ctx = client_context(ca)   # PEM or DER
         except (OSError, ValueError) as exc:   # ssl.SSLError is an OSError
             raise LockmqError(f"--tls-ca {ca}: cannot load the CA: {exc}") from None
-        endpoint.server_hostname = getattr(args, "tls_server_name", None) or None
-    return endpoint
+    for endpoint in endpoints:
+        endpoint.insecure = bool(getattr(args, "insecure", False))
+        if retry is not None:
+            endpoint.connect_retry_s = retry
+        if ctx is not None:
+            endpoint.ssl = ctx
+            endpoint.server_hostname = getattr(args, "tls_server_name", None) or None
+    return endpoints[0] if len(endpoints) == 1 else endpoints
 
 
 def _names(cls: type) -> dict[int, str]:

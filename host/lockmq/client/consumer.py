@@ -89,7 +89,7 @@ class AsyncConsumer(SessionClient):
 
     def __init__(
         self,
-        endpoint: Endpoint | str = "127.0.0.1:6800",
+        endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800",
         *,
         topic: str,
         cluster: str,

@@ -116,7 +116,7 @@ class AsyncProducer(SessionClient):
 
     def __init__(
         self,
-        endpoint: Endpoint | str = "127.0.0.1:6800",
+        endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800",
         *,
         producer_id: str | None = None,
         name: str = "producer",

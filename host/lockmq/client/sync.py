@@ -78,7 +78,8 @@ class Producer:
     * :meth:`send_oneway` asks for no ack.
     """
 
-    def __init__(self, endpoint: Endpoint | str = "127.0.0.1:6800", **kwargs: Any) -> None:
+    def __init__(self, endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800",
+                 **kwargs: Any) -> None:
         self._lt = _LoopThread("lockmq-producer")
 
         async def make() -> AsyncProducer:
@@ -185,7 +186,8 @@ class Consumer:
     or ``duration_s``; :meth:`start` returns at once.
     """
 
-    def __init__(self, endpoint: Endpoint | str = "127.0.0.1:6800", *, handler: Handler,
+    def __init__(self, endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800", *,
+                 handler: Handler,
                  **kwargs: Any) -> None:
         self._lt = _LoopThread("lockmq-consumer")
         self._stop = threading.Event()

@@ -120,7 +120,7 @@ class TransactionProducer(SessionClient):
         request_timeout_s: how long to wait for the broker's answer to a request.
     """
 
-    def __init__(self, endpoint: Endpoint | str = "127.0.0.1:6800", *, group: str,
+    def __init__(self, endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800", *, group: str,
                  local_transaction: Callable[[TxnMessage, Any], Decision | Awaitable[Decision]],
                  check: Callable[[TxnMessage], Decision | Awaitable[Decision]],
                  producer_id: str | None = None, token: str | None = None,
