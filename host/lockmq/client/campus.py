@@ -125,7 +125,7 @@ class AsyncCampusConsumer:
             return
         self.lookups += 1
         # a standby follows its primary's log: consuming it too would deliver twice
-        listed = {g["name"]: g["addresses"][0] for g in found
+        listed = {g["name"]: ",".join(g["addresses"]) for g in found
                   if g.get("addresses") and g.get("role") != "standby"}
         for name in [n for n in self.consumers if listed.get(n) != self._addresses.get(n)]:
             self._leave(name)   # evicted, or moved to another address
