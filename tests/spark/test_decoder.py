@@ -179,6 +179,19 @@ def test_packing_many_small_segments(tmp_path):
     assert n == 3000
 
 
+def test_packing_fills_every_core_in_the_last_wave(tmp_path):
+    """A log of ~3 maximum partitions on 2 cores is cut in 4 equal ones, not 3 (one
+    core would idle through the third)."""
+    d = str(tmp_path / "data")
+    _write(d, 3000, segment_bytes=1 << 30)
+    logs = find_logs(d)
+    items, _ = plan.pieces(logs, plan.earliest(logs), plan.latest(logs))
+    total = sum(p.size for p in items)
+    parts = plan.pack(items, max_partition_bytes=total // 3 + 1, min_partitions=2, min_partition_bytes=0)
+    assert len(parts) == 4
+    assert max(sum(p.size for p in pp) for pp in parts) <= total // 4 + 200  # equal, to a record
+
+
 def test_split_big_segment_on_record_boundaries(tmp_path):
     d = str(tmp_path / "data")
     _write(d, 5000, segment_bytes=1 << 30)
