@@ -16,7 +16,8 @@ from lockmq.protocol import EventType, LockEvent, Result
 from lockmq.spark import generate, ingest_job
 from lockmq.spark.ingest import ingest
 from lockmq.spark.reports import run_reports
-from lockmq.testing.spark_cluster import SparkCluster, java_missing
+from lockmq.testing import SparkCluster
+from lockmq.testing.spark_cluster import java_missing
 
 ALARMS = {EventType.DOOR_LEFT_OPEN, EventType.TAMPER, EventType.LOW_BATTERY}
 # which locks each gateway hears: LK00004..07 sit between buildings and reach two
