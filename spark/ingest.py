@@ -114,23 +114,22 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
     if all(end[k] <= start[k] for k in end):
         res.seconds = time.monotonic() - t0
         return res
-    reader = (spark.read.format("lockmq")
-              .option("paths", ",".join(os.path.abspath(s) for s in sources))
-              .option("startingOffsets", json.dumps(start))
-              .option("endingOffsets", json.dumps(end))
-              .option("maxPartitionBytes", max_partition_bytes)
-              .option("minPartitions", spark.sparkContext.defaultParallelism))
+    options = {"paths": ",".join(os.path.abspath(s) for s in sources),
+               "startingOffsets": json.dumps(start), "endingOffsets": json.dumps(end),
+               "maxPartitionBytes": str(max_partition_bytes),
+               "minPartitions": str(spark.sparkContext.defaultParallelism)}
     if gateway_id:
-        reader = reader.option("gatewayId", gateway_id)
+        options["gatewayId"] = gateway_id
     # write date partitions without sorting the rows first (falls back to sorting
     # past this many dates per task)
     spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "64")
-    raw = reader.load()
-    # Pass 1 (ids only): the few message ids that need a decision -- seen more than
+    raw = spark.read.format("lockmq").options(**options).load()
+    # Pass 1 (ids only, decoded alone): the few message ids that need a decision -- seen more than
     # once in this run, or already in `events` -- and the corrupt rows (null id).
     # Only message_id crosses the shuffle, and nothing is cached: caching all 18
     # decoded columns cost more than decoding the log a second time.
-    ids = raw.groupBy("message_id").agg(F.count(F.lit(1)).alias("_n"), F.count("error").alias("_bad"))
+    ids = (spark.read.format("lockmq").options(**options, columns="message_id,error").load()
+           .groupBy("message_id").agg(F.count(F.lit(1)).alias("_n"), F.count("error").alias("_bad")))
     events_path = os.path.join(warehouse, "events")
     if _has_table(events_path):
         known = spark.read.parquet(events_path).select("message_id").distinct().withColumn("_known", F.lit(True))

@@ -9,7 +9,7 @@ import pytest
 
 from lockmq.protocol import LockEvent
 from lockmq.spark import generate, plan
-from lockmq.spark.decoder import SCHEMA, DecodeStats, LogCorruptError, decode_buffer, decode_file
+from lockmq.spark.decoder import SCHEMA, DecodeStats, LogCorruptError, decode_buffer, decode_file, projected
 from lockmq.spark.layout import find_logs, list_segments
 from lockmq.spark.logwriter import LogWriter, encode
 
@@ -113,6 +113,22 @@ def test_garbage_length_resyncs_to_next_record(tmp_path):
     tab = pa.Table.from_batches(list(decode_buffer(bytes(buf), 0, stats=stats)))
     assert stats.corrupt == 1
     assert sorted(s for s in tab["seq"].to_pylist() if s is not None) == [i for i in range(20) if i != 5]
+
+
+def test_projected_columns_equal_the_full_decode(tmp_path):
+    """The id pass of ingest decodes only message_id and error: the same values as a
+    full decode, corrupt rows included (as null ids with their error)."""
+    recs = [encode("lock.events", f"SN{i % 3}", i, 1, 1, b"x" * 10) for i in range(20)]
+    buf = bytearray(b"".join(recs))
+    buf[len(recs[0]) * 5: len(recs[0]) * 5 + 4] = (7).to_bytes(4, "little")  # record 5's length
+    full = pa.Table.from_batches(list(decode_buffer(bytes(buf), 0)))
+    schema, ddl = projected(("error", "message_id"))
+    assert schema.names == ["message_id", "error"] and ddl == "message_id STRING, error STRING"
+    ids = pa.Table.from_batches(list(decode_buffer(bytes(buf), 0, schema=schema)), schema=schema)
+    assert ids.to_pylist() == full.select(["message_id", "error"]).to_pylist()
+    assert ids.column("error").null_count == 19
+    with pytest.raises(ValueError, match="unknown column"):
+        projected(("message_id", "nope"))
 
 
 def test_torn_last_record_is_not_read_until_complete(tmp_path):

@@ -14,6 +14,7 @@ when starting fails half-way. Needs ``pyspark`` and Java; :func:`spark_home` and
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -127,6 +128,7 @@ class SparkCluster:
     def start(self) -> None:
         """Start the master, then the workers; wait until all have registered."""
         os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+        atexit.register(self.stop)  # JVMs must not outlive an interrupted test run
         try:
             self._spawn("master", "org.apache.spark.deploy.master.Master",
                         "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port))
@@ -188,6 +190,7 @@ class SparkCluster:
         for f in self._logs:
             f.close()
         self._logs.clear()
+        atexit.unregister(self.stop)
 
 
 def _kill_group(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
