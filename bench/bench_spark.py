@@ -1,6 +1,6 @@
 """Benchmark: the lockmq Spark data source and reports against a single-thread numpy floor.
 
-    .venv/bin/python bench/bench_spark.py [--records 2000000] [--runs 3] [--cores 2]
+    .venv/bin/python bench/bench_spark.py [--records 2000000] [--runs 3] [--cores 2] [--cluster]
 
 Generates N lock-event records with the real storage engine (``lockmq.store``),
 then measures, each ``--runs`` times:
@@ -9,7 +9,12 @@ then measures, each ``--runs`` times:
   (``lockmq.spark.decoder``, the decoder the data source runs, no Spark);
 - source->parquet: ``spark.read.format("lockmq").load(dir).write.parquet(...)`` on local[cores];
 - ingest: the full ingest job (dedup by message id, date partitions, checkpoint);
-- reports: all reports over the ingested table (records of the table per second).
+- reports: all reports over the ingested table (records of the table per second);
+- with ``--cluster``: the same ingest job ``spark-submit``-ted to a Spark standalone
+  cluster on this machine (a master and ``--workers`` workers of one core each, from
+  PySpark's ``bin/spark-class``; :mod:`lockmq.testing.spark_cluster`), timed twice:
+  the job's own ingest time (its summary line) and the whole ``spark-submit``
+  (driver JVM, executors and Python workers starting included).
 
 Prints the machine, min/median/max records/s and each median as a ratio of the floor's.
 Target: source->parquet on local[2] at least matches the floor (ratio >= 1.0).
@@ -25,6 +30,9 @@ import statistics
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import machine_info  # noqa: E402
 
 
 def machine() -> str:
@@ -56,6 +64,30 @@ def floor(src: str) -> int:
     return n
 
 
+def cluster_runs(args: argparse.Namespace, src: str, work: str, res: dict[str, list[float]]) -> None:
+    """spark-submit the ingest job ``args.runs`` times to a fresh standalone cluster."""
+    import re
+
+    from lockmq.spark import ingest_job
+    from lockmq.testing.spark_cluster import SparkCluster
+
+    res["cluster ingest (job)"], res["cluster spark-submit"] = [], []
+    with SparkCluster(os.path.join(work, "cluster"), workers=args.workers, cores=1,
+                      memory=args.worker_memory) as cluster:
+        for run in range(args.runs):
+            wh = os.path.join(work, f"cwh{run}")
+            t = time.perf_counter()
+            done = cluster.submit([ingest_job.__file__, src, "--warehouse", wh])
+            total = time.perf_counter() - t
+            m = re.search(r"read (\d+) records, (\d+) new.*, ([\d.]+) s$", done.stdout.strip().splitlines()[-1])
+            assert m and int(m[2]) == args.records, done.stdout
+            res["cluster ingest (job)"].append(args.records / float(m[3]))
+            res["cluster spark-submit"].append(args.records / total)
+            shutil.rmtree(wh, ignore_errors=True)
+            print(f"cluster run {run + 1}/{args.runs}: job {args.records / float(m[3]) / 1e6:.2f}M/s, "
+                  f"spark-submit {args.records / total / 1e6:.2f}M/s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=2_000_000)
@@ -65,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment-mib", type=int, default=128, help="segment size of the generated log (store default)")
     p.add_argument("--writer", choices=("store", "format"), default="store",
                    help="write with the real engine (default) or the FORMAT.md test writer (faster)")
+    p.add_argument("--cluster", action="store_true",
+                   help="also ingest on a standalone cluster (master + --workers workers) via spark-submit")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--worker-memory", default="1g", help="executor memory per worker on --cluster")
     p.add_argument("--dir", help="work directory (default: a temporary one, deleted after)")
     args = p.parse_args(argv)
 
@@ -79,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.dir or tempfile.mkdtemp(prefix="lockmq-bench-spark-")
     src = os.path.join(work, "data")
     print(machine())
+    print(machine_info())
     try:
         t = time.perf_counter()
         recs = generate.bulk(args.records, args.locks)
@@ -125,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1] / 1e6:.2f}M/s" for k, v in res.items()),
                   flush=True)
         spark.stop()
+        if args.cluster:
+            cluster_runs(args, src, work, res)
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)

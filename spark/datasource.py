@@ -18,6 +18,8 @@
   into Spark partitions (a task costs ~50 ms, so small files share one).
 - ``maxRecordsPerTrigger`` / ``maxBytesPerTrigger``: streaming read limits.
 - ``batchRecords``: rows per Arrow batch (default 65536).
+- ``columns``: comma-separated columns to decode (default all); the table then has
+  only those (a pass that needs the ids alone skips the payloads and strings).
 
 Every record's CRC is verified; see :mod:`lockmq.spark.decoder` for what happens
 to bad and torn ones. Segments deleted by retention between runs are skipped and
@@ -40,7 +42,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from . import plan as planner
-from .decoder import MODES, SPARK_DDL, DecodeStats, decode_file
+from .decoder import MODES, DecodeStats, decode_file, projected
 
 NAME = "lockmq"
 
@@ -75,6 +77,14 @@ class _Options:
         self.max_bytes = _int(opts, "maxbytespertrigger", 0) or None
         self.starting = opts.get("startingoffsets")
         self.ending = opts.get("endingoffsets")
+        self.columns = _columns(opts)
+
+
+def _columns(opts) -> tuple[str, ...]:
+    """The ``columns`` option as a tuple (empty: all), checked against the schema."""
+    columns = tuple(c.strip() for c in (opts.get("columns") or "").split(",") if c.strip())
+    projected(columns)  # raises for an unknown column
+    return columns
 
 
 def _int(opts: dict, key: str, default: int) -> int:
@@ -94,13 +104,15 @@ def _warn(msg: str) -> None:
     print(f"lockmq: {msg}", file=sys.stderr, flush=True)
 
 
-def read_partition(pieces: list[planner.Piece], mode: str, batch_records: int) -> Iterator:
+def read_partition(pieces: list[planner.Piece], mode: str, batch_records: int,
+                   columns: tuple[str, ...] = ()) -> Iterator:
     """Decode the pieces of one partition into Arrow record batches (runs on executors)."""
     stats = DecodeStats()
+    schema = projected(columns)[0]
     for p in pieces:
         try:
             yield from decode_file(p.path, p.base, p.gateway_id, p.start, p.end, True, mode,
-                                   batch_records, stats)
+                                   batch_records, stats, schema)
         except FileNotFoundError:
             stats.missing_segments += 1
             _warn(f"segment {p.path} was deleted before it was read (retention?); skipped")
@@ -127,7 +139,7 @@ class LockmqBatchReader(DataSourceReader):
         return [LogPartition(p) for p in parts]
 
     def read(self, partition: LogPartition) -> Iterator:
-        return read_partition(partition.pieces, self.opts.mode, self.opts.batch_records)
+        return read_partition(partition.pieces, self.opts.mode, self.opts.batch_records, self.opts.columns)
 
 
 class LockmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -178,7 +190,7 @@ class LockmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [LogPartition(p) for p in parts]
 
     def read(self, partition: LogPartition) -> Iterator:
-        return read_partition(partition.pieces, self.opts.mode, self.opts.batch_records)
+        return read_partition(partition.pieces, self.opts.mode, self.opts.batch_records, self.opts.columns)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the broker's retention, not the reader, deletes segments."""
@@ -192,7 +204,7 @@ class LockmqDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return SPARK_DDL
+        return projected(_columns(self.options))[1]
 
     def reader(self, schema) -> LockmqBatchReader:
         return LockmqBatchReader(dict(self.options))

@@ -61,6 +61,24 @@ SPARK_DDL = (
     "headers STRING, payload BINARY, " + events.SPARK_DDL + ", error STRING"
 )
 
+#: Spark type of every column, by name (for a projected schema)
+_DDL_TYPES = dict(part.split(" ", 1) for part in SPARK_DDL.split(", "))
+
+
+def projected(columns: tuple[str, ...] | None) -> tuple[pa.Schema, str]:
+    """The Arrow schema and Spark DDL of ``columns`` (all of them if None), in table order.
+
+    A pass that needs only a few columns (the ingest's id pass) asks the data source
+    for just those: less to build in Python, to ship and to convert in the JVM."""
+    if not columns:
+        return SCHEMA, SPARK_DDL
+    unknown = [c for c in columns if c not in _DDL_TYPES]
+    if unknown:
+        raise ValueError(f"lockmq: unknown column(s) {unknown}; choose from {SCHEMA.names}")
+    names = [n for n in SCHEMA.names if n in columns]
+    return pa.schema([SCHEMA.field(n) for n in names]), ", ".join(f"{n} {_DDL_TYPES[n]}" for n in names)
+
+
 HDR_DTYPE = np.dtype(
     [
         ("length", "<u4"),
@@ -252,8 +270,10 @@ def _ts_us(values: np.ndarray, scale: int, max_value: int) -> pa.Array:
     return pa.array(us, type=UTC_US, mask=bad)
 
 
-def build_batch(arr: np.ndarray, pos: np.ndarray, base: int, gateway_id: str | None) -> tuple[pa.RecordBatch, np.ndarray]:
-    """Decode the records starting at ``pos`` (CRC already verified) into a batch.
+def build_batch(arr: np.ndarray, pos: np.ndarray, base: int, gateway_id: str | None,
+                schema: pa.Schema = SCHEMA) -> tuple[pa.RecordBatch, np.ndarray]:
+    """Decode the records starting at ``pos`` (CRC already verified) into a batch
+    of the columns of ``schema`` (see :func:`projected`; only those are built).
 
     Returns ``(batch, inconsistent)``: ``inconsistent`` marks records whose header
     fields do not add up to their length; they are left out of the batch.
@@ -273,29 +293,29 @@ def build_batch(arr: np.ndarray, pos: np.ndarray, base: int, gateway_id: str | N
     sn_start = topic_start + t
     hdrs_start = sn_start + s
     pay_start = hdrs_start + h
-    topic = _var_array(pa.string(), arr, topic_start, t)
+    want = set(schema.names)
     sn = _var_array(pa.string(), arr, sn_start, s)
-    headers = _var_array(pa.string(), arr, hdrs_start, h, valid=h > 0)
-    payload = _var_array(pa.binary(), arr, pay_start, p)
     seq = pa.array(hdr["seq"].astype(np.int64))
-    message_id = pc.binary_join_element_wise(sn, pc.cast(seq, pa.string()), ":")
-    cols = {
-        "offset": pa.array(pos + base),
-        "gateway_id": pa.array([gateway_id] * n, type=pa.string()) if gateway_id is not None
+    # each column only when asked for (the id pass needs message_id and error alone)
+    builders = {
+        "offset": lambda: pa.array(pos + base),
+        "gateway_id": lambda: pa.array([gateway_id] * n, type=pa.string()) if gateway_id is not None
         else pa.nulls(n, pa.string()),
-        "topic": topic,
-        "sn": sn,
-        "seq": seq,
-        "message_id": message_id,
-        "lock_ts": _ts_us(hdr["lock_ts_ms"], 1000, _MAX_MS),
-        "broker_ts": _ts_us(hdr["broker_ts_us"], 1, _MAX_US),
-        "flags": pa.array(hdr["flags"].astype(np.int32)),
-        "headers": headers,
-        "payload": payload,
+        "topic": lambda: _var_array(pa.string(), arr, topic_start, t),
+        "sn": lambda: sn,
+        "seq": lambda: seq,
+        "message_id": lambda: pc.binary_join_element_wise(sn, pc.cast(seq, pa.string()), ":"),
+        "lock_ts": lambda: _ts_us(hdr["lock_ts_ms"], 1000, _MAX_MS),
+        "broker_ts": lambda: _ts_us(hdr["broker_ts_us"], 1, _MAX_US),
+        "flags": lambda: pa.array(hdr["flags"].astype(np.int32)),
+        "headers": lambda: _var_array(pa.string(), arr, hdrs_start, h, valid=h > 0),
+        "payload": lambda: _var_array(pa.binary(), arr, pay_start, p),
+        "error": lambda: pa.nulls(n, pa.string()),
     }
-    cols.update(events.decode(arr, topic_start, pay_start, p))
-    cols["error"] = pa.nulls(n, pa.string())
-    return pa.RecordBatch.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA), inconsistent
+    cols = {name: build() for name, build in builders.items() if name in want}
+    if want - cols.keys():  # the LockEvent fields
+        cols.update(events.decode(arr, topic_start, pay_start, p))
+    return pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema), inconsistent
 
 
 def error_batch(buf: bytes, regions: list[tuple[int, int, str]], base: int, gateway_id: str | None) -> pa.RecordBatch:
@@ -319,6 +339,7 @@ def decode_buffer(
     mode: str = "PERMISSIVE",
     batch_records: int = 65536,
     stats: DecodeStats | None = None,
+    schema: pa.Schema = SCHEMA,
 ) -> Iterator[pa.RecordBatch]:
     """Decode records in ``buf[start:end]``; ``buf[0]`` is at log offset ``base``.
 
@@ -335,7 +356,7 @@ def decode_buffer(
     while pos < end:
         positions, bad, nxt, torn = scan(buf, pos, end, closed, batch_records)
         if positions:
-            batch, inconsistent = build_batch(arr, np.asarray(positions, dtype=np.int64), base, gateway_id)
+            batch, inconsistent = build_batch(arr, np.asarray(positions, dtype=np.int64), base, gateway_id, schema)
             if inconsistent.any():
                 for i in np.flatnonzero(inconsistent):
                     p0 = positions[int(i)]
@@ -351,7 +372,8 @@ def decode_buffer(
             if mode == "FAILFAST":
                 raise LogCorruptError("lockmq: corrupt log: " + "; ".join(msgs[:5]))
             if mode == "PERMISSIVE":
-                yield error_batch(buf, bad, base, gateway_id)
+                errors = error_batch(buf, bad, base, gateway_id)
+                yield errors if schema is SCHEMA else errors.select(schema.names)
         stats.torn_bytes += torn
         if nxt <= pos or torn:
             break
@@ -360,9 +382,10 @@ def decode_buffer(
 
 def decode_file(path: str, base: int, gateway_id: str | None = None, start: int = 0,
                 end: int | None = None, closed: bool = True, mode: str = "PERMISSIVE",
-                batch_records: int = 65536, stats: DecodeStats | None = None) -> Iterator[pa.RecordBatch]:
+                batch_records: int = 65536, stats: DecodeStats | None = None,
+                schema: pa.Schema = SCHEMA) -> Iterator[pa.RecordBatch]:
     """Read ``path`` bytes ``[start, end)`` and decode them (see :func:`decode_buffer`)."""
     with open(path, "rb") as f:
         f.seek(start)
         buf = f.read() if end is None else f.read(max(0, end - start))
-    yield from decode_buffer(buf, base + start, gateway_id, 0, len(buf), closed, mode, batch_records, stats)
+    yield from decode_buffer(buf, base + start, gateway_id, 0, len(buf), closed, mode, batch_records, stats, schema)

@@ -86,6 +86,11 @@ def _has_table(path: str) -> bool:
     return os.path.isdir(path) and any(n.startswith("date=") or n.endswith(".parquet") for n in os.listdir(path))
 
 
+def _row_count(spark, path: str) -> int:
+    """Rows of a Parquet table (0 if none yet); Spark reads the counts from the footers."""
+    return spark.read.parquet(path).count() if _has_table(path) else 0
+
+
 def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = None,
            max_partition_bytes: int = planner.DEFAULT_MAX_PARTITION_BYTES) -> IngestResult:
     """Ingest the logs under ``sources`` into ``warehouse`` (see the module docstring)."""
@@ -109,62 +114,68 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
     if all(end[k] <= start[k] for k in end):
         res.seconds = time.monotonic() - t0
         return res
-    reader = (spark.read.format("lockmq")
-              .option("paths", ",".join(os.path.abspath(s) for s in sources))
-              .option("startingOffsets", json.dumps(start))
-              .option("endingOffsets", json.dumps(end))
-              .option("maxPartitionBytes", max_partition_bytes)
-              .option("minPartitions", spark.sparkContext.defaultParallelism))
+    options = {"paths": ",".join(os.path.abspath(s) for s in sources),
+               "startingOffsets": json.dumps(start), "endingOffsets": json.dumps(end),
+               "maxPartitionBytes": str(max_partition_bytes),
+               "minPartitions": str(spark.sparkContext.defaultParallelism)}
     if gateway_id:
-        reader = reader.option("gatewayId", gateway_id)
+        options["gatewayId"] = gateway_id
     # write date partitions without sorting the rows first (falls back to sorting
     # past this many dates per task)
     spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "64")
-    raw = reader.load().persist(StorageLevel.MEMORY_AND_DISK)
+    raw = spark.read.format("lockmq").options(**options).load()
+    # Pass 1 (ids only, decoded alone): the few message ids that need a decision -- seen more than
+    # once in this run, or already in `events` -- and the corrupt rows (null id).
+    # Only message_id crosses the shuffle, and nothing is cached: caching all 18
+    # decoded columns cost more than decoding the log a second time.
+    ids = (spark.read.format("lockmq").options(**options, columns="message_id,error").load()
+           .groupBy("message_id").agg(F.count(F.lit(1)).alias("_n"), F.count("error").alias("_bad")))
+    events_path = os.path.join(warehouse, "events")
+    if _has_table(events_path):
+        known = spark.read.parquet(events_path).select("message_id").distinct().withColumn("_known", F.lit(True))
+        ids = ids.join(known, "message_id", "left")
+    else:
+        ids = ids.withColumn("_known", F.lit(None).cast("boolean"))
+    # Materialised before anything is written: appending to `events` makes Spark
+    # refresh plans that read it, which would turn every new id into a known one.
+    flagged = (ids.filter(F.col("message_id").isNull() | (F.col("_n") > 1) | F.col("_known").isNotNull())
+               .select("message_id", "_n", "_bad", F.coalesce("_known", F.lit(False)).alias("_known"))
+               .localCheckpoint(eager=True))
+    bad_row = flagged.filter(F.col("message_id").isNull()).select("_bad").first()
+    res.corrupt = int(bad_row["_bad"]) if bad_row else 0
+    flagged = flagged.filter(F.col("message_id").isNotNull()).select("message_id", "_known")
+    n_flagged = flagged.count()
+    hint = F.broadcast(flagged) if n_flagged <= 2_000_000 else flagged
+    # Pass 2 (all columns): ids seen once and never before go straight to the writer;
+    # of the others, the earliest copy of an id not yet ingested is kept.
+    good = raw.filter(F.col("error").isNull()).drop("error").withColumn("date", F.to_date("broker_ts"))
+    plain = good.join(hint, "message_id", "left_anti")
+    w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
+    special = good.join(hint, "message_id", "inner").withColumn("_copy", F.row_number().over(w))
+    if n_flagged:
+        # the flagged copies are few: keep them for the duplicates table (no third decode)
+        special = special.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        good = raw.filter(F.col("error").isNull()).drop("error").withColumn("date", F.to_date("broker_ts"))
-        # 1. the (usually few) message ids that need a decision: seen more than once
-        #    in this run, or already in `events`. Only message_id columns are shuffled.
-        ids = good.select("message_id")
-        flagged = (ids.groupBy("message_id").count().filter(F.col("count") > 1)
-                   .select("message_id", F.lit(False).alias("_known")))
-        events_path = os.path.join(warehouse, "events")
-        if _has_table(events_path):
-            known = (spark.read.parquet(events_path).select("message_id")
-                     .join(ids, "message_id", "left_semi").distinct()
-                     .select("message_id", F.lit(True).alias("_known")))
-            flagged = flagged.unionByName(known).groupBy("message_id").agg(F.max("_known").alias("_known"))
-        # Materialised before anything is written: appending to `events` makes Spark
-        # refresh plans that read it, which would turn every new id into a known one.
-        flagged = flagged.localCheckpoint(eager=True)
-        n_flagged = flagged.count()
-        hint = F.broadcast(flagged) if n_flagged <= 2_000_000 else flagged
-        # 2. ids seen once and never before: appended as they are, no shuffle
-        plain = good.join(hint, "message_id", "left_anti")
-        # 3. the others: keep the earliest copy of an id not yet ingested
-        w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
-        special = good.join(hint, "message_id", "inner").withColumn("_copy", F.row_number().over(w))
         winners = special.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
         cols = [c for c in good.columns if c != "date"] + ["date"]
         new = plain.select(cols).unionByName(winners.select(cols))
-        dups = (special.filter((F.col("_copy") > 1) | F.col("_known"))
-                .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
-                            .otherwise(F.lit("repeated copy")))
-                .withColumn("ingest_run", F.lit(res.run_id)).drop("_copy", "_known", "payload"))
+        before = _row_count(spark, events_path)
         new.write.mode("append").partitionBy("date").parquet(events_path)
+        res.new = _row_count(spark, events_path) - before
         if n_flagged:
+            dups = (special.filter((F.col("_copy") > 1) | F.col("_known"))
+                    .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
+                                .otherwise(F.lit("repeated copy")))
+                    .withColumn("ingest_run", F.lit(res.run_id)).drop("_copy", "_known", "payload"))
             dups.write.mode("append").partitionBy("date").parquet(os.path.join(warehouse, "duplicates"))
             res.duplicates = (spark.read.parquet(os.path.join(warehouse, "duplicates"))
                               .filter(F.col("ingest_run") == res.run_id).count())
-        counts = raw.agg(F.count(F.lit(1)).alias("n"), F.count("error").alias("bad")).first()
-        res.corrupt = int(counts["bad"] or 0)
-        res.read = int(counts["n"] or 0) - res.corrupt
-        res.new = res.read - res.duplicates
-        if res.corrupt:
-            bad = raw.filter(F.col("error").isNotNull()).withColumn("ingest_run", F.lit(res.run_id))
-            bad.write.mode("append").parquet(os.path.join(warehouse, "corrupt"))
     finally:
-        raw.unpersist()
+        special.unpersist()
+    res.read = res.new + res.duplicates
+    if res.corrupt:
+        bad = raw.filter(F.col("error").isNotNull()).withColumn("ingest_run", F.lit(res.run_id))
+        bad.write.mode("append").parquet(os.path.join(warehouse, "corrupt"))
     done.update(end)
     runs = state.get("runs", [])[-99:]
     res.seconds = time.monotonic() - t0

@@ -311,13 +311,17 @@ def pack(items: list[Piece], max_partition_bytes: int = DEFAULT_MAX_PARTITION_BY
     Many small segment files share one partition (each Spark task costs ~50 ms);
     a big one is cut at record boundaries taken from the topic indexes when the
     log has them (a live data directory), else found by walking record lengths.
-    Aims at ``min_partitions`` partitions, none above ``max_partition_bytes`` and
-    none below ``min_partition_bytes`` (unless there is less data than that).
+    Aims at ``min_partitions`` partitions (or a multiple of it, so that no core
+    idles in the last wave), none above ``max_partition_bytes`` and none below
+    ``min_partition_bytes`` (unless there is less data than that).
     """
     total = sum(p.size for p in items)
     if not total:
         return []
-    target = min(max_partition_bytes, math.ceil(total / max(1, min_partitions)))
+    # a whole multiple of min_partitions (the cores): 3 equal tasks on 2 cores take
+    # as long as 4, with one core idle for the last third
+    waves = math.ceil(total / max(1, max_partition_bytes) / max(1, min_partitions))
+    target = min(max_partition_bytes, math.ceil(total / (max(1, min_partitions) * max(1, waves))))
     target = max(target, min(min_partition_bytes, max_partition_bytes), 1)
     slack = target + target // 4
     parts: list[list[Piece]] = []

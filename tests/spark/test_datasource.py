@@ -37,6 +37,9 @@ def test_batch_read_matches_generated_records(spark, store_log, fleet_records):
         assert round(r.lock_ts.timestamp() * 1000) == g.lock_ts_ms  # µs timestamps, UTC session
     n_events = sum(1 for r in fleet_records if r.topic == generate.EVENT_TOPIC)
     assert df.filter("event_type IS NOT NULL").count() == n_events
+    ids = spark.read.format("lockmq").option("columns", "message_id,error").load(store_log)
+    assert ids.columns == ["message_id", "error"]
+    assert sorted(r.message_id for r in ids.collect()) == sorted(r.message_id for r in rows)
 
 
 def test_schema_and_sql(spark, store_log):

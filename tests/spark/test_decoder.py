@@ -9,7 +9,7 @@ import pytest
 
 from lockmq.protocol import LockEvent
 from lockmq.spark import generate, plan
-from lockmq.spark.decoder import SCHEMA, DecodeStats, LogCorruptError, decode_buffer, decode_file
+from lockmq.spark.decoder import SCHEMA, DecodeStats, LogCorruptError, decode_buffer, decode_file, projected
 from lockmq.spark.layout import find_logs, list_segments
 from lockmq.spark.logwriter import LogWriter, encode
 
@@ -115,6 +115,22 @@ def test_garbage_length_resyncs_to_next_record(tmp_path):
     assert sorted(s for s in tab["seq"].to_pylist() if s is not None) == [i for i in range(20) if i != 5]
 
 
+def test_projected_columns_equal_the_full_decode(tmp_path):
+    """The id pass of ingest decodes only message_id and error: the same values as a
+    full decode, corrupt rows included (as null ids with their error)."""
+    recs = [encode("lock.events", f"SN{i % 3}", i, 1, 1, b"x" * 10) for i in range(20)]
+    buf = bytearray(b"".join(recs))
+    buf[len(recs[0]) * 5: len(recs[0]) * 5 + 4] = (7).to_bytes(4, "little")  # record 5's length
+    full = pa.Table.from_batches(list(decode_buffer(bytes(buf), 0)))
+    schema, ddl = projected(("error", "message_id"))
+    assert schema.names == ["message_id", "error"] and ddl == "message_id STRING, error STRING"
+    ids = pa.Table.from_batches(list(decode_buffer(bytes(buf), 0, schema=schema)), schema=schema)
+    assert ids.to_pylist() == full.select(["message_id", "error"]).to_pylist()
+    assert ids.column("error").null_count == 19
+    with pytest.raises(ValueError, match="unknown column"):
+        projected(("message_id", "nope"))
+
+
 def test_torn_last_record_is_not_read_until_complete(tmp_path):
     d = str(tmp_path / "data")
     _write(d, 50, segment_bytes=1 << 20)
@@ -177,6 +193,19 @@ def test_packing_many_small_segments(tmp_path):
     n = sum(b.num_rows for pp in parts for p in pp
             for b in decode_file(p.path, p.base, None, p.start, p.end))
     assert n == 3000
+
+
+def test_packing_fills_every_core_in_the_last_wave(tmp_path):
+    """A log of ~3 maximum partitions on 2 cores is cut in 4 equal ones, not 3 (one
+    core would idle through the third)."""
+    d = str(tmp_path / "data")
+    _write(d, 3000, segment_bytes=1 << 30)
+    logs = find_logs(d)
+    items, _ = plan.pieces(logs, plan.earliest(logs), plan.latest(logs))
+    total = sum(p.size for p in items)
+    parts = plan.pack(items, max_partition_bytes=total // 3 + 1, min_partitions=2, min_partition_bytes=0)
+    assert len(parts) == 4
+    assert max(sum(p.size for p in pp) for pp in parts) <= total // 4 + 200  # equal, to a record
 
 
 def test_split_big_segment_on_record_boundaries(tmp_path):

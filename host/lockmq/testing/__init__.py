@@ -12,6 +12,8 @@ this package, so there is one way to do each:
   ``ClientSession``; :func:`open_peer` logs one in to an auth-off broker;
   :class:`AsyncPeer` / :func:`open_async_peer` the same for asyncio (hundreds at once);
 - :class:`Lock` -- the real firmware in the MicroPython unix port (a simulated lock);
+- :class:`SparkCluster` -- a Spark standalone master and workers (separate JVMs from
+  PySpark's ``spark-class``) and ``spark-submit`` to them (:mod:`.spark_cluster`);
 - :func:`free_port`, :func:`wait_for` (:func:`wait_for_async` in a coroutine) -- ports
   and bounded waits.
 
@@ -27,13 +29,14 @@ from .micropython import require_micropython
 from .ports import free_port
 from .process import LOCKMQ_COMMAND, BrokerProcess
 from .secure import SecureBroker
+from .spark_cluster import SparkCluster
 from .tables import merge_tables, to_toml
 from .thread import FAST_TIMERS, BrokerThread, uvloop_wanted
 from .waiting import raises, wait_for, wait_for_async
 from .wire import Peer, Refused, drain, open_peer, read_until_closed, refusal
 
 __all__ = [
-    "AsyncPeer", "open_async_peer", "BrokerProcess", "LOCKMQ_COMMAND", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker",
+    "AsyncPeer", "open_async_peer", "BrokerProcess", "LOCKMQ_COMMAND", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker", "SparkCluster",
     "drain", "free_port", "merge_tables", "open_peer", "raises", "read_until_closed",
     "refusal", "require_micropython", "run_cli", "set_config", "to_toml", "uvloop_wanted",
     "wait_for", "wait_for_async",
