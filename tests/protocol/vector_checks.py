@@ -76,19 +76,9 @@ def run(path, crc_functions=None):
                                         a["sn"], _h(a["proof_hex"])), "auth proof")
     parts = []             # joined once: += would copy the growing stream every frame
     for f in v["frames"]:
-        data = _h(f["hex"])
+        n, data, fr = check_frame(f, check)
+        passed += n
         parts.append(data)
-        enc = p.encode_frame(f["opcode"], f["sn"], _h(f["body_hex"]), f["opaque"], f["flags"])
-        passed += check(enc == data, "encode %s" % f["name"])
-        got, _ = _decode_all(data, 1)
-        fr = got[0] if len(got) == 1 else None
-        passed += check(fr is not None and fr.opcode == f["opcode"] and fr.sn == f["sn"]
-                        and fr.flags == f["flags"] and fr.opaque == f["opaque"]
-                        and fr.body == _h(f["body_hex"]), "decode %s" % f["name"])
-        if fr is not None and f["fields"]:
-            body = p.decode_body(fr.opcode, fr.body)
-            passed += check(_plain(body) == f["fields"], "body fields %s" % f["name"])
-            passed += check(body.encode() == fr.body, "body re-encode %s" % f["name"])
         if f["name"] == "command":
             body = p.decode_body(fr.opcode, fr.body)
             passed += check(p.verify_command(_h(a["key_hex"]), f["sn"], body), "command mac")
@@ -97,11 +87,7 @@ def run(path, crc_functions=None):
                             "tampered command refused")
     all_frames = b"".join(parts)
     parts = None
-    for chunk in (1, 7, 64, 4096):
-        got, dec = _decode_all(all_frames, chunk)
-        passed += check(len(got) == len(v["frames"]) and dec.buffered() == 0,
-                        "stream in chunks of %d" % chunk)
-        got = dec = None   # one stream's frames at a time, in a lock-sized heap
+    passed += check_stream(all_frames, len(v["frames"]), (1, 7, 64, 4096), check)
     for e in v["events"]:
         ev = p.LockEvent.decode(_h(e["hex"]))
         passed += check(_plain(ev) == e["fields"] and ev.encode() == _h(e["hex"]), "lock event")
@@ -114,16 +100,50 @@ def run(path, crc_functions=None):
         passed += check(_expect_error(decode_bad, bad["error"], bad["code"]) is None,
                         "invalid frame %s: %s" % (bad["name"], _expect_error(decode_bad, bad["error"], bad["code"])))
     for bad in v["invalid_bodies"]:
-        if bad["opcode"] < 0:
-            def decode_bad(data=_h(bad["body_hex"])):
-                p.LockEvent.decode(data)
-        else:
-            def decode_bad(op=bad["opcode"], data=_h(bad["body_hex"])):
-                p.decode_body(op, data)
-        err = _expect_error(decode_bad, bad["error"], bad["code"])
-        passed += check(err is None, "invalid body %s: %s" % (bad["name"], err))
+        passed += check_invalid_body(bad, check)
     passed += _check_frame_macs(v["frame_mac"], a, check)
     return passed, failures
+
+
+def check_frame(f, check):
+    """One frame vector: encode, decode (in 1-byte chunks), body fields and re-encode.
+    Returns (passed, the frame's bytes, the decoded frame or None)."""
+    data = _h(f["hex"])
+    passed = check(p.encode_frame(f["opcode"], f["sn"], _h(f["body_hex"]), f["opaque"],
+                                  f["flags"]) == data, "encode %s" % f["name"])
+    got, _ = _decode_all(data, 1)
+    fr = got[0] if len(got) == 1 else None
+    passed += check(fr is not None and fr.opcode == f["opcode"] and fr.sn == f["sn"]
+                    and fr.flags == f["flags"] and fr.opaque == f["opaque"]
+                    and fr.body == _h(f["body_hex"]), "decode %s" % f["name"])
+    if fr is not None and f["fields"]:
+        body = p.decode_body(fr.opcode, fr.body)
+        passed += check(_plain(body) == f["fields"], "body fields %s" % f["name"])
+        passed += check(body.encode() == fr.body, "body re-encode %s" % f["name"])
+    return passed, data, fr
+
+
+def check_stream(stream, count, chunks, check):
+    """The frames of ``stream`` fed in chunks of each size: ``count`` frames, no rest."""
+    passed = 0
+    for chunk in chunks:
+        got, dec = _decode_all(stream, chunk)
+        passed += check(len(got) == count and dec.buffered() == 0,
+                        "stream of %d frames in chunks of %d" % (count, chunk))
+        got = dec = None   # one stream's frames at a time, in a lock-sized heap
+    return passed
+
+
+def check_invalid_body(bad, check):
+    """An invalid body vector (opcode -1: a lock event) is refused with its error."""
+    if bad["opcode"] < 0:
+        def decode_bad(data=_h(bad["body_hex"])):
+            p.LockEvent.decode(data)
+    else:
+        def decode_bad(op=bad["opcode"], data=_h(bad["body_hex"])):
+            p.decode_body(op, data)
+    err = _expect_error(decode_bad, bad["error"], bad["code"])
+    return check(err is None, "invalid body %s: %s" % (bad["name"], err))
 
 
 def _one(data):
