@@ -54,10 +54,14 @@ class OQueue:
         self.dropped = 0       # events dropped because the queue was full (persisted)
         self.max_seq = 0       # highest seq ever seen in the file
         self.torn = 0          # bytes cut off at load
-        # Live entries in two fixed rings (allocated once: no heap growth or
-        # fragmentation however full the queue gets): seq and record offset.
+        # Live entries' seqs in one fixed ring (allocated once: no heap growth or
+        # fragmentation however full the queue gets). Their records lie in the file
+        # in ring order from the oldest's: only that offset is kept (a ring of
+        # offsets cost 4 bytes of heap per entry); `_skip` counts the entries that
+        # left the head since it was known (found by walking the file when needed).
         self._seq = array("I", bytes(4 * max_len))
-        self._off = array("I", bytes(4 * max_len))
+        self._off0 = 0
+        self._skip = 0
         self._h = 0            # ring index of the oldest live entry
         self._n = 0            # live entries
         self._acked = []       # acked but not yet at the head
@@ -71,14 +75,36 @@ class OQueue:
     def seq_at(self, i):
         return self._seq[(self._h + i) % self.max_len]
 
-    def _off_at(self, i):
-        return self._off[(self._h + i) % self.max_len]
-
     def _push(self, seq, off):
-        j = (self._h + self._n) % self.max_len
-        self._seq[j] = seq
-        self._off[j] = off
+        if not self._n:
+            self._off0 = off
+            self._skip = 0
+        self._seq[(self._h + self._n) % self.max_len] = seq
         self._n += 1
+
+    def _next_e(self, f, off):
+        # (offset, body length) of the first event record at or after `off`.
+        while True:
+            f.seek(off)
+            hdr = f.read(4)
+            if len(hdr) < 4:
+                raise OSError("queue: live record past the end of the file")
+            n = struct.unpack(">H", hdr[2:])[0]
+            if hdr[1] == KIND_E:
+                return off, n
+            off += n + 8
+
+    def _live_off(self, f, i):
+        # (offset, body length) of live entry i, walking the file from the oldest's
+        # offset (which it brings up to date).
+        off, n = self._next_e(f, self._off0)
+        for _ in range(self._skip):
+            off, n = self._next_e(f, off + n + 8)
+        self._off0 = off
+        self._skip = 0
+        for _ in range(i):
+            off, n = self._next_e(f, off + n + 8)
+        return off, n
 
     def index(self, seq):
         # Position of live entry seq, or -1.
@@ -98,6 +124,8 @@ class OQueue:
         atomic.remove(self.path + ".new")
         self._h = 0
         self._n = 0
+        self._off0 = 0
+        self._skip = 0
         self._acked = []
         good = 0
         try:
@@ -203,10 +231,11 @@ class OQueue:
             return out
         f = open(self.path, "rb")
         try:
+            off, n = self._live_off(f, start)
             for i in range(start, min(self._n, start + count)):
-                f.seek(self._off_at(i))
-                hdr = f.read(4)
-                n = struct.unpack(">H", hdr[2:])[0]
+                if i > start:
+                    off, n = self._next_e(f, off + n + 8)
+                f.seek(off + 4)
                 body = f.read(n)
                 out.append((struct.unpack(">I", body[:4])[0], body[4:]))
         finally:
@@ -252,6 +281,7 @@ class OQueue:
         seq = self.seq_at(0)
         self._h = (self._h + 1) % self.max_len
         self._n -= 1
+        self._skip += 1
         if seq in self._acked:
             self._acked.remove(seq)
 
@@ -259,7 +289,13 @@ class OQueue:
         # Dead bytes are (nearly) the prefix before the oldest live record.
         if self._size < COMPACT_MIN:
             return
-        dead = self._off_at(0) if self._n else self._size
+        if self._n and self._skip:
+            f = open(self.path, "rb")
+            try:
+                self._live_off(f, 0)
+            finally:
+                f.close()
+        dead = self._off0 if self._n else self._size
         if dead >= COMPACT_MIN and 2 * dead >= self._size:
             self._rewrite()
 
@@ -297,16 +333,14 @@ class OQueue:
             h = _record(KIND_H, struct.pack(">II", self.head, self.dropped))
             dst.write(h)
             off = len(h)
+            at = n = 0
             for i in range(self._n):
-                j = (self._h + i) % self.max_len
-                src.seek(self._off[j])
-                hdr = src.read(4)
-                n = struct.unpack(">H", hdr[2:])[0]
-                rec = hdr + src.read(n + 4)
+                at, n = self._live_off(src, 0) if i == 0 else self._next_e(src, at + n + 8)
+                src.seek(at)
+                rec = src.read(n + 8)
                 if base is not None:
                     rec = _record(KIND_E, struct.pack(">I", base + i) + rec[8:4 + n])
                 dst.write(rec)
-                self._off[j] = off     # new offsets, applied only if the rename happens
                 off += len(rec)
             dst.flush()
         finally:
@@ -315,3 +349,5 @@ class OQueue:
                 src.close()
         os.rename(tmp, self.path)
         self._size = off
+        self._off0 = len(h)    # the live records now follow the head record
+        self._skip = 0

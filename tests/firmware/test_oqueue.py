@@ -350,3 +350,53 @@ print(biggest, q2.seqs()[0], q2.seqs()[-1], q2.dropped, q2.torn)
     biggest, first, last, dropped, torn = map(int, out.split())
     assert (first, last, dropped, torn) == (2969, 3000, 2968, 0)
     assert biggest < 32 * 42 + 2 * 4096 + 64
+
+
+def test_reads_follow_a_model_through_acks_drops_and_compaction(run_app, tmp_path):
+    # The queue keeps only the oldest live record's offset and walks the file for the
+    # rest: every read, after every kind of removal, must give back exactly the live
+    # entries and their data, in order, also after a reload.
+    rnd = random.Random(13)
+    ops = []
+    live, acked, nxt, cap = [], set(), 1, 24
+    for _ in range(600):
+        r = rnd.random()
+        if r < 0.55:
+            ops.append(["a", nxt])
+            live.append(nxt)
+            if len(live) > cap:
+                acked.discard(live.pop(0))
+            nxt += rnd.choice((1, 1, 1, 5))
+        elif live:
+            s = rnd.choice(live[:4])
+            ops.append(["k", s])
+            acked.add(s)
+            while live and live[0] in acked:
+                acked.discard(live.pop(0))
+        if rnd.random() < 0.1:
+            ops.append(["r", 0])
+            acked.clear()   # early acks are kept in RAM only: after a reboot they wait again
+    script = """
+import json
+from lockapp.oqueue import OQueue
+ops = json.loads(%r)
+q = OQueue("q.dat", %d)
+for op, s in ops:
+    if op == "a":
+        q.append(s, b"d%%d-" %% s + b"x" * (s %% 97))
+    elif op == "k":
+        q.ack(s)
+    else:
+        q = OQueue("q.dat", %d)
+    got = q.read(0, len(q))
+    assert [e[0] for e in got] == q.seqs(), (op, s)
+    for seq, data in got:
+        assert data == b"d%%d-" %% seq + b"x" * (seq %% 97), seq
+        assert q.get(seq) == data
+print("S", q.seqs(), q.file_bytes())
+""" % (json.dumps(ops), cap, cap)
+    out = run_app(script, tmp_path)
+    m = re.search(r"^S (\[.*\]) (\d+)$", out, re.M)
+    assert m, out
+    assert json.loads(m.group(1)) == live
+    assert int(m.group(2)) < 3 * 4096   # compacted along the way
