@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from lockmq.store import Appended, NewRecord, StoreClosed
 
+from .registry_source import RegistrySource
 from .settings import ReplicationSettings
 
 #: how often a fetch answer carries the consumer clusters' saved positions
@@ -57,6 +58,8 @@ class ReplicaSource:
         self._positions_sent = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
         self._listening = False
+        #: serves ``replica.security`` (set by :func:`attach_primary`)
+        self.registry: RegistrySource | None = None
 
     # -- the store side -------------------------------------------------------------
 
@@ -229,11 +232,15 @@ class ReplicaSource:
 
 def attach_primary(broker: Any) -> ReplicaSource:
     """Wire replication into a broker being built (one call from ``Broker.__init__``):
-    the ``replica.*`` admin ops, and in sync mode the publish path's sink."""
+    the ``replica.*`` admin ops (the log, the security registry), and in sync mode
+    the publish path's sink."""
     settings = ReplicationSettings.from_table(broker.config.replication)
     src = ReplicaSource(broker.core, settings, broker.stats, broker.log)
     broker.admin.ops["replica.fetch"] = src.fetch
     broker.admin.ops["replica.status"] = src.status
+    sec = broker.config.security_config()
+    src.registry = RegistrySource(sec.registry_path, sec.master_key_path)
+    broker.admin.ops["replica.security"] = src.registry.serve
     if settings.sync:
         broker.publisher.sink = src
     return src

@@ -325,6 +325,12 @@ class Principal:
         ``replica.*`` ops alone; everything else needs :meth:`require_admin`."""
         if op.startswith("replica.") and self.permissions.replicate:
             return
+        if op == "replica.security":   # token hashes, wrapped keys: the standby alone
+            exc = PermissionDenied(f"{self.kind} {self.name} has no replicate right",
+                                   reason="admin_denied")
+            exc.public_message = ("not permitted: replica.security needs the replicate "
+                                  "right (lockmq tokens create --replicate)")
+            raise exc
         self.require_admin()
 
     def require_admin(self) -> None:
