@@ -68,11 +68,9 @@ class ReplicaSource:
         self._data.set()
 
     async def append(self, records: list[NewRecord]) -> list[Appended]:
-        """The publish path's sink in sync mode: store, then wait for the standby."""
-        res = await self.core.append(records)
-        if self.in_sync:
-            await self.wait_replicated(self.core.store.log_end)
-        return res
+        """The publish path's sink in sync mode: store, then wait for the standby
+        (``core.after_durable`` is :meth:`wait_replicated` in sync mode)."""
+        return await self.core.append(records)
 
     def append_then(self, records: list[NewRecord],
                     then: Callable[[list[Appended] | None, BaseException | None], None]) -> None:
@@ -225,7 +223,7 @@ class ReplicaSource:
         store = self.core.store
         seen = self.last_fetch
         return {"ok": True, "role": "primary", "sync": self.settings.sync,
-                "in_sync": self.in_sync, "acked": self.acked, "log_end": store.log_end,
+                "in_sync": self.in_sync, "waiting": len(self._waiters), "acked": self.acked, "log_end": store.log_end,
                 "lag_bytes": store.log_end - self.acked if self.acked >= 0 else None,
                 "standby_seen_s_ago": round(time.monotonic() - seen, 3) if seen else None}
 
@@ -243,4 +241,6 @@ def attach_primary(broker: Any) -> ReplicaSource:
     broker.admin.ops["replica.security"] = src.registry.serve
     if settings.sync:
         broker.publisher.sink = src
+        # the broker's own records too: a transaction's end, a scheduled delivery
+        broker.core.after_durable = src.wait_replicated
     return src
