@@ -1,14 +1,16 @@
 """Sync replication covers the records the broker writes itself (issue #16): a
-transaction's commit is answered only once the standby has it, and the promoted
-standby delivers it."""
+transaction's commit is answered, a scheduled delivery marked done, only once the
+standby has the record; the promoted standby delivers it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 
 from lockmq.protocol import Op
+from lockmq.protocol._schedule import PublishAt
 from lockmq.protocol._txn import TxnEnd, TxnOutcome, TxnPublish
 from lockmq.testing import BrokerProcess, drain, free_port, open_peer, run_cli, wait_for
 
@@ -21,7 +23,8 @@ def _status(port: int) -> dict:
         p.close()
 
 
-def test_a_commit_is_answered_only_once_the_standby_has_it(tmp_path):
+def _pair(tmp_path) -> tuple[BrokerProcess, BrokerProcess]:
+    """A sync primary and its standby, in sync."""
     primary = BrokerProcess(str(tmp_path / "p" / "data"), {
         "broker": {"auth": "off"},
         # long: the test holds the standby still; the primary must not degrade meanwhile
@@ -30,9 +33,26 @@ def test_a_commit_is_answered_only_once_the_standby_has_it(tmp_path):
         "broker": {"auth": "off", "port": free_port()},
         "replication": {"role": "standby", "primary": primary.address,
                         "fetch_wait_ms": 200}}, start=False).start(ready=r"standby_following")
+    wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
+    return primary, standby
+
+
+def _promoted_reads(primary: BrokerProcess, standby: BrokerProcess, topic: str) -> list[bytes]:
+    """Kill the primary, promote the standby, read the one message of ``topic``."""
+    primary.kill()
+    assert run_cli("standby", "promote", "--data-dir", standby.data_dir) == 0
+    standby.wait_log(r"broker_started", timeout=30)
+    cons = open_peer(standby.port, sn="reader")
+    sub = cons.subscribe(topic, "backend")
+    got = [m.payload for m in drain(cons, sub.sub_id, 1)]
+    cons.close()
+    return got
+
+
+def test_a_commit_is_answered_only_once_the_standby_has_it(tmp_path):
+    primary, standby = _pair(tmp_path)
     answer: list = []
     try:
-        wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
         producer = open_peer(primary.port, sn="svc")
         txn_id = producer.request(Op.TXN_PUBLISH, TxnPublish(
             "g", "orders", 1, 0, b"committed").encode()).offset
@@ -46,16 +66,33 @@ def test_a_commit_is_answered_only_once_the_standby_has_it(tmp_path):
         ender.join(30)
         assert answer == [b""]                       # OK
         producer.close()
-        primary.kill()
-        assert run_cli("standby", "promote", "--data-dir", standby.data_dir) == 0
-        standby.wait_log(r"broker_started", timeout=30)
-        cons = open_peer(standby.port, sn="reader")
-        sub = cons.subscribe("orders", "backend")
-        got = [m.payload for m in drain(cons, sub.sub_id, 1)]
-        cons.close()
+        got = _promoted_reads(primary, standby, "orders")
     finally:
         if standby.running():
             os.kill(standby.proc.pid, signal.SIGCONT)
         primary.kill()
         standby.stop()
     assert got == [b"committed"]
+
+
+def test_a_scheduled_delivery_is_marked_done_only_once_the_standby_has_it(tmp_path):
+    primary, standby = _pair(tmp_path)
+    try:
+        producer = open_peer(primary.port, sn="svc")
+        due = int(time.time() * 1000) + 3000   # (the standby stops well before)
+        producer.request(Op.PUBLISH_AT, PublishAt("reminders", 1, 0, due, b"due").encode())
+        producer.close()
+        os.kill(standby.proc.pid, signal.SIGSTOP)    # before the delivery is due
+        wait_for(lambda: _status(primary.port)["waiting"] >= 1, "the delivery waiting")
+        ops = open_peer(primary.port, sn="ops")
+        assert ops.admin("scheduled.list")["waiting"] == 1, "marked delivered too early"
+        os.kill(standby.proc.pid, signal.SIGCONT)
+        wait_for(lambda: ops.admin("scheduled.list")["waiting"] == 0, "marked delivered")
+        ops.close()
+        got = _promoted_reads(primary, standby, "reminders")
+    finally:
+        if standby.running():
+            os.kill(standby.proc.pid, signal.SIGCONT)
+        primary.kill()
+        standby.stop()
+    assert got == [b"due"]
