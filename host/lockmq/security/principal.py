@@ -322,7 +322,8 @@ class Principal:
 
     def require_admin_op(self, op: str) -> None:
         """May this principal run admin op ``op``? The ``replicate`` right allows the
-        ``replica.*`` ops alone; everything else needs :meth:`require_admin`."""
+        ``replica.*`` ops alone; everything else needs :meth:`require_admin`, and
+        ``replica.security`` (token hashes, wrapped keys) the ``replicate`` right."""
         if op.startswith("replica.") and self.permissions.replicate:
             return
         if op == "replica.security":   # token hashes, wrapped keys: the standby alone
