@@ -296,6 +296,7 @@ def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_pat
     """With auth required the standby presents a token; ``replicate`` lets it fetch
     the log and refuses every other admin op; a bad token copies nothing."""
     import json
+    import shutil
 
     from lockmq.security import Permissions
     from lockmq.testing import SecureBroker
@@ -325,6 +326,9 @@ def test_standby_authenticates_with_the_replicate_right_and_nothing_more(tmp_pat
                             "token": "lmq_not-a-token"}}, start=False)
         bad.start(ready=r"standby_following")
         bad.wait_log(r"standby_primary_unreachable")
+        # the operator copies the master key once (the registry follows by itself)
+        (tmp_path / "s" / "data").mkdir(parents=True)
+        shutil.copy(sec.data / "master.key", tmp_path / "s" / "data" / "master.key")
         standby = BrokerProcess(str(tmp_path / "s" / "data"), {
             "broker": {"port": free_port()}, "store": {"segment_bytes": SEG},
             "replication": {"role": "standby", "primary": primary.address,
@@ -355,7 +359,6 @@ def test_a_lock_fails_over_to_the_promoted_standby_with_nothing_lost(tmp_path):
     auth required on both: events acked by the sync primary and events queued while
     it is dead all end up on the promoted standby, once each."""
     import shutil
-    import sqlite3
 
     from lockmq.security import Permissions
     from lockmq.testing import Lock, SecureBroker
@@ -367,13 +370,8 @@ def test_a_lock_fails_over_to_the_promoted_standby_with_nothing_lost(tmp_path):
     sec = SecureBroker(tmp_path / "p", tables={"replication": {"sync": True}}, locks=[sn],
                        tokens={"standby": Permissions(replicate=True),
                                "audit": Permissions(consume=("lock.*",), admin=True)})
-    # the standby is provisioned with the same registry (devices, tokens): operators.md
+    # the standby gets the master key by hand, the registry from the primary
     (tmp_path / "s" / "data").mkdir(parents=True)
-    src = sqlite3.connect(sec.data / "security.db")
-    dst = sqlite3.connect(tmp_path / "s" / "data" / "security.db")
-    src.backup(dst)                               # (WAL mode: a file copy may miss rows)
-    src.close()
-    dst.close()
     shutil.copy(sec.data / "master.key", tmp_path / "s" / "data" / "master.key")
     primary = sec.start()
     standby = BrokerProcess(str(tmp_path / "s" / "data"), {

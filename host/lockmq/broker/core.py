@@ -10,7 +10,7 @@ connection; the timers run through ``periodic.py``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.config import Config
@@ -59,6 +59,9 @@ class BrokerCore:
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
         self._sys_batch: list[NewRecord] = []   # system records of this loop iteration
+        #: awaited with the log end after each :meth:`append` (sync replication installs
+        #: "until the standby has it": lockmq.replication.primary)
+        self.after_durable: Callable[[int], Awaitable[None]] | None = None
         #: every cluster with a positions file (live or not) -> its owner ("" for
         #: files from before owners were saved: the next subscriber claims it)
         self.cluster_owners: dict[str, str] = {}
@@ -105,11 +108,16 @@ class BrokerCore:
     # -- what connections and the publish path call -----------------------------------
 
     async def append(self, records: list[NewRecord]) -> list[Appended]:
-        """Store client records (one group commit); raises the store's errors."""
+        """Store records (one group commit) -- clients' and the broker's own (transaction
+        ends, scheduled deliveries) -- then :attr:`after_durable`; raises the store's
+        errors."""
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
-        return await store.append(records)
+        res = await store.append(records)
+        if self.after_durable is not None:
+            await self.after_durable(store.log_end)
+        return res
 
     def append_then(self, records: list[NewRecord], then: Then) -> None:
         """:meth:`append` answered through ``then(results, error)`` (``Store.append_then``:

@@ -4,6 +4,8 @@ follower fetch, RocketMQ's slave), synchronous acks, and promotion on failover.
 - :mod:`.primary`: the primary's ``replica.fetch`` op and sync-ack sink;
 - :mod:`.standby`: the follower loop and promotion;
 - :mod:`.logcopy`: the byte-identical copy of the log on the standby;
+- :mod:`.registry_source` / :mod:`.registry_copy`: the security registry
+  (``replica.security``) served by the primary, installed on the standby;
 - :mod:`.settings`: the ``[replication]`` table.
 """
 

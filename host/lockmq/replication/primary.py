@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from lockmq.store import Appended, NewRecord, StoreClosed
 
+from .registry_source import RegistrySource
 from .settings import ReplicationSettings
 
 #: how often a fetch answer carries the consumer clusters' saved positions
@@ -57,6 +58,8 @@ class ReplicaSource:
         self._positions_sent = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
         self._listening = False
+        #: serves ``replica.security`` (set by :func:`attach_primary`)
+        self.registry: RegistrySource | None = None
 
     # -- the store side -------------------------------------------------------------
 
@@ -65,11 +68,9 @@ class ReplicaSource:
         self._data.set()
 
     async def append(self, records: list[NewRecord]) -> list[Appended]:
-        """The publish path's sink in sync mode: store, then wait for the standby."""
-        res = await self.core.append(records)
-        if self.in_sync:
-            await self.wait_replicated(self.core.store.log_end)
-        return res
+        """The publish path's sink in sync mode: store, then wait for the standby
+        (``core.after_durable`` is :meth:`wait_replicated` in sync mode)."""
+        return await self.core.append(records)
 
     def append_then(self, records: list[NewRecord],
                     then: Callable[[list[Appended] | None, BaseException | None], None]) -> None:
@@ -222,18 +223,24 @@ class ReplicaSource:
         store = self.core.store
         seen = self.last_fetch
         return {"ok": True, "role": "primary", "sync": self.settings.sync,
-                "in_sync": self.in_sync, "acked": self.acked, "log_end": store.log_end,
+                "in_sync": self.in_sync, "waiting": len(self._waiters), "acked": self.acked, "log_end": store.log_end,
                 "lag_bytes": store.log_end - self.acked if self.acked >= 0 else None,
                 "standby_seen_s_ago": round(time.monotonic() - seen, 3) if seen else None}
 
 
 def attach_primary(broker: Any) -> ReplicaSource:
     """Wire replication into a broker being built (one call from ``Broker.__init__``):
-    the ``replica.*`` admin ops, and in sync mode the publish path's sink."""
+    the ``replica.*`` admin ops (the log, the security registry), and in sync mode
+    the publish path's sink."""
     settings = ReplicationSettings.from_table(broker.config.replication)
     src = ReplicaSource(broker.core, settings, broker.stats, broker.log)
     broker.admin.ops["replica.fetch"] = src.fetch
     broker.admin.ops["replica.status"] = src.status
+    sec = broker.config.security_config()
+    src.registry = RegistrySource(sec.registry_path, sec.master_key_path)
+    broker.admin.ops["replica.security"] = src.registry.serve
     if settings.sync:
         broker.publisher.sink = src
+        # the broker's own records too: a transaction's end, a scheduled delivery
+        broker.core.after_durable = src.wait_replicated
     return src

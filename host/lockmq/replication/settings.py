@@ -24,6 +24,8 @@ class ReplicationSettings:
             would otherwise go on acking beside a second primary (split brain).
         fetch_max_bytes: most log bytes one fetch answer carries.
         fetch_wait_ms: how long the primary holds a fetch that finds nothing new.
+        registry_every_s: standby only: how often it asks for the primary's security
+            registry (``security.db``; copied only when it changed).
     """
 
     role: str = "primary"
@@ -34,6 +36,7 @@ class ReplicationSettings:
     promote_after_s: float = 0.0
     fetch_max_bytes: int = 1 << 20
     fetch_wait_ms: int = 500
+    registry_every_s: float = 1.0
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> "ReplicationSettings":
@@ -60,6 +63,8 @@ class ReplicationSettings:
             raise ValueError("replication.role must be 'primary' or 'standby'")
         if self.role == "standby" and ":" not in self.primary:
             raise ValueError("replication.primary (host:port) is required for a standby")
+        if self.registry_every_s <= 0:
+            raise ValueError("replication.registry_every_s must be positive")
         if self.sync_timeout_s <= 0 or self.promote_after_s < 0:
             raise ValueError("replication.sync_timeout_s must be positive and "
                              "replication.promote_after_s >= 0")

@@ -22,6 +22,7 @@ from lockmq.signals import stop_on_signals
 from lockmq.store.files import create_file, fsync_dir
 
 from .logcopy import LogCopy, LogMismatch
+from .registry_copy import MasterKeyMismatch, RegistryCopy
 from .refuser import open_refuser
 from .settings import ReplicationSettings
 
@@ -54,6 +55,9 @@ class Follower:
         self.log = log
         self.data_dir = config.broker.data_dir
         self.copy = LogCopy(config.store_config())
+        sec = config.security_config()
+        self.registry = RegistryCopy(sec.registry_path, sec.master_key_path)
+        self._registry_due = 0.0
         self._admin: Any = None
         self._unreachable_since: float | None = None
         self.promote_reason = ""
@@ -95,6 +99,9 @@ class Follower:
         if self._admin is None:
             self._admin = await self._connect()
             self.log("standby_connected", primary=self.settings.primary, log_end=self.copy.end)
+            self._registry_due = 0.0   # (first: check the master key, copy the registry)
+        if time.monotonic() >= self._registry_due:
+            await self.sync_registry()
         resp = await self._admin.request("replica.fetch", **{
             "from": self.copy.end, "max_bytes": self.settings.fetch_max_bytes,
             "wait_ms": self.settings.fetch_wait_ms})
@@ -105,6 +112,26 @@ class Follower:
             self.copy.save_clusters(resp["clusters"])
         return len(data)
 
+    async def sync_registry(self) -> None:
+        """Copy the primary's security registry if it changed (connected)."""
+        self._registry_due = time.monotonic() + self.settings.registry_every_s
+        if await self.registry.sync(self._admin):
+            self.log("standby_registry_installed", version=self.registry.version,
+                     path=self.registry.db_path)
+
+    async def _last_registry_sync(self) -> None:
+        """Before promotion: one more registry copy if the primary still answers."""
+        try:
+            if self._admin is None:
+                self._admin = await self._connect()
+            await asyncio.wait_for(self.sync_registry(), 3.0)
+        except MasterKeyMismatch:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the primary is usually dead by now
+            self.log("standby_registry_not_refreshed", level="warning",
+                     version=self.registry.version, error=str(exc) or repr(exc),
+                     hint="serving the registry copied last (see registry_every_s)")
+
     async def run(self, stop: asyncio.Event) -> bool:
         """Follow until promoted (True) or ``stop`` is set (False)."""
         self.log("standby_following", primary=self.settings.primary, log_end=self.copy.end,
@@ -112,6 +139,7 @@ class Follower:
         try:
             while not stop.is_set():
                 if self._promotion_due():
+                    await self._last_registry_sync()
                     return True
                 try:
                     await self.fetch_once()
@@ -121,6 +149,9 @@ class Follower:
                 except LogMismatch as exc:   # not this primary's log: never write over it
                     self.log("standby_log_mismatch", level="error", error=str(exc),
                              hint="start the standby from an empty data directory")
+                    raise
+                except MasterKeyMismatch as exc:   # its registry would be useless here
+                    self.log("standby_master_key_mismatch", level="error", error=str(exc))
                     raise
                 except Exception as exc:  # noqa: BLE001 -- link, refusal, timeout: retry
                     await self._drop()

@@ -73,3 +73,42 @@ def connect(path: str) -> sqlite3.Connection:
         raise ValueError(f"{path}: registry schema {row[0]} is newer than this lockmq "
                          f"({SCHEMA_VERSION})")
     return conn
+
+
+def snapshot(conn: sqlite3.Connection) -> bytes:
+    """A consistent copy of the whole registry behind ``conn`` as database-file bytes
+    (SQLite's online backup into memory: one read transaction, writers keep going).
+    What a standby installs (lockmq.replication.registry_copy)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        conn.backup(mem)
+        return mem.serialize()
+    finally:
+        mem.close()
+
+
+def install(path: str, data: bytes) -> None:
+    """Replace the registry file at ``path`` by ``data`` (a :func:`snapshot`), crash-safe:
+    written beside it, fsynced, renamed over it, the directory fsynced. Only while no
+    process has the registry open (a standby that is not serving yet)."""
+    tmp = path + ".incoming"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # a WAL left beside the old file would be replayed into the new one: drop it first
+    for side in (path + "-wal", path + "-shm"):
+        try:
+            os.unlink(side)
+        except FileNotFoundError:
+            pass
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

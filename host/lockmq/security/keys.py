@@ -115,3 +115,19 @@ def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
         return _aead(master).decrypt(blob[1:13], blob[13:], b"lockmq-device:" + sn_bytes(sn))
     except Exception as exc:  # cryptography.exceptions.InvalidTag
         raise ValueError(f"wrapped key of {sn} does not decrypt under this master key") from exc
+
+
+def read_master_key(path: str) -> bytes | None:
+    """The master key at ``path`` (checked as :func:`load_or_create_master_key` does),
+    or None if there is no file: never creates one."""
+    if not os.path.exists(path):
+        return None
+    return load_or_create_master_key(path)
+
+
+def master_key_fingerprint(master: bytes | None) -> str:
+    """A name for a master key that reveals nothing of it (HMAC of a fixed label),
+    so a standby can check it holds the primary's key; "" for no key."""
+    if master is None:
+        return ""
+    return hmac_sha256(master, b"lockmq-master-key-fingerprint-v1").hex()[:32]

@@ -322,9 +322,16 @@ class Principal:
 
     def require_admin_op(self, op: str) -> None:
         """May this principal run admin op ``op``? The ``replicate`` right allows the
-        ``replica.*`` ops alone; everything else needs :meth:`require_admin`."""
+        ``replica.*`` ops alone; everything else needs :meth:`require_admin`, and
+        ``replica.security`` (token hashes, wrapped keys) the ``replicate`` right."""
         if op.startswith("replica.") and self.permissions.replicate:
             return
+        if op == "replica.security":   # token hashes, wrapped keys: the standby alone
+            exc = PermissionDenied(f"{self.kind} {self.name} has no replicate right",
+                                   reason="admin_denied")
+            exc.public_message = ("not permitted: replica.security needs the replicate "
+                                  "right (lockmq tokens create --replicate)")
+            raise exc
         self.require_admin()
 
     def require_admin(self) -> None:
