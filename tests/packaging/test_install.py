@@ -9,7 +9,6 @@ no system site-packages.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -12,7 +12,7 @@ from typing import Any
 
 from lockmq.protocol import Op
 from lockmq.protocol._txn import TxnEnd, TxnJoin, TxnOutcome, TxnPublish
-from lockmq.testing import Peer, drain, wait_for
+from lockmq.testing import Peer, drain
 
 #: quick check-backs for tests (the defaults are RocketMQ's 6 s / 60 s / 15); many of
 #: them, so that a slow machine never reaches the limit before the test answers
