@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 from lockmq.registry.client import registry_request
 from lockmq.testing import BrokerProcess, free_port
-from lockmq.testing.process import LOCKMQ_COMMAND
 
 TOKEN = "campus.s3cret-registry-token"
 
@@ -30,27 +26,13 @@ class RegistryProcess(BrokerProcess):
         self.flags = ["--host", "127.0.0.1", "--state", str(self.workdir / "registry.json"),
                       *(["--tokens", str(self.tokens_path)] if token else []), *(flags or [])]
         self.port = free_port()
-        self.log_path = self.workdir / "registry.log"
-        self.lines: list[str] = []
-        self._reading = False
-        self.starts = 0
-        self.proc: subprocess.Popen[str] | None = None
-        self._cond = threading.Condition()
+        self._init_log(self.workdir / "registry.log")
         self.start()
 
     def start(self, timeout: float = 30.0) -> "RegistryProcess":
         """Start and return once the registry logged ``registry_started``."""
-        self.starts += 1
-        log = open(self.log_path, "a", buffering=1)
-        mark = self._add_line(f"==== registry start #{self.starts} ====", log)
-        self.proc = subprocess.Popen(
-            [*LOCKMQ_COMMAND, "registry", "--port", str(self.port), *self.flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self._reading = True
-        threading.Thread(target=self._pump, args=(self.proc, log), daemon=True).start()
-        line = self.wait_log(r"registry_started", timeout=timeout, start=mark)
-        self.port = int(re.search(r"\bport=(\d+)", line).group(1))
+        self._launch(["registry", "--port", str(self.port), *self.flags],
+                     r"registry_started", timeout)
         return self
 
 

@@ -74,15 +74,19 @@ class BrokerProcess:
         self.status_port = int(self.tables["broker"]["status_port"])
         self.port = int(self.tables["broker"]["port"])
         self.config_path = str(self.workdir / "broker.toml")
-        self.log_path = self.workdir / "broker.log"
+        self._init_log(self.workdir / "broker.log")
+        if start:
+            self.start()
+
+    def _init_log(self, log_path: Path) -> None:
+        """The process and log state (for a subclass that runs another command)."""
+        self.log_path = log_path
         self.lines: list[str] = []
         #: True while a thread is still reading the process's output
         self._reading = False
         self.starts = 0
         self.proc: subprocess.Popen[str] | None = None
         self._cond = threading.Condition()
-        if start:
-            self.start()
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self, timeout: float = 30.0, ready: str = r"broker_started") -> "BrokerProcess":
@@ -91,12 +95,17 @@ class BrokerProcess:
         if self.running():
             raise RuntimeError("broker already running")
         self.write_config()
+        return self._launch(["broker", "--config", self.config_path], ready, timeout)
+
+    def _launch(self, args: list[str], ready: str, timeout: float) -> "BrokerProcess":
+        """Run ``lockmq <args>``, pump its output into the log, and return once it
+        logged ``ready`` (a line with its ``port=``)."""
         self.starts += 1
         # the log file stays open until the process ends (a test may delete its folder)
         log = open(self.log_path, "a", buffering=1)
         mark = self._add_line(f"==== start #{self.starts} {time.strftime('%H:%M:%S')} ====", log)
         self.proc = subprocess.Popen(
-            [*LOCKMQ_COMMAND, "broker", "--config", self.config_path],
+            [*LOCKMQ_COMMAND, *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._reading = True
