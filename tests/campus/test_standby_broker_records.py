@@ -4,10 +4,12 @@ standby has the record; the promoted standby delivers it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 from lockmq.protocol import Op
 from lockmq.protocol._schedule import PublishAt
@@ -23,8 +25,10 @@ def _status(port: int) -> dict:
         p.close()
 
 
-def _pair(tmp_path) -> tuple[BrokerProcess, BrokerProcess]:
-    """A sync primary and its standby, in sync."""
+@contextlib.contextmanager
+def _pair(tmp_path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    """A sync primary and its standby, in sync; both ended after (the standby
+    continued first if a test left it stopped)."""
     primary = BrokerProcess(str(tmp_path / "p" / "data"), {
         "broker": {"auth": "off"},
         # long: the test holds the standby still; the primary must not degrade meanwhile
@@ -33,8 +37,14 @@ def _pair(tmp_path) -> tuple[BrokerProcess, BrokerProcess]:
         "broker": {"auth": "off", "port": free_port()},
         "replication": {"role": "standby", "primary": primary.address,
                         "fetch_wait_ms": 200}}, start=False).start(ready=r"standby_following")
-    wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
-    return primary, standby
+    try:
+        wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
+        yield primary, standby
+    finally:
+        if standby.running():
+            os.kill(standby.proc.pid, signal.SIGCONT)
+        primary.kill()
+        standby.stop()
 
 
 def _promoted_reads(primary: BrokerProcess, standby: BrokerProcess, topic: str) -> list[bytes]:
@@ -50,9 +60,8 @@ def _promoted_reads(primary: BrokerProcess, standby: BrokerProcess, topic: str) 
 
 
 def test_a_commit_is_answered_only_once_the_standby_has_it(tmp_path):
-    primary, standby = _pair(tmp_path)
     answer: list = []
-    try:
+    with _pair(tmp_path) as (primary, standby):
         producer = open_peer(primary.port, sn="svc")
         txn_id = producer.request(Op.TXN_PUBLISH, TxnPublish(
             "g", "orders", 1, 0, b"committed").encode()).offset
@@ -67,17 +76,11 @@ def test_a_commit_is_answered_only_once_the_standby_has_it(tmp_path):
         assert answer == [b""]                       # OK
         producer.close()
         got = _promoted_reads(primary, standby, "orders")
-    finally:
-        if standby.running():
-            os.kill(standby.proc.pid, signal.SIGCONT)
-        primary.kill()
-        standby.stop()
     assert got == [b"committed"]
 
 
 def test_a_scheduled_delivery_is_marked_done_only_once_the_standby_has_it(tmp_path):
-    primary, standby = _pair(tmp_path)
-    try:
+    with _pair(tmp_path) as (primary, standby):
         producer = open_peer(primary.port, sn="svc")
         due = int(time.time() * 1000) + 3000   # (the standby stops well before)
         producer.request(Op.PUBLISH_AT, PublishAt("reminders", 1, 0, due, b"due").encode())
@@ -90,9 +93,4 @@ def test_a_scheduled_delivery_is_marked_done_only_once_the_standby_has_it(tmp_pa
         wait_for(lambda: ops.admin("scheduled.list")["waiting"] == 0, "marked delivered")
         ops.close()
         got = _promoted_reads(primary, standby, "reminders")
-    finally:
-        if standby.running():
-            os.kill(standby.proc.pid, signal.SIGCONT)
-        primary.kill()
-        standby.stop()
     assert got == [b"due"]
