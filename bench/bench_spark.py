@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -35,21 +34,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
 
-def machine() -> str:
-    """One paragraph about where this ran."""
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+def versions() -> str:
+    """The libraries the figures depend on (the machine line is :func:`machine_info`)."""
     import numpy
     import pyarrow
     import pyspark
 
-    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    return (f"machine: {cpu}, {os.cpu_count()} cpus, load {load[0]:.2f}; Python {platform.python_version()}, "
-            f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, numpy {numpy.__version__}")
+    return f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, numpy {numpy.__version__}"
 
 
 def floor(src: str) -> int:
@@ -114,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.dir or tempfile.mkdtemp(prefix="lockmq-bench-spark-")
     src = os.path.join(work, "data")
-    print(machine())
     print(machine_info())
+    print(versions())
     try:
         t = time.perf_counter()
         recs = generate.bulk(args.records, args.locks)
