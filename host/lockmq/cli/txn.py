@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
-
-from .dlq import _when   # (one way to show a broker time in the CLI)
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, format_ms, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +47,7 @@ def run_list(args: argparse.Namespace) -> int:
     if not items:
         print("no undecided transactions")
         return 0
-    rows = [{**t, "stored": _when(t.get("stored_ms"))} for t in items]
+    rows = [{**t, "stored": format_ms(t.get("stored_ms"))} for t in items]
     print_table(rows, ["txn_id", "msg_id", "topic", "group", "principal", "stored", "checks",
                        "bytes"])
     if resp.get("count", 0) > len(items):

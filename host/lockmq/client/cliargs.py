@@ -4,6 +4,7 @@ sim, demo): the broker address and token options, and human-readable output."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -148,6 +149,17 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def format_ms(ms: object, millis: bool = False) -> str:
+    """A broker time in epoch milliseconds as UTC ``YYYY-MM-DD HH:MM:SS`` (with ``millis``:
+    ``.mmmZ`` appended); ``-`` when there is none (missing, zero or not an int)."""
+    if not isinstance(ms, int) or ms <= 0:
+        return "-"
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    if millis:
+        return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def fail(message: str, code: int = 1) -> int:
