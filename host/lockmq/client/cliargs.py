@@ -162,6 +162,23 @@ def format_ms(ms: object, millis: bool = False) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def parse_time_ms(text: str, option: str = "time") -> int:
+    """Epoch milliseconds from an integer (ms) or an ISO 8601 time (no zone = UTC);
+    ``ValueError`` naming ``option`` and both forms otherwise."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is neither ISO 8601 nor epoch milliseconds "
+                         "(e.g. 2026-11-22T03:00:00Z or 1795316400000)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
 def fail(message: str, code: int = 1) -> int:
     """Print ``lockmq: message`` on stderr and return ``code``."""
     print(f"lockmq: {message}", file=sys.stderr)
