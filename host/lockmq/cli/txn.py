@@ -11,15 +11,14 @@ from __future__ import annotations
 import argparse
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, format_ms, print_json, print_table
+from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail, format_ms,
+                                   print_json, print_table)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``lockmq txn list`` and ``lockmq txn resolve``."""
-    p = sub.add_parser("txn", help="undecided transactional messages: list, resolve",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    tsub = p.add_subparsers(dest="txn_command", metavar="ACTION")
+    tsub = add_group(sub, "txn", "undecided transactional messages: list, resolve", __doc__,
+                     "txn_command")
     pl = tsub.add_parser("list", help="list undecided transactions")
     add_connection_args(pl)
     pl.add_argument("--limit", type=int, default=100, help="at most this many (oldest first)")
@@ -30,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("txn_id", type=int, help="the transaction id (see `lockmq txn list`)")
     pr.add_argument("outcome", choices=("commit", "rollback"))
     pr.set_defaults(func=run_resolve)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -21,6 +21,17 @@ DEFAULT_BROKER = "127.0.0.1:6800"
 _TRUE = ("1", "true", "yes", "on")
 
 
+def add_group(sub: argparse._SubParsersAction, name: str, help: str, doc: str | None,
+              dest: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """``lockmq NAME ACTION``: a command group's parser (``doc`` as its description; its
+    help and exit 2 without an ACTION); returns where its actions are added."""
+    p = sub.add_parser(name, help=help, description=doc,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = p.add_subparsers(dest=dest, metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    return actions
+
+
 def add_connection_args(p: argparse.ArgumentParser) -> None:
     """The options of every command that talks to a broker, each also from the environment:
     ``--broker HOST:PORT``, ``--token``, ``--tls-ca FILE``, ``--tls``,
