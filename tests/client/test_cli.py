@@ -62,6 +62,22 @@ def test_a_broker_list_walks_past_a_dead_address(broker, capsys):
     assert "one HOST:PORT" in capsys.readouterr().err
 
 
+def test_standby_status_asks_the_primary_and_reports_errors(broker, capsys):
+    """``lockmq standby status`` takes the connection options of every broker command:
+    the primary's ``replica.status`` as JSON, and an unreachable broker is an error
+    line and exit 1, not a traceback."""
+    import json
+
+    from lockmq.testing import free_port
+
+    assert main(["standby", "status", "--broker", broker.address]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["role"] == "primary" and status["sync"] is False
+    assert main(["standby", "status", "--broker", f"127.0.0.1:{free_port()}",
+                 "--connect-retry", "0"]) == 1
+    assert capsys.readouterr().err.startswith("lockmq: ")
+
+
 def test_dlq_list_and_replay(broker, capsys, tmp_path):
     b = ["--broker", broker.address]
     assert main(["produce", *b, "cli.jobs", "poison", "-q"]) == 0

@@ -1,5 +1,5 @@
-"""What ``lockmq devices``, ``lockmq tokens`` and ``lockmq certs`` share: the command
-group, where the registry is, and how a listing is printed."""
+"""What ``lockmq devices``, ``lockmq tokens`` and ``lockmq certs`` share: where the
+registry is, and how a listing is printed."""
 
 from __future__ import annotations
 
@@ -9,17 +9,6 @@ import json
 from typing import Any, Callable, Sequence
 
 from lockmq.security import SecurityConfig
-
-
-def add_group(sub: argparse._SubParsersAction, name: str, help: str, doc: str | None,
-              dest: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
-    """``lockmq NAME ACTION``: the group's parser (its help, exit 2, without an ACTION);
-    returns where its actions are added."""
-    p = sub.add_parser(name, help=help, description=doc,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    actions = p.add_subparsers(dest=dest, metavar="ACTION")
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
-    return actions
 
 
 def print_rows(rows: Sequence[Any], as_json: bool, header: str, line: Callable[[Any], str],

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._security_common import add_group
+from lockmq.client.cliargs import add_group
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

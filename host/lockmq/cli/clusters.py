@@ -18,12 +18,11 @@ offsets_retention_ms``; one that fell behind retention skipped forward (SKIPPED)
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import time
 from typing import Any
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, parse_time_ms, print_json, print_table
 
 ACTIONS = ("describe", "reset", "delete")
 
@@ -49,19 +48,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="reset: to the first message stored at or after this time "
                          "(2025-01-31T08:00:00Z, or ms since the epoch; no zone = UTC)")
     p.set_defaults(func=run)
-
-
-def parse_time_ms(text: str) -> int:
-    """``ISO8601`` (no zone = UTC) or milliseconds since the epoch -> ms since the epoch."""
-    if text.isdigit():
-        return int(text)
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"--to-time {text!r} is neither ISO 8601 nor milliseconds") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return int(when.timestamp() * 1000)
 
 
 def _ago(ms: Any) -> str:
@@ -138,7 +124,7 @@ def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.to_latest:
         return {"to": "latest"}
     if args.to_time is not None:
-        return {"time_ms": parse_time_ms(args.to_time)}
+        return {"time_ms": parse_time_ms(args.to_time, "--to-time")}
     raise ValueError("reset needs --to-earliest, --to-latest or --to-time")
 
 

@@ -17,11 +17,11 @@ import json
 import os
 import sys
 
+from lockmq.client.cliargs import add_group
 from lockmq.security import DeviceRegistry, provisioning_config
 from lockmq.security.registry import DeviceExists, UnknownDevice, write_provisioning
 
-from ._security_common import (add_group, add_registry_options, print_rows, security_config,
-                               when)
+from ._security_common import add_registry_options, print_rows, security_config, when
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -8,18 +8,16 @@ chosen dead letters back to the cluster as new deliveries (retry count reset).
 from __future__ import annotations
 
 import argparse
-import datetime
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table, render_payload
+from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail, format_ms,
+                                   print_json, print_table, render_payload)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``lockmq dlq list`` and ``lockmq dlq replay``."""
-    p = sub.add_parser("dlq", help="dead letters of a consumer cluster: list, replay",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    dsub = p.add_subparsers(dest="dlq_command", metavar="ACTION")
+    dsub = add_group(sub, "dlq", "dead letters of a consumer cluster: list, replay", __doc__,
+                     "dlq_command")
     pl = dsub.add_parser("list", help="list a cluster's dead letters")
     add_connection_args(pl)
     pl.add_argument("cluster")
@@ -36,14 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "from --offset (at most 1000)")
     pr.add_argument("--offset", type=int, default=0, help="with --all: where to start")
     pr.set_defaults(func=run_replay)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
-
-
-def _when(ms: object) -> str:
-    if not isinstance(ms, int) or ms <= 0:
-        return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S")
 
 
 def _unknown_cluster(admin: Admin, cluster: str) -> str | None:
@@ -77,7 +67,7 @@ def run_list(args: argparse.Namespace) -> int:
               f"{resp.get('queue_end', 0)})")
         return 0
     rows = [{"offset": m["dlq_offset"], "msg_id": m["msg_id"], "topic": m.get("topic"),
-             "deliveries": m.get("deliveries"), "dead_at": _when(m.get("dead_ms")),
+             "deliveries": m.get("deliveries"), "dead_at": format_ms(m.get("dead_ms")),
              "reason": (m.get("reason") or "")[:60],
              "payload": render_payload(bytes.fromhex(m.get("payload_hex", "")), "auto")[:50]}
             for m in msgs]

@@ -17,17 +17,15 @@ import datetime
 from typing import Any
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import (add_connection_args, endpoint_from_args, fail, print_json,
-                                   print_table)
+from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail,
+                                   format_ms, print_json, print_table)
 from lockmq.client.scheduled import DELAY_LEVELS_S
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``lockmq scheduled list`` and ``lockmq scheduled cancel``."""
-    p = sub.add_parser("scheduled", help="scheduled messages and commands: list, cancel",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ssub = p.add_subparsers(dest="scheduled_command", metavar="ACTION")
+    ssub = add_group(sub, "scheduled", "scheduled messages and commands: list, cancel",
+                     __doc__, "scheduled_command")
     pl = ssub.add_parser("list", help="waiting scheduled items, earliest first")
     add_connection_args(pl)
     pl.add_argument("--owner", default=None, help="only this token's (or lock's) items")
@@ -38,7 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_connection_args(pc)
     pc.add_argument("id", type=int, help="the schedule id (from `list` or the send)")
     pc.set_defaults(func=run_cancel)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def add_when_args(p: argparse.ArgumentParser) -> None:
@@ -76,13 +73,6 @@ def when_kwargs(args: argparse.Namespace, at_name: str = "deliver_at") -> dict[s
     return {}
 
 
-def _when(ms: object) -> str:
-    if not isinstance(ms, int) or ms <= 0:
-        return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
 def run_list(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq scheduled list``."""
     req: dict[str, Any] = {"limit": args.limit}
@@ -100,7 +90,7 @@ def run_list(args: argparse.Namespace) -> int:
     print(f"{resp.get('waiting', 0)} scheduled items waiting ({resp.get('bytes', 0)} bytes)")
     if items:
         print_table([{"id": i["id"], "kind": i["kind"],
-                      "to": i.get("topic") or i.get("target"), "at_utc": _when(i["at_ms"]),
+                      "to": i.get("topic") or i.get("target"), "at_utc": format_ms(i["at_ms"], millis=True),
                       "owner": i["owner"], "bytes": i["bytes"]} for i in items],
                     ["id", "kind", "to", "at_utc", "owner", "bytes"])
     recent = resp.get("recent_command_results", [])

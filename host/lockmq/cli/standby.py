@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
+
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json
 
 
 def register(subparsers: Any) -> None:
@@ -24,8 +25,7 @@ def register(subparsers: Any) -> None:
                     help="seconds to wait for the promotion (0: do not wait)")
     pr.set_defaults(func=promote)
     st = sub.add_parser("status", help="a primary's view of its standby (replica.status)")
-    st.add_argument("--broker", default="127.0.0.1:6800", help="the primary, host:port")
-    st.add_argument("--token", help="an admin token")
+    add_connection_args(st)   # --broker: the primary; --token: an admin token
     st.set_defaults(func=status)
 
 
@@ -58,8 +58,11 @@ def promote(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """Print ``replica.status`` of a primary."""
-    from lockmq.client.admin import Admin
+    from lockmq.client import Admin, LockmqError
 
-    with Admin(args.broker, token=args.token) as admin:
-        print(json.dumps(admin.request("replica.status"), indent=2))
+    try:
+        with Admin(endpoint_from_args(args), token=args.token) as admin:
+            print_json(admin.request("replica.status"))
+    except (LockmqError, OSError) as exc:
+        return fail(str(exc))
     return 0

@@ -9,21 +9,15 @@ import json
 import os
 import sys
 
+from lockmq.client.cliargs import parse_time_ms
+
 
 def _parse_time(text: str) -> int:
-    """Epoch milliseconds from an integer (ms) or an ISO 8601 time (UTC if no zone)."""
+    """``--since``/``--until``: epoch ms or ISO 8601 (UTC if no zone), for argparse."""
     try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time: {text!r} (use epoch ms or ISO 8601, e.g. 2026-11-22T03:00:00Z)") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return int(t.timestamp() * 1000)
+        return parse_time_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _iso_us(us: int) -> str:

@@ -32,12 +32,12 @@ import json
 import sys
 from fnmatch import fnmatchcase
 
+from lockmq.client.cliargs import add_group
 from lockmq.security import Permissions, TokenStore
 from lockmq.security.principal import NETWORK_RIGHT
 from lockmq.security.tokens import parse_duration
 
-from ._security_common import (add_group, add_registry_options, print_rows, security_config,
-                               when)
+from ._security_common import add_registry_options, print_rows, security_config, when
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

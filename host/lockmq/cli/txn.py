@@ -11,17 +11,14 @@ from __future__ import annotations
 import argparse
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
-
-from .dlq import _when   # (one way to show a broker time in the CLI)
+from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail, format_ms,
+                                   print_json, print_table)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``lockmq txn list`` and ``lockmq txn resolve``."""
-    p = sub.add_parser("txn", help="undecided transactional messages: list, resolve",
-                       description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    tsub = p.add_subparsers(dest="txn_command", metavar="ACTION")
+    tsub = add_group(sub, "txn", "undecided transactional messages: list, resolve", __doc__,
+                     "txn_command")
     pl = tsub.add_parser("list", help="list undecided transactions")
     add_connection_args(pl)
     pl.add_argument("--limit", type=int, default=100, help="at most this many (oldest first)")
@@ -32,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("txn_id", type=int, help="the transaction id (see `lockmq txn list`)")
     pr.add_argument("outcome", choices=("commit", "rollback"))
     pr.set_defaults(func=run_resolve)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -49,7 +45,7 @@ def run_list(args: argparse.Namespace) -> int:
     if not items:
         print("no undecided transactions")
         return 0
-    rows = [{**t, "stored": _when(t.get("stored_ms"))} for t in items]
+    rows = [{**t, "stored": format_ms(t.get("stored_ms"))} for t in items]
     print_table(rows, ["txn_id", "msg_id", "topic", "group", "principal", "stored", "checks",
                        "bytes"])
     if resp.get("count", 0) > len(items):

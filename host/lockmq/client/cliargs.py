@@ -4,6 +4,7 @@ sim, demo): the broker address and token options, and human-readable output."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -18,6 +19,17 @@ if TYPE_CHECKING:
 
 DEFAULT_BROKER = "127.0.0.1:6800"
 _TRUE = ("1", "true", "yes", "on")
+
+
+def add_group(sub: argparse._SubParsersAction, name: str, help: str, doc: str | None,
+              dest: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """``lockmq NAME ACTION``: a command group's parser (``doc`` as its description; its
+    help and exit 2 without an ACTION); returns where its actions are added."""
+    p = sub.add_parser(name, help=help, description=doc,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = p.add_subparsers(dest=dest, metavar="ACTION")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    return actions
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
@@ -148,6 +160,34 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def format_ms(ms: object, millis: bool = False) -> str:
+    """A broker time in epoch milliseconds as UTC ``YYYY-MM-DD HH:MM:SS`` (with ``millis``:
+    ``.mmmZ`` appended); ``-`` when there is none (missing, zero or not an int)."""
+    if not isinstance(ms, int) or ms <= 0:
+        return "-"
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    if millis:
+        return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def parse_time_ms(text: str, option: str = "time") -> int:
+    """Epoch milliseconds from an integer (ms) or an ISO 8601 time (no zone = UTC);
+    ``ValueError`` naming ``option`` and both forms otherwise."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is neither ISO 8601 nor epoch milliseconds "
+                         "(e.g. 2026-11-22T03:00:00Z or 1795316400000)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return int(when.timestamp() * 1000)
 
 
 def fail(message: str, code: int = 1) -> int:

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from lockmq.config import _apply
 
 
 @dataclass
@@ -41,19 +43,8 @@ class ReplicationSettings:
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> "ReplicationSettings":
         """Build from the ``[replication]`` table; raises ``ValueError`` naming a bad key."""
-        known = {f.name: f for f in fields(cls)}
         s = cls()
-        for key, value in table.items():
-            if key not in known:
-                raise ValueError(f"unknown setting replication.{key}")
-            default = getattr(s, key)
-            if isinstance(default, float) and isinstance(value, int) \
-                    and not isinstance(value, bool):
-                value = float(value)
-            if type(value) is not type(default):
-                raise ValueError(f"replication.{key} must be of type "
-                                 f"{type(default).__name__}")
-            setattr(s, key, value)
+        _apply(s, table, "replication")   # the checks every config section gets
         s.validate()
         return s
 

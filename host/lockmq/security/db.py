@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
+from lockmq.store.files import atomic_write
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -91,24 +93,10 @@ def install(path: str, data: bytes) -> None:
     """Replace the registry file at ``path`` by ``data`` (a :func:`snapshot`), crash-safe:
     written beside it, fsynced, renamed over it, the directory fsynced. Only while no
     process has the registry open (a standby that is not serving yet)."""
-    tmp = path + ".incoming"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     # a WAL left beside the old file would be replayed into the new one: drop it first
     for side in (path + "-wal", path + "-shm"):
         try:
             os.unlink(side)
         except FileNotFoundError:
             pass
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(path, data)
