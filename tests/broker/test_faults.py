@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from lockmq.protocol import (Connect, ErrorCode, Flag, Op, Publish, PublishAck, Pull, Role,
+from lockmq.protocol import (ErrorCode, Flag, Op, Publish, PublishAck, Pull, Role,
                              decode_body, encode_frame)
 from lockmq.testing import Peer, Refused, drain, open_peer
 
