@@ -187,14 +187,8 @@ class Scheduler:
         assert store is not None
         last = store.last_seq(SCHED_SN)
         self._seq = 0 if last is None else (last + 1) & MAX_SEQ
-        q, end = store.queue_start(TOPIC), store.queue_end(TOPIC)
-        while q < end:
-            recs = store.read(TOPIC, q, 1000)
-            if not recs:
-                break
-            for r in recs:
-                self._replay(r)
-            q = recs[-1].queue_offset + 1
+        for r in store.scan(TOPIC):
+            self._replay(r)
         for it in self.items.values():
             self._count_in(it.owner, len(it.payload))
         self._heap = [(it.at_ms, it.id) for it in self.items.values()]
@@ -240,16 +234,12 @@ class Scheduler:
         for topic, byid in due.items():
             q = max(min(it.q0 for it in byid.values()), self.last_q.get(topic, -1) + 1,
                     store.queue_start(topic))
-            end = store.queue_end(topic)
-            while q < end and byid:
-                recs = store.read(topic, q, 1000)
-                if not recs:
-                    break
-                for r in recs:
-                    sid = (r.headers or {}).get("scheduled_id") if r.sn == SCHED_SN else None
-                    if sid is not None and int(sid) in byid:
-                        found.append(byid.pop(int(sid)))
-                q = recs[-1].queue_offset + 1
+            for r in store.scan(topic, q):
+                sid = (r.headers or {}).get("scheduled_id") if r.sn == SCHED_SN else None
+                if sid is not None and int(sid) in byid:
+                    found.append(byid.pop(int(sid)))
+                    if not byid:
+                        break
         if found:
             await self._mark(found, "delivered", {})
             self.stats.inc("scheduled_dedup", len(found))

@@ -143,12 +143,12 @@ class Transactions:
         last = store.last_seq(TXN_SN)
         self._seq = 0 if last is None else (last + 1) & MAX_SEQ
         ended: dict[int, int] = {}
-        for r in _scan(store, OP_TOPIC):
+        for r in store.scan(OP_TOPIC):
             h = r.headers or {}
             if r.sn == TXN_SN and isinstance(h.get("txn_id"), int):
                 ended[h["txn_id"]] = int(h.get("outcome", 0))
         now_ms = int(self.core.wall_ms())
-        for r in _scan(store, HALF_TOPIC):
+        for r in store.scan(HALF_TOPIC):
             h = r.headers or {}
             if r.sn != TXN_SN or r.offset in ended or not isinstance(h.get("seq"), int):
                 continue
@@ -476,19 +476,6 @@ class CommandSender:
 
     def refused(self, exc: SecurityError, opaque: int) -> None:
         self.send_error(exc.code, exc.public_message or str(exc), opaque)
-
-
-def _scan(store: Any, topic: str, chunk: int = 1000) -> Any:
-    """Every stored record of ``topic``, oldest first, ``chunk`` at a time."""
-    if topic not in store.topics():
-        return
-    q, end = store.queue_start(topic), store.queue_end(topic)
-    while q < end:
-        recs = store.read(topic, q, min(chunk, end - q))
-        if not recs:
-            return
-        yield from recs
-        q = recs[-1].queue_offset + 1
 
 
 #: opcode -> handler(connection, frame), merged into the connection's dispatch table
