@@ -6,7 +6,7 @@ import json
 import time
 
 from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode, Flag,
-                             Heartbeat, Op, Role, decode_body, encode_frame)
+                             Heartbeat, Op, Role, decode_body)
 from lockmq.testing import Peer, drain, open_peer
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from lockmq.protocol import (Connect, ErrorCode, Flag, Op, Publish, PublishAck, Pull, Role,
+from lockmq.protocol import (ErrorCode, Flag, Heartbeat, Op, Publish, PublishAck, Pull, Role,
                              decode_body, encode_frame)
 from lockmq.testing import Peer, Refused, drain, open_peer
 
@@ -59,6 +59,26 @@ def test_unknown_opcode_is_refused_but_connection_kept(broker):
     f = p.read_frame()
     assert f.opcode == Op.ERROR and decode_body(f.opcode, f.body).code == ErrorCode.UNKNOWN_OPCODE
     assert p.admin("ping")["ok"]
+
+
+def test_a_handler_bug_is_answered_internal_and_the_frames_after_it_are_served(
+        broker, monkeypatch):
+    from lockmq.broker import connection
+
+    def broken(conn, frame):
+        raise RuntimeError("injected handler bug")
+
+    monkeypatch.setitem(connection._HANDLERS, Op.HEARTBEAT, broken)
+    p = open_peer(broker.port, sn="LOCK-I", role=Role.LOCK)
+    # one read: the broken frame between two publishes
+    hb = Heartbeat(0, 5, 0, 0, 80, 1000).encode()
+    p.raw(b"".join([encode_frame(Op.PUBLISH, "LOCK-I", Publish("t", 1, 0, b"a").encode(), 7),
+                    encode_frame(Op.HEARTBEAT, "LOCK-I", hb, 8),
+                    encode_frame(Op.PUBLISH, "LOCK-I", Publish("t", 2, 0, b"b").encode(), 9)]))
+    f = p.wait(8)
+    assert f.opcode == Op.ERROR and decode_body(f.opcode, f.body).code == ErrorCode.INTERNAL
+    assert p.wait(7).opcode == Op.PUBLISH_ACK and p.wait(9).opcode == Op.PUBLISH_ACK
+    assert p.publish("t", 3).status == PublishAck.STORED
 
 
 def test_request_before_handshake_is_refused(broker):

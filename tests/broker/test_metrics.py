@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lockmq.broker.metrics import BrokerCollector
 from lockmq.protocol import Role
 
-from lockmq.testing import open_peer
+from lockmq.testing import Peer, open_peer
 
 
 def scrape(url: str) -> str:

@@ -42,6 +42,19 @@ def test_round_trip_across_segment_rolls(data_dir):
     assert check_dir(str(data_dir)).ok
 
 
+def test_scan_reads_a_whole_topic_in_chunks_from_an_offset(data_dir):
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=4096))
+        await fill(s, "locks", "SN1", range(250), batch=50)
+        await fill(s, "alarms", "SN2", range(3), batch=3)
+        assert [r.seq for r in s.scan("locks", chunk=7)] == list(range(250))
+        assert [r.queue_offset for r in s.scan("locks", 240, chunk=3)] == list(range(240, 250))
+        assert [r.seq for r in s.scan("alarms")] == [0, 1, 2]
+        assert list(s.scan("locks", 250)) == [] and list(s.scan("nope")) == []
+        await s.close()
+    run(main())
+
+
 def test_rolls_inside_one_batch_record_each_topics_queue_start(data_dir):
     """Segment rolls in the middle of one group commit, topics interleaved: each new
     segment's queue-start sidecar holds every topic's queue offset at its first byte

@@ -32,6 +32,28 @@ BROKER_SN = "$broker"
 MAX_SEQ = 0xFFFFFFFF
 
 
+class SystemSeq:
+    """Sequence numbers of one broker-internal producer id (``$broker``, ``$txn``,
+    ``$scheduled``): resumed after the last one stored, wrapping at 32 bits."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = value   # the next one to hand out
+
+    @classmethod
+    def after_last(cls, store: Store, sn: str) -> "SystemSeq":
+        """The counter that goes on after ``sn``'s last stored sequence number."""
+        last = store.last_seq(sn)
+        return cls(0 if last is None else (last + 1) & MAX_SEQ)
+
+    def take(self) -> int:
+        """The next sequence number."""
+        s = self.value
+        self.value = (s + 1) & MAX_SEQ
+        return s
+
+
 class BrokerCore:
     """Owns the store and the clusters; see the module docstring."""
 
@@ -54,7 +76,7 @@ class BrokerCore:
             retry_levels_s=list(c.retry_levels_s), time_scale=c.time_scale,
             max_retry_held=c.max_retry_held, max_window=c.max_window)
         self.read_cache = ReadCache()
-        self._seq = 0
+        self._seq = SystemSeq()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
@@ -77,8 +99,7 @@ class BrokerCore:
                  topics=len(store.topics()), recovered_bytes_cut=rep.bytes_cut,
                  recovered_records_cut=rep.records_cut,
                  recovery_s=round(rep.seconds, 3))
-        last = store.last_seq(BROKER_SN)
-        self._seq = 0 if last is None else (last + 1) & MAX_SEQ
+        self._seq = SystemSeq.after_last(store, BROKER_SN)
         for name in self._disk_clusters():
             self.cluster_owners[name] = store.cluster_meta(name).get("owner", "")
         store.on_durable(self._on_durable)
@@ -164,8 +185,7 @@ class BrokerCore:
         assert self.store is not None
         for r in records:
             r.sn = BROKER_SN
-            r.seq = self._seq
-            self._seq = (self._seq + 1) & MAX_SEQ
+            r.seq = self._seq.take()
         self.stats.inc("system_records", len(records))
         res = await self.store.append(records)
         dups = sum(1 for a in res if a.duplicate)

@@ -42,7 +42,7 @@ from lockmq.security import BrokerGuard, SecurityError
 from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic
 
 from .commands import Commands
-from .core import BrokerCore
+from .core import MAX_SEQ, BrokerCore, SystemSeq
 from .logs import EventLog, Stats
 from .publish import PublishPath, PublishRefused
 
@@ -53,7 +53,6 @@ if TYPE_CHECKING:   # (types only)
 TOPIC = "$scheduled"
 #: the producer id of the broker's own records here and of delivered messages
 SCHED_SN = "$scheduled"
-MAX_SEQ = 0xFFFFFFFF
 #: results of scheduled commands kept for ``scheduled.list`` (bounded)
 RECENT_RESULTS = 200
 #: items shown by ``scheduled.list`` at most
@@ -154,7 +153,7 @@ class Scheduler:
         self.held_bytes = 0
         self.last_q: dict[str, int] = {}                # topic -> last offset marked
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_RESULTS)
-        self._seq = 0
+        self._seq = SystemSeq()   # of SCHED_SN (resumed from the store at start)
         #: the clock's time at the timer's last look (tests wait for it to pass a time)
         self.looked_at_ms = 0.0
         self._refreshed_at = 0.0
@@ -185,16 +184,9 @@ class Scheduler:
     def _rebuild(self) -> None:
         store = self.core.store
         assert store is not None
-        last = store.last_seq(SCHED_SN)
-        self._seq = 0 if last is None else (last + 1) & MAX_SEQ
-        q, end = store.queue_start(TOPIC), store.queue_end(TOPIC)
-        while q < end:
-            recs = store.read(TOPIC, q, 1000)
-            if not recs:
-                break
-            for r in recs:
-                self._replay(r)
-            q = recs[-1].queue_offset + 1
+        self._seq = SystemSeq.after_last(store, SCHED_SN)
+        for r in store.scan(TOPIC):
+            self._replay(r)
         for it in self.items.values():
             self._count_in(it.owner, len(it.payload))
         self._heap = [(it.at_ms, it.id) for it in self.items.values()]
@@ -240,16 +232,12 @@ class Scheduler:
         for topic, byid in due.items():
             q = max(min(it.q0 for it in byid.values()), self.last_q.get(topic, -1) + 1,
                     store.queue_start(topic))
-            end = store.queue_end(topic)
-            while q < end and byid:
-                recs = store.read(topic, q, 1000)
-                if not recs:
-                    break
-                for r in recs:
-                    sid = (r.headers or {}).get("scheduled_id") if r.sn == SCHED_SN else None
-                    if sid is not None and int(sid) in byid:
-                        found.append(byid.pop(int(sid)))
-                q = recs[-1].queue_offset + 1
+            for r in store.scan(topic, q):
+                sid = (r.headers or {}).get("scheduled_id") if r.sn == SCHED_SN else None
+                if sid is not None and int(sid) in byid:
+                    found.append(byid.pop(int(sid)))
+                    if not byid:
+                        break
         if found:
             await self._mark(found, "delivered", {})
             self.stats.inc("scheduled_dedup", len(found))
@@ -323,7 +311,7 @@ class Scheduler:
         if not self._admit(conn, frame, False, owner, c.not_before_ms, len(body)):
             return
         admin = bool(getattr(principal, "is_admin", False))
-        rec = NewRecord(TOPIC, SCHED_SN, self._next_seq(), 0, body, {
+        rec = NewRecord(TOPIC, SCHED_SN, self._seq.take(), 0, body, {
             "t": "cmd", "at": c.not_before_ms, "owner": owner, "by": principal.name,
             "admin": admin})
 
@@ -409,11 +397,6 @@ class Scheduler:
             self.by_owner.pop(owner, None)
         self.held -= 1
         self.held_bytes -= size
-
-    def _next_seq(self) -> int:
-        s = self._seq
-        self._seq = (s + 1) & MAX_SEQ
-        return s
 
     # -- cancel ---------------------------------------------------------------------
 
@@ -567,7 +550,7 @@ class Scheduler:
                 h.update(topic=it.topic, q0=it.q0, sn=it.sn, seq=it.seq)
             else:
                 h.update(by=it.by, admin=it.admin)
-            recs.append(NewRecord(TOPIC, SCHED_SN, self._next_seq(), it.lock_ts_ms, it.payload, h))
+            recs.append(NewRecord(TOPIC, SCHED_SN, self._seq.take(), it.lock_ts_ms, it.payload, h))
         await self.core.append(recs)
         for it in old:
             it.stored_ms = now
@@ -576,7 +559,7 @@ class Scheduler:
 
     async def _mark(self, items: list[Item], why: str, q: dict[str, int]) -> None:
         """Append the ``done`` op record for ``items``, then forget them."""
-        rec = NewRecord(TOPIC, SCHED_SN, self._next_seq(), 0, b"",
+        rec = NewRecord(TOPIC, SCHED_SN, self._seq.take(), 0, b"",
                         {"t": "done", "why": why, "ids": [it.id for it in items], "q": q})
         await self.core.append([rec])
         for topic, qo in q.items():

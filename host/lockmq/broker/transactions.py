@@ -34,7 +34,7 @@ from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
-from .core import BrokerCore
+from .core import BrokerCore, SystemSeq
 from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 
@@ -46,7 +46,6 @@ OP_TOPIC = "$sys.txn.op"
 #: the store never deduplicates it), numbered here so that a commit's record and its
 #: op record go to the store in one append (one group commit)
 TXN_SN = "$txn"
-MAX_SEQ = 0xFFFFFFFF
 #: a half message to this topic is a COMMAND body: on commit it is issued to its lock
 #: through the normal command path instead of being stored as a message
 COMMAND_TOPIC = "$command"
@@ -113,7 +112,7 @@ class Transactions:
         self._ended: OrderedDict[int, int] = OrderedDict()   # txn_id -> outcome
         self._groups: dict[str, set[Any]] = {}                # group -> connections
         self._task: asyncio.Task[None] | None = None
-        self._seq = 0   # next sequence number of TXN_SN (set from the store at start)
+        self._seq = SystemSeq()   # of TXN_SN (resumed from the store at start)
         for name in TXN_COUNTERS:   # exported (/metrics, stats) from the start, at 0
             stats.c.setdefault(name, 0)
 
@@ -140,15 +139,14 @@ class Transactions:
         """Pending = half records of the broker without an op record."""
         store = self.core.store
         assert store is not None
-        last = store.last_seq(TXN_SN)
-        self._seq = 0 if last is None else (last + 1) & MAX_SEQ
+        self._seq = SystemSeq.after_last(store, TXN_SN)
         ended: dict[int, int] = {}
-        for r in _scan(store, OP_TOPIC):
+        for r in store.scan(OP_TOPIC):
             h = r.headers or {}
             if r.sn == TXN_SN and isinstance(h.get("txn_id"), int):
                 ended[h["txn_id"]] = int(h.get("outcome", 0))
         now_ms = int(self.core.wall_ms())
-        for r in _scan(store, HALF_TOPIC):
+        for r in store.scan(HALF_TOPIC):
             h = r.headers or {}
             if r.sn != TXN_SN or r.offset in ended or not isinstance(h.get("seq"), int):
                 continue
@@ -180,10 +178,6 @@ class Transactions:
         while len(self._ended) > RECENT_ENDED:
             self._ended.popitem(last=False)
 
-    def _next_seq(self) -> int:
-        seq = self._seq
-        self._seq = (seq + 1) & MAX_SEQ
-        return seq
 
     def join(self, conn: Any, group: str) -> None:
         """``conn`` answers check-backs of ``group`` (its own principal's only)."""
@@ -246,7 +240,7 @@ class Transactions:
             return
         headers = {"topic": body.topic, "sn": sn, "seq": body.seq, "group": body.group,
                    "principal": owner}
-        half = NewRecord(HALF_TOPIC, TXN_SN, self._next_seq(), body.lock_ts_ms, body.payload,
+        half = NewRecord(HALF_TOPIC, TXN_SN, self._seq.take(), body.lock_ts_ms, body.payload,
                          headers)
         self.core.spawn(self._store_half(conn, frame.opaque, half, body, sn))
 
@@ -347,7 +341,7 @@ class Transactions:
         of the stored record and delivers nothing new."""
         p.ending = True   # (callers set it before spawning this, too)
         try:
-            op = NewRecord(OP_TOPIC, TXN_SN, self._next_seq(), 0, b"",
+            op = NewRecord(OP_TOPIC, TXN_SN, self._seq.take(), 0, b"",
                            {"txn_id": p.txn_id, "outcome": outcome, "by": by})
             records = [op]
             if outcome == TxnOutcome.COMMIT and p.topic != COMMAND_TOPIC:
@@ -476,19 +470,6 @@ class CommandSender:
 
     def refused(self, exc: SecurityError, opaque: int) -> None:
         self.send_error(exc.code, exc.public_message or str(exc), opaque)
-
-
-def _scan(store: Any, topic: str, chunk: int = 1000) -> Any:
-    """Every stored record of ``topic``, oldest first, ``chunk`` at a time."""
-    if topic not in store.topics():
-        return
-    q, end = store.queue_start(topic), store.queue_end(topic)
-    while q < end:
-        recs = store.read(topic, q, min(chunk, end - q))
-        if not recs:
-            return
-        yield from recs
-        q = recs[-1].queue_offset + 1
 
 
 #: opcode -> handler(connection, frame), merged into the connection's dispatch table

@@ -18,7 +18,7 @@ import fcntl
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
 
@@ -310,6 +310,19 @@ class Store:
         if n <= 0:
             return []
         return reads.read_topic(t, self._segments, self._end, queue_offset, n)
+
+    def scan(self, topic: str, queue_offset: int = 0,
+             chunk: int = 1000) -> Iterator[StoredRecord]:
+        """Every record of ``topic`` from ``queue_offset`` (or the first retained) up to
+        the queue end when called, oldest first, read ``chunk`` at a time (the broker's
+        rebuilds at start: transactions, scheduled items)."""
+        end = self.queue_end(topic)
+        while queue_offset < end:
+            recs = self.read(topic, queue_offset, min(chunk, end - queue_offset))
+            if not recs:
+                return
+            yield from recs
+            queue_offset = recs[-1].queue_offset + 1
 
     def read_at(self, offset: int) -> StoredRecord:
         """Read the record at commit-log ``offset`` (queue_offset is -1)."""
