@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 from lockmq.hil import Dut, VirtualBoard
 from lockmq.hil.broker import BrokerProcess, free_port, lockmq_cli
@@ -95,13 +96,11 @@ def new_lock(template: Path, work: Path, broker: BrokerProcess, sn: str, key: st
 LADDER_KB = (32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
 
 
-def smallest_heap(template: Path, work: Path, broker: BrokerProcess, sn: str, key: str,
-                  micropython: str | None, events: int) -> int | None:
-    """The smallest heap of LADDER_KB (KiB) in which the lock connects and gets
-    ``events`` events durably acked; None if none does."""
-    for kb in LADDER_KB:
-        lock = new_lock(template, work / f"ladder{kb}", broker, sn, key, f"{kb}K", broker.address,
-                        micropython, queue_max=events + 100)
+def smallest_heap(make: Callable[[int], Lock], ladder: Iterable[int], events: int) -> int | None:
+    """The smallest heap of ``ladder`` (KiB) in which the lock ``make(kb)`` boots,
+    connects and gets ``events`` events durably acked; None if none does."""
+    for kb in ladder:
+        lock = make(kb)
         try:
             lock.dut.default_timeout = 15
             lock.wait_online()
@@ -133,8 +132,11 @@ def measure_row(template: Path, work: Path, broker: BrokerProcess, sns: list[str
             peaks.append(int(lock.expect(r"I mem peak=(\d+)").group(1)) / 1024)
         finally:
             lock.close()
-    least = smallest_heap(template, work, broker, sns[args.runs], keys[sns[args.runs]], micropython,
-                          args.ladder_events)
+    sn = sns[args.runs]
+    least = smallest_heap(
+        lambda kb: new_lock(template, work / f"ladder{kb}", broker, sn, keys[sn], f"{kb}K",
+                            broker.address, micropython, queue_max=args.ladder_events + 100),
+        LADDER_KB, args.ladder_events)
     return {"tput": tput, "lat": lat, "peaks": peaks, "least": least}
 
 
@@ -254,21 +256,12 @@ def measure_tls(template: Path, work: Path, plain: BrokerProcess, plain_key: str
                 plain_peaks.append(session_peak(lock))
             finally:
                 lock.close()
-        least = None
-        for i, kb in enumerate(ladder):
-            sn = sns[args.tls_runs + i]
-            lock = tls_lock(template, work / f"tlsladder{kb}", broker, tls / "ca.der", sn, keys[sn],
-                            f"{kb}K", None, queue_max=args.ladder_events + 100)
-            try:
-                lock.dut.default_timeout = 15
-                lock.wait_online()
-                throughput(lock, args.ladder_events)
-                least = kb
-                break
-            except AssertionError:
-                continue
-            finally:
-                lock.close()
+        ladder_sn = dict(zip(ladder, sns[args.tls_runs:]))
+        least = smallest_heap(
+            lambda kb: tls_lock(template, work / f"tlsladder{kb}", broker, tls / "ca.der",
+                                ladder_sn[kb], keys[ladder_sn[kb]], f"{kb}K", None,
+                                queue_max=args.ladder_events + 100),
+            ladder, args.ladder_events)
         return {"peaks": peaks, "plain": plain_peaks, "least": least}
     finally:
         broker.stop()

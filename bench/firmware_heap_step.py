@@ -31,14 +31,9 @@ with tempfile.TemporaryDirectory(prefix="fw32b-") as tmp:
                 print("live heap peak", int(m.group(1)), "B, now", int(m.group(2)), "B", flush=True)
             finally:
                 lock.close()
-        for kb in (32,):
-            lock = bf.new_lock(frozen, work / f"l{kb}", broker, "M2", keys["M2"], f"{kb}K", broker.address, exe, queue_max=400)
-            try:
-                lock.dut.default_timeout = 15
-                lock.wait_online(); bf.throughput(lock, 300); print(kb, "K passes")
-            except AssertionError:
-                print(kb, "K fails")
-            finally:
-                lock.close()
+        passes = bf.smallest_heap(
+            lambda kb: bf.new_lock(frozen, work / f"l{kb}", broker, "M2", keys["M2"], f"{kb}K",
+                                   broker.address, exe, queue_max=400), (32,), 300)
+        print(32, "K passes" if passes else "K fails")
     finally:
         broker.stop()

@@ -7,8 +7,8 @@
 
 # The table as big-endian u16 pairs in a bytes literal: frozen into a board image, a
 # bytes constant stays in flash, where a computed table took 512+ bytes of the lock's
-# heap (0x0000, 0x1021, 0x2042, ... ; _make_table() below is how it was made, and a
-# test holds the two equal).
+# heap (0x0000, 0x1021, 0x2042, ... ; tests/firmware/test_crc_table.py computes it
+# from the polynomial and holds the two equal).
 _TABLE = (
     b"\x00\x00\x10\x21\x20\x42\x30\x63\x40\x84\x50\xa5\x60\xc6\x70\xe7\x81\x08\x91\x29\xa1\x4a\xb1\x6b\xc1\x8c\xd1\xad\xe1\xce\xf1\xef"
     b"\x12\x31\x02\x10\x32\x73\x22\x52\x52\xb5\x42\x94\x72\xf7\x62\xd6\x93\x39\x83\x18\xb3\x7b\xa3\x5a\xd3\xbd\xc3\x9c\xf3\xff\xe3\xde"
@@ -27,19 +27,6 @@ _TABLE = (
     b"\xfd\x2e\xed\x0f\xdd\x6c\xcd\x4d\xbd\xaa\xad\x8b\x9d\xe8\x8d\xc9\x7c\x26\x6c\x07\x5c\x64\x4c\x45\x3c\xa2\x2c\x83\x1c\xe0\x0c\xc1"
     b"\xef\x1f\xff\x3e\xcf\x5d\xdf\x7c\xaf\x9b\xbf\xba\x8f\xd9\x9f\xf8\x6e\x17\x7e\x36\x4e\x55\x5e\x74\x2e\x93\x3e\xb2\x0e\xd1\x1e\xf0"
 )
-
-
-def _make_table():
-    table = []
-    for i in range(256):
-        crc = i << 8
-        for _ in range(8):
-            if crc & 0x8000:
-                crc = ((crc << 1) ^ 0x1021) & 0xFFFF
-            else:
-                crc = (crc << 1) & 0xFFFF
-        table.append(crc)
-    return table
 
 
 def crc16_table(data, crc=0xFFFF):

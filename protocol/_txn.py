@@ -7,7 +7,7 @@ import struct
 
 from ._constants import Op
 from ._codec import Reader, pack8, pack16, check_range
-from ._bodies import _Body, BODY_TYPES, PublishAck
+from ._bodies import _Body, BODY_TYPES, PublishAck, _PUB
 from ._errors import BadBody, LocalProtocolError
 
 
@@ -23,7 +23,8 @@ OUTCOME_NAMES = {TxnOutcome.UNKNOWN: "unknown", TxnOutcome.COMMIT: "commit",
 
 
 class TxnPublish(_Body):
-    """Producer -> broker: a half message. Like PUBLISH plus the producer group;
+    """Producer -> broker: a half message. The producer group, then PUBLISH's
+    fields in PUBLISH's layout (_PUB);
     (frame SN, seq) is the id the committed message will carry."""
     __slots__ = ("group", "topic", "seq", "lock_ts_ms", "payload")
     OPCODE = Op.TXN_PUBLISH
@@ -38,14 +39,14 @@ class TxnPublish(_Body):
     def encode(self):
         check_range(self.seq, 32, "seq")
         return (pack8(self.group, "group") + pack8(self.topic, "topic")
-                + struct.pack(">IQ", self.seq, self.lock_ts_ms) + self.payload)
+                + struct.pack(_PUB, self.seq, self.lock_ts_ms) + self.payload)
 
     @staticmethod
     def decode(body):
         r = Reader(body, "TXN_PUBLISH")
         group = r.str8()
         topic = r.str8()
-        seq, lock_ts_ms = r.unpack(">IQ", 12)
+        seq, lock_ts_ms = r.unpack(_PUB, 12)
         return TxnPublish(group, topic, seq, lock_ts_ms, r.rest())
 
 

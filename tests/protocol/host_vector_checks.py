@@ -8,7 +8,7 @@ import json
 import lockmq.protocol._schedule  # noqa: F401  (registers the scheduled-delivery bodies)
 import lockmq.protocol._txn  # noqa: F401  (registers the TXN_* bodies)
 
-from vector_checks import check_frame, check_invalid_body, check_stream
+from vector_checks import check_frame, check_invalid_body, check_stream, checker
 
 
 def run(path):
@@ -17,13 +17,7 @@ def run(path):
         v = json.load(fh)
     passed = 0
     failures = []
-
-    def check(ok, what):
-        if ok:
-            return 1
-        failures.append(what)
-        return 0
-
+    check = checker(failures)
     parts = []
     for f in v["host_frames"]:
         n, data, _ = check_frame(f, check)

@@ -58,13 +58,7 @@ def run(path, crc_functions=None):
     crc_functions = crc_functions or [crc16_table, p.crc16]
     passed = 0
     failures = []
-
-    def check(ok, what):
-        if ok:
-            return 1
-        failures.append(what)
-        return 0
-
+    check = checker(failures)
     for c in v["crc16"]:
         for fn in crc_functions:
             passed += check(fn(_h(c["data_hex"])) == c["crc"], "crc16 %s" % c["data_hex"][:16])
@@ -103,6 +97,16 @@ def run(path, crc_functions=None):
         passed += check_invalid_body(bad, check)
     passed += _check_frame_macs(v["frame_mac"], a, check)
     return passed, failures
+
+
+def checker(failures):
+    """check(ok, what): 1 when ok, else 0 with ``what`` appended to ``failures``."""
+    def check(ok, what):
+        if ok:
+            return 1
+        failures.append(what)
+        return 0
+    return check
 
 
 def check_frame(f, check):
