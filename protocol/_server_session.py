@@ -1,6 +1,10 @@
 # The broker's side of the session (see _session.py for the rules and the tables).
 # Kept apart so that a lock, which only ever is a client, does not load it.
-from ._constants import Op, Flag, Role, AuthMethod, ErrorCode, op_name
+import struct
+
+from ._constants import VERSION, MIN_FRAME, NONCE_SIZE, Op, Flag, Role, AuthMethod, ErrorCode, \
+    op_name
+from ._crc import crc16_init
 from ._mac import TO_CLIENT
 from ._errors import ProtocolError
 from ._frame import encode_frame
@@ -29,6 +33,28 @@ CLIENT_REQUESTS = {
     Role.SERVICE: _SERVICE,
     Role.ADMIN: _SERVICE + (Op.ADMIN_REQUEST,),
 }
+
+
+def _packer(fmt):
+    try:
+        return struct.Struct(fmt).pack
+    except AttributeError:           # MicroPython has no struct.Struct
+        return lambda *values: struct.pack(fmt, *values)
+
+
+# The two handshake answers of a storm of locks, each packed whole in one call (the
+# broker's frames carry an empty SN): the same bytes as encode_frame(Op.CHALLENGE /
+# Op.CONNECT_ACK, "", body.encode(), opaque, Flag.RESPONSE), checked by the vectors.
+_CHALLENGE_FRAME = _packer(">BIHBBI%dsQB" % NONCE_SIZE)
+_CHALLENGE_LEN = MIN_FRAME + NONCE_SIZE + 9
+_CONNECT_ACK_FRAME = _packer(">BIHBBIHIQII")
+_CONNECT_ACK_LEN = MIN_FRAME + 22
+_CRC = _packer(">H")
+
+
+def _with_crc(data):
+    return data + _CRC(crc16_init(data, 0xFFFF))
+
 
 STATE_NAMES = ("CONNECTING", "CHALLENGED", "ESTABLISHED", "CLOSING")
 ROLE_NAMES = {Role.LOCK: "lock", Role.SERVICE: "service", Role.ADMIN: "admin"}
@@ -144,8 +170,10 @@ class ServerSession(_Session):
     def challenge(self, nonce, server_time_ms, opaque, methods=3):
         """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random)."""
         self.nonce = bytes(nonce)
-        return encode_frame(Op.CHALLENGE, "", Challenge(nonce, server_time_ms, methods).encode(),
-                            opaque, Flag.RESPONSE)
+        if len(self.nonce) != NONCE_SIZE:   # (Challenge's own check and message)
+            Challenge(nonce, server_time_ms, methods)
+        return _with_crc(_CHALLENGE_FRAME(VERSION, _CHALLENGE_LEN, Op.CHALLENGE, 0, Flag.RESPONSE,
+                                          opaque, self.nonce, server_time_ms, methods))
 
     def accept(self, role, name, ack, opaque, mac_key=None, mac_required=False):
         """Authentication succeeded as ``role`` / ``name`` (the broker's decision, which
@@ -169,7 +197,11 @@ class ServerSession(_Session):
             if not mac_key:
                 raise ProtocolError("frame MACs asked for but no session key given")
             self.mac_key = bytes(mac_key)
-        return self.seal(Op.CONNECT_ACK, "", ack.encode(), opaque, Flag.RESPONSE)
+        if self.mac_key is not None:
+            return self.seal(Op.CONNECT_ACK, "", ack.encode(), opaque, Flag.RESPONSE)
+        return _with_crc(_CONNECT_ACK_FRAME(
+            VERSION, _CONNECT_ACK_LEN, Op.CONNECT_ACK, 0, Flag.RESPONSE, opaque, ack.heartbeat_s,
+            ack.max_frame, ack.server_time_ms, ack.last_seq, ack.session_id))
 
     def refuse(self, code, message, opaque, retry_after_ms=0):
         """Authentication failed: the ERROR to send before closing."""

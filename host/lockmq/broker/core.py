@@ -183,16 +183,26 @@ class BrokerCore:
     async def append_system(self, records: list[NewRecord]) -> list[Appended]:
         """Store broker-generated records under ``$broker`` with fresh sequence numbers."""
         assert self.store is not None
+        self._as_broker(records)
+        res = await self.store.append(records)
+        self._check_system_results(res)
+        return res
+
+    def _as_broker(self, records: list[NewRecord]) -> None:
+        """Give ``records`` the broker's producer id and its next sequence numbers."""
+        take = self._seq.take
         for r in records:
             r.sn = BROKER_SN
-            r.seq = self._seq.take()
+            r.seq = take()
         self.stats.inc("system_records", len(records))
-        res = await self.store.append(records)
+
+    def _check_system_results(self, res: list[Appended]) -> bool:
+        """False (and an error line) if the store took a system record as a duplicate."""
         dups = sum(1 for a in res if a.duplicate)
         if dups:   # cannot happen ($ ids skip dedup); never silently: callers check
             self.stats.inc("system_records_duplicate", dups)
             self.log("system_records_duplicate", count=dups, level="error")
-        return res
+        return not dups
 
     def wall_ms(self) -> float:
         """Wall time on the broker's clock."""
@@ -213,9 +223,10 @@ class BrokerCore:
                        lock_ts_ms: int = 0) -> None:
         """Fire-and-forget a system record (``$devices`` events ...); failures are logged.
 
-        The records of one loop iteration are stored together (one task, one append):
-        a storm of lock handshakes writes one ``online`` event per lock, and one task
-        and one store submit per event cost as much as the rest of the handshake."""
+        The records of one loop iteration are stored together (one append, answered
+        through a callback): a storm of lock handshakes writes one ``online`` event per
+        lock, and one task and one store submit per event cost as much as the rest of
+        the handshake."""
         if self._closing:
             return
         ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(self.clock.wall_ms())
@@ -224,34 +235,43 @@ class BrokerCore:
             asyncio.get_running_loop().call_soon(self._flush_system)
 
     def _flush_system(self) -> None:
+        """Store the system records of this loop iteration: one group commit answered
+        through a callback (``Store.append_then``), no task or coroutine per batch."""
         batch = self._sys_batch
         if not batch:
             return
         self._sys_batch = []
-
-        async def store(records: list[NewRecord]) -> None:
-            res = await self.append_system(records)
-            if any(a.duplicate for a in res):
-                raise RuntimeError("system record taken as a duplicate: not stored")
-
-        async def run() -> None:
-            try:
+        try:
+            self._append_system_then(batch)
+        except InvalidRecord:
+            if len(batch) == 1:
+                self._system_failed(batch, "refused by the store")
+                return
+            for r in batch:   # one bad record must not cost the others
                 try:
-                    await store(batch)
-                except InvalidRecord:
-                    if len(batch) == 1:
-                        raise
-                    for r in batch:   # one bad record must not cost the others
-                        try:
-                            await store([r])
-                        except InvalidRecord as exc:
-                            self.log("system_publish_failed", topic=r.topic, records=1,
-                                     error=repr(exc), level="warning")
-            except Exception as exc:  # noqa: BLE001
-                self.log("system_publish_failed", topic=batch[0].topic, records=len(batch),
-                         error=repr(exc), level="warning")
+                    self._append_system_then([r])
+                except Exception as exc:  # noqa: BLE001
+                    self._system_failed([r], repr(exc))
+        except Exception as exc:  # noqa: BLE001 -- the store is closed or failed
+            self._system_failed(batch, repr(exc))
 
-        self.spawn(run())
+    def _append_system_then(self, records: list[NewRecord]) -> None:
+        store = self.store
+        if store is None:
+            raise StoreClosed("the store is not open")
+        self._as_broker(records)
+
+        def stored(res: list[Appended] | None, exc: BaseException | None) -> None:
+            if exc is not None:
+                self._system_failed(records, repr(exc))
+            elif res is not None and not self._check_system_results(res):
+                self._system_failed(records, "system record taken as a duplicate: not stored")
+
+        store.append_then(records, stored)
+
+    def _system_failed(self, records: list[NewRecord], error: str) -> None:
+        self.log("system_publish_failed", topic=records[0].topic, records=len(records),
+                 error=error, level="warning")
 
     # -- consumer clusters ----------------------------------------------------------
 
