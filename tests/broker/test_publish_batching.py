@@ -13,6 +13,7 @@ from lockmq.broker.logs import EventLog, Stats
 from lockmq.broker.publish import PublishPath, PublishRefused
 from lockmq.config import config_from_dict
 from lockmq.store import Appended, InvalidRecord, NewRecord
+from lockmq.testing import wait_for_async
 
 
 def _core(tmp_path: Any) -> tuple[BrokerCore, io.StringIO]:
@@ -28,6 +29,8 @@ async def _settle(core: BrokerCore) -> None:
     await asyncio.sleep(0)   # the loop iteration's flush is a call_soon
     while core._tasks:
         await asyncio.wait(list(core._tasks))
+    # system records go to the store through a callback, not a task
+    await wait_for_async(lambda: core.system_pending == 0, "system records stored")
 
 
 def test_system_records_of_one_loop_iteration_share_one_group_commit(tmp_path) -> None:

@@ -81,6 +81,8 @@ class BrokerCore:
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
         self._sys_batch: list[NewRecord] = []   # system records of this loop iteration
+        #: system-record appends handed to the store and not answered yet
+        self.system_pending = 0
         #: awaited with the log end after each :meth:`append` (sync replication installs
         #: "until the standby has it": lockmq.replication.primary)
         self.after_durable: Callable[[int], Awaitable[None]] | None = None
@@ -262,12 +264,18 @@ class BrokerCore:
         self._as_broker(records)
 
         def stored(res: list[Appended] | None, exc: BaseException | None) -> None:
+            self.system_pending -= 1
             if exc is not None:
                 self._system_failed(records, repr(exc))
             elif res is not None and not self._check_system_results(res):
                 self._system_failed(records, "system record taken as a duplicate: not stored")
 
-        store.append_then(records, stored)
+        self.system_pending += 1
+        try:
+            store.append_then(records, stored)
+        except BaseException:
+            self.system_pending -= 1   # refused before queuing: ``stored`` is not called
+            raise
 
     def _system_failed(self, records: list[NewRecord], error: str) -> None:
         self.log("system_publish_failed", topic=records[0].topic, records=len(records),
