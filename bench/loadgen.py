@@ -141,14 +141,11 @@ class LeanLock(Windowed):
     read — so the generator, not its own overhead, sets the pace."""
 
     def __init__(self, sn: str, topic_prefix: bytes, payload: bytes, window: int,
-                 stats: dict, lat: list, sample: int, on_ready, on_acked=None,
-                 max_records: int | None = None) -> None:
+                 stats: dict, lat: list, sample: int, on_ready) -> None:
         super().__init__(payload, window, stats, lat, sample, on_ready)
         self.sn = sn
         self.snb = sn.encode()
         self.tp = topic_prefix
-        self.on_acked = on_acked
-        self.max_records = max_records
         self.dec = FrameDecoder(1 << 20)
         self.sent_at: dict[int, tuple[int, float, bytes]] = {}
         self.t_connect = 0.0
@@ -164,8 +161,6 @@ class LeanLock(Windowed):
             self.stats["lost_in_flight"] += len(self.sent_at)
 
     def _publish(self) -> None:
-        if self.max_records is not None and self.seq >= self.max_records:
-            return
         seq = self.seq
         self.seq = seq + 1
         body = self.tp + struct.pack(">IQ", seq, int(time.time() * 1000)) + self.payload
@@ -194,8 +189,6 @@ class LeanLock(Windowed):
                 self.acked += 1
                 if self.acked % self.sample == 0:
                     self.lat.append((time.monotonic() - entry[1]) * 1000)
-                if self.on_acked is not None:
-                    self.on_acked(self)
                 if self.running:
                     self._publish()
             elif op == Op.CHALLENGE:
