@@ -39,12 +39,14 @@ Each broker figure is also given as a ratio to both floors, and checked against
 the issue's targets; for the broker, every acknowledged record is also looked up in
 its log (``lost``). Nothing here asserts: it reports.
 
-Reading the storm: one CPython core makes roughly 2,000-3,000 lock handshakes
-(connect, challenge, HMAC, auth, publish, ack) per second on a 2-core VM, so with
-10,000 locks in 1 s the *generator* sets the latency — the floors show it too.
-``--storm-spread 5`` offers the same 10,000 locks at a rate the generator can make,
-which shows the broker's own cost. Other load on the machine moves every figure:
-compare the ratios of one run, and look at ``loadavg`` in the machine line.
+Reading the storm: the generator's storm locks (``loadgen.StormLock``: no task,
+timer or Python socket per lock) make 10,000 handshakes in 1 s on one core of a
+2-core VM with the ack floor's p99 at ~30 ms when the machine is otherwise idle;
+the floors show how much of a p99 is the generator's and the machine's.
+``--storm-spread 5`` offers the same 10,000 locks at a fifth of the rate, which
+shows the broker's cost per lock without a queue. Other load on the machine moves
+every figure: compare the ratios of one run, and look at ``loadavg`` in the
+machine line.
 """
 
 from __future__ import annotations
