@@ -1,14 +1,18 @@
 """Handshake deadlines (broker/handshakes.py): one loop-wide timer instead of one per
 connection -- every peer that does not authenticate in time is still dropped, no
 peer is dropped before its deadline, and a peer that authenticated is never
-touched; the handshake answers go out without a scheduled flush each."""
+touched; the ``$devices`` record of a handshake is the bytes ``json.dumps`` made."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
+from hypothesis import given, strategies as st
+
+from lockmq.broker.devices import event_json
 from lockmq.broker.handshakes import HandshakeDeadlines
 from lockmq.protocol import ErrorCode, ErrorReply, PublishAck, Role
 from lockmq.testing import Peer, open_peer, wait_for_async
@@ -73,3 +77,16 @@ def test_silent_peers_are_dropped_while_an_authenticated_one_stays(make_broker: 
             p.close()
         # long past the handshake timeout: the authenticated lock is served
         assert ok.publish("t.after", 0).status == PublishAck.STORED
+
+
+@given(st.text(max_size=20), st.sampled_from(["online", "offline", "evicted", "broker_start"]),
+       st.integers(0, 1 << 62), st.text(max_size=30), st.text(max_size=20))
+def test_devices_records_are_the_bytes_json_dumps_made(sn: str, event: str, ts: int, peer: str,
+                                                       reason: str) -> None:
+    body: dict[str, Any] = {"sn": sn, "event": event, "ts_ms": ts, "peer": peer}
+    if not sn:
+        del body["sn"]
+    if reason:
+        body["reason"] = reason
+    assert event_json(sn, event, ts, peer, reason) == \
+        json.dumps(body, separators=(",", ":")).encode()
