@@ -44,7 +44,8 @@ def _packer(fmt):
 
 # The two handshake answers of a storm of locks, each packed whole in one call (the
 # broker's frames carry an empty SN): the same bytes as encode_frame(Op.CHALLENGE /
-# Op.CONNECT_ACK, "", body.encode(), opaque, Flag.RESPONSE), checked by the vectors.
+# Op.CONNECT_ACK, "", body.encode(), opaque, Flag.RESPONSE): tests/protocol/
+# test_server_handshake.py checks it.
 _CHALLENGE_FRAME = _packer(">BIHBBI%dsQB" % NONCE_SIZE)
 _CHALLENGE_LEN = MIN_FRAME + NONCE_SIZE + 9
 _CONNECT_ACK_FRAME = _packer(">BIHBBIHIQII")

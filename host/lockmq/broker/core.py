@@ -245,9 +245,9 @@ class BrokerCore:
         self._sys_batch = []
         try:
             self._append_system_then(batch)
-        except InvalidRecord:
+        except InvalidRecord as exc:
             if len(batch) == 1:
-                self._system_failed(batch, "refused by the store")
+                self._system_failed(batch, repr(exc))
                 return
             for r in batch:   # one bad record must not cost the others
                 try:
