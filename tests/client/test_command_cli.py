@@ -12,6 +12,16 @@ from lockmq.cli.command import command_args
 from lockmq.client.session import Endpoint
 from lockmq.protocol import CommandKind
 from lockmq.sim import SimConfig, SimStats, run_sim
+from lockmq.testing import open_peer
+
+
+def _admin(broker, op: str) -> dict:
+    """One admin op over a fresh wire connection."""
+    peer = open_peer(broker.port, sn="test-admin")
+    try:
+        return peer.admin(op)
+    finally:
+        peer.close()
 
 
 @pytest.fixture
@@ -47,9 +57,22 @@ def test_unlock_command_reaches_the_lock_and_prints_its_answer(broker, online_lo
 
 
 def test_command_to_an_offline_lock_fails_after_its_expiry(broker, capsys):
-    rc = main(["command", "--broker", broker.address, "GHOST-1", "reboot", "--expires", "0.3"])
+    rc = main(["command", "--broker", broker.address, "GHOST-1", "reboot", "--expires", "0.3",
+               "--wait"])
     assert rc == 1
     assert "GHOST-1" in capsys.readouterr().err
+    assert _admin(broker, "stats")["broker"]["commands_expired"] == 1
+
+
+def test_command_to_an_unknown_lock_with_auth_off_fails_at_once(broker, online_locks, capsys):
+    """No registry with auth off: a lock that is not connected is named at once, and
+    nothing is left waiting in the broker (before, the CLI sat out --expires)."""
+    rc = main(["command", "--broker", broker.address, "GHOST-2", "unlock", "--expires", "20"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "'GHOST-2' is not connected" in err and "--wait" in err
+    assert _admin(broker, "stats")["broker"].get("commands_received", 0) == 0
+    assert _admin(broker, "commands")["held"] == 0
 
 
 def test_arguments_are_encoded_as_the_spec_says():
