@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, parse_time_ms, print_json, print_table
+from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, parse_time_ms, print_json, print_table, TIME_FORMS
 
 ACTIONS = ("describe", "reset", "delete")
 
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="reset: past the newest message (skip the backlog)")
     to.add_argument("--to-time", metavar="ISO8601|MS",
                     help="reset: to the first message stored at or after this time "
-                         "(2025-01-31T08:00:00Z, or ms since the epoch; no zone = UTC)")
+                         f"({TIME_FORMS}: 2025-01-31T08:00:00Z; or ms since the epoch)")
     p.set_defaults(func=run)
 
 
