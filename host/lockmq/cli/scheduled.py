@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail,
-                                   format_ms, parse_time_ms, print_json, print_table,
-                                   TIME_FORMS)
+from lockmq.cli._admin import admin_op
+from lockmq.client.cliargs import (add_connection_args, add_group, format_ms, parse_time_ms,
+                                   print_json, print_table, TIME_FORMS)
 from lockmq.client.scheduled import DELAY_LEVELS_S
 
 
@@ -72,11 +71,10 @@ def run_list(args: argparse.Namespace) -> int:
     req: dict[str, Any] = {"limit": args.limit}
     if args.owner:
         req["owner"] = args.owner
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("scheduled.list", **req)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+    return admin_op(args, "scheduled.list", lambda resp: _show_list(args, resp), **req)
+
+
+def _show_list(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     if args.json:
         print_json(resp)
         return 0
@@ -96,10 +94,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq scheduled cancel``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("scheduled.cancel", id=args.id)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
-    print(f"cancelled scheduled item {resp.get('cancelled', args.id)}")
-    return 0
+    def show(resp: dict[str, Any]) -> int:
+        print(f"cancelled scheduled item {resp.get('cancelled', args.id)}")
+        return 0
+
+    return admin_op(args, "scheduled.cancel", show, id=args.id)
