@@ -41,7 +41,7 @@ from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, Sc
 from lockmq.security import BrokerGuard, SecurityError
 from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic
 
-from .commands import Commands
+from .commands import Commands, DetachedSender
 from .core import MAX_SEQ, BrokerCore, SystemSeq
 from .logs import EventLog, Stats
 from .publish import PublishPath, PublishRefused
@@ -95,29 +95,21 @@ def owner_of(principal: Any) -> str:
     return getattr(principal, "token_name", "") or getattr(principal, "name", "?")
 
 
-class ScheduledSender:
-    """Stands in for the connection of a scheduled command when it enters the command
-    path (the service that scheduled it may be long gone): it keeps the outcome."""
+class ScheduledSender(DetachedSender):
+    """The sender of a scheduled command when it enters the command path (the service
+    that scheduled it may be long gone): the outcome goes to ``done(item, status,
+    detail)``, a refusal as the negated error code."""
 
     def __init__(self, item: Item, principal: Any, done: Callable[[Item, int, str], None]) -> None:
+        super().__init__(principal)
         self.item = item
-        self.principal = principal
-        self.closed = False
         self._done = done
 
-    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
-        """The command's result (COMMAND_RESULT)."""
-        if opcode == Op.COMMAND_RESULT:
-            res = CommandResult.decode(body)
-            self._done(self.item, res.status, res.detail)
+    def result(self, res: CommandResult) -> None:
+        self._done(self.item, res.status, res.detail)
 
-    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
-        """The command path refused it (caps, size, expiry)."""
-        self._done(self.item, -int(code), message)
-
-    def refused(self, exc: SecurityError, opaque: int) -> None:
-        """Refused by the guard (only if rights were not checked)."""
-        self._done(self.item, -int(exc.code), exc.public_message or str(exc))
+    def failed(self, code: int, message: str) -> None:
+        self._done(self.item, -code, message)
 
 
 class _Principal:
