@@ -139,6 +139,9 @@ class Scheduler:
         self.log = log
         self.closing = closing
         self.items: dict[int, Item] = {}
+        #: (producer id, seq) -> schedule id of each waiting publish: a retransmitted
+        #: PUBLISH_AT is answered with its id (bounded by the items' caps)
+        self.pub_ids: dict[tuple[str, int], int] = {}
         self._heap: list[tuple[int, int]] = []          # (at_ms, id); stale ids skipped
         self.by_owner: dict[str, int] = {}              # waiting + being stored
         self.held = 0
@@ -200,10 +203,10 @@ class Scheduler:
                           str(h.get("by", "")), bool(h.get("admin")))
             if t in ("pub", "cmd"):
                 it.stored_ms = r.broker_ts_us / 1000
-                self.items[sid] = it
+                self._hold(it)
             elif t == "done":
                 for i in h.get("ids", ()):
-                    self.items.pop(int(i), None)
+                    self._forget(int(i))
                 for topic, qo in (h.get("q") or {}).items():
                     self.last_q[topic] = max(self.last_q.get(topic, -1), int(qo))
         except Exception as exc:  # noqa: BLE001 -- a damaged op must not stop the start
@@ -278,7 +281,9 @@ class Scheduler:
                 conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.STORED, item.id).encode(),
                                 frame.opaque, Flag.RESPONSE)
             elif a is not None and not isinstance(a, Exception) and not oneway:
-                conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.DUPLICATE, 0).encode(),
+                # a retransmission: its id while it waits (0 once delivered or cancelled)
+                sid = self.pub_ids.get((sn, p.seq), 0)
+                conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.DUPLICATE, sid).encode(),
                                 frame.opaque, Flag.RESPONSE)
 
         self.publisher.submit([rec], stored)
@@ -364,7 +369,7 @@ class Scheduler:
             self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(a))
         elif item is not None:
             item.stored_ms = self.clock.wall_ms()
-            self.items[item.id] = item
+            self._hold(item)
             heapq.heappush(self._heap, (item.at_ms, item.id))
             self.stats.inc("scheduled_accepted")
             if self._wake is not None and self._heap[0][1] == item.id:
@@ -557,8 +562,21 @@ class Scheduler:
         for topic, qo in q.items():
             self.last_q[topic] = max(self.last_q.get(topic, -1), qo)
         for it in items:
-            if self.items.pop(it.id, None) is not None:
+            if self._forget(it.id) is not None:
                 self._count_out(it.owner, len(it.payload))
+
+    def _hold(self, it: Item) -> None:
+        """Keep waiting item ``it`` (a publish also under its message id)."""
+        self.items[it.id] = it
+        if it.kind == "pub":
+            self.pub_ids[(it.sn, it.seq)] = it.id
+
+    def _forget(self, sid: int) -> Item | None:
+        """Drop waiting item ``sid``; the item, or None if it was not waiting."""
+        it = self.items.pop(sid, None)
+        if it is not None and it.kind == "pub" and self.pub_ids.get((it.sn, it.seq)) == sid:
+            del self.pub_ids[(it.sn, it.seq)]
+        return it
 
     # -- operators ------------------------------------------------------------------
 
