@@ -16,11 +16,11 @@ Each kind needs its own right in the token (``--command 'KINDS:SN_GLOB'``, see
 command ``"network": true``: the lock refuses such a change without that mark.
 
 With ``auth = "off"`` the broker has no device registry, so it cannot tell an
-offline lock from a mistyped SN and would hold either until ``--expires``. The
-command therefore asks first (when the token may use admin operations) and fails
-at once for a lock that is not connected; ``--wait`` holds the command for it
-anyway. With ``auth = "required"`` the broker refuses an unregistered SN itself
-and holds commands for a registered lock that is offline.
+offline lock from a mistyped SN and would hold either until ``--expires``. So
+without ``--token`` (only an auth-off broker accepts that) the command asks first
+and fails at once for a lock that is not connected; ``--wait`` holds the command
+for it anyway. With ``auth = "required"`` the broker refuses an unregistered SN
+itself and holds commands for a registered lock that is offline.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="give up if the lock is not reached within this many seconds "
                         "(default 60)")
     p.add_argument("--wait", action="store_true",
-                   help="with auth off: hold the command for a lock that is not connected "
-                        "(up to --expires) instead of failing at once")
+                   help="with auth off (no --token): hold the command for a lock that is not "
+                        "connected (up to --expires) instead of failing at once")
     add_when_args(p)   # a scheduled command: --at / --delay / --level (not before then)
     p.set_defaults(func=run)
 
@@ -111,8 +111,11 @@ def run(args: argparse.Namespace) -> int:
 
 async def _not_connected(args: argparse.Namespace) -> str | None:
     """The error for a lock that is not connected to a broker running with auth off
-    (no registry there: a wrong SN would wait until ``--expires``), else None. Needs
-    the admin right; without it the broker alone decides."""
+    (no registry there: a wrong SN would wait until ``--expires``), else None. Asked
+    only without a token: a service token's admin requests would be refused (and
+    audited) by a broker with auth required, which checks SNs itself."""
+    if args.token:
+        return None
     try:
         async with AsyncAdmin(endpoint_from_args(args), token=args.token) as admin:
             online = (await admin.request("devices")).get("devices", [])
