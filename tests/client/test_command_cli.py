@@ -96,3 +96,28 @@ def test_network_config_is_marked_only_when_asked():
     assert command_args("config", [change], 0)[1] == b'{"brokers": [["10.0.0.2", 6843]]}'
     assert command_args("config", [change], 0, network=True)[1] == \
         b'{"brokers": [["10.0.0.2", 6843]], "network": true}'
+
+
+def test_with_a_token_the_broker_decides_and_nothing_is_refused(tmp_path, capsys):
+    """Auth required: a registered lock that is offline is waited for (up to
+    --expires), and the CLI opens no admin session the service token may not use."""
+    from lockmq.security import Permissions
+    from lockmq.testing import Peer, SecureBroker
+
+    env = SecureBroker(tmp_path, locks=["LK-OFF"], tokens={
+        "ops": Permissions(command=("reboot:LK-OFF",)), "root": Permissions(admin=True)})
+    broker = env.start()
+    root = Peer(broker.port, "")
+    try:
+        rc = main(["command", "--broker", f"127.0.0.1:{broker.port}", "--token", env.tok["ops"],
+                   "LK-OFF", "reboot", "--expires", "0.3"])
+        assert rc == 1 and "offline" in capsys.readouterr().err
+        root.auth_token(env.tok["root"])
+        security = root.admin("stats")["security"]
+        assert not [k for k in security if "permission_denied" in k], security
+        # one connection for the command, one for this check: no admin session that
+        # the service token would only be refused on
+        assert security["security_connection_admitted_total"] == 2, security
+    finally:
+        root.close()
+        env.close()
