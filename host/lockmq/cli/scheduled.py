@@ -1,6 +1,6 @@
 """``lockmq scheduled list|cancel``: scheduled messages and commands waiting in the broker.
 
-A message sent with ``lockmq produce TOPIC TEXT --at 2026-11-24T08:00`` (or
+A message sent with ``lockmq produce TOPIC TEXT --at 2026-11-24T08:00Z`` (UTC; or
 ``--delay 300``, or ``--level 9`` for RocketMQ's 5-minute level) and a command sent
 with ``lockmq command SN unlock --at ...`` wait in the broker, durably, until their
 time. ``list`` shows them (earliest first) and the last scheduled commands' results;
