@@ -86,9 +86,24 @@ def _has_table(path: str) -> bool:
     return os.path.isdir(path) and any(n.startswith("date=") or n.endswith(".parquet") for n in os.listdir(path))
 
 
-def _row_count(spark, path: str) -> int:
-    """Rows of a Parquet table (0 if none yet); Spark reads the counts from the footers."""
-    return spark.read.parquet(path).count() if _has_table(path) else 0
+def _parquet_files(path: str) -> set[str]:
+    """The data files of a Parquet table now: names only, no footer is read (Spark's
+    ``_temporary`` and hidden files left out)."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        found.update(os.path.join(root, f) for f in files
+                     if f.endswith(".parquet") and not f.startswith(("_", ".")))
+    return found
+
+
+def _rows_added(path: str, before: set[str]) -> int:
+    """Rows in the files this run added to the table at ``path`` (listed as ``before``
+    when it started writing): only the new files' footers are read, so the count
+    costs what the run wrote, not the size of the whole table."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in _parquet_files(path) - before)
 
 
 def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = None,
@@ -159,17 +174,18 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
         winners = special.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
         cols = [c for c in good.columns if c != "date"] + ["date"]
         new = plain.select(cols).unionByName(winners.select(cols))
-        before = _row_count(spark, events_path)
+        before = _parquet_files(events_path)
         new.write.mode("append").partitionBy("date").parquet(events_path)
-        res.new = _row_count(spark, events_path) - before
+        res.new = _rows_added(events_path, before)
         if n_flagged:
             dups = (special.filter((F.col("_copy") > 1) | F.col("_known"))
                     .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
                                 .otherwise(F.lit("repeated copy")))
                     .withColumn("ingest_run", F.lit(res.run_id)).drop("_copy", "_known", "payload"))
-            dups.write.mode("append").partitionBy("date").parquet(os.path.join(warehouse, "duplicates"))
-            res.duplicates = (spark.read.parquet(os.path.join(warehouse, "duplicates"))
-                              .filter(F.col("ingest_run") == res.run_id).count())
+            dups_path = os.path.join(warehouse, "duplicates")
+            before = _parquet_files(dups_path)
+            dups.write.mode("append").partitionBy("date").parquet(dups_path)
+            res.duplicates = _rows_added(dups_path, before)
     finally:
         special.unpersist()
     res.read = res.new + res.duplicates

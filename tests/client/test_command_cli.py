@@ -12,6 +12,16 @@ from lockmq.cli.command import command_args
 from lockmq.client.session import Endpoint
 from lockmq.protocol import CommandKind
 from lockmq.sim import SimConfig, SimStats, run_sim
+from lockmq.testing import open_peer
+
+
+def _admin(broker, op: str) -> dict:
+    """One admin op over a fresh wire connection."""
+    peer = open_peer(broker.port, sn="test-admin")
+    try:
+        return peer.admin(op)
+    finally:
+        peer.close()
 
 
 @pytest.fixture
@@ -47,9 +57,22 @@ def test_unlock_command_reaches_the_lock_and_prints_its_answer(broker, online_lo
 
 
 def test_command_to_an_offline_lock_fails_after_its_expiry(broker, capsys):
-    rc = main(["command", "--broker", broker.address, "GHOST-1", "reboot", "--expires", "0.3"])
+    rc = main(["command", "--broker", broker.address, "GHOST-1", "reboot", "--expires", "0.3",
+               "--wait"])
     assert rc == 1
     assert "GHOST-1" in capsys.readouterr().err
+    assert _admin(broker, "stats")["broker"]["commands_expired"] == 1
+
+
+def test_command_to_an_unknown_lock_with_auth_off_fails_at_once(broker, online_locks, capsys):
+    """No registry with auth off: a lock that is not connected is named at once, and
+    nothing is left waiting in the broker (before, the CLI sat out --expires)."""
+    rc = main(["command", "--broker", broker.address, "GHOST-2", "unlock", "--expires", "20"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "'GHOST-2' is not connected" in err and "--wait" in err
+    assert _admin(broker, "stats")["broker"].get("commands_received", 0) == 0
+    assert _admin(broker, "commands")["held"] == 0
 
 
 def test_arguments_are_encoded_as_the_spec_says():
@@ -73,3 +96,28 @@ def test_network_config_is_marked_only_when_asked():
     assert command_args("config", [change], 0)[1] == b'{"brokers": [["10.0.0.2", 6843]]}'
     assert command_args("config", [change], 0, network=True)[1] == \
         b'{"brokers": [["10.0.0.2", 6843]], "network": true}'
+
+
+def test_with_a_token_the_broker_decides_and_nothing_is_refused(tmp_path, capsys):
+    """Auth required: a registered lock that is offline is waited for (up to
+    --expires), and the CLI opens no admin session the service token may not use."""
+    from lockmq.security import Permissions
+    from lockmq.testing import Peer, SecureBroker
+
+    env = SecureBroker(tmp_path, locks=["LK-OFF"], tokens={
+        "ops": Permissions(command=("reboot:LK-OFF",)), "root": Permissions(admin=True)})
+    broker = env.start()
+    root = Peer(broker.port, "")
+    try:
+        rc = main(["command", "--broker", f"127.0.0.1:{broker.port}", "--token", env.tok["ops"],
+                   "LK-OFF", "reboot", "--expires", "0.3"])
+        assert rc == 1 and "offline" in capsys.readouterr().err
+        root.auth_token(env.tok["root"])
+        security = root.admin("stats")["security"]
+        assert not [k for k in security if "permission_denied" in k], security
+        # one connection for the command, one for this check: no admin session that
+        # the service token would only be refused on
+        assert security["security_connection_admitted_total"] == 2, security
+    finally:
+        root.close()
+        env.close()

@@ -147,3 +147,13 @@ def test_a_transactional_command_reaches_the_lock_only_when_committed(broker):
         assert [f for f in lock.unsolicited if f.opcode == Op.COMMAND] == []   # one command
         # a half command with a malformed COMMAND body is refused at once
         assert refusal(lambda: half(p, "$command", 3, b"\x01")).code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_a_committed_command_refused_by_the_command_path_is_counted(broker):
+    """The producer may be gone by commit time: a refusal is counted and logged."""
+    expired = Command("LK-TX2", 0, 1, CommandKind.REBOOT).encode()   # expires_ms in 1970
+    with open_peer(broker.port, "svc-tx") as p:
+        end(p, half(p, "$command", 1, expired), commit=True)
+        wait_for(lambda: p.admin("stats")["broker"].get("txn_commands_refused") == 1,
+                 "the refusal")
+        assert p.admin("commands")["held"] == 0

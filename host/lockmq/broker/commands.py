@@ -75,6 +75,39 @@ class Pending:
         self.done = False           # answered: released from every cap
 
 
+class DetachedSender:
+    """Stands in for the connection of a command the broker submits on someone's
+    behalf (a scheduled command at its time, a committed transactional command):
+    that sender may be long gone, so a subclass says what becomes of the lock's
+    result (:meth:`result`) and of a refusal (:meth:`failed`)."""
+
+    closed = False
+
+    def __init__(self, principal: Any) -> None:
+        self.principal = principal
+
+    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
+        """The command's answer (COMMAND_RESULT)."""
+        if opcode == Op.COMMAND_RESULT:
+            self.result(CommandResult.decode(body))
+
+    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
+        """Refused by the command path (caps, size, expiry)."""
+        self.failed(int(code), message)
+
+    def refused(self, exc: SecurityError, opaque: int) -> None:
+        """Refused by the guard."""
+        self.failed(int(exc.code), exc.public_message or str(exc))
+
+    def result(self, res: CommandResult) -> None:
+        """The lock's (or the broker's OFFLINE/EXPIRED/FAILED) result."""
+        raise NotImplementedError
+
+    def failed(self, code: int, message: str) -> None:
+        """Refused with error ``code`` before reaching the lock."""
+        raise NotImplementedError
+
+
 def _owner(principal: Any) -> str:
     """The cap key of a sender: its token (a token's connections share one cap)."""
     tid = getattr(principal, "token_id", "")

@@ -41,7 +41,7 @@ from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, Sc
 from lockmq.security import BrokerGuard, SecurityError
 from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic
 
-from .commands import Commands
+from .commands import Commands, DetachedSender
 from .core import MAX_SEQ, BrokerCore, SystemSeq
 from .logs import EventLog, Stats
 from .publish import PublishPath, PublishRefused
@@ -95,29 +95,21 @@ def owner_of(principal: Any) -> str:
     return getattr(principal, "token_name", "") or getattr(principal, "name", "?")
 
 
-class ScheduledSender:
-    """Stands in for the connection of a scheduled command when it enters the command
-    path (the service that scheduled it may be long gone): it keeps the outcome."""
+class ScheduledSender(DetachedSender):
+    """The sender of a scheduled command when it enters the command path (the service
+    that scheduled it may be long gone): the outcome goes to ``done(item, status,
+    detail)``, a refusal as the negated error code."""
 
     def __init__(self, item: Item, principal: Any, done: Callable[[Item, int, str], None]) -> None:
+        super().__init__(principal)
         self.item = item
-        self.principal = principal
-        self.closed = False
         self._done = done
 
-    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
-        """The command's result (COMMAND_RESULT)."""
-        if opcode == Op.COMMAND_RESULT:
-            res = CommandResult.decode(body)
-            self._done(self.item, res.status, res.detail)
+    def result(self, res: CommandResult) -> None:
+        self._done(self.item, res.status, res.detail)
 
-    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
-        """The command path refused it (caps, size, expiry)."""
-        self._done(self.item, -int(code), message)
-
-    def refused(self, exc: SecurityError, opaque: int) -> None:
-        """Refused by the guard (only if rights were not checked)."""
-        self._done(self.item, -int(exc.code), exc.public_message or str(exc))
+    def failed(self, code: int, message: str) -> None:
+        self._done(self.item, -code, message)
 
 
 class _Principal:
@@ -147,6 +139,9 @@ class Scheduler:
         self.log = log
         self.closing = closing
         self.items: dict[int, Item] = {}
+        #: (producer id, seq) -> schedule id of each waiting publish: a retransmitted
+        #: PUBLISH_AT is answered with its id (bounded by the items' caps)
+        self.pub_ids: dict[tuple[str, int], int] = {}
         self._heap: list[tuple[int, int]] = []          # (at_ms, id); stale ids skipped
         self.by_owner: dict[str, int] = {}              # waiting + being stored
         self.held = 0
@@ -208,10 +203,10 @@ class Scheduler:
                           str(h.get("by", "")), bool(h.get("admin")))
             if t in ("pub", "cmd"):
                 it.stored_ms = r.broker_ts_us / 1000
-                self.items[sid] = it
+                self._hold(it)
             elif t == "done":
                 for i in h.get("ids", ()):
-                    self.items.pop(int(i), None)
+                    self._forget(int(i))
                 for topic, qo in (h.get("q") or {}).items():
                     self.last_q[topic] = max(self.last_q.get(topic, -1), int(qo))
         except Exception as exc:  # noqa: BLE001 -- a damaged op must not stop the start
@@ -286,7 +281,9 @@ class Scheduler:
                 conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.STORED, item.id).encode(),
                                 frame.opaque, Flag.RESPONSE)
             elif a is not None and not isinstance(a, Exception) and not oneway:
-                conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.DUPLICATE, 0).encode(),
+                # a retransmission: its id while it waits (0 once delivered or cancelled)
+                sid = self.pub_ids.get((sn, p.seq), 0)
+                conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.DUPLICATE, sid).encode(),
                                 frame.opaque, Flag.RESPONSE)
 
         self.publisher.submit([rec], stored)
@@ -372,7 +369,7 @@ class Scheduler:
             self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(a))
         elif item is not None:
             item.stored_ms = self.clock.wall_ms()
-            self.items[item.id] = item
+            self._hold(item)
             heapq.heappush(self._heap, (item.at_ms, item.id))
             self.stats.inc("scheduled_accepted")
             if self._wake is not None and self._heap[0][1] == item.id:
@@ -565,8 +562,21 @@ class Scheduler:
         for topic, qo in q.items():
             self.last_q[topic] = max(self.last_q.get(topic, -1), qo)
         for it in items:
-            if self.items.pop(it.id, None) is not None:
+            if self._forget(it.id) is not None:
                 self._count_out(it.owner, len(it.payload))
+
+    def _hold(self, it: Item) -> None:
+        """Keep waiting item ``it`` (a publish also under its message id)."""
+        self.items[it.id] = it
+        if it.kind == "pub":
+            self.pub_ids[(it.sn, it.seq)] = it.id
+
+    def _forget(self, sid: int) -> Item | None:
+        """Drop waiting item ``sid``; the item, or None if it was not waiting."""
+        it = self.items.pop(sid, None)
+        if it is not None and it.kind == "pub" and self.pub_ids.get((it.sn, it.seq)) == sid:
+            del self.pub_ids[(it.sn, it.seq)]
+        return it
 
     # -- operators ------------------------------------------------------------------
 

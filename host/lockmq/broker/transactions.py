@@ -34,6 +34,7 @@ from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
+from .commands import DetachedSender
 from .core import BrokerCore, SystemSeq
 from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
@@ -444,32 +445,25 @@ class Transactions:
                             else TxnOutcome.ROLLBACK)
 
 
-class CommandSender:
+class CommandSender(DetachedSender):
     """The sender of a committed transactional command, for ``Commands.submit``: the
     producer may be gone, so the lock's result (or a refusal) is logged and counted."""
 
-    closed = False
-
     def __init__(self, principal: Any, txn_id: int, stats: Stats, log: EventLog) -> None:
-        self.principal = principal
+        super().__init__(principal)
         self.txn_id = txn_id
         self.stats = stats
         self.log = log
 
-    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
-        if opcode == Op.COMMAND_RESULT:
-            r = CommandResult.decode(body)
-            self.stats.inc("txn_command_results")
-            self.log("txn_command_result", txn_id=self.txn_id, target=r.target,
-                     cmd_id=r.cmd_id, status=r.status, detail=r.detail)
+    def result(self, res: CommandResult) -> None:
+        self.stats.inc("txn_command_results")
+        self.log("txn_command_result", txn_id=self.txn_id, target=res.target,
+                 cmd_id=res.cmd_id, status=res.status, detail=res.detail)
 
-    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
+    def failed(self, code: int, message: str) -> None:
         self.stats.inc("txn_commands_refused")
-        self.log("txn_command_refused", txn_id=self.txn_id, code=int(code), message=message,
+        self.log("txn_command_refused", txn_id=self.txn_id, code=code, message=message,
                  level="warning")
-
-    def refused(self, exc: SecurityError, opaque: int) -> None:
-        self.send_error(exc.code, exc.public_message or str(exc), opaque)
 
 
 #: opcode -> handler(connection, frame), merged into the connection's dispatch table

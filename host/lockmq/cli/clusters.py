@@ -21,8 +21,9 @@ import argparse
 import time
 from typing import Any
 
-from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, parse_time_ms, print_json, print_table
+from lockmq.cli._admin import with_admin
+from lockmq.client import Admin
+from lockmq.client.cliargs import add_connection_args, fail, parse_time_ms, print_json, print_table, TIME_FORMS
 
 ACTIONS = ("describe", "reset", "delete")
 
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="reset: past the newest message (skip the backlog)")
     to.add_argument("--to-time", metavar="ISO8601|MS",
                     help="reset: to the first message stored at or after this time "
-                         "(2025-01-31T08:00:00Z, or ms since the epoch; no zone = UTC)")
+                         f"({TIME_FORMS}: 2025-01-31T08:00:00Z; or ms since the epoch)")
     p.set_defaults(func=run)
 
 
@@ -144,27 +145,29 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            if action == "delete":
-                resp = admin.request("clusters.delete", cluster=name)
-                print(f"cluster {resp['cluster']} deleted (was owned by "
-                      f"{resp.get('owner') or 'nobody'})")
-                return 0
-            if action == "reset":
-                resp = admin.request("clusters.reset", cluster=name, **reset)
-                print(f"cluster {resp['cluster']} on {resp['topic']}: position "
-                      f"{resp['before']} -> {resp['after']}")
-                return 0
-            req = {"cluster": name} if name else {}
-            if action == "describe":
-                return _describe(admin.request("clusters", **req), args, name or "")
-            while True:
-                _show(admin.request("clusters", **req), args, name)
-                if not args.watch:
-                    return 0
-                time.sleep(args.watch)
-                print()
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+        return with_admin(args, lambda admin: _run_action(admin, args, action, name, reset))
     except KeyboardInterrupt:
         return 0
+
+
+def _run_action(admin: Admin, args: argparse.Namespace, action: str, name: str | None,
+                reset: dict[str, Any]) -> int:
+    if action == "delete":
+        resp = admin.request("clusters.delete", cluster=name)
+        print(f"cluster {resp['cluster']} deleted (was owned by "
+              f"{resp.get('owner') or 'nobody'})")
+        return 0
+    if action == "reset":
+        resp = admin.request("clusters.reset", cluster=name, **reset)
+        print(f"cluster {resp['cluster']} on {resp['topic']}: position "
+              f"{resp['before']} -> {resp['after']}")
+        return 0
+    req = {"cluster": name} if name else {}
+    if action == "describe":
+        return _describe(admin.request("clusters", **req), args, name or "")
+    while True:
+        _show(admin.request("clusters", **req), args, name)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+        print()

@@ -14,6 +14,13 @@ Each kind needs its own right in the token (``--command 'KINDS:SN_GLOB'``, see
 ``lockmq tokens``). A config that changes where the lock connects (``brokers``,
 ``tls``) needs the right ``config.network`` and ``--network``, which marks the
 command ``"network": true``: the lock refuses such a change without that mark.
+
+With ``auth = "off"`` the broker has no device registry, so it cannot tell an
+offline lock from a mistyped SN and would hold either until ``--expires``. So
+without ``--token`` (only an auth-off broker accepts that) the command asks first
+and fails at once for a lock that is not connected; ``--wait`` holds the command
+for it anyway. With ``auth = "required"`` the broker refuses an unregistered SN
+itself and holds commands for a registered lock that is offline.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import argparse
 import json
 import struct
 
-from lockmq.client import AsyncProducer, CommandError, LockmqError
+from lockmq.client import AdminError, AsyncAdmin, AsyncProducer, CommandError, LockmqError
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
 from lockmq.client.sync import new_event_loop
 from lockmq.cli.scheduled import add_when_args, when_kwargs
@@ -49,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--expires", type=float, default=60.0,
                    help="give up if the lock is not reached within this many seconds "
                         "(default 60)")
+    p.add_argument("--wait", action="store_true",
+                   help="with auth off (no --token): hold the command for a lock that is not "
+                        "connected (up to --expires) instead of failing at once")
     add_when_args(p)   # a scheduled command: --at / --delay / --level (not before then)
     p.set_defaults(func=run)
 
@@ -99,10 +109,36 @@ def run(args: argparse.Namespace) -> int:
         loop.close()
 
 
+async def _not_connected(args: argparse.Namespace) -> str | None:
+    """The error for a lock that is not connected to a broker running with auth off
+    (no registry there: a wrong SN would wait until ``--expires``), else None. Asked
+    only without a token: a service token's admin requests would be refused (and
+    audited) by a broker with auth required, which checks SNs itself."""
+    if args.token:
+        return None
+    try:
+        async with AsyncAdmin(endpoint_from_args(args), token=args.token) as admin:
+            online = (await admin.request("devices")).get("devices", [])
+            if any(d.get("sn") == args.sn for d in online):
+                return None
+            if (await admin.request("stats")).get("auth") != "off":
+                return None   # the broker knows its registered locks: it holds or refuses
+    except AdminError:
+        return None
+    return (f"lock {args.sn!r} is not connected to the broker (auth is off: the broker has "
+            f"no device registry, so an unknown SN and an offline lock look the same); "
+            f"check the SN with `lockmq devices online`, or pass --wait to hold the command "
+            f"until the lock connects (up to --expires)")
+
+
 async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
+    when = when_kwargs(args, "not_before")
+    if not when and not args.wait:
+        missing = await _not_connected(args)
+        if missing:
+            return fail(missing)
     producer = AsyncProducer(endpoint_from_args(args), token=args.token, name="cli-command")
     await producer.connect()
-    when = when_kwargs(args, "not_before")
     try:
         if when:   # stored by the broker; runs at its time (`lockmq scheduled list`)
             sid = await producer.schedule_command(args.sn, kind, payload,

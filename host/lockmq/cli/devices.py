@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from lockmq.client.cliargs import add_group
 from lockmq.security import DeviceRegistry, provisioning_config
@@ -199,15 +200,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_online(args: argparse.Namespace) -> int:
     """Ask the broker (``devices`` admin op) which locks are online."""
-    from lockmq.client import Admin, LockmqError
-    from lockmq.client.cliargs import endpoint_from_args
+    from lockmq.cli._admin import admin_op
 
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("devices")
-    except (LockmqError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return admin_op(args, "devices", lambda resp: _show_online(args, resp))
+
+
+def _show_online(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     devs = resp.get("devices", [])
     if args.json:
         print(json.dumps(devs, indent=2))

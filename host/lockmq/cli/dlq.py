@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail, format_ms,
-                                   print_json, print_table, render_payload)
+from lockmq.cli._admin import with_admin
+from lockmq.client import Admin
+from lockmq.client.cliargs import (add_connection_args, add_group, fail, format_ms, print_json,
+                                   print_table, render_payload)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,16 +49,15 @@ def _unknown_cluster(admin: Admin, cluster: str) -> str | None:
 
 def run_list(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq dlq list``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
-                                 limit=args.limit)
-            if not resp.get("queue_end"):   # never a dead letter: is it a cluster at all?
-                unknown = _unknown_cluster(admin, args.cluster)
-                if unknown:
-                    return fail(unknown)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+    return with_admin(args, lambda admin: _list(args, admin))
+
+
+def _list(args: argparse.Namespace, admin: Admin) -> int:
+    resp = admin.request("dlq.list", cluster=args.cluster, offset=args.offset, limit=args.limit)
+    if not resp.get("queue_end"):   # never a dead letter: is it a cluster at all?
+        unknown = _unknown_cluster(admin, args.cluster)
+        if unknown:
+            return fail(unknown)
     if args.json:
         print_json(resp)
         return 0
@@ -79,24 +79,22 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq dlq replay``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            if args.all:
-                listed = admin.request("dlq.list", cluster=args.cluster, offset=args.offset,
-                                       limit=1000)
-                offsets = [m["dlq_offset"] for m in listed.get("messages", [])]
-                if not offsets:
-                    unknown = None if listed.get("queue_end") else \
-                        _unknown_cluster(admin, args.cluster)
-                    if unknown:
-                        return fail(unknown)
-                    print(f"no dead letters for {args.cluster}")
-                    return 0
-            else:
-                offsets = args.offsets
-            resp = admin.request("dlq.replay", cluster=args.cluster, offsets=offsets)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+    return with_admin(args, lambda admin: _replay(args, admin))
+
+
+def _replay(args: argparse.Namespace, admin: Admin) -> int:
+    if args.all:
+        listed = admin.request("dlq.list", cluster=args.cluster, offset=args.offset, limit=1000)
+        offsets = [m["dlq_offset"] for m in listed.get("messages", [])]
+        if not offsets:
+            unknown = None if listed.get("queue_end") else _unknown_cluster(admin, args.cluster)
+            if unknown:
+                return fail(unknown)
+            print(f"no dead letters for {args.cluster}")
+            return 0
+    else:
+        offsets = args.offsets
+    resp = admin.request("dlq.replay", cluster=args.cluster, offsets=offsets)
     print(f"replayed {resp.get('replayed', 0)} dead letters to {args.cluster}: "
           f"offsets {resp.get('offsets')}")
     return 0

@@ -1,6 +1,6 @@
 """``lockmq scheduled list|cancel``: scheduled messages and commands waiting in the broker.
 
-A message sent with ``lockmq produce TOPIC TEXT --at 2026-11-24T08:00`` (or
+A message sent with ``lockmq produce TOPIC TEXT --at 2026-11-24T08:00Z`` (UTC; or
 ``--delay 300``, or ``--level 9`` for RocketMQ's 5-minute level) and a command sent
 with ``lockmq command SN unlock --at ...`` wait in the broker, durably, until their
 time. ``list`` shows them (earliest first) and the last scheduled commands' results;
@@ -13,12 +13,11 @@ time. ``list`` shows them (earliest first) and the last scheduled commands' resu
 from __future__ import annotations
 
 import argparse
-import datetime
 from typing import Any
 
-from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail,
-                                   format_ms, print_json, print_table)
+from lockmq.cli._admin import admin_op
+from lockmq.client.cliargs import (add_connection_args, add_group, format_ms, parse_time_ms,
+                                   print_json, print_table, TIME_FORMS)
 from lockmq.client.scheduled import DELAY_LEVELS_S
 
 
@@ -42,8 +41,8 @@ def add_when_args(p: argparse.ArgumentParser) -> None:
     """``--at`` / ``--delay`` / ``--level`` on ``produce`` and ``command``."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("--at", default=None, metavar="TIME",
-                   help="deliver at TIME: ISO 8601 (local time unless it has an offset) "
-                        "or seconds since the epoch")
+                   help=f"deliver at TIME: {TIME_FORMS} (2026-11-24T08:00Z, "
+                        "2026-11-24T09:00+01:00), or seconds since the epoch")
     g.add_argument("--delay", type=float, default=None, metavar="SECONDS",
                    help="deliver after this many seconds")
     g.add_argument("--level", type=int, default=None, choices=range(1, len(DELAY_LEVELS_S) + 1),
@@ -51,15 +50,9 @@ def add_when_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_at(text: str) -> float:
-    """``--at``: epoch seconds, or ISO 8601 (naive = local time) -> epoch seconds."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise ValueError(f"--at {text!r}: give an ISO 8601 time or epoch seconds") from None
+    """``--at``: epoch seconds, or ISO 8601 (naive = UTC, as every time option) ->
+    epoch seconds."""
+    return parse_time_ms(text, "--at", numbers="s") / 1000
 
 
 def when_kwargs(args: argparse.Namespace, at_name: str = "deliver_at") -> dict[str, Any]:
@@ -78,11 +71,10 @@ def run_list(args: argparse.Namespace) -> int:
     req: dict[str, Any] = {"limit": args.limit}
     if args.owner:
         req["owner"] = args.owner
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("scheduled.list", **req)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+    return admin_op(args, "scheduled.list", lambda resp: _show_list(args, resp), **req)
+
+
+def _show_list(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     if args.json:
         print_json(resp)
         return 0
@@ -102,10 +94,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq scheduled cancel``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("scheduled.cancel", id=args.id)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
-    print(f"cancelled scheduled item {resp.get('cancelled', args.id)}")
-    return 0
+    def show(resp: dict[str, Any]) -> int:
+        print(f"cancelled scheduled item {resp.get('cancelled', args.id)}")
+        return 0
+
+    return admin_op(args, "scheduled.cancel", show, id=args.id)

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json
+from lockmq.client.cliargs import add_connection_args, print_json
 
 
 def register(subparsers: Any) -> None:
@@ -58,11 +58,6 @@ def promote(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """Print ``replica.status`` of a primary."""
-    from lockmq.client import Admin, LockmqError
+    from lockmq.cli._admin import admin_op
 
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            print_json(admin.request("replica.status"))
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
-    return 0
+    return admin_op(args, "replica.status", lambda resp: print_json(resp) or 0)

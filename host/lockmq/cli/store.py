@@ -9,13 +9,13 @@ import json
 import os
 import sys
 
-from lockmq.client.cliargs import parse_time_ms
+from lockmq.client.cliargs import TIME_FORMS, parse_time_ms
 
 
 def _parse_time(text: str) -> int:
     """``--since``/``--until``: epoch ms or ISO 8601 (UTC if no zone), for argparse."""
     try:
-        return parse_time_ms(text)
+        return parse_time_ms(text, "--since/--until")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -183,7 +183,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--topic", help="only this topic")
     d.add_argument("--sn", help="only this lock serial number / producer id")
     d.add_argument("--since", type=_parse_time,
-                   help="broker time at or after (epoch ms or ISO 8601, UTC default)")
+                   help=f"broker time at or after (epoch ms or {TIME_FORMS})")
     d.add_argument("--until", type=_parse_time, help="broker time before (same forms)")
     d.add_argument("--limit", type=int, help="stop after this many records")
     d.add_argument("--json", action="store_true",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail, print_json, print_table
+from typing import Any
+
+from lockmq.cli._admin import admin_op
+from lockmq.client.cliargs import add_connection_args, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,11 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq topics``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("topics")
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+    return admin_op(args, "topics", lambda resp: _show(args, resp))
+
+
+def _show(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     topics = [t for t in resp.get("topics", []) if args.system or not t.get("system")]
     if args.json:
         print_json(topics)

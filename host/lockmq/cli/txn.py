@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from lockmq.client import Admin, LockmqError
-from lockmq.client.cliargs import (add_connection_args, add_group, endpoint_from_args, fail, format_ms,
-                                   print_json, print_table)
+from typing import Any
+
+from lockmq.cli._admin import admin_op
+from lockmq.client.cliargs import add_connection_args, add_group, format_ms, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,11 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq txn list``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            resp = admin.request("txn.list", limit=args.limit)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
+    return admin_op(args, "txn.list", lambda resp: _show_list(args, resp), limit=args.limit)
+
+
+def _show_list(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     if args.json:
         print_json(resp)
         return 0
@@ -55,10 +55,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_resolve(args: argparse.Namespace) -> int:
     """Entry point of ``lockmq txn resolve``."""
-    try:
-        with Admin(endpoint_from_args(args), token=args.token) as admin:
-            admin.request("txn.resolve", txn_id=args.txn_id, outcome=args.outcome)
-    except (LockmqError, OSError) as exc:
-        return fail(str(exc))
-    print(f"transaction {args.txn_id}: {args.outcome}")
-    return 0
+    def show(resp: dict[str, Any]) -> int:
+        print(f"transaction {args.txn_id}: {args.outcome}")
+        return 0
+
+    return admin_op(args, "txn.resolve", show, txn_id=args.txn_id, outcome=args.outcome)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -173,18 +174,33 @@ def format_ms(ms: object, millis: bool = False) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def parse_time_ms(text: str, option: str = "time") -> int:
-    """Epoch milliseconds from an integer (ms) or an ISO 8601 time (no zone = UTC);
-    ``ValueError`` naming ``option`` and both forms otherwise."""
+#: How every time option reads a time, for its help text (see :func:`parse_time_ms`).
+TIME_FORMS = "ISO 8601, no zone = UTC like every time lockmq prints"
+
+
+def parse_time_ms(text: str, option: str = "time", numbers: str = "ms") -> int:
+    """Epoch milliseconds from a number or an ISO 8601 time, for every CLI time option.
+
+    A naive ISO time (no zone) is UTC: every time lockmq prints (``store dump``,
+    ``scheduled list``, logs) is UTC, so a time copied from them means the same
+    instant, whatever the operator's machine's zone. ``numbers``: the unit of a bare
+    number, ``"ms"`` or ``"s"`` since the epoch. ``ValueError`` naming ``option`` and
+    the forms otherwise."""
     try:
-        return int(text)
+        if numbers != "s":
+            return int(text)
+        seconds = float(text)
+        if math.isfinite(seconds):
+            return int(seconds * 1000)
     except ValueError:
         pass
     try:
         when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{option} {text!r} is neither ISO 8601 nor epoch milliseconds "
-                         "(e.g. 2026-11-22T03:00:00Z or 1795316400000)") from None
+        example = "1795316400" if numbers == "s" else "1795316400000"
+        raise ValueError(f"{option} {text!r} is neither ISO 8601 nor epoch "
+                         f"{'seconds' if numbers == 's' else 'milliseconds'} "
+                         f"(e.g. 2026-11-22T03:00:00Z or {example})") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.timezone.utc)
     return int(when.timestamp() * 1000)

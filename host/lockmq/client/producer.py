@@ -164,7 +164,8 @@ class AsyncProducer(SessionClient):
         ``deliver_at`` (datetime or epoch seconds), ``delay`` (seconds) or ``level``
         (RocketMQ delay level 1..18): the broker stores the message now and writes it
         to ``topic`` when due; the result's ``offset`` is then its schedule id (for
-        :meth:`cancel_scheduled`; 0 when the send was a retransmission).
+        :meth:`cancel_scheduled`; also for a retransmission while the message waits, 0
+        once it was delivered or cancelled).
         """
         at_ms = due_ms(deliver_at, delay, level)
         if self.closing:

@@ -1,0 +1,47 @@
+"""Every CLI time option reads a naive ISO time the same way: as UTC."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pytest
+
+from lockmq.cli.scheduled import parse_at
+from lockmq.cli.store import _parse_time
+from lockmq.client.cliargs import parse_time_ms
+
+#: 2026-11-24T08:00:00Z in epoch milliseconds
+EIGHT_UTC_MS = 1795507200000
+
+
+@pytest.fixture
+def far_zone(monkeypatch):
+    """The machine in a zone 8 hours off UTC: a naive time read as local would move."""
+    monkeypatch.setenv("TZ", "CST-8")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_naive_times_are_utc_in_every_option(far_zone):
+    assert parse_at("2026-11-24T08:00") * 1000 == EIGHT_UTC_MS           # produce/command --at
+    assert _parse_time("2026-11-24T08:00") == EIGHT_UTC_MS               # store dump --since
+    assert parse_time_ms("2026-11-24T08:00", "--to-time") == EIGHT_UTC_MS  # clusters reset
+
+
+def test_zones_and_numbers_keep_their_meaning(far_zone):
+    assert parse_at("2026-11-24T16:00+08:00") * 1000 == EIGHT_UTC_MS
+    assert parse_time_ms("2026-11-24T08:00:00Z") == EIGHT_UTC_MS
+    assert parse_at("1795507200") * 1000 == EIGHT_UTC_MS                 # --at: seconds
+    assert parse_at("1795507200.5") == 1795507200.5
+    assert parse_time_ms("1795507200000") == EIGHT_UTC_MS                # others: ms
+
+
+@pytest.mark.parametrize("text", ["tomorrow", "nan", "inf", ""])
+def test_bad_times_name_the_option(text):
+    with pytest.raises(ValueError, match="--at"):
+        parse_at(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="--since"):
+        _parse_time(text)
