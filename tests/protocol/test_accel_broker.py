@@ -16,7 +16,7 @@ from lockmq.broker import connection
 from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, _fast, \
     decode_body, encode_frame
 from lockmq.store import records
-from lockmq.testing import FAST_TIMERS, BrokerThread, open_peer
+from lockmq.testing import FAST_TIMERS, BrokerThread, merge_tables, open_peer
 
 HOST = Path(records.__file__).resolve().parents[1]
 BUILT = bool(list(HOST.glob("_speedups*.so")))
@@ -33,7 +33,9 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path,
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
         monkeypatch.setattr(connection, "_publish_acks", _fast.publish_acks)
-    b = BrokerThread(str(tmp_path / "data"), **FAST_TIMERS).start()
+    # small store batches: a read's publishes cross several of them
+    b = BrokerThread(str(tmp_path / "data"),
+                     **merge_tables(FAST_TIMERS, {"broker": {"max_publish_batch": 3}})).start()
     try:
         yield b
     finally:
@@ -88,3 +90,17 @@ def test_another_sn_is_the_sessions_call(broker: BrokerThread) -> None:
     lock.raw(_pub("LK-2", 2, 2) + _pub("LK-3", 3, 3) + _pub("LK-2", 4, 4))
     assert [getattr(f, "code", None) for f in lock.wait_closed(timeout=10)] == \
         [ErrorCode.SN_MISMATCH]
+
+
+def test_batches_cut_between_oneway_and_refused_publishes(broker: BrokerThread) -> None:
+    lock = open_peer(broker.port, sn="LK-4", role=Role.LOCK)
+    flags = [0, Flag.ONEWAY, 0, 0, Flag.ONEWAY, 0, 0, 0, Flag.ONEWAY, 0, 0]
+    read = b"".join(_pub("LK-4", i + 1, i + 1, topic="bad topic" if i == 6 else "t4",
+                         flags=f) for i, f in enumerate(flags))
+    lock.raw(read)
+    got = _answers(lock, 8)
+    assert (7, (Op.ERROR, ErrorCode.INVALID_ARGUMENT)) in got
+    assert [a for a in got if a[0] != 7] == [(op, PublishAck.STORED)
+                                            for op in (1, 3, 4, 6, 8, 10, 11)]
+    topics = {t["topic"]: t for t in open_peer(broker.port).admin("topics")["topics"]}
+    assert topics["t4"]["queue_end"] == 10   # every publish but the refused one
