@@ -352,8 +352,11 @@ static PyObject *encode_records(PyObject *self, PyObject *args)
     if (out == NULL || new_topics == NULL)
         goto error;
     for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(records); i++) {
-        PyObject *b = encode_one(PyList_GET_ITEM(records, i), ts, max_record, topic_cache,
-                                 known, new_topics);
+        /* held while its attributes are read: a property could drop it from the list */
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        Py_INCREF(rec);
+        PyObject *b = encode_one(rec, ts, max_record, topic_cache, known, new_topics);
+        Py_DECREF(rec);
         if (b == NULL)
             goto error;
         if (b == Py_None)
@@ -388,9 +391,7 @@ static PyObject *publish_acks(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!n:publish_acks", &PyList_Type, &batch, &PyList_Type,
                           &results, &start))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(results);
-    if (PyList_GET_SIZE(batch) < n)
-        n = PyList_GET_SIZE(batch);
+    Py_ssize_t n = Py_MIN(PyList_GET_SIZE(results), PyList_GET_SIZE(batch));
     if (start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "start out of range");
         return NULL;
@@ -400,15 +401,20 @@ static PyObject *publish_acks(PyObject *self, PyObject *args)
         return NULL;
     uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
     Py_ssize_t i, frames = 0, stored = 0, dup = 0;
-    for (i = start; i < n; i++) {
+    /* (sizes re-read each step: __bool__ or __index__ of an item could shrink a list) */
+    for (i = start; i < n && i < PyList_GET_SIZE(results) && i < PyList_GET_SIZE(batch); i++) {
         PyObject *a = PyList_GET_ITEM(results, i), *req = PyList_GET_ITEM(batch, i);
         if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 4
                 || !PyTuple_Check(req) || PyTuple_GET_SIZE(req) != 3)
             break;   /* a refusal (an exception): the caller answers it */
+        Py_INCREF(a);   /* tuples are immutable: holding them keeps their items */
+        Py_INCREF(req);
         int is_dup = PyObject_IsTrue(PyTuple_GET_ITEM(a, 3));
         int oneway = PyObject_IsTrue(PyTuple_GET_ITEM(req, 1));
         long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0));
         unsigned long opaque = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(req, 0));
+        Py_DECREF(a);
+        Py_DECREF(req);
         if (is_dup < 0 || oneway < 0 || PyErr_Occurred()) {
             Py_DECREF(out);
             return NULL;
