@@ -274,7 +274,7 @@ class Connection(asyncio.Protocol):
                     self._on_publishes(pubs)
                     if len(pubs) == SCAN_LIMIT:
                         continue
-                    if self.closed:
+                    if self.closed or not dec.buffered():   # (the usual end of a read)
                         break
             try:
                 for frame in dec.frames():
