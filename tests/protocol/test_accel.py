@@ -292,3 +292,19 @@ def test_records_read_back(impl: SimpleNamespace) -> None:
     with pytest.raises(InvalidRecord, match="max_record_bytes"):
         impl.encode_records(recs, 1, 50, {})
     assert struct.unpack_from("<I", enc[0])[0] == len(enc[0]) - 4
+
+
+def test_the_environment_variable_forces_the_pure_path() -> None:
+    import os
+    import subprocess
+    import sys
+
+    probe = "import lockmq.accel as a; print(a.COMPILED, a.DESCRIPTION)"
+    env = {k: v for k, v in os.environ.items() if k != "LOCKMQ_PURE_PYTHON"}
+    forced = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env=dict(env, LOCKMQ_PURE_PYTHON="1"), check=True).stdout
+    assert forced == "False pure Python (LOCKMQ_PURE_PYTHON is set)\n"
+    default = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             env=env, check=True).stdout
+    assert default == ("True compiled (lockmq._speedups)\n" if SPEEDUPS is not None else
+                       "False pure Python (lockmq._speedups is not built)\n")
