@@ -30,6 +30,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path,
         from lockmq import _speedups   # built: an import error is a failure
         monkeypatch.setattr(connection, "_scan_publishes", _speedups.scan_publishes)
         monkeypatch.setattr(connection, "_publish_acks", _speedups.publish_acks)
+        monkeypatch.setattr(connection, "SCAN_LIMIT", 3)   # a read takes several scans
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
         monkeypatch.setattr(connection, "_publish_acks", _fast.publish_acks)
