@@ -444,6 +444,101 @@ static PyObject *publish_acks(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nnnnn)", out, frames, stored, dup, i);
 }
 
+/* --------------------------------------------------------------- plan_run */
+
+/* plan_run(records, enc, i, pos, q, topic, seg_limit, active_base, seen, high_water,
+ *          ids, parts, blob, results, ts_s, appended) -> (i, pos, q)
+ *
+ * The writer thread's per-record loop (store/writer.py GroupCommit._plan) for the
+ * common record: new for its lock (above its high water, not seen in this batch),
+ * on the current topic, no segment roll. From records[i] on, each such record gets
+ * its index entry (<QII: pos, size, ts_s) in ``blob``, its bytes in ``parts``, its
+ * id in ``seen`` and ``ids`` and its Appended(pos, topic, q, False) in ``results``.
+ * It stops at the first other record (returning its index), which _plan's Python
+ * handles: a possible duplicate, a topic switch, a roll. */
+static PyObject *plan_run(PyObject *self, PyObject *args)
+{
+    PyObject *records, *enc, *topic, *seen, *hw, *ids, *parts, *blob, *results, *appended;
+    Py_ssize_t i;
+    long long pos, q, seg_limit, active_base;
+    unsigned long ts_s;
+    if (!PyArg_ParseTuple(args, "O!O!nLLOLLO!O!O!O!O!O!kO!:plan_run", &PyList_Type, &records,
+                          &PyList_Type, &enc, &i, &pos, &q, &topic, &seg_limit, &active_base,
+                          &PySet_Type, &seen, &PyDict_Type, &hw, &PyList_Type, &ids,
+                          &PyList_Type, &parts, &PyByteArray_Type, &blob, &PyList_Type,
+                          &results, &ts_s, &PyType_Type, &appended))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)appended, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "appended must be a tuple type");
+        return NULL;
+    }
+    for (; i < PyList_GET_SIZE(records) && i < PyList_GET_SIZE(enc); i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i), *b = PyList_GET_ITEM(enc, i);
+        if (!PyBytes_CheckExact(b))
+            break;
+        Py_INCREF(rec);
+        PyObject *sn = PyObject_GetAttr(rec, s_sn), *seq = NULL, *rtopic = NULL, *key = NULL;
+        int stop = 1;
+        if (sn == NULL || !(seq = PyObject_GetAttr(rec, s_seq))
+                || !(rtopic = PyObject_GetAttr(rec, s_topic)))
+            goto fail;
+        Py_ssize_t size = PyBytes_GET_SIZE(b);
+        if (rtopic != topic || (pos + size > seg_limit && pos > active_base))
+            goto next;   /* a topic switch or a segment roll: Python's */
+        if (!(key = PyTuple_Pack(2, sn, seq)))
+            goto fail;
+        int dup = PySet_Contains(seen, key);
+        if (dup < 0)
+            goto fail;
+        if (dup)
+            goto next;
+        PyObject *e = PyDict_GetItemWithError(hw, sn);   /* (hw, known, gaps) */
+        if (e == NULL && PyErr_Occurred())
+            goto fail;
+        if (e != NULL) {
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 1)
+                goto next;
+            int le = PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(e, 0), Py_LE);
+            if (le < 0)
+                goto fail;
+            if (le)
+                goto next;   /* maybe a duplicate: the dedup table decides, in Python */
+        }
+        /* new: index entry, bytes, id, result */
+        uint8_t entry[16];
+        put_le64(entry, (uint64_t)pos);
+        put_le32(entry + 8, (uint32_t)size);
+        put_le32(entry + 12, (uint32_t)ts_s);
+        Py_ssize_t old = PyByteArray_GET_SIZE(blob);
+        if (PyByteArray_Resize(blob, old + 16) < 0)
+            goto fail;
+        memcpy(PyByteArray_AS_STRING(blob) + old, entry, 16);
+        PyObject *res = Py_BuildValue("(LOLO)", pos, topic, q, Py_False);
+        PyObject *targs = res ? PyTuple_Pack(1, res) : NULL;
+        Py_XDECREF(res);
+        PyObject *app = targs ? PyTuple_Type.tp_new((PyTypeObject *)appended, targs, NULL) : NULL;
+        Py_XDECREF(targs);
+        if (app == NULL || PySet_Add(seen, key) < 0 || PyList_Append(parts, b) < 0
+                || PyList_Append(ids, key) < 0 || PyList_Append(results, app) < 0) {
+            Py_XDECREF(app);
+            goto fail;
+        }
+        Py_DECREF(app);
+        q++;
+        pos += size;
+        stop = 0;
+    next:
+        Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
+        if (stop)
+            break;
+        continue;
+    fail:
+        Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
+        return NULL;
+    }
+    return Py_BuildValue("(nLL)", i, pos, q);
+}
+
 /* ------------------------------------------------------------ checksums API */
 
 static PyObject *py_crc16(PyObject *self, PyObject *args)
@@ -479,6 +574,10 @@ static PyMethodDef methods[] = {
      "Python encoder must run (slow: how many)."},
     {"publish_acks", publish_acks, METH_VARARGS,
      "publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)"},
+    {"plan_run", plan_run, METH_VARARGS,
+     "plan_run(records, enc, i, pos, q, topic, seg_limit, active_base, seen, high_water, "
+     "ids, parts, blob, results, ts_s, appended) -> (i, pos, q): the store writer's "
+     "loop over new records of one topic (see the C comment)."},
     {"crc16", py_crc16, METH_VARARGS, "crc16(data, crc=0xFFFF): CRC-16/CCITT-FALSE"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, crc=0): zlib's CRC-32"},
     {NULL, NULL, 0, NULL},
