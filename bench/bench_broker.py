@@ -20,7 +20,9 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
   ``client_rate`` too); skipped, with the reason, when not installed
   (``scripts/system-deps.sh`` installs both);
 * ``before`` — with ``--baseline TREE``, the broker of another source tree (``git
-  archive main | tar -x -C /tmp/base``), run alternately with this one.
+  archive main | tar -x -C /tmp/base``), run alternately with this one;
+* ``pure`` — with ``--pure``, this broker with ``LOCKMQ_PURE_PYTHON=1`` (the
+  pure-Python hot path instead of ``lockmq._speedups``): the compiled path's ratio.
 
 ``cpu_us`` is each server's CPU time (user + system, all threads) per acknowledged
 record: on a shared machine it moves far less than the rates do.
@@ -70,6 +72,8 @@ from machine import machine_facts, proc_cpu_s, proc_status_mb  # noqa: E402
 from peers import PEERS, command as peer_command, peer_binary  # noqa: E402
 from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
+#: lockmq brokers: this tree's, another tree's (--baseline), this one pure Python (--pure)
+LOCKMQ_KINDS = ("broker", "before", "pure")
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
 
 
@@ -133,7 +137,7 @@ class Server:
         #: ``--keys`` for the load generator
         self.keys_path = ""
         env = None
-        if kind in ("broker", "before"):
+        if kind in LOCKMQ_KINDS:
             auth = "off"
             if lock_sns:
                 auth = "required"
@@ -143,6 +147,8 @@ class Server:
                                 "--flush", flush, "--log-level", "WARNING"]
             if kind == "before":   # the same broker from another tree (``--baseline``)
                 env = dict(os.environ, PYTHONPATH=os.path.join(str(baseline), "host"))
+            elif kind == "pure":   # this broker without its compiled hot path
+                env = dict(os.environ, LOCKMQ_PURE_PYTHON="1")
         elif kind in PEERS:
             cmd = peer_command(kind, self.port, self.dir)
         else:
@@ -155,7 +161,7 @@ class Server:
 
     def stored(self, topic: str) -> int | None:
         """Records the broker holds in ``topic`` (admin op ``topics``); None if unknown."""
-        if self.kind not in ("broker", "before"):
+        if self.kind not in LOCKMQ_KINDS:
             return None
         try:
             from lockmq.client import Admin
@@ -201,7 +207,7 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
     ``peers`` (Mosquitto, Redis) join the publish scenarios; ``--baseline`` adds the
     broker of another tree (``before``) to every scenario the broker runs."""
     d = str(a.duration)
-    lockmq = ("broker", "before") if a.baseline else ("broker",)
+    lockmq = ("broker", *(("before",) if a.baseline else ()), *(("pure",) if a.pure else ()))
     pub = ("ack", "fsync", *peers, *lockmq)
     out = [
         {"name": "sync-100", "servers": pub,
@@ -310,6 +316,9 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="TREE",
                     help="also run the broker of another source tree (e.g. `git archive "
                          "main`), alternating with this one: the before/after ratio")
+    ap.add_argument("--pure", action="store_true",
+                    help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "
+                         "path), alternating with it: the compiled/pure ratio")
     a = ap.parse_args()
     if a.quick:
         a.duration = min(a.duration, 1.0)
@@ -337,7 +346,7 @@ def main() -> int:
         for r in range(a.runs):
             for kind in sc["servers"]:
                 args = sc["args"] + (["--peer", kind] if kind in PEERS else [])
-                sns = sc.get("lock_sns") if kind in ("broker", "before") else None
+                sns = sc.get("lock_sns") if kind in LOCKMQ_KINDS else None
                 srv = Server(kind, a.server_core, base, a.flush, a.baseline, sns)
                 if srv.keys_path:
                     args = args + ["--keys", srv.keys_path]
@@ -373,13 +382,13 @@ def main() -> int:
     return 0
 
 
-RATIO_TO = ("ack", "fsync", "mosquitto", "redis", "before")
+RATIO_TO = ("ack", "fsync", "mosquitto", "redis", "before", "pure")
 
 
 def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
     """The summary table: min/median/max, lockmq's ratios to every other server, targets."""
     print("\nsummary (min / median / max over runs; x S = lockmq median / median of S; "
-          "before = --baseline tree)")
+          "before = --baseline tree; pure = this broker with LOCKMQ_PURE_PYTHON=1)")
     print(f"{'scenario':18s} {'figure':12s} {'server':9s} {'min':>10s} {'median':>10s} "
           f"{'max':>10s}  " + " ".join(f"{'x ' + k:>9s}" for k in RATIO_TO) + "  target")
     for sc in scs:
@@ -403,7 +412,7 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                     continue
                 kind, lo, med, hi = row
                 ratios = target = ""
-                if kind in ("broker", "before"):
+                if kind in LOCKMQ_KINDS:
                     ratios = " ".join(
                         f"{med / medians[k]:>9.2f}" if medians.get(k) and k != kind
                         else f"{'':>9s}" for k in RATIO_TO)

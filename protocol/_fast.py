@@ -14,7 +14,8 @@ import struct
 
 from ._constants import VERSION, MIN_FRAME, Op, Flag
 from ._crc import crc16_init
-from ._errors import BadBody, LocalProtocolError
+from ._errors import BadBody, LocalProtocolError, ProtocolError
+from ._frame import FrameDecoder
 from ._consume import Ack, Nack, Messages, Message
 
 _MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
@@ -88,6 +89,70 @@ def publish_ack_frame(status, offset, opaque):
     data = _ACK_FRAME.pack(VERSION, _ACK_FRAME_LEN, Op.PUBLISH_ACK, 0, Flag.RESPONSE,
                            opaque, status, offset)
     return data + _U16.pack(crc16_init(data, 0xFFFF))
+
+
+def publish_acks(batch, results, start):
+    """The PUBLISH_ACK frames answering ``results[start:]`` (the store's ``Appended``
+    per publish of ``batch``, a list of ``(opaque, oneway, record)``), up to the
+    first result that is not one (an exception: the caller answers it):
+    ``(bytes, frames, stored, duplicates, next index)``. ONEWAY publishes are counted
+    but not answered. The reference of ``lockmq._speedups.publish_acks``."""
+    acks = []
+    stored = dup = 0
+    n = min(len(batch), len(results))
+    i = start
+    while i < n:
+        a = results[i]
+        if not isinstance(a, tuple):
+            break
+        opaque, oneway, _rec = batch[i]
+        i += 1
+        if a[3]:
+            dup += 1
+        else:
+            stored += 1
+        if not oneway:
+            acks.append(publish_ack_frame(1 if a[3] else 0, a[0] if a[0] > 0 else 0, opaque))
+    return b"".join(acks), len(acks), stored, dup, i
+
+
+def scan_publishes(buf, pos, max_frame, sn, limit):
+    """The leading run of whole, valid PUBLISH frames in ``buf[pos:]`` (at most
+    ``limit``) as ``(opaque, flags, sn, topic, seq, lock_ts_ms, payload)`` tuples, and
+    the position after them: ``(list, pos)``. It stops before anything else -- a
+    partial or bad frame, another opcode, a frame MAC, an SN other than ``sn`` or
+    empty, a bad PUBLISH body -- which the caller's decoder then handles (and raises
+    about). The pure-Python reference of ``lockmq._speedups.scan_publishes``: the
+    decoder and :func:`publish_fields`, one frame at a time."""
+    dec = FrameDecoder(max_frame)
+    dec.feed(bytes(buf[pos:]))
+    total = dec.buffered()
+    out = []
+    done = 0
+    while len(out) < limit:
+        try:
+            frame = dec.next_frame()
+            if frame is None or frame.opcode != Op.PUBLISH or frame.flags & Flag.MAC \
+                    or frame.sn not in ("", sn):
+                break
+            topic, seq, lock_ts_ms, payload = publish_fields(frame.body)
+        except ProtocolError:
+            break
+        out.append((frame.opaque, frame.flags, sn, topic, seq, lock_ts_ms, payload))
+        done = total - dec.buffered()
+    return out, pos + done
+
+
+def take_publishes(decoder, sn, limit, scan):
+    """Run ``scan`` (:func:`scan_publishes` or its C twin) over what ``decoder`` holds
+    and consume the PUBLISH frames it took; returns their tuples. The broker's
+    compiled read path: one call for a read's publishes instead of a frame object,
+    a generator step and a body decode each."""
+    if decoder._error is not None:
+        return []
+    pubs, pos = scan(decoder._buf, decoder._pos, decoder.max_frame, sn, limit)
+    decoder._pos = pos
+    return pubs
 
 
 def messages_head(sub_id, count):

@@ -39,6 +39,8 @@ def LOCAL(folder: str, names: list[str]) -> set[str]:
 
 
 KEY = "ab" * 32
+#: a C compiler here: the builds include lockmq._speedups (setup.py: optional=True)
+CC = shutil.which("cc") or shutil.which("gcc")
 
 
 def _run(*argv: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -109,7 +111,12 @@ def test_cli_help_and_version_from_the_wheel(installed):
     out = _run(installed / "bin" / "lockmq", "--help", env=env, cwd=installed).stdout
     assert "firmware" in out and "broker" in out
     version_line = _run(installed / "bin" / "lockmq", "--version", env=env, cwd=installed).stdout
-    assert version_line == f"lockmq {lockmq.__version__}\n"
+    # built here: with a C compiler the hot path is the compiled one, else pure Python
+    hot = "compiled (lockmq._speedups)" if CC else "pure Python (lockmq._speedups is not built)"
+    assert version_line == f"lockmq {lockmq.__version__} (hot path: {hot})\n"
+    pure = _run(installed / "bin" / "lockmq", "--version", env=dict(env, LOCKMQ_PURE_PYTHON="1"),
+                cwd=installed).stdout
+    assert pure == f"lockmq {lockmq.__version__} (hot path: pure Python (LOCKMQ_PURE_PYTHON is set))\n"
     unit = _run(installed / "bin" / "lockmq", "systemd-unit", env=env, cwd=installed).stdout
     assert f"ExecStart={installed}/bin/lockmq broker --config " in unit
 
@@ -176,3 +183,7 @@ def test_editable_install_is_a_plain_path_entry_that_a_lockmq_folder_cannot_shad
              "print(lockmq.__version__, lockmq.protocol.__file__)")
     out = _run(venv / "bin" / "python", "-c", probe, lib.parent, env=_bare_env(venv), cwd=tmp_path).stdout
     assert out.split() == [lockmq.__version__, str(source / "host/lockmq/protocol/__init__.py")]
+    if CC:   # the compiled hot path is built in place, where the path entry finds it
+        probe = "import lockmq._speedups as s; print(s.__file__)"
+        out = _run(venv / "bin" / "python", "-c", probe, env=_bare_env(venv), cwd=tmp_path).stdout
+        assert out.startswith(str(source / "host/lockmq/_speedups"))

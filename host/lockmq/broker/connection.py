@@ -40,8 +40,11 @@ from lockmq.config import Config
 from lockmq.security import BrokerGuard, ConnectionRefused, Principal, SecurityError
 from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
+from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
-    messages_head, publish_ack_frame, publish_fields
+    messages_head, publish_fields, take_publishes
+from lockmq.protocol._fast import publish_acks as _py_publish_acks
+from lockmq.protocol._frame import Frame
 
 from .admin import Admin
 from .clusters import Cluster, ClusterError, Lease, Member, ParkedPull
@@ -54,6 +57,13 @@ from .publish import PublishPath, PublishRefused
 from .transactions import TXN_HANDLERS
 
 _RESP = Flag.RESPONSE
+_ONEWAY = Flag.ONEWAY
+# The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
+# a store answer's acks packed in one; None / the pure-Python twin otherwise.
+_scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
+_publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
+#: at most this many publishes scanned per call (bounds the tuples made at once)
+SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
 _ROLE_OF_KIND = {"lock": Role.LOCK, "service": Role.SERVICE, "admin": Role.ADMIN}
 #: Seconds a closing connection may take to drain its last answers before it is
@@ -251,9 +261,23 @@ class Connection(asyncio.Protocol):
             self._bad_input(exc)
             return
         n = 0
+        session = self.session
         # One iterator over every whole frame of this read (not one call per frame);
         # an unknown opcode ends it, and the next one resumes after the skipped frame.
         while not self.closed:
+            if _scan_publishes is not None and session.state == ESTABLISHED \
+                    and session.mac_key is None:
+                # compiled: the read's leading PUBLISH frames in one call (the session's
+                # rules for them -- established, no MAC, its own SN -- checked by the
+                # scanner); whatever it stops at goes through the decoder below
+                pubs = take_publishes(dec, session.name, SCAN_LIMIT, _scan_publishes)
+                if pubs:
+                    n += len(pubs)
+                    self._on_publishes(pubs)
+                    if len(pubs) == SCAN_LIMIT:
+                        continue
+                    if self.closed or not dec.buffered():   # (the usual end of a read)
+                        break
             try:
                 for frame in dec.frames():
                     n += 1
@@ -498,8 +522,67 @@ class Connection(asyncio.Protocol):
 
     def _on_publish(self, frame: Any) -> None:
         topic, seq, lock_ts_ms, payload = publish_fields(frame.body)   # Publish.decode's
+        self._publish(frame.opaque, frame.flags, frame.sn, topic, seq, lock_ts_ms, payload)
+
+    def _on_publishes(self, pubs: list[tuple]) -> None:
+        """PUBLISH frames the compiled scanner took, as :meth:`_publish` arguments.
+
+        The common case -- a topic already checked, an answer wanted, the broker not
+        closing, the session's own SN -- is queued here without a call per record;
+        anything else goes through :meth:`_publish`. Errors are answered as
+        :meth:`data_received` answers a frame's."""
         b = self.services
-        oneway = bool(frame.flags & Flag.ONEWAY)
+        principal = self.principal
+        inline = not b.connections.closing and principal.name == self._producer_ok
+        topics_ok = self._topics_ok
+        check = b.guard.check_publish
+        queue = self._pub
+        records = self._pub_recs
+        cap = b.config.broker.max_publish_batch
+        done = size = 0
+        for p in pubs:
+            opaque, flags, sn, topic, seq, lock_ts_ms, payload = p
+            try:
+                if not inline or flags & _ONEWAY or topic not in topics_ok:
+                    self._pub_size += size   # (it may hand the batch to the store)
+                    size = 0
+                    self._publish(*p)
+                    queue = self._pub
+                    records = self._pub_recs
+                    inline = not b.connections.closing and principal.name == self._producer_ok
+                else:   # _publish's checks that can still fail, then queue the record
+                    done += 1
+                    try:
+                        check(principal, topic, n=1)
+                    except SecurityError as exc:
+                        self._pub_refused(exc, False, opaque)
+                    else:
+                        rec = NewRecord(topic, sn, seq, lock_ts_ms, payload)
+                        queue.append((opaque, False, rec))
+                        records.append(rec)
+                        size += len(payload) + 64
+                        if len(queue) >= cap:
+                            self._pub_size += size
+                            size = 0
+                            self._submit_publishes()   # (the publish path stores it at once)
+                            queue = self._pub
+                            records = self._pub_recs
+            except Exception as exc:  # noqa: BLE001 -- as in data_received
+                queue = self._pub
+                records = self._pub_recs
+                if not self._frame_failed(Frame(Op.PUBLISH, sn, flags, opaque, b""), exc):
+                    break
+            if self.closed:
+                break
+        self._pub_size += size
+        b.stats.c["publish_received"] += done
+
+    def _publish(self, opaque: int, flags: int, sn: str, topic: str, seq: int,
+                 lock_ts_ms: int, payload: bytes) -> None:
+        """One PUBLISH the session allowed: checked (topic, rights, producer id) and
+        queued for the store."""
+        b = self.services
+        oneway = bool(flags & _ONEWAY)
         b.stats.c["publish_received"] += 1
         if oneway:
             b.stats.c["publish_oneway"] += 1
@@ -508,7 +591,7 @@ class Connection(asyncio.Protocol):
                 validate_topic(topic)
             except InvalidRecord as exc:
                 b.stats.inc("publish_refused")
-                self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(exc), frame.opaque)
+                self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(exc), opaque)
                 return
             if len(self._topics_ok) >= 64:
                 self._topics_ok.clear()
@@ -517,13 +600,13 @@ class Connection(asyncio.Protocol):
             # (the frame's SN was bound to the principal by the session already)
             b.guard.check_publish(self.principal, topic, n=1)
         except SecurityError as exc:
-            self._pub_refused(exc, oneway, frame.opaque)
+            self._pub_refused(exc, oneway, opaque)
             return
         if b.connections.closing:
             self._pub_error(oneway, _code("SHUTTING_DOWN"), "the broker is shutting down",
-                            frame.opaque, 1000)
+                            opaque, 1000)
             return
-        sn = frame.sn or self.principal.name
+        sn = sn or self.principal.name
         if sn != self._producer_ok:   # reserved ids, lookalikes, another's id: once per id
             try:
                 b.guard.check_producer_id(self.principal, sn)
@@ -534,11 +617,11 @@ class Connection(asyncio.Protocol):
                     b.log("producer_id_refused", conn=self.id, peer=self.peer,
                           principal=self.principal.name, producer_id=sn[:80],
                           reason=exc.reason, level="warning")
-                self._pub_refused(exc, oneway, frame.opaque)
+                self._pub_refused(exc, oneway, opaque)
                 return
             self._producer_ok = sn
         rec = NewRecord(topic, sn, seq, lock_ts_ms, payload)
-        self._pub.append((frame.opaque, oneway, rec))
+        self._pub.append((opaque, oneway, rec))
         self._pub_recs.append(rec)
         self._pub_size += len(payload) + 64
         if len(self._pub) >= b.config.broker.max_publish_batch:
@@ -587,36 +670,39 @@ class Connection(asyncio.Protocol):
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
         stats = self.services.stats.c
         stored = dup = 0
-        # Acks without a frame MAC are packed whole in one call (protocol/_fast.py);
-        # with MACs on they are sealed one by one.
+        # Acks without a frame MAC are packed in one call per run of stored records
+        # (lockmq._speedups, or protocol/_fast.py); with MACs on they are sealed one
+        # by one. Answers keep the order of the requests.
         sealed = self.session.mac_key is not None
-        acks: list[bytes] = []
-        for (opaque, oneway, _r), a in zip(batch, results):
+        i = 0
+        n = len(results)
+        while i < n:
+            if not sealed:
+                data, frames, st, dp, i = _publish_acks(batch, results, i)
+                stored += st
+                dup += dp
+                if frames:
+                    self._send_acks(data, frames)
+                if i >= n:
+                    break
+            opaque, oneway, _r = batch[i]
+            a = results[i]
+            i += 1
             if isinstance(a, Exception):
-                if acks:   # answers keep the order of the requests
-                    self._send_acks(acks)
-                    acks = []
                 if isinstance(a, PublishRefused):
                     self._pub_error(oneway, a.code, a.message, opaque, a.retry_after_ms)
                 else:
                     self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
                 continue
-            status = PublishAck.STORED
+            status = PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED
             if a.duplicate:
                 dup += 1
-                status = PublishAck.DUPLICATE
             else:
                 stored += 1
-            if oneway:
-                continue
-            offset = a.offset if a.offset > 0 else 0
-            if sealed:
-                self.send_frame(Op.PUBLISH_ACK, PublishAck(status, offset).encode(), opaque,
-                                _RESP)
-            else:
-                acks.append(publish_ack_frame(status, offset, opaque))
-        if acks:
-            self._send_acks(acks)
+            if not oneway:   # (sealed: with the frame MAC)
+                self.send_frame(Op.PUBLISH_ACK,
+                                PublishAck(status, a.offset if a.offset > 0 else 0).encode(),
+                                opaque, _RESP)
         stats["publish_stored"] += stored
         stats["publish_duplicates"] += dup
         self._pub_bytes -= size
@@ -625,11 +711,11 @@ class Connection(asyncio.Protocol):
             self._paused_for_pub = False
             self._update_reading()
 
-    def _send_acks(self, acks: list[bytes]) -> None:
-        self.services.stats.c["frames_out"] += len(acks)
+    def _send_acks(self, data: bytes, frames: int) -> None:
+        self.services.stats.c["frames_out"] += frames
         if self.closed:
             return
-        self.out.append(b"".join(acks) if len(acks) > 1 else acks[0])
+        self.out.append(data)
         # the store's answer is all this connection gets now: written at once, not
         # one loop iteration later (with whatever else was queued, in order)
         self.flush()

@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lockmq",
         description="lockmq: durable messaging for smart-lock fleets.",
     )
-    parser.add_argument("--version", action="version", version=f"lockmq {lockmq.__version__}")
+    from lockmq import accel   # (says which hot path runs: compiled or pure Python)
+    parser.add_argument("--version", action="version",
+                        version=f"lockmq {lockmq.__version__} (hot path: {accel.DESCRIPTION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in GROUPS:
         try:

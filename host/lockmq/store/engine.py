@@ -31,7 +31,7 @@ from .index import TopicIndex
 from .names import LOCK, SEGMENT_DIR, index_file_name, positions_files
 from .positions import PositionsFile
 from .recovery import RecoveryReport, recover
-from .records import (Appended, NewRecord, StoredRecord, encode_record, validate_cluster,
+from .records import (Appended, NewRecord, StoredRecord, encode_records, validate_cluster,
                       validate_topic)
 from .retention import RetentionReport
 from .segment import Segment, SegmentList
@@ -220,16 +220,9 @@ class Store:
         if not records:
             return None
         ts = int(self.clock.wall_ms() * 1000)
-        maxrec = self._max_record
-        topics = self._topics
-        enc = []
-        n = 0
-        for r in records:
-            b = encode_record(r, ts, maxrec)
-            n += len(b)
-            enc.append(b)
-            if r.topic not in topics:
-                self._new_topic(r.topic)
+        enc, n, new_topics = encode_records(records, ts, self._max_record, self._topics)
+        for topic in new_topics:
+            self._new_topic(topic)
         return w.submit(records, enc, n, ts // 1_000_000, answer)
 
     def _first_write_ms(self, seg: Segment, log_end: int) -> float | None:

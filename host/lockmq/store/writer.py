@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from lockmq import accel
 from lockmq.clock import SYSTEM_CLOCK, Clock
 
 from . import checkpoint as ckpt
@@ -34,6 +35,9 @@ from .segment import Segment, SegmentList
 from .topic import Topic
 
 log = logging.getLogger("lockmq.store")
+
+#: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._speedups), or None
+_plan_run = accel.speedups.plan_run if accel.COMPILED else None
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -394,9 +398,23 @@ class GroupCommit:
         c: list = []
         q = 0
         blob = bytearray()
+        run = _plan_run   # the compiled loop for the common record (None: Python only)
+        hw = self._dedup.high_water()
         for records, enc, _n, _fut, ts_s in batch:
             res: list[Appended] = []
-            for rec, b in zip(records, enc):
+            i = 0
+            n = min(len(records), len(enc))
+            fast = run is not None and type(records) is list and type(enc) is list \
+                and 0 <= ts_s <= 0xFFFFFFFF
+            while i < n:
+                if fast:   # new records of the current topic, up to the first other one
+                    i, pos, q = run(records, enc, i, pos, q, topic, seg_limit, active_base,
+                                    seen, hw, ids, parts, blob, res, ts_s, Appended)
+                    if i >= n:
+                        break
+                rec = records[i]
+                b = enc[i]
+                i += 1
                 sn = rec.sn
                 seq = rec.seq
                 key = (sn, seq)

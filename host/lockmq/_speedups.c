@@ -1,0 +1,601 @@
+/* lockmq._speedups: the broker's per-record hot path in C (issue #14).
+ *
+ * Optional: lockmq.accel imports it when it was built, and the pure-Python code it
+ * mirrors stays the fallback and the reference (tests/protocol/test_accel*.py hold
+ * the two equal, on vectors and on random bytes). Three jobs, one call per read or
+ * per batch so that Python<->C crossings are few:
+ *
+ *   scan_publishes  a read's leading run of valid PUBLISH frames -> field tuples
+ *                   (everything else -- other opcodes, bad or partial frames, frame
+ *                   MACs, another SN -- is left to the Python decoder, which raises
+ *                   the protocol's own errors, so error behaviour cannot drift);
+ *   encode_records  NewRecords -> commit-log record bytes (store/records.py);
+ *   publish_acks    store results -> the PUBLISH_ACK frames of one answer.
+ *
+ * Memory safety: every read of the input is bounds-checked against the buffer's
+ * length before it happens; outputs are new objects (no buffer reused across calls).
+ * Byte layouts: protocol/SPEC.md (frames) and host/lockmq/store/FORMAT.md (records).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* protocol/_constants.py */
+#define VERSION 1
+#define HEADER_SIZE 8      /* version u8, length u32, opcode u16, sn_len u8 */
+#define SUBHEADER_SIZE 5   /* flags u8, opaque u32 */
+#define CRC_SIZE 2
+#define MIN_FRAME (HEADER_SIZE + SUBHEADER_SIZE + CRC_SIZE)
+#define MAX_SN 64
+#define OP_PUBLISH 0x10
+#define OP_PUBLISH_ACK 0x11
+#define FLAG_ONEWAY 0x01
+#define FLAG_RESPONSE 0x02
+#define FLAG_MAC 0x04
+#define ACK_FRAME_LEN (MIN_FRAME + 9)   /* empty SN; body: status u8, offset u64 */
+#define ACK_STORED 0
+#define ACK_DUPLICATE 1
+
+/* host/lockmq/store/records.py */
+#define RECORD_HEADER 40
+#define FORMAT_VERSION 1
+#define FLAG_SYSTEM 0x01
+#define MAX_SN_LEN 255
+#define MAX_SEQ 0xFFFFFFFFULL
+
+/* ---------------------------------------------------------------- checksums */
+
+static uint16_t crc16_table[256];     /* CRC-16/CCITT-FALSE, poly 0x1021 */
+static uint32_t crc32_table[8][256];  /* zlib's CRC-32, slicing by 8 */
+
+static void init_tables(void)
+{
+    for (int i = 0; i < 256; i++) {
+        uint16_t c = (uint16_t)(i << 8);
+        for (int k = 0; k < 8; k++)
+            c = (c & 0x8000) ? (uint16_t)((c << 1) ^ 0x1021) : (uint16_t)(c << 1);
+        crc16_table[i] = c;
+        uint32_t d = (uint32_t)i;
+        for (int k = 0; k < 8; k++)
+            d = (d & 1) ? (d >> 1) ^ 0xEDB88320u : d >> 1;
+        crc32_table[0][i] = d;
+    }
+    for (int i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc32_table[t][i] = (crc32_table[t - 1][i] >> 8)
+                                ^ crc32_table[0][crc32_table[t - 1][i] & 0xFF];
+}
+
+static uint16_t crc16(const uint8_t *p, Py_ssize_t n, uint16_t crc)
+{
+    while (n--)
+        crc = (uint16_t)((crc << 8) ^ crc16_table[((crc >> 8) ^ *p++) & 0xFF]);
+    return crc;
+}
+
+static uint32_t crc32(const uint8_t *p, Py_ssize_t n, uint32_t crc)
+{
+    crc = ~crc;
+    /* eight bytes per step: records are hashed whole, payloads can be kilobytes */
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8
+                             | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        crc = crc32_table[7][lo & 0xFF] ^ crc32_table[6][(lo >> 8) & 0xFF]
+            ^ crc32_table[5][(lo >> 16) & 0xFF] ^ crc32_table[4][lo >> 24]
+            ^ crc32_table[3][p[4]] ^ crc32_table[2][p[5]]
+            ^ crc32_table[1][p[6]] ^ crc32_table[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = (crc >> 8) ^ crc32_table[0][(crc ^ *p++) & 0xFF];
+    return ~crc;
+}
+
+/* ------------------------------------------------------------ byte helpers */
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t be64(const uint8_t *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+static void put_le16(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    put_le32(p, (uint32_t)v);
+    put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* ---------------------------------------------------------- scan_publishes */
+
+/* One PUBLISH frame's field tuple, or NULL with no error set when the frame is
+ * not one this scanner takes (the Python decoder then handles it). ``f`` points
+ * at a whole frame of ``length`` bytes whose header and CRC were checked. */
+static PyObject *publish_tuple(const uint8_t *f, uint32_t length, PyObject *sn,
+                               PyObject **last_topic, const uint8_t **last_raw,
+                               Py_ssize_t *last_n)
+{
+    Py_ssize_t sn_len = f[7];
+    uint8_t flags = f[HEADER_SIZE + sn_len];
+    uint32_t opaque = be32(f + HEADER_SIZE + sn_len + 1);
+    const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
+    Py_ssize_t body_len = (Py_ssize_t)length - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
+    /* body: topic str8, seq u32, lock_ts_ms u64, payload (Publish in SPEC.md) */
+    Py_ssize_t tlen = body_len > 0 ? body[0] : 0;
+    if (body_len < 13 + tlen)
+        return NULL;   /* truncated: Python answers BadBody */
+    PyObject *topic;
+    if (*last_topic != NULL && *last_n == tlen && memcmp(*last_raw, body + 1, tlen) == 0) {
+        topic = *last_topic;   /* the usual case: one topic per connection */
+        Py_INCREF(topic);
+    } else {
+        topic = PyUnicode_DecodeUTF8((const char *)body + 1, tlen, NULL);
+        if (topic == NULL) {   /* not UTF-8: Python answers BadBody */
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_XDECREF(*last_topic);
+        Py_INCREF(topic);
+        *last_topic = topic;
+        *last_raw = body + 1;
+        *last_n = tlen;
+    }
+    const uint8_t *p = body + 1 + tlen;
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)p + 12, body_len - 13 - tlen);
+    if (payload == NULL) {
+        Py_DECREF(topic);
+        return NULL;
+    }
+    /* (opaque, flags, sn, topic, seq, lock_ts_ms, payload): Connection._publish's args */
+    return Py_BuildValue("(kBONkKN)", (unsigned long)opaque, flags, sn, topic,
+                         (unsigned long)be32(p), (unsigned long long)be64(p + 4), payload);
+}
+
+/* scan_publishes(buf, pos, max_frame, sn, limit) -> (list, pos) */
+static PyObject *scan_publishes(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, max_frame, limit;
+    PyObject *sn;
+    if (!PyArg_ParseTuple(args, "y*nnUn:scan_publishes", &view, &pos, &max_frame, &sn, &limit))
+        return NULL;
+    Py_ssize_t sn_size;
+    const char *sn_utf8 = PyUnicode_AsUTF8AndSize(sn, &sn_size);
+    PyObject *out = PyList_New(0);
+    if (sn_utf8 == NULL || out == NULL || pos < 0) {
+        if (pos < 0 && out != NULL)
+            PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        Py_XDECREF(out);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t size = view.len;
+    PyObject *last_topic = NULL;
+    const uint8_t *last_raw = NULL;
+    Py_ssize_t last_n = 0;
+    while (PyList_GET_SIZE(out) < limit && size - pos >= HEADER_SIZE) {
+        const uint8_t *f = buf + pos;
+        Py_ssize_t sn_len = f[7];
+        uint32_t length = be32(f + 1);
+        uint16_t opcode = (uint16_t)(f[5] << 8 | f[6]);
+        /* the Python decoder's checks, in its order; any failure: stop here */
+        if (f[0] != VERSION || sn_len > MAX_SN || length < (uint32_t)(MIN_FRAME + sn_len)
+                || (Py_ssize_t)length > max_frame || (Py_ssize_t)length > size - pos)
+            break;
+        if (crc16(f, length - CRC_SIZE, 0xFFFF) != (f[length - 2] << 8 | f[length - 1]))
+            break;
+        if (opcode != OP_PUBLISH || (f[HEADER_SIZE + sn_len] & FLAG_MAC))
+            break;   /* another request, or frame MACs: the session's Python path */
+        if (sn_len && (sn_len != sn_size || memcmp(f + HEADER_SIZE, sn_utf8, sn_len) != 0))
+            break;   /* a producer id other than the session's: the session decides */
+        PyObject *t = publish_tuple(f, length, sn, &last_topic, &last_raw, &last_n);
+        if (t == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            break;
+        }
+        int rc = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto error;
+        pos += length;
+    }
+    Py_XDECREF(last_topic);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(Nn)", out, pos);
+error:
+    Py_XDECREF(last_topic);
+    Py_DECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---------------------------------------------------------- encode_records */
+
+/* interned attribute names of NewRecord */
+static PyObject *s_topic, *s_sn, *s_seq, *s_lock_ts_ms, *s_payload, *s_headers;
+
+/* An exact int in 0..max, or -1 (not one: the Python path explains why). */
+static long long small_uint(PyObject *o, unsigned long long max)
+{
+    if (!PyLong_CheckExact(o))
+        return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || v < 0 || (unsigned long long)v > max)
+        return -1;
+    return v;
+}
+
+/* One record's commit-log bytes; Py_None when the record needs the Python path
+ * (headers, a topic not yet validated, an unusual field, too big): it raises the
+ * precise InvalidRecord there. NULL on a Python error. */
+static PyObject *encode_one(PyObject *rec, unsigned long long ts, Py_ssize_t max_record,
+                            PyObject *topic_cache, PyObject *known, PyObject *new_topics)
+{
+    PyObject *topic = NULL, *sn = NULL, *seq_o = NULL, *ts_o = NULL, *payload = NULL,
+             *headers = NULL, *result = NULL;
+    if (!(topic = PyObject_GetAttr(rec, s_topic)) || !(sn = PyObject_GetAttr(rec, s_sn))
+            || !(seq_o = PyObject_GetAttr(rec, s_seq))
+            || !(ts_o = PyObject_GetAttr(rec, s_lock_ts_ms))
+            || !(payload = PyObject_GetAttr(rec, s_payload))
+            || !(headers = PyObject_GetAttr(rec, s_headers)))
+        goto done;
+    result = Py_None;
+    PyObject *cached = PyUnicode_CheckExact(topic) ? PyDict_GetItemWithError(topic_cache, topic)
+                                                   : NULL;
+    if (cached == NULL) {   /* unvalidated topic (or a lookup error: set below) */
+        if (PyErr_Occurred())
+            result = NULL;
+        goto done;
+    }
+    /* topic_cache values: (name bytes, flags, length), see records._topic_bytes */
+    if (!PyTuple_CheckExact(cached) || PyTuple_GET_SIZE(cached) != 3
+            || !PyBytes_CheckExact(PyTuple_GET_ITEM(cached, 0)))
+        goto done;
+    PyObject *topic_b = PyTuple_GET_ITEM(cached, 0);
+    long flags = PyLong_AsLong(PyTuple_GET_ITEM(cached, 1));
+    if (flags == -1 && PyErr_Occurred()) {
+        result = NULL;
+        goto done;
+    }
+    long long seq = small_uint(seq_o, MAX_SEQ);
+    long long lock_ts = small_uint(ts_o, (1ULL << 63) - 1);
+    if (headers != Py_None || !PyUnicode_CheckExact(sn) || !PyUnicode_IS_ASCII(sn)
+            || PyUnicode_GET_LENGTH(sn) < 1 || PyUnicode_GET_LENGTH(sn) > MAX_SN_LEN
+            || seq < 0 || lock_ts < 0 || !PyBytes_CheckExact(payload))
+        goto done;
+    Py_ssize_t tlen = PyBytes_GET_SIZE(topic_b), slen = PyUnicode_GET_LENGTH(sn);
+    Py_ssize_t plen = PyBytes_GET_SIZE(payload);
+    if (plen > (Py_ssize_t)UINT32_MAX - RECORD_HEADER - tlen - slen)
+        goto done;
+    Py_ssize_t size = RECORD_HEADER + tlen + slen + plen;
+    if (size > max_record)
+        goto done;   /* the Python path names the limit */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) {
+        result = NULL;
+        goto done;
+    }
+    /* <IIBBHBBHIIQQ: length, crc, format, flags, topic_len, sn_len, reserved,
+     * headers_len, seq, payload_len, lock_ts_ms, broker_ts_us; then the bytes */
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    put_le32(o, (uint32_t)(size - 4));
+    o[8] = FORMAT_VERSION;
+    o[9] = (uint8_t)flags;
+    put_le16(o + 10, (uint32_t)tlen);
+    o[12] = (uint8_t)slen;
+    o[13] = 0;
+    put_le16(o + 14, 0);
+    put_le32(o + 16, (uint32_t)seq);
+    put_le32(o + 20, (uint32_t)plen);
+    put_le64(o + 24, (uint64_t)lock_ts);
+    put_le64(o + 32, ts);
+    memcpy(o + RECORD_HEADER, PyBytes_AS_STRING(topic_b), tlen);
+    memcpy(o + RECORD_HEADER + tlen, PyUnicode_DATA(sn), slen);   /* ASCII: 1 byte each */
+    memcpy(o + RECORD_HEADER + tlen + slen, PyBytes_AS_STRING(payload), plen);
+    put_le32(o + 4, crc32(o + 8, size - 8, 0));
+    result = out;
+    /* a topic the store has not seen yet: the caller creates it once */
+    int has = PyDict_Contains(known, topic);
+    if (has < 0 || (has == 0 && PySet_Add(new_topics, topic) < 0))
+        Py_CLEAR(result);
+done:
+    Py_XDECREF(topic); Py_XDECREF(sn); Py_XDECREF(seq_o);
+    Py_XDECREF(ts_o); Py_XDECREF(payload); Py_XDECREF(headers);
+    if (result == Py_None)
+        Py_INCREF(Py_None);
+    return result;
+}
+
+/* encode_records(records, broker_ts_us, max_record_bytes, topic_cache, known)
+ *   -> (list of bytes or None, total bytes, set of new topics, count of None) */
+static PyObject *encode_records(PyObject *self, PyObject *args)
+{
+    PyObject *records, *topic_cache, *known;
+    unsigned long long ts;
+    Py_ssize_t max_record;
+    if (!PyArg_ParseTuple(args, "O!KnO!O!:encode_records", &PyList_Type, &records, &ts,
+                          &max_record, &PyDict_Type, &topic_cache, &PyDict_Type, &known))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records), total = 0, slow = 0;
+    PyObject *out = PyList_New(n), *new_topics = PySet_New(NULL);
+    if (out == NULL || new_topics == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(records); i++) {
+        /* held while its attributes are read: a property could drop it from the list */
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        Py_INCREF(rec);
+        PyObject *b = encode_one(rec, ts, max_record, topic_cache, known, new_topics);
+        Py_DECREF(rec);
+        if (b == NULL)
+            goto error;
+        if (b == Py_None)
+            slow++;
+        else
+            total += PyBytes_GET_SIZE(b);
+        PyList_SET_ITEM(out, i, b);
+    }
+    if (PyList_GET_SIZE(records) != n) {   /* changed under us by a getattr hook */
+        PyErr_SetString(PyExc_RuntimeError, "records changed while encoding");
+        goto error;
+    }
+    return Py_BuildValue("(NnNn)", out, total, new_topics, slow);
+error:
+    Py_XDECREF(out);
+    Py_XDECREF(new_topics);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ publish_acks */
+
+/* publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)
+ *
+ * ``batch``: the connection's (opaque, oneway, record) per publish; ``results``: the
+ * store's Appended (a 4-tuple: offset, topic, queue_offset, duplicate) or an
+ * exception per publish. Packs the acks of results[start:] up to the first that is
+ * not an Appended (``next``: its index, or len), which the caller answers. */
+static PyObject *publish_acks(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *results;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!O!n:publish_acks", &PyList_Type, &batch, &PyList_Type,
+                          &results, &start))
+        return NULL;
+    Py_ssize_t n = Py_MIN(PyList_GET_SIZE(results), PyList_GET_SIZE(batch));
+    if (start < 0 || start > n) {
+        PyErr_SetString(PyExc_ValueError, "start out of range");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (n - start) * ACK_FRAME_LEN);
+    if (out == NULL)
+        return NULL;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    Py_ssize_t i, frames = 0, stored = 0, dup = 0;
+    /* (sizes re-read each step: __bool__ or __index__ of an item could shrink a list) */
+    for (i = start; i < n && i < PyList_GET_SIZE(results) && i < PyList_GET_SIZE(batch); i++) {
+        PyObject *a = PyList_GET_ITEM(results, i), *req = PyList_GET_ITEM(batch, i);
+        if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 4
+                || !PyTuple_Check(req) || PyTuple_GET_SIZE(req) != 3)
+            break;   /* a refusal (an exception): the caller answers it */
+        Py_INCREF(a);   /* tuples are immutable: holding them keeps their items */
+        Py_INCREF(req);
+        int is_dup = PyObject_IsTrue(PyTuple_GET_ITEM(a, 3));
+        int oneway = PyObject_IsTrue(PyTuple_GET_ITEM(req, 1));
+        long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0));
+        unsigned long opaque = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(req, 0));
+        Py_DECREF(a);
+        Py_DECREF(req);
+        if (is_dup < 0 || oneway < 0 || PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (is_dup)
+            dup++;
+        else
+            stored++;
+        if (oneway)
+            continue;   /* SPEC: a ONEWAY publish is never answered */
+        /* version, length, opcode, sn_len 0, flags, opaque | status, offset | crc */
+        uint8_t *f = o + frames * ACK_FRAME_LEN;
+        f[0] = VERSION;
+        put_be32(f + 1, ACK_FRAME_LEN);
+        f[5] = 0; f[6] = OP_PUBLISH_ACK;
+        f[7] = 0;
+        f[8] = FLAG_RESPONSE;
+        put_be32(f + 9, (uint32_t)opaque);
+        f[13] = is_dup ? ACK_DUPLICATE : ACK_STORED;
+        put_be64(f + 14, offset > 0 ? (uint64_t)offset : 0);
+        uint16_t c = crc16(f, ACK_FRAME_LEN - CRC_SIZE, 0xFFFF);
+        f[22] = (uint8_t)(c >> 8); f[23] = (uint8_t)c;
+        frames++;
+    }
+    if (_PyBytes_Resize(&out, frames * ACK_FRAME_LEN) < 0)
+        return NULL;
+    return Py_BuildValue("(Nnnnn)", out, frames, stored, dup, i);
+}
+
+/* --------------------------------------------------------------- plan_run */
+
+/* plan_run(records, enc, i, pos, q, topic, seg_limit, active_base, seen, high_water,
+ *          ids, parts, blob, results, ts_s, appended) -> (i, pos, q)
+ *
+ * The writer thread's per-record loop (store/writer.py GroupCommit._plan) for the
+ * common record: new for its lock (above its high water, not seen in this batch),
+ * on the current topic, no segment roll. From records[i] on, each such record gets
+ * its index entry (<QII: pos, size, ts_s) in ``blob``, its bytes in ``parts``, its
+ * id in ``seen`` and ``ids`` and its Appended(pos, topic, q, False) in ``results``.
+ * It stops at the first other record (returning its index), which _plan's Python
+ * handles: a possible duplicate, a topic switch, a roll. */
+static PyObject *plan_run(PyObject *self, PyObject *args)
+{
+    PyObject *records, *enc, *topic, *seen, *hw, *ids, *parts, *blob, *results, *appended;
+    Py_ssize_t i;
+    long long pos, q, seg_limit, active_base;
+    unsigned long ts_s;
+    if (!PyArg_ParseTuple(args, "O!O!nLLOLLO!O!O!O!O!O!kO!:plan_run", &PyList_Type, &records,
+                          &PyList_Type, &enc, &i, &pos, &q, &topic, &seg_limit, &active_base,
+                          &PySet_Type, &seen, &PyDict_Type, &hw, &PyList_Type, &ids,
+                          &PyList_Type, &parts, &PyByteArray_Type, &blob, &PyList_Type,
+                          &results, &ts_s, &PyType_Type, &appended))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)appended, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "appended must be a tuple type");
+        return NULL;
+    }
+    for (; i < PyList_GET_SIZE(records) && i < PyList_GET_SIZE(enc); i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i), *b = PyList_GET_ITEM(enc, i);
+        if (!PyBytes_CheckExact(b))
+            break;
+        Py_INCREF(rec);
+        PyObject *sn = PyObject_GetAttr(rec, s_sn), *seq = NULL, *rtopic = NULL, *key = NULL;
+        int stop = 1;
+        if (sn == NULL || !(seq = PyObject_GetAttr(rec, s_seq))
+                || !(rtopic = PyObject_GetAttr(rec, s_topic)))
+            goto fail;
+        Py_ssize_t size = PyBytes_GET_SIZE(b);
+        if (rtopic != topic || (pos + size > seg_limit && pos > active_base))
+            goto next;   /* a topic switch or a segment roll: Python's */
+        if (!(key = PyTuple_Pack(2, sn, seq)))
+            goto fail;
+        int dup = PySet_Contains(seen, key);
+        if (dup < 0)
+            goto fail;
+        if (dup)
+            goto next;
+        PyObject *e = PyDict_GetItemWithError(hw, sn);   /* (hw, known, gaps) */
+        if (e == NULL && PyErr_Occurred())
+            goto fail;
+        if (e != NULL) {
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 1)
+                goto next;
+            int le = PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(e, 0), Py_LE);
+            if (le < 0)
+                goto fail;
+            if (le)
+                goto next;   /* maybe a duplicate: the dedup table decides, in Python */
+        }
+        /* new: index entry, bytes, id, result */
+        uint8_t entry[16];
+        put_le64(entry, (uint64_t)pos);
+        put_le32(entry + 8, (uint32_t)size);
+        put_le32(entry + 12, (uint32_t)ts_s);
+        Py_ssize_t old = PyByteArray_GET_SIZE(blob);
+        if (PyByteArray_Resize(blob, old + 16) < 0)
+            goto fail;
+        memcpy(PyByteArray_AS_STRING(blob) + old, entry, 16);
+        PyObject *res = Py_BuildValue("(LOLO)", pos, topic, q, Py_False);
+        PyObject *targs = res ? PyTuple_Pack(1, res) : NULL;
+        Py_XDECREF(res);
+        PyObject *app = targs ? PyTuple_Type.tp_new((PyTypeObject *)appended, targs, NULL) : NULL;
+        Py_XDECREF(targs);
+        if (app == NULL || PySet_Add(seen, key) < 0 || PyList_Append(parts, b) < 0
+                || PyList_Append(ids, key) < 0 || PyList_Append(results, app) < 0) {
+            Py_XDECREF(app);
+            goto fail;
+        }
+        Py_DECREF(app);
+        q++;
+        pos += size;
+        stop = 0;
+    next:
+        Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
+        if (stop)
+            break;
+        continue;
+    fail:
+        Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
+        return NULL;
+    }
+    return Py_BuildValue("(nLL)", i, pos, q);
+}
+
+/* ------------------------------------------------------------ checksums API */
+
+static PyObject *py_crc16(PyObject *self, PyObject *args)
+{
+    Py_buffer v;
+    unsigned int crc = 0xFFFF;
+    if (!PyArg_ParseTuple(args, "y*|I:crc16", &v, &crc))
+        return NULL;
+    uint16_t r = crc16((const uint8_t *)v.buf, v.len, (uint16_t)crc);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLong(r);
+}
+
+static PyObject *py_crc32(PyObject *self, PyObject *args)
+{
+    Py_buffer v;
+    unsigned int crc = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32", &v, &crc))
+        return NULL;
+    uint32_t r = crc32((const uint8_t *)v.buf, v.len, crc);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLong(r);
+}
+
+static PyMethodDef methods[] = {
+    {"scan_publishes", scan_publishes, METH_VARARGS,
+     "scan_publishes(buf, pos, max_frame, sn, limit) -> (list, pos): the field tuples "
+     "(opaque, flags, sn, topic, seq, lock_ts_ms, payload) of the whole, valid PUBLISH "
+     "frames from buf[pos:] on, at most limit; pos: where the scan stopped."},
+    {"encode_records", encode_records, METH_VARARGS,
+     "encode_records(records, broker_ts_us, max_record_bytes, topic_cache, known) -> "
+     "(list, total, new_topics, slow): commit-log bytes per record, None where the "
+     "Python encoder must run (slow: how many)."},
+    {"publish_acks", publish_acks, METH_VARARGS,
+     "publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)"},
+    {"plan_run", plan_run, METH_VARARGS,
+     "plan_run(records, enc, i, pos, q, topic, seg_limit, active_base, seen, high_water, "
+     "ids, parts, blob, results, ts_s, appended) -> (i, pos, q): the store writer's "
+     "loop over new records of one topic (see the C comment)."},
+    {"crc16", py_crc16, METH_VARARGS, "crc16(data, crc=0xFFFF): CRC-16/CCITT-FALSE"},
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, crc=0): zlib's CRC-32"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "lockmq._speedups",
+    "The broker's per-record hot path in C (optional; see lockmq.accel).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    init_tables();
+    if (!(s_topic = PyUnicode_InternFromString("topic")) || !(s_sn = PyUnicode_InternFromString("sn"))
+            || !(s_seq = PyUnicode_InternFromString("seq"))
+            || !(s_lock_ts_ms = PyUnicode_InternFromString("lock_ts_ms"))
+            || !(s_payload = PyUnicode_InternFromString("payload"))
+            || !(s_headers = PyUnicode_InternFromString("headers")))
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,35 @@
+"""Which per-record hot path this process runs: compiled or pure Python (issue #14).
+
+``lockmq._speedups`` (``host/lockmq/_speedups.c``) does the per-record work of a read
+in a few calls: scan a read's PUBLISH frames, encode the records, pack the acks.
+``pip install`` builds it when a C compiler is present and skips it silently when
+not; the pure-Python code it mirrors is the fallback and the reference (the tests run
+both and hold them equal). Set ``LOCKMQ_PURE_PYTHON=1`` to force the fallback. The
+choice is made once, at import; ``lockmq --version`` says which is in use.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+#: the environment variable that forces the pure-Python hot path
+PURE_ENV = "LOCKMQ_PURE_PYTHON"
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get(PURE_ENV, "").strip() not in ("", "0"):
+        return None, f"pure Python ({PURE_ENV} is set)"
+    try:
+        from lockmq import _speedups
+    except ImportError:
+        return None, "pure Python (lockmq._speedups is not built)"
+    return _speedups, "compiled (lockmq._speedups)"
+
+
+#: the compiled module, or None when the pure-Python path runs
+speedups, DESCRIPTION = _load()
+#: is the compiled hot path in use?
+COMPILED = speedups is not None
+
+__all__ = ["COMPILED", "DESCRIPTION", "PURE_ENV", "speedups"]

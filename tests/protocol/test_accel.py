@@ -1,0 +1,310 @@
+"""The compiled hot path (``lockmq._speedups``) against the pure-Python code it mirrors.
+
+Every test runs on both paths (``impl``: ``pure`` and ``compiled``; the compiled one is
+skipped, with the reason, when the extension was not built) and most compare the
+two directly: the same vectors, the same answers for random, truncated and corrupt
+bytes, and the same errors for bad input once the Python decoder takes over.
+"""
+from __future__ import annotations
+
+import binascii
+import json
+import struct
+import zlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lockmq import protocol as p
+from lockmq.protocol import _fast
+from lockmq.store import records
+from lockmq.store.errors import InvalidRecord
+from lockmq.store.records import Appended, NewRecord
+
+HOST = Path(records.__file__).resolve().parents[1]       # host/lockmq
+VECTORS = json.loads((Path(p.__file__).parent / "vectors.json").read_text())
+SN = "LK-0001"
+MAX = p.DEFAULT_MAX_FRAME
+
+
+def _compiled():
+    """lockmq._speedups, or None when it was not built (no C compiler at install)."""
+    if not list(HOST.glob("_speedups*.so")):
+        return None
+    from lockmq import _speedups   # built: an import error is a failure, not a skip
+    return _speedups
+
+
+SPEEDUPS = _compiled()
+PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, publish_acks=_fast.publish_acks,
+                       encode_records=records._encode_records_py,
+                       crc16=lambda d, c=0xFFFF: binascii.crc_hqx(d, c), crc32=zlib.crc32)
+
+
+def _compiled_impl() -> SimpleNamespace:
+    def encode_records(recs, ts, maxrec, known):
+        # records._encode_records_c over this module, whatever LOCKMQ_PURE_PYTHON says
+        saved = getattr(records, "_c_encode_records", None)
+        records._c_encode_records = SPEEDUPS.encode_records
+        try:
+            return records._encode_records_c(recs, ts, maxrec, known)
+        finally:
+            if saved is None:
+                del records._c_encode_records
+            else:
+                records._c_encode_records = saved
+    return SimpleNamespace(scan_publishes=SPEEDUPS.scan_publishes,
+                           publish_acks=SPEEDUPS.publish_acks, encode_records=encode_records,
+                           crc16=SPEEDUPS.crc16, crc32=SPEEDUPS.crc32)
+
+
+NOT_BUILT = pytest.mark.skipif(SPEEDUPS is None, reason="lockmq._speedups is not built "
+                               "(no C compiler when lockmq was installed): pure path only")
+IMPLS = [pytest.param("pure"), pytest.param("compiled", marks=NOT_BUILT)]
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest) -> SimpleNamespace:
+    return PURE if request.param == "pure" else _compiled_impl()
+
+
+def publish(seq: int, payload: bytes = b"x" * 24, opaque: int = 0, sn: str = SN,
+            topic: str = "lock.events", flags: int = 0) -> bytes:
+    return p.encode_frame(p.Op.PUBLISH, sn, p.Publish(topic, seq, 1000 + seq, payload).encode(),
+                          opaque, flags)
+
+
+# -- checksums -------------------------------------------------------------------------
+
+def test_crc_vectors(impl: SimpleNamespace) -> None:
+    for v in VECTORS["crc16"]:
+        assert impl.crc16(bytes.fromhex(v["data_hex"]), 0xFFFF) == v["crc"]
+    assert impl.crc32(b"123456789") == 0xCBF43926
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 0xFFFF), st.integers(0, 0xFFFFFFFF))
+@NOT_BUILT
+def test_c_checksums_are_the_standard_librarys(data: bytes, c16: int, c32: int) -> None:
+    assert SPEEDUPS.crc16(data, c16) == binascii.crc_hqx(data, c16)
+    assert SPEEDUPS.crc32(data, c32) == zlib.crc32(data, c32)
+
+
+# -- scan_publishes ----------------------------------------------------------------------
+
+def test_vector_frames_scan_as_the_decoder_reads_them(impl: SimpleNamespace) -> None:
+    for v in VECTORS["frames"] + VECTORS["host_frames"] + VECTORS["invalid_frames"]:
+        raw = bytes.fromhex(v["hex"])
+        sn = v.get("sn", "")
+        got, pos = impl.scan_publishes(raw, 0, MAX, sn, 10)
+        if v.get("opcode") == p.Op.PUBLISH and "error" not in v:
+            f = v["fields"]
+            assert got == [(v["opaque"], v["flags"], sn, f["topic"], f["seq"], f["lock_ts_ms"],
+                            bytes.fromhex(f["payload"]["hex"]))], v["name"]
+            assert pos == len(raw)
+        else:   # another opcode or a broken frame: left to the decoder
+            assert (got, pos) == ([], 0), v["name"]
+
+
+def test_scan_stops_before_what_the_session_must_see(impl: SimpleNamespace) -> None:
+    good = publish(1, opaque=7) + publish(2, sn="", opaque=8)
+    for stop in (p.encode_frame(p.Op.HEARTBEAT, SN, b"", 9),        # another request
+                 publish(3, sn="LK-0002"),                             # another SN
+                 publish(3, flags=p.Flag.MAC),                         # frame MACs
+                 p.encode_frame(p.Op.PUBLISH, SN, b"\x05abc", 1),      # a bad body
+                 publish(3)[:-1] + b"\x00",                            # a bad CRC
+                 publish(3)[:20]):                                     # a partial frame
+        got, pos = impl.scan_publishes(good + stop + publish(4), 0, MAX, SN, 100)
+        assert [t[4] for t in got] == [1, 2] and pos == len(good)
+        assert got[1][2] == SN   # an empty SN is the session's
+    got, pos = impl.scan_publishes(b"junk" + good, 4, MAX, SN, 1)      # pos, limit
+    assert [t[4] for t in got] == [1] and pos == 4 + len(publish(1, opaque=7))
+    big = publish(5, payload=b"y" * 200)
+    assert impl.scan_publishes(big, 0, len(big) - 1, SN, 9) == ([], 0)  # over max_frame
+
+
+# A stream of valid frames of several kinds, then corrupted at random.
+_frame = st.one_of(
+    st.builds(lambda seq, pl, op, sn, fl, tp: publish(seq, pl, op, sn, tp, fl),
+              st.integers(0, 2**32 - 1), st.binary(max_size=80), st.integers(0, 2**32 - 1),
+              st.sampled_from([SN, "", "LK-0002", "é"]), st.sampled_from([0, 1, 2, 4]),
+              st.sampled_from(["lock.events", "t", "ü.x", "a" * 200])),
+    st.builds(lambda op, body: p.encode_frame(op, SN, body, 1),
+              st.sampled_from([p.Op.PUBLISH, p.Op.HEARTBEAT, 0x7777]), st.binary(max_size=40)),
+    st.binary(max_size=30))
+_damage = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_frame, max_size=12), _damage, st.integers(0, 40),
+       st.sampled_from([p.MIN_FRAME, 64, 300, MAX]), st.integers(0, 20))
+@NOT_BUILT
+def test_c_scanner_answers_as_the_pure_one(frames: list[bytes], damage: list[tuple[int, int]],
+                                           cut: int, max_frame: int, limit: int) -> None:
+    buf = bytearray(b"".join(frames))
+    for at, byte in damage:
+        if buf:
+            buf[at % len(buf)] = byte
+    buf = bytes(buf[:max(0, len(buf) - cut)])
+    for start in (0, min(3, len(buf))):
+        for data in (buf, bytearray(buf)):
+            assert SPEEDUPS.scan_publishes(data, start, max_frame, SN, limit) == \
+                _fast.scan_publishes(data, start, max_frame, SN, limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 250), st.integers(0, 2**40))
+@NOT_BUILT
+def test_c_scanner_survives_any_bytes(data: bytes, pos: int, max_frame: int) -> None:
+    got, end = SPEEDUPS.scan_publishes(data, pos, max_frame, SN, 50)
+    assert pos <= end <= max(pos, len(data))
+    if p.MIN_FRAME <= max_frame <= p.HARD_MAX_FRAME:   # (the decoder's legal limits)
+        assert (got, end) == _fast.scan_publishes(data, pos, max_frame, SN, 50)
+
+
+def _read_all(dec: p.FrameDecoder, scan) -> list:
+    """What a broker sees of the decoder's bytes: publishes taken by ``scan`` (None:
+    none) and frames from the decoder, in order, ending with the error it raised."""
+    out: list = []
+    while True:
+        if scan is not None:
+            out.extend(("pub",) + t[3:] for t in _fast.take_publishes(dec, SN, 4, scan))
+        try:
+            f = dec.next_frame()
+        except p.ProtocolError as exc:
+            out.append((type(exc).__name__, exc.code, exc.message))
+            if isinstance(exc, p.UnknownOpcode):
+                continue
+            return out
+        if f is None:
+            return out
+        if f.opcode == p.Op.PUBLISH and not f.flags & p.Flag.MAC and f.sn in ("", SN):
+            try:
+                out.append(("pub",) + _fast.publish_fields(f.body))
+            except p.ProtocolError as exc:
+                out.append((type(exc).__name__, exc.code, exc.message))
+                return out
+        else:
+            out.append(("frame", f.opcode, f.sn, f.flags, f.opaque, f.body))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_frame, max_size=10), _damage, st.integers(1, 60))
+def test_bad_input_raises_the_same_errors_with_the_scanner(frames: list[bytes],
+                                                           damage: list[tuple[int, int]],
+                                                           chunk: int) -> None:
+    buf = bytearray(b"".join(frames))
+    for at, byte in damage:
+        if buf:
+            buf[at % len(buf)] = byte
+    scans = [_fast.scan_publishes] + ([SPEEDUPS.scan_publishes] if SPEEDUPS else [])
+    runs = []
+    for scan in [None] + scans:
+        dec = p.FrameDecoder(300)
+        got: list = []
+        for i in range(0, len(buf), chunk):
+            try:
+                dec.feed(bytes(buf[i:i + chunk]))
+            except p.ProtocolError as exc:
+                got.append((type(exc).__name__, exc.code, exc.message))
+                break
+            got.extend(_read_all(dec, scan))
+            if got and got[-1][0] not in ("pub", "frame", "UnknownOpcode"):
+                break
+        runs.append(got)
+    assert all(r == runs[0] for r in runs[1:])
+
+
+# -- publish_acks ----------------------------------------------------------------------
+
+def test_acks_are_the_generic_frames(impl: SimpleNamespace) -> None:
+    batch = [(7, False, None), (8, True, None), (9, False, None), (10, False, None)]
+    results = [Appended(100, "t", 0, False), Appended(101, "t", 1, False),
+               ValueError("refused"), Appended(-1, "t", -1, True)]
+    data, frames, stored, dup, nxt = impl.publish_acks(batch, results, 0)
+    assert (frames, stored, dup, nxt) == (1, 2, 0, 2)   # ONEWAY counted, not answered
+    assert data == p.encode_frame(p.Op.PUBLISH_ACK, "", p.PublishAck(0, 100).encode(), 7,
+                                  p.Flag.RESPONSE)
+    data, frames, stored, dup, nxt = impl.publish_acks(batch, results, 3)
+    assert (frames, stored, dup, nxt) == (1, 0, 1, 4)
+    assert data == p.encode_frame(p.Op.PUBLISH_ACK, "", p.PublishAck(1, 0).encode(), 10,
+                                  p.Flag.RESPONSE)
+    assert impl.publish_acks(batch, results, 4) == (b"", 0, 0, 0, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.booleans(),
+                          st.one_of(st.none(), st.integers(-1, 2**63 - 1)), st.booleans()),
+                max_size=30))
+@NOT_BUILT
+def test_c_acks_match_the_pure_ones(rows: list) -> None:
+    batch = [(op, oneway, None) for op, oneway, _, _ in rows]
+    results = [RuntimeError("x") if off is None else Appended(off, "t", 0, dup)
+               for _, _, off, dup in rows]
+    for start in range(len(rows) + 1):
+        assert SPEEDUPS.publish_acks(batch, results, start) == \
+            _fast.publish_acks(batch, results, start)
+
+
+# -- encode_records ----------------------------------------------------------------------
+
+_record = st.builds(
+    NewRecord,
+    st.sampled_from(["lock.events", "$sys.x", "bad topic", "t" * 129, "ü", 5]),
+    st.sampled_from([SN, "", "é", "x" * 256, "x" * 255, 7]),
+    st.one_of(st.integers(-1, 2**32), st.just(True)),
+    st.one_of(st.integers(-1, 2**63), st.just(False)),
+    st.one_of(st.binary(max_size=300), st.binary(max_size=8).map(bytearray), st.just("text")),
+    st.sampled_from([None, None, {"retries": 1}, {"x": object()}]))
+
+
+def _encode(impl: SimpleNamespace, recs: list, ts: int, maxrec: int, known: dict):
+    try:
+        return impl.encode_records(recs, ts, maxrec, known)
+    except InvalidRecord as exc:
+        return ("InvalidRecord", str(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_record, max_size=8), st.integers(0, 2**62), st.sampled_from([100, 400, 10**6]),
+       st.booleans())
+@NOT_BUILT
+def test_c_records_are_the_pure_ones(recs: list, ts: int, maxrec: int, warm: bool) -> None:
+    known = {"lock.events": object()}
+    if not warm:   # topics not yet validated take the Python path in C too
+        records._topic_cache.clear()
+    assert _encode(_compiled_impl(), recs, ts, maxrec, known) == \
+        _encode(PURE, recs, ts, maxrec, known)
+
+
+def test_records_read_back(impl: SimpleNamespace) -> None:
+    recs = [NewRecord("lock.events", SN, i, 1000 + i, b"p" * i) for i in range(5)]
+    recs.append(NewRecord("other.t", SN, 9, 0, b"h", {"retries": 2}))
+    enc, n, new = impl.encode_records(recs, 123456, 10**6, {"lock.events": None})
+    assert new == {"other.t"} and n == sum(map(len, enc))
+    for r, b in zip(recs, enc):
+        assert b == records.encode_record(r, 123456, 10**6)
+        back = records.decode_record(b)
+        assert (back.topic, back.sn, back.seq, back.payload, back.headers) == \
+            (r.topic, r.sn, r.seq, r.payload, r.headers)
+    with pytest.raises(InvalidRecord, match="max_record_bytes"):
+        impl.encode_records(recs, 1, 50, {})
+    assert struct.unpack_from("<I", enc[0])[0] == len(enc[0]) - 4
+
+
+def test_the_environment_variable_forces_the_pure_path() -> None:
+    import os
+    import subprocess
+    import sys
+
+    probe = "import lockmq.accel as a; print(a.COMPILED, a.DESCRIPTION)"
+    env = {k: v for k, v in os.environ.items() if k != "LOCKMQ_PURE_PYTHON"}
+    forced = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env=dict(env, LOCKMQ_PURE_PYTHON="1"), check=True).stdout
+    assert forced == "False pure Python (LOCKMQ_PURE_PYTHON is set)\n"
+    default = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             env=env, check=True).stdout
+    assert default == ("True compiled (lockmq._speedups)\n" if SPEEDUPS is not None else
+                       "False pure Python (lockmq._speedups is not built)\n")
