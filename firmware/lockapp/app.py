@@ -5,7 +5,21 @@ import gc
 import sys
 import time
 import asyncio
-from lockmq.protocol import LockEvent, EventType, Method, Result, Heartbeat, NO_SEQ
+from micropython import const
+from lockmq.protocol._event import LockEvent
+from lockmq.protocol._bodies import Heartbeat
+# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
+# does not import the constant classes (tests/protocol/test_lock_consts.py)
+_EV_DOOR_LEFT_OPEN = const(3)
+_EV_FAILED_ATTEMPT = const(2)
+_EV_LOW_BATTERY = const(5)
+_EV_TAMPER = const(4)
+_EV_UNLOCK = const(1)
+_M_CARD = const(1)
+_M_NONE = const(0)
+_M_REMOTE = const(3)
+_NO_SEQ = const(0xFFFFFFFF)
+_R_DENIED_UNKNOWN = const(1)
 from lockapp import VERSION, log, config, hw as hwmod, backoff
 from lockapp.clock import Clock
 from lockapp.seqno import SeqNo
@@ -13,9 +27,9 @@ from lockapp.oqueue import OQueue
 from lockapp.events import Lock
 from lockapp.link import Link
 
-_TYPES = {"unlock": EventType.UNLOCK, "failed": EventType.FAILED_ATTEMPT,
-          "door_open": EventType.DOOR_LEFT_OPEN, "tamper": EventType.TAMPER,
-          "battery": EventType.LOW_BATTERY}
+_TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
+          "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
+          "battery": _EV_LOW_BATTERY}
 
 
 class App:
@@ -46,8 +60,8 @@ class App:
     def emit(self, name, credential=b"", value=0, result=0, remote=False):
         # Queue one event durably (flash) before anyone may send it.
         if name == "failed":
-            result = Result.DENIED_UNKNOWN
-        method = Method.REMOTE if remote else (Method.CARD if credential else Method.NONE)
+            result = _R_DENIED_UNKNOWN
+        method = _M_REMOTE if remote else (_M_CARD if credential else _M_NONE)
         ts = self.clock.now_ms()
         payload = LockEvent(_TYPES[name], ts, method, result, value, credential).encode()
         try:
@@ -81,7 +95,7 @@ class App:
         # seq files): move the queued events above what the broker already stored
         # for this lock, so none is taken for a retransmission and dropped.
         q = self.q
-        base = 1 if last_seq == NO_SEQ else last_seq + 1
+        base = 1 if last_seq == _NO_SEQ else last_seq + 1
         if len(q) and q.seq_at(0) < base:
             log.warn("sys seq renumbered from=%d to=%d n=%d" % (q.seq_at(0), base, len(q)))
             q.renumber(base)
