@@ -7,11 +7,19 @@
 # the test peer all feed frames to a Session and act on what it says; none of them
 # re-implements these rules. Sans-IO: no sockets, clocks or randomness -- the
 # caller passes nonces in. Runs unchanged under MicroPython (small tables, no re).
+import sys
+
 from ._const import const
 from ._errors import ProtocolError
 from ._frame import encode_frame, op_name
-from ._bodies import Connect, Challenge, Auth, ConnectAck, ErrorReply
+from ._lockbodies import (connect_body, challenge_fields, auth_body, connect_ack_fields,
+                          error_fields)
 from ._auth import auth_proof
+
+if sys.implementation.name == "micropython":
+    from ._lockbodies import LockAck as _Ack     # a lock holds no body classes (_lockbodies.py)
+else:
+    from ._bodies import ConnectAck as _Ack
 
 # protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
 _AUTH_DEVICE_HMAC = const(1)
@@ -128,8 +136,8 @@ class ClientSession(_Session):
         """The CONNECT that starts the session."""
         self.state = CONNECTING
         return encode_frame(_OP_CONNECT, self.name,
-                            Connect(self.role, self.keepalive_s, self.client, _VERSION,
-                                    self.max_frame).encode(), opaque,
+                            connect_body(self.role, self.keepalive_s, self.client, _VERSION,
+                                         self.max_frame), opaque,
                             _FLAG_MAC if self.mac else 0)
 
     def receive(self, frame, cnonce=None, opaque=2):
@@ -141,8 +149,8 @@ class ClientSession(_Session):
         state = self.state
         if op == _OP_ERROR and state != ESTABLISHED:
             self.state = CLOSING
-            err = ErrorReply.decode(frame.body)
-            raise SessionError(err.message or "refused", err.code, True, err.retry_after_ms)
+            code, message, retry_after_ms = error_fields(frame.body)
+            raise SessionError(message or "refused", code, True, retry_after_ms)
         if op == _OP_DISCONNECT:
             self.state = CLOSING
             return None
@@ -150,17 +158,17 @@ class ClientSession(_Session):
             if op != _OP_CHALLENGE:
                 self.state = CLOSING
                 raise fatal_error("expected CHALLENGE, got %s" % op_name(op), _E_UNEXPECTED_FRAME)
-            ch = Challenge.decode(frame.body)
+            nonce = challenge_fields(frame.body)[0]
             if cnonce is None:
                 raise ProtocolError("a client nonce is needed to answer a CHALLENGE")
-            self.nonce = ch.nonce
+            self.nonce = nonce
             self.cnonce = bytes(cnonce)
             if self.method == _AUTH_DEVICE_HMAC:
-                proof = auth_proof(self.secret, ch.nonce, self.cnonce, self.name)
+                proof = auth_proof(self.secret, nonce, self.cnonce, self.name)
             else:
                 proof = self.secret
             self.state = CHALLENGED
-            return encode_frame(_OP_AUTH, self.name, Auth(self.method, self.cnonce, proof).encode(),
+            return encode_frame(_OP_AUTH, self.name, auth_body(self.method, self.cnonce, proof),
                                 opaque)
         if state == CHALLENGED:
             if op != _OP_CONNECT_ACK:
@@ -173,7 +181,7 @@ class ClientSession(_Session):
                 from ._mac import session_key
                 self.mac_key = session_key(self.secret, self.nonce, self.cnonce, self.name)
             self._open(frame)
-            self.ack = ConnectAck.decode(frame.body)
+            self.ack = _Ack(*connect_ack_fields(frame.body))
             self.state = ESTABLISHED
             return None
         if state == CLOSING:

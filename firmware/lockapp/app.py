@@ -7,7 +7,7 @@ import time
 import asyncio
 from micropython import const
 from lockmq.protocol._event import LockEvent
-from lockmq.protocol._bodies import Heartbeat
+from lockmq.protocol._lockbodies import heartbeat_body
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
 # does not import the constant classes (tests/protocol/test_lock_consts.py)
 _EV_DOOR_LEFT_OPEN = const(3)
@@ -103,7 +103,7 @@ class App:
         log.info("sys seq confirmed next_seq=%d" % self.seq.next)
 
     def heartbeat(self):
-        return Heartbeat(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
+        return heartbeat_body(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
                          len(self.q), self.q.dropped, self.lock.battery, gc.mem_free())
 
     def change_config(self, changes):

@@ -7,7 +7,7 @@
 import json
 import struct
 from micropython import const
-from lockmq.protocol._bodies import Command
+from lockmq.protocol._lockbodies import command_fields
 from lockmq.protocol._auth import verify_command
 from lockmq.protocol._errors import ProtocolError
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
@@ -30,6 +30,18 @@ NAMES = {_K_UNLOCK: "unlock", _K_CARDS_SET: "cards",
          _K_FW_UPDATE: "fw_update"}
 
 
+class _Command:
+    # A COMMAND's fields, as verify_command reads them (a class of this module: it is
+    # unloaded after each command, so it takes no heap in service).
+    def __init__(self, target, cmd_id, expires_ms, kind, args, mac):
+        self.target = target
+        self.cmd_id = cmd_id
+        self.expires_ms = expires_ms
+        self.kind = kind
+        self.args = args
+        self.mac = mac
+
+
 class Commands:
     def __init__(self, app, path=PATH):
         self.app = app
@@ -43,7 +55,7 @@ class Commands:
     def handle(self, body, now_ms):
         # body: the COMMAND frame body. Returns (cmd_id, status, detail).
         try:
-            cmd = Command.decode(body)
+            cmd = _Command(*command_fields(body))
         except ProtocolError:
             log.warn("cmd refused id=0 reason=malformed")
             return 0, _S_REFUSED, "malformed"

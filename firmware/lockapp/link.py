@@ -17,7 +17,8 @@ import struct
 import asyncio
 from micropython import const
 from lockmq.protocol._frame import FrameDecoder
-from lockmq.protocol._bodies import ErrorReply, Publish, PublishAck, CommandResult
+from lockmq.protocol._lockbodies import (error_fields, publish_body, publish_ack_fields,
+                                         command_result_body)
 from lockmq.protocol._errors import ProtocolError
 from lockmq.protocol._session import ClientSession, SessionError
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
@@ -258,11 +259,11 @@ class Link:
                         inflight[opaque] = [seq, now]
                         # the LockEvent record: type, method, result u8, value u16, ts_ms u64
                         ts = struct.unpack_from(">Q", data, 5)[0]
-                        await self._send(_OP_PUBLISH, Publish(app.cfg["topic"], seq, ts, data).encode(), opaque)
+                        await self._send(_OP_PUBLISH, publish_body(app.cfg["topic"], seq, ts, data), opaque)
                 # 3. heartbeat
                 if time.ticks_diff(now, last_hb) >= hb_ms:
                     last_hb = now
-                    await self._send(_OP_HEARTBEAT, app.heartbeat().encode(), 1)
+                    await self._send(_OP_HEARTBEAT, app.heartbeat(), 1)
                     app.log_mem()
                 # 4. liveness: Wi-Fi lost, silent broker, unanswered publish
                 if not app.hw.net_ok():
@@ -329,29 +330,29 @@ class Link:
         if op == _OP_PUBLISH_ACK:
             v = inflight.pop(f.opaque, None)
             if v is not None:
-                PublishAck.decode(f.body)
+                publish_ack_fields(f.body)     # a malformed ack ends the session
                 app.q.ack(v[0])
                 log.info("evt acked seq=%d" % v[0])
             return 0
         if op == _OP_ERROR:
-            e = ErrorReply.decode(f.body)
+            code, _, retry_after_ms = error_fields(f.body)
             v = inflight.pop(f.opaque, None) if f.flags & _FLAG_RESPONSE else None
-            if v is None or e.code == _E_BAD_MAC:
+            if v is None or code == _E_BAD_MAC:
                 # BAD_MAC: the frame was altered on the path, not refused for what it
                 # says -- keep the event queued; it goes again on a new session
-                raise LinkError("error%d" % e.code, e.retry_after_ms)
-            if e.code in _RETRY_CODES:
-                ms = e.retry_after_ms or 1000
-                log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], e.code))
+                raise LinkError("error%d" % code, retry_after_ms)
+            if code in _RETRY_CODES:
+                ms = retry_after_ms or 1000
+                log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], code))
                 return ms
             # Refused for good (malformed, forbidden...): drop it, counted, logged.
             app.q.reject(v[0])
-            log.error("evt rejected seq=%d code=%d total=%d" % (v[0], e.code, app.q.dropped))
+            log.error("evt rejected seq=%d code=%d total=%d" % (v[0], code, app.q.dropped))
             return 0
         if op == _OP_COMMAND:
             cmd_id, status, detail = app.handle_command(f.body)
             await self._send(_OP_COMMAND_RESULT,
-                             CommandResult(app.sn, cmd_id, status, detail[:200]).encode(),
+                             command_result_body(app.sn, cmd_id, status, detail[:200]),
                              f.opaque, _FLAG_RESPONSE)
             return 0
         if op == _OP_DISCONNECT:
