@@ -10,13 +10,13 @@ import sys
 from ._const import const
 
 # ErrorCode values (protocol/_constants.py)
-_BAD_FRAME = const(1)
-_UNSUPPORTED_VERSION = const(2)
-_FRAME_TOO_LARGE = const(3)
-_BAD_CHECKSUM = const(4)
-_UNKNOWN_OPCODE = const(5)
-_BAD_BODY = const(6)
-_INVALID_ARGUMENT = const(8)
+_E_BAD_FRAME = const(1)
+_E_UNSUPPORTED_VERSION = const(2)
+_E_FRAME_TOO_LARGE = const(3)
+_E_BAD_CHECKSUM = const(4)
+_E_UNKNOWN_OPCODE = const(5)
+_E_BAD_BODY = const(6)
+_E_INVALID_ARGUMENT = const(8)
 
 
 class ProtocolError(Exception):
@@ -26,7 +26,7 @@ class ProtocolError(Exception):
     (False only when the decoder skipped a whole, well-formed frame); ``kind`` is
     the error's name (its class name on the host).
     """
-    code = _BAD_FRAME
+    code = _E_BAD_FRAME
     fatal = True
 
     def __init__(self, message, code=None, kind=None):
@@ -39,56 +39,56 @@ class ProtocolError(Exception):
 
 if sys.implementation.name == "micropython":
     def LocalProtocolError(message):
-        return ProtocolError(message, _INVALID_ARGUMENT, "LocalProtocolError")
+        return ProtocolError(message, _E_INVALID_ARGUMENT, "LocalProtocolError")
 
-    def RemoteProtocolError(message, code=_BAD_FRAME):
+    def RemoteProtocolError(message, code=_E_BAD_FRAME):
         return ProtocolError(message, code, "RemoteProtocolError")
 
     def BadFrame(message):
-        return ProtocolError(message, _BAD_FRAME, "BadFrame")
+        return ProtocolError(message, _E_BAD_FRAME, "BadFrame")
 
     def UnsupportedVersion(message):
-        return ProtocolError(message, _UNSUPPORTED_VERSION, "UnsupportedVersion")
+        return ProtocolError(message, _E_UNSUPPORTED_VERSION, "UnsupportedVersion")
 
     def FrameTooLarge(message):
-        return ProtocolError(message, _FRAME_TOO_LARGE, "FrameTooLarge")
+        return ProtocolError(message, _E_FRAME_TOO_LARGE, "FrameTooLarge")
 
     def BadChecksum(message):
-        return ProtocolError(message, _BAD_CHECKSUM, "BadChecksum")
+        return ProtocolError(message, _E_BAD_CHECKSUM, "BadChecksum")
 
     def UnknownOpcode(message):
-        e = ProtocolError(message, _UNKNOWN_OPCODE, "UnknownOpcode")
+        e = ProtocolError(message, _E_UNKNOWN_OPCODE, "UnknownOpcode")
         e.fatal = False
         return e
 
     def BadBody(message):
-        return ProtocolError(message, _BAD_BODY, "BadBody")
+        return ProtocolError(message, _E_BAD_BODY, "BadBody")
 
 else:
     class LocalProtocolError(ProtocolError):
         """We were asked to encode something the format cannot carry."""
-        code = _INVALID_ARGUMENT
+        code = _E_INVALID_ARGUMENT
 
     class RemoteProtocolError(ProtocolError):
         """The peer sent bytes that break the format."""
 
     class BadFrame(RemoteProtocolError):
-        code = _BAD_FRAME
+        code = _E_BAD_FRAME
 
     class UnsupportedVersion(RemoteProtocolError):
-        code = _UNSUPPORTED_VERSION
+        code = _E_UNSUPPORTED_VERSION
 
     class FrameTooLarge(RemoteProtocolError):
-        code = _FRAME_TOO_LARGE
+        code = _E_FRAME_TOO_LARGE
 
     class BadChecksum(RemoteProtocolError):
-        code = _BAD_CHECKSUM
+        code = _E_BAD_CHECKSUM
 
     class UnknownOpcode(RemoteProtocolError):
         """A well-formed frame with an opcode this side does not know; skipped."""
-        code = _UNKNOWN_OPCODE
+        code = _E_UNKNOWN_OPCODE
         fatal = False
 
     class BadBody(RemoteProtocolError):
         """The frame is sound but its body does not match its opcode's layout."""
-        code = _BAD_BODY
+        code = _E_BAD_BODY
