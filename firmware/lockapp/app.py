@@ -130,11 +130,13 @@ class App:
 
     # -- lifecycle -------------------------------------------------------------------------
     def reboot(self, reason):
-        log.info("sys reboot reason=" + reason)
-        if self.hw.name != "sim":
-            time.sleep_ms(100)
-            self.hw.reset()
-        self.stop("reboot")
+        try:
+            log.info("sys reboot reason=" + reason)
+        finally:                    # (even when the heap is too short for the line)
+            if self.hw.name != "sim":
+                time.sleep_ms(100)
+                self.hw.reset()
+            self.stop("reboot")
 
     def stop(self, reason):
         self.stop_reason = reason
@@ -150,10 +152,31 @@ class App:
             self._sample_mem()
             await asyncio.sleep_ms(min(1000, ms // 4))
 
+    async def guard(self, where, coro):
+        # Every task of the app runs under this: a task must not die quietly (the
+        # lock would go on half alive: no link, or no inputs, or no watchdog feed).
+        try:
+            await coro
+        except Exception as e:      # (cancelling, a BaseException, goes through)
+            self.fatal(where, e)
+
+    def fatal(self, where, e):
+        # Out of memory (or a firmware bug) in a task or an input handler: said
+        # loudly, then a reboot with a fresh heap -- never a retry loop that keeps
+        # failing the same allocation. The queue and the sequence numbers are on
+        # flash: an event reported queued is not lost.
+        name = type(e).__name__
+        e = None
+        gc.collect()                # the failed task's garbage: room for the log line
+        try:
+            log.error("sys fatal where=%s err=%s free=%d" % (where, name, gc.mem_free()))
+        finally:
+            self.reboot("oom" if name == "MemoryError" else "fatal")
+
     async def main(self):
-        tasks = [asyncio.create_task(self._watchdog()),
-                 asyncio.create_task(self.lock.watch()),
-                 asyncio.create_task(self.link.run())]
+        tasks = [asyncio.create_task(self.guard("wdt", self._watchdog())),
+                 asyncio.create_task(self.guard("inputs", self.lock.watch())),
+                 asyncio.create_task(self.guard("link", self.link.run()))]
         self.hw.start(self._input)
         log.info("sys ready")
         await self._stop.wait()
@@ -164,7 +187,10 @@ class App:
         return self.stop_reason
 
     def _input(self, cmd, args):
-        self.lock.on_input(cmd, args)
+        try:
+            self.lock.on_input(cmd, args)
+        except MemoryError as e:     # (other input errors are the hardware layer's to log)
+            self.fatal("input", e)
 
 
 def run():

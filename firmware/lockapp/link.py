@@ -109,6 +109,11 @@ class Link:
                 if not await self.app.hw.net_up():
                     raise LinkError("wifi")
                 await self._session(host, port)
+            except MemoryError:
+                # Not a link failure: retrying the same allocation would loop for
+                # ever (the lock online a moment, then down, acking nothing). It
+                # leaves the task, and the app fails loudly and reboots (App.guard).
+                raise
             except Exception as e:  # every link failure comes here
                 retry_after = retry_after_of(e)
                 reason = reason_of(e)
