@@ -4,31 +4,12 @@
 import json
 import struct
 
-from ._const import const
-from ._codec import Reader, pack8, pack16, check_range
-from ._errors import BadBody, LocalProtocolError
+from ._constants import Op, VERSION, NONCE_SIZE, NO_SEQ
+from ._codec import Reader, pack8, pack16
+from ._errors import BadBody
 from ._lockbodies import (PUBLISH_HEAD, check_nonce, connect_body, challenge_fields, auth_body,
                           connect_ack_fields, heartbeat_body, error_fields, publish_body,
                           publish_ack_fields, command_fields, command_result_body)
-
-# protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
-_VERSION = const(1)
-_NONCE_SIZE = const(16)
-_NO_SEQ = const(0xFFFFFFFF)
-_OP_CONNECT = const(0x01)
-_OP_CHALLENGE = const(0x02)
-_OP_AUTH = const(0x03)
-_OP_CONNECT_ACK = const(0x04)
-_OP_HEARTBEAT = const(0x05)
-_OP_DISCONNECT = const(0x06)
-_OP_OK = const(0x0E)
-_OP_ERROR = const(0x0F)
-_OP_PUBLISH = const(0x10)
-_OP_PUBLISH_ACK = const(0x11)
-_OP_COMMAND = const(0x30)
-_OP_COMMAND_RESULT = const(0x31)
-_OP_ADMIN_REQUEST = const(0x100)
-_OP_ADMIN_RESPONSE = const(0x101)
 
 __all__ = []
 
@@ -53,9 +34,9 @@ class Connect(_Body):
     default for the role). A lock states it so that the broker never forwards a
     command the lock's decoder would refuse (SPEC §4, §7)."""
     __slots__ = ("role", "keepalive_s", "client", "proto_max", "max_frame")
-    OPCODE = _OP_CONNECT
+    OPCODE = Op.CONNECT
 
-    def __init__(self, role, keepalive_s=30, client="", proto_max=_VERSION, max_frame=0):
+    def __init__(self, role, keepalive_s=30, client="", proto_max=VERSION, max_frame=0):
         self.role = role
         self.keepalive_s = keepalive_s
         self.client = client
@@ -79,7 +60,7 @@ class Connect(_Body):
 class Challenge(_Body):
     """Broker -> peer: a fresh single-use nonce to sign."""
     __slots__ = ("nonce", "server_time_ms", "methods")
-    OPCODE = _OP_CHALLENGE
+    OPCODE = Op.CHALLENGE
 
     def __init__(self, nonce, server_time_ms, methods=3):
         self.nonce = check_nonce(nonce, "nonce")
@@ -97,7 +78,7 @@ class Challenge(_Body):
 class Auth(_Body):
     """Peer -> broker: the answer to a challenge (HMAC proof or token)."""
     __slots__ = ("method", "cnonce", "proof")
-    OPCODE = _OP_AUTH
+    OPCODE = Op.AUTH
 
     def __init__(self, method, cnonce, proof):
         self.method = method
@@ -111,7 +92,7 @@ class Auth(_Body):
     def decode(body):
         r = Reader(body, "AUTH")
         method = r.u8()
-        cnonce = bytes(r.take(_NONCE_SIZE))
+        cnonce = bytes(r.take(NONCE_SIZE))
         proof = r.bytes16()
         r.end()
         return Auth(method, cnonce, proof)
@@ -120,9 +101,9 @@ class Auth(_Body):
 class ConnectAck(_Body):
     """Broker -> peer: the session is open, with its parameters."""
     __slots__ = ("heartbeat_s", "max_frame", "server_time_ms", "last_seq", "session_id")
-    OPCODE = _OP_CONNECT_ACK
+    OPCODE = Op.CONNECT_ACK
 
-    def __init__(self, heartbeat_s, max_frame, server_time_ms, last_seq=_NO_SEQ, session_id=0):
+    def __init__(self, heartbeat_s, max_frame, server_time_ms, last_seq=NO_SEQ, session_id=0):
         self.heartbeat_s = heartbeat_s
         self.max_frame = max_frame
         self.server_time_ms = server_time_ms
@@ -141,7 +122,7 @@ class ConnectAck(_Body):
 class Heartbeat(_Body):
     """Liveness plus the lock's health; an empty body is allowed (services)."""
     __slots__ = ("ts_ms", "uptime_s", "queued", "dropped", "battery_pct", "free_heap")
-    OPCODE = _OP_HEARTBEAT
+    OPCODE = Op.HEARTBEAT
 
     def __init__(self, ts_ms=0, uptime_s=0, queued=0, dropped=0, battery_pct=255, free_heap=0):
         self.ts_ms = ts_ms
@@ -168,7 +149,7 @@ class Heartbeat(_Body):
 class Disconnect(_Body):
     """Either side: I am closing, and why."""
     __slots__ = ("code", "message")
-    OPCODE = _OP_DISCONNECT
+    OPCODE = Op.DISCONNECT
 
     def __init__(self, code=0, message=""):
         self.code = code
@@ -189,7 +170,7 @@ class Disconnect(_Body):
 class ErrorReply(_Body):
     """An error, as an answer (RESPONSE flag, same opaque) or unsolicited."""
     __slots__ = ("code", "retry_after_ms", "message")
-    OPCODE = _OP_ERROR
+    OPCODE = Op.ERROR
 
     def __init__(self, code, message="", retry_after_ms=0):
         self.code = code
@@ -210,7 +191,7 @@ _PUB = PUBLISH_HEAD
 class Publish(_Body):
     """Producer -> broker: one message. (frame SN, seq) is its global id."""
     __slots__ = ("topic", "seq", "lock_ts_ms", "payload")
-    OPCODE = _OP_PUBLISH
+    OPCODE = Op.PUBLISH
 
     def __init__(self, topic, seq, lock_ts_ms, payload):
         self.topic = topic
@@ -237,7 +218,7 @@ class Publish(_Body):
 class PublishAck(_Body):
     """Broker -> producer: stored (status 0) or already stored (1, duplicate)."""
     __slots__ = ("status", "offset")
-    OPCODE = _OP_PUBLISH_ACK
+    OPCODE = Op.PUBLISH_ACK
     STORED = 0
     DUPLICATE = 1
 
@@ -258,7 +239,7 @@ class Command(_Body):
     lock with ``mac`` = command_mac(device key, ...), which the lock checks,
     together with the expiry and a ``cmd_id`` higher than the last it ran."""
     __slots__ = ("target", "cmd_id", "expires_ms", "kind", "args", "mac")
-    OPCODE = _OP_COMMAND
+    OPCODE = Op.COMMAND
 
     def __init__(self, target, cmd_id, expires_ms, kind, args=b"", mac=b""):
         self.target = target
@@ -280,7 +261,7 @@ class Command(_Body):
 class CommandResult(_Body):
     """Lock -> broker -> sender: what became of a command."""
     __slots__ = ("target", "cmd_id", "status", "detail")
-    OPCODE = _OP_COMMAND_RESULT
+    OPCODE = Op.COMMAND_RESULT
 
     def __init__(self, target, cmd_id, status, detail=""):
         self.target = target
@@ -331,8 +312,8 @@ def decode_body(opcode, body):
     cls = BODY_TYPES.get(opcode)
     if cls is not None:
         return cls.decode(body)
-    if opcode in (_OP_ADMIN_REQUEST, _OP_ADMIN_RESPONSE):
+    if opcode in (Op.ADMIN_REQUEST, Op.ADMIN_RESPONSE):
         return decode_json(body)
-    if opcode == _OP_OK:
+    if opcode == Op.OK:
         return body
     raise BadBody("no body layout for opcode 0x%04x" % opcode)

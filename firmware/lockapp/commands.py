@@ -8,7 +8,8 @@ import json
 import struct
 from micropython import const
 from lockmq.protocol._lockbodies import command_fields
-from lockmq.protocol._auth import verify_command
+from lockmq.protocol._auth import command_mac
+from lockmq.protocol._hmac import compare_digest
 from lockmq.protocol._errors import ProtocolError
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
 # does not import the constant classes (tests/protocol/test_lock_consts.py)
@@ -30,18 +31,6 @@ NAMES = {_K_UNLOCK: "unlock", _K_CARDS_SET: "cards",
          _K_FW_UPDATE: "fw_update"}
 
 
-class _Command:
-    # A COMMAND's fields, as verify_command reads them (a class of this module: it is
-    # unloaded after each command, so it takes no heap in service).
-    def __init__(self, target, cmd_id, expires_ms, kind, args, mac):
-        self.target = target
-        self.cmd_id = cmd_id
-        self.expires_ms = expires_ms
-        self.kind = kind
-        self.args = args
-        self.mac = mac
-
-
 class Commands:
     def __init__(self, app, path=PATH):
         self.app = app
@@ -55,51 +44,50 @@ class Commands:
     def handle(self, body, now_ms):
         # body: the COMMAND frame body. Returns (cmd_id, status, detail).
         try:
-            cmd = _Command(*command_fields(body))
+            target, cmd_id, expires_ms, kind, args, mac = command_fields(body)
         except ProtocolError:
             log.warn("cmd refused id=0 reason=malformed")
             return 0, _S_REFUSED, "malformed"
         app = self.app
-        name = NAMES.get(cmd.kind, "kind%d" % cmd.kind)
-        if cmd.target != app.sn or not verify_command(app.key, app.sn, cmd):
-            return self._refuse(cmd, "bad_sig")
-        if cmd.cmd_id == self.last_id and cmd.cmd_id:
-            log.info("cmd %s id=%d dup status=%d" % (name, cmd.cmd_id, self.last_status))
-            return cmd.cmd_id, self.last_status, "duplicate"
-        if cmd.cmd_id < self.last_id:
-            return self._refuse(cmd, "replay")
-        if now_ms >= cmd.expires_ms:
-            log.warn("cmd refused id=%d reason=expired" % cmd.cmd_id)
-            return cmd.cmd_id, _S_EXPIRED, "expired"
-        status, detail = self._check(cmd)
+        name = NAMES.get(kind, "kind%d" % kind)
+        if target != app.sn or not compare_digest(
+                command_mac(app.key, app.sn, cmd_id, expires_ms, kind, args), mac):
+            return self._refuse(cmd_id, "bad_sig")
+        if cmd_id == self.last_id and cmd_id:
+            log.info("cmd %s id=%d dup status=%d" % (name, cmd_id, self.last_status))
+            return cmd_id, self.last_status, "duplicate"
+        if cmd_id < self.last_id:
+            return self._refuse(cmd_id, "replay")
+        if now_ms >= expires_ms:
+            log.warn("cmd refused id=%d reason=expired" % cmd_id)
+            return cmd_id, _S_EXPIRED, "expired"
+        status, detail = self._check(kind, args)
         if status == _S_OK:
-            self._persist(cmd.cmd_id, status)
+            self._persist(cmd_id, status)
             try:
-                detail = self._run(cmd)
+                detail = self._run(kind, args)
             except Exception as e:
                 status, detail = _S_FAILED, str(e)
-                self._persist(cmd.cmd_id, status)
+                self._persist(cmd_id, status)
         else:
-            self._persist(cmd.cmd_id, status)
+            self._persist(cmd_id, status)
         if status == _S_OK:
-            log.info("cmd %s id=%d ok" % (name, cmd.cmd_id))
+            log.info("cmd %s id=%d ok" % (name, cmd_id))
         else:
-            log.warn("cmd %s id=%d failed err=%s" % (name, cmd.cmd_id, log.clean(detail)))
-        return cmd.cmd_id, status, detail
+            log.warn("cmd %s id=%d failed err=%s" % (name, cmd_id, log.clean(detail)))
+        return cmd_id, status, detail
 
-    def _refuse(self, cmd, reason):
-        log.warn("cmd refused id=%d reason=%s" % (cmd.cmd_id, reason))
-        return cmd.cmd_id, _S_REFUSED, reason
+    def _refuse(self, cmd_id, reason):
+        log.warn("cmd refused id=%d reason=%s" % (cmd_id, reason))
+        return cmd_id, _S_REFUSED, reason
 
     def _persist(self, cmd_id, status):
         atomic.write(self.path, struct.pack(">IB", cmd_id, status))
         self.last_id = cmd_id
         self.last_status = status
 
-    def _check(self, cmd):
-        # Parse/validate arguments without side effects.
-        k = cmd.kind
-        a = cmd.args
+    def _check(self, k, a):
+        # Parse/validate arguments (kind, args) without side effects.
         try:
             if k == _K_UNLOCK:
                 if len(a) != 2 or not 1 <= struct.unpack(">H", a)[0] <= 600:
@@ -124,19 +112,18 @@ class Commands:
             return _S_FAILED, "bad args: %s" % e
         return _S_OK, ""
 
-    def _run(self, cmd):
+    def _run(self, k, args):
         app = self.app
-        k = cmd.kind
         if k == _K_UNLOCK:
-            seconds = struct.unpack(">H", cmd.args)[0]
+            seconds = struct.unpack(">H", args)[0]
             app.lock.unlock(seconds)
             app.emit("unlock", value=seconds, remote=True)
             return "unlocked %ds" % seconds
         if k == _K_CARDS_SET:
-            cards.save(memoryview(cmd.args)[2:])
-            return "%d cards" % struct.unpack(">H", cmd.args[:2])[0]
+            cards.save(memoryview(args)[2:])
+            return "%d cards" % struct.unpack(">H", args[:2])[0]
         if k == _K_CONFIG:
-            app.change_config(json.loads(bytes(cmd.args).decode()))
+            app.change_config(json.loads(bytes(args).decode()))
             return "applied"
         if k == _K_REBOOT:
             app.reboot_pending = True
