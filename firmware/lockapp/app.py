@@ -8,6 +8,13 @@ import asyncio
 from micropython import const
 from lockmq.protocol._event import LockEvent
 from lockmq.protocol._lockbodies import heartbeat_body
+from lockapp import VERSION, log, config, hw as hwmod, backoff
+from lockapp.clock import Clock
+from lockapp.seqno import SeqNo
+from lockapp.oqueue import OQueue
+from lockapp.events import Lock
+from lockapp.link import Link
+
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
 # does not import the constant classes (tests/protocol/test_lock_consts.py)
 _EV_DOOR_LEFT_OPEN = const(3)
@@ -20,12 +27,6 @@ _M_NONE = const(0)
 _M_REMOTE = const(3)
 _NO_SEQ = const(0xFFFFFFFF)
 _R_DENIED_UNKNOWN = const(1)
-from lockapp import VERSION, log, config, hw as hwmod, backoff
-from lockapp.clock import Clock
-from lockapp.seqno import SeqNo
-from lockapp.oqueue import OQueue
-from lockapp.events import Lock
-from lockapp.link import Link
 
 _TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
           "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,

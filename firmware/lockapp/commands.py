@@ -11,6 +11,8 @@ from lockmq.protocol._lockbodies import command_fields
 from lockmq.protocol._auth import command_mac
 from lockmq.protocol._hmac import compare_digest
 from lockmq.protocol._errors import ProtocolError
+from lockapp import atomic, log, cards
+
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
 # does not import the constant classes (tests/protocol/test_lock_consts.py)
 _K_CARDS_SET = const(2)
@@ -23,7 +25,6 @@ _S_FAILED = const(1)
 _S_OK = const(0)
 _S_REFUSED = const(2)
 _S_UNSUPPORTED = const(5)
-from lockapp import atomic, log, cards
 
 PATH = "cmd.dat"
 NAMES = {_K_UNLOCK: "unlock", _K_CARDS_SET: "cards",

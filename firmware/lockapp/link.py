@@ -21,6 +21,9 @@ from lockmq.protocol._lockbodies import (error_fields, publish_body, publish_ack
                                          command_result_body)
 from lockmq.protocol._errors import ProtocolError
 from lockmq.protocol._session import ClientSession, SessionError
+from lockapp import log, VERSION
+from lockapp.backoff import Backoff
+
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
 # does not import the constant classes (tests/protocol/test_lock_consts.py)
 _AUTH_DEVICE_HMAC = const(1)
@@ -42,8 +45,6 @@ _OP_HEARTBEAT = const(0x05)
 _OP_PUBLISH = const(0x10)
 _OP_PUBLISH_ACK = const(0x11)
 _ROLE_LOCK = const(1)
-from lockapp import log, VERSION
-from lockapp.backoff import Backoff
 
 _TIMEOUT_ERRNOS = (errno.EAGAIN, errno.ETIMEDOUT, 11, 110, 116)
 # Broker errors that mean "later", not "never": the message is sent again.
