@@ -93,18 +93,28 @@ def new_lock(template: Path, work: Path, broker: BrokerProcess, sn: str, key: st
 
 
 #: Heaps tried for "smallest heap that passes the throughput run", smallest first.
-LADDER_KB = (32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
+LADDER_KB = (24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
+#: s a ladder step may take: its run is well under a second on this machine, a lock
+#: that cannot do it fails (MemoryError at boot) or reboots (``E sys fatal``) at once.
+STEP_TIMEOUT_S = 60
 
 
 def smallest_heap(make: Callable[[int], Lock], ladder: Iterable[int], events: int) -> int | None:
     """The smallest heap of ``ladder`` (KiB) in which the lock ``make(kb)`` boots,
-    connects and gets ``events`` events durably acked; None if none does."""
+    connects and gets ``events`` events durably acked without running out of memory
+    on the way (an out-of-memory reboot, ``E sys fatal``, fails the step); None if
+    none does. Every step ends within STEP_TIMEOUT_S."""
     for kb in ladder:
         lock = make(kb)
         try:
             lock.dut.default_timeout = 15
-            lock.wait_online()
-            throughput(lock, events)
+            # a heap too small fails at boot (a traceback, then the REPL): no need to
+            # wait out the connect timeout for it
+            if lock.expect(r"I net connected|Traceback|E sys fatal").group(0) != b"I net connected":
+                continue
+            throughput(lock, events, timeout=STEP_TIMEOUT_S)
+            if "E sys fatal" in lock.full_log():
+                continue  # got there only through a reboot with a fresh heap
             return kb
         except AssertionError:
             continue  # MemoryError at boot or mid-run: the lock never gets there
@@ -140,13 +150,13 @@ def measure_row(template: Path, work: Path, broker: BrokerProcess, sns: list[str
     return {"tput": tput, "lat": lat, "peaks": peaks, "least": least}
 
 
-def throughput(lock: Lock, n: int) -> float:
-    """events/s: queued, sent and durably acked."""
+def throughput(lock: Lock, n: int, timeout: float = 300) -> float:
+    """events/s: queued, sent and durably acked (within ``timeout`` s)."""
     lock.skip_pending()
     t0 = time.perf_counter()
     lock.events("unlock", n)
     first = int(lock.expect(r"I evt queued seq=(\d+)").group(1))
-    lock.expect(rf"I evt acked seq={first + n - 1}\b", timeout=300)
+    lock.expect(rf"I evt acked seq={first + n - 1}\b", timeout=timeout)
     return n / (time.perf_counter() - t0)
 
 

@@ -129,7 +129,13 @@ def test_lock_firmware_deployed_and_online_over_the_serial_path(tmp_path: Path, 
     broker = BrokerProcess(tmp_path / "broker").start()
     try:
         key = broker.provision(["SER0001"])["SER0001"]
-        flash = make_flash(firmware_template, tmp_path / "SER0001", "SER0001", key,
+        # the served board is the 64-bit port with nothing frozen in: it needs the .mpy
+        # layout even when this run's first interpreter is mpy32-frozen (no lib/)
+        template = firmware_template
+        if not (template / "lib").exists():
+            from lockmq.hil.firmware import build
+            template = build(tmp_path / "template")
+        flash = make_flash(template, tmp_path / "SER0001", "SER0001", key,
                            [broker.address], backoff_max_ms=2000, io_timeout_ms=3000)
         with Dut(SerialBoard(served.url), log_path=tmp_path / "serial.log", default_timeout=30) as dut:
             lock = Lock(dut, "SER0001", key, None)

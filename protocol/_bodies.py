@@ -5,8 +5,11 @@ import json
 import struct
 
 from ._constants import Op, VERSION, NONCE_SIZE, NO_SEQ
-from ._codec import Reader, pack8, pack16, check_range
-from ._errors import BadBody, LocalProtocolError
+from ._codec import Reader, pack8, pack16
+from ._errors import BadBody
+from ._lockbodies import (PUBLISH_HEAD, check_nonce, connect_body, challenge_fields, auth_body,
+                          connect_ack_fields, heartbeat_body, error_fields, publish_body,
+                          publish_ack_fields, command_fields, command_result_body)
 
 __all__ = []
 
@@ -41,11 +44,7 @@ class Connect(_Body):
         self.max_frame = max_frame
 
     def encode(self):
-        out = struct.pack(">BHB", self.role, self.keepalive_s, self.proto_max) + pack8(self.client, "client")
-        if self.max_frame:
-            check_range(self.max_frame, 32, "max_frame")
-            out += struct.pack(">I", self.max_frame)
-        return out
+        return connect_body(self.role, self.keepalive_s, self.client, self.proto_max, self.max_frame)
 
     @staticmethod
     def decode(body):
@@ -64,9 +63,7 @@ class Challenge(_Body):
     OPCODE = Op.CHALLENGE
 
     def __init__(self, nonce, server_time_ms, methods=3):
-        if len(nonce) != NONCE_SIZE:
-            raise LocalProtocolError("nonce must be %d bytes" % NONCE_SIZE)
-        self.nonce = bytes(nonce)
+        self.nonce = check_nonce(nonce, "nonce")
         self.server_time_ms = server_time_ms
         self.methods = methods
 
@@ -75,11 +72,7 @@ class Challenge(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "CHALLENGE")
-        nonce = bytes(r.take(NONCE_SIZE))
-        server_time_ms, methods = r.unpack(">QB", 9)
-        r.end()
-        return Challenge(nonce, server_time_ms, methods)
+        return Challenge(*challenge_fields(body))
 
 
 class Auth(_Body):
@@ -88,14 +81,12 @@ class Auth(_Body):
     OPCODE = Op.AUTH
 
     def __init__(self, method, cnonce, proof):
-        if len(cnonce) != NONCE_SIZE:
-            raise LocalProtocolError("client nonce must be %d bytes" % NONCE_SIZE)
         self.method = method
-        self.cnonce = bytes(cnonce)
+        self.cnonce = check_nonce(cnonce, "client nonce")
         self.proof = bytes(proof)
 
     def encode(self):
-        return struct.pack(">B", self.method) + self.cnonce + pack16(self.proof, "proof")
+        return auth_body(self.method, self.cnonce, self.proof)
 
     @staticmethod
     def decode(body):
@@ -125,10 +116,7 @@ class ConnectAck(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "CONNECT_ACK")
-        fields = r.unpack(">HIQII", 22)
-        r.end()
-        return ConnectAck(*fields)
+        return ConnectAck(*connect_ack_fields(body))
 
 
 class Heartbeat(_Body):
@@ -145,8 +133,8 @@ class Heartbeat(_Body):
         self.free_heap = free_heap
 
     def encode(self):
-        return struct.pack(">QIIIBI", self.ts_ms, self.uptime_s, self.queued, self.dropped,
-                           self.battery_pct, self.free_heap)
+        return heartbeat_body(self.ts_ms, self.uptime_s, self.queued, self.dropped,
+                              self.battery_pct, self.free_heap)
 
     @staticmethod
     def decode(body):
@@ -194,14 +182,10 @@ class ErrorReply(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "ERROR")
-        code, retry_after_ms = r.unpack(">HI", 6)
-        message = r.str16()
-        r.end()
-        return ErrorReply(code, message, retry_after_ms)
+        return ErrorReply(*error_fields(body))
 
 
-_PUB = ">IQ"
+_PUB = PUBLISH_HEAD
 
 
 class Publish(_Body):
@@ -216,8 +200,7 @@ class Publish(_Body):
         self.payload = payload
 
     def encode(self):
-        check_range(self.seq, 32, "seq")
-        return pack8(self.topic, "topic") + struct.pack(_PUB, self.seq, self.lock_ts_ms) + self.payload
+        return publish_body(self.topic, self.seq, self.lock_ts_ms, self.payload)
 
     @staticmethod
     def decode(body):
@@ -248,10 +231,7 @@ class PublishAck(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "PUBLISH_ACK")
-        status, offset = r.unpack(">BQ", 9)
-        r.end()
-        return PublishAck(status, offset)
+        return PublishAck(*publish_ack_fields(body))
 
 
 class Command(_Body):
@@ -275,13 +255,7 @@ class Command(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "COMMAND")
-        target = r.str8()
-        cmd_id, expires_ms, kind = r.unpack(">IQB", 13)
-        args = r.bytes16()
-        mac = r.bytes8()
-        r.end()
-        return Command(target, cmd_id, expires_ms, kind, args, mac)
+        return Command(*command_fields(body))
 
 
 class CommandResult(_Body):
@@ -296,8 +270,7 @@ class CommandResult(_Body):
         self.detail = detail
 
     def encode(self):
-        return (pack8(self.target, "target") + struct.pack(">IB", self.cmd_id, self.status)
-                + pack16(self.detail, "detail"))
+        return command_result_body(self.target, self.cmd_id, self.status, self.detail)
 
     @staticmethod
     def decode(body):

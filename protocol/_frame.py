@@ -8,16 +8,37 @@
 import struct
 import sys
 
-from ._constants import (VERSION, HEADER_SIZE, SUBHEADER_SIZE, CRC_SIZE,
-                         MIN_FRAME, MAX_SN, DEFAULT_MAX_FRAME, HARD_MAX_FRAME,
-                         OP_NAMES, op_name)
+from ._const import const
 from ._crc import crc16, crc16_init
 from ._errors import (BadFrame, UnsupportedVersion, FrameTooLarge,
                       BadChecksum, UnknownOpcode, LocalProtocolError)
 
+# The format's numbers (protocol/_constants.py), as const(): a lock does not import
+# _constants, whose classes would take its heap (test_lock_consts.py holds them equal).
+VERSION = const(1)
+HEADER_SIZE = const(8)
+SUBHEADER_SIZE = const(5)
+CRC_SIZE = const(2)
+MIN_FRAME = const(15)
+MAX_SN = const(64)
+DEFAULT_MAX_FRAME = const(65536)
+HARD_MAX_FRAME = const(16777216)
+# Every opcode of _constants.Op: a constant tuple, which stays in flash on a board
+_LOCK_KNOWN = (0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x0E, 0x0F, 0x10, 0x11, 0x12, 0x13, 0x14,
+               0x15, 0x16, 0x17, 0x18, 0x19, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27,
+               0x30, 0x31, 0x32, 0x33, 0x100, 0x101)
+
 # MicroPython (the lock) hashes the CRC through a memoryview; CPython (crc_hqx, the
 # broker's hot path) slices, which is faster there.
 _VIEW = sys.implementation.name == "micropython"
+if _VIEW:
+    _KNOWN_OPCODES = _LOCK_KNOWN
+
+    def op_name(opcode):
+        """An opcode in hex (a lock keeps no table of names)."""
+        return "0x%04x" % opcode
+else:
+    from ._constants import OP_NAMES as _KNOWN_OPCODES, op_name
 _CRC = ">H"
 
 # The whole fixed part of a frame with an SN of n bytes, read (or written) in one call.
@@ -112,7 +133,7 @@ class FrameDecoder:
         if not MIN_FRAME <= max_frame <= HARD_MAX_FRAME:
             raise LocalProtocolError("max_frame must be within %d..%d" % (MIN_FRAME, HARD_MAX_FRAME))
         self.max_frame = max_frame
-        self._known = OP_NAMES if known_opcodes is None else known_opcodes
+        self._known = _KNOWN_OPCODES if known_opcodes is None else known_opcodes
         self._buf = b""
         self._pos = 0
         self._error = None

@@ -3,8 +3,13 @@
 # by a session that has MACs on, so a lock on TLS does not carry it in RAM.
 import struct
 
-from ._constants import Flag, ErrorCode, op_name
+from ._const import const
+from ._frame import op_name
 from ._hmac import hmac_sha256, compare_digest
+
+# protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
+_FLAG_MAC = const(4)
+_E_BAD_MAC = const(17)
 
 SESSION_DOMAIN = b"lockmq-session-v1"
 TAG_SIZE = 16          # HMAC-SHA256 cut to 128 bits
@@ -33,7 +38,7 @@ def frame_tag(skey, direction, counter, opcode, sn, flags, opaque, body):
 def seal(sess, opcode, sn, body, opaque, flags):
     """``sess.seal`` with MACs on: the frame flagged MAC, its tag appended."""
     from ._frame import encode_frame
-    flags |= Flag.MAC
+    flags |= _FLAG_MAC
     tag = frame_tag(sess.mac_key, sess._OUT, sess.tx, opcode, sn, flags, opaque, body)
     sess.tx += 1
     return encode_frame(opcode, sn, bytes(body) + tag, opaque, flags)
@@ -46,16 +51,16 @@ def open_frame(sess, frame):
     body = frame.body
     if sess.mac_key is None:
         sess.state = CLOSING
-        raise fatal_error("a MAC flag on a session without frame MACs", ErrorCode.BAD_MAC)
-    if not frame.flags & Flag.MAC or len(body) < TAG_SIZE:
+        raise fatal_error("a MAC flag on a session without frame MACs", _E_BAD_MAC)
+    if not frame.flags & _FLAG_MAC or len(body) < TAG_SIZE:
         sess.state = CLOSING
-        raise fatal_error("%s without a frame tag" % op_name(frame.opcode), ErrorCode.BAD_MAC)
+        raise fatal_error("%s without a frame tag" % op_name(frame.opcode), _E_BAD_MAC)
     body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
     want = frame_tag(sess.mac_key, 1 - sess._OUT, sess.rx, frame.opcode, frame.sn,
                      frame.flags, frame.opaque, body)
     if not compare_digest(want, tag):
         sess.state = CLOSING
         raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
-                          "reordered)" % op_name(frame.opcode), ErrorCode.BAD_MAC)
+                          "reordered)" % op_name(frame.opcode), _E_BAD_MAC)
     sess.rx += 1
     frame.body = bytes(body)

@@ -7,11 +7,40 @@
 # the test peer all feed frames to a Session and act on what it says; none of them
 # re-implements these rules. Sans-IO: no sockets, clocks or randomness -- the
 # caller passes nonces in. Runs unchanged under MicroPython (small tables, no re).
-from ._constants import VERSION, Op, Flag, Role, AuthMethod, ErrorCode, op_name
+import sys
+
+from ._const import const
 from ._errors import ProtocolError
-from ._frame import encode_frame
-from ._bodies import Connect, Challenge, Auth, ConnectAck, ErrorReply
+from ._frame import encode_frame, op_name
+from ._lockbodies import (connect_body, challenge_fields, auth_body, connect_ack_fields,
+                          error_fields)
 from ._auth import auth_proof
+
+if sys.implementation.name == "micropython":
+    from ._lockbodies import LockAck as _Ack     # a lock holds no body classes (_lockbodies.py)
+else:
+    from ._bodies import ConnectAck as _Ack
+
+# protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
+_AUTH_DEVICE_HMAC = const(1)
+_E_UNEXPECTED_FRAME = const(7)
+_E_BAD_MAC = const(17)
+_FLAG_RESPONSE = const(2)
+_FLAG_MAC = const(4)
+_OP_CONNECT = const(0x01)
+_OP_CHALLENGE = const(0x02)
+_OP_AUTH = const(0x03)
+_OP_CONNECT_ACK = const(0x04)
+_OP_HEARTBEAT = const(0x05)
+_OP_DISCONNECT = const(0x06)
+_OP_ERROR = const(0x0F)
+_OP_TXN_CHECK = const(0x15)
+_OP_NOTIFY = const(0x23)
+_OP_COMMAND = const(0x30)
+_ROLE_LOCK = const(1)
+_ROLE_SERVICE = const(2)
+_ROLE_ADMIN = const(3)
+_VERSION = const(1)
 
 CONNECTING = 0    # before CONNECT (broker) / CONNECT sent (client)
 CHALLENGED = 1    # CHALLENGE sent, waiting for AUTH / AUTH sent, waiting for CONNECT_ACK
@@ -21,9 +50,9 @@ CLOSING = 3       # an error or DISCONNECT ended it: nothing more is accepted
 # What the broker may send without being asked (frames without the RESPONSE flag),
 # by the client's role; every other broker frame must answer a request.
 BROKER_PUSHES = {
-    Role.LOCK: (Op.COMMAND, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT),
-    Role.SERVICE: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT, Op.TXN_CHECK),
-    Role.ADMIN: (Op.NOTIFY, Op.DISCONNECT, Op.ERROR, Op.HEARTBEAT, Op.TXN_CHECK),
+    _ROLE_LOCK: (_OP_COMMAND, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT),
+    _ROLE_SERVICE: (_OP_NOTIFY, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT, _OP_TXN_CHECK),
+    _ROLE_ADMIN: (_OP_NOTIFY, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT, _OP_TXN_CHECK),
 }
 
 
@@ -71,7 +100,7 @@ class _Session:
 
     def _open(self, frame):
         # frame MACs (loaded only when in use): check and strip the tag, or fail
-        if self.mac_key is not None or frame.flags & Flag.MAC:
+        if self.mac_key is not None or frame.flags & _FLAG_MAC:
             from ._mac import open_frame
             open_frame(self, frame)
 
@@ -93,7 +122,7 @@ class ClientSession(_Session):
     def __init__(self, role, name, method, secret, client="", keepalive_s=30, max_frame=0,
                  mac=False):
         _Session.__init__(self)
-        self.mac = bool(mac) and method == AuthMethod.DEVICE_HMAC
+        self.mac = bool(mac) and method == _AUTH_DEVICE_HMAC
         self.role = role
         self.name = name
         self.method = method
@@ -106,10 +135,10 @@ class ClientSession(_Session):
     def connect_frame(self, opaque=1):
         """The CONNECT that starts the session."""
         self.state = CONNECTING
-        return encode_frame(Op.CONNECT, self.name,
-                            Connect(self.role, self.keepalive_s, self.client, VERSION,
-                                    self.max_frame).encode(), opaque,
-                            Flag.MAC if self.mac else 0)
+        return encode_frame(_OP_CONNECT, self.name,
+                            connect_body(self.role, self.keepalive_s, self.client, _VERSION,
+                                         self.max_frame), opaque,
+                            _FLAG_MAC if self.mac else 0)
 
     def receive(self, frame, cnonce=None, opaque=2):
         """Check one broker frame; during the handshake return what to send next.
@@ -118,47 +147,47 @@ class ClientSession(_Session):
         """
         op = frame.opcode
         state = self.state
-        if op == Op.ERROR and state != ESTABLISHED:
+        if op == _OP_ERROR and state != ESTABLISHED:
             self.state = CLOSING
-            err = ErrorReply.decode(frame.body)
-            raise SessionError(err.message or "refused", err.code, True, err.retry_after_ms)
-        if op == Op.DISCONNECT:
+            code, message, retry_after_ms = error_fields(frame.body)
+            raise SessionError(message or "refused", code, True, retry_after_ms)
+        if op == _OP_DISCONNECT:
             self.state = CLOSING
             return None
         if state == CONNECTING:
-            if op != Op.CHALLENGE:
+            if op != _OP_CHALLENGE:
                 self.state = CLOSING
-                raise fatal_error("expected CHALLENGE, got %s" % op_name(op), ErrorCode.UNEXPECTED_FRAME)
-            ch = Challenge.decode(frame.body)
+                raise fatal_error("expected CHALLENGE, got %s" % op_name(op), _E_UNEXPECTED_FRAME)
+            nonce = challenge_fields(frame.body)[0]
             if cnonce is None:
                 raise ProtocolError("a client nonce is needed to answer a CHALLENGE")
-            self.nonce = ch.nonce
+            self.nonce = nonce
             self.cnonce = bytes(cnonce)
-            if self.method == AuthMethod.DEVICE_HMAC:
-                proof = auth_proof(self.secret, ch.nonce, self.cnonce, self.name)
+            if self.method == _AUTH_DEVICE_HMAC:
+                proof = auth_proof(self.secret, nonce, self.cnonce, self.name)
             else:
                 proof = self.secret
             self.state = CHALLENGED
-            return encode_frame(Op.AUTH, self.name, Auth(self.method, self.cnonce, proof).encode(),
+            return encode_frame(_OP_AUTH, self.name, auth_body(self.method, self.cnonce, proof),
                                 opaque)
         if state == CHALLENGED:
-            if op != Op.CONNECT_ACK:
+            if op != _OP_CONNECT_ACK:
                 self.state = CLOSING
-                raise fatal_error("expected CONNECT_ACK, got %s" % op_name(op), ErrorCode.UNEXPECTED_FRAME)
+                raise fatal_error("expected CONNECT_ACK, got %s" % op_name(op), _E_UNEXPECTED_FRAME)
             if self.mac:
-                if not frame.flags & Flag.MAC:
+                if not frame.flags & _FLAG_MAC:
                     self.state = CLOSING
-                    raise fatal_error("the broker did not confirm frame MACs", ErrorCode.BAD_MAC)
+                    raise fatal_error("the broker did not confirm frame MACs", _E_BAD_MAC)
                 from ._mac import session_key
                 self.mac_key = session_key(self.secret, self.nonce, self.cnonce, self.name)
             self._open(frame)
-            self.ack = ConnectAck.decode(frame.body)
+            self.ack = _Ack(*connect_ack_fields(frame.body))
             self.state = ESTABLISHED
             return None
         if state == CLOSING:
-            raise fatal_error("the session is closed", ErrorCode.UNEXPECTED_FRAME)
+            raise fatal_error("the session is closed", _E_UNEXPECTED_FRAME)
         self._open(frame)
-        if not frame.flags & Flag.RESPONSE and op not in BROKER_PUSHES[self.role]:
+        if not frame.flags & _FLAG_RESPONSE and op not in BROKER_PUSHES[self.role]:
             raise SessionError("the broker sent an unasked %s" % op_name(op),
-                               ErrorCode.UNEXPECTED_FRAME, False)
+                               _E_UNEXPECTED_FRAME, False)
         return None

@@ -5,7 +5,9 @@ import gc
 import sys
 import time
 import asyncio
-from lockmq.protocol import LockEvent, EventType, Method, Result, Heartbeat, NO_SEQ
+from micropython import const
+from lockmq.protocol._event import LockEvent
+from lockmq.protocol._lockbodies import heartbeat_body
 from lockapp import VERSION, log, config, hw as hwmod, backoff
 from lockapp.clock import Clock
 from lockapp.seqno import SeqNo
@@ -13,9 +15,22 @@ from lockapp.oqueue import OQueue
 from lockapp.events import Lock
 from lockapp.link import Link
 
-_TYPES = {"unlock": EventType.UNLOCK, "failed": EventType.FAILED_ATTEMPT,
-          "door_open": EventType.DOOR_LEFT_OPEN, "tamper": EventType.TAMPER,
-          "battery": EventType.LOW_BATTERY}
+# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
+# does not import the constant classes (tests/protocol/test_lock_consts.py)
+_EV_DOOR_LEFT_OPEN = const(3)
+_EV_FAILED_ATTEMPT = const(2)
+_EV_LOW_BATTERY = const(5)
+_EV_TAMPER = const(4)
+_EV_UNLOCK = const(1)
+_M_CARD = const(1)
+_M_NONE = const(0)
+_M_REMOTE = const(3)
+_NO_SEQ = const(0xFFFFFFFF)
+_R_DENIED_UNKNOWN = const(1)
+
+_TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
+          "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
+          "battery": _EV_LOW_BATTERY}
 
 
 class App:
@@ -46,8 +61,8 @@ class App:
     def emit(self, name, credential=b"", value=0, result=0, remote=False):
         # Queue one event durably (flash) before anyone may send it.
         if name == "failed":
-            result = Result.DENIED_UNKNOWN
-        method = Method.REMOTE if remote else (Method.CARD if credential else Method.NONE)
+            result = _R_DENIED_UNKNOWN
+        method = _M_REMOTE if remote else (_M_CARD if credential else _M_NONE)
         ts = self.clock.now_ms()
         payload = LockEvent(_TYPES[name], ts, method, result, value, credential).encode()
         try:
@@ -81,7 +96,7 @@ class App:
         # seq files): move the queued events above what the broker already stored
         # for this lock, so none is taken for a retransmission and dropped.
         q = self.q
-        base = 1 if last_seq == NO_SEQ else last_seq + 1
+        base = 1 if last_seq == _NO_SEQ else last_seq + 1
         if len(q) and q.seq_at(0) < base:
             log.warn("sys seq renumbered from=%d to=%d n=%d" % (q.seq_at(0), base, len(q)))
             q.renumber(base)
@@ -89,7 +104,7 @@ class App:
         log.info("sys seq confirmed next_seq=%d" % self.seq.next)
 
     def heartbeat(self):
-        return Heartbeat(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
+        return heartbeat_body(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
                          len(self.q), self.q.dropped, self.lock.battery, gc.mem_free())
 
     def change_config(self, changes):
@@ -116,11 +131,13 @@ class App:
 
     # -- lifecycle -------------------------------------------------------------------------
     def reboot(self, reason):
-        log.info("sys reboot reason=" + reason)
-        if self.hw.name != "sim":
-            time.sleep_ms(100)
-            self.hw.reset()
-        self.stop("reboot")
+        try:
+            log.info("sys reboot reason=" + reason)
+        finally:                    # (even when the heap is too short for the line)
+            if self.hw.name != "sim":
+                time.sleep_ms(100)
+                self.hw.reset()
+            self.stop("reboot")
 
     def stop(self, reason):
         self.stop_reason = reason
@@ -136,10 +153,31 @@ class App:
             self._sample_mem()
             await asyncio.sleep_ms(min(1000, ms // 4))
 
+    async def guard(self, where, coro):
+        # Every task of the app runs under this: a task must not die quietly (the
+        # lock would go on half alive: no link, or no inputs, or no watchdog feed).
+        try:
+            await coro
+        except Exception as e:      # (cancelling, a BaseException, goes through)
+            self.fatal(where, e)
+
+    def fatal(self, where, e):
+        # Out of memory (or a firmware bug) in a task or an input handler: said
+        # loudly, then a reboot with a fresh heap -- never a retry loop that keeps
+        # failing the same allocation. The queue and the sequence numbers are on
+        # flash: an event reported queued is not lost.
+        name = type(e).__name__
+        e = None
+        gc.collect()                # the failed task's garbage: room for the log line
+        try:
+            log.error("sys fatal where=%s err=%s free=%d" % (where, name, gc.mem_free()))
+        finally:
+            self.reboot("oom" if name == "MemoryError" else "fatal")
+
     async def main(self):
-        tasks = [asyncio.create_task(self._watchdog()),
-                 asyncio.create_task(self.lock.watch()),
-                 asyncio.create_task(self.link.run())]
+        tasks = [asyncio.create_task(self.guard("wdt", self._watchdog())),
+                 asyncio.create_task(self.guard("inputs", self.lock.watch())),
+                 asyncio.create_task(self.guard("link", self.link.run()))]
         self.hw.start(self._input)
         log.info("sys ready")
         await self._stop.wait()
@@ -150,7 +188,10 @@ class App:
         return self.stop_reason
 
     def _input(self, cmd, args):
-        self.lock.on_input(cmd, args)
+        try:
+            self.lock.on_input(cmd, args)
+        except MemoryError as e:     # (other input errors are the hardware layer's to log)
+            self.fatal("input", e)
 
 
 def run():

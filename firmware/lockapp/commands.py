@@ -6,14 +6,30 @@
 # redelivery of that same id gets the stored answer again without running twice.
 import json
 import struct
-from lockmq.protocol import (Command, CommandKind, CommandStatus, verify_command,
-                             ProtocolError)
+from micropython import const
+from lockmq.protocol._lockbodies import command_fields
+from lockmq.protocol._auth import command_mac
+from lockmq.protocol._hmac import compare_digest
+from lockmq.protocol._errors import ProtocolError
 from lockapp import atomic, log, cards
 
+# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
+# does not import the constant classes (tests/protocol/test_lock_consts.py)
+_K_CARDS_SET = const(2)
+_K_CONFIG = const(3)
+_K_FW_UPDATE = const(5)
+_K_REBOOT = const(4)
+_K_UNLOCK = const(1)
+_S_EXPIRED = const(3)
+_S_FAILED = const(1)
+_S_OK = const(0)
+_S_REFUSED = const(2)
+_S_UNSUPPORTED = const(5)
+
 PATH = "cmd.dat"
-NAMES = {CommandKind.UNLOCK: "unlock", CommandKind.CARDS_SET: "cards",
-         CommandKind.CONFIG: "config", CommandKind.REBOOT: "reboot",
-         CommandKind.FW_UPDATE: "fw_update"}
+NAMES = {_K_UNLOCK: "unlock", _K_CARDS_SET: "cards",
+         _K_CONFIG: "config", _K_REBOOT: "reboot",
+         _K_FW_UPDATE: "fw_update"}
 
 
 class Commands:
@@ -21,7 +37,7 @@ class Commands:
         self.app = app
         self.path = path
         self.last_id = 0
-        self.last_status = CommandStatus.OK
+        self.last_status = _S_OK
         raw = atomic.read(path)
         if raw is not None and len(raw) == 5:
             self.last_id, self.last_status = struct.unpack(">IB", raw)
@@ -29,90 +45,88 @@ class Commands:
     def handle(self, body, now_ms):
         # body: the COMMAND frame body. Returns (cmd_id, status, detail).
         try:
-            cmd = Command.decode(body)
+            target, cmd_id, expires_ms, kind, args, mac = command_fields(body)
         except ProtocolError:
             log.warn("cmd refused id=0 reason=malformed")
-            return 0, CommandStatus.REFUSED, "malformed"
+            return 0, _S_REFUSED, "malformed"
         app = self.app
-        name = NAMES.get(cmd.kind, "kind%d" % cmd.kind)
-        if cmd.target != app.sn or not verify_command(app.key, app.sn, cmd):
-            return self._refuse(cmd, "bad_sig")
-        if cmd.cmd_id == self.last_id and cmd.cmd_id:
-            log.info("cmd %s id=%d dup status=%d" % (name, cmd.cmd_id, self.last_status))
-            return cmd.cmd_id, self.last_status, "duplicate"
-        if cmd.cmd_id < self.last_id:
-            return self._refuse(cmd, "replay")
-        if now_ms >= cmd.expires_ms:
-            log.warn("cmd refused id=%d reason=expired" % cmd.cmd_id)
-            return cmd.cmd_id, CommandStatus.EXPIRED, "expired"
-        status, detail = self._check(cmd)
-        if status == CommandStatus.OK:
-            self._persist(cmd.cmd_id, status)
+        name = NAMES.get(kind, "kind%d" % kind)
+        if target != app.sn or not compare_digest(
+                command_mac(app.key, app.sn, cmd_id, expires_ms, kind, args), mac):
+            return self._refuse(cmd_id, "bad_sig")
+        if cmd_id == self.last_id and cmd_id:
+            log.info("cmd %s id=%d dup status=%d" % (name, cmd_id, self.last_status))
+            return cmd_id, self.last_status, "duplicate"
+        if cmd_id < self.last_id:
+            return self._refuse(cmd_id, "replay")
+        if now_ms >= expires_ms:
+            log.warn("cmd refused id=%d reason=expired" % cmd_id)
+            return cmd_id, _S_EXPIRED, "expired"
+        status, detail = self._check(kind, args)
+        if status == _S_OK:
+            self._persist(cmd_id, status)
             try:
-                detail = self._run(cmd)
+                detail = self._run(kind, args)
             except Exception as e:
-                status, detail = CommandStatus.FAILED, str(e)
-                self._persist(cmd.cmd_id, status)
+                status, detail = _S_FAILED, str(e)
+                self._persist(cmd_id, status)
         else:
-            self._persist(cmd.cmd_id, status)
-        if status == CommandStatus.OK:
-            log.info("cmd %s id=%d ok" % (name, cmd.cmd_id))
+            self._persist(cmd_id, status)
+        if status == _S_OK:
+            log.info("cmd %s id=%d ok" % (name, cmd_id))
         else:
-            log.warn("cmd %s id=%d failed err=%s" % (name, cmd.cmd_id, log.clean(detail)))
-        return cmd.cmd_id, status, detail
+            log.warn("cmd %s id=%d failed err=%s" % (name, cmd_id, log.clean(detail)))
+        return cmd_id, status, detail
 
-    def _refuse(self, cmd, reason):
-        log.warn("cmd refused id=%d reason=%s" % (cmd.cmd_id, reason))
-        return cmd.cmd_id, CommandStatus.REFUSED, reason
+    def _refuse(self, cmd_id, reason):
+        log.warn("cmd refused id=%d reason=%s" % (cmd_id, reason))
+        return cmd_id, _S_REFUSED, reason
 
     def _persist(self, cmd_id, status):
         atomic.write(self.path, struct.pack(">IB", cmd_id, status))
         self.last_id = cmd_id
         self.last_status = status
 
-    def _check(self, cmd):
-        # Parse/validate arguments without side effects.
-        k = cmd.kind
-        a = cmd.args
+    def _check(self, k, a):
+        # Parse/validate arguments (kind, args) without side effects.
         try:
-            if k == CommandKind.UNLOCK:
+            if k == _K_UNLOCK:
                 if len(a) != 2 or not 1 <= struct.unpack(">H", a)[0] <= 600:
-                    return CommandStatus.FAILED, "unlock seconds must be 1..600"
-            elif k == CommandKind.CARDS_SET:
+                    return _S_FAILED, "unlock seconds must be 1..600"
+            elif k == _K_CARDS_SET:
                 n = struct.unpack(">H", a[:2])[0]
                 if cards.count(memoryview(a)[2:]) != n:     # no copy of the list
-                    return CommandStatus.FAILED, "card count does not match the list"
-            elif k == CommandKind.CONFIG:
+                    return _S_FAILED, "card count does not match the list"
+            elif k == _K_CONFIG:
                 obj = json.loads(bytes(a).decode())
                 if not isinstance(obj, dict):
-                    return CommandStatus.FAILED, "config must be a JSON object"
+                    return _S_FAILED, "config must be a JSON object"
                 # Repointing the lock (brokers, TLS) must be marked in the signed
                 # command itself; cfgchange checks it again before writing.
                 if ("brokers" in obj or "tls" in obj) and obj.get("network") is not True:
-                    return CommandStatus.REFUSED, "network_unmarked"
-            elif k == CommandKind.REBOOT:
+                    return _S_REFUSED, "network_unmarked"
+            elif k == _K_REBOOT:
                 pass
             else:
-                return CommandStatus.UNSUPPORTED, "unsupported"
+                return _S_UNSUPPORTED, "unsupported"
         except (ValueError, IndexError) as e:
-            return CommandStatus.FAILED, "bad args: %s" % e
-        return CommandStatus.OK, ""
+            return _S_FAILED, "bad args: %s" % e
+        return _S_OK, ""
 
-    def _run(self, cmd):
+    def _run(self, k, args):
         app = self.app
-        k = cmd.kind
-        if k == CommandKind.UNLOCK:
-            seconds = struct.unpack(">H", cmd.args)[0]
+        if k == _K_UNLOCK:
+            seconds = struct.unpack(">H", args)[0]
             app.lock.unlock(seconds)
             app.emit("unlock", value=seconds, remote=True)
             return "unlocked %ds" % seconds
-        if k == CommandKind.CARDS_SET:
-            cards.save(memoryview(cmd.args)[2:])
-            return "%d cards" % struct.unpack(">H", cmd.args[:2])[0]
-        if k == CommandKind.CONFIG:
-            app.change_config(json.loads(bytes(cmd.args).decode()))
+        if k == _K_CARDS_SET:
+            cards.save(memoryview(args)[2:])
+            return "%d cards" % struct.unpack(">H", args[:2])[0]
+        if k == _K_CONFIG:
+            app.change_config(json.loads(bytes(args).decode()))
             return "applied"
-        if k == CommandKind.REBOOT:
+        if k == _K_REBOOT:
             app.reboot_pending = True
             return "rebooting"
         return ""

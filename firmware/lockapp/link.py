@@ -15,16 +15,41 @@ import time
 import errno
 import struct
 import asyncio
-from lockmq.protocol import (Op, Flag, Role, AuthMethod, ErrorCode, NO_SEQ,
-                             FrameDecoder, ErrorReply, Publish, PublishAck,
-                             CommandResult, ProtocolError, ClientSession, SessionError)
+from micropython import const
+from lockmq.protocol._frame import FrameDecoder
+from lockmq.protocol._lockbodies import (error_fields, publish_body, publish_ack_fields,
+                                         command_result_body)
+from lockmq.protocol._errors import ProtocolError
+from lockmq.protocol._session import ClientSession, SessionError
 from lockapp import log, VERSION
 from lockapp.backoff import Backoff
 
+# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
+# does not import the constant classes (tests/protocol/test_lock_consts.py)
+_AUTH_DEVICE_HMAC = const(1)
+_E_AUTH_FAILED = const(11)
+_E_BAD_MAC = const(17)
+_E_BUSY = const(20)
+_E_INFLIGHT_LIMIT = const(33)
+_E_INTERNAL = const(50)
+_E_RATE_LIMITED = const(21)
+_E_SHUTTING_DOWN = const(51)
+_E_STORAGE_FULL = const(23)
+_FLAG_RESPONSE = const(2)
+_NO_SEQ = const(0xFFFFFFFF)
+_OP_COMMAND = const(0x30)
+_OP_COMMAND_RESULT = const(0x31)
+_OP_DISCONNECT = const(0x06)
+_OP_ERROR = const(0x0F)
+_OP_HEARTBEAT = const(0x05)
+_OP_PUBLISH = const(0x10)
+_OP_PUBLISH_ACK = const(0x11)
+_ROLE_LOCK = const(1)
+
 _TIMEOUT_ERRNOS = (errno.EAGAIN, errno.ETIMEDOUT, 11, 110, 116)
 # Broker errors that mean "later", not "never": the message is sent again.
-_RETRY_CODES = (ErrorCode.BUSY, ErrorCode.RATE_LIMITED, ErrorCode.STORAGE_FULL,
-                ErrorCode.INTERNAL, ErrorCode.SHUTTING_DOWN, ErrorCode.INFLIGHT_LIMIT)
+_RETRY_CODES = (_E_BUSY, _E_RATE_LIMITED, _E_STORAGE_FULL,
+                _E_INTERNAL, _E_SHUTTING_DOWN, _E_INFLIGHT_LIMIT)
 MAX_FRAME = 4096
 
 
@@ -85,6 +110,11 @@ class Link:
                 if not await self.app.hw.net_up():
                     raise LinkError("wifi")
                 await self._session(host, port)
+            except MemoryError:
+                # Not a link failure: retrying the same allocation would loop for
+                # ever (the lock online a moment, then down, acking nothing). It
+                # leaves the task, and the app fails loudly and reboots (App.guard).
+                raise
             except Exception as e:  # every link failure comes here
                 retry_after = retry_after_of(e)
                 reason = reason_of(e)
@@ -133,7 +163,7 @@ class Link:
         # Frame MACs on plain TCP (TLS already protects the frames): asked for on
         # CONNECT; the session then seals and checks every frame (SPEC "Frame MACs").
         mac = bool(cfg.get("frame_mac")) and not cfg["tls"].get("enabled")
-        s = ClientSession(Role.LOCK, app.sn, AuthMethod.DEVICE_HMAC, app.key,
+        s = ClientSession(_ROLE_LOCK, app.sn, _AUTH_DEVICE_HMAC, app.key,
                           "lockapp/" + VERSION, cfg["heartbeat_s"], self.max_frame, mac)
         self._sess = s
         try:
@@ -141,13 +171,13 @@ class Link:
             await self._write(s.receive(await self._read_frame(tmo), os.urandom(16)))
             s.receive(await self._read_frame(tmo))
         except SessionError as e:
-            raise LinkError("auth" if e.code == ErrorCode.AUTH_FAILED else "error%d" % e.code,
+            raise LinkError("auth" if e.code == _E_AUTH_FAILED else "error%d" % e.code,
                             e.retry_after_ms)
         ack = s.ack
         app.clock.sync(ack.server_time_ms)
         if not app.seq.ok:
             app.confirm_seq(ack.last_seq)
-        elif ack.last_seq != NO_SEQ:
+        elif ack.last_seq != _NO_SEQ:
             app.seq.raise_floor(ack.last_seq + 1)
         hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
         self.up = True
@@ -235,11 +265,11 @@ class Link:
                         inflight[opaque] = [seq, now]
                         # the LockEvent record: type, method, result u8, value u16, ts_ms u64
                         ts = struct.unpack_from(">Q", data, 5)[0]
-                        await self._send(Op.PUBLISH, Publish(app.cfg["topic"], seq, ts, data).encode(), opaque)
+                        await self._send(_OP_PUBLISH, publish_body(app.cfg["topic"], seq, ts, data), opaque)
                 # 3. heartbeat
                 if time.ticks_diff(now, last_hb) >= hb_ms:
                     last_hb = now
-                    await self._send(Op.HEARTBEAT, app.heartbeat().encode(), 1)
+                    await self._send(_OP_HEARTBEAT, app.heartbeat(), 1)
                     app.log_mem()
                 # 4. liveness: Wi-Fi lost, silent broker, unanswered publish
                 if not app.hw.net_ok():
@@ -300,38 +330,38 @@ class Link:
         except SessionError as e:
             if e.fatal:                 # a bad frame tag: altered or injected on the path
                 log.error("net refused op=%d code=%d" % (op, e.code))
-                raise LinkError("mac" if e.code == ErrorCode.BAD_MAC else "error%d" % e.code)
+                raise LinkError("mac" if e.code == _E_BAD_MAC else "error%d" % e.code)
             log.warn("net ignored op=%d code=%d" % (op, e.code))
             return 0
-        if op == Op.PUBLISH_ACK:
+        if op == _OP_PUBLISH_ACK:
             v = inflight.pop(f.opaque, None)
             if v is not None:
-                PublishAck.decode(f.body)
+                publish_ack_fields(f.body)     # a malformed ack ends the session
                 app.q.ack(v[0])
                 log.info("evt acked seq=%d" % v[0])
             return 0
-        if op == Op.ERROR:
-            e = ErrorReply.decode(f.body)
-            v = inflight.pop(f.opaque, None) if f.flags & Flag.RESPONSE else None
-            if v is None or e.code == ErrorCode.BAD_MAC:
+        if op == _OP_ERROR:
+            code, _, retry_after_ms = error_fields(f.body)
+            v = inflight.pop(f.opaque, None) if f.flags & _FLAG_RESPONSE else None
+            if v is None or code == _E_BAD_MAC:
                 # BAD_MAC: the frame was altered on the path, not refused for what it
                 # says -- keep the event queued; it goes again on a new session
-                raise LinkError("error%d" % e.code, e.retry_after_ms)
-            if e.code in _RETRY_CODES:
-                ms = e.retry_after_ms or 1000
-                log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], e.code))
+                raise LinkError("error%d" % code, retry_after_ms)
+            if code in _RETRY_CODES:
+                ms = retry_after_ms or 1000
+                log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], code))
                 return ms
             # Refused for good (malformed, forbidden...): drop it, counted, logged.
             app.q.reject(v[0])
-            log.error("evt rejected seq=%d code=%d total=%d" % (v[0], e.code, app.q.dropped))
+            log.error("evt rejected seq=%d code=%d total=%d" % (v[0], code, app.q.dropped))
             return 0
-        if op == Op.COMMAND:
+        if op == _OP_COMMAND:
             cmd_id, status, detail = app.handle_command(f.body)
-            await self._send(Op.COMMAND_RESULT,
-                             CommandResult(app.sn, cmd_id, status, detail[:200]).encode(),
-                             f.opaque, Flag.RESPONSE)
+            await self._send(_OP_COMMAND_RESULT,
+                             command_result_body(app.sn, cmd_id, status, detail[:200]),
+                             f.opaque, _FLAG_RESPONSE)
             return 0
-        if op == Op.DISCONNECT:
+        if op == _OP_DISCONNECT:
             raise LinkError("disconnect")
         # HEARTBEAT answers, OK and anything else: liveness only.
         return 0
