@@ -42,7 +42,7 @@ from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
 from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
-    messages_head, publish_fields, take_publishes
+    messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
 from lockmq.protocol._frame import Frame
 
@@ -62,6 +62,9 @@ _ONEWAY = Flag.ONEWAY
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
+# ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
+# (getattr: an extension built before scan_frame existed still serves the rest)
+_scan_frame = getattr(accel.speedups, "scan_frame", None) if accel.COMPILED else None
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
@@ -297,6 +300,21 @@ class Connection(asyncio.Protocol):
                         continue
                     if self.closed or not dec.buffered():   # (the usual end of a read)
                         break
+            if _scan_frame is not None:
+                # compiled: a whole, valid frame of a known opcode in one call (the
+                # handshake's CONNECT and AUTH: no generator, no frame walk in Python);
+                # anything else -- partial, bad, unknown -- is the decoder's, below
+                frame = take_frame(dec, _scan_frame)
+                if frame is not None:
+                    n += 1
+                    try:
+                        self._handle(frame)
+                    except Exception as exc:  # noqa: BLE001 -- as below
+                        if not self._frame_failed(frame, exc):
+                            break
+                    continue
+                if not dec.buffered():
+                    break
             try:
                 for frame in dec.frames():
                     n += 1
