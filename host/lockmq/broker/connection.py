@@ -312,7 +312,9 @@ class Connection(asyncio.Protocol):
                     except Exception as exc:  # noqa: BLE001 -- as below
                         if not self._frame_failed(frame, exc):
                             break
-                    continue
+                    if dec.buffered():
+                        continue
+                    break   # (the usual end of a handshake read: one frame)
                 if not dec.buffered():
                     break
             try:
