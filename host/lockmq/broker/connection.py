@@ -69,6 +69,7 @@ _scan_frame = getattr(accel.speedups, "scan_frame", None) if accel.COMPILED else
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
 _ROLE_OF_KIND = {"lock": Role.LOCK, "service": Role.SERVICE, "admin": Role.ADMIN}
+_DEBUG = 10   # logging.DEBUG: the level of the per-connection connect/disconnect lines
 #: the ``subs`` and ``_limits_logged`` of a connection that has none yet (shared,
 #: never written: a connection makes its own on first use)
 _NO_SUBS: dict = {}
@@ -245,7 +246,7 @@ class Connection(asyncio.Protocol):
             self._admitted = False
             b.guard.release(self.peer_ip)
         b.stats.inc("connections_closed")
-        if self.principal is not None or self.close_reason:
+        if (self.principal is not None or self.close_reason) and b.log.level <= _DEBUG:
             b.log("disconnect", conn=self.id, peer=self.peer, sn=self.claimed_sn,
                   reason=self.close_reason or (repr(exc) if exc else "peer closed"),
                   level="debug")
@@ -535,8 +536,9 @@ class Connection(asyncio.Protocol):
         self._answer_handshake(self.session.accept(
             role, principal.name, ack, frame.opaque, mac_key=principal.session_key,
             mac_required=not self.tls and b.guard.lock_frames_need_mac))
-        b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
-              kind=principal.kind, level="debug")
+        if b.log.level <= _DEBUG:   # (a line per lock only at DEBUG: skip its fields)
+            b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
+                  kind=principal.kind, level="debug")
         if is_lock:
             b.devices.online(self)
             b.commands.lock_online(self)
