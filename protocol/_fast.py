@@ -15,7 +15,7 @@ import struct
 from ._constants import VERSION, MIN_FRAME, Op, Flag
 from ._crc import crc16_init
 from ._errors import BadBody, LocalProtocolError, ProtocolError
-from ._frame import FrameDecoder
+from ._frame import Frame, FrameDecoder
 from ._consume import Ack, Nack, Messages, Message
 
 _MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
@@ -153,6 +153,39 @@ def take_publishes(decoder, sn, limit, scan):
     pubs, pos = scan(decoder._buf, decoder._pos, decoder.max_frame, sn, limit)
     decoder._pos = pos
     return pubs
+
+
+def scan_frame(buf, pos, max_frame, known):
+    """``(opcode, sn, flags, opaque, body, end)`` of the whole, valid frame at
+    ``buf[pos:]`` whose opcode is in ``known``, or None for anything else (too few
+    bytes, a bad header, length, CRC or SN, an unknown opcode): the caller's decoder
+    then reads it and raises the protocol's own error. The pure-Python reference of
+    ``lockmq._speedups.scan_frame``: the decoder, for one frame."""
+    dec = FrameDecoder(max_frame, known)
+    dec.feed(bytes(buf[pos:]))
+    total = dec.buffered()
+    try:
+        frame = dec.next_frame()
+    except ProtocolError:
+        return None
+    if frame is None:
+        return None
+    return (frame.opcode, frame.sn, frame.flags, frame.opaque, frame.body,
+            pos + total - dec.buffered())
+
+
+def take_frame(decoder, scan):
+    """The next frame of ``decoder`` read by ``scan`` (:func:`scan_frame` or its C
+    twin) and consumed, or None (nothing whole, or something the decoder itself must
+    read and raise about). The broker's compiled read of a handshake frame: one call
+    instead of a generator step of :meth:`FrameDecoder.frames`."""
+    if decoder._error is not None:
+        return None
+    got = scan(decoder._buf, decoder._pos, decoder.max_frame, decoder._known)
+    if got is None:
+        return None
+    decoder._pos = got[5]
+    return Frame(got[0], got[1], got[2], got[3], got[4])
 
 
 def messages_head(sub_id, count):

@@ -10,7 +10,9 @@
  *                   MACs, another SN -- is left to the Python decoder, which raises
  *                   the protocol's own errors, so error behaviour cannot drift);
  *   encode_records  NewRecords -> commit-log record bytes (store/records.py);
- *   publish_acks    store results -> the PUBLISH_ACK frames of one answer.
+ *   publish_acks    store results -> the PUBLISH_ACK frames of one answer;
+ *   scan_frame      one whole, valid frame of any known opcode (the handshake's
+ *                   CONNECT and AUTH) -> its fields, or None for the Python decoder.
  *
  * Memory safety: every read of the input is bounds-checked against the buffer's
  * length before it happens; outputs are new objects (no buffer reused across calls).
@@ -237,6 +239,75 @@ error:
     Py_DECREF(out);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* -------------------------------------------------------------- scan_frame */
+
+/* scan_frame(buf, pos, max_frame, known) -> (opcode, sn, flags, opaque, body, end)
+ * for the whole, valid frame at buf[pos:] whose opcode is in ``known``; None for
+ * anything else -- too few bytes, a bad header, length or CRC, an unknown opcode, an
+ * SN that is not UTF-8 -- which the Python decoder then reads and raises the
+ * protocol's own error for. The broker's read of a frame that is not a PUBLISH (the
+ * handshake's CONNECT and AUTH, a DISCONNECT): one call instead of a generator step. */
+static PyObject *scan_frame(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, max_frame;
+    PyObject *known;
+    if (!PyArg_ParseTuple(args, "y*nnO:scan_frame", &view, &pos, &max_frame, &known))
+        return NULL;
+    PyObject *result = NULL;
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t size = view.len;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        goto done;
+    }
+    if (pos > size || size - pos < HEADER_SIZE)
+        goto none;
+    const uint8_t *f = buf + pos;
+    Py_ssize_t sn_len = f[7];
+    uint32_t length = be32(f + 1);
+    /* the Python decoder's checks; any failure: the decoder raises it */
+    if (f[0] != VERSION || sn_len > MAX_SN || length < (uint32_t)(MIN_FRAME + sn_len)
+            || (Py_ssize_t)length > max_frame || (Py_ssize_t)length > size - pos)
+        goto none;
+    if (crc16(f, length - CRC_SIZE, 0xFFFF) != (f[length - 2] << 8 | f[length - 1]))
+        goto none;
+    PyObject *op = PyLong_FromLong((long)(f[5] << 8 | f[6]));
+    if (op == NULL)
+        goto done;
+    int k = PySequence_Contains(known, op);
+    if (k <= 0) {   /* unknown: the decoder raises UnknownOpcode (or a lookup error) */
+        Py_DECREF(op);
+        if (k < 0)
+            goto done;
+        goto none;
+    }
+    PyObject *sn = PyUnicode_DecodeUTF8((const char *)f + HEADER_SIZE, sn_len, NULL);
+    if (sn == NULL) {   /* not text: the decoder raises BadFrame */
+        PyErr_Clear();
+        Py_DECREF(op);
+        goto none;
+    }
+    Py_ssize_t body_at = HEADER_SIZE + sn_len + SUBHEADER_SIZE;
+    PyObject *body = PyBytes_FromStringAndSize((const char *)f + body_at,
+                                               (Py_ssize_t)length - body_at - CRC_SIZE);
+    if (body == NULL) {
+        Py_DECREF(op);
+        Py_DECREF(sn);
+        goto done;
+    }
+    result = Py_BuildValue("(NNBkNn)", op, sn, f[HEADER_SIZE + sn_len],
+                           (unsigned long)be32(f + HEADER_SIZE + sn_len + 1), body,
+                           pos + (Py_ssize_t)length);
+    goto done;
+none:
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&view);
+    return result;
 }
 
 /* ---------------------------------------------------------- encode_records */
@@ -568,6 +639,9 @@ static PyMethodDef methods[] = {
      "scan_publishes(buf, pos, max_frame, sn, limit) -> (list, pos): the field tuples "
      "(opaque, flags, sn, topic, seq, lock_ts_ms, payload) of the whole, valid PUBLISH "
      "frames from buf[pos:] on, at most limit; pos: where the scan stopped."},
+    {"scan_frame", scan_frame, METH_VARARGS,
+     "scan_frame(buf, pos, max_frame, known) -> (opcode, sn, flags, opaque, body, end) "
+     "of the whole, valid frame at buf[pos:] with an opcode in known, or None."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(records, broker_ts_us, max_record_bytes, topic_cache, known) -> "
      "(list, total, new_topics, slow): commit-log bytes per record, None where the "

@@ -19,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from lockmq import protocol as p
 from lockmq.protocol import _fast
+from lockmq.protocol._constants import OP_NAMES
 from lockmq.store import records
 from lockmq.store.errors import InvalidRecord
 from lockmq.store.records import Appended, NewRecord
@@ -38,7 +39,8 @@ def _compiled():
 
 
 SPEEDUPS = _compiled()
-PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, publish_acks=_fast.publish_acks,
+PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, scan_frame=_fast.scan_frame,
+                       publish_acks=_fast.publish_acks,
                        encode_records=records._encode_records_py,
                        crc16=lambda d, c=0xFFFF: binascii.crc_hqx(d, c), crc32=zlib.crc32)
 
@@ -56,7 +58,7 @@ def _compiled_impl() -> SimpleNamespace:
             else:
                 records._c_encode_records = saved
     return SimpleNamespace(scan_publishes=SPEEDUPS.scan_publishes,
-                           publish_acks=SPEEDUPS.publish_acks, encode_records=encode_records,
+                           scan_frame=SPEEDUPS.scan_frame, publish_acks=SPEEDUPS.publish_acks, encode_records=encode_records,
                            crc16=SPEEDUPS.crc16, crc32=SPEEDUPS.crc32)
 
 
@@ -164,22 +166,25 @@ def test_c_scanner_survives_any_bytes(data: bytes, pos: int, max_frame: int) -> 
         assert (got, end) == _fast.scan_publishes(data, pos, max_frame, SN, 50)
 
 
-def _read_all(dec: p.FrameDecoder, scan) -> list:
-    """What a broker sees of the decoder's bytes: publishes taken by ``scan`` (None:
-    none) and frames from the decoder, in order, ending with the error it raised."""
+def _read_all(dec: p.FrameDecoder, scan, frame_scan=None) -> list:
+    """What a broker sees of the decoder's bytes: publishes taken by ``scan``, frames
+    taken by ``frame_scan`` (None: neither) and frames from the decoder, in order,
+    ending with the error it raised."""
     out: list = []
     while True:
         if scan is not None:
             out.extend(("pub",) + t[3:] for t in _fast.take_publishes(dec, SN, 4, scan))
-        try:
-            f = dec.next_frame()
-        except p.ProtocolError as exc:
-            out.append((type(exc).__name__, exc.code, exc.message))
-            if isinstance(exc, p.UnknownOpcode):
-                continue
-            return out
+        f = _fast.take_frame(dec, frame_scan) if frame_scan is not None else None
         if f is None:
-            return out
+            try:
+                f = dec.next_frame()
+            except p.ProtocolError as exc:
+                out.append((type(exc).__name__, exc.code, exc.message))
+                if isinstance(exc, p.UnknownOpcode):
+                    continue
+                return out
+            if f is None:
+                return out
         if f.opcode == p.Op.PUBLISH and not f.flags & p.Flag.MAC and f.sn in ("", SN):
             try:
                 out.append(("pub",) + _fast.publish_fields(f.body))
@@ -192,16 +197,21 @@ def _read_all(dec: p.FrameDecoder, scan) -> list:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_frame, max_size=10), _damage, st.integers(1, 60))
-def test_bad_input_raises_the_same_errors_with_the_scanner(frames: list[bytes],
+def test_bad_input_raises_the_same_errors_with_the_scanners(frames: list[bytes],
                                                            damage: list[tuple[int, int]],
                                                            chunk: int) -> None:
     buf = bytearray(b"".join(frames))
     for at, byte in damage:
         if buf:
             buf[at % len(buf)] = byte
-    scans = [_fast.scan_publishes] + ([SPEEDUPS.scan_publishes] if SPEEDUPS else [])
+    # (scan_publishes, scan_frame): the decoder alone, each scanner, and the broker's
+    # compiled pair (frames the publish scanner leaves go to the frame reader)
+    readers = [(None, None), (_fast.scan_publishes, None), (None, _fast.scan_frame)]
+    if SPEEDUPS:
+        readers += [(SPEEDUPS.scan_publishes, None), (None, SPEEDUPS.scan_frame),
+                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame)]
     runs = []
-    for scan in [None] + scans:
+    for scan, frame_scan in readers:
         dec = p.FrameDecoder(300)
         got: list = []
         for i in range(0, len(buf), chunk):
@@ -210,11 +220,93 @@ def test_bad_input_raises_the_same_errors_with_the_scanner(frames: list[bytes],
             except p.ProtocolError as exc:
                 got.append((type(exc).__name__, exc.code, exc.message))
                 break
-            got.extend(_read_all(dec, scan))
+            got.extend(_read_all(dec, scan, frame_scan))
             if got and got[-1][0] not in ("pub", "frame", "UnknownOpcode"):
                 break
         runs.append(got)
     assert all(r == runs[0] for r in runs[1:])
+
+
+# -- scan_frame (a handshake frame, or any other, read in one call) ----------------------
+
+def _decoded(raw: bytes, max_frame: int = MAX, known: object = OP_NAMES) -> tuple | None:
+    """What the decoder reads first from ``raw``, as scan_frame's tuple; None when it
+    needs more bytes or raises."""
+    dec = p.FrameDecoder(max_frame, known)
+    dec.feed(raw)
+    try:
+        f = dec.next_frame()
+    except p.ProtocolError:
+        return None
+    return None if f is None else (f.opcode, f.sn, f.flags, f.opaque, f.body,
+                                   len(raw) - dec.buffered())
+
+
+def test_vector_frames_are_read_as_the_decoder_reads_them(impl: SimpleNamespace) -> None:
+    seen = 0
+    for v in VECTORS["frames"] + VECTORS["host_frames"] + VECTORS["invalid_frames"]:
+        raw = bytes.fromhex(v["hex"])
+        got = impl.scan_frame(raw, 0, MAX, OP_NAMES)
+        assert got == _decoded(raw), v["name"]
+        if "error" in v:
+            assert got is None, v["name"]
+        else:
+            seen += 1
+            assert got[0] == v["opcode"] and got[5] == len(raw), v["name"]
+    assert seen >= 10
+
+
+def test_scan_frame_leaves_the_unusual_to_the_decoder(impl: SimpleNamespace) -> None:
+    connect = p.encode_frame(p.Op.CONNECT, SN, p.Connect(p.Role.LOCK, 30, "fw").encode(), 1)
+    assert impl.scan_frame(connect, 0, MAX, OP_NAMES) == \
+        (p.Op.CONNECT, SN, 0, 1, p.Connect(p.Role.LOCK, 30, "fw").encode(), len(connect))
+    assert impl.scan_frame(b"junk" + connect, 4, MAX, OP_NAMES)[5] == 4 + len(connect)
+    for raw, max_frame, known in (
+            (connect[:-1], MAX, OP_NAMES),                      # partial
+            (connect[:-1] + b"\x00", MAX, OP_NAMES),            # bad CRC
+            (connect, len(connect) - 1, OP_NAMES),              # over max_frame
+            (connect, MAX, {p.Op.AUTH: "AUTH"}),                # an unknown opcode
+            (p.encode_frame(p.Op.CONNECT, "", b"x", 1)[:8] + b"\xff" * 9, MAX, OP_NAMES),
+            (b"\x02" + connect[1:], MAX, OP_NAMES)):            # another version
+        assert impl.scan_frame(raw, 0, max_frame, known) is None
+    bad_sn = bytearray(p.encode_frame(p.Op.CONNECT, "ab", b"", 1))
+    bad_sn[8] = 0xFF                                            # an SN that is not UTF-8
+    bad_sn[-2:] = p.crc16(bytes(bad_sn[:-2])).to_bytes(2, "big")
+    assert impl.scan_frame(bytes(bad_sn), 0, MAX, OP_NAMES) is None
+    assert _decoded(bytes(bad_sn)) is None
+    assert impl.scan_frame(b"", 0, MAX, OP_NAMES) is None
+    assert impl.scan_frame(connect, len(connect) + 5, MAX, OP_NAMES) is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_frame, max_size=6), _damage, st.integers(0, 40),
+       st.sampled_from([p.MIN_FRAME, 64, 300, MAX]), st.integers(0, 30),
+       st.sampled_from([OP_NAMES, {p.Op.PUBLISH: "PUBLISH"}, {}]))
+@NOT_BUILT
+def test_c_frame_reader_answers_as_the_pure_one(frames: list[bytes],
+                                                damage: list[tuple[int, int]], cut: int,
+                                                max_frame: int, start: int,
+                                                known: dict) -> None:
+    buf = bytearray(b"".join(frames))
+    for at, byte in damage:
+        if buf:
+            buf[at % len(buf)] = byte
+    buf = bytes(buf[:max(0, len(buf) - cut)])
+    for data in (buf, bytearray(buf)):
+        want = _fast.scan_frame(data, start, max_frame, known)
+        assert SPEEDUPS.scan_frame(data, start, max_frame, known) == want
+        assert want == _decoded(buf[start:], max_frame, known) if want is None else \
+            want[:5] == _decoded(buf[start:], max_frame, known)[:5]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 250), st.integers(0, 2**40))
+@NOT_BUILT
+def test_c_frame_reader_survives_any_bytes(data: bytes, pos: int, max_frame: int) -> None:
+    got = SPEEDUPS.scan_frame(data, pos, max_frame, OP_NAMES)
+    assert got is None or pos < got[5] <= len(data)
+    if p.MIN_FRAME <= max_frame <= p.HARD_MAX_FRAME:   # (the decoder's legal limits)
+        assert got == _fast.scan_frame(data, pos, max_frame, OP_NAMES)
 
 
 # -- publish_acks ----------------------------------------------------------------------

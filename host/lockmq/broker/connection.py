@@ -42,7 +42,7 @@ from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
 from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
-    messages_head, publish_fields, take_publishes
+    messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
 from lockmq.protocol._frame import Frame
 
@@ -62,10 +62,18 @@ _ONEWAY = Flag.ONEWAY
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
+# ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
+# (getattr: an extension built before scan_frame existed still serves the rest)
+_scan_frame = getattr(accel.speedups, "scan_frame", None) if accel.COMPILED else None
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
 _ROLE_OF_KIND = {"lock": Role.LOCK, "service": Role.SERVICE, "admin": Role.ADMIN}
+_DEBUG = 10   # logging.DEBUG: the level of the per-connection connect/disconnect lines
+#: the ``subs`` and ``_limits_logged`` of a connection that has none yet (shared,
+#: never written: a connection makes its own on first use)
+_NO_SUBS: dict = {}
+_NONE_LOGGED: frozenset = frozenset()
 #: Seconds a closing connection may take to drain its last answers before it is
 #: aborted (a peer that never reads must not pin its buffers).
 CLOSE_LINGER_S = 2.0
@@ -124,7 +132,20 @@ class Connection(asyncio.Protocol):
     """A peer's connection: lock, service (producer/consumer/commander) or admin.
 
     The handshake state is the session's (:attr:`session`); the connection keeps
-    only what is its own: the socket and whether it is :attr:`closed`."""
+    only what is its own: the socket and whether it is :attr:`closed`.
+
+    A storm holds 10,000 of these: the attributes are slots (no instance dict to
+    build, smaller, faster to read), and what a lock rarely needs -- its
+    subscriptions, the caps it hit -- is created on first use. ``__dict__`` stays
+    for the rare attribute another module adds (``transactions``: ``txn_groups``)."""
+
+    __slots__ = ("services", "id", "transport", "peer", "peer_ip", "closed", "session",
+                 "claimed_sn", "nonce", "principal", "decoder", "out", "out_scheduled",
+                 "last_seen", "connected_at", "subs", "_next_sub", "_pub", "_pub_recs",
+                 "_pub_size", "_pub_bytes", "_topics_ok", "_producer_ok", "_limits_logged",
+                 "_paused_for_pub", "_paused_for_write", "_admitted", "is_device",
+                 "heartbeat", "heartbeat_answered_at", "close_reason", "tls",
+                 "peer_max_frame", "__dict__", "__weakref__")
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -145,7 +166,8 @@ class Connection(asyncio.Protocol):
         self.out_scheduled = False
         self.last_seen = time.monotonic()
         self.connected_at = time.time()
-        self.subs: dict[int, tuple[Cluster, Member]] = {}
+        #: subscriptions by id (a shared empty one until the first SUBSCRIBE)
+        self.subs: dict[int, tuple[Cluster, Member]] = _NO_SUBS
         self._next_sub = 1
         self._pub: list[tuple[int, bool, NewRecord]] = []
         self._pub_recs: list[NewRecord] = []   # the records of _pub (what the store takes)
@@ -153,7 +175,7 @@ class Connection(asyncio.Protocol):
         self._pub_bytes = 0
         self._topics_ok: set[str] = set()   # topic names already validated
         self._producer_ok = ""              # producer id already checked (guard)
-        self._limits_logged: set[str] = set()   # caps hit: logged once per connection
+        self._limits_logged: set[str] = _NONE_LOGGED   # caps hit: logged once (see _log_once)
         self._paused_for_pub = False
         self._paused_for_write = False
         self._admitted = False
@@ -210,10 +232,11 @@ class Connection(asyncio.Protocol):
         b.connections.by_id.pop(self.id, None)
         if self.principal is None:
             b.connections.handshakes.discard(self)
-        for cluster, member in list(self.subs.values()):
-            member.unpark()
-            cluster.leave(member, reason="disconnected")
-        self.subs.clear()
+        if self.subs:
+            for cluster, member in list(self.subs.values()):
+                member.unpark()
+                cluster.leave(member, reason="disconnected")
+            self.subs = _NO_SUBS
         if self.principal is None and self.nonce:
             b.guard.forget_challenge(self.nonce)
         if self.is_device:
@@ -223,7 +246,7 @@ class Connection(asyncio.Protocol):
             self._admitted = False
             b.guard.release(self.peer_ip)
         b.stats.inc("connections_closed")
-        if self.principal is not None or self.close_reason:
+        if (self.principal is not None or self.close_reason) and b.log.level <= _DEBUG:
             b.log("disconnect", conn=self.id, peer=self.peer, sn=self.claimed_sn,
                   reason=self.close_reason or (repr(exc) if exc else "peer closed"),
                   level="debug")
@@ -278,6 +301,23 @@ class Connection(asyncio.Protocol):
                         continue
                     if self.closed or not dec.buffered():   # (the usual end of a read)
                         break
+            if _scan_frame is not None:
+                # compiled: a whole, valid frame of a known opcode in one call (the
+                # handshake's CONNECT and AUTH: no generator, no frame walk in Python);
+                # anything else -- partial, bad, unknown -- is the decoder's, below
+                frame = take_frame(dec, _scan_frame)
+                if frame is not None:
+                    n += 1
+                    try:
+                        self._handle(frame)
+                    except Exception as exc:  # noqa: BLE001 -- as below
+                        if not self._frame_failed(frame, exc):
+                            break
+                    if dec.buffered():
+                        continue
+                    break   # (the usual end of a handshake read: one frame)
+                if not dec.buffered():
+                    break
             try:
                 for frame in dec.frames():
                     n += 1
@@ -496,8 +536,9 @@ class Connection(asyncio.Protocol):
         self._answer_handshake(self.session.accept(
             role, principal.name, ack, frame.opaque, mac_key=principal.session_key,
             mac_required=not self.tls and b.guard.lock_frames_need_mac))
-        b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
-              kind=principal.kind, level="debug")
+        if b.log.level <= _DEBUG:   # (a line per lock only at DEBUG: skip its fields)
+            b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
+                  kind=principal.kind, level="debug")
         if is_lock:
             b.devices.online(self)
             b.commands.lock_online(self)
@@ -612,8 +653,7 @@ class Connection(asyncio.Protocol):
                 b.guard.check_producer_id(self.principal, sn)
             except SecurityError as exc:   # FORBIDDEN
                 b.stats.inc("producer_ids_refused")
-                if "producer" not in self._limits_logged:   # (the guard logs each, rate-limited)
-                    self._limits_logged.add("producer")
+                if self._log_once("producer"):   # (the guard logs each, rate-limited)
                     b.log("producer_id_refused", conn=self.id, peer=self.peer,
                           principal=self.principal.name, producer_id=sn[:80],
                           reason=exc.reason, level="warning")
@@ -626,6 +666,15 @@ class Connection(asyncio.Protocol):
         self._pub_size += len(payload) + 64
         if len(self._pub) >= b.config.broker.max_publish_batch:
             self._submit_publishes()   # (the publish path stores it at once)
+
+    def _log_once(self, cap: str) -> bool:
+        """True the first time this connection hits ``cap`` (then it is logged)."""
+        if cap in self._limits_logged:
+            return False
+        if self._limits_logged is _NONE_LOGGED:
+            self._limits_logged = set()
+        self._limits_logged.add(cap)
+        return True
 
     def _pub_refused(self, exc: SecurityError, oneway: bool, opaque: int) -> None:
         """A publish the guard refused: counted; answered unless it was ONEWAY and the
@@ -733,8 +782,7 @@ class Connection(asyncio.Protocol):
         cap = b.config.consumers.max_subscriptions_per_connection
         if len(self.subs) >= cap:   # bounded per connection (a cap: retrying won't help)
             b.stats.inc("subscriptions_refused")
-            if "subs" not in self._limits_logged:
-                self._limits_logged.add("subs")
+            if self._log_once("subs"):
                 b.log("subscription_limit", conn=self.id, peer=self.peer,
                       principal=self.principal.name, cap=cap, level="warning")
             self.send_error(_code("LIMIT_EXCEEDED"),
@@ -750,6 +798,8 @@ class Connection(asyncio.Protocol):
             return
         sub_id = self._next_sub
         self._next_sub += 1
+        if self.subs is _NO_SUBS:
+            self.subs = {}
         member = Member(sub_id, self.principal.name, self.peer, self._wake_member,
                         s.max_inflight, s.lease_ms)
         self.subs[sub_id] = (cluster, member)
