@@ -9,7 +9,7 @@ import time
 import pytest
 from lockmq.protocol import (ErrorCode, Flag, Heartbeat, Op, Publish, PublishAck, Pull, Role,
                              decode_body, encode_frame)
-from lockmq.testing import Peer, Refused, drain, open_peer
+from lockmq.testing import Peer, Refused, drain, open_peer, wait_for
 
 
 def _closed_with(peer: Peer, code: int) -> None:
@@ -123,44 +123,42 @@ def test_full_disk_answers_busy_with_retry_after(make_broker):
 
 
 def test_store_queue_full_answers_busy_and_never_drops(make_broker):
-    """A tiny store queue: pipelining producers get BUSY for some publishes, every
-    publish is answered, every acked one is stored and no refused one is."""
+    """A tiny store queue behind a stalled writer (as on a slow disk): pipelining
+    producers get BUSY for some publishes, every publish is answered, every acked
+    one is stored and no refused one is."""
     broker = make_broker(store={"max_pending_bytes": 4096})
+    store = broker.broker.core.store
     n_conn, n_msg = 4, 400
-    acked_ids: set[str] = set()
-    total_busy = 0
-    for attempt in range(5):                       # BUSY depends on the disk's pace
-        results: dict[str, list[tuple[int, int]]] = {}
-
-        def producer(i: int) -> None:
-            p = open_peer(broker.port, sn=f"LOCK-{attempt}-{i}", role=Role.LOCK)
-            ops = []
-            for start in range(0, n_msg, 10):       # 40 writes: many store appends
+    peers = [open_peer(broker.port, sn=f"LOCK-{i}", role=Role.LOCK) for i in range(n_conn)]
+    sent: dict[str, list[tuple[int, int]]] = {p.sn: [] for p in peers}
+    with store.writes_held():
+        for start in range(0, n_msg, 10):           # 40 writes each: many store appends
+            for p in peers:
                 frames = []
                 for seq in range(start, start + 10):
                     op = p.next_opaque()
-                    ops.append((op, seq))
+                    sent[p.sn].append((op, seq))
                     frames.append(encode_frame(Op.PUBLISH, p.sn,
                                                Publish("q", seq, 0, b"z" * 200).encode(), op))
                 p.raw(b"".join(frames))
-            results[p.sn] = [(p.wait(op).opcode, seq) for op, seq in ops]
-
-        ts = [threading.Thread(target=producer, args=(i,)) for i in range(n_conn)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(60)
-        assert sum(len(r) for r in results.values()) == n_conn * n_msg   # all answered
-        for sn, r in results.items():
-            for opcode, seq in r:
-                assert opcode in (Op.PUBLISH_ACK, Op.ERROR)
-                if opcode == Op.PUBLISH_ACK:
-                    acked_ids.add(f"{sn}:{seq}")
-                else:
-                    total_busy += 1
-        if total_busy:
-            break
-    assert total_busy > 0 and acked_ids
+        # the queue is full while the writer stalls: the broker answers BUSY at once
+        admin = open_peer(broker.port)
+        wait_for(lambda: admin.admin("stats")["broker"]["publish_busy"] >= n_conn * n_msg // 2,
+                 "BUSY answers while the writer stalls")
+    acked_ids: set[str] = set()
+    busy = 0
+    for p in peers:
+        for op, seq in sent[p.sn]:
+            opcode = p.wait(op).opcode              # every publish is answered
+            assert opcode in (Op.PUBLISH_ACK, Op.ERROR)
+            if opcode == Op.PUBLISH_ACK:
+                acked_ids.add(f"{p.sn}:{seq}")
+            else:
+                busy += 1
+    assert busy > 0 and busy + len(acked_ids) == n_conn * n_msg
+    for p in peers:                                 # the writer runs again: stored again
+        assert p.publish("q", n_msg, b"z").status == PublishAck.STORED
+        acked_ids.add(f"{p.sn}:{n_msg}")
     c = open_peer(broker.port)
     sub = c.subscribe("q", "g").sub_id
     got = {m.message_id for m in drain(c, sub, len(acked_ids))}

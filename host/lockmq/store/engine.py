@@ -17,6 +17,7 @@ import asyncio
 import fcntl
 import logging
 import os
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
@@ -138,6 +139,19 @@ class Store:
         if rep.bytes_cut or rep.full_scan or rep.scanned_records:
             log.info("store %s recovered: %s", self.data_dir, rep)
         return self
+
+    @contextmanager
+    def writes_held(self) -> Iterator[None]:
+        """Stall the writer thread inside the block, as a slow disk would: it takes
+        no new batch, so appends queue until ``max_pending_bytes`` and then raise
+        :class:`StoreBusy`. For tests and fault drills; one batch already taken
+        may still complete."""
+        assert self._writer is not None
+        self._writer.may_write.clear()
+        try:
+            yield
+        finally:
+            self._writer.may_write.set()
 
     async def close(self) -> None:
         """Write everything queued, fsync, checkpoint and close all files.

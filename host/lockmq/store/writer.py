@@ -153,6 +153,10 @@ class GroupCommit:
         self.closing = False
         #: the error that stopped all writes (None while healthy)
         self.failed: BaseException | None = None
+        #: cleared by Store.writes_held (tests, drills): the thread takes no new
+        #: batch, so appends queue up to max_pending_bytes as on a stalled disk
+        self.may_write = threading.Event()
+        self.may_write.set()
         self._last_ckpt_t = time.monotonic()
         self._last_ckpt_end = 0
         self._unsynced = False
@@ -238,6 +242,7 @@ class GroupCommit:
         ckpt_fut = None
         try:
             while True:
+                self.may_write.wait()
                 with cond:
                     while not self._pending and not self.closing:
                         # idle: wake up for the async flush and for a due checkpoint
