@@ -87,7 +87,11 @@ class Esp32Hw:
         r = asyncio.StreamReader(self._uart)
         while True:
             line = await r.readline()
-            card = line.strip().decode()
+            try:
+                card = line.strip().decode()
+            except UnicodeError:    # reader noise: not a card, and not the reader's end
+                log.warn("hw input err=undecodable cmd=card")
+                continue
             if card:
                 self._sink("card", [card])
 

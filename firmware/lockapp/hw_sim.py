@@ -27,7 +27,11 @@ class SimHw:
         except Exception:
             return
         while True:
-            line = await s.readline()
+            try:
+                line = await s.readline()
+            except UnicodeError:    # (the text stdin checks it) line noise: said, skipped
+                log.warn("hw input err=undecodable line=?")
+                continue
             if not line:
                 return  # stdin closed: the board keeps running without inputs
             words = line.decode().strip().split()
