@@ -8,7 +8,8 @@ from ._crc import crc16_init
 from ._mac import TO_CLIENT
 from ._errors import ProtocolError
 from ._frame import encode_frame
-from ._bodies import Connect, Auth, Challenge, ErrorReply
+from ._bodies import Connect, Auth, ErrorReply
+from ._lockbodies import check_nonce
 from ._session import (_Session, SessionError, CONNECTING, CHALLENGED, ESTABLISHED, CLOSING,
                        fatal_error)
 from ._identity import check_identity
@@ -208,9 +209,7 @@ class ServerSession(_Session):
 
     def challenge(self, nonce, server_time_ms, opaque, methods=3):
         """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random)."""
-        self.nonce = bytes(nonce)
-        if len(self.nonce) != NONCE_SIZE:   # (Challenge's own check and message)
-            Challenge(nonce, server_time_ms, methods)
+        self.nonce = check_nonce(nonce, "nonce")     # (the CHALLENGE body's own check)
         return _with_crc(_CHALLENGE_FRAME(VERSION, _CHALLENGE_LEN, Op.CHALLENGE, 0, Flag.RESPONSE,
                                           opaque, self.nonce, server_time_ms, methods))
 

@@ -178,7 +178,7 @@ class App:
         tasks = [asyncio.create_task(self.guard("wdt", self._watchdog())),
                  asyncio.create_task(self.guard("inputs", self.lock.watch())),
                  asyncio.create_task(self.guard("link", self.link.run()))]
-        self.hw.start(self._input)
+        self.hw.start(self._input, self.guard)
         log.info("sys ready")
         await self._stop.wait()
         for t in tasks:

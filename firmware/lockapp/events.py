@@ -39,7 +39,7 @@ class Lock:
             if n == 1:
                 app.emit(args[0])
             else:
-                asyncio.create_task(self._burst(args[0], n))
+                asyncio.create_task(app.guard("input", self._burst(args[0], n)))
         elif cmd == "wifi":
             self.hw.wifi = args[0] == "up"
             log.info("hw wifi " + ("up" if self.hw.wifi else "down"))

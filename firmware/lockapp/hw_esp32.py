@@ -45,11 +45,13 @@ class Esp32Hw:
         self._wdt = None
         self._wlan = None
 
-    def start(self, sink):
+    def start(self, sink, guard):
+        # guard(where, coro): the app's task guard (App.guard): an input task that
+        # dies (MemoryError) is said and rebooted, not left dead with the lock blind
         self._sink_raw = sink
-        asyncio.create_task(self._poll_inputs())
+        asyncio.create_task(guard("inputs", self._poll_inputs()))
         if self._uart is not None:
-            asyncio.create_task(self._read_cards())
+            asyncio.create_task(guard("inputs", self._read_cards()))
 
     def _sink(self, cmd, args):
         # An input whose handling fails must not stop the input task.
@@ -85,7 +87,11 @@ class Esp32Hw:
         r = asyncio.StreamReader(self._uart)
         while True:
             line = await r.readline()
-            card = line.strip().decode()
+            try:
+                card = line.strip().decode()
+            except UnicodeError:    # reader noise: not a card, and not the reader's end
+                log.warn("hw input err=undecodable cmd=card")
+                continue
             if card:
                 self._sink("card", [card])
 

@@ -15,10 +15,11 @@ class SimHw:
         self._task = None
 
     # -- lifecycle -----------------------------------------------------------------
-    def start(self, sink):
-        # sink(cmd, args) receives every input line as a word and its arguments.
+    def start(self, sink, guard):
+        # sink(cmd, args) receives every input line as a word and its arguments;
+        # guard(where, coro) is the app's task guard (App.guard).
         self._sink = sink
-        self._task = asyncio.create_task(self._read_stdin())
+        self._task = asyncio.create_task(guard("inputs", self._read_stdin()))
 
     async def _read_stdin(self):
         try:
@@ -26,7 +27,11 @@ class SimHw:
         except Exception:
             return
         while True:
-            line = await s.readline()
+            try:
+                line = await s.readline()
+            except UnicodeError:    # (the text stdin checks it) line noise: said, skipped
+                log.warn("hw input err=undecodable line=?")
+                continue
             if not line:
                 return  # stdin closed: the board keeps running without inputs
             words = line.decode().strip().split()

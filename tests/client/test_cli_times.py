@@ -10,6 +10,7 @@ import pytest
 from lockmq.cli.scheduled import parse_at
 from lockmq.cli.store import _parse_time
 from lockmq.client.cliargs import parse_time_ms
+from lockmq.testing import run_cli
 
 #: 2026-11-24T08:00:00Z in epoch milliseconds
 EIGHT_UTC_MS = 1795507200000
@@ -45,3 +46,12 @@ def test_bad_times_name_the_option(text):
         parse_at(text)
     with pytest.raises(argparse.ArgumentTypeError, match="--since"):
         _parse_time(text)
+
+
+@pytest.mark.parametrize("command", [["produce", "t", "x"], ["command", "LK-1", "reboot"]])
+def test_a_bad_at_is_a_usage_error_not_a_traceback(command, capsys):
+    # (before: a ValueError traceback out of the command, after it had connected)
+    with pytest.raises(SystemExit) as exc:
+        run_cli(*command, "--at", "tomorrow", "--broker", "127.0.0.1:1")
+    assert exc.value.code == 2
+    assert "--at 'tomorrow' is neither ISO 8601 nor epoch seconds" in capsys.readouterr().err

@@ -56,6 +56,17 @@ def test_card_door_tamper_battery(online):
     assert all(e.ts_ms > 1_700_000_000_000 for e in ev.values())   # broker-synced clock
 
 
+def test_an_undecodable_input_line_is_said_and_the_inputs_go_on(online):
+    # (it used to end the stdin task -- now guarded, it would reboot the lock)
+    lk, b = online
+    lk.proc.stdin.write(b"card \xff\xfe\n")
+    lk.proc.stdin.flush()
+    lk.expect(r"^W hw input err=undecodable line=\?$")
+    lk.send("status")
+    lk.expect(r"^I sys status q=0 ")
+    assert not [line for line in lk.lines if line.startswith("I sys reboot")]
+
+
 def test_wifi_loss_in_the_simulator(online):
     lk, b = online
     lk.send("wifi down")

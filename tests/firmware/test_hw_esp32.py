@@ -60,8 +60,10 @@ h = hw.make(cfg)
 print(h.name, h.unique_id() == machine.unique_id())
 h.relay(True); h.led("green"); h.wdt_start(8000); h.wdt_feed()
 print(machine.Pin.pins[21].v, machine.Pin.pins[2].v, machine.Pin.pins[15].v, machine.WDT.timeout, machine.WDT.fed)
+async def guard(where, coro):
+    await coro
 async def main():
-    h.start(lambda cmd, args: got.append((cmd, args)))
+    h.start(lambda cmd, args: got.append((cmd, args)), guard)
     print(await h.net_up(), h.net_ok())
     await asyncio.sleep_ms(120)
     machine.Pin.pins[5].v = 1        # door contact opens
@@ -85,3 +87,30 @@ print(got)
     assert "I net wifi up ip=10.0.0.7" in lines and "I hw buzzer ms=50" in lines
     assert lines[lines.index("I hw buzzer ms=50") + 1] == "0"   # buzzer off again after 50 ms
     assert lines[-2] == "False"                                  # Wi-Fi lost is seen
+
+
+def test_an_input_task_that_dies_goes_to_the_apps_guard(run_app, tmp_path):
+    """Out of memory in the polling task itself (not in an input's handling): the
+    app's guard hears of it (and reboots the board), the lock is not left blind."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "machine.py").write_text(FAKES.replace(
+        "def read_uv(self): return 1950000", "def read_uv(self): raise MemoryError()"))
+    (fake / "network.py").write_text(NETWORK)
+    out = run_app("""
+import sys
+sys.path.insert(0, "fake")
+import asyncio
+from lockapp import hw
+async def guard(where, coro):
+    try:
+        await coro
+    except Exception as e:
+        print("guard", where, type(e).__name__)
+async def main():
+    hw.make({"hw": "auto", "wifi": {"ssid": "good", "password": "x"}}).start(
+        lambda cmd, args: None, guard)
+    await asyncio.sleep_ms(200)
+asyncio.run(main())
+""", tmp_path)
+    assert "guard inputs MemoryError" in out.splitlines(), out

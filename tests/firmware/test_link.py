@@ -9,9 +9,10 @@ import threading
 import pytest
 
 from lockmq.protocol import EventType, Method
-from lockmq.testing import Lock, set_config
+from lockmq.testing import Lock
 from lockmq.testing.lock import KEY, SN
 
+from .helpers import fast_link
 from .minibroker import MiniBroker
 
 
@@ -22,14 +23,8 @@ def broker():
     b.close()
 
 
-def _fast(folder, broker_ports, **kw):
-    settings = {"backoff_min_ms": 100, "backoff_max_ms": 800, "io_timeout_ms": 3000, **kw}
-    set_config(folder, brokers=[["127.0.0.1", p] for p in broker_ports], frame_mac=False,
-               **settings)
-
-
 def test_boot_connect_publish_ack(flash, broker, lock_factory):
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     lk: Lock = lock_factory(flash)
     lk.expect(r"^I sys boot fw=\S+ sn=LOCK0001 hw=sim$")
     lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$")
@@ -51,7 +46,7 @@ def test_offline_queue_then_delivery_in_order(flash, lock_factory):
     port = b.port
     b.stop()                                   # broker down while events happen
     try:
-        _fast(flash, [port])
+        fast_link(flash, [port])
         lk = lock_factory(flash)
         lk.expect(r"^I sys ready$")
         lk.send("event unlock 20")
@@ -79,7 +74,7 @@ def test_offline_queue_then_delivery_in_order(flash, lock_factory):
 def test_broker_restart_mid_stream_nothing_lost_nothing_twice(flash, lock_factory):
     b = MiniBroker({SN: KEY})
     try:
-        _fast(flash, [b.port])
+        fast_link(flash, [b.port])
         lk = lock_factory(flash)
         lk.expect(r"^I net connected")
         lk.send("event unlock 200")
@@ -96,7 +91,7 @@ def test_broker_restart_mid_stream_nothing_lost_nothing_twice(flash, lock_factor
 
 
 def test_power_cut_mid_stream_exactly_once(flash, broker, lock_factory):
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
     lk.send("event failed 150")
@@ -114,7 +109,7 @@ def test_power_cut_mid_stream_exactly_once(flash, broker, lock_factory):
 
 
 def test_busy_is_retried_after_the_delay(flash, broker, lock_factory):
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     broker.busy_next = 3
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
@@ -125,7 +120,7 @@ def test_busy_is_retried_after_the_delay(flash, broker, lock_factory):
 
 
 def test_wrong_key_is_refused_and_backs_off(flash, broker, lock_factory):
-    _fast(flash, [broker.port], key="ff" * 32)
+    fast_link(flash, [broker.port], key="ff" * 32)
     lk = lock_factory(flash)
     lk.expect(r"^E net auth failed")
     lk.expect(r"^W net down err=auth")
@@ -138,7 +133,7 @@ def test_failover_to_the_next_broker(flash, broker, lock_factory):
     dead = MiniBroker({SN: KEY})
     dead_port = dead.port
     dead.close()
-    _fast(flash, [dead_port, broker.port])
+    fast_link(flash, [dead_port, broker.port])
     lk = lock_factory(flash)
     lk.expect(rf"^W net down err=refused broker=127.0.0.1:{dead_port}$")
     lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$")
@@ -149,7 +144,7 @@ def test_failover_to_the_next_broker(flash, broker, lock_factory):
 def test_heartbeat_reports_queue_and_heap(flash, lock_factory):
     b = MiniBroker({SN: KEY}, heartbeat_s=5)
     try:
-        _fast(flash, [b.port], heartbeat_s=5)
+        fast_link(flash, [b.port], heartbeat_s=5)
         lk = lock_factory(flash)
         lk.expect(r"^I net connected")
         lk.send("event unlock 300")                 # more than the queue holds at once
@@ -166,7 +161,7 @@ def test_reflashed_board_never_reuses_a_stored_seq(flash, broker, lock_factory):
     """A board flashed with a fresh file system forgets its sequence numbers; the
     broker still has 1..40 from it. Events queued before the first connect are
     renumbered above 40, so none is mistaken for a retransmission and dropped."""
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
     lk.send("event unlock 40")
@@ -197,7 +192,7 @@ def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path, needs_tls):
     b = MiniBroker({SN: KEY}, ssl_context=ctx)
     try:
         (flash / "ca.der").write_bytes(ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode()))
-        _fast(flash, [b.port], tls={"enabled": True, "ca": "ca.der", "server_hostname": "broker.lock.test"})
+        fast_link(flash, [b.port], tls={"enabled": True, "ca": "ca.der", "server_hostname": "broker.lock.test"})
         lk = lock_factory(flash)
         lk.expect(rf"^I net connected broker=127.0.0.1:{b.port}$", timeout=30)
         lk.send("event tamper")
@@ -214,7 +209,7 @@ def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path, needs_tls):
         # the right CA but another name: refused too
         lk.kill()
         (flash / "ca.der").write_bytes(ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode()))
-        _fast(flash, [b.port], tls={"enabled": True, "ca": "ca.der", "server_hostname": "evil.lock.test"})
+        fast_link(flash, [b.port], tls={"enabled": True, "ca": "ca.der", "server_hostname": "evil.lock.test"})
         lk.start()
         lk.expect(r"^W net down err=\S+ broker=", timeout=30)
         assert b.sessions == 1
@@ -224,7 +219,7 @@ def test_tls_with_the_ca_verified(flash, lock_factory, tmp_path, needs_tls):
 
 def test_order_kept_when_the_broker_pushes_back(flash, broker, lock_factory):
     """BUSY on some publishes must not let later records overtake them (window 1)."""
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     broker.busy_retry_ms = 50
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
@@ -239,7 +234,7 @@ def test_order_kept_when_the_broker_pushes_back(flash, broker, lock_factory):
 def test_unknown_opcode_is_skipped_garbage_ends_the_session(flash, broker, lock_factory):
     from lockmq.protocol import encode_frame
 
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
     broker.send_raw(SN, encode_frame(0x7777, SN, b"from a newer broker", 5))
@@ -272,7 +267,7 @@ def test_a_silent_broker_times_out_and_the_lock_moves_on(flash, broker, lock_fac
     t = threading.Thread(target=accept, daemon=True)
     t.start()
     try:
-        _fast(flash, [hung.getsockname()[1], broker.port], io_timeout_ms=1000)
+        fast_link(flash, [hung.getsockname()[1], broker.port], io_timeout_ms=1000)
         lk = lock_factory(flash)
         lk.expect(rf"^W net down err=timeout broker=127.0.0.1:{hung.getsockname()[1]}$", timeout=15)
         lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$", timeout=15)

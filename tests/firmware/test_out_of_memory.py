@@ -16,8 +16,8 @@ import pytest
 
 from lockmq.testing.lock import KEY, SN
 
+from .helpers import fast_link
 from .minibroker import MiniBroker
-from .test_link import _fast
 
 #: Boot a lock, queue one event, then fill the heap and free every third 200-byte
 #: block: small allocations still find room, the link's 512-byte socket reads do not
@@ -52,7 +52,7 @@ def broker():
 
 
 def test_out_of_memory_in_the_link_reboots_instead_of_retrying(flash, broker, run_app):
-    _fast(flash, [broker.port])
+    fast_link(flash, [broker.port])
     out = run_app(SCRIPT, flash, timeout=20)   # (before: no end, the lock retried for ever)
     assert "bug_MemoryError" not in out, out       # not taken for a link failure
     assert re.search(r"^E sys fatal where=link err=MemoryError free=\d+$", out, re.M), out

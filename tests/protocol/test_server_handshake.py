@@ -36,6 +36,13 @@ def test_challenge_is_encode_frame_of_challenge(n: bytes, t: int, opaque: int, m
                                Flag.RESPONSE)
 
 
+@given(st.binary(max_size=40).filter(lambda b: len(b) != 16))
+def test_a_bad_nonce_is_refused_as_challenge_refuses_it(n: bytes) -> None:
+    assert _outcome(lambda b: ServerSession().challenge(b, 0, 1), n) == \
+        _outcome(lambda b: Challenge(b, 0), n)
+    assert _outcome(lambda b: ServerSession().challenge(b, 0, 1), n)[0] == "error"
+
+
 @given(u16, u32, u64, u32, u32, u32)
 def test_connect_ack_is_encode_frame_of_connect_ack(hb: int, mf: int, t: int, last: int,
                                                     sid: int, opaque: int) -> None:

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_when_args(p: argparse.ArgumentParser) -> None:
     """``--at`` / ``--delay`` / ``--level`` on ``produce`` and ``command``."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--at", default=None, metavar="TIME",
+    g.add_argument("--at", type=_at_arg, default=None, metavar="TIME",
                    help=f"deliver at TIME: {TIME_FORMS} (2026-11-24T08:00Z, "
                         "2026-11-24T09:00+01:00), or seconds since the epoch")
     g.add_argument("--delay", type=float, default=None, metavar="SECONDS",
@@ -55,10 +55,19 @@ def parse_at(text: str) -> float:
     return parse_time_ms(text, "--at", numbers="s") / 1000
 
 
+def _at_arg(text: str) -> float:
+    """``--at`` read by argparse: a bad time is a usage error with parse_at's message,
+    before anything connects (not a traceback out of ``produce``/``command``)."""
+    try:
+        return parse_at(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def when_kwargs(args: argparse.Namespace, at_name: str = "deliver_at") -> dict[str, Any]:
     """The producer keyword arguments of ``--at``/``--delay``/``--level`` (empty: now)."""
     if getattr(args, "at", None) is not None:
-        return {at_name: parse_at(args.at)}
+        return {at_name: args.at}
     if getattr(args, "delay", None) is not None:
         return {"delay": args.delay}
     if getattr(args, "level", None) is not None:
