@@ -8,7 +8,7 @@ import asyncio
 from micropython import const
 from lockmq.protocol._event import LockEvent
 from lockmq.protocol._lockbodies import heartbeat_body
-from lockapp import VERSION, log, config, hw as hwmod, backoff
+from lockapp import VERSION, log, config, atomic, hw as hwmod, backoff
 from lockapp.clock import Clock
 from lockapp.seqno import SeqNo
 from lockapp.oqueue import OQueue
@@ -28,6 +28,11 @@ _M_REMOTE = const(3)
 _NO_SEQ = const(0xFFFFFFFF)
 _R_DENIED_UNKNOWN = const(1)
 
+# Consecutive fatal reboots (App.fatal), kept on flash beside the queue: a lock that
+# runs out of memory at every session would otherwise reconnect at boot speed, and a
+# fleet of them is a reconnect storm. The link's first connect waits a backoff for it.
+_FATAL_FILE = "fatal.dat"
+
 _TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
           "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
           "battery": _EV_LOW_BATTERY}
@@ -45,6 +50,7 @@ class App:
         self.seq = SeqNo("seq.dat", cfg["seq_block"])
         self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
         self.reboot_pending = False
+        self.fatal_count = _read_fatal_count()
         self.lock = Lock(self)
         self.link = Link(self)
         self.peak = 0
@@ -102,6 +108,16 @@ class App:
             q.renumber(base)
         self.seq.confirm(max(base, q.max_seq + 1))
         log.info("sys seq confirmed next_seq=%d" % self.seq.next)
+
+    def session_ok(self):
+        # The link kept a session up for a heartbeat interval (past whatever the broker
+        # sends on connect: acks, a redelivered command): the fatal reboots before it
+        # were not a loop, the next one counts from one again.
+        n = self.fatal_count
+        if n:
+            self.fatal_count = 0
+            atomic.remove(_FATAL_FILE)
+            log.info("sys fatal_count cleared n=%d" % n)
 
     def heartbeat(self):
         return heartbeat_body(self.clock.now_ms(), time.ticks_diff(time.ticks_ms(), self._started) // 1000,
@@ -172,7 +188,15 @@ class App:
         try:
             log.error("sys fatal where=%s err=%s free=%d" % (where, name, gc.mem_free()))
         finally:
+            self._count_fatal()
             self.reboot("oom" if name == "MemoryError" else "fatal")
+
+    def _count_fatal(self):
+        # Written before the reboot; a failure to write (heap, flash) must not stop it.
+        try:
+            atomic.write(_FATAL_FILE, str(min(self.fatal_count + 1, 99)).encode())
+        except Exception:
+            pass
 
     async def main(self):
         tasks = [asyncio.create_task(self.guard("wdt", self._watchdog())),
@@ -192,6 +216,16 @@ class App:
             self.lock.on_input(cmd, args)
         except MemoryError as e:     # (other input errors are the hardware layer's to log)
             self.fatal("input", e)
+
+
+def _read_fatal_count():
+    raw = atomic.read(_FATAL_FILE)
+    if not raw:
+        return 0
+    try:
+        return int(raw.decode())
+    except ValueError:
+        return 1                    # written, then damaged: at least one fatal reboot
 
 
 def run():

@@ -97,6 +97,15 @@ class Link:
 
     # -- the one failure handler -------------------------------------------------------
     async def run(self):
+        n = self.app.fatal_count
+        if n:
+            # Booted after n fatal reboots in a row (App.fatal): the first connect
+            # waits as the n-th retry would, so that a lock failing at every session
+            # does not reconnect at boot speed.
+            self.backoff.attempt = n - 1
+            delay = self.backoff.next_ms()
+            log.warn("sys fatal_backoff n=%d ms=%d" % (n, delay))
+            await asyncio.sleep_ms(delay)
         while True:
             cfg = self.app.cfg          # re-read: a config command may have changed it
             brokers = cfg["brokers"]
@@ -271,6 +280,7 @@ class Link:
                     last_hb = now
                     await self._send(_OP_HEARTBEAT, app.heartbeat(), 1)
                     app.log_mem()
+                    app.session_ok()
                 # 4. liveness: Wi-Fi lost, silent broker, unanswered publish
                 if not app.hw.net_ok():
                     raise LinkError("wifi")

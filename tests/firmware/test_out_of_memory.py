@@ -16,26 +16,17 @@ import pytest
 
 from lockmq.testing.lock import KEY, SN
 
-from .helpers import fast_link
+from .helpers import FILL_HEAP, fast_link
 from .minibroker import MiniBroker
 
-#: Boot a lock, queue one event, then fill the heap and free every third 200-byte
-#: block: small allocations still find room, the link's 512-byte socket reads do not
-#: (a real MemoryError in the link's session, on either interpreter). Then run the app.
+#: Boot a lock, queue one event, then fill the heap (helpers.FILL_HEAP: the link's
+#: socket reads cannot be allocated). Then run the app.
 SCRIPT = """
 import gc, asyncio
 from lockapp.app import App
 app = App()
 app.emit("tamper")
-ballast = []
-try:
-    while True:
-        ballast.append(bytearray(200))
-except MemoryError:
-    pass
-for i in range(0, len(ballast), 3):
-    ballast[i] = None
-gc.collect()
+""" + FILL_HEAP + """
 print("main returned", asyncio.run(app.main()))
 ballast = app = None
 asyncio.new_event_loop()
