@@ -15,11 +15,11 @@ from lockmq.sim import SimConfig, SimStats, run_sim
 from lockmq.testing import open_peer
 
 
-def _admin(broker, op: str) -> dict:
+def _admin(broker, op: str, **args) -> dict:
     """One admin op over a fresh wire connection."""
     peer = open_peer(broker.port, sn="test-admin")
     try:
-        return peer.admin(op)
+        return peer.admin(op, **args)
     finally:
         peer.close()
 
@@ -73,6 +73,17 @@ def test_command_to_an_unknown_lock_with_auth_off_fails_at_once(broker, online_l
     assert "'GHOST-2' is not connected" in err and "--wait" in err
     assert _admin(broker, "stats")["broker"].get("commands_received", 0) == 0
     assert _admin(broker, "commands")["held"] == 0
+
+
+def test_devices_op_filtered_by_sn_answers_for_one_lock(broker, online_locks):
+    """The CLI's check for one SN asks the broker about that SN only (before, it
+    downloaded every online lock of the fleet)."""
+    assert [d["sn"] for d in _admin(broker, "devices")["devices"]] == ["SIM-000001", "SIM-000002"]
+    one = _admin(broker, "devices", sn="SIM-000002")
+    assert (one["count"], [d["sn"] for d in one["devices"]]) == (1, ["SIM-000002"])
+    assert _admin(broker, "devices", sn="GHOST-3") == {"ok": True, "count": 0, "devices": []}
+    bad = _admin(broker, "devices", sn="")
+    assert (bad["ok"], bad["error"]) == (False, "INVALID_ARGUMENT")
 
 
 def test_arguments_are_encoded_as_the_spec_says():

@@ -142,8 +142,8 @@ class Admin:
         return {"ok": True, "clusters": out}
 
     def devices(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``devices``: locks online now."""
-        d = self.online_devices.info()
+        """``devices`` [sn]: locks online now, or only lock ``sn`` (none when offline)."""
+        d = self.online_devices.info(_str(args, "sn") if "sn" in args else None)
         return {"ok": True, "count": len(d), "devices": d}
 
     def connections(self, args: dict[str, Any]) -> dict[str, Any]:

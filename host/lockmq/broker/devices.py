@@ -204,11 +204,16 @@ class Devices:
         """The connection of lock ``sn`` if it is online now."""
         return self.online_by_sn.get(sn)
 
-    def info(self) -> list[dict[str, Any]]:
-        """The ``devices`` admin op: locks online now."""
+    def info(self, sn: str | None = None) -> list[dict[str, Any]]:
+        """The ``devices`` admin op: locks online now (only lock ``sn`` when given)."""
         out = []
         now = time.monotonic()
-        for sn, conn in sorted(self.online_by_sn.items()):
+        if sn is None:
+            online = sorted(self.online_by_sn.items())
+        else:               # one dict lookup: no copy of a fleet to check one lock
+            conn = self.online_by_sn.get(sn)
+            online = [(sn, conn)] if conn is not None else []
+        for sn, conn in online:
             hb = conn.heartbeat
             d: dict[str, Any] = {"sn": sn, "peer": conn.peer,
                                  "since_ms": int(conn.connected_at * 1000),

@@ -118,7 +118,7 @@ async def _not_connected(args: argparse.Namespace) -> str | None:
         return None
     try:
         async with AsyncAdmin(endpoint_from_args(args), token=args.token) as admin:
-            online = (await admin.request("devices")).get("devices", [])
+            online = (await admin.request("devices", sn=args.sn)).get("devices", [])
             if any(d.get("sn") == args.sn for d in online):
                 return None
             if (await admin.request("stats")).get("auth") != "off":
