@@ -50,7 +50,12 @@ class App:
         self.seq = SeqNo("seq.dat", cfg["seq_block"])
         self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
         self.reboot_pending = False
-        self.fatal_count = _read_fatal_count()
+        n = atomic.read(_FATAL_FILE)
+        try:
+            n = int(n.decode()) if n else 0
+        except ValueError:
+            n = 1                   # written, then damaged: at least one fatal reboot
+        self.fatal_count = n
         self.lock = Lock(self)
         self.link = Link(self)
         self.peak = 0
@@ -188,15 +193,11 @@ class App:
         try:
             log.error("sys fatal where=%s err=%s free=%d" % (where, name, gc.mem_free()))
         finally:
-            self._count_fatal()
+            try:                    # counted before the reboot; a failed write must not stop it
+                atomic.write(_FATAL_FILE, str(min(self.fatal_count + 1, 99)).encode())
+            except Exception:
+                pass
             self.reboot("oom" if name == "MemoryError" else "fatal")
-
-    def _count_fatal(self):
-        # Written before the reboot; a failure to write (heap, flash) must not stop it.
-        try:
-            atomic.write(_FATAL_FILE, str(min(self.fatal_count + 1, 99)).encode())
-        except Exception:
-            pass
 
     async def main(self):
         tasks = [asyncio.create_task(self.guard("wdt", self._watchdog())),
@@ -216,16 +217,6 @@ class App:
             self.lock.on_input(cmd, args)
         except MemoryError as e:     # (other input errors are the hardware layer's to log)
             self.fatal("input", e)
-
-
-def _read_fatal_count():
-    raw = atomic.read(_FATAL_FILE)
-    if not raw:
-        return 0
-    try:
-        return int(raw.decode())
-    except ValueError:
-        return 1                    # written, then damaged: at least one fatal reboot
 
 
 def run():
