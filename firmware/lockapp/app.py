@@ -28,11 +28,6 @@ _M_REMOTE = const(3)
 _NO_SEQ = const(0xFFFFFFFF)
 _R_DENIED_UNKNOWN = const(1)
 
-# Consecutive fatal reboots (App.fatal), kept on flash beside the queue: a lock that
-# runs out of memory at every session would otherwise reconnect at boot speed, and a
-# fleet of them is a reconnect storm. The link's first connect waits a backoff for it.
-_FATAL_FILE = "fatal.dat"
-
 _TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
           "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
           "battery": _EV_LOW_BATTERY}
@@ -50,7 +45,11 @@ class App:
         self.seq = SeqNo("seq.dat", cfg["seq_block"])
         self.seq.raise_floor(max(self.q.max_seq, self.q.head) + 1)
         self.reboot_pending = False
-        n = atomic.read(_FATAL_FILE)
+        # Consecutive fatal reboots (App.fatal), on flash beside the queue: a lock that
+        # runs out of memory at every session would otherwise reconnect at boot speed,
+        # and a fleet of them is a reconnect storm. The link's first connect waits a
+        # backoff for them. (The file name is a literal: an interned string, no heap.)
+        n = atomic.read("fatal.dat")
         try:
             n = int(n.decode()) if n else 0
         except ValueError:
@@ -121,7 +120,7 @@ class App:
         n = self.fatal_count
         if n:
             self.fatal_count = 0
-            atomic.remove(_FATAL_FILE)
+            atomic.remove("fatal.dat")
             log.info("sys fatal_count cleared n=%d" % n)
 
     def heartbeat(self):
@@ -194,7 +193,7 @@ class App:
             log.error("sys fatal where=%s err=%s free=%d" % (where, name, gc.mem_free()))
         finally:
             try:                    # counted before the reboot; a failed write must not stop it
-                atomic.write(_FATAL_FILE, str(min(self.fatal_count + 1, 99)).encode())
+                atomic.write("fatal.dat", str(min(self.fatal_count + 1, 99)).encode())
             except Exception:
                 pass
             self.reboot("oom" if name == "MemoryError" else "fatal")
