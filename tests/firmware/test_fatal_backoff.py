@@ -47,11 +47,13 @@ def test_fatal_reboots_delay_the_first_connect_until_a_session_holds(flash, brok
         assert "main returned reboot" in boot, boot
         waits = re.findall(r"^W sys fatal_backoff n=(\d+) ms=\d+$", boot, re.M)
         assert waits == ([str(n)] if n else []), boot
-        # the wait comes before the link's first step; that step runs out of memory again
+        # the wait comes first, before the link's first step (which of its allocations
+        # fails depends on the heap's holes); the link runs out of memory again
         order = re.findall(r"^(W sys fatal_backoff|I net \w+|E sys fatal where=link err=MemoryError)",
                            boot, re.M)
         assert order[-1] == "E sys fatal where=link err=MemoryError", boot
-        assert order[0] == ("W sys fatal_backoff" if n else "I net connecting"), boot
+        if n:
+            assert order[0] == "W sys fatal_backoff", boot
     assert (flash / "fatal.dat").read_bytes() == str(FATAL_REBOOTS).encode()
 
     # A boot with room: waits as retry 3 would (100 * 2**2 at most), connects, and
