@@ -46,7 +46,8 @@ class AsyncAdmin(SessionClient):
         resp = decode_json(frame.body)
         if resp.get("ok") is False or "error" in resp and resp.get("ok") is not True:
             error = str(resp.get("error") or resp)
-            raise AdminError(f"{error}: {resp['message']}" if resp.get("message") else error)
+            raise AdminError(f"{error}: {resp['message']}" if resp.get("message") else error,
+                             error)
         return resp
 
     async def __aenter__(self) -> "AsyncAdmin":

@@ -74,7 +74,16 @@ class CommandError(LockmqError):
 
 
 class AdminError(LockmqError):
-    """An admin request was refused or failed on the broker."""
+    """An admin request was refused or failed on the broker.
+
+    Attributes:
+        error: the broker's error name (``"UNKNOWN_GATEWAY"``, ``"INVALID_ARGUMENT"``,
+            ...) when it answered with one, else ``""``.
+    """
+
+    def __init__(self, message: str, error: str = "") -> None:
+        super().__init__(message)
+        self.error = error
 
 
 class InvalidIdentityError(LockmqError, ValueError):

@@ -76,7 +76,7 @@ class Announcer:
                             await admin.request("registry.heartbeat", name=info["name"],
                                                 topics=info["topics"])
                         except AdminError as exc:
-                            if "UNKNOWN_GATEWAY" not in str(exc):
+                            if exc.error != "UNKNOWN_GATEWAY":
                                 raise
                             registered = False   # the registry forgot us: register again
                             continue
