@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any
 
 from .consumer import AsyncConsumer, Handler
 from .errors import LockmqError
-from .sync import Consumer, _LoopThread
+from .sync import Consumer
 
 log = logging.getLogger("lockmq.client.campus")
 
@@ -175,17 +174,10 @@ class CampusConsumer(Consumer):
     ``start`` / ``run`` / ``stop`` / ``with`` as for :class:`~lockmq.client.Consumer`."""
 
     def __init__(self, registry: str | list[str], *, handler: Handler, **kwargs: Any) -> None:
-        self._lt = _LoopThread("lockmq-campus")
-        self._stop = threading.Event()
-        self._started = False
-        self._c = self._lt.run(_make(registry, handler, kwargs))  # type: ignore[assignment]
+        self._setup("lockmq-campus",
+                    lambda: AsyncCampusConsumer(registry, handler=handler, **kwargs))
 
     @property
     def gateways(self) -> list[str]:
         """Names of the gateways consumed from now."""
         return self._lt.call(lambda: self._c.gateways)  # type: ignore[attr-defined]
-
-
-async def _make(registry: str | list[str], handler: Handler,
-                kwargs: dict[str, Any]) -> AsyncCampusConsumer:
-    return AsyncCampusConsumer(registry, handler=handler, **kwargs)

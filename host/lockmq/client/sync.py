@@ -189,14 +189,19 @@ class Consumer:
     def __init__(self, endpoint: Endpoint | str | list[Endpoint] = "127.0.0.1:6800", *,
                  handler: Handler,
                  **kwargs: Any) -> None:
-        self._lt = _LoopThread("lockmq-consumer")
+        self._setup("lockmq-consumer", lambda: AsyncConsumer(endpoint, handler=handler, **kwargs))
+
+    def _setup(self, thread_name: str, make: Callable[[], Any]) -> None:
+        """Start the loop thread and build the asyncio consumer ``make()`` on it (what
+        ``CampusConsumer`` shares)."""
+        self._lt = _LoopThread(thread_name)
         self._stop = threading.Event()
         self._started = False
 
-        async def make() -> AsyncConsumer:
-            return AsyncConsumer(endpoint, handler=handler, **kwargs)
+        async def build() -> Any:
+            return make()
 
-        self._c: AsyncConsumer = self._lt.run(make())
+        self._c: AsyncConsumer = self._lt.run(build())
 
     @property
     def stats(self) -> dict[str, int]:
