@@ -110,3 +110,25 @@ def test_a_standby_with_another_master_key_refuses_to_follow(tmp_path):
         sec.close()
     assert not (data / "security.db").exists()
     assert os.path.getsize(data / "message.log" / "00000000000000000000.log") == 0
+
+
+def test_a_primary_without_replica_security_is_followed_without_the_registry(tmp_path):
+    """A primary that refuses ``replica.security`` as an unknown op (an older lockmq):
+    the copy stops asking and the standby goes on following (the operator copies
+    ``security.db``), instead of taking the refusal for an unreachable primary."""
+    import asyncio
+
+    from lockmq.client.admin import AsyncAdmin
+    from lockmq.replication.registry_copy import RegistryCopy
+    from lockmq.testing import BrokerThread
+
+    with BrokerThread(str(tmp_path / "p")) as primary:
+        primary.call(lambda: primary.broker.admin.ops.pop("replica.security"))
+        copy = RegistryCopy(str(tmp_path / "s" / "security.db"), str(tmp_path / "s" / "master.key"))
+
+        async def sync_twice() -> list[bool]:
+            async with AsyncAdmin(f"127.0.0.1:{primary.port}") as admin:
+                return [await copy.sync(admin), await copy.sync(admin)]
+
+        assert asyncio.run(sync_twice()) == [False, False]
+        assert copy.supported is False

@@ -16,6 +16,7 @@ import hashlib
 import os
 from typing import Any
 
+from lockmq.client.errors import AdminError
 from lockmq.security import db, keys
 
 #: the largest registry a standby accepts (it holds one whole snapshot in memory)
@@ -80,13 +81,13 @@ class RegistryCopy:
         got = 0
         version = ""
         while True:
-            resp = await admin.request("replica.security", have=self.version, offset=got)
-            if resp.get("ok") is False:
-                if "unknown op" in str(resp.get("message", "")):
-                    self.supported = False   # an older primary: the operator copies
-                    return b"", ""
-                raise RuntimeError(f"replica.security: {resp.get('error')}: "
-                                   f"{resp.get('message')}")
+            try:
+                resp = await admin.request("replica.security", have=self.version, offset=got)
+            except AdminError as exc:   # (AsyncAdmin raises every refusal)
+                if "unknown op" not in str(exc):
+                    raise
+                self.supported = False   # an older primary: the operator copies
+                return b"", ""
             self.check_key(str(resp.get("key_fingerprint", "")))
             new = str(resp.get("version") or "")
             if not new or new == self.version:
