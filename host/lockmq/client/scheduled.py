@@ -26,11 +26,10 @@ def due_ms(deliver_at: float | datetime | None = None, delay: float | None = Non
 
     ``deliver_at``: a datetime or seconds since the epoch; ``delay``: seconds from
     now; ``level``: a RocketMQ delay level (1..18). At most one may be given."""
-    given = [x for x in (deliver_at, delay, level) if x is not None]
-    if len(given) > 1:
+    if deliver_at is None and delay is None and level is None:
+        return None   # a plain publish: every send_async passes here first
+    if (deliver_at is not None) + (delay is not None) + (level is not None) > 1:
         raise ValueError("give one of deliver_at, delay and level")
-    if not given:
-        return None
     now = time.time() * 1000 if now_ms is None else now_ms
     if level is not None:
         return int(now + level_delay_ms(level))
