@@ -318,7 +318,6 @@ class RegistrySection:
         building: the building this gateway serves (clients may look up by it).
         advertise: ``host:port`` clients should connect to (default:
             ``[broker] host`` and the listening port).
-        role: ``primary`` or ``standby``.
         topics: topics announced even before they hold a record (the topics of
             the store are always announced).
         max_topics: most topics announced (the registry has its own cap too).
@@ -333,7 +332,6 @@ class RegistrySection:
     name: str = ""
     building: str = ""
     advertise: str = ""
-    role: str = "primary"
     topics: list[str] = field(default_factory=list)
     max_topics: int = 1000
     heartbeat_s: float = 30.0
@@ -341,8 +339,6 @@ class RegistrySection:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``registry.*`` setting."""
-        if self.role not in ("primary", "standby"):
-            raise ValueError("registry.role must be 'primary' or 'standby'")
         if self.heartbeat_s <= 0 or self.max_topics <= 0:
             raise ValueError("registry.heartbeat_s and registry.max_topics must be positive")
         for item in [*self.addresses, *self.topics]:

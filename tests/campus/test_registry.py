@@ -100,6 +100,7 @@ def test_a_gateway_registers_on_start_and_again_after_the_registry_lost_its_stat
         wait_for(lambda: names(reg.address) == ["gw-north"], "gateway registered")
         [info] = request(reg.address, "registry.list")["gateways"]
         assert info["addresses"] == [gw.address] and info["building"] == "gw-north"
+        assert info["role"] == "primary"           # a serving gateway: never "standby"
         with Producer(gw.address) as p:
             p.send_sync("lock.events", b"hello")
         # its topics reach the registry with the next heartbeat

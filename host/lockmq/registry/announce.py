@@ -119,7 +119,9 @@ def start_announcer(broker: Any) -> Announcer | None:
         return {"name": settings.name or address, "building": settings.building or "",
                 "addresses": [address], "tls_port": broker.tls_port or 0,
                 "topics": [t for t in topics if not t.startswith("$")][:settings.max_topics],
-                "role": settings.role}
+                # announced only while this broker serves: a standby starts announcing
+                # once promoted, so the role is never "standby" (campus consumers skip those)
+                "role": "primary"}
 
     announcer = Announcer(settings, info, broker.log)
     announcer.start()
