@@ -30,9 +30,11 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path,
         from lockmq import _speedups   # built: an import error is a failure
         monkeypatch.setattr(connection, "_scan_publishes", _speedups.scan_publishes)
         monkeypatch.setattr(connection, "_publish_acks", _speedups.publish_acks)
+        monkeypatch.setattr(connection, "_scan_frame", _speedups.scan_frame)
         monkeypatch.setattr(connection, "SCAN_LIMIT", 3)   # a read takes several scans
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
+        monkeypatch.setattr(connection, "_scan_frame", None)
         monkeypatch.setattr(connection, "_publish_acks", _fast.publish_acks)
     # small store batches: a read's publishes cross several of them
     b = BrokerThread(str(tmp_path / "data"),
