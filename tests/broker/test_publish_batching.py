@@ -59,8 +59,12 @@ def test_a_bad_system_record_does_not_cost_the_others_of_its_batch(tmp_path) -> 
         core.publish_system("bad topic with spaces", b"refused")
         core.publish_system("$devices", b"last")
         await _settle(core)
-        assert [r.payload for r in core.store.read("$devices", 0, 10)] == [b"first", b"last"]
+        got = core.store.read("$devices", 0, 10)
+        assert [r.payload for r in got] == [b"first", b"last"]
         assert "system_publish_failed" in out.getvalue()
+        # numbered once, as a batch: stored alone, the others keep their numbers
+        assert [r.seq for r in got] == [0, 2]
+        assert core.stats.c["system_records"] == 3
         await core.close()
 
     asyncio.run(run())

@@ -24,21 +24,13 @@ from lockmq.store import records
 from lockmq.store.errors import InvalidRecord
 from lockmq.store.records import Appended, NewRecord
 
-HOST = Path(records.__file__).resolve().parents[1]       # host/lockmq
+from .helpers import NOT_BUILT, SPEEDUPS
+
 VECTORS = json.loads((Path(p.__file__).parent / "vectors.json").read_text())
 SN = "LK-0001"
 MAX = p.DEFAULT_MAX_FRAME
 
 
-def _compiled():
-    """lockmq._speedups, or None when it was not built (no C compiler at install)."""
-    if not list(HOST.glob("_speedups*.so")):
-        return None
-    from lockmq import _speedups   # built: an import error is a failure, not a skip
-    return _speedups
-
-
-SPEEDUPS = _compiled()
 PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, scan_frame=_fast.scan_frame,
                        publish_acks=_fast.publish_acks,
                        encode_records=records._encode_records_py,
@@ -62,8 +54,6 @@ def _compiled_impl() -> SimpleNamespace:
                            crc16=SPEEDUPS.crc16, crc32=SPEEDUPS.crc32)
 
 
-NOT_BUILT = pytest.mark.skipif(SPEEDUPS is None, reason="lockmq._speedups is not built "
-                               "(no C compiler when lockmq was installed): pure path only")
 IMPLS = [pytest.param("pure"), pytest.param("compiled", marks=NOT_BUILT)]
 
 

@@ -15,24 +15,23 @@ import pytest
 from lockmq.broker import connection
 from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, _fast, \
     decode_body, encode_frame
-from lockmq.store import records
 from lockmq.testing import FAST_TIMERS, BrokerThread, merge_tables, open_peer
 
-HOST = Path(records.__file__).resolve().parents[1]
-BUILT = bool(list(HOST.glob("_speedups*.so")))
+from .helpers import NOT_BUILT, SPEEDUPS
 
 
-@pytest.fixture(params=["pure", pytest.param("compiled", marks=pytest.mark.skipif(
-    not BUILT, reason="lockmq._speedups is not built (no C compiler at install)"))])
+
+@pytest.fixture(params=["pure", pytest.param("compiled", marks=NOT_BUILT)])
 def broker(request: pytest.FixtureRequest, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[BrokerThread]:
     if request.param == "compiled":
-        from lockmq import _speedups   # built: an import error is a failure
-        monkeypatch.setattr(connection, "_scan_publishes", _speedups.scan_publishes)
-        monkeypatch.setattr(connection, "_publish_acks", _speedups.publish_acks)
+        monkeypatch.setattr(connection, "_scan_publishes", SPEEDUPS.scan_publishes)
+        monkeypatch.setattr(connection, "_publish_acks", SPEEDUPS.publish_acks)
+        monkeypatch.setattr(connection, "_scan_frame", SPEEDUPS.scan_frame)
         monkeypatch.setattr(connection, "SCAN_LIMIT", 3)   # a read takes several scans
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
+        monkeypatch.setattr(connection, "_scan_frame", None)
         monkeypatch.setattr(connection, "_publish_acks", _fast.publish_acks)
     # small store batches: a read's publishes cross several of them
     b = BrokerThread(str(tmp_path / "data"),

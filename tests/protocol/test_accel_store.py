@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from pathlib import Path
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from lockmq.store import NewRecord, Store, StoreConfig, writer
 
-BUILT = bool(list(Path(writer.__file__).resolve().parents[1].glob("_speedups*.so")))
+from .helpers import NOT_BUILT, SPEEDUPS
+
 
 _rec = st.tuples(st.sampled_from(["locks", "alarms", "$devices"]),
                  st.sampled_from(["LK-1", "LK-2", "$broker"]), st.integers(0, 40),
@@ -51,13 +50,11 @@ def _store_run(calls: list, plan_run) -> tuple:
         writer._plan_run = saved
 
 
-@pytest.mark.skipif(not BUILT, reason="lockmq._speedups is not built (no C compiler at "
-                    "install): the writer runs its Python loop only")
+@NOT_BUILT   # (then the writer runs its Python loop only)
 @settings(max_examples=40, deadline=None)
 @given(_calls)
 def test_compiled_writer_loop_stores_what_the_python_one_does(calls: list) -> None:
-    from lockmq import _speedups   # built: an import error is a failure
-    assert _store_run(calls, _speedups.plan_run) == _store_run(calls, None)
+    assert _store_run(calls, SPEEDUPS.plan_run) == _store_run(calls, None)
 
 
 def test_python_writer_loop_still_dedups_and_rolls() -> None:

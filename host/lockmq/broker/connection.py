@@ -63,8 +63,7 @@ _ONEWAY = Flag.ONEWAY
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
-# (getattr: an extension built before scan_frame existed still serves the rest)
-_scan_frame = getattr(accel.speedups, "scan_frame", None) if accel.COMPILED else None
+_scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))

@@ -243,6 +243,7 @@ class BrokerCore:
         if not batch:
             return
         self._sys_batch = []
+        self._as_broker(batch)   # once: a record stored alone below keeps its number
         try:
             self._append_system_then(batch)
         except InvalidRecord as exc:
@@ -261,7 +262,6 @@ class BrokerCore:
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
-        self._as_broker(records)
 
         def stored(res: list[Appended] | None, exc: BaseException | None) -> None:
             self.system_pending -= 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Protocol
+from typing import Protocol
 
 
 class Handshaking(Protocol):
@@ -32,8 +32,7 @@ SLACK_S = 0.05
 class HandshakeDeadlines:
     """The connections not authenticated yet, oldest first; see the module docstring."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         #: connection -> monotonic deadline (insertion order = deadline order while
         #: the timeout does not change; a shorter one set later is acted on late by
         #: at most the difference, never early)
@@ -46,7 +45,7 @@ class HandshakeDeadlines:
     def add(self, conn: Handshaking, timeout_s: float) -> None:
         """``conn`` must authenticate within ``timeout_s``, else its
         ``_handshake_timeout()`` is called."""
-        self._pending[conn] = self._clock() + timeout_s
+        self._pending[conn] = time.monotonic() + timeout_s
         if self._timer is None:
             self._arm(timeout_s)
 
@@ -60,7 +59,7 @@ class HandshakeDeadlines:
 
     def _sweep(self) -> None:
         self._timer = None
-        now = self._clock()
+        now = time.monotonic()
         expired = []
         for conn, deadline in self._pending.items():
             if deadline > now:

@@ -117,11 +117,6 @@ class Transactions:
         for name in TXN_COUNTERS:   # exported (/metrics, stats) from the start, at 0
             stats.c.setdefault(name, 0)
 
-    @property
-    def pending_count(self) -> int:
-        """Undecided transactions now."""
-        return len(self.pending)
-
     # -- life cycle -------------------------------------------------------------------
 
     def start(self) -> None:
