@@ -24,6 +24,7 @@ import socket
 import struct
 import sys
 import time
+from binascii import crc_hqx
 
 from lockmq.client._conn import FrameConnection
 from lockmq.client.session import Credentials, Endpoint, error_from_body, open_session
@@ -40,15 +41,19 @@ from lockmq.protocol import (
     EventType,
     Flag,
     LockEvent,
+    MIN_FRAME,
     Messages,
     Method,
     Op,
+    ProtocolError,
     Pull,
     Role,
     Subscribe,
     SubscribeAck,
+    VERSION,
 )
 
+from machine import CpuWindow  # noqa: E402
 from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ is on sys.path: run as a script)
 
 RECORD_BYTES = 24
@@ -135,19 +140,62 @@ async def close_politely(transports: list, timeout: float = 5.0) -> None:
             t.close()
 
 
+# -- the lean wire path: what a lock sends and reads per message ------------------------
+#: the first 9 bytes of every broker PUBLISH_ACK: version 1, length 24, opcode, an
+#: empty SN, the RESPONSE flag (then opaque u32, status u8, offset u64, CRC-16)
+ACK_HEAD = struct.pack(">BIHBB", VERSION, MIN_FRAME + 9, Op.PUBLISH_ACK, 0, Flag.RESPONSE)
+ACK_SIZE = MIN_FRAME + 9
+_OPAQUE = struct.Struct(">I")
+
+
+def scan_acks(buf: bytes, pos: int, opaques: list[int]) -> int:
+    """Append the opaque of every whole, intact PUBLISH_ACK from ``buf[pos:]`` to
+    ``opaques``; return where the first other bytes start (another frame, a damaged
+    or partial ack: the caller hands them to the ``FrameDecoder``). Each ack's
+    header, length and CRC-16 are checked, its body is not decoded."""
+    end = len(buf)
+    while (end - pos >= ACK_SIZE and buf.startswith(ACK_HEAD, pos)
+           and crc_hqx(buf[pos:pos + ACK_SIZE - 2], 0xFFFF)
+           == (buf[pos + ACK_SIZE - 2] << 8 | buf[pos + ACK_SIZE - 1])):
+        opaques.append(_OPAQUE.unpack_from(buf, pos + 9)[0])
+        pos += ACK_SIZE
+    return pos
+
+
+class PublishFrames:
+    """The PUBLISH frames of one lock on one topic with one payload: the frame header
+    is computed once, each frame is one ``struct`` pack and one ``crc_hqx`` — the
+    bytes of ``encode_frame(Op.PUBLISH, sn, publish_body(tp, seq, payload), opaque)``."""
+
+    def __init__(self, snb: bytes, tp: bytes, payload: bytes) -> None:
+        length = MIN_FRAME + len(snb) + len(tp) + 12 + len(payload)
+        head = struct.pack(">BIHB", VERSION, length, Op.PUBLISH, len(snb)) + snb + b"\x00"
+        self._pack = struct.Struct(">%dsI%dsIQ%ds" % (len(head), len(tp), len(payload))).pack
+        self._head = head
+        self._tp = tp
+        self._payload = payload
+
+    def frame(self, opaque: int, seq: int, ts_ms: int) -> bytes:
+        """One PUBLISH frame (flags 0: answered by a PUBLISH_ACK)."""
+        data = self._pack(self._head, opaque, self._tp, seq, ts_ms, self._payload)
+        return data + (crc_hqx(data, 0xFFFF)).to_bytes(2, "big")
+
+
 class LeanLock(Windowed):
     """A callback-driven simulated lock: handshake, then keep ``window`` records in
     flight until told to stop. No task or future per message, one socket write per
-    read — so the generator, not its own overhead, sets the pace."""
+    read, and in the steady state no codec object either: PUBLISH frames come from
+    ``PublishFrames``, acks are read by ``scan_acks``; anything else (the handshake,
+    ERROR/BUSY, a frame split across reads) goes through the ``FrameDecoder``."""
 
     def __init__(self, sn: str, topic_prefix: bytes, payload: bytes, window: int,
                  stats: dict, lat: list, sample: int, on_ready) -> None:
         super().__init__(payload, window, stats, lat, sample, on_ready)
         self.sn = sn
         self.snb = sn.encode()
-        self.tp = topic_prefix
+        self.frames = PublishFrames(self.snb, topic_prefix, payload)
         self.dec = FrameDecoder(1 << 20)
-        self.sent_at: dict[int, tuple[int, float, bytes]] = {}
+        self.ts_ms = int(time.time() * 1000)
         self.t_connect = 0.0
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
@@ -160,56 +208,69 @@ class LeanLock(Windowed):
         if self.sent_at:
             self.stats["lost_in_flight"] += len(self.sent_at)
 
-    def _publish(self) -> None:
+    def start(self) -> None:
+        self.ts_ms = int(time.time() * 1000)
+        super().start()
+
+    def _publish(self, now: float) -> None:
         seq = self.seq
         self.seq = seq + 1
-        body = self.tp + struct.pack(">IQ", seq, int(time.time() * 1000)) + self.payload
-        opaque = seq + 1
-        self.sent_at[opaque] = (seq, time.monotonic(), body)
-        self.out.append(encode_frame(Op.PUBLISH, self.snb, body, opaque))
+        self.sent_at[seq + 1] = now
+        self.out.append(self.frames.frame(seq + 1, seq, self.ts_ms))
 
     def _resend(self, opaque: int) -> None:
-        entry = self.sent_at.get(opaque)
-        if entry is not None and self.transport is not None:
-            self.transport.write(encode_frame(Op.PUBLISH, self.snb, entry[2], opaque))
+        if opaque in self.sent_at and self.transport is not None:
+            self.transport.write(self.frames.frame(opaque, opaque - 1, int(time.time() * 1000)))
 
     def data_received(self, data: bytes) -> None:
-        self.dec.feed(data)
-        stats = self.stats
-        while True:
-            f = self.dec.next_frame()
-            if f is None:
-                break
-            op = f.opcode
-            if op == Op.PUBLISH_ACK:
-                entry = self.sent_at.pop(f.opaque, None)
-                if entry is None:
-                    continue
-                stats["acked"] += 1
-                self.acked += 1
-                if self.acked % self.sample == 0:
-                    self.lat.append((time.monotonic() - entry[1]) * 1000)
-                if self.running:
-                    self._publish()
-            elif op == Op.CHALLENGE:
-                ch = Challenge.decode(f.body)
-                cn = os.urandom(16)
-                proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
-                                 hashlib.sha256).digest()
-                self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
-            elif op == Op.CONNECT_ACK:
-                self.on_ready(self)
-            elif op == Op.ERROR:
-                err = error_from_body(f.body)
-                if isinstance(err, BusyError) and f.opaque in self.sent_at:
-                    stats["busy"] += 1
-                    asyncio.get_running_loop().call_later(
-                        max(0.001, err.retry_after_ms / 1000), self._resend, f.opaque)
-                else:
-                    stats["errors"] += 1
-                    if f.opaque in (1, 2):
-                        self.on_ready(self, err)
+        now = time.monotonic()
+        self.ts_ms = int(time.time() * 1000)   # the records' lock time: one per read
+        if self.dec.buffered():   # a frame split across reads is being put together
+            self._decode(data, now)
+        else:
+            opaques: list[int] = []
+            pos = scan_acks(data, 0, opaques)
+            for opaque in opaques:
+                self._acked(opaque, now)
+            if pos < len(data):
+                self._decode(data[pos:] if pos else data, now)
         self._flush()
+
+    def _decode(self, data: bytes, now: float) -> None:
+        """The general path: every frame through the protocol's decoder."""
+        stats = self.stats
+        try:
+            self.dec.feed(data)
+            while True:
+                f = self.dec.next_frame()
+                if f is None:
+                    break
+                op = f.opcode
+                if op == Op.PUBLISH_ACK:
+                    self._acked(f.opaque, now)
+                elif op == Op.CHALLENGE:
+                    ch = Challenge.decode(f.body)
+                    cn = os.urandom(16)
+                    proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
+                                     hashlib.sha256).digest()
+                    self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
+                elif op == Op.CONNECT_ACK:
+                    self.on_ready(self)
+                elif op == Op.ERROR:
+                    err = error_from_body(f.body)
+                    if isinstance(err, BusyError) and f.opaque in self.sent_at:
+                        stats["busy"] += 1
+                        asyncio.get_running_loop().call_later(
+                            max(0.001, err.retry_after_ms / 1000), self._resend, f.opaque)
+                    else:
+                        stats["errors"] += 1
+                        if f.opaque in (1, 2):
+                            self.on_ready(self, err)
+        except ProtocolError:
+            # a damaged frame (e.g. a bad CRC): the stream cannot be trusted any more
+            stats["errors"] += 1
+            if self.transport is not None:
+                self.transport.abort()
 
 
 async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[no-untyped-def]
@@ -232,13 +293,15 @@ async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[n
 
 
 async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: float,
-                           topic: str, prefix: str, peer: str = "") -> dict:
+                           topic: str, prefix: str, peer: str = "", server_pid: int = 0) -> dict:
     """N locks, W in flight each, for ``duration`` seconds: acks/s and latency.
-    ``peer``: speak to Mosquitto or Redis instead (``peers.py``), same loop."""
+    ``peer``: speak to Mosquitto or Redis instead (``peers.py``), same loop. The
+    generator's CPU share and (with ``server_pid``) the server's CPU per record are
+    measured over the same window as the rate."""
     rng = random.Random(1)
     tp = struct.pack(">B", len(topic)) + topic.encode()
     payload = record(rng)
-    stats = {"acked": 0, "busy": 0, "errors": 0, "lost_in_flight": 0}
+    stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
     lat: list[float] = []
     sample = max(1, (locks * window) // 500)
     ready: list[LeanLock] = []
@@ -262,14 +325,16 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
         protos.extend(p for p in got if p is not None)
     await asyncio.wait_for(all_ready.wait(), 60)
     await asyncio.sleep(0.2)
+    window_cpu = CpuWindow(server_pid)
     t0 = time.monotonic()
     for p in protos:
         p.start()
     await asyncio.sleep(duration)
     for p in protos:
         p.running = False
-    acked_at_end = stats["acked"]
+    acked_at_end = sum(p.acked for p in protos)
     elapsed = time.monotonic() - t0
+    cpu = window_cpu.figures(acked_at_end)
     # let the in-flight records finish before closing (they are not counted)
     deadline = time.monotonic() + 10
     while any(p.sent_at for p in protos) and time.monotonic() < deadline:
@@ -279,10 +344,11 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
             p.close()
     else:
         await close_politely([p.transport for p in protos])
-    return {"acked": acked_at_end, "acked_total": stats["acked"], "busy": stats["busy"],
-            "errors": stats["errors"], "unacked_at_close": sum(len(p.sent_at) for p in protos),
+    return {"acked": acked_at_end, "acked_total": sum(p.acked for p in protos),
+            "busy": stats["busy"], "errors": stats["errors"],
+            "unacked_at_close": sum(len(p.sent_at) for p in protos),
             "seconds": elapsed, "rate": acked_at_end / elapsed,
-            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99)}
+            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), **cpu}
 
 
 class StormLock(asyncio.Protocol):
@@ -602,6 +668,9 @@ def main() -> None:
     ap.add_argument("--peer", choices=PEERS, default="",
                     help="publish: drive Mosquitto (MQTT QoS 1) or Redis (XADD) instead; "
                          "deliver: drain a Redis consumer group (XREADGROUP + XACK)")
+    ap.add_argument("--server-pid", type=int, default=0,
+                    help="the server's pid: report its CPU (user, system) per record over "
+                         "the measured window")
     ap.add_argument("--keys", default="",
                     help="JSON file {sn: hex key}: the device keys of registered locks")
     args = ap.parse_args()
@@ -612,7 +681,7 @@ def main() -> None:
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
         coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,
-                                args.prefix, args.peer)
+                                args.prefix, args.peer, args.server_pid)
     elif args.scenario == "storm":
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
     elif args.scenario == "deliver" and args.peer == "redis":

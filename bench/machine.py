@@ -6,6 +6,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from typing import Any
 
 
@@ -77,3 +78,67 @@ def proc_cpu_s(pid: int) -> float | None:
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
     except OSError:
         return None
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
+def proc_tree_cpu(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of process ``pid`` (every thread), of its children it
+    has waited for, and of its live descendants (a server that forks, e.g. Redis
+    rewriting its AOF); None where /proc cannot tell."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        f = _stat_fields(pid)
+    except OSError:
+        return None
+    user, system = int(f[11]) + int(f[13]), int(f[12]) + int(f[14])
+    parents = {pid}
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        entries = []
+    stats = {}
+    for e in entries:
+        try:
+            stats[e] = _stat_fields(e)
+        except OSError:
+            continue
+    grew = True
+    while grew:   # descendants of descendants: walk until no new one is found
+        grew = False
+        for e, f in stats.items():
+            if e not in parents and int(f[1]) in parents:
+                parents.add(e)
+                user += int(f[11])
+                system += int(f[12])
+                grew = True
+    return user / tick, system / tick
+
+
+class CpuWindow:
+    """The CPU a measured window cost: this process's own (the load generator's busy
+    share of the wall clock) and, with ``server_pid``, the server's (user and system,
+    see ``proc_tree_cpu``), both over the same window."""
+
+    def __init__(self, server_pid: int = 0) -> None:
+        self.server_pid = server_pid
+        self.t0 = time.monotonic()
+        self.own0 = os.times()
+        self.server0 = proc_tree_cpu(server_pid) if server_pid else None
+
+    def figures(self, records: int) -> dict[str, float]:
+        """``gen_busy_pct`` (user + system over wall, %), ``gen_usr_s``/``gen_sys_s``;
+        with a server: ``cpu_usr_us``/``cpu_sys_us`` (server CPU per record)."""
+        wall = time.monotonic() - self.t0
+        own = os.times()
+        usr, sys_ = own.user - self.own0.user, own.system - self.own0.system
+        out = {"gen_busy_pct": 100.0 * (usr + sys_) / wall if wall > 0 else 0.0,
+               "gen_usr_s": usr, "gen_sys_s": sys_}
+        server1 = proc_tree_cpu(self.server_pid) if self.server_pid else None
+        if self.server0 is not None and server1 is not None and records:
+            out["cpu_usr_us"] = (server1[0] - self.server0[0]) / records * 1e6
+            out["cpu_sys_us"] = (server1[1] - self.server0[1]) / records * 1e6
+        return out
