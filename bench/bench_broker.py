@@ -25,7 +25,15 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
   pure-Python hot path instead of ``lockmq._speedups``): the compiled path's ratio.
 
 ``cpu_us`` is each server's CPU time (user + system, all threads) per acknowledged
-record: on a shared machine it moves far less than the rates do.
+record over the whole run (handshakes included): on a shared machine it moves far
+less than the rates do. ``cpu_usr_us`` and ``cpu_sys_us`` split the server's CPU per
+record into user and kernel time over the measured window only (``/proc/PID/stat``
+of the server, its reaped children and its live descendants, read by the load
+generator when the window opens and closes): the kernel part is the TCP and
+fdatasync work every server pays, the user part is what the server's own code
+costs. ``gen_busy_pct`` is the load generator's CPU (user + system) over the
+window's wall clock: near 100 % the generator, not the server, sets the rate, and
+a warning line under the table says so.
 
 Every server of a scenario runs once, then every server again (``--runs`` times),
 so a noisy neighbour hits all of them alike; lockmq's medians are printed as
@@ -202,6 +210,13 @@ def loadgen(core: str, port: int, args: list[str], timeout: float) -> dict[str, 
 
 
 # -- scenarios -------------------------------------------------------------------------
+#: where the CPU goes: the server's per record (whole run; user and kernel over the
+#: measured window) and the load generator's busy share of that window
+CPU_FIGURES = ("cpu_us", "cpu_usr_us", "cpu_sys_us", "gen_busy_pct")
+PUBLISH_FIGURES = ("rate", "p50_ms", "p99_ms", "lost", *CPU_FIGURES)
+#: above this busy share the generator, not the server, is the limit of a rate
+GEN_BUSY_WARN_PCT = 90.0
+
 def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every scenario: name, servers, load-generator args, the figures it reports.
     ``peers`` (Mosquitto, Redis) join the publish scenarios; ``--baseline`` adds the
@@ -212,16 +227,16 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
     out = [
         {"name": "sync-100", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "1", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
+         "figures": PUBLISH_FIGURES},
         {"name": "sync-1000", "servers": pub,
          "args": ["publish", "--locks", "1000", "--window", "1", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
+         "figures": PUBLISH_FIGURES},
         {"name": "pipelined-100x32", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "32", "--duration", d],
-         "figures": ("rate", "p50_ms", "p99_ms", "lost", "cpu_us")},
+         "figures": PUBLISH_FIGURES},
         {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", "cpu_us")},
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", *CPU_FIGURES)},
         {"name": f"storm-{a.storm_locks}-auth", "servers": lockmq,
          # auth = "required": every lock registered, HMAC challenge-response, on a
          # topic locks may publish to (security.lock_topics); the admin lookup of
@@ -229,7 +244,7 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread),
                   "--topic", "lock.bench"],
          "lock_sns": [f"BENCH-{i:06d}" for i in range(a.storm_locks)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "peak_rss_mb", "cpu_us")},
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "peak_rss_mb", *CPU_FIGURES)},
         {"name": f"deliver-{a.consumers}c",
          "servers": (*(("redis",) if "redis" in peers else ()), *lockmq),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
@@ -352,7 +367,8 @@ def main() -> int:
                     args = args + ["--keys", srv.keys_path]
                 try:
                     cpu0 = proc_cpu_s(srv.proc.pid)
-                    res = loadgen(a.client_core, srv.port, args, timeout=600)
+                    res = loadgen(a.client_core, srv.port,
+                                  args + ["--server-pid", str(srv.proc.pid)], timeout=600)
                     cpu1 = proc_cpu_s(srv.proc.pid)
                     if res.get("acked_total") and cpu0 is not None and cpu1 is not None:
                         # the server's CPU (every thread) per acked record: what a
@@ -389,8 +405,12 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
     """The summary table: min/median/max, lockmq's ratios to every other server, targets."""
     print("\nsummary (min / median / max over runs; x S = lockmq median / median of S; "
           "before = --baseline tree; pure = this broker with LOCKMQ_PURE_PYTHON=1)")
+    print("cpu_us: server CPU per record, whole run; cpu_usr_us / cpu_sys_us: its user / "
+          "kernel CPU per record in the measured window; gen_busy_pct: the load generator's "
+          "CPU share of that window")
     print(f"{'scenario':18s} {'figure':12s} {'server':9s} {'min':>10s} {'median':>10s} "
           f"{'max':>10s}  " + " ".join(f"{'x ' + k:>9s}" for k in RATIO_TO) + "  target")
+    warnings: list[str] = []
     for sc in scs:
         name = sc["name"]
         for fig in sc["figures"]:
@@ -419,8 +439,16 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                     for (prefix, tfig), (desc, check) in TARGETS.items():
                         if name.startswith(prefix) and fig == tfig:
                             target = f"{desc}: {'MET' if check(med, medians) else 'NOT MET'}"
+                if fig == "gen_busy_pct":
+                    ratios = " " * (10 * len(RATIO_TO) - 1)   # a share, not a cost
+                    if med >= GEN_BUSY_WARN_PCT:
+                        warnings.append(f"warning: {name} {kind}: the load generator was busy "
+                                        f"{med:.0f} % of the window: the generator, not "
+                                        f"{kind}, may be the limit of its rate")
                 print(f"{name:18s} {fig:12s} {kind:9s} {fmt(lo):>10s} {fmt(med):>10s} "
                       f"{fmt(hi):>10s}  {ratios}  {target}")
+    for line in warnings:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -460,7 +460,7 @@ async def storm_connect(ep: Endpoint, storm: Storm, sn: str) -> None:
 
 
 async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
-                         prefix: str) -> dict:
+                         prefix: str, server_pid: int = 0) -> dict:
     """N locks connect within ``spread`` s, each sends one record: % acked, latency
     from the start of its connect to its ack.
 
@@ -472,6 +472,7 @@ async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
     starts = sorted(rng.uniform(0, spread) for _ in range(locks))
     loop = asyncio.get_running_loop()
     connecting = []   # (the tasks are kept, not awaited: ``storm.done`` says when)
+    window_cpu = CpuWindow(server_pid)
     t0 = time.monotonic()
     i = 0
     while i < locks:
@@ -486,13 +487,14 @@ async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
     except asyncio.TimeoutError:
         pass
     elapsed = time.monotonic() - t0
+    cpu = window_cpu.figures(len(storm.lat))
     await close_politely([p.transport for p in storm.protos])
     lat = storm.lat
     return {"locks": locks, "acked": len(lat), "acked_total": len(lat),
             "acked_pct": 100.0 * len(lat) / locks,
             "failed": storm.failed, "busy": storm.busy, "errors": storm.errors,
             "seconds": elapsed, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
-            "max_ms": max(lat) if lat else 0.0}
+            "max_ms": max(lat) if lat else 0.0, **cpu}
 
 
 async def _consumer(ep: Endpoint, topic: str, cluster: str, name: str, batch: int,
@@ -683,7 +685,8 @@ def main() -> None:
         coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,
                                 args.prefix, args.peer, args.server_pid)
     elif args.scenario == "storm":
-        coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix)
+        coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix,
+                              args.server_pid)
     elif args.scenario == "deliver" and args.peer == "redis":
         coro = redis_drain(ep.host, ep.port, args.messages, args.consumers,
                            record(random.Random(3)))
