@@ -146,6 +146,9 @@ async def close_politely(transports: list, timeout: float = 5.0) -> None:
 ACK_HEAD = struct.pack(">BIHBB", VERSION, MIN_FRAME + 9, Op.PUBLISH_ACK, 0, Flag.RESPONSE)
 ACK_SIZE = MIN_FRAME + 9
 _OPAQUE = struct.Struct(">I")
+#: wall clock minus monotonic clock, taken once: a record's lock time in ms is
+#: ``(monotonic + WALL_MINUS_MONO) * 1000`` without reading the wall clock per read
+WALL_MINUS_MONO = time.time() - time.monotonic()
 
 
 def scan_acks(buf: bytes, pos: int, opaques: list[int]) -> int:
@@ -195,7 +198,8 @@ class LeanLock(Windowed):
         self.snb = sn.encode()
         self.frames = PublishFrames(self.snb, topic_prefix, payload)
         self.dec = FrameDecoder(1 << 20)
-        self.ts_ms = int(time.time() * 1000)
+        #: the decoder holds part of a frame: the next read goes to it first
+        self.partial = False
         self.t_connect = 0.0
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
@@ -208,15 +212,12 @@ class LeanLock(Windowed):
         if self.sent_at:
             self.stats["lost_in_flight"] += len(self.sent_at)
 
-    def start(self) -> None:
-        self.ts_ms = int(time.time() * 1000)
-        super().start()
-
     def _publish(self, now: float) -> None:
         seq = self.seq
         self.seq = seq + 1
         self.sent_at[seq + 1] = now
-        self.out.append(self.frames.frame(seq + 1, seq, self.ts_ms))
+        # the record's lock time from the read's monotonic clock (no second clock call)
+        self.out.append(self.frames.frame(seq + 1, seq, int((now + WALL_MINUS_MONO) * 1000)))
 
     def _resend(self, opaque: int) -> None:
         if opaque in self.sent_at and self.transport is not None:
@@ -224,8 +225,7 @@ class LeanLock(Windowed):
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
-        self.ts_ms = int(time.time() * 1000)   # the records' lock time: one per read
-        if self.dec.buffered():   # a frame split across reads is being put together
+        if self.partial:   # a frame split across reads is being put together
             self._decode(data, now)
         else:
             opaques: list[int] = []
@@ -271,6 +271,8 @@ class LeanLock(Windowed):
             stats["errors"] += 1
             if self.transport is not None:
                 self.transport.abort()
+            return
+        self.partial = self.dec.buffered() > 0
 
 
 async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[no-untyped-def]

@@ -105,9 +105,11 @@ class Windowed(asyncio.Protocol):
             self._publish(now)
 
     def _flush(self) -> None:
-        if self.out and self.transport is not None:
-            self.transport.write(b"".join(self.out))
-        self.out = []
+        out = self.out
+        if out:
+            if self.transport is not None:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
 
     def _publish(self, now: float) -> None:
         raise NotImplementedError

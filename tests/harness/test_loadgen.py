@@ -1,0 +1,184 @@
+"""The benchmark's lean lock (bench/loadgen.py) speaks the protocol byte for byte: its
+precomputed PUBLISH frames equal the codec's, its fixed-layout ack scan takes exactly
+the intact PUBLISH_ACKs and leaves everything else (another frame, a split or a
+damaged ack) to the FrameDecoder, which refuses a damaged one."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import random
+import socket
+import struct
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag, FrameDecoder,
+                             NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
+from lockmq.protocol._fast import publish_ack_frame
+from lockmq.testing import BrokerThread, wait_for_async
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load_loadgen() -> ModuleType:
+    """bench/loadgen.py, imported by path (bench/ is not a package: its modules import
+    each other as top-level modules, so bench/ goes on sys.path)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_loadgen", BENCH / "loadgen.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+loadgen = load_loadgen()
+TOPIC = "bench.events"
+TP = struct.pack(">B", len(TOPIC)) + TOPIC.encode()
+
+
+@pytest.mark.parametrize("sn", ["B", "BENCH-000042", "L" * 64])
+def test_lean_publish_frames_equal_the_codec(sn):
+    payload = loadgen.record(random.Random(1))
+    frames = loadgen.PublishFrames(sn.encode(), TP, payload)
+    for opaque, seq, ts in [(1, 0, 0), (7, 6, 1_700_000_000_123), (0xFFFFFFFF, 0xFFFFFFFF, 2**63)]:
+        body = TP + struct.pack(">IQ", seq, ts) + payload
+        lean = frames.frame(opaque, seq, ts)
+        assert lean == encode_frame(Op.PUBLISH, sn, body, opaque)
+        dec = FrameDecoder()
+        dec.feed(lean)
+        f = dec.next_frame()
+        assert (f.opcode, f.sn, f.opaque, f.flags) == (Op.PUBLISH, sn, opaque, 0)
+        p = Publish.decode(f.body)
+        assert (p.topic, p.seq, p.lock_ts_ms, p.payload) == (TOPIC, seq, ts, payload)
+
+
+def codec_ack(opaque: int, status: int = 0, offset: int = 9) -> bytes:
+    return encode_frame(Op.PUBLISH_ACK, "", PublishAck(status, offset).encode(), opaque,
+                        Flag.RESPONSE)
+
+
+def test_ack_scan_takes_intact_acks_and_stops_at_anything_else():
+    acks = codec_ack(3) + publish_ack_frame(1, 77, 4) + codec_ack(0xFFFFFFFF, 0, 2**64 - 1)
+    assert publish_ack_frame(0, 9, 3) == codec_ack(3)   # the broker's fast ack is the codec's
+    got: list[int] = []
+    assert loadgen.scan_acks(acks, 0, got) == len(acks)
+    assert got == [3, 4, 0xFFFFFFFF]
+
+    # another frame (a BUSY error) stops the scan at its first byte
+    busy = error_frame(ErrorCode.BUSY, "busy", 5, 5)
+    got = []
+    assert loadgen.scan_acks(codec_ack(1) + busy + codec_ack(2), 0, got) == len(codec_ack(1))
+    assert got == [1]
+
+    # an ack split across reads: the whole ones are taken, the part is left
+    got = []
+    assert loadgen.scan_acks(acks[:30], 0, got) == 24 and got == [3]
+
+
+@pytest.mark.parametrize("flip", [0, 4, 6, 8, 12, 16, 22, 23])
+def test_a_damaged_ack_is_not_taken_and_the_decoder_refuses_it(flip):
+    good = codec_ack(11)
+    bad = bytearray(good)
+    bad[flip] ^= 0x01
+    bad = bytes(bad)
+    got: list[int] = []
+    assert loadgen.scan_acks(good + bad, 0, got) == len(good)
+    assert got == [11]
+    if flip in (8, 12, 16, 22, 23):   # header intact: only the CRC can tell
+        dec = FrameDecoder()
+        dec.feed(bad)
+        with pytest.raises(BadChecksum):
+            dec.next_frame()
+
+
+async def _serve_one(accepted: asyncio.Queue) -> tuple[asyncio.AbstractServer, int]:
+    async def on_client(reader, writer):  # type: ignore[no-untyped-def]
+        await accepted.put((reader, writer))
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _read_frames(reader: asyncio.StreamReader, dec: FrameDecoder, n: int) -> list:
+    frames = []
+    while len(frames) < n:
+        f = dec.next_frame()
+        if f is None:
+            dec.feed(await reader.read(65536))
+            continue
+        frames.append(f)
+    return frames
+
+
+def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damaged_one():
+    async def run() -> None:
+        accepted: asyncio.Queue = asyncio.Queue()
+        server, port = await _serve_one(accepted)
+        stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
+        ready: list = []
+        payload = loadgen.record(random.Random(1))
+        lock = loadgen.LeanLock("LOCK-T1", TP, payload, 4, stats, [], 1,
+                                lambda p, err=None: ready.append(err))
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setblocking(False)
+        await asyncio.get_running_loop().create_connection(lambda: lock, sock=sock)
+        reader, writer = await accepted.get()
+        dec = FrameDecoder()
+        (connect,) = await _read_frames(reader, dec, 1)
+        assert connect.opcode == Op.CONNECT
+        writer.write(encode_frame(Op.CHALLENGE, "", Challenge(b"n" * 16, 1).encode(),
+                                  connect.opaque, Flag.RESPONSE))
+        (auth,) = await _read_frames(reader, dec, 1)
+        assert auth.opcode == Op.AUTH
+        writer.write(encode_frame(Op.CONNECT_ACK, "", ConnectAck(30, 65536, 1, NO_SEQ, 1).encode(),
+                                  auth.opaque, Flag.RESPONSE))
+        await wait_for_async(lambda: ready == [None], "the lock is connected")
+        lock.start()
+        pubs = await _read_frames(reader, dec, 4)
+        assert [Publish.decode(f.body).seq for f in pubs] == [0, 1, 2, 3]
+        # two acks in one write, then one split across two writes
+        writer.write(codec_ack(pubs[0].opaque) + codec_ack(pubs[1].opaque))
+        await writer.drain()
+        await wait_for_async(lambda: lock.acked == 2, "two acks counted")
+        split = codec_ack(pubs[2].opaque)
+        writer.write(split[:10])
+        await writer.drain()
+        await _read_frames(reader, dec, 2)   # the refills of the first two acks
+        writer.write(split[10:])
+        await wait_for_async(lambda: lock.acked == 3, "the split ack counted")
+        # a damaged ack: not counted, the lock drops the connection
+        bad = bytearray(codec_ack(pubs[3].opaque))
+        bad[-1] ^= 0xFF
+        writer.write(bytes(bad))
+        await wait_for_async(lambda: stats["errors"] == 1 and lock.transport is None,
+                             "the damaged ack refused and the connection dropped")
+        assert lock.acked == 3
+        writer.close()
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_lean_lock_publishes_to_the_real_broker(tmp_path):
+    async def run(port: int) -> None:
+        stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
+        ready: list = []
+        lock = loadgen.LeanLock("LOCK-T2", TP, loadgen.record(random.Random(2)), 8, stats, [],
+                                10, lambda p, err=None: ready.append(err))
+        ep = loadgen.Endpoint("127.0.0.1", port)
+        assert await loadgen.lean_connect(ep, lambda: lock) is lock
+        await wait_for_async(lambda: ready == [None], "the lock is connected")
+        lock.start()
+        await wait_for_async(lambda: lock.acked >= 200, "200 records acknowledged")
+        lock.running = False
+        await wait_for_async(lambda: not lock.sent_at, "the window drained")
+        assert stats["errors"] == 0 and len(lock.lat) >= 20
+        lock.transport.close()
+
+    with BrokerThread(str(tmp_path / "b")) as broker:
+        asyncio.run(run(broker.port))
