@@ -10,6 +10,10 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``ack``    — the ack floor: parse the frames, ack each, store nothing;
 * ``fsync``  — the durable floor: append every read's records to a file and ack
   after one shared fdatasync (group commit);
+* ``c-ack``, ``c-fsync`` — the same two floors compiled (``floor_c.c``: one epoll
+  loop in C, built with ``cc -O2`` into the run's temp dir; skipped, with the
+  reason, when there is no compiler): what the machine can do, where the Python
+  floors show what an asyncio server can;
 * ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir;
   the ``storm-N-auth`` scenario runs it with ``auth = "required"`` and every lock
   registered);
@@ -82,6 +86,10 @@ from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
 #: lockmq brokers: this tree's, another tree's (--baseline), this one pure Python (--pure)
 LOCKMQ_KINDS = ("broker", "before", "pure")
+#: the compiled floors (floor_c.c), by their ``--mode``
+C_FLOORS = {"c-ack": "ack", "c-fsync": "fsync"}
+#: the compiled floor's executable, once built (``build_c_floor``)
+C_FLOOR_EXE: list[str] = []
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
 
 
@@ -101,6 +109,22 @@ def fdatasync_rate(directory: str, seconds: float = 0.5) -> float:
         os.close(fd)
         os.unlink(path)
     return n / (time.monotonic() - t0)
+
+
+def build_c_floor(directory: str) -> str | None:
+    """Compile ``floor_c.c`` with ``cc -O2`` into ``directory``; its path, or None
+    (with the reason printed) when there is no compiler or the build fails."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        print("floors c-ack, c-fsync: skipped (no C compiler: apt-get install gcc)")
+        return None
+    exe = os.path.join(directory, "floor_c")
+    out = subprocess.run([cc, "-O2", "-o", exe, os.path.join(HERE, "floor_c.c")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"floors c-ack, c-fsync: skipped (build failed: {out.stderr.strip()[-300:]})")
+        return None
+    return exe
 
 
 # -- servers ---------------------------------------------------------------------------
@@ -159,6 +183,9 @@ class Server:
                 env = dict(os.environ, LOCKMQ_PURE_PYTHON="1")
         elif kind in PEERS:
             cmd = peer_command(kind, self.port, self.dir)
+        elif kind in C_FLOORS:
+            cmd = [C_FLOOR_EXE[0], "--mode", C_FLOORS[kind], "--port", str(self.port),
+                   "--dir", self.dir]
         else:
             cmd = [PY, os.path.join(HERE, "floors.py"), "--mode", kind, "--port",
                    str(self.port), "--dir", self.dir]
@@ -217,13 +244,15 @@ PUBLISH_FIGURES = ("rate", "p50_ms", "p99_ms", "lost", *CPU_FIGURES)
 #: above this busy share the generator, not the server, is the limit of a rate
 GEN_BUSY_WARN_PCT = 90.0
 
-def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
+              c_floors: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every scenario: name, servers, load-generator args, the figures it reports.
-    ``peers`` (Mosquitto, Redis) join the publish scenarios; ``--baseline`` adds the
-    broker of another tree (``before``) to every scenario the broker runs."""
+    ``peers`` (Mosquitto, Redis) join the publish scenarios, ``c_floors`` (the
+    compiled floors) the publish and storm ones; ``--baseline`` adds the broker of
+    another tree (``before``) to every scenario the broker runs."""
     d = str(a.duration)
     lockmq = ("broker", *(("before",) if a.baseline else ()), *(("pure",) if a.pure else ()))
-    pub = ("ack", "fsync", *peers, *lockmq)
+    pub = ("ack", "fsync", *c_floors, *peers, *lockmq)
     out = [
         {"name": "sync-100", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "1", "--duration", d],
@@ -234,7 +263,7 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = ()) -> list[dict[s
         {"name": "pipelined-100x32", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "32", "--duration", d],
          "figures": PUBLISH_FIGURES},
-        {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *lockmq),
+        {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *c_floors, *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
          "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", *CPU_FIGURES)},
         {"name": f"storm-{a.storm_locks}-auth", "servers": lockmq,
@@ -331,6 +360,8 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="TREE",
                     help="also run the broker of another source tree (e.g. `git archive "
                          "main`), alternating with this one: the before/after ratio")
+    ap.add_argument("--no-c-floor", action="store_true",
+                    help="do not build and run the compiled floors (floor_c.c)")
     ap.add_argument("--pure", action="store_true",
                     help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "
                          "path), alternating with it: the compiled/pure ratio")
@@ -354,8 +385,12 @@ def main() -> int:
           f"{a.runs} runs per figure; records of 24 bytes; broker flush={a.flush}, auth=off")
     print(f"data under {base}\n", flush=True)
     peers = available_peers(a.peers)
+    exe = None if a.no_c_floor else build_c_floor(base)
+    if exe:
+        C_FLOOR_EXE[:] = [exe]
+    c_floors = tuple(C_FLOORS) if exe else ()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for sc in scenarios(a, peers):
+    for sc in scenarios(a, peers, c_floors):
         results[sc["name"]] = {kind: [] for kind in sc["servers"]}
         # run r of every server, then run r + 1: a noisy neighbour hits all alike
         for r in range(a.runs):
@@ -389,7 +424,7 @@ def main() -> int:
                 brief = {k: (round(v, 2) if isinstance(v, float) else v)
                          for k, v in res.items() if k in sc["figures"] or k == "error"}
                 print(f"  {sc['name']:18s} {kind:9s} run {r + 1}: {brief}", flush=True)
-    report(results, scenarios(a, peers))
+    report(results, scenarios(a, peers, c_floors))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"machine": info, "args": vars(a), "results": results}, fh, indent=1)
@@ -398,7 +433,7 @@ def main() -> int:
     return 0
 
 
-RATIO_TO = ("ack", "fsync", "mosquitto", "redis", "before", "pure")
+RATIO_TO = ("ack", "fsync", "c-ack", "c-fsync", "mosquitto", "redis", "before", "pure")
 
 
 def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
