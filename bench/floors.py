@@ -2,8 +2,9 @@
 
 Two minimal asyncio servers, driven by the same load generator as the real broker:
 
-* ``ack``   — parse the same frames (the real :class:`FrameDecoder`), answer the
-  handshake, and acknowledge every PUBLISH without storing it;
+* ``ack``   — parse the same frames (the real :class:`FrameDecoder`, then the
+  broker's pure-Python ``publish_fields``), answer the handshake, and acknowledge
+  every PUBLISH (``publish_ack_frame``) without storing it;
 * ``fsync`` — the same, but every read's records are appended to one file and
   acknowledged only after one shared ``fdatasync`` that covers them (group
   commit): the durable floor a storing broker is measured against.
@@ -28,11 +29,10 @@ from lockmq.protocol import (
     Flag,
     FrameDecoder,
     Op,
-    Publish,
-    PublishAck,
     ProtocolError,
     encode_frame,
 )
+from lockmq.protocol._fast import publish_ack_frame, publish_fields
 
 _RESP = Flag.RESPONSE
 
@@ -103,14 +103,15 @@ class FloorConnection(asyncio.Protocol):
                     break
                 op = f.opcode
                 if op == Op.PUBLISH:
-                    Publish.decode(f.body)  # parse it, as a broker must
+                    # parse it, as a broker must: the broker's own pure-Python hot path
+                    # (fields without a Publish object; the ack in one pack)
+                    publish_fields(f.body)
                     self.offset += 1
                     if f.flags & Flag.ONEWAY:
                         if self.commit is not None:
                             records.append(f.body)
                         continue
-                    ack = encode_frame(Op.PUBLISH_ACK, "", PublishAck(0, self.offset).encode(),
-                                       f.opaque, _RESP)
+                    ack = publish_ack_frame(0, self.offset, f.opaque)
                     if self.commit is not None:
                         records.append(f.sn.encode() + f.body)
                         acks.append(ack)
