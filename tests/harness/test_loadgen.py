@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import random
+import shutil
 import socket
 import struct
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +21,7 @@ import pytest
 from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag, FrameDecoder,
                              NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
 from lockmq.protocol._fast import publish_ack_frame
-from lockmq.testing import BrokerThread, wait_for_async
+from lockmq.testing import BrokerThread, free_port, wait_for, wait_for_async
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -182,3 +184,65 @@ def test_lean_lock_publishes_to_the_real_broker(tmp_path):
 
     with BrokerThread(str(tmp_path / "b")) as broker:
         asyncio.run(run(broker.port))
+
+
+def _floor_command(kind: str, tmp_path: Path, port: int) -> list[str]:
+    """The Python floor (bench/floors.py) or the compiled one (bench/floor_c.c, built
+    here with cc; skipped without a compiler), in fsync mode on ``port``."""
+    args = ["--mode", "fsync", "--port", str(port), "--dir", str(tmp_path)]
+    if kind == "py":
+        return [sys.executable, str(BENCH / "floors.py"), *args]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    exe = tmp_path / "floor_c"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(BENCH / "floor_c.c")], check=True,
+                   timeout=120)
+    return [str(exe), *args]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("kind", ["py", "c"])
+def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(_floor_command(kind, tmp_path, port), stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _listening(port), "the floor listens")
+
+        async def run() -> None:
+            stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
+            ready: list = []
+            lock = loadgen.LeanLock("LOCK-F1", TP, loadgen.record(random.Random(3)), 8, stats,
+                                    [], 10, lambda p, err=None: ready.append(err))
+            ep = loadgen.Endpoint("127.0.0.1", port)
+            assert await loadgen.lean_connect(ep, lambda: lock) is lock
+            await wait_for_async(lambda: ready == [None], "the handshake answered")
+            lock.start()
+            await wait_for_async(lambda: lock.acked >= 300, "300 records acknowledged")
+            lock.running = False
+            await wait_for_async(lambda: not lock.sent_at, "the window drained")
+            assert stats["errors"] == 0
+            acked = lock.acked
+            lock.transport.close()
+            # every acknowledged record (SN + PUBLISH body) was written before its ack
+            record_size = len(b"LOCK-F1") + len(TP) + 12 + 24
+            assert (tmp_path / "floor.log").stat().st_size >= acked * record_size
+
+        asyncio.run(run())
+        # a frame with a bad CRC: the floor drops that connection and keeps serving
+        bad = bytearray(encode_frame(Op.PUBLISH, "LOCK-F2", TP + bytes(12), 1))
+        bad[-1] ^= 0xFF
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(bytes(bad))
+            assert s.recv(100) == b""
+        assert _listening(port) and proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
