@@ -353,10 +353,24 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
             "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), **cpu}
 
 
+def whole_frame(data: bytes) -> tuple[int, int, bytes] | None:
+    """``(opcode, opaque, body)`` when ``data`` is exactly one intact frame without an
+    SN (as a broker answers), else None (a split, a pair, a damaged frame: the caller
+    hands it to the ``FrameDecoder``). Version, length and CRC-16 are checked."""
+    n = len(data)
+    if (n >= MIN_FRAME and data[0] == VERSION and data[7] == 0
+            and int.from_bytes(data[1:5], "big") == n
+            and crc_hqx(data[:-2], 0xFFFF) == (data[-2] << 8 | data[-1])):
+        return data[5] << 8 | data[6], _OPAQUE.unpack_from(data, 9)[0], data[13:-2]
+    return None
+
+
 class StormLock(asyncio.Protocol):
     """A storm's lock, as lean as a Python lock can be (the generator must not be the
     limit at 10,000 handshakes a second on one core): handshake, one record, its
-    ack; no task, future or timer of its own, one write per read."""
+    ack; no task, future or timer of its own, one write per read. Each answer
+    usually arrives alone in its read (``whole_frame``); a ``FrameDecoder`` is made
+    only for a lock whose reads are split or joined."""
 
     __slots__ = ("sn", "snb", "storm", "t_start", "transport", "dec", "body")
 
@@ -366,7 +380,7 @@ class StormLock(asyncio.Protocol):
         self.storm = storm
         self.t_start = t_start
         self.transport = None
-        self.dec = FrameDecoder(1 << 16)
+        self.dec: FrameDecoder | None = None
         self.body = b""   # the PUBLISH body, once sent (resent after BUSY)
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
@@ -377,26 +391,41 @@ class StormLock(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        self.dec.feed(data)
-        storm = self.storm
-        while True:
-            f = self.dec.next_frame()
-            if f is None:
+        if self.dec is None:
+            got = whole_frame(data)
+            if got is not None:
+                self._on_frame(*got)
                 return
-            op = f.opcode
-            if op == Op.PUBLISH_ACK and f.opaque == 3:
-                storm.acked(self)
-            elif op == Op.CHALLENGE:
-                nonce = f.body[:16]
-                cn = os.urandom(16)
-                proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + nonce + cn + self.snb,
-                                 hashlib.sha256).digest()
-                self.transport.write(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
-            elif op == Op.CONNECT_ACK:
-                self.body = storm.tp + struct.pack(">IQ", 0, int(time.time() * 1000)) + storm.payload
-                self.transport.write(encode_frame(Op.PUBLISH, self.snb, self.body, 3))
-            elif op == Op.ERROR:
-                storm.error(self, f)
+            self.dec = FrameDecoder(1 << 16)
+        try:
+            self.dec.feed(data)
+            while True:
+                f = self.dec.next_frame()
+                if f is None:
+                    return
+                self._on_frame(f.opcode, f.opaque, f.body)
+        except ProtocolError:
+            # a damaged frame: this lock is lost (counted), the storm goes on
+            self.storm.errors += 1
+            self.storm.fail()
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _on_frame(self, op: int, opaque: int, body: bytes) -> None:
+        storm = self.storm
+        if op == Op.PUBLISH_ACK and opaque == 3:
+            storm.acked(self)
+        elif op == Op.CHALLENGE:
+            nonce = body[:16]
+            cn = os.urandom(16)
+            proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + nonce + cn + self.snb,
+                             hashlib.sha256).digest()
+            self.transport.write(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
+        elif op == Op.CONNECT_ACK:
+            self.body = storm.tp + struct.pack(">IQ", 0, int(time.time() * 1000)) + storm.payload
+            self.transport.write(encode_frame(Op.PUBLISH, self.snb, self.body, 3))
+        elif op == Op.ERROR:
+            storm.error(self, opaque, body)
 
     def resend(self) -> None:
         if self.transport is not None:
@@ -422,15 +451,15 @@ class Storm:
         self.lat.append((time.monotonic() - lock.t_start) * 1000)
         self._check_done()
 
-    def error(self, lock: StormLock, f) -> None:  # type: ignore[no-untyped-def]
-        err = error_from_body(f.body)
-        if isinstance(err, BusyError) and f.opaque == 3:
+    def error(self, lock: StormLock, opaque: int, body: bytes) -> None:
+        err = error_from_body(body)
+        if isinstance(err, BusyError) and opaque == 3:
             self.busy += 1
             asyncio.get_running_loop().call_later(max(0.001, err.retry_after_ms / 1000),
                                                   lock.resend)
             return
         self.errors += 1
-        if f.opaque in (1, 2):   # the handshake was refused
+        if opaque in (1, 2):   # the handshake was refused
             self.fail()
 
     def fail(self) -> None:

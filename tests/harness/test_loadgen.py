@@ -246,3 +246,28 @@ def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_storm_lock_reads_one_whole_answer_like_the_decoder():
+    answers = [encode_frame(Op.CHALLENGE, "", Challenge(b"c" * 16, 5).encode(), 1, Flag.RESPONSE),
+               encode_frame(Op.CONNECT_ACK, "", ConnectAck(30, 65536, 1, NO_SEQ, 1).encode(), 2,
+                            Flag.RESPONSE),
+               codec_ack(3), error_frame(ErrorCode.BUSY, "busy", 3, 10)]
+    for frame in answers:
+        dec = FrameDecoder()
+        dec.feed(frame)
+        f = dec.next_frame()
+        assert loadgen.whole_frame(frame) == (f.opcode, f.opaque, f.body)
+    damaged = bytearray(answers[0])
+    damaged[20] ^= 0x40
+    for not_one in (answers[0][:-1], answers[0] + answers[1], bytes(damaged),
+                    encode_frame(Op.PUBLISH_ACK, "SN", b"\x00" * 9, 3, Flag.RESPONSE)):
+        assert loadgen.whole_frame(not_one) is None   # left to the FrameDecoder
+
+
+def test_a_small_storm_against_the_real_broker_is_all_acknowledged(tmp_path):
+    with BrokerThread(str(tmp_path / "b")) as broker:
+        ep = loadgen.Endpoint("127.0.0.1", broker.port)
+        got = asyncio.run(loadgen.scenario_storm(ep, 40, 0.1, TOPIC, "STORM-"))
+    assert (got["acked"], got["failed"], got["errors"]) == (40, 0, 0)
+    assert got["gen_busy_pct"] >= 0 and "cpu_usr_us" not in got   # no server pid given
