@@ -241,10 +241,7 @@ class LeanLock(Windowed):
         stats = self.stats
         try:
             self.dec.feed(data)
-            while True:
-                f = self.dec.next_frame()
-                if f is None:
-                    break
+            for f in self.dec.frames():
                 op = f.opcode
                 if op == Op.PUBLISH_ACK:
                     self._acked(f.opaque, now)
@@ -399,10 +396,7 @@ class StormLock(asyncio.Protocol):
             self.dec = FrameDecoder(1 << 16)
         try:
             self.dec.feed(data)
-            while True:
-                f = self.dec.next_frame()
-                if f is None:
-                    return
+            for f in self.dec.frames():
                 self._on_frame(f.opcode, f.opaque, f.body)
         except ProtocolError:
             # a damaged frame: this lock is lost (counted), the storm goes on

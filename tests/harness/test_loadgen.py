@@ -166,24 +166,29 @@ def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damage
     asyncio.run(run())
 
 
-def test_lean_lock_publishes_to_the_real_broker(tmp_path):
-    async def run(port: int) -> None:
-        stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
-        ready: list = []
-        lock = loadgen.LeanLock("LOCK-T2", TP, loadgen.record(random.Random(2)), 8, stats, [],
-                                10, lambda p, err=None: ready.append(err))
-        ep = loadgen.Endpoint("127.0.0.1", port)
-        assert await loadgen.lean_connect(ep, lambda: lock) is lock
-        await wait_for_async(lambda: ready == [None], "the lock is connected")
-        lock.start()
-        await wait_for_async(lambda: lock.acked >= 200, "200 records acknowledged")
-        lock.running = False
-        await wait_for_async(lambda: not lock.sent_at, "the window drained")
-        assert stats["errors"] == 0 and len(lock.lat) >= 20
-        lock.transport.close()
+async def publish_records(port: int, sn: str, records: int) -> tuple[int, dict]:
+    """Connect a LeanLock (8 in flight) to ``port``, publish until ``records`` are
+    acknowledged, let the window drain: (records acknowledged, error counters)."""
+    stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
+    ready: list = []
+    lock = loadgen.LeanLock(sn, TP, loadgen.record(random.Random(2)), 8, stats, [], 10,
+                            lambda p, err=None: ready.append(err))
+    ep = loadgen.Endpoint("127.0.0.1", port)
+    assert await loadgen.lean_connect(ep, lambda: lock) is lock
+    await wait_for_async(lambda: ready == [None], "the handshake answered")
+    lock.start()
+    await wait_for_async(lambda: lock.acked >= records, f"{records} records acknowledged")
+    lock.running = False
+    await wait_for_async(lambda: not lock.sent_at, "the window drained")
+    assert len(lock.lat) >= records // 10
+    lock.transport.close()
+    return lock.acked, stats
 
+
+def test_lean_lock_publishes_to_the_real_broker(tmp_path):
     with BrokerThread(str(tmp_path / "b")) as broker:
-        asyncio.run(run(broker.port))
+        acked, stats = asyncio.run(publish_records(broker.port, "LOCK-T2", 200))
+    assert acked >= 200 and stats["errors"] == 0
 
 
 def _floor_command(kind: str, tmp_path: Path, port: int) -> list[str]:
@@ -216,26 +221,11 @@ def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path)
     try:
         wait_for(lambda: _listening(port), "the floor listens")
 
-        async def run() -> None:
-            stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
-            ready: list = []
-            lock = loadgen.LeanLock("LOCK-F1", TP, loadgen.record(random.Random(3)), 8, stats,
-                                    [], 10, lambda p, err=None: ready.append(err))
-            ep = loadgen.Endpoint("127.0.0.1", port)
-            assert await loadgen.lean_connect(ep, lambda: lock) is lock
-            await wait_for_async(lambda: ready == [None], "the handshake answered")
-            lock.start()
-            await wait_for_async(lambda: lock.acked >= 300, "300 records acknowledged")
-            lock.running = False
-            await wait_for_async(lambda: not lock.sent_at, "the window drained")
-            assert stats["errors"] == 0
-            acked = lock.acked
-            lock.transport.close()
-            # every acknowledged record (SN + PUBLISH body) was written before its ack
-            record_size = len(b"LOCK-F1") + len(TP) + 12 + 24
-            assert (tmp_path / "floor.log").stat().st_size >= acked * record_size
-
-        asyncio.run(run())
+        acked, stats = asyncio.run(publish_records(port, "LOCK-F1", 300))
+        assert stats["errors"] == 0
+        # every acknowledged record (SN + PUBLISH body) was written before its ack
+        record_size = len(b"LOCK-F1") + len(TP) + 12 + 24
+        assert (tmp_path / "floor.log").stat().st_size >= acked * record_size
         # a frame with a bad CRC: the floor drops that connection and keeps serving
         bad = bytearray(encode_frame(Op.PUBLISH, "LOCK-F2", TP + bytes(12), 1))
         bad[-1] ^= 0xFF
