@@ -169,13 +169,10 @@ class ReplicaSource:
     def _chunk(self, start: int, max_bytes: int) -> dict[str, Any]:
         """The whole records from ``start`` in its segment, up to ``max_bytes``."""
         store = self.core.store
-        segs = store._segments   # (the store's reader: segments are never rewritten)
-        end = store.log_end
-        if start >= end:
+        if start >= store.log_end:
             return {"base": -1, "data": ""}
-        k = segs.index_of(start)
-        seg = segs[k]
-        stop = min(segs.end_of(k, end), start + max_bytes)
+        seg, seg_end = store.segment_at(start)
+        stop = min(seg_end, start + max_bytes)
         data = seg.pread(stop - start, start - seg.base)
         n = whole_records(data)
         if n == 0 and data:   # one record larger than max_bytes: send it whole
