@@ -155,3 +155,33 @@ def test_a_gateway_with_a_wrong_token_keeps_serving_and_says_why_once(tmp_path) 
         assert sum("registry_refused" in line for line in gw.lines) == 1
         with Producer(gw.address) as p:   # the gateway itself is not affected
             p.send_sync("lock.events", b"still serving")
+
+
+def test_an_unknown_op_gets_the_same_answer_from_the_registry_and_a_broker(tmp_path) -> None:
+    """One answer for an op a server does not have: ``INVALID_ARGUMENT`` (an ErrorCode
+    name, as SPEC.md says of every admin error) with "unknown op ...; ops: ..." --
+    the registry used to answer ``UNKNOWN_OP``, a code no client knew."""
+    from lockmq.client.admin import AsyncAdmin
+    from lockmq.testing import BrokerThread
+
+    async def refusals(broker_port: int) -> list[AdminError]:
+        server = RegistryServer(tokens=[TOKEN.encode()])
+        await server.start()
+        got = []
+        try:
+            with pytest.raises(AdminError) as reg_err:
+                await registry_request(f"127.0.0.1:{server.port}", "registry.nope", token=TOKEN)
+            got.append(reg_err.value)
+            async with AsyncAdmin(f"127.0.0.1:{broker_port}") as admin:
+                with pytest.raises(AdminError) as broker_err:
+                    await admin.request("nope")
+            got.append(broker_err.value)
+        finally:
+            await server.stop()
+        return got
+
+    with BrokerThread(str(tmp_path / "gw")) as broker:
+        registry, gateway_ = asyncio.run(refusals(broker.port))
+    assert registry.error == gateway_.error == "INVALID_ARGUMENT"
+    assert "unknown op 'registry.nope'; ops: registry.heartbeat, registry.list" in str(registry)
+    assert "unknown op 'nope'; ops: " in str(gateway_)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lockmq.cli import main
-from lockmq.cli.clusters import parse_time_ms
+from lockmq.client.cliargs import parse_time_ms
 
 
 def test_cluster_lifecycle_from_the_cli(broker, capsys):

@@ -75,6 +75,27 @@ def test_command_to_an_unknown_lock_with_auth_off_fails_at_once(broker, online_l
     assert _admin(broker, "commands")["held"] == 0
 
 
+def test_with_a_token_and_auth_off_the_cli_says_why_it_waits(broker, capsys):
+    """With --token the CLI cannot ask whether the lock is connected (the admin request
+    would be refused at an auth-required broker): it says at once that it waits up to
+    --expires and how to fail fast instead (before, it sat silent until expiry)."""
+    rc = main(["command", "--broker", broker.address, "--token", "any-token", "GHOST-4",
+               "reboot", "--expires", "0.3"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    note, *rest = err.splitlines()
+    assert "GHOST-4: waiting up to 0.3 s" in note and "leave out --token" in note
+    assert rest and "GHOST-4" in rest[-1]   # then the broker's answer: offline
+
+
+def test_with_wait_or_a_schedule_no_note_is_printed(broker, capsys):
+    """--wait asks for the hold: no note about it."""
+    rc = main(["command", "--broker", broker.address, "--token", "any-token", "GHOST-5",
+               "reboot", "--expires", "0.3", "--wait"])
+    assert rc == 1
+    assert "waiting up to" not in capsys.readouterr().err
+
+
 def test_devices_op_filtered_by_sn_answers_for_one_lock(broker, online_locks):
     """The CLI's check for one SN asks the broker about that SN only (before, it
     downloaded every online lock of the fleet)."""

@@ -52,3 +52,24 @@ def test_first_connect_gives_up_after_connect_retry_s():
 
     assert asyncio.run(attempts(0)) == 1          # 0: one attempt, no retry
     assert asyncio.run(attempts(0.3)) >= 2
+
+
+@pytest.mark.parametrize("order", ["dead,dead2,live", "dead,live,dead"])
+def test_a_broker_list_is_walked_in_order_to_the_live_broker(broker, order):
+    """Each failed connect moves to the next address of the list, wrapping around."""
+    dead, dead2 = free_port(), free_port()
+    addresses = order.replace("dead2", f"127.0.0.1:{dead2}").replace(
+        "dead", f"127.0.0.1:{dead}").replace("live", broker.address)
+
+    async def connect() -> tuple[int, int]:
+        p = AsyncProducer(addresses)
+        p.backoff.cap_s = 0.05
+        try:
+            await p.connect()
+            return p.connect_attempts, p.endpoint.port
+        finally:
+            await p.close()
+
+    attempts, port = asyncio.run(connect())
+    assert port == broker.port
+    assert attempts == order.split(",").index("live") + 1

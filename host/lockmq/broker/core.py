@@ -10,6 +10,7 @@ connection; the timers run through ``periodic.py``.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
@@ -30,6 +31,13 @@ from .readcache import ReadCache
 #: own writes look like duplicates.
 BROKER_SN = "$broker"
 MAX_SEQ = 0xFFFFFFFF
+
+#: ``released(None)`` once records may be acknowledged, ``released(error)`` if never
+Released = Callable[[BaseException | None], None]
+#: ``after_durable(end, released)``: called once records ending at commit-log offset
+#: ``end`` are durable here; calls ``released`` when they may be acknowledged (sync
+#: replication: when the standby has them too), at once or later, on the loop
+AfterDurable = Callable[[int, Released], None]
 
 
 class SystemSeq:
@@ -52,6 +60,16 @@ class SystemSeq:
         s = self.value
         self.value = (s + 1) & MAX_SEQ
         return s
+
+
+def _settle(fut: "asyncio.Future[None]", err: BaseException | None) -> None:
+    """Resolve ``fut`` with ``err`` (an :data:`AfterDurable` release), unless cancelled."""
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)
 
 
 class BrokerCore:
@@ -83,9 +101,10 @@ class BrokerCore:
         self._sys_batch: list[NewRecord] = []   # system records of this loop iteration
         #: system-record appends handed to the store and not answered yet
         self.system_pending = 0
-        #: awaited with the log end after each :meth:`append` (sync replication installs
-        #: "until the standby has it": lockmq.replication.primary)
-        self.after_durable: Callable[[int], Awaitable[None]] | None = None
+        #: the one gate of both :meth:`append` and :meth:`append_then` between durable
+        #: and answered (sync replication installs "until the standby has it":
+        #: lockmq.replication.primary); None: answer once durable
+        self.after_durable: AfterDurable | None = None
         #: every cluster with a positions file (live or not) -> its owner ("" for
         #: files from before owners were saved: the next subscriber claims it)
         self.cluster_owners: dict[str, str] = {}
@@ -132,23 +151,38 @@ class BrokerCore:
 
     async def append(self, records: list[NewRecord]) -> list[Appended]:
         """Store records (one group commit) -- clients' and the broker's own (transaction
-        ends, scheduled deliveries) -- then :attr:`after_durable`; raises the store's
-        errors."""
+        ends, scheduled deliveries) -- then pass :attr:`after_durable`; raises the
+        store's errors."""
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
         res = await store.append(records)
-        if self.after_durable is not None:
-            await self.after_durable(store.log_end)
+        gate = self.after_durable
+        if gate is not None:
+            released = asyncio.get_running_loop().create_future()
+            gate(store.log_end, partial(_settle, released))
+            await released
         return res
 
     def append_then(self, records: list[NewRecord], then: Then) -> None:
         """:meth:`append` answered through ``then(results, error)`` (``Store.append_then``:
-        the publish path's fast way, no task per group commit)."""
+        the publish path's fast way, no task per group commit), through the same
+        :attr:`after_durable` gate."""
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
-        store.append_then(records, then)
+        gate = self.after_durable
+        if gate is None:   # no replication wait: the store answers the caller directly
+            store.append_then(records, then)
+            return
+
+        def durable(res: list[Appended] | None, err: BaseException | None) -> None:
+            if err is not None:
+                then(res, err)
+                return
+            gate(store.log_end, lambda gate_err: then(None if gate_err else res, gate_err))
+
+        store.append_then(records, durable)
 
     def last_seq(self, sn: str) -> int | None:
         """The last sequence number stored for producer ``sn`` (None: never)."""

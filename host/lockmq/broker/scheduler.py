@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from lockmq.config import ScheduledSection
 from lockmq.protocol import Command, CommandResult, ErrorCode, Flag, Op, PublishAck
 from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
-from lockmq.security import BrokerGuard, SecurityError
+from lockmq.security import BrokerGuard, Permissions, Principal, SecurityError
+from lockmq.security.principal import ADMIN, SERVICE
 from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic
 
 from .commands import Commands, DetachedSender
@@ -110,17 +111,6 @@ class ScheduledSender(DetachedSender):
 
     def failed(self, code: int, message: str) -> None:
         self._done(self.item, -code, message)
-
-
-class _Principal:
-    """The principal of a scheduled command at due time (rights were checked then)."""
-
-    def __init__(self, name: str, owner: str, admin: bool) -> None:
-        self.name = name
-        self.kind = "admin" if admin else "service"
-        self.token_id = ""
-        self.token_name = owner
-        self.is_admin = admin
 
 
 class Scheduler:
@@ -517,7 +507,10 @@ class Scheduler:
 
     def _submit_command(self, it: Item) -> None:
         c = Command.decode(it.payload)
-        sender = ScheduledSender(it, _Principal(it.by, it.owner, it.admin), self._command_done)
+        # who scheduled it, with the rights checked when it was scheduled (``checked``)
+        principal = Principal(name=it.by, kind=ADMIN if it.admin else SERVICE,
+                              permissions=Permissions(admin=it.admin), token_name=it.owner)
+        sender = ScheduledSender(it, principal, self._command_done)
         self.commands.submit(sender, 0, c, checked=True)   # type: ignore[arg-type]
 
     def _command_done(self, it: Item, status: int, detail: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from lockmq.cli._admin import with_admin
 from lockmq.client import Admin
-from lockmq.client.cliargs import add_connection_args, fail, parse_time_ms, print_json, print_table, TIME_FORMS
+from lockmq.client.cliargs import add_connection_args, fail, print_json, time_arg, print_table, TIME_FORMS
 
 ACTIONS = ("describe", "reset", "delete")
 
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="reset: to the oldest retained message (replay)")
     to.add_argument("--to-latest", action="store_true",
                     help="reset: past the newest message (skip the backlog)")
-    to.add_argument("--to-time", metavar="ISO8601|MS",
+    to.add_argument("--to-time", metavar="ISO8601|MS", type=time_arg("--to-time"),
                     help="reset: to the first message stored at or after this time "
                          f"({TIME_FORMS}: 2025-01-31T08:00:00Z; or ms since the epoch)")
     p.set_defaults(func=run)
@@ -125,7 +125,7 @@ def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.to_latest:
         return {"to": "latest"}
     if args.to_time is not None:
-        return {"time_ms": parse_time_ms(args.to_time, "--to-time")}
+        return {"time_ms": args.to_time}
     raise ValueError("reset needs --to-earliest, --to-latest or --to-time")
 
 

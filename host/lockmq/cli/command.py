@@ -19,8 +19,11 @@ With ``auth = "off"`` the broker has no device registry, so it cannot tell an
 offline lock from a mistyped SN and would hold either until ``--expires``. So
 without ``--token`` (only an auth-off broker accepts that) the command asks first
 and fails at once for a lock that is not connected; ``--wait`` holds the command
-for it anyway. With ``auth = "required"`` the broker refuses an unregistered SN
-itself and holds commands for a registered lock that is offline.
+for it anyway. With ``--token`` it cannot ask (a service token's admin request
+would be refused and audited by a broker with auth required), so it says on
+stderr that it waits up to ``--expires`` and why. With ``auth = "required"`` the
+broker refuses an unregistered SN itself and holds commands for a registered lock
+that is offline.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 
 from lockmq.client import AdminError, AsyncAdmin, AsyncProducer, CommandError, LockmqError
 from lockmq.client.cliargs import add_connection_args, endpoint_from_args, fail
@@ -131,9 +135,21 @@ async def _not_connected(args: argparse.Namespace) -> str | None:
             f"until the lock connects (up to --expires)")
 
 
+def _why_it_waits(args: argparse.Namespace) -> str:
+    """The note printed before a command sent with a token: the CLI did not ask
+    whether the lock is connected, so an answer may take up to ``--expires``."""
+    return (f"lockmq: {args.sn}: waiting up to {args.expires:g} s for the lock's answer "
+            f"(the broker holds a command while its lock is offline; with --token this "
+            f"command does not ask first whether the lock is connected; against a broker "
+            f"with auth off, which cannot tell an offline lock from a mistyped SN, leave "
+            f"out --token to fail at once)")
+
+
 async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
     when = when_kwargs(args, "not_before")
     if not when and not args.wait:
+        if args.token:
+            print(_why_it_waits(args), file=sys.stderr)
         missing = await _not_connected(args)
         if missing:
             return fail(missing)

@@ -16,7 +16,7 @@ import argparse
 from typing import Any
 
 from lockmq.cli._admin import admin_op
-from lockmq.client.cliargs import (add_connection_args, add_group, format_ms, parse_time_ms,
+from lockmq.client.cliargs import (add_connection_args, add_group, format_ms, time_arg,
                                    print_json, print_table, TIME_FORMS)
 from lockmq.client.scheduled import DELAY_LEVELS_S
 
@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_when_args(p: argparse.ArgumentParser) -> None:
     """``--at`` / ``--delay`` / ``--level`` on ``produce`` and ``command``."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--at", type=_at_arg, default=None, metavar="TIME",
+    # (epoch ms, naive ISO = UTC: the one parser of every time option)
+    g.add_argument("--at", type=time_arg("--at", numbers="s"), default=None, metavar="TIME",
                    help=f"deliver at TIME: {TIME_FORMS} (2026-11-24T08:00Z, "
                         "2026-11-24T09:00+01:00), or seconds since the epoch")
     g.add_argument("--delay", type=float, default=None, metavar="SECONDS",
@@ -49,25 +50,10 @@ def add_when_args(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="RocketMQ delay level 1..18 (1s 5s 10s 30s 1m ... 1h 2h)")
 
 
-def parse_at(text: str) -> float:
-    """``--at``: epoch seconds, or ISO 8601 (naive = UTC, as every time option) ->
-    epoch seconds."""
-    return parse_time_ms(text, "--at", numbers="s") / 1000
-
-
-def _at_arg(text: str) -> float:
-    """``--at`` read by argparse: a bad time is a usage error with parse_at's message,
-    before anything connects (not a traceback out of ``produce``/``command``)."""
-    try:
-        return parse_at(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def when_kwargs(args: argparse.Namespace, at_name: str = "deliver_at") -> dict[str, Any]:
     """The producer keyword arguments of ``--at``/``--delay``/``--level`` (empty: now)."""
     if getattr(args, "at", None) is not None:
-        return {at_name: args.at}
+        return {at_name: args.at / 1000}   # the producer takes epoch seconds
     if getattr(args, "delay", None) is not None:
         return {"delay": args.delay}
     if getattr(args, "level", None) is not None:

@@ -9,15 +9,7 @@ import json
 import os
 import sys
 
-from lockmq.client.cliargs import TIME_FORMS, parse_time_ms
-
-
-def _parse_time(text: str) -> int:
-    """``--since``/``--until``: epoch ms or ISO 8601 (UTC if no zone), for argparse."""
-    try:
-        return parse_time_ms(text, "--since/--until")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from lockmq.client.cliargs import TIME_FORMS, time_arg
 
 
 def _iso_us(us: int) -> str:
@@ -182,9 +174,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("dir", help="data directory (the one holding message.log/)")
     d.add_argument("--topic", help="only this topic")
     d.add_argument("--sn", help="only this lock serial number / producer id")
-    d.add_argument("--since", type=_parse_time,
+    d.add_argument("--since", type=time_arg("--since/--until"),
                    help=f"broker time at or after (epoch ms or {TIME_FORMS})")
-    d.add_argument("--until", type=_parse_time, help="broker time before (same forms)")
+    d.add_argument("--until", type=time_arg("--since/--until"), help="broker time before (same forms)")
     d.add_argument("--limit", type=int, help="stop after this many records")
     d.add_argument("--json", action="store_true",
                    help="one JSON object per line (payload as hex, plus json/event/text "

@@ -59,6 +59,7 @@ class SessionClient:
         #: the brokers to try in turn ("host1:port,host2:port"): the next one after
         #: a failed connect (e.g. a dead primary, a standby that is not promoted yet)
         self.endpoints = parse_endpoints(endpoint)
+        self._endpoint_i = 0   # the list position of ``endpoint`` (a list may repeat one)
         self.endpoint = self.endpoints[0]
         self.client_id = client_id
         self.role = role
@@ -144,9 +145,8 @@ class SessionClient:
 
     def _next_endpoint(self) -> None:
         """Move on to the next broker of the list (after a failed connect)."""
-        if len(self.endpoints) > 1:
-            i = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else -1
-            self.endpoint = self.endpoints[(i + 1) % len(self.endpoints)]
+        self._endpoint_i = (self._endpoint_i + 1) % len(self.endpoints)
+        self.endpoint = self.endpoints[self._endpoint_i]
 
     async def close(self) -> None:
         """Say goodbye to the broker and stop every background task."""

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from typing import TYPE_CHECKING
 
@@ -204,6 +204,18 @@ def parse_time_ms(text: str, option: str = "time", numbers: str = "ms") -> int:
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.timezone.utc)
     return int(when.timestamp() * 1000)
+
+
+def time_arg(option: str, numbers: str = "ms") -> "Callable[[str], int]":
+    """The argparse ``type=`` of a time option (``--at``, ``--since``, ``--to-time``):
+    epoch milliseconds by :func:`parse_time_ms`; a bad time is a usage error naming
+    ``option``, before anything connects (not a traceback out of the command)."""
+    def parse(text: str) -> int:
+        try:
+            return parse_time_ms(text, option, numbers)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
 
 
 def fail(message: str, code: int = 1) -> int:

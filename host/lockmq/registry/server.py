@@ -33,6 +33,9 @@ from lockmq.store.files import atomic_write, read_file
 
 from .table import GatewayTable, RegistryError
 
+#: the registry's ops (docs/operators.md, "The registry's ops")
+OPS = ("registry.heartbeat", "registry.list", "registry.lookup", "registry.register")
+
 #: frames the registry accepts (a lookup answer for 1000 gateways fits easily)
 MAX_FRAME = 1024 * 1024
 #: what ConnectAck tells clients about heartbeats
@@ -241,5 +244,5 @@ class RegistryServer:
         if op == "registry.list":
             return {"ok": True, "gateways": t.lookup(), "evict_after_s": t.evict_after_s,
                     "stats": dict(self.stats)}
-        raise RegistryError("UNKNOWN_OP", f"unknown op {op!r}: registry.register, "
-                            "registry.heartbeat, registry.lookup, registry.list")
+        # the broker's answer to an unknown admin op (lockmq.broker.admin): one code
+        raise RegistryError("INVALID_ARGUMENT", f"unknown op {op!r}; ops: {', '.join(OPS)}")

@@ -31,7 +31,7 @@ class LogCopy:
         # the store's recovery once: cuts a torn tail a crash of the standby left
         store = Store.open(store_config)
         self.end = store.log_end
-        self.base = store._segments.active.base
+        self.base = store.segment_at(self.end)[0].base   # the active segment
         store.close_sync()
         self.data_dir = store.data_dir
         self.seg_dir = os.path.join(self.data_dir, SEGMENT_DIR)

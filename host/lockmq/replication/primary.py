@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from lockmq.store import Appended, NewRecord, StoreClosed
+if TYPE_CHECKING:   # (the broker imports this module)
+    from lockmq.broker.core import Released
 
 from .registry_source import RegistrySource
 from .settings import ReplicationSettings
@@ -53,7 +54,7 @@ class ReplicaSource:
         self.last_fetch = 0.0
         #: True while acks wait for the standby (sync mode and the standby caught up)
         self.in_sync = False
-        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._waiters: list[tuple[int, Released]] = []
         self._data = asyncio.Event()
         self._positions_sent = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
@@ -67,42 +68,17 @@ class ReplicaSource:
         """New records are readable: wake parked fetches."""
         self._data.set()
 
-    async def append(self, records: list[NewRecord]) -> list[Appended]:
-        """The publish path's sink in sync mode: store, then wait for the standby
-        (``core.after_durable`` is :meth:`wait_replicated` in sync mode)."""
-        return await self.core.append(records)
-
-    def append_then(self, records: list[NewRecord],
-                    then: Callable[[list[Appended] | None, BaseException | None], None]) -> None:
-        """The publish path's fast entry (``RecordSink.append_then``) in sync mode: the
-        store answers once durable here, and ``then`` runs once the standby has it too."""
-        def durable(res: list[Appended] | None, err: BaseException | None) -> None:
-            if err is not None or not self.in_sync:
-                then(res, err)
-                return
-            end = self.core.store.log_end
-            if self.acked >= end:
-                then(res, None)
-                return
-            task = asyncio.ensure_future(self.wait_replicated(end))
-
-            def replicated(t: asyncio.Future) -> None:
-                err = StoreClosed("shutting down") if t.cancelled() else t.exception()
-                then(None if err else res, err)
-
-            task.add_done_callback(replicated)
-
-        self.core.append_then(records, durable)
-
-    async def wait_replicated(self, end: int) -> None:
-        """Return once the standby acknowledged ``end`` (or replication degraded)."""
+    def after_durable(self, end: int, released: Released) -> None:
+        """``core.after_durable`` in sync mode, for every write through the core (the
+        publish path's and the broker's own): ``released(None)`` once the standby
+        acknowledged ``end`` -- at once when it already has or replication is not in
+        sync (async, degraded, not caught up yet)."""
         if self.acked >= end or not self.in_sync:
+            released(None)
             return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append((end, fut))
+        self._waiters.append((end, released))
         if self._watchdog is None:
             self._arm_watchdog()
-        await fut
 
     def _arm_watchdog(self) -> None:
         self._watchdog = asyncio.get_running_loop().call_later(
@@ -126,13 +102,15 @@ class ReplicaSource:
         self._arm_watchdog()
 
     def _release(self, upto: int) -> None:
+        """Release the waiters up to ``upto``, each in its own callback (one that
+        raises does not cost the others)."""
         keep = []
-        for end, fut in self._waiters:
+        loop = asyncio.get_running_loop()
+        for end, released in self._waiters:
             if end <= upto:
-                if not fut.done():
-                    fut.set_result(None)
+                loop.call_soon(released, None)
             else:
-                keep.append((end, fut))
+                keep.append((end, released))
         self._waiters = keep
 
     # -- the fetch op ---------------------------------------------------------------
@@ -191,13 +169,10 @@ class ReplicaSource:
     def _chunk(self, start: int, max_bytes: int) -> dict[str, Any]:
         """The whole records from ``start`` in its segment, up to ``max_bytes``."""
         store = self.core.store
-        segs = store._segments   # (the store's reader: segments are never rewritten)
-        end = store.log_end
-        if start >= end:
+        if start >= store.log_end:
             return {"base": -1, "data": ""}
-        k = segs.index_of(start)
-        seg = segs[k]
-        stop = min(segs.end_of(k, end), start + max_bytes)
+        seg, seg_end = store.segment_at(start)
+        stop = min(seg_end, start + max_bytes)
         data = seg.pread(stop - start, start - seg.base)
         n = whole_records(data)
         if n == 0 and data:   # one record larger than max_bytes: send it whole
@@ -231,7 +206,9 @@ class ReplicaSource:
 def attach_primary(broker: Any) -> ReplicaSource:
     """Wire replication into a broker being built (one call from ``Broker.__init__``):
     the ``replica.*`` admin ops (the log, the security registry), and in sync mode
-    the publish path's sink."""
+    the core's one gate between durable and acknowledged (``core.after_durable``):
+    clients' publishes and the broker's own records (a transaction's end, a
+    scheduled delivery) wait for the standby alike."""
     settings = ReplicationSettings.from_table(broker.config.replication)
     src = ReplicaSource(broker.core, settings, broker.stats, broker.log)
     broker.admin.ops["replica.fetch"] = src.fetch
@@ -240,7 +217,5 @@ def attach_primary(broker: Any) -> ReplicaSource:
     src.registry = RegistrySource(sec.registry_path, sec.master_key_path)
     broker.admin.ops["replica.security"] = src.registry.serve
     if settings.sync:
-        broker.publisher.sink = src
-        # the broker's own records too: a transaction's end, a scheduled delivery
-        broker.core.after_durable = src.wait_replicated
+        broker.core.after_durable = src.after_durable
     return src

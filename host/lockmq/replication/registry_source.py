@@ -37,12 +37,32 @@ class RegistrySource:
         self._snapshot = b""
         self.version = ""
         self._lock = asyncio.Lock()
+        #: the master key's fingerprint and the file state it was read from
+        self._key_stamp: tuple[int, ...] | None = None
+        self._key_fingerprint = ""
 
     def close(self) -> None:
         """Close the registry connection."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def key_fingerprint(self) -> str:
+        """The master key's fingerprint ("" without a key file), read and checked
+        (size, mode) once, and again only when the file changed: it is named in every
+        answer, and a standby asks every ``registry_every_s``."""
+        try:
+            st = os.stat(self.master_key_path)
+            stamp: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size,
+                                             st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self._key_stamp or stamp is None:
+            # (re-read when missing too: the key may appear between stat and read)
+            fingerprint = keys.master_key_fingerprint(
+                keys.read_master_key(self.master_key_path))
+            self._key_stamp, self._key_fingerprint = stamp, fingerprint
+        return self._key_fingerprint
 
     def _refresh(self) -> None:
         """Take a new snapshot if the registry changed since the last one (a thread)."""
@@ -71,14 +91,14 @@ class RegistrySource:
             raise AdminError("INVALID_ARGUMENT", "have must be a string and offset an "
                              "integer >= 0")
         try:
-            master = keys.read_master_key(self.master_key_path)
+            fingerprint = self.key_fingerprint()
         except ValueError as exc:
             raise AdminError("INTERNAL", str(exc)) from None
         async with self._lock:   # (one snapshot at a time; the loop keeps serving)
             if offset == 0:
                 await asyncio.to_thread(self._refresh)
             version, snap = self.version, self._snapshot
-        out: dict[str, Any] = {"ok": True, "key_fingerprint": keys.master_key_fingerprint(master),
+        out: dict[str, Any] = {"ok": True, "key_fingerprint": fingerprint,
                                "version": version, "size": len(snap)}
         if version and version != have:
             out["offset"] = offset

@@ -363,6 +363,15 @@ class Store:
         """Commit-log offset after the last written record."""
         return self._end
 
+    def segment_at(self, offset: int) -> tuple[Segment, int]:
+        """The segment holding commit-log ``offset`` (``log_start <= offset <= log_end``;
+        the active one at ``log_end``) and the offset just past it (``log_end`` for the
+        active one): how a copier of raw log bytes (lockmq.replication) reads them,
+        with ``Segment.pread`` below that end. Segments are never rewritten."""
+        segs = self._segments
+        k = segs.index_of(offset)
+        return segs[k], segs.end_of(k, self._end)
+
     # ------------------------------------------------------------------ positions
 
     def _positions_file(self, cluster: str) -> PositionsFile:

@@ -1,0 +1,73 @@
+"""Sync replication has one gate between "durable here" and "acknowledged":
+``core.after_durable``. Both ways of writing through the core pass it -- ``append``
+(the broker's own records: a transaction's end, a scheduled delivery) and
+``append_then`` (the publish path) -- so no caller can ack what the standby lacks.
+
+The standby is played by its one op, ``replica.fetch``: its ``from`` is the
+acknowledgement of everything before it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from lockmq.store import NewRecord
+from lockmq.testing import BrokerThread, wait_for
+
+
+def _record(seq: int) -> NewRecord:
+    return NewRecord("ev", "gate-test", seq, 0, b"r%d" % seq)
+
+
+def _fetch(b: BrokerThread, upto: int) -> dict[str, Any]:
+    """The standby acknowledges ``upto`` (the log end it has durably)."""
+    return b.call(lambda: b.broker.admin.ops["replica.fetch"]({"from": upto, "wait_ms": 0}))
+
+
+def _status(b: BrokerThread) -> dict[str, Any]:
+    return b.call(lambda: b.broker.admin.ops["replica.status"]({}))
+
+
+def test_append_and_append_then_both_wait_for_the_standby(tmp_path) -> None:
+    b = BrokerThread(str(tmp_path / "data"),
+                     replication={"sync": True, "sync_timeout_s": 60.0})
+    b.start()
+    try:
+        core = b.broker.core
+        _fetch(b, b.call(lambda: core.store.log_end))   # caught up: acks now wait
+        assert _status(b)["in_sync"]
+        answered: list[str] = []
+
+        def then(res: Any, err: BaseException | None) -> None:
+            answered.append("append_then" if err is None and res else f"error {err!r}")
+
+        async def own_record() -> None:
+            await core.append([_record(1)])
+            answered.append("append")
+
+        b.call(lambda: core.append_then([_record(0)], then))
+        b.call(lambda: core.spawn(own_record()))
+        # both durable here, both held: neither has been answered
+        wait_for(lambda: _status(b)["waiting"] == 2, "both writes held for the standby")
+        assert answered == []
+        _fetch(b, b.call(lambda: core.store.log_end))   # the standby has them
+        wait_for(lambda: sorted(answered) == ["append", "append_then"], "both released")
+        assert _status(b)["waiting"] == 0
+    finally:
+        b.stop()
+
+
+def test_without_sync_append_then_answers_once_durable(tmp_path) -> None:
+    """Async replication (the default) installs no gate: the store answers directly."""
+    b = BrokerThread(str(tmp_path / "data"))
+    b.start()
+    try:
+        core = b.broker.core
+        assert core.after_durable is None
+        done: asyncio.Future[Any] = b.call(lambda: asyncio.get_running_loop().create_future())
+        b.call(lambda: core.append_then(
+            [_record(0)], lambda res, err: done.set_result((len(res or []), err))))
+        wait_for(done.done, "answered")
+        assert done.result() == (1, None)
+    finally:
+        b.stop()
