@@ -10,6 +10,7 @@ connection; the timers run through ``periodic.py``.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
@@ -30,6 +31,9 @@ from .readcache import ReadCache
 #: own writes look like duplicates.
 BROKER_SN = "$broker"
 MAX_SEQ = 0xFFFFFFFF
+#: System records wait at most this long for a client append to ride along with
+#: (then a timer stores them): their consumers see them this much later at most.
+SYSTEM_FLUSH_S = 0.005
 
 
 class SystemSeq:
@@ -80,7 +84,9 @@ class BrokerCore:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
-        self._sys_batch: list[NewRecord] = []   # system records of this loop iteration
+        self._sys_batch: list[NewRecord] = []   # system records not handed to the store yet
+        #: the timer that stores them when no client append takes them along first
+        self._sys_timer: asyncio.TimerHandle | None = None
         #: system-record appends handed to the store and not answered yet
         self.system_pending = 0
         #: awaited with the log end after each :meth:`append` (sync replication installs
@@ -118,7 +124,10 @@ class BrokerCore:
     async def close(self) -> None:
         """Save positions, wait for background writes and close the store."""
         self._closing = True
-        self._flush_system()   # system records queued in this loop iteration
+        if self._sys_timer is not None:
+            self._sys_timer.cancel()
+            self._sys_timer = None
+        self._flush_system()   # system records not handed to the store yet
         for t in self._timers:
             await stop_task(t)
         if self._tasks:
@@ -148,6 +157,9 @@ class BrokerCore:
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
+        if self._sys_batch:   # (storm: the $devices records ride this append)
+            self._append_with_system(store, records, then)
+            return
         store.append_then(records, then)
 
     def last_seq(self, sn: str) -> int | None:
@@ -225,25 +237,64 @@ class BrokerCore:
                        lock_ts_ms: int = 0) -> None:
         """Fire-and-forget a system record (``$devices`` events ...); failures are logged.
 
-        The records of one loop iteration are stored together (one append, answered
-        through a callback): a storm of lock handshakes writes one ``online`` event per
-        lock, and one task and one store submit per event cost as much as the rest of
-        the handshake."""
+        Nobody waits for these records, so they are gathered: handed to the store
+        with the next client append (:meth:`append_then`, the publish path: one group
+        commit for both), or by a timer :data:`SYSTEM_FLUSH_S` after the first of
+        them, whichever comes first -- one append answered through a callback, not a
+        task, store submit and group commit per event. A storm of lock handshakes
+        writes an ``online`` and an ``offline`` event per lock; each lock's first
+        PUBLISH, one round trip after its ``online``, takes that event along."""
         if self._closing:
             return
         ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(self.clock.wall_ms())
         self._sys_batch.append(NewRecord(topic, BROKER_SN, 0, ts, payload, headers))
-        if len(self._sys_batch) == 1:
-            asyncio.get_running_loop().call_soon(self._flush_system)
+        if self._sys_timer is None:
+            self._sys_timer = asyncio.get_running_loop().call_later(
+                SYSTEM_FLUSH_S, self._system_timer)
+
+    @property
+    def system_idle(self) -> bool:
+        """Every system record handed to the store and answered (tests wait on it)."""
+        return not self._sys_batch and self.system_pending == 0
+
+    def _system_timer(self) -> None:
+        self._sys_timer = None
+        self._flush_system()
 
     def _flush_system(self) -> None:
-        """Store the system records of this loop iteration: one group commit answered
-        through a callback (``Store.append_then``), no task or coroutine per batch."""
+        """Store the system records gathered so far: one append answered through a
+        callback (``Store.append_then``), no task or coroutine per batch."""
         batch = self._sys_batch
         if not batch:
             return
         self._sys_batch = []
         self._as_broker(batch)   # once: a record stored alone below keeps its number
+        self._store_numbered(batch)
+
+    def _append_with_system(self, store: Store, records: list[NewRecord], then: Then) -> None:
+        """The waiting system records handed to the store ahead of a client append, in
+        the same call (one submit, one group commit, one answer split in two); if the
+        store refuses the call, each part goes on its own as without this."""
+        batch = self._sys_batch
+        self._sys_batch = []
+        self._as_broker(batch)
+        k = len(batch)
+
+        def answer(res: list[Appended] | None, exc: BaseException | None) -> None:
+            self._system_stored(batch, None if res is None else res[:k], exc)
+            then(None if res is None else res[k:], exc)
+
+        self.system_pending += 1
+        try:
+            store.append_then(batch + records, answer)
+            return
+        except Exception:  # noqa: BLE001 -- a bad record (which part's?), busy, closed
+            self.system_pending -= 1
+        self._store_numbered(batch)
+        store.append_then(records, then)   # (raises to the caller as it would have)
+
+    def _store_numbered(self, batch: list[NewRecord]) -> None:
+        """Hand numbered system records to the store; a bad one alone is logged."""
         try:
             self._append_system_then(batch)
         except InvalidRecord as exc:
@@ -262,20 +313,21 @@ class BrokerCore:
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
-
-        def stored(res: list[Appended] | None, exc: BaseException | None) -> None:
-            self.system_pending -= 1
-            if exc is not None:
-                self._system_failed(records, repr(exc))
-            elif res is not None and not self._check_system_results(res):
-                self._system_failed(records, "system record taken as a duplicate: not stored")
-
         self.system_pending += 1
         try:
-            store.append_then(records, stored)
+            store.append_then(records, partial(self._system_stored, records))
         except BaseException:
             self.system_pending -= 1   # refused before queuing: ``stored`` is not called
             raise
+
+    def _system_stored(self, records: list[NewRecord], res: list[Appended] | None,
+                       exc: BaseException | None) -> None:
+        """The store's answer for system records: failures are logged."""
+        self.system_pending -= 1
+        if exc is not None:
+            self._system_failed(records, repr(exc))
+        elif res is not None and not self._check_system_results(res):
+            self._system_failed(records, "system record taken as a duplicate: not stored")
 
     def _system_failed(self, records: list[NewRecord], error: str) -> None:
         self.log("system_publish_failed", topic=records[0].topic, records=len(records),
