@@ -77,6 +77,19 @@ def test_system_records_ride_the_next_client_append_in_its_group_commit(tmp_path
     asyncio.run(run())
 
 
+def test_a_waiting_system_record_is_stored_ahead_of_an_awaited_append(tmp_path) -> None:
+    async def run() -> None:
+        core, _ = _core(tmp_path)
+        assert core.store is not None
+        core.publish_system("$devices", b'{"event":"online"}')
+        (stored,) = await core.append([NewRecord("t", "lock-a", 1, 1, b"a1")])
+        await wait_for_async(lambda: core.system_idle, "system record stored")
+        assert core.store.read("$devices", 0, 10)[0].offset < stored.offset
+        await core.close()
+
+    asyncio.run(run())
+
+
 def test_a_bad_waiting_system_record_costs_neither_the_client_append_nor_the_others(
         tmp_path) -> None:
     async def run() -> None:

@@ -146,6 +146,7 @@ class BrokerCore:
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
+        self._flush_system()   # (waiting system records keep their place in the log)
         res = await store.append(records)
         if self.after_durable is not None:
             await self.after_durable(store.log_end)
