@@ -8,7 +8,7 @@ import asyncio
 import io
 from typing import Any
 
-from lockmq.broker.core import BROKER_SN, BrokerCore
+from lockmq.broker.core import BROKER_SN, SYSTEM_FLUSH_S, BrokerCore
 from lockmq.broker.logs import EventLog, Stats
 from lockmq.broker.publish import PublishPath, PublishRefused
 from lockmq.config import config_from_dict
@@ -26,11 +26,11 @@ def _core(tmp_path: Any) -> tuple[BrokerCore, io.StringIO]:
 
 async def _settle(core: BrokerCore) -> None:
     """Until the background system writes are done (no sleeping for luck)."""
-    await asyncio.sleep(0)   # the loop iteration's flush is a call_soon
     while core._tasks:
         await asyncio.wait(list(core._tasks))
-    # system records go to the store through a callback, not a task
-    await wait_for_async(lambda: core.system_pending == 0, "system records stored")
+    # system records go to the store (on a timer, or with a client append) through a
+    # callback, not a task
+    await wait_for_async(lambda: core.system_idle, "system records stored")
 
 
 def test_system_records_of_one_loop_iteration_share_one_group_commit(tmp_path) -> None:
@@ -46,6 +46,65 @@ def test_system_records_of_one_loop_iteration_share_one_group_commit(tmp_path) -
         assert [r.payload for r in got] == [b'{"n":%d}' % i for i in range(50)]
         assert {r.sn for r in got} == {BROKER_SN}
         assert len({r.seq for r in got}) == 50
+        await core.close()
+
+    asyncio.run(run())
+
+
+def test_system_records_ride_the_next_client_append_in_its_group_commit(tmp_path) -> None:
+    """A storm: each lock's ``online`` event and its first PUBLISH cost one group
+    commit, not two -- the waiting system records go to the store with the client
+    append, ahead of it, and the timer then finds nothing to store."""
+    async def run() -> None:
+        core, _ = _core(tmp_path)
+        assert core.store is not None
+        batches = core.store.stats["batches"]
+        core.publish_system("$devices", b'{"event":"online"}')
+        answered: list = []
+        core.append_then([NewRecord("t", "lock-a", 1, 1, b"a1")],
+                         lambda res, exc: answered.append((res, exc)))
+        assert core.system_pending == 1 and not core._sys_batch   # handed over with it
+        await wait_for_async(lambda: answered and core.system_idle, "both stored")
+        assert answered[0][1] is None and not answered[0][0][0].duplicate
+        assert core.store.stats["batches"] == batches + 1
+        devices = core.store.read("$devices", 0, 10)
+        assert [r.payload for r in devices] == [b'{"event":"online"}']
+        assert devices[0].offset < core.store.read("t", 0, 10)[0].offset   # ahead of it
+        await asyncio.sleep(2 * SYSTEM_FLUSH_S)   # the timer fires on an empty batch
+        assert core.store.stats["batches"] == batches + 1
+        await core.close()
+
+    asyncio.run(run())
+
+
+def test_a_waiting_system_record_is_stored_ahead_of_an_awaited_append(tmp_path) -> None:
+    async def run() -> None:
+        core, _ = _core(tmp_path)
+        assert core.store is not None
+        core.publish_system("$devices", b'{"event":"online"}')
+        (stored,) = await core.append([NewRecord("t", "lock-a", 1, 1, b"a1")])
+        await wait_for_async(lambda: core.system_idle, "system record stored")
+        assert core.store.read("$devices", 0, 10)[0].offset < stored.offset
+        await core.close()
+
+    asyncio.run(run())
+
+
+def test_a_bad_waiting_system_record_costs_neither_the_client_append_nor_the_others(
+        tmp_path) -> None:
+    async def run() -> None:
+        core, out = _core(tmp_path)
+        assert core.store is not None
+        core.publish_system("bad topic with spaces", b"refused")
+        core.publish_system("$devices", b"ok")
+        answered: list = []
+        core.append_then([NewRecord("t", "lock-a", 1, 1, b"a1")],
+                         lambda res, exc: answered.append((res, exc)))
+        await wait_for_async(lambda: answered and core.system_idle, "both stored")
+        assert answered[0][1] is None and len(answered[0][0]) == 1
+        assert [r.payload for r in core.store.read("t", 0, 10)] == [b"a1"]
+        assert [r.payload for r in core.store.read("$devices", 0, 10)] == [b"ok"]
+        assert "system_publish_failed" in out.getvalue()
         await core.close()
 
     asyncio.run(run())

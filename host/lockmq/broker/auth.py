@@ -17,6 +17,7 @@ from typing import Any
 from lockmq.protocol import HARD_MAX_FRAME, NONCE_SIZE, AuthMethod
 from lockmq.security import BrokerGuard
 from lockmq.security.errors import AuthTimeout
+from lockmq.security.identity import check_producer_id
 from lockmq.security.principal import Permissions, Principal
 
 
@@ -80,8 +81,11 @@ class OpenGuard:
     def check_producer_id(self, principal: Principal, producer_id: str) -> str:
         """Even with auth off nobody publishes under the broker's ``$`` ids or outside
         the identity charset (no registry, so no ownership)."""
-        from lockmq.security.identity import check_producer_id
-
+        if producer_id == principal.name and principal.kind == "lock":
+            # a lock's own SN: the session checked it against the identity rule at
+            # CONNECT (the one rule ``check_producer_id`` applies), and it is not
+            # another's -- a storm's first PUBLISH per lock skips the char walk
+            return producer_id
         return check_producer_id(principal, producer_id)
 
     def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:

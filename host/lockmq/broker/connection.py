@@ -146,7 +146,8 @@ class Connection(asyncio.Protocol):
                  "heartbeat", "heartbeat_answered_at", "close_reason", "tls",
                  "peer_max_frame", "__dict__", "__weakref__")
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, tls: bool = False) -> None:
+        """``tls``: accepted on a TLS listener (the server knows; no transport probe)."""
         self.services = services
         self.id = next(_conn_ids)
         self.transport: asyncio.Transport | None = None
@@ -182,7 +183,7 @@ class Connection(asyncio.Protocol):
         self.heartbeat: Heartbeat | None = None
         self.heartbeat_answered_at: float | None = None   # monotonic (Devices' rate rule)
         self.close_reason = ""
-        self.tls = False
+        self.tls = tls
         self.peer_max_frame = 0      # largest frame the peer can receive (CONNECT); 0 = unstated
 
     @property
@@ -197,7 +198,6 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  (uvloop: not a subclass)
         b = self.services
         conns = b.connections
-        self.tls = transport.get_extra_info("ssl_object") is not None
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer_ip = str(peer[0])

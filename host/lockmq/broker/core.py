@@ -31,6 +31,9 @@ from .readcache import ReadCache
 #: own writes look like duplicates.
 BROKER_SN = "$broker"
 MAX_SEQ = 0xFFFFFFFF
+#: System records wait at most this long for a client append to ride along with
+#: (then a timer stores them): their consumers see them this much later at most.
+SYSTEM_FLUSH_S = 0.005
 
 #: ``released(None)`` once records may be acknowledged, ``released(error)`` if never
 Released = Callable[[BaseException | None], None]
@@ -72,6 +75,16 @@ def _settle(fut: "asyncio.Future[None]", err: BaseException | None) -> None:
         fut.set_exception(err)
 
 
+def _gated(store: Store, gate: AfterDurable, then: Then) -> Then:
+    """``then`` called once ``gate`` releases what the store made durable."""
+    def durable(res: list[Appended] | None, err: BaseException | None) -> None:
+        if err is not None:
+            then(res, err)
+            return
+        gate(store.log_end, lambda gate_err: then(None if gate_err else res, gate_err))
+    return durable
+
+
 class BrokerCore:
     """Owns the store and the clusters; see the module docstring."""
 
@@ -98,7 +111,9 @@ class BrokerCore:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.Task[Any]] = []
         self._closing = False
-        self._sys_batch: list[NewRecord] = []   # system records of this loop iteration
+        self._sys_batch: list[NewRecord] = []   # system records not handed to the store yet
+        #: the timer that stores them when no client append takes them along first
+        self._sys_timer: asyncio.TimerHandle | None = None
         #: system-record appends handed to the store and not answered yet
         self.system_pending = 0
         #: the one gate of both :meth:`append` and :meth:`append_then` between durable
@@ -137,7 +152,10 @@ class BrokerCore:
     async def close(self) -> None:
         """Save positions, wait for background writes and close the store."""
         self._closing = True
-        self._flush_system()   # system records queued in this loop iteration
+        if self._sys_timer is not None:
+            self._sys_timer.cancel()
+            self._sys_timer = None
+        self._flush_system()   # system records not handed to the store yet
         for t in self._timers:
             await stop_task(t)
         if self._tasks:
@@ -156,6 +174,7 @@ class BrokerCore:
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
+        self._flush_system()   # (waiting system records keep their place in the log)
         res = await store.append(records)
         gate = self.after_durable
         if gate is not None:
@@ -172,17 +191,12 @@ class BrokerCore:
         if store is None:
             raise StoreClosed("the store is not open")
         gate = self.after_durable
-        if gate is None:   # no replication wait: the store answers the caller directly
-            store.append_then(records, then)
+        if gate is not None:   # sync replication: answered once the standby has it too
+            then = _gated(store, gate, then)
+        if self._sys_batch:   # (storm: the $devices records ride this append)
+            self._append_with_system(store, records, then)
             return
-
-        def durable(res: list[Appended] | None, err: BaseException | None) -> None:
-            if err is not None:
-                then(res, err)
-                return
-            gate(store.log_end, lambda gate_err: then(None if gate_err else res, gate_err))
-
-        store.append_then(records, durable)
+        store.append_then(records, then)
 
     def last_seq(self, sn: str) -> int | None:
         """The last sequence number stored for producer ``sn`` (None: never)."""
@@ -259,25 +273,64 @@ class BrokerCore:
                        lock_ts_ms: int = 0) -> None:
         """Fire-and-forget a system record (``$devices`` events ...); failures are logged.
 
-        The records of one loop iteration are stored together (one append, answered
-        through a callback): a storm of lock handshakes writes one ``online`` event per
-        lock, and one task and one store submit per event cost as much as the rest of
-        the handshake."""
+        Nobody waits for these records, so they are gathered: handed to the store
+        with the next client append (:meth:`append_then`, the publish path: one group
+        commit for both), or by a timer :data:`SYSTEM_FLUSH_S` after the first of
+        them, whichever comes first -- one append answered through a callback, not a
+        task, store submit and group commit per event. A storm of lock handshakes
+        writes an ``online`` and an ``offline`` event per lock; each lock's first
+        PUBLISH, one round trip after its ``online``, takes that event along."""
         if self._closing:
             return
         ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(self.clock.wall_ms())
         self._sys_batch.append(NewRecord(topic, BROKER_SN, 0, ts, payload, headers))
-        if len(self._sys_batch) == 1:
-            asyncio.get_running_loop().call_soon(self._flush_system)
+        if self._sys_timer is None:
+            self._sys_timer = asyncio.get_running_loop().call_later(
+                SYSTEM_FLUSH_S, self._system_timer)
+
+    @property
+    def system_idle(self) -> bool:
+        """Every system record handed to the store and answered (tests wait on it)."""
+        return not self._sys_batch and self.system_pending == 0
+
+    def _system_timer(self) -> None:
+        self._sys_timer = None
+        self._flush_system()
 
     def _flush_system(self) -> None:
-        """Store the system records of this loop iteration: one group commit answered
-        through a callback (``Store.append_then``), no task or coroutine per batch."""
+        """Store the system records gathered so far: one append answered through a
+        callback (``Store.append_then``), no task or coroutine per batch."""
         batch = self._sys_batch
         if not batch:
             return
         self._sys_batch = []
         self._as_broker(batch)   # once: a record stored alone below keeps its number
+        self._store_numbered(batch)
+
+    def _append_with_system(self, store: Store, records: list[NewRecord], then: Then) -> None:
+        """The waiting system records handed to the store ahead of a client append, in
+        the same call (one submit, one group commit, one answer split in two); if the
+        store refuses the call, each part goes on its own as without this."""
+        batch = self._sys_batch
+        self._sys_batch = []
+        self._as_broker(batch)
+        k = len(batch)
+
+        def answer(res: list[Appended] | None, exc: BaseException | None) -> None:
+            self._system_stored(batch, None if res is None else res[:k], exc)
+            then(None if res is None else res[k:], exc)
+
+        self.system_pending += 1
+        try:
+            store.append_then(batch + records, answer)
+            return
+        except Exception:  # noqa: BLE001 -- a bad record (which part's?), busy, closed
+            self.system_pending -= 1
+        self._store_numbered(batch)
+        store.append_then(records, then)   # (raises to the caller as it would have)
+
+    def _store_numbered(self, batch: list[NewRecord]) -> None:
+        """Hand numbered system records to the store; a bad one alone is logged."""
         try:
             self._append_system_then(batch)
         except InvalidRecord as exc:
@@ -296,20 +349,21 @@ class BrokerCore:
         store = self.store
         if store is None:
             raise StoreClosed("the store is not open")
-
-        def stored(res: list[Appended] | None, exc: BaseException | None) -> None:
-            self.system_pending -= 1
-            if exc is not None:
-                self._system_failed(records, repr(exc))
-            elif res is not None and not self._check_system_results(res):
-                self._system_failed(records, "system record taken as a duplicate: not stored")
-
         self.system_pending += 1
         try:
-            store.append_then(records, stored)
+            store.append_then(records, partial(self._system_stored, records))
         except BaseException:
             self.system_pending -= 1   # refused before queuing: ``stored`` is not called
             raise
+
+    def _system_stored(self, records: list[NewRecord], res: list[Appended] | None,
+                       exc: BaseException | None) -> None:
+        """The store's answer for system records: failures are logged."""
+        self.system_pending -= 1
+        if exc is not None:
+            self._system_failed(records, repr(exc))
+        elif res is not None and not self._check_system_results(res):
+            self._system_failed(records, "system record taken as a duplicate: not stored")
 
     def _system_failed(self, records: list[NewRecord], error: str) -> None:
         self.log("system_publish_failed", topic=records[0].topic, records=len(records),

@@ -17,6 +17,7 @@ import gc
 import logging
 import socket
 import sys
+from functools import partial
 from typing import Callable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
@@ -134,7 +135,7 @@ class Broker:
         for lst in self.guard.listeners(cfg.port):
             tls = bool(lst["tls"]) and ctx is not None
             srv = await loop.create_server(
-                lambda: Connection(services), cfg.host, lst["port"], backlog=cfg.backlog,
+                partial(Connection, services, tls), cfg.host, lst["port"], backlog=cfg.backlog,
                 reuse_address=True, ssl=ctx if tls else None,
                 ssl_handshake_timeout=cfg.handshake_timeout_s if tls else None)
             port = srv.sockets[0].getsockname()[1]
