@@ -44,6 +44,8 @@ from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
     messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
+from lockmq.protocol._fast import publish_run as _py_publish_run
+from lockmq.protocol._fast import queue_publishes as _py_queue_publishes
 from lockmq.protocol._frame import Frame
 
 from .admin import Admin
@@ -61,6 +63,10 @@ _ONEWAY = Flag.ONEWAY
 # The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
+# ... and the runs of them queued for the store in one call each (the pure twins:
+# protocol/_fast.py)
+_publish_run = accel.speedups.publish_run if accel.COMPILED else _py_publish_run
+_queue_publishes = accel.speedups.queue_publishes if accel.COMPILED else _py_queue_publishes
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
@@ -567,54 +573,43 @@ class Connection(asyncio.Protocol):
     def _on_publishes(self, pubs: list[tuple]) -> None:
         """PUBLISH frames the compiled scanner took, as :meth:`_publish` arguments.
 
-        The common case -- a topic already checked, an answer wanted, the broker not
-        closing, the session's own SN -- is queued here without a call per record;
-        anything else goes through :meth:`_publish`. Errors are answered as
-        :meth:`data_received` answers a frame's."""
+        The common case -- a run of records to one topic already checked, answers
+        wanted, the broker not closing, the session's own SN -- is checked once per
+        run (``guard.publish_quota``: the rights, and for a lock its rate, counted n
+        at once) and queued by one call (``queue_publishes``); anything else, and
+        every record over the quota, goes through :meth:`_publish` one by one, which
+        refuses each as before. Errors are answered as :meth:`data_received` answers
+        a frame's."""
         b = self.services
         principal = self.principal
-        inline = not b.connections.closing and principal.name == self._producer_ok
         topics_ok = self._topics_ok
-        check = b.guard.check_publish
-        queue = self._pub
-        records = self._pub_recs
+        quota = b.guard.publish_quota
         cap = b.config.broker.max_publish_batch
-        done = size = 0
-        for p in pubs:
-            opaque, flags, sn, topic, seq, lock_ts_ms, payload = p
+        done = i = 0
+        n = len(pubs)
+        while i < n and not self.closed:
+            p = pubs[i]
+            first = i
             try:
-                if not inline or flags & _ONEWAY or topic not in topics_ok:
-                    self._pub_size += size   # (it may hand the batch to the store)
-                    size = 0
+                granted = 0
+                if not b.connections.closing and principal.name == self._producer_ok \
+                        and p[3] in topics_ok:
+                    stop = _publish_run(pubs, i, max(1, cap - len(self._pub)))
+                    if stop > i:
+                        granted = quota(principal, p[3], stop - i)
+                i += granted or 1   # (first: a failure below never repeats a record)
+                if not granted:   # ONEWAY, a new topic or producer id, closing, over quota
                     self._publish(*p)
-                    queue = self._pub
-                    records = self._pub_recs
-                    inline = not b.connections.closing and principal.name == self._producer_ok
-                else:   # _publish's checks that can still fail, then queue the record
-                    done += 1
-                    try:
-                        check(principal, topic, n=1)
-                    except SecurityError as exc:
-                        self._pub_refused(exc, False, opaque)
-                    else:
-                        rec = NewRecord(topic, sn, seq, lock_ts_ms, payload)
-                        queue.append((opaque, False, rec))
-                        records.append(rec)
-                        size += len(payload) + 64
-                        if len(queue) >= cap:
-                            self._pub_size += size
-                            size = 0
-                            self._submit_publishes()   # (the publish path stores it at once)
-                            queue = self._pub
-                            records = self._pub_recs
+                    continue
+                self._pub_size += _queue_publishes(pubs, first, i, NewRecord,
+                                                   self._pub, self._pub_recs)
+                done += granted
+                if len(self._pub) >= cap:
+                    self._submit_publishes()   # (the publish path stores it at once)
             except Exception as exc:  # noqa: BLE001 -- as in data_received
-                queue = self._pub
-                records = self._pub_recs
-                if not self._frame_failed(Frame(Op.PUBLISH, sn, flags, opaque, b""), exc):
+                i = max(i, first + 1)
+                if not self._frame_failed(Frame(Op.PUBLISH, p[2], p[1], p[0], b""), exc):
                     break
-            if self.closed:
-                break
-        self._pub_size += size
         b.stats.c["publish_received"] += done
 
     def _publish(self, opaque: int, flags: int, sn: str, topic: str, seq: int,
