@@ -32,7 +32,8 @@ MAX = p.DEFAULT_MAX_FRAME
 
 
 PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, scan_frame=_fast.scan_frame,
-                       publish_acks=_fast.publish_acks,
+                       publish_acks=_fast.publish_acks, publish_run=_fast.publish_run,
+                       queue_publishes=_fast.queue_publishes,
                        encode_records=records._encode_records_py,
                        crc16=lambda d, c=0xFFFF: binascii.crc_hqx(d, c), crc32=zlib.crc32)
 
@@ -50,7 +51,9 @@ def _compiled_impl() -> SimpleNamespace:
             else:
                 records._c_encode_records = saved
     return SimpleNamespace(scan_publishes=SPEEDUPS.scan_publishes,
-                           scan_frame=SPEEDUPS.scan_frame, publish_acks=SPEEDUPS.publish_acks, encode_records=encode_records,
+                           scan_frame=SPEEDUPS.scan_frame, publish_acks=SPEEDUPS.publish_acks,
+                           publish_run=SPEEDUPS.publish_run,
+                           queue_publishes=SPEEDUPS.queue_publishes, encode_records=encode_records,
                            crc16=SPEEDUPS.crc16, crc32=SPEEDUPS.crc32)
 
 
@@ -328,6 +331,47 @@ def test_c_acks_match_the_pure_ones(rows: list) -> None:
     for start in range(len(rows) + 1):
         assert SPEEDUPS.publish_acks(batch, results, start) == \
             _fast.publish_acks(batch, results, start)
+
+
+# -- publish_run and queue_publishes --------------------------------------------------------
+
+_pub_tuple = st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([0, 0, 1, 2, 3]),
+                       st.just(SN), st.sampled_from(["a", "a", "b", "lock.events"]),
+                       st.integers(0, 2**32 - 1), st.integers(0, 2**63), st.binary(max_size=40))
+
+
+def test_a_run_is_one_topic_answered(impl: SimpleNamespace) -> None:
+    pubs = [(1, 0, SN, "a", 1, 0, b"x"), (2, 0, SN, "a", 2, 0, b""),
+            (3, p.Flag.ONEWAY, SN, "a", 3, 0, b""), (4, 0, SN, "b", 4, 0, b""),
+            (5, 0, SN, "b", 5, 0, b"yy"), (6, 0, SN, "a", 6, 0, b"")]
+    assert [impl.publish_run(pubs, i, 10) for i in range(7)] == [2, 2, 2, 5, 5, 6, 6]
+    assert impl.publish_run(pubs, 3, 1) == 4 and impl.publish_run(pubs, 0, 0) == 0
+    queue, recs = [], []
+    assert impl.queue_publishes(pubs, 3, 5, NewRecord, queue, recs) == 64 + 66
+    assert [(o, ow) for o, ow, _ in queue] == [(4, False), (5, False)]
+    assert [r for _, _, r in queue] == recs
+    assert [(r.topic, r.sn, r.seq, r.lock_ts_ms, r.payload, r.headers) for r in recs] == \
+        [("b", SN, 4, 0, b"", None), ("b", SN, 5, 0, b"yy", None)]
+    for bad in ((-1, 2), (2, 1), (0, 7)):
+        with pytest.raises(ValueError):
+            impl.queue_publishes(pubs, *bad, NewRecord, [], [])
+    with pytest.raises(ValueError):
+        impl.publish_run(pubs, 7, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_pub_tuple, max_size=20), st.integers(0, 20), st.integers(0, 25))
+@NOT_BUILT
+def test_c_runs_and_queues_match_the_pure_ones(pubs: list, start: int, limit: int) -> None:
+    start = min(start, len(pubs))
+    stop = _fast.publish_run(pubs, start, limit)
+    assert SPEEDUPS.publish_run(pubs, start, limit) == stop
+    out = []
+    for fn in (SPEEDUPS.queue_publishes, _fast.queue_publishes):
+        queue, recs = [], []
+        size = fn(pubs, start, stop, NewRecord, queue, recs)
+        out.append((size, [(o, ow, repr(r)) for o, ow, r in queue], [repr(r) for r in recs]))
+    assert out[0] == out[1]
 
 
 # -- encode_records ----------------------------------------------------------------------
