@@ -116,42 +116,30 @@ def publish_acks(batch, results, start):
     return b"".join(acks), len(acks), stored, dup, i
 
 
-def publish_run(pubs, start, limit):
-    """The end of the run of :func:`scan_publishes` tuples from ``pubs[start]`` on
-    that go to its topic and want an answer (no ONEWAY flag), at most ``limit``
-    long (``start`` when ``pubs[start]`` itself is ONEWAY). The broker checks the
-    rights of such a run once. The reference of ``lockmq._speedups.publish_run``."""
+def queue_run(pubs, start, limit, record_type, queue, records):
+    """Queue the run of :func:`scan_publishes` tuples from ``pubs[start]`` on that go
+    to its topic and want an answer (no ONEWAY flag), at most ``limit`` long, as the
+    broker's ``Connection._publish`` queues a record: ``record_type(topic, sn, seq,
+    lock_ts_ms, payload)`` appended to ``records`` and ``(opaque, False, record)`` to
+    ``queue``. Returns ``(stop, size)``: where the run ended (``start`` when
+    ``pubs[start]`` is ONEWAY) and the records' buffer cost (payload length + 64
+    each). The reference of ``lockmq._speedups.queue_run``."""
     if start < 0 or start > len(pubs):
         raise ValueError("start out of range")
     i = start
+    size = 0
     topic = None
     while i < len(pubs) and i - start < limit:
-        p = pubs[i]
-        if p[1] & Flag.ONEWAY:
+        opaque, flags, sn, t, seq, lock_ts_ms, payload = pubs[i]
+        if flags & Flag.ONEWAY or (topic is not None and t != topic):
             break
-        if topic is None:
-            topic = p[3]
-        elif p[3] != topic:
-            break
-        i += 1
-    return i
-
-
-def queue_publishes(pubs, start, stop, record_type, queue, records):
-    """Queue the :func:`scan_publishes` tuples ``pubs[start:stop]`` as the broker's
-    ``Connection._publish`` does: ``record_type(topic, sn, seq, lock_ts_ms, payload)``
-    appended to ``records``, ``(opaque, False, record)`` to ``queue``; returns their
-    buffer cost (payload length + 64 each). The reference of
-    ``lockmq._speedups.queue_publishes``."""
-    if start < 0 or stop < start or stop > len(pubs):
-        raise ValueError("start/stop out of range")
-    size = 0
-    for opaque, _flags, sn, topic, seq, lock_ts_ms, payload in pubs[start:stop]:
-        rec = record_type(topic, sn, seq, lock_ts_ms, payload)
-        queue.append((opaque, False, rec))
+        topic = t
+        rec = record_type(t, sn, seq, lock_ts_ms, payload)
         records.append(rec)
+        queue.append((opaque, False, rec))
         size += len(payload) + 64
-    return size
+        i += 1
+    return i, size
 
 
 def scan_publishes(buf, pos, max_frame, sn, limit):

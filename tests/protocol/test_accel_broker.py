@@ -15,7 +15,7 @@ import pytest
 from lockmq.broker import connection
 from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, _fast, \
     decode_body, encode_frame
-from lockmq.testing import FAST_TIMERS, BrokerThread, merge_tables, open_peer
+from lockmq.testing import FAST_TIMERS, BrokerThread, Peer, SecureBroker, merge_tables, open_peer
 
 from .helpers import NOT_BUILT, SPEEDUPS
 
@@ -32,10 +32,8 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path,
         monkeypatch.setattr(connection, "SCAN_LIMIT", 3)   # a read takes several scans
         # the runs of scanned publishes queued in C, or by their pure twins
         pure_queue = request.param == "scanner+pure-queue"
-        monkeypatch.setattr(connection, "_publish_run",
-                            _fast.publish_run if pure_queue else SPEEDUPS.publish_run)
-        monkeypatch.setattr(connection, "_queue_publishes",
-                            _fast.queue_publishes if pure_queue else SPEEDUPS.queue_publishes)
+        monkeypatch.setattr(connection, "_queue_run",
+                            _fast.queue_run if pure_queue else SPEEDUPS.queue_run)
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
         monkeypatch.setattr(connection, "_scan_frame", None)
@@ -124,3 +122,26 @@ def test_a_run_to_a_refused_topic_is_refused_record_by_record(broker: BrokerThre
                    for i, t in enumerate(topics)}
     topics_now = {t["topic"]: t for t in open_peer(broker.port).admin("topics")["topics"]}
     assert topics_now["t5"]["queue_end"] == 4 and "$sys.x" not in topics_now
+
+
+def test_a_rate_limited_lock_gets_exactly_its_burst_stored(tmp_path: Path) -> None:
+    # auth required (a real broker process, on the path LOCKMQ_PURE_PYTHON picks; no
+    # frame MACs, so the compiled path takes the read's publishes as one run): a run of publishes in one read is checked once against the lock's rate,
+    # and exactly the records over it are refused, in order
+    env = SecureBroker(tmp_path, {"security": {"lock_message_rate": 0.01,
+                                               "lock_message_burst": 5}}, locks=["LK-R"])
+    try:
+        broker = env.start()
+        lock = Peer(broker.port, "LK-R")
+        lock.auth_lock(env.keys["LK-R"])
+        lock.raw(b"".join(_pub("LK-R", i, i, topic="lock.events") for i in range(1, 13)))
+        got = _answers(lock, 12)   # (refusals at once, acks after the fdatasync)
+        assert sorted(got) == [(i, PublishAck.STORED) for i in range(1, 6)] + \
+            [(i, (Op.ERROR, ErrorCode.RATE_LIMITED)) for i in range(6, 13)]
+        lock.raw(_pub("LK-R", 13, 13, topic="lock.events"))           # the link stays
+        assert _answers(lock, 1) == [(13, (Op.ERROR, ErrorCode.RATE_LIMITED))]
+        lock.close()
+        m = broker.metrics()
+        assert m['lockmq_security_rate_limited_total{reason="lock_message_rate"}'] == 8
+    finally:
+        env.close()

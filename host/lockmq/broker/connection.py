@@ -44,8 +44,7 @@ from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
     messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
-from lockmq.protocol._fast import publish_run as _py_publish_run
-from lockmq.protocol._fast import queue_publishes as _py_queue_publishes
+from lockmq.protocol._fast import queue_run as _py_queue_run
 from lockmq.protocol._frame import Frame
 
 from .admin import Admin
@@ -63,10 +62,8 @@ _ONEWAY = Flag.ONEWAY
 # The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
-# ... and the runs of them queued for the store in one call each (the pure twins:
-# protocol/_fast.py)
-_publish_run = accel.speedups.publish_run if accel.COMPILED else _py_publish_run
-_queue_publishes = accel.speedups.queue_publishes if accel.COMPILED else _py_queue_publishes
+# ... and each run of them to one topic queued for the store in one call
+_queue_run = accel.speedups.queue_run if accel.COMPILED else _py_queue_run
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
@@ -573,39 +570,52 @@ class Connection(asyncio.Protocol):
     def _on_publishes(self, pubs: list[tuple]) -> None:
         """PUBLISH frames the compiled scanner took, as :meth:`_publish` arguments.
 
-        The common case -- a run of records to one topic already checked, answers
-        wanted, the broker not closing, the session's own SN -- is checked once per
-        run (``guard.publish_quota``: the rights, and for a lock its rate, counted n
-        at once) and queued by one call (``queue_publishes``); anything else, and
-        every record over the quota, goes through :meth:`_publish` one by one, which
-        refuses each as before. Errors are answered as :meth:`data_received` answers
-        a frame's."""
+        The common case -- a run of records to a topic already checked, answers
+        wanted, the broker not closing, the session's own SN -- is queued by one call
+        (``queue_run``) and checked once (``guard.publish_quota``: the rights, and a
+        lock's rate counted for the whole run); anything else, and every record over
+        the quota (taken back out of the queue), goes through :meth:`_publish` one by
+        one, which refuses each as before. Errors are answered as
+        :meth:`data_received` answers a frame's."""
         b = self.services
         principal = self.principal
+        inline = not b.connections.closing and principal.name == self._producer_ok
         topics_ok = self._topics_ok
-        quota = b.guard.publish_quota
         cap = b.config.broker.max_publish_batch
-        done = i = 0
+        done = i = slow = 0
         n = len(pubs)
         while i < n and not self.closed:
             p = pubs[i]
             first = i
             try:
-                granted = 0
-                if not b.connections.closing and principal.name == self._producer_ok \
-                        and p[3] in topics_ok:
-                    stop = _publish_run(pubs, i, max(1, cap - len(self._pub)))
-                    if stop > i:
-                        granted = quota(principal, p[3], stop - i)
-                i += granted or 1   # (first: a failure below never repeats a record)
-                if not granted:   # ONEWAY, a new topic or producer id, closing, over quota
-                    self._publish(*p)
-                    continue
-                self._pub_size += _queue_publishes(pubs, first, i, NewRecord,
-                                                   self._pub, self._pub_recs)
-                done += granted
-                if len(self._pub) >= cap:
-                    self._submit_publishes()   # (the publish path stores it at once)
+                if inline and i >= slow and p[3] in topics_ok:
+                    queue = self._pub
+                    i, size = _queue_run(pubs, i, cap - len(queue), NewRecord, queue,
+                                         self._pub_recs)
+                    if i > first:
+                        try:
+                            granted = b.guard.publish_quota(principal, p[3], i - first)
+                        except Exception:   # (a guard bug: nothing of the run stays)
+                            del queue[first - i:]
+                            del self._pub_recs[first - i:]
+                            i = first
+                            raise
+                        if first + granted < i:   # over the quota: taken back out, and
+                            slow = i              # then refused one by one (below)
+                            i = first + granted
+                            del queue[i - slow:]
+                            del self._pub_recs[i - slow:]
+                            size -= sum(len(q[6]) + 64 for q in pubs[i:slow])
+                        self._pub_size += size
+                        done += granted
+                        if len(queue) >= cap:
+                            self._submit_publishes()   # (the publish path stores it at once)
+                        if granted:
+                            continue
+                # ONEWAY, a new topic or producer id, closing, over the quota
+                i = first + 1
+                self._publish(*p)
+                inline = not b.connections.closing and principal.name == self._producer_ok
             except Exception as exc:  # noqa: BLE001 -- as in data_received
                 i = max(i, first + 1)
                 if not self._frame_failed(Frame(Op.PUBLISH, p[2], p[1], p[0], b""), exc):
