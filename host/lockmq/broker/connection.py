@@ -765,13 +765,20 @@ class Connection(asyncio.Protocol):
             self._update_reading()
 
     def _send_acks(self, data: bytes, frames: int) -> None:
-        self.services.stats.c["frames_out"] += frames
+        c = self.services.stats.c
+        c["frames_out"] += frames
         if self.closed:
             return
-        self.out.append(data)
         # the store's answer is all this connection gets now: written at once, not
-        # one loop iteration later (with whatever else was queued, in order)
-        self.flush()
+        # one loop iteration later (after whatever else was queued, in order)
+        if self.out:
+            self.out.append(data)
+            self.flush()
+            return
+        t = self.transport
+        if t is not None and not t.is_closing():   # (flush, without the list)
+            c["bytes_out"] += len(data)
+            t.write(data)
 
     # -- consumers ----------------------------------------------------------------------
 

@@ -90,20 +90,19 @@ class KeyedRateLimiter:
     def take(self, key: str, n: float = 1.0) -> float:
         """0.0 if ``key`` may go on, else the seconds to wait."""
         now = self._clock()
-        b = self._buckets.get(key)
-        if b is None:
-            b = TokenBucket(self.rate, self.burst, now)
-            self._buckets.put(key, b)
-        return b.take(now, n)
+        return self._bucket(key, now).take(now, n)
 
     def take_up_to(self, key: str, n: int) -> int:
         """How many of ``n`` messages ``key`` may send now (taken from its bucket)."""
         now = self._clock()
+        return self._bucket(key, now).take_up_to(now, n)
+
+    def _bucket(self, key: str, now: float) -> TokenBucket:
         b = self._buckets.get(key)
         if b is None:
             b = TokenBucket(self.rate, self.burst, now)
             self._buckets.put(key, b)
-        return b.take_up_to(now, n)
+        return b
 
     def forget(self, key: str) -> None:
         """Drop the bucket of ``key``."""
