@@ -116,6 +116,32 @@ def publish_acks(batch, results, start):
     return b"".join(acks), len(acks), stored, dup, i
 
 
+def queue_run(pubs, start, limit, record_type, queue, records):
+    """Queue the run of :func:`scan_publishes` tuples from ``pubs[start]`` on that go
+    to its topic and want an answer (no ONEWAY flag), at most ``limit`` long, as the
+    broker's ``Connection._publish`` queues a record: ``record_type(topic, sn, seq,
+    lock_ts_ms, payload)`` appended to ``records`` and ``(opaque, False, record)`` to
+    ``queue``. Returns ``(stop, size)``: where the run ended (``start`` when
+    ``pubs[start]`` is ONEWAY) and the records' buffer cost (payload length + 64
+    each). The reference of ``lockmq._speedups.queue_run``."""
+    if start < 0 or start > len(pubs):
+        raise ValueError("start out of range")
+    i = start
+    size = 0
+    topic = None
+    while i < len(pubs) and i - start < limit:
+        opaque, flags, sn, t, seq, lock_ts_ms, payload = pubs[i]
+        if flags & Flag.ONEWAY or (topic is not None and t != topic):
+            break
+        topic = t
+        rec = record_type(t, sn, seq, lock_ts_ms, payload)
+        records.append(rec)
+        queue.append((opaque, False, rec))
+        size += len(payload) + 64
+        i += 1
+    return i, size
+
+
 def scan_publishes(buf, pos, max_frame, sn, limit):
     """The leading run of whole, valid PUBLISH frames in ``buf[pos:]`` (at most
     ``limit``) as ``(opaque, flags, sn, topic, seq, lock_ts_ms, payload)`` tuples, and

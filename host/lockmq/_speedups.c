@@ -610,6 +610,98 @@ static PyObject *plan_run(PyObject *self, PyObject *args)
     return Py_BuildValue("(nLL)", i, pos, q);
 }
 
+/* ---- broker loop ---- */
+
+/* The broker's publish queueing on the event-loop thread (Connection._on_publishes):
+ * runs of scan_publishes tuples that need no check of their own, turned into the
+ * store's records in one call instead of a Python loop step each. */
+
+/* queue_run(pubs, start, limit, record_type, queue, records) -> (stop, size)
+ *
+ * The run of (opaque, flags, sn, topic, seq, lock_ts_ms, payload) tuples from
+ * pubs[start] on that go to one topic (pubs[start]'s) and want an answer (no ONEWAY
+ * flag), at most ``limit`` long, queued as Connection._publish queues a record:
+ * rec = record_type(topic, sn, seq, lock_ts_ms, payload) appended to ``records``
+ * and (opaque, False, rec) to ``queue``. Returns where the run stopped and the
+ * records' buffer cost (payload length + 64 each); stop == start when pubs[start]
+ * is ONEWAY. METH_FASTCALL: a read's run costs one call and no argument tuple. */
+static PyObject *queue_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyList_Check(args[0]) || !PyList_Check(args[4])
+            || !PyList_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "queue_run(pubs: list, start, limit, record_type, queue: list, "
+                        "records: list)");
+        return NULL;
+    }
+    PyObject *pubs = args[0], *record_type = args[3], *queue = args[4], *records = args[5];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), limit = PyLong_AsSsize_t(args[2]);
+    if ((start == -1 || limit == -1) && PyErr_Occurred())
+        return NULL;
+    if (start < 0 || start > PyList_GET_SIZE(pubs)) {
+        PyErr_SetString(PyExc_ValueError, "start out of range");
+        return NULL;
+    }
+    PyObject *topic = NULL;   /* pubs[start]'s, held: record_type's code may run */
+    Py_ssize_t i, size = 0;
+    Py_ssize_t queued = PyList_GET_SIZE(queue), recorded = PyList_GET_SIZE(records);
+    for (i = start; i < PyList_GET_SIZE(pubs) && i - start < limit; i++) {
+        PyObject *p = PyList_GET_ITEM(pubs, i);
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 7) {
+            PyErr_SetString(PyExc_TypeError, "pubs items must be scan_publishes tuples");
+            goto error;
+        }
+        PyObject *flags = PyTuple_GET_ITEM(p, 1), *t = PyTuple_GET_ITEM(p, 3);
+        if (!PyLong_CheckExact(flags) || !PyUnicode_CheckExact(t))
+            break;
+        long fl = PyLong_AsLong(flags);
+        if (fl == -1 && PyErr_Occurred())
+            goto error;
+        if (fl & FLAG_ONEWAY)
+            break;
+        if (topic == NULL) {
+            topic = t;
+            Py_INCREF(topic);
+        } else if (t != topic) {
+            int eq = PyUnicode_Compare(t, topic);   /* exact strs: runs no Python code */
+            if (eq == -1 && PyErr_Occurred())
+                goto error;
+            if (eq != 0)
+                break;
+        }
+        Py_INCREF(p);   /* held while record_type's code runs */
+        PyObject *payload = PyTuple_GET_ITEM(p, 6);
+        Py_ssize_t plen = PyObject_Length(payload);
+        PyObject *argv[5] = {t, PyTuple_GET_ITEM(p, 2), PyTuple_GET_ITEM(p, 4),
+                             PyTuple_GET_ITEM(p, 5), payload};
+        PyObject *rec = plen < 0 ? NULL : PyObject_Vectorcall(record_type, argv, 5, NULL);
+        PyObject *entry = rec == NULL ? NULL :
+            PyTuple_Pack(3, PyTuple_GET_ITEM(p, 0), Py_False, rec);
+        Py_DECREF(p);
+        if (entry == NULL || PyList_Append(records, rec) < 0) {
+            Py_XDECREF(entry);
+            Py_XDECREF(rec);
+            goto error;
+        }
+        Py_DECREF(rec);
+        if (PyList_Append(queue, entry) < 0) {
+            Py_DECREF(entry);
+            goto error;
+        }
+        Py_DECREF(entry);
+        size += plen + 64;
+    }
+    Py_XDECREF(topic);
+    return Py_BuildValue("(nn)", i, size);
+error:   /* nothing of this call stays queued: the caller answers the error */
+    Py_XDECREF(topic);
+    if (PyList_GET_SIZE(queue) > queued)
+        PyList_SetSlice(queue, queued, PyList_GET_SIZE(queue), NULL);
+    if (PyList_GET_SIZE(records) > recorded)
+        PyList_SetSlice(records, recorded, PyList_GET_SIZE(records), NULL);
+    return NULL;
+}
+
 /* ------------------------------------------------------------ checksums API */
 
 static PyObject *py_crc16(PyObject *self, PyObject *args)
@@ -648,6 +740,10 @@ static PyMethodDef methods[] = {
      "Python encoder must run (slow: how many)."},
     {"publish_acks", publish_acks, METH_VARARGS,
      "publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)"},
+    {"queue_run", (PyCFunction)(void (*)(void))queue_run, METH_FASTCALL,
+     "queue_run(pubs, start, limit, record_type, queue, records) -> (stop, size): the "
+     "run of answered scan_publishes tuples to pubs[start]'s topic, at most limit, "
+     "queued as Connection._publish queues records (see the C comment)."},
     {"plan_run", plan_run, METH_VARARGS,
      "plan_run(records, enc, i, pos, q, topic, seg_limit, active_base, seen, high_water, "
      "ids, parts, blob, results, ts_s, appended) -> (i, pos, q): the store writer's "

@@ -32,7 +32,7 @@ MAX = p.DEFAULT_MAX_FRAME
 
 
 PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, scan_frame=_fast.scan_frame,
-                       publish_acks=_fast.publish_acks,
+                       publish_acks=_fast.publish_acks, queue_run=_fast.queue_run,
                        encode_records=records._encode_records_py,
                        crc16=lambda d, c=0xFFFF: binascii.crc_hqx(d, c), crc32=zlib.crc32)
 
@@ -50,7 +50,8 @@ def _compiled_impl() -> SimpleNamespace:
             else:
                 records._c_encode_records = saved
     return SimpleNamespace(scan_publishes=SPEEDUPS.scan_publishes,
-                           scan_frame=SPEEDUPS.scan_frame, publish_acks=SPEEDUPS.publish_acks, encode_records=encode_records,
+                           scan_frame=SPEEDUPS.scan_frame, publish_acks=SPEEDUPS.publish_acks,
+                           queue_run=SPEEDUPS.queue_run, encode_records=encode_records,
                            crc16=SPEEDUPS.crc16, crc32=SPEEDUPS.crc32)
 
 
@@ -328,6 +329,60 @@ def test_c_acks_match_the_pure_ones(rows: list) -> None:
     for start in range(len(rows) + 1):
         assert SPEEDUPS.publish_acks(batch, results, start) == \
             _fast.publish_acks(batch, results, start)
+
+
+# -- queue_run -----------------------------------------------------------------------------
+
+_pub_tuple = st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([0, 0, 1, 2, 3]),
+                       st.just(SN), st.sampled_from(["a", "a", "b", "lock.events"]),
+                       st.integers(0, 2**32 - 1), st.integers(0, 2**63), st.binary(max_size=40))
+
+
+def _run(impl: SimpleNamespace, pubs: list, start: int, limit: int) -> tuple:
+    queue: list = []
+    recs: list = [NewRecord("x", SN, 0)]   # (appended to, never touched)
+    stop, size = impl.queue_run(pubs, start, limit, NewRecord, queue, recs)
+    assert [r for _, _, r in queue] == recs[1:]
+    return stop, size, [(o, ow, repr(r)) for o, ow, r in queue]
+
+
+def test_a_run_is_one_topic_answered(impl: SimpleNamespace) -> None:
+    pubs = [(1, 0, SN, "a", 1, 0, b"x"), (2, 0, SN, "a", 2, 0, b""),
+            (3, p.Flag.ONEWAY, SN, "a", 3, 0, b""), (4, 0, SN, "b", 4, 7, b""),
+            (5, 0, SN, "b", 5, 0, b"yy"), (6, 0, SN, "a", 6, 0, b"")]
+    assert [_run(impl, pubs, i, 10)[:2] for i in range(7)] == \
+        [(2, 129), (2, 64), (2, 0), (5, 130), (5, 66), (6, 64), (6, 0)]
+    assert _run(impl, pubs, 3, 1)[:2] == (4, 64) and _run(impl, pubs, 0, 0)[:2] == (0, 0)
+    queue: list = []
+    recs: list = []
+    impl.queue_run(pubs, 3, 10, NewRecord, queue, recs)
+    assert [(o, ow) for o, ow, _ in queue] == [(4, False), (5, False)]
+    assert [(r.topic, r.sn, r.seq, r.lock_ts_ms, r.payload, r.headers) for r in recs] == \
+        [("b", SN, 4, 7, b"", None), ("b", SN, 5, 0, b"yy", None)]
+    for bad in (-1, 7):
+        with pytest.raises(ValueError):
+            impl.queue_run(pubs, bad, 1, NewRecord, [], [])
+
+
+@NOT_BUILT
+def test_a_failed_run_leaves_nothing_queued() -> None:
+    def record(*args):
+        if args[2] == 3:
+            raise RuntimeError("no")
+        return NewRecord(*args)
+    pubs = [(i, 0, SN, "a", i, 0, b"") for i in range(1, 5)]
+    queue, recs = [(0, False, None)], [None]
+    with pytest.raises(RuntimeError):
+        SPEEDUPS.queue_run(pubs, 0, 10, record, queue, recs)
+    assert queue == [(0, False, None)] and recs == [None]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_pub_tuple, max_size=20), st.integers(0, 20), st.integers(-1, 25))
+@NOT_BUILT
+def test_c_runs_match_the_pure_ones(pubs: list, start: int, limit: int) -> None:
+    start = min(start, len(pubs))
+    assert _run(SPEEDUPS, pubs, start, limit) == _run(PURE, pubs, start, limit)
 
 
 # -- encode_records ----------------------------------------------------------------------

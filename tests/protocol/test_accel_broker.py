@@ -15,20 +15,25 @@ import pytest
 from lockmq.broker import connection
 from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, _fast, \
     decode_body, encode_frame
-from lockmq.testing import FAST_TIMERS, BrokerThread, merge_tables, open_peer
+from lockmq.testing import FAST_TIMERS, BrokerThread, Peer, SecureBroker, merge_tables, open_peer
 
 from .helpers import NOT_BUILT, SPEEDUPS
 
 
 
-@pytest.fixture(params=["pure", pytest.param("compiled", marks=NOT_BUILT)])
+@pytest.fixture(params=["pure", pytest.param("compiled", marks=NOT_BUILT),
+                        pytest.param("scanner+pure-queue", marks=NOT_BUILT)])
 def broker(request: pytest.FixtureRequest, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[BrokerThread]:
-    if request.param == "compiled":
+    if request.param != "pure":
         monkeypatch.setattr(connection, "_scan_publishes", SPEEDUPS.scan_publishes)
         monkeypatch.setattr(connection, "_publish_acks", SPEEDUPS.publish_acks)
         monkeypatch.setattr(connection, "_scan_frame", SPEEDUPS.scan_frame)
         monkeypatch.setattr(connection, "SCAN_LIMIT", 3)   # a read takes several scans
+        # the runs of scanned publishes queued in C, or by their pure twins
+        pure_queue = request.param == "scanner+pure-queue"
+        monkeypatch.setattr(connection, "_queue_run",
+                            _fast.queue_run if pure_queue else SPEEDUPS.queue_run)
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
         monkeypatch.setattr(connection, "_scan_frame", None)
@@ -104,3 +109,39 @@ def test_batches_cut_between_oneway_and_refused_publishes(broker: BrokerThread) 
                                             for op in (1, 3, 4, 6, 8, 10, 11)]
     topics = {t["topic"]: t for t in open_peer(broker.port).admin("topics")["topics"]}
     assert topics["t4"]["queue_end"] == 10   # every publish but the refused one
+
+
+def test_a_run_to_a_refused_topic_is_refused_record_by_record(broker: BrokerThread) -> None:
+    # the guard grants a run of one topic in one step (publish_quota); a topic it
+    # refuses gets each of its records refused, between records that are stored
+    lock = open_peer(broker.port, sn="LK-5", role=Role.LOCK)
+    topics = ["t5", "$sys.x", "$sys.x", "$sys.x", "t5", "t5", "$sys.x", "t5"]
+    lock.raw(b"".join(_pub("LK-5", i + 1, i + 1, topic=t) for i, t in enumerate(topics)))
+    got = dict(_answers(lock, len(topics)))
+    assert got == {i + 1: PublishAck.STORED if t == "t5" else (Op.ERROR, ErrorCode.FORBIDDEN)
+                   for i, t in enumerate(topics)}
+    topics_now = {t["topic"]: t for t in open_peer(broker.port).admin("topics")["topics"]}
+    assert topics_now["t5"]["queue_end"] == 4 and "$sys.x" not in topics_now
+
+
+def test_a_rate_limited_lock_gets_exactly_its_burst_stored(tmp_path: Path) -> None:
+    # auth required (a real broker process, on the path LOCKMQ_PURE_PYTHON picks; no
+    # frame MACs, so the compiled path takes the read's publishes as one run): a run of publishes in one read is checked once against the lock's rate,
+    # and exactly the records over it are refused, in order
+    env = SecureBroker(tmp_path, {"security": {"lock_message_rate": 0.01,
+                                               "lock_message_burst": 5}}, locks=["LK-R"])
+    try:
+        broker = env.start()
+        lock = Peer(broker.port, "LK-R")
+        lock.auth_lock(env.keys["LK-R"])
+        lock.raw(b"".join(_pub("LK-R", i, i, topic="lock.events") for i in range(1, 13)))
+        got = _answers(lock, 12)   # (refusals at once, acks after the fdatasync)
+        assert sorted(got) == [(i, PublishAck.STORED) for i in range(1, 6)] + \
+            [(i, (Op.ERROR, ErrorCode.RATE_LIMITED)) for i in range(6, 13)]
+        lock.raw(_pub("LK-R", 13, 13, topic="lock.events"))           # the link stays
+        assert _answers(lock, 1) == [(13, (Op.ERROR, ErrorCode.RATE_LIMITED))]
+        lock.close()
+        m = broker.metrics()
+        assert m['lockmq_security_rate_limited_total{reason="lock_message_rate"}'] == 8
+    finally:
+        env.close()

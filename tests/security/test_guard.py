@@ -326,6 +326,27 @@ def test_lock_message_rate(guard, clock):
     assert guard.metrics.get("rate_limited", "lock_message_rate") == 1
 
 
+def test_publish_quota_grants_what_check_publish_would(guard, clock):
+    # the broker checks a read's run of publishes to one topic in one step: the same
+    # records pass as with one check_publish each, and it refuses (audits) nothing
+    key = guard.registry.add("LOCK-Q")
+    nonce = guard.challenge()
+    p = guard.authenticate("LOCK-Q", lock_auth(key, "LOCK-Q", nonce), nonce, "10.0.0.14")
+    burst = guard.cfg.lock_message_burst
+    assert guard.publish_quota(p, "lock.events", burst - 3) == burst - 3
+    assert guard.publish_quota(p, "lock.events", 10) == 3       # the rest of the burst
+    assert guard.publish_quota(p, "lock.events", 10) == 0
+    with pytest.raises(RateLimited):
+        guard.check_publish(p, "lock.events")
+    clock.advance(2.5 / guard.cfg.lock_message_rate)            # 2.5 messages' worth
+    assert guard.publish_quota(p, "lock.events", 10) == 2
+    guard.check_publish(p, "lock.events", n=0)                  # (half a token is left)
+    with pytest.raises(RateLimited):
+        guard.check_publish(p, "lock.events")
+    assert guard.publish_quota(p, "$sys.x", 5) == 0 and guard.publish_quota(p, "other", 5) == 0
+    assert guard.metrics.get("rate_limited", "lock_message_rate") == 2   # check_publish's only
+
+
 def test_frame_and_buffer_limits(guard):
     from lockmq.security import FrameTooLarge, LimitExceeded
     guard.check_frame_size(guard.max_frame_bytes)

@@ -74,6 +74,10 @@ class OpenGuard:
         if topic[:1] == "$":
             principal.require_publish(topic)
 
+    def publish_quota(self, principal: Principal, topic: str, n: int) -> int:
+        """All ``n`` records, but to ``$`` topics (check_publish then refuses each)."""
+        return n if topic[:1] != "$" or principal.may_publish(topic) else 0
+
     def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """No per-lock rate with auth off (the broker still stores at most one
         heartbeat record per lock per ``heartbeat_record_gap_s``)."""

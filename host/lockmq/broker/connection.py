@@ -44,6 +44,7 @@ from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
     messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
+from lockmq.protocol._fast import queue_run as _py_queue_run
 from lockmq.protocol._frame import Frame
 
 from .admin import Admin
@@ -61,6 +62,8 @@ _ONEWAY = Flag.ONEWAY
 # The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
+# ... and each run of them to one topic queued for the store in one call
+_queue_run = accel.speedups.queue_run if accel.COMPILED else _py_queue_run
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
@@ -567,54 +570,56 @@ class Connection(asyncio.Protocol):
     def _on_publishes(self, pubs: list[tuple]) -> None:
         """PUBLISH frames the compiled scanner took, as :meth:`_publish` arguments.
 
-        The common case -- a topic already checked, an answer wanted, the broker not
-        closing, the session's own SN -- is queued here without a call per record;
-        anything else goes through :meth:`_publish`. Errors are answered as
+        The common case -- a run of records to a topic already checked, answers
+        wanted, the broker not closing, the session's own SN -- is queued by one call
+        (``queue_run``) and checked once (``guard.publish_quota``: the rights, and a
+        lock's rate counted for the whole run); anything else, and every record over
+        the quota (taken back out of the queue), goes through :meth:`_publish` one by
+        one, which refuses each as before. Errors are answered as
         :meth:`data_received` answers a frame's."""
         b = self.services
         principal = self.principal
         inline = not b.connections.closing and principal.name == self._producer_ok
         topics_ok = self._topics_ok
-        check = b.guard.check_publish
-        queue = self._pub
-        records = self._pub_recs
         cap = b.config.broker.max_publish_batch
-        done = size = 0
-        for p in pubs:
-            opaque, flags, sn, topic, seq, lock_ts_ms, payload = p
+        done = i = slow = 0
+        n = len(pubs)
+        while i < n and not self.closed:
+            p = pubs[i]
+            first = i
             try:
-                if not inline or flags & _ONEWAY or topic not in topics_ok:
-                    self._pub_size += size   # (it may hand the batch to the store)
-                    size = 0
-                    self._publish(*p)
+                if inline and i >= slow and p[3] in topics_ok:
                     queue = self._pub
-                    records = self._pub_recs
-                    inline = not b.connections.closing and principal.name == self._producer_ok
-                else:   # _publish's checks that can still fail, then queue the record
-                    done += 1
-                    try:
-                        check(principal, topic, n=1)
-                    except SecurityError as exc:
-                        self._pub_refused(exc, False, opaque)
-                    else:
-                        rec = NewRecord(topic, sn, seq, lock_ts_ms, payload)
-                        queue.append((opaque, False, rec))
-                        records.append(rec)
-                        size += len(payload) + 64
+                    i, size = _queue_run(pubs, i, cap - len(queue), NewRecord, queue,
+                                         self._pub_recs)
+                    if i > first:
+                        try:
+                            granted = b.guard.publish_quota(principal, p[3], i - first)
+                        except Exception:   # (a guard bug: nothing of the run stays)
+                            del queue[first - i:]
+                            del self._pub_recs[first - i:]
+                            i = first
+                            raise
+                        if first + granted < i:   # over the quota: taken back out, and
+                            slow = i              # then refused one by one (below)
+                            i = first + granted
+                            del queue[i - slow:]
+                            del self._pub_recs[i - slow:]
+                            size -= sum(len(q[6]) + 64 for q in pubs[i:slow])
+                        self._pub_size += size
+                        done += granted
                         if len(queue) >= cap:
-                            self._pub_size += size
-                            size = 0
                             self._submit_publishes()   # (the publish path stores it at once)
-                            queue = self._pub
-                            records = self._pub_recs
+                        if granted:
+                            continue
+                # ONEWAY, a new topic or producer id, closing, over the quota
+                i = first + 1
+                self._publish(*p)
+                inline = not b.connections.closing and principal.name == self._producer_ok
             except Exception as exc:  # noqa: BLE001 -- as in data_received
-                queue = self._pub
-                records = self._pub_recs
-                if not self._frame_failed(Frame(Op.PUBLISH, sn, flags, opaque, b""), exc):
+                i = max(i, first + 1)
+                if not self._frame_failed(Frame(Op.PUBLISH, p[2], p[1], p[0], b""), exc):
                     break
-            if self.closed:
-                break
-        self._pub_size += size
         b.stats.c["publish_received"] += done
 
     def _publish(self, opaque: int, flags: int, sn: str, topic: str, seq: int,
@@ -760,13 +765,20 @@ class Connection(asyncio.Protocol):
             self._update_reading()
 
     def _send_acks(self, data: bytes, frames: int) -> None:
-        self.services.stats.c["frames_out"] += frames
+        c = self.services.stats.c
+        c["frames_out"] += frames
         if self.closed:
             return
-        self.out.append(data)
         # the store's answer is all this connection gets now: written at once, not
-        # one loop iteration later (with whatever else was queued, in order)
-        self.flush()
+        # one loop iteration later (after whatever else was queued, in order)
+        if self.out:
+            self.out.append(data)
+            self.flush()
+            return
+        t = self.transport
+        if t is not None and not t.is_closing():   # (flush, without the list)
+            c["bytes_out"] += len(data)
+            t.write(data)
 
     # -- consumers ----------------------------------------------------------------------
 

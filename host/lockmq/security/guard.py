@@ -92,6 +92,10 @@ class BrokerGuard(Protocol):
                       n: int = 1) -> None:
         """May ``principal`` publish ``n`` records to ``topic``?"""
 
+    def publish_quota(self, principal: Principal, topic: str, n: int) -> int:
+        """How many of ``n`` records in a row to ``topic`` ``principal`` may publish
+        now: 0 when it may not publish there at all; refuses and audits nothing."""
+
     def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """A lock's HEARTBEAT within its message rate?"""
 
@@ -459,6 +463,20 @@ class Guard:
         except SecurityError as exc:
             self._refuse(exc, principal, topic=topic)
             raise
+
+    def publish_quota(self, principal: Principal, topic: str, n: int) -> int:
+        """How many of ``n`` records in a row to ``topic`` may ``principal`` publish
+        now, from the first: :meth:`check_publish` for a run of records in one step
+        (the broker's publish path, once per read and topic). 0 when the topic is
+        not allowed; for a lock, what its message rate has room for, taken from its
+        budget. Refuses and audits nothing: the caller passes the records over the
+        quota to :meth:`check_publish` one by one, which refuses (and audits) each
+        exactly as before."""
+        if topic in self.internal_topics or not principal.may_publish(topic):
+            return 0
+        if principal.is_lock:
+            return self.message_rate.take_up_to(principal.name, n)
+        return n
 
     def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """A lock's HEARTBEAT takes one message of its per-lock rate (issue 10 item 8:

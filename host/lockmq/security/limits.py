@@ -68,6 +68,15 @@ class TokenBucket:
             return 0.0
         return (n - self.tokens) / self.rate if self.rate > 0 else float("inf")
 
+    def take_up_to(self, now: float, n: int) -> int:
+        """Take as many of ``n`` single tokens as there are (at most ``n``): what ``n``
+        calls of ``take(now)`` in a row would grant, in one step."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        k = min(n, int(self.tokens))
+        self.tokens -= k
+        return k
+
 
 class KeyedRateLimiter:
     """One token bucket per key (an address or an SN), in a bounded LRU."""
@@ -81,11 +90,19 @@ class KeyedRateLimiter:
     def take(self, key: str, n: float = 1.0) -> float:
         """0.0 if ``key`` may go on, else the seconds to wait."""
         now = self._clock()
+        return self._bucket(key, now).take(now, n)
+
+    def take_up_to(self, key: str, n: int) -> int:
+        """How many of ``n`` messages ``key`` may send now (taken from its bucket)."""
+        now = self._clock()
+        return self._bucket(key, now).take_up_to(now, n)
+
+    def _bucket(self, key: str, now: float) -> TokenBucket:
         b = self._buckets.get(key)
         if b is None:
             b = TokenBucket(self.rate, self.burst, now)
             self._buckets.put(key, b)
-        return b.take(now, n)
+        return b
 
     def forget(self, key: str) -> None:
         """Drop the bucket of ``key``."""
@@ -254,6 +271,11 @@ class MessageRateLimiter:
     def take(self, sn: str, n: int = 1) -> float:
         """Take ``n`` messages of ``sn``'s budget: 0.0 if granted, else seconds to wait."""
         return self._rate.take(sn, n) if self.enabled else 0.0
+
+    def take_up_to(self, sn: str, n: int) -> int:
+        """How many of ``n`` messages in a row ``sn`` may publish now (taken from its
+        budget): the first that many pass, as ``n`` calls of :meth:`check` would."""
+        return self._rate.take_up_to(sn, n) if self.enabled else n
 
     def check(self, sn: str, n: int = 1) -> None:
         """Take ``n`` messages of ``sn``'s budget or raise :class:`RateLimited`."""
