@@ -22,6 +22,10 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <limits.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 /* protocol/_constants.py */
 #define VERSION 1
@@ -610,6 +614,202 @@ static PyObject *plan_run(PyObject *self, PyObject *args)
     return Py_BuildValue("(nLL)", i, pos, q);
 }
 
+/* ---- store (writer) ---- */
+
+static PyObject *s_move_to_end;
+
+/* A small int of a Python int object (exact int only); 0 when it is none. */
+static int exact_ll(PyObject *o, long long *out)
+{
+    int overflow = 0;
+    if (!PyLong_CheckExact(o))
+        return 0;
+    *out = PyLong_AsLongLongAndOverflow(o, &overflow);
+    return !overflow && !(*out == -1 && PyErr_Occurred());
+}
+
+/* dedup_run(table, ids, i, window) -> i
+ *
+ * DedupTable.add_many's common case (store/dedup.py) for ids[i:]: a lock sending in
+ * order (seq == hw + 1, no gaps). A run of consecutive ids of one SN in order is
+ * folded into one update of its entry (hw, min(known + k, window), 0) and one
+ * move_to_end: the same table as k single adds. Stops at the first other id
+ * (returning its index) for DedupTable.add to handle. */
+static PyObject *dedup_run(PyObject *self, PyObject *args)
+{
+    PyObject *table, *ids;
+    Py_ssize_t i;
+    long long w;
+    if (!PyArg_ParseTuple(args, "OO!nL:dedup_run", &table, &PyList_Type, &ids, &i, &w))
+        return NULL;
+    if (!PyDict_Check(table)) {
+        PyErr_SetString(PyExc_TypeError, "table must be a dict");
+        return NULL;
+    }
+    if (i < 0)
+        i = 0;
+    while (i < PyList_GET_SIZE(ids)) {
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        if (!PyTuple_CheckExact(id) || PyTuple_GET_SIZE(id) != 2)
+            break;
+        PyObject *sn = PyTuple_GET_ITEM(id, 0);
+        long long seq, hw, known, gaps;
+        if (!PyUnicode_CheckExact(sn) || !exact_ll(PyTuple_GET_ITEM(id, 1), &seq))
+            break;
+        PyObject *e = PyDict_GetItemWithError(table, sn);   /* borrowed */
+        if (e == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            break;   /* a new SN: add() (it may evict the oldest) */
+        }
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 3
+                || !exact_ll(PyTuple_GET_ITEM(e, 0), &hw)
+                || !exact_ll(PyTuple_GET_ITEM(e, 1), &known)
+                || !exact_ll(PyTuple_GET_ITEM(e, 2), &gaps)
+                || gaps != 0 || hw >= LLONG_MAX / 2 || seq != hw + 1)
+            break;
+        Py_ssize_t j = i + 1;
+        long long last = seq;
+        while (j < PyList_GET_SIZE(ids)) {   /* the same SN's next ids, in order */
+            PyObject *id2 = PyList_GET_ITEM(ids, j), *sn2;
+            long long s2;
+            if (!PyTuple_CheckExact(id2) || PyTuple_GET_SIZE(id2) != 2)
+                break;
+            sn2 = PyTuple_GET_ITEM(id2, 0);
+            if (sn2 != sn && !(PyUnicode_CheckExact(sn2) && PyUnicode_Compare(sn2, sn) == 0))
+                break;
+            if (!exact_ll(PyTuple_GET_ITEM(id2, 1), &s2) || s2 != last + 1 || last >= LLONG_MAX / 2)
+                break;
+            last = s2;
+            j++;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+        known = known + (last - hw) < w ? known + (last - hw) : w;
+        PyObject *entry = Py_BuildValue("(LLi)", last, known, 0);
+        if (entry == NULL)
+            return NULL;
+        Py_INCREF(sn);   /* the table's old entry may hold the only other reference */
+        int rc = PyObject_SetItem(table, sn, entry);
+        Py_DECREF(entry);
+        PyObject *r = rc < 0 ? NULL : PyObject_CallMethodOneArg(table, s_move_to_end, sn);
+        Py_DECREF(sn);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        i = j;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+/* Write iov[0:cnt] at pos with pwritev, IOV_MAX at a time, until all of it is
+ * written (GIL released by the caller). -1 with errno set on an error. */
+static int pwritev_all(int fd, struct iovec *iov, Py_ssize_t cnt, off_t pos)
+{
+    while (cnt > 0) {
+        if (iov->iov_len == 0) {
+            iov++;
+            cnt--;
+            continue;
+        }
+        ssize_t w = pwritev(fd, iov, cnt > IOV_MAX ? IOV_MAX : (int)cnt, pos);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        pos += w;
+        while (cnt > 0 && (size_t)w >= iov->iov_len) {
+            w -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0 && w > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= w;
+        }
+    }
+    return 0;
+}
+
+/* commit_write(index_writes, fd, parts, pos, sync) -> None
+ *
+ * One group commit's file work (store/writer.py GroupCommit._write, one segment):
+ * each (index fd, entries, file position) of index_writes, then parts at pos of fd
+ * (pwritev, no joined copy), then fdatasync(fd) if sync -- with the GIL released
+ * once for all of it instead of once per call, so the writer thread hands the GIL
+ * back and forth with the event loop once per commit. OSError (errno set) on an
+ * error: the caller undoes the whole batch. */
+static PyObject *commit_write(PyObject *self, PyObject *args)
+{
+    PyObject *iw, *parts;
+    int fd, sync;
+    long long pos;
+    if (!PyArg_ParseTuple(args, "O!iO!Lp:commit_write", &PyList_Type, &iw, &fd,
+                          &PyList_Type, &parts, &pos, &sync))
+        return NULL;
+    Py_ssize_t ni = PyList_GET_SIZE(iw), np = PyList_GET_SIZE(parts), nb = 0, k;
+    Py_buffer *bufs = PyMem_Calloc(ni + np + 1, sizeof(Py_buffer));
+    struct iovec *iov = PyMem_Calloc(ni + np + 1, sizeof(struct iovec));
+    int *ifd = PyMem_Calloc(ni + 1, sizeof(int));
+    long long *ipos = PyMem_Calloc(ni + 1, sizeof(long long));
+    PyObject *result = NULL;
+    if (!bufs || !iov || !ifd || !ipos) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (k = 0; k < ni; k++) {
+        PyObject *t = PyList_GET_ITEM(iw, k), *b;
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "iOL", &ifd[k], &b, &ipos[k])) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "index_writes: (fd, entries, position)");
+            goto done;
+        }
+        if (PyObject_GetBuffer(b, &bufs[nb], PyBUF_SIMPLE) < 0)
+            goto done;
+        nb++;
+    }
+    for (k = 0; k < np; k++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, k), &bufs[nb], PyBUF_SIMPLE) < 0)
+            goto done;
+        iov[k].iov_base = bufs[nb].buf;
+        iov[k].iov_len = (size_t)bufs[nb].len;
+        nb++;
+    }
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (k = 0; k < ni && rc == 0; k++) {
+        struct iovec one = {bufs[k].buf, (size_t)bufs[k].len};
+        rc = pwritev_all(ifd[k], &one, 1, (off_t)ipos[k]);
+    }
+    if (rc == 0)
+        rc = pwritev_all(fd, iov, np, (off_t)pos);
+    if (rc == 0 && sync) {
+        do
+            rc = fdatasync(fd);
+        while (rc < 0 && errno == EINTR);
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (bufs)
+        for (k = 0; k < nb; k++)
+            PyBuffer_Release(&bufs[k]);
+    PyMem_Free(bufs);
+    PyMem_Free(iov);
+    PyMem_Free(ifd);
+    PyMem_Free(ipos);
+    return result;
+}
+
 /* ------------------------------------------------------------ checksums API */
 
 static PyObject *py_crc16(PyObject *self, PyObject *args)
@@ -652,6 +852,12 @@ static PyMethodDef methods[] = {
      "plan_run(records, enc, i, pos, q, topic, seg_limit, active_base, seen, high_water, "
      "ids, parts, blob, results, ts_s, appended) -> (i, pos, q): the store writer's "
      "loop over new records of one topic (see the C comment)."},
+    {"dedup_run", dedup_run, METH_VARARGS,
+     "dedup_run(table, ids, i, window) -> i: DedupTable.add_many's in-order ids from "
+     "ids[i:] on (see the C comment)."},
+    {"commit_write", commit_write, METH_VARARGS,
+     "commit_write(index_writes, fd, parts, pos, sync): a group commit's pwrites and "
+     "fdatasync with the GIL released once (see the C comment)."},
     {"crc16", py_crc16, METH_VARARGS, "crc16(data, crc=0xFFFF): CRC-16/CCITT-FALSE"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, crc=0): zlib's CRC-32"},
     {NULL, NULL, 0, NULL},
@@ -669,7 +875,8 @@ PyMODINIT_FUNC PyInit__speedups(void)
             || !(s_seq = PyUnicode_InternFromString("seq"))
             || !(s_lock_ts_ms = PyUnicode_InternFromString("lock_ts_ms"))
             || !(s_payload = PyUnicode_InternFromString("payload"))
-            || !(s_headers = PyUnicode_InternFromString("headers")))
+            || !(s_headers = PyUnicode_InternFromString("headers"))
+            || !(s_move_to_end = PyUnicode_InternFromString("move_to_end")))
         return NULL;
     return PyModule_Create(&module);
 }

@@ -25,6 +25,10 @@ import struct
 from collections import OrderedDict
 from typing import Iterable
 
+from lockmq import accel
+
+#: the compiled in-order loop of :meth:`DedupTable.add_many` (lockmq._speedups), or None
+_dedup_run = accel.speedups.dedup_run if accel.COMPILED else None
 _ENTRY = struct.Struct("<BIHH")  # sn_len, hw, known, gaps_len (then sn, gaps bytes)
 #: SNs starting with this are the broker's (reserved: no client may publish under one).
 SYSTEM_SN_PREFIX = "$"
@@ -106,10 +110,20 @@ class DedupTable:
         measurable part of the append cost.
         """
         t = self._t
-        get = t.get
-        move = t.move_to_end
         w = self.window
         add = self.add
+        run = _dedup_run
+        if run is not None and type(ids) is list:
+            # C: runs of one lock's in-order ids, one table update per run
+            i, n = 0, len(ids)
+            while i < n:
+                i = run(t, ids, i, w)
+                if i < n:
+                    add(*ids[i])
+                    i += 1
+            return
+        get = t.get
+        move = t.move_to_end
         for sn, seq in ids:
             e = get(sn)
             if e is not None and seq == e[0] + 1 and not e[2]:
