@@ -531,87 +531,182 @@ static PyObject *publish_acks(PyObject *self, PyObject *args)
  * id in ``seen`` and ``ids`` and its Appended(pos, topic, q, False) in ``results``.
  * It stops at the first other record (returning its index), which _plan's Python
  * handles: a possible duplicate, a topic switch, a roll. */
+/* The state plan_run and plan_calls carry from record to record. */
+typedef struct {
+    PyObject *topic, *seen, *hw, *ids, *parts, *blob, *appended;
+    long long pos, q, seg_limit, active_base;
+} plan_state;
+
+/* One record of plan_run's loop: 1 if it was planned (new, current topic, no
+ * roll), 0 if Python must handle it, -1 on an error. */
+static int plan_one(plan_state *st, PyObject *rec, PyObject *b, unsigned long ts_s,
+                    PyObject *res)
+{
+    if (!PyBytes_CheckExact(b))
+        return 0;
+    Py_INCREF(rec);
+    PyObject *sn = PyObject_GetAttr(rec, s_sn), *seq = NULL, *rtopic = NULL, *key = NULL;
+    int ret = -1;
+    if (sn == NULL || !(seq = PyObject_GetAttr(rec, s_seq))
+            || !(rtopic = PyObject_GetAttr(rec, s_topic)))
+        goto out;
+    Py_ssize_t size = PyBytes_GET_SIZE(b);
+    ret = 0;
+    if (rtopic != st->topic || (st->pos + size > st->seg_limit && st->pos > st->active_base))
+        goto out;   /* a topic switch or a segment roll: Python's */
+    ret = -1;
+    if (!(key = PyTuple_Pack(2, sn, seq)))
+        goto out;
+    int dup = PySet_Contains(st->seen, key);
+    if (dup < 0)
+        goto out;
+    ret = 0;
+    if (dup)
+        goto out;
+    ret = -1;
+    PyObject *e = PyDict_GetItemWithError(st->hw, sn);   /* (hw, known, gaps) */
+    if (e == NULL && PyErr_Occurred())
+        goto out;
+    if (e != NULL) {
+        ret = 0;
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 1)
+            goto out;
+        int le = PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(e, 0), Py_LE);
+        ret = -1;
+        if (le < 0)
+            goto out;
+        ret = 0;
+        if (le)
+            goto out;   /* maybe a duplicate: the dedup table decides, in Python */
+        ret = -1;
+    }
+    /* new: index entry, bytes, id, result */
+    uint8_t entry[16];
+    put_le64(entry, (uint64_t)st->pos);
+    put_le32(entry + 8, (uint32_t)size);
+    put_le32(entry + 12, (uint32_t)ts_s);
+    Py_ssize_t old = PyByteArray_GET_SIZE(st->blob);
+    if (PyByteArray_Resize(st->blob, old + 16) < 0)
+        goto out;
+    memcpy(PyByteArray_AS_STRING(st->blob) + old, entry, 16);
+    /* Appended(pos, topic, q, False): filled in place (a NamedTuple has no dict) */
+    PyObject *app = ((PyTypeObject *)st->appended)->tp_alloc((PyTypeObject *)st->appended, 4);
+    if (app == NULL)
+        goto out;
+    PyObject *o_pos = PyLong_FromLongLong(st->pos), *o_q = PyLong_FromLongLong(st->q);
+    if (o_pos == NULL || o_q == NULL) {
+        Py_XDECREF(o_pos); Py_XDECREF(o_q); Py_DECREF(app);
+        goto out;
+    }
+    PyTuple_SET_ITEM(app, 0, o_pos);
+    PyTuple_SET_ITEM(app, 1, Py_NewRef(st->topic));
+    PyTuple_SET_ITEM(app, 2, o_q);
+    PyTuple_SET_ITEM(app, 3, Py_NewRef(Py_False));
+    if (PySet_Add(st->seen, key) < 0 || PyList_Append(st->parts, b) < 0
+            || PyList_Append(st->ids, key) < 0 || PyList_Append(res, app) < 0) {
+        Py_DECREF(app);
+        goto out;
+    }
+    Py_DECREF(app);
+    st->q++;
+    st->pos += size;
+    ret = 1;
+out:
+    Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
+    return ret;
+}
+
+static int check_appended(PyObject *appended)
+{
+    if (!PyType_IsSubtype((PyTypeObject *)appended, &PyTuple_Type)
+            || ((PyTypeObject *)appended)->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "appended must be a tuple type without a dict");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *plan_run(PyObject *self, PyObject *args)
 {
-    PyObject *records, *enc, *topic, *seen, *hw, *ids, *parts, *blob, *results, *appended;
+    PyObject *records, *enc, *results;
     Py_ssize_t i;
-    long long pos, q, seg_limit, active_base;
     unsigned long ts_s;
+    plan_state st;
     if (!PyArg_ParseTuple(args, "O!O!nLLOLLO!O!O!O!O!O!kO!:plan_run", &PyList_Type, &records,
-                          &PyList_Type, &enc, &i, &pos, &q, &topic, &seg_limit, &active_base,
-                          &PySet_Type, &seen, &PyDict_Type, &hw, &PyList_Type, &ids,
-                          &PyList_Type, &parts, &PyByteArray_Type, &blob, &PyList_Type,
-                          &results, &ts_s, &PyType_Type, &appended))
+                          &PyList_Type, &enc, &i, &st.pos, &st.q, &st.topic, &st.seg_limit,
+                          &st.active_base, &PySet_Type, &st.seen, &PyDict_Type, &st.hw,
+                          &PyList_Type, &st.ids, &PyList_Type, &st.parts, &PyByteArray_Type,
+                          &st.blob, &PyList_Type, &results, &ts_s, &PyType_Type, &st.appended))
         return NULL;
-    if (!PyType_IsSubtype((PyTypeObject *)appended, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "appended must be a tuple type");
+    if (check_appended(st.appended) < 0)
         return NULL;
-    }
     for (; i < PyList_GET_SIZE(records) && i < PyList_GET_SIZE(enc); i++) {
-        PyObject *rec = PyList_GET_ITEM(records, i), *b = PyList_GET_ITEM(enc, i);
-        if (!PyBytes_CheckExact(b))
+        int r = plan_one(&st, PyList_GET_ITEM(records, i), PyList_GET_ITEM(enc, i), ts_s,
+                         results);
+        if (r < 0)
+            return NULL;
+        if (r == 0)
             break;
-        Py_INCREF(rec);
-        PyObject *sn = PyObject_GetAttr(rec, s_sn), *seq = NULL, *rtopic = NULL, *key = NULL;
-        int stop = 1;
-        if (sn == NULL || !(seq = PyObject_GetAttr(rec, s_seq))
-                || !(rtopic = PyObject_GetAttr(rec, s_topic)))
-            goto fail;
-        Py_ssize_t size = PyBytes_GET_SIZE(b);
-        if (rtopic != topic || (pos + size > seg_limit && pos > active_base))
-            goto next;   /* a topic switch or a segment roll: Python's */
-        if (!(key = PyTuple_Pack(2, sn, seq)))
-            goto fail;
-        int dup = PySet_Contains(seen, key);
-        if (dup < 0)
-            goto fail;
-        if (dup)
-            goto next;
-        PyObject *e = PyDict_GetItemWithError(hw, sn);   /* (hw, known, gaps) */
-        if (e == NULL && PyErr_Occurred())
-            goto fail;
-        if (e != NULL) {
-            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 1)
-                goto next;
-            int le = PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(e, 0), Py_LE);
-            if (le < 0)
-                goto fail;
-            if (le)
-                goto next;   /* maybe a duplicate: the dedup table decides, in Python */
-        }
-        /* new: index entry, bytes, id, result */
-        uint8_t entry[16];
-        put_le64(entry, (uint64_t)pos);
-        put_le32(entry + 8, (uint32_t)size);
-        put_le32(entry + 12, (uint32_t)ts_s);
-        Py_ssize_t old = PyByteArray_GET_SIZE(blob);
-        if (PyByteArray_Resize(blob, old + 16) < 0)
-            goto fail;
-        memcpy(PyByteArray_AS_STRING(blob) + old, entry, 16);
-        PyObject *res = Py_BuildValue("(LOLO)", pos, topic, q, Py_False);
-        PyObject *targs = res ? PyTuple_Pack(1, res) : NULL;
-        Py_XDECREF(res);
-        PyObject *app = targs ? PyTuple_Type.tp_new((PyTypeObject *)appended, targs, NULL) : NULL;
-        Py_XDECREF(targs);
-        if (app == NULL || PySet_Add(seen, key) < 0 || PyList_Append(parts, b) < 0
-                || PyList_Append(ids, key) < 0 || PyList_Append(results, app) < 0) {
-            Py_XDECREF(app);
-            goto fail;
-        }
-        Py_DECREF(app);
-        q++;
-        pos += size;
-        stop = 0;
-    next:
-        Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
-        if (stop)
-            break;
-        continue;
-    fail:
-        Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
-        return NULL;
     }
-    return Py_BuildValue("(nLL)", i, pos, q);
+    return Py_BuildValue("(nLL)", i, st.pos, st.q);
+}
+
+/* plan_calls(batch, k, pos, q, topic, seg_limit, active_base, seen, high_water, ids,
+ *            parts, blob, results, appended) -> (k, i, pos, q, res)
+ *
+ * plan_run over whole append calls: from batch[k] on (items (records, enc, n, fut,
+ * ts_s)), each call's records are planned as plan_run does, and the call's result
+ * list is appended to ``results``; one C call per group commit instead of one per
+ * append call (the broker's sync-100 load is one record per call). Stops at the
+ * first record Python must handle: call k, record i, with ``res`` the call's
+ * results so far (k == len(batch) when all were planned). */
+static PyObject *plan_calls(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *results;
+    Py_ssize_t k;
+    plan_state st;
+    if (!PyArg_ParseTuple(args, "O!nLLOLLO!O!O!O!O!O!O!:plan_calls", &PyList_Type, &batch,
+                          &k, &st.pos, &st.q, &st.topic, &st.seg_limit, &st.active_base,
+                          &PySet_Type, &st.seen, &PyDict_Type, &st.hw, &PyList_Type, &st.ids,
+                          &PyList_Type, &st.parts, &PyByteArray_Type, &st.blob, &PyList_Type,
+                          &results, &PyType_Type, &st.appended))
+        return NULL;
+    if (check_appended(st.appended) < 0)
+        return NULL;
+    for (; k < PyList_GET_SIZE(batch); k++) {
+        PyObject *item = PyList_GET_ITEM(batch, k), *records, *enc, *o_ts;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 5)
+            break;
+        records = PyTuple_GET_ITEM(item, 0);
+        enc = PyTuple_GET_ITEM(item, 1);
+        o_ts = PyTuple_GET_ITEM(item, 4);
+        if (!PyList_CheckExact(records) || !PyList_CheckExact(enc) || !PyLong_CheckExact(o_ts))
+            break;
+        unsigned long ts_s = PyLong_AsUnsignedLong(o_ts);
+        if (PyErr_Occurred() || ts_s > 0xFFFFFFFFUL) {
+            PyErr_Clear();
+            break;
+        }
+        PyObject *res = PyList_New(0);
+        if (res == NULL)
+            return NULL;
+        Py_ssize_t i = 0;
+        for (; i < PyList_GET_SIZE(records) && i < PyList_GET_SIZE(enc); i++) {
+            int r = plan_one(&st, PyList_GET_ITEM(records, i), PyList_GET_ITEM(enc, i), ts_s,
+                             res);
+            if (r < 0) {
+                Py_DECREF(res);
+                return NULL;
+            }
+            if (r == 0)   /* Python's record: hand it the call in progress */
+                return Py_BuildValue("(nnLLN)", k, i, st.pos, st.q, res);
+        }
+        int rc = PyList_Append(results, res);
+        Py_DECREF(res);
+        if (rc < 0)
+            return NULL;
+    }
+    return Py_BuildValue("(nnLLN)", k, (Py_ssize_t)0, st.pos, st.q, PyList_New(0));
 }
 
 /* ---- store (writer) ---- */
@@ -858,6 +953,10 @@ static PyMethodDef methods[] = {
     {"commit_write", commit_write, METH_VARARGS,
      "commit_write(index_writes, fd, parts, pos, sync): a group commit's pwrites and "
      "fdatasync with the GIL released once (see the C comment)."},
+    {"plan_calls", plan_calls, METH_VARARGS,
+     "plan_calls(batch, k, pos, q, topic, seg_limit, active_base, seen, high_water, ids, "
+     "parts, blob, results, appended) -> (k, i, pos, q, res): plan_run over whole append "
+     "calls of a group commit (see the C comment)."},
     {"crc16", py_crc16, METH_VARARGS, "crc16(data, crc=0xFFFF): CRC-16/CCITT-FALSE"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, crc=0): zlib's CRC-32"},
     {NULL, NULL, 0, NULL},

@@ -38,8 +38,9 @@ def _store_run(calls: list, speedups) -> tuple:
     n = iter(range(10**6))
     calls = [[(t, sn, seq * 1000 + next(n) if sn[:1] == "$" else seq, size)
               for t, sn, seq, size in call] for call in calls]
-    saved = writer._plan_run, writer._commit_write, dedup._dedup_run
+    saved = writer._plan_run, writer._plan_calls, writer._commit_write, dedup._dedup_run
     writer._plan_run = speedups and speedups.plan_run
+    writer._plan_calls = speedups and speedups.plan_calls
     writer._commit_write = speedups and speedups.commit_write
     dedup._dedup_run = speedups and speedups.dedup_run
     try:
@@ -69,7 +70,7 @@ def _store_run(calls: list, speedups) -> tuple:
                             files[name] = f.read()
             return res, reads, table, files
     finally:
-        writer._plan_run, writer._commit_write, dedup._dedup_run = saved
+        writer._plan_run, writer._plan_calls, writer._commit_write, dedup._dedup_run = saved
 
 
 @NOT_BUILT   # (then the writer runs its Python loop only)

@@ -38,6 +38,8 @@ log = logging.getLogger("lockmq.store")
 
 #: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._speedups), or None
 _plan_run = accel.speedups.plan_run if accel.COMPILED else None
+#: the same over whole append calls of a batch (lockmq._speedups), or None
+_plan_calls = accel.speedups.plan_calls if accel.COMPILED else None
 #: the compiled file work of a one-segment commit (lockmq._speedups), or None
 _commit_write = accel.speedups.commit_write if accel.COMPILED else None
 
@@ -407,12 +409,22 @@ class GroupCommit:
         blob = bytearray()
         run = _plan_run   # the compiled loop for the common record (None: Python only)
         hw = self._dedup.high_water()
-        for records, enc, _n, _fut, ts_s in batch:
+        calls = _plan_calls  # the compiled loop over whole calls (None: Python only)
+        k, nb = 0, len(batch)
+        while k < nb:
             res: list[Appended] = []
             i = 0
+            if calls is not None:   # whole calls in C, up to the first other record
+                k, i, pos, q, res = calls(batch, k, pos, q, topic, seg_limit, active_base,
+                                          seen, hw, ids, parts, blob, results, Appended)
+                if k >= nb:
+                    break
+            records, enc, _n, _fut, ts_s = batch[k]
             n = min(len(records), len(enc))
-            fast = run is not None and type(records) is list and type(enc) is list \
-                and 0 <= ts_s <= 0xFFFFFFFF
+            # (a one-record call is cheaper inline: plan_run's argument parsing costs
+            # more than the Python loop's one turn -- the broker's sync-100 case)
+            fast = run is not None and n > 1 and type(records) is list \
+                and type(enc) is list and 0 <= ts_s <= 0xFFFFFFFF
             while i < n:
                 if fast:   # new records of the current topic, up to the first other one
                     i, pos, q = run(records, enc, i, pos, q, topic, seg_limit, active_base,
@@ -459,6 +471,7 @@ class GroupCommit:
                 q += 1
                 pos += size
             results.append(res)
+            k += 1
         if c:
             c[1] = q
         if time_roll:
