@@ -835,7 +835,7 @@ static int pwritev_all(int fd, struct iovec *iov, Py_ssize_t cnt, off_t pos)
  *
  * One group commit's file work (store/writer.py GroupCommit._write, one segment):
  * each (index fd, entries, file position) of index_writes, then parts at pos of fd
- * (pwritev, no joined copy), then fdatasync(fd) if sync -- with the GIL released
+ * (joined without the GIL, one pwrite), then fdatasync(fd) if sync -- with the GIL released
  * once for all of it instead of once per call, so the writer thread hands the GIL
  * back and forth with the event loop once per commit. OSError (errno set) on an
  * error: the caller undoes the whole batch. */
@@ -875,13 +875,32 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
         iov[k].iov_len = (size_t)bufs[nb].len;
         nb++;
     }
+    size_t total = 0;
+    for (k = 0; k < np; k++)
+        total += iov[k].iov_len;
+    /* the parts are copied into one buffer (below, without the GIL) and written
+     * with one pwrite: a pwritev of a thousand small parts cost the kernel more
+     * than the copy costs here (measured: writer-thread system time doubled) */
+    char *joined = np > 1 ? PyMem_RawMalloc(total ? total : 1) : NULL;
+    if (np > 1 && joined == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     int rc = 0;
     Py_BEGIN_ALLOW_THREADS
     for (k = 0; k < ni && rc == 0; k++) {
         struct iovec one = {bufs[k].buf, (size_t)bufs[k].len};
         rc = pwritev_all(ifd[k], &one, 1, (off_t)ipos[k]);
     }
-    if (rc == 0)
+    if (rc == 0 && joined != NULL) {
+        size_t at = 0;
+        for (k = 0; k < np; k++) {
+            memcpy(joined + at, iov[k].iov_base, iov[k].iov_len);
+            at += iov[k].iov_len;
+        }
+        struct iovec one = {joined, total};
+        rc = pwritev_all(fd, &one, 1, (off_t)pos);
+    } else if (rc == 0)
         rc = pwritev_all(fd, iov, np, (off_t)pos);
     if (rc == 0 && sync) {
         do
@@ -889,6 +908,7 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
         while (rc < 0 && errno == EINTR);
     }
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(joined);
     if (rc < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
