@@ -454,7 +454,8 @@ class GroupCommit:
                     chunk = self._roll_chunk(pos, counters)
                     plan.chunks.append(chunk)
                     parts = chunk.parts
-                if rec.topic is not topic:  # batches are mostly one topic
+                if rec.topic != topic:  # batches are mostly one topic (equal, not
+                    # always the same object: the broker decodes each read's topic)
                     if c:
                         c[1] = q
                     topic = rec.topic
