@@ -28,7 +28,7 @@ from typing import Iterable
 from lockmq import accel
 
 #: the compiled in-order loop of :meth:`DedupTable.add_many` (lockmq._speedups), or None
-_dedup_run = accel.speedups.dedup_run if accel.COMPILED else None
+_dedup_run = getattr(accel.speedups, "dedup_run", None)  # (None: an older build)
 _ENTRY = struct.Struct("<BIHH")  # sn_len, hw, known, gaps_len (then sn, gaps bytes)
 #: SNs starting with this are the broker's (reserved: no client may publish under one).
 SYSTEM_SN_PREFIX = "$"
