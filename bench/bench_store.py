@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_store.py                 # full run (1 GiB recovery log)
     .venv/bin/python bench/bench_store.py --recovery-bytes 64M --runs 3 --seconds 2
+    .venv/bin/python bench/bench_store.py --compare --baseline /tmp/base --pure \
+        --writers 100 --batched-writers 10 --async-writers '' --runs 3 --seconds 1
 
 Measures, with 24-byte payloads (the paper's unlock record):
   * appends/s and MB/s at flush=sync with 1, 100 and 1000 concurrent writers
@@ -87,15 +89,24 @@ async def store_run(path: str, flush: str, writers: int, seconds: float,
     tasks = [asyncio.ensure_future(writer(w)) for w in range(writers)]
     await asyncio.sleep(0.2)  # warm up
     c0, b0, f0, n0 = count, s.stats["bytes"], s.stats["fsyncs"], s.stats["batches"]
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0, w0 = time.perf_counter(), time.process_time(), writer_thread_cpu()
     await asyncio.sleep(seconds)
     c1, b1, f1, n1 = count, s.stats["bytes"], s.stats["fsyncs"], s.stats["batches"]
     dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    wcpu = writer_thread_cpu() - w0
     stop = True
     await asyncio.gather(*tasks)
     await s.close()
     return {"records": c1 - c0, "bytes": b1 - b0, "fsyncs": f1 - f0, "batches": n1 - n0,
-            "seconds": dt, "cpu_seconds": cpu}
+            "seconds": dt, "cpu_seconds": cpu, "writer_cpu_seconds": wcpu}
+
+
+def writer_thread_cpu() -> float:
+    """CPU seconds (user + system) of the store's writer thread so far (0 if none)."""
+    for t in threading.enumerate():
+        if t.name == "lockmq-store-writer" and t.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    return 0.0
 
 
 def floor_run(path: str, record: bytes, write_bytes: int, writes_per_fsync: float,
@@ -165,6 +176,64 @@ def throughput(args, bench_dir: str, loop_name: str) -> dict:
         out[f"{flush}_{writers}{calls.strip()}"] = {
             "rec_s": rates, "floor_rec_s": floors, "ratio": ratios, "mb_s": mbs,
             "records_per_batch": batch, "cpu_us_per_record": cpu_us}
+    return out
+
+
+def one_case(args) -> None:
+    """--one-case FLUSH,WRITERS,PER_CALL: one store_run, printed as JSON (a
+    --compare subprocess, which may run another tree's lockmq)."""
+    flush, writers, per_call = args.one_case.split(",")
+    d = tempfile.mkdtemp(dir=args.dir or os.getcwd())
+    try:
+        r = asyncio.run(store_run(d, flush, int(writers), args.seconds, int(per_call)))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print(json.dumps(r))
+
+
+def compare(args, bench_dir: str) -> dict:
+    """This tree ("after") against --baseline TREE ("before") and/or itself with
+    LOCKMQ_PURE_PYTHON=1 ("pure"): each case's variants run alternately, one fresh
+    process each, so a busy machine slows all of them alike. Prints rates, process
+    and writer-thread CPU per record (min/median/max) and per-run ratios to "after"."""
+    variants = {"after": {}}
+    if args.baseline:
+        variants["before"] = {"PYTHONPATH": os.path.join(os.path.abspath(args.baseline), "host")}
+    if args.pure:
+        variants["pure"] = {"LOCKMQ_PURE_PYTHON": "1"}
+    cases = ([f"sync,{w},1" for w in args.writers]
+             + [f"sync,{w},{args.batch}" for w in args.batched_writers]
+             + [f"async,{w},1" for w in args.async_writers])
+    out: dict = {}
+    for case in cases:
+        got: dict[str, list[dict]] = {v: [] for v in variants}
+        for _ in range(args.runs):
+            for name, env in variants.items():
+                res = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--one-case", case,
+                     "--seconds", str(args.seconds), "--dir", bench_dir]
+                    + (["--no-uvloop"] if args.no_uvloop else []),
+                    env={**os.environ, **env}, capture_output=True, text=True, check=True)
+                got[name].append(json.loads(res.stdout.strip().splitlines()[-1]))
+        print(f"\n  case {case} (flush, writers, records per call)")
+        out[case] = {}
+        for name, runs in got.items():
+            n = [max(1, r["records"]) for r in runs]
+            fig = {"rec_s": [r["records"] / r["seconds"] for r in runs],
+                   "cpu_us": [r["cpu_seconds"] / k * 1e6 for r, k in zip(runs, n)],
+                   "writer_cpu_us": [r["writer_cpu_seconds"] / k * 1e6 for r, k in zip(runs, n)],
+                   "records_per_batch": [r["records"] / max(1, r["batches"]) for r in runs]}
+            out[case][name] = fig
+            print(f"    {name:7} rec/s {stats3(fig['rec_s'])}   records/batch median "
+                  f"{statistics.median(fig['records_per_batch']):.0f}")
+            for key in ("cpu_us", "writer_cpu_us"):
+                xs = fig[key]
+                line = (f"    {'':7} {key:14} min {min(xs):.2f}  median "
+                        f"{statistics.median(xs):.2f}  max {max(xs):.2f}")
+                if name != "after":
+                    rs = [a / b for a, b in zip(out[case]["after"][key], xs)]
+                    line += f"   after/{name} {ratio3(rs)}"
+                print(line)
     return out
 
 
@@ -326,6 +395,14 @@ def main() -> int:
     p.add_argument("--inline-case", default="1000x1",
                    help="WRITERSxRECORDS_PER_CALL for --inline-rounds (default 1000x1; "
                         "the broker's batched path: 10x100)")
+    p.add_argument("--compare", action="store_true",
+                   help="only the append cases, this tree against --baseline and/or --pure, "
+                        "alternating fresh processes; reports writer-thread CPU per record")
+    p.add_argument("--baseline", default=None, metavar="TREE",
+                   help="with --compare: another source tree (git archive main | tar -x -C TREE)")
+    p.add_argument("--pure", action="store_true",
+                   help="with --compare: also this tree with LOCKMQ_PURE_PYTHON=1")
+    p.add_argument("--one-case", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     loop_name = "asyncio"
     if not args.no_uvloop:
@@ -337,6 +414,19 @@ def main() -> int:
             pass
     if args.inline_rounds:
         inline_path(args)
+        return 0
+    if args.one_case:
+        one_case(args)
+        return 0
+    if args.compare:
+        bench_dir = tempfile.mkdtemp(prefix="lockmq-bench-", dir=args.dir or os.getcwd())
+        try:
+            info = machine_facts(bench_dir)
+            print("machine: " + json.dumps(info))
+            result = {"machine": info, "compare": compare(args, bench_dir)}
+            print("\njson: " + json.dumps(result))
+        finally:
+            shutil.rmtree(bench_dir, ignore_errors=True)
         return 0
     bench_dir = tempfile.mkdtemp(prefix="lockmq-bench-", dir=args.dir or os.getcwd())
     try:

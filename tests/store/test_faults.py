@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from lockmq.store import Store, StoreBusy, StoreFailed, StoreFull, engine
+from lockmq import accel
+from lockmq.store import Store, StoreBusy, StoreFailed, StoreFull, engine, writer
 from lockmq.store.inspect import check_dir
 
 from .helpers import config, rec, run
@@ -18,9 +19,39 @@ def _in_writer() -> bool:
     return threading.current_thread().name == "lockmq-store-writer"
 
 
-def test_injected_enospc_cuts_the_batch_back(data_dir, monkeypatch):
+#: the writer's two ways of doing a commit's file work: os.pwrite/os.fdatasync calls
+#: (Python) and one _speedups.commit_write call (compiled), where faults are injected
+#: into that call instead (it does not go through the os module)
+PATHS = ["python", pytest.param("compiled", marks=pytest.mark.skipif(
+    not accel.COMPILED, reason=f"lockmq._speedups not in use: {accel.DESCRIPTION}"))]
+
+
+def _commit_path(monkeypatch, path: str, fault):
+    """Run the writer on ``path``; for "compiled", wrap its commit_write so that
+    ``fault(writes, fd, parts, pos, sync)`` may write part of it and raise first."""
+    if path == "python":
+        monkeypatch.setattr(writer, "_commit_write", None)
+        return
+    real = accel.speedups.commit_write
+
+    def commit_write(writes, fd, parts, pos, sync):
+        if _in_writer():
+            fault(real, writes, fd, parts, pos, sync)
+        return real(writes, fd, parts, pos, sync)
+    monkeypatch.setattr(writer, "_commit_write", commit_write)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_injected_enospc_cuts_the_batch_back(data_dir, monkeypatch, path):
     real_pwrite = os.pwrite
     fail = {"on": False}
+
+    def half_then_enospc(real, writes, fd, parts, pos, sync):
+        if fail["on"]:   # the index entries and half the log bytes land, then ENOSPC
+            data = b"".join(parts)
+            real(writes, fd, [data[:len(data) // 2]], pos, False)
+            raise OSError(errno.ENOSPC, "No space left on device")
+    _commit_path(monkeypatch, path, half_then_enospc)
 
     def pwrite(fd, data, pos):
         if fail["on"] and _in_writer() and len(data) > 16 * 3:
@@ -51,9 +82,16 @@ def test_injected_enospc_cuts_the_batch_back(data_dir, monkeypatch):
     assert check_dir(str(data_dir)).ok
 
 
-def test_failed_fsync_stops_all_writes_until_restart(data_dir, monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_failed_fsync_stops_all_writes_until_restart(data_dir, monkeypatch, path):
     real = os.fdatasync
     state = {"fail": False}
+
+    def written_then_eio(real_commit, writes, fd, parts, pos, sync):
+        if state["fail"] and sync:   # the writes land, the fdatasync fails
+            real_commit(writes, fd, parts, pos, False)
+            raise OSError(errno.EIO, "Input/output error")
+    _commit_path(monkeypatch, path, written_then_eio)
 
     def fdatasync(fd):
         if state["fail"] and _in_writer():
@@ -114,7 +152,8 @@ def test_index_with_many_dead_entries_is_rewritten_at_open(data_dir, monkeypatch
     run(main())
 
 
-def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch, path):
     """While the writer thread is stuck in fdatasync, the event loop runs, reads
     answer at once, and the records being synced are not visible yet."""
     import asyncio
@@ -122,6 +161,13 @@ def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch):
     real = os.fdatasync
     gate = threading.Event()
     entered = threading.Event()
+
+    def slow_sync(real_commit, writes, fd, parts, pos, sync):
+        if sync and not gate.is_set():   # written; stuck before the sync ends
+            real_commit(writes, fd, parts, pos, False)
+            entered.set()
+            gate.wait(10)
+    _commit_path(monkeypatch, path, slow_sync)
 
     def slow_fdatasync(fd):
         if _in_writer() and not gate.is_set():

@@ -75,8 +75,17 @@ class TopicIndex:
 
     def write_entries(self, first_qoff: int, blob: bytes) -> None:
         """Write packed entries starting at queue offset ``first_qoff`` (pwrite)."""
-        os.pwrite(self.fd, blob, HEADER_SIZE + (first_qoff - self.base) * ENTRY_SIZE)
-        self.count = max(self.count, first_qoff - self.base + len(blob) // ENTRY_SIZE)
+        os.pwrite(self.fd, blob, self.entry_pos(first_qoff))
+        self.wrote(first_qoff, len(blob) // ENTRY_SIZE)
+
+    def entry_pos(self, qoff: int) -> int:
+        """File position of queue offset ``qoff``'s entry."""
+        return HEADER_SIZE + (qoff - self.base) * ENTRY_SIZE
+
+    def wrote(self, first_qoff: int, n: int) -> None:
+        """Count ``n`` entries written from ``first_qoff`` on by someone else (the
+        writer's one-call commit, :func:`lockmq._speedups.commit_write`)."""
+        self.count = max(self.count, first_qoff - self.base + n)
 
     def truncate(self, end_qoff: int) -> None:
         """Drop every entry at or after queue offset ``end_qoff``."""

@@ -77,6 +77,11 @@ class Segment:
                 pos += w
                 view = view[w:]
 
+    @property
+    def write_fd(self) -> int:
+        """The write descriptor (-1 when closed), for a caller doing its own pwrites."""
+        return self._wfd
+
     def close_writer(self) -> None:
         """Close the write descriptor (the segment was closed by a roll)."""
         if self._wfd >= 0:

@@ -38,6 +38,10 @@ log = logging.getLogger("lockmq.store")
 
 #: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._speedups), or None
 _plan_run = accel.speedups.plan_run if accel.COMPILED else None
+#: the same over whole append calls of a batch (lockmq._speedups), or None
+_plan_calls = getattr(accel.speedups, "plan_calls", None)  # (None: an older build)
+#: the compiled file work of a one-segment commit (lockmq._speedups), or None
+_commit_write = getattr(accel.speedups, "commit_write", None)
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -405,12 +409,22 @@ class GroupCommit:
         blob = bytearray()
         run = _plan_run   # the compiled loop for the common record (None: Python only)
         hw = self._dedup.high_water()
-        for records, enc, _n, _fut, ts_s in batch:
+        calls = _plan_calls  # the compiled loop over whole calls (None: Python only)
+        k, nb = 0, len(batch)
+        while k < nb:
             res: list[Appended] = []
             i = 0
+            if calls is not None:   # whole calls in C, up to the first other record
+                k, i, pos, q, res = calls(batch, k, pos, q, topic, seg_limit, active_base,
+                                          seen, hw, ids, parts, blob, results, Appended)
+                if k >= nb:
+                    break
+            records, enc, _n, _fut, ts_s = batch[k]
             n = min(len(records), len(enc))
-            fast = run is not None and type(records) is list and type(enc) is list \
-                and 0 <= ts_s <= 0xFFFFFFFF
+            # (a one-record call is cheaper inline: plan_run's argument parsing costs
+            # more than the Python loop's one turn -- the broker's sync-100 case)
+            fast = run is not None and n > 1 and type(records) is list \
+                and type(enc) is list and 0 <= ts_s <= 0xFFFFFFFF
             while i < n:
                 if fast:   # new records of the current topic, up to the first other one
                     i, pos, q = run(records, enc, i, pos, q, topic, seg_limit, active_base,
@@ -440,7 +454,8 @@ class GroupCommit:
                     chunk = self._roll_chunk(pos, counters)
                     plan.chunks.append(chunk)
                     parts = chunk.parts
-                if rec.topic is not topic:  # batches are mostly one topic
+                if rec.topic != topic:  # batches are mostly one topic (equal, not
+                    # always the same object: the broker decodes each read's topic)
                     if c:
                         c[1] = q
                     topic = rec.topic
@@ -457,6 +472,7 @@ class GroupCommit:
                 q += 1
                 pos += size
             results.append(res)
+            k += 1
         if c:
             c[1] = q
         if time_roll:
@@ -510,6 +526,9 @@ class GroupCommit:
         created: list[Segment] = []
         written: list[Segment] = []
         old = self._active
+        if _commit_write is not None and len(plan.chunks) == 1 and not plan.chunks[0].new:
+            self._write_one(plan, idx_undo)
+            return
         try:
             for t, first, blob in plan.index.values():
                 idx_undo.append((t.index, t.index.count))
@@ -559,6 +578,36 @@ class GroupCommit:
             self._active_last_ms = now
             if self._active_first_ms is None:
                 self._active_first_ms = now
+        if not self._sync:
+            self._unsynced = True
+
+    def _write_one(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]]) -> None:
+        """:meth:`_write` of the common commit -- every record in the active segment,
+        no roll -- in one C call: index pwrites, log pwritev, fdatasync (``sync``),
+        with the GIL released once rather than per system call."""
+        seg = self._active
+        ch = plan.chunks[0]
+        writes = []
+        for t, first, blob in plan.index.values():
+            idx = t.index
+            idx_undo.append((idx, idx.count))
+            writes.append((idx.fd, blob, idx.entry_pos(first)))
+        try:
+            _commit_write(writes, seg.write_fd, ch.parts, ch.file_pos,  # type: ignore[misc]
+                          self._sync)
+        except OSError as exc:
+            self._undo(plan, idx_undo, [])
+            if exc.errno in _NO_SPACE:
+                raise StoreFull(f"disk full: {exc}") from exc
+            raise
+        for t, first, blob in plan.index.values():
+            t.index.wrote(first, len(blob) // ENTRY_SIZE)
+        if self._sync:
+            self.stats["fsyncs"] += 1
+        now = plan.now_ms
+        self._active_last_ms = now
+        if self._active_first_ms is None:
+            self._active_first_ms = now
         if not self._sync:
             self._unsynced = True
 
