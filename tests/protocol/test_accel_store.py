@@ -37,12 +37,6 @@ def _store_run(calls: list, speedups) -> tuple:
     """Append ``calls`` (pairs of calls at once: one group commit may hold several)
     with the writer's and dedup table's compiled parts from ``speedups`` (None: the
     Python ones); the results, the reads, the files, their bytes, the dedup table."""
-    # a system id ("$...") is numbered uniquely by the broker; two copies of one in
-    # the same group commit are dropped as duplicates but in two commits both stored,
-    # and whether two concurrent calls share a commit is timing: keep them unique
-    n = iter(range(10**6))
-    calls = [[(t, sn, seq * 1000 + next(n) if sn[:1] == "$" else seq, size)
-              for t, sn, seq, size in call] for call in calls]
     saved = writer._plan_run, writer._plan_calls, writer._commit_write, dedup._dedup_run
     writer._plan_run = speedups and speedups.plan_run
     writer._plan_calls = speedups and speedups.plan_calls

@@ -135,6 +135,27 @@ def test_duplicates_are_not_stored_again_also_after_restart(data_dir):
     run(main())
 
 
+def test_system_ids_are_stored_whatever_the_batching(data_dir):
+    """The broker's own ids ("$...") are never dropped as duplicates: not across group
+    commits, and not when two copies share one (which two concurrent calls do or do
+    not is timing, so the answer must not depend on it)."""
+    async def main():
+        s = Store.open(config(data_dir))
+        one = await s.append([rec("t", "$broker", 7), rec("t", "$broker", 7)])
+        other = await s.append([rec("t", "$broker", 7)])
+        with s.writes_held():   # two calls queued while the writer waits: one commit
+            both = asyncio.gather(s.append([rec("t", "$broker", 9)]),
+                                  s.append([rec("t", "$broker", 9), rec("t", "A", 1),
+                                            rec("t", "A", 1)]))
+            await asyncio.sleep(0)   # (each task's first step queues its call)
+        first, second = await both
+        assert [a.duplicate for a in one + other + first] == [False] * 4
+        assert [a.duplicate for a in second] == [False, False, True]
+        assert s.queue_end("t") == 6
+        await s.close()
+    run(main())
+
+
 def test_bad_record_refuses_the_whole_call(data_dir):
     async def main():
         s = Store.open(config(data_dir))

@@ -26,7 +26,7 @@ from lockmq.clock import SYSTEM_CLOCK, Clock
 
 from . import checkpoint as ckpt
 from .config import StoreConfig
-from .dedup import DedupTable
+from .dedup import DedupTable, is_system_sn
 from .errors import StoreBusy, StoreFailed, StoreFull
 from .files import fsync_dir
 from .index import ENTRY, ENTRY_SIZE, TopicIndex
@@ -440,7 +440,10 @@ class GroupCommit:
                 # most records are above their lock's high water: new, no full check
                 e = hw_of(sn)
                 # (contains() is False for the broker's own "$" ids: never dropped)
-                if key in seen or (e is not None and seq <= e[0] and contains(sn, seq)):
+                # (a system id is never a duplicate, in this batch or another: the
+                # broker numbers its own records; see dedup.py)
+                if (key in seen and not is_system_sn(sn)) \
+                        or (e is not None and seq <= e[0] and contains(sn, seq)):
                     res.append(new_app(Appended, (-1, rec.topic, -1, True)))
                     dup += 1
                     continue
