@@ -54,9 +54,11 @@ def test_first_connect_gives_up_after_connect_retry_s():
     assert asyncio.run(attempts(0.3)) >= 2
 
 
-@pytest.mark.parametrize("order", ["dead,dead2,live", "dead,live,dead"])
+@pytest.mark.parametrize("order", ["dead,dead2,live", "dead,live,dead", "dead,dead2,dead,live"])
 def test_a_broker_list_is_walked_in_order_to_the_live_broker(broker, order):
-    """Each failed connect moves to the next address of the list, wrapping around."""
+    """Each failed connect moves to the next address of the list, wrapping around --
+    by its place in the list, so an address listed twice does not send the walk back
+    to its first place (which never reached what comes after the second)."""
     dead, dead2 = free_port(), free_port()
     addresses = order.replace("dead2", f"127.0.0.1:{dead2}").replace(
         "dead", f"127.0.0.1:{dead}").replace("live", broker.address)
