@@ -189,3 +189,36 @@ def test_publish_path_answers_every_submitter_and_refuses_only_the_bad_record(tm
         assert isinstance(answers["closed"][0], PublishRefused)
 
     asyncio.run(run())
+
+
+def test_a_compiled_module_built_before_queue_run_still_runs_the_broker() -> None:
+    """``lockmq._speedups`` is a build product a tree can keep from before a pull: one
+    without ``queue_run`` (the functions of an earlier build only) must leave the
+    broker importable, with the publish runs queued by the pure-Python twin -- as the
+    store takes its newer compiled functions (before: AttributeError at import)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from lockmq import accel
+
+    if not accel.COMPILED:
+        pytest.skip(f"needs the compiled module ({accel.DESCRIPTION})")
+    code = (
+        "import sys, types\n"
+        "import lockmq, lockmq._speedups as built\n"
+        "older = types.ModuleType('lockmq._speedups')\n"
+        "for name in ('scan_publishes', 'scan_frame', 'encode_records', 'publish_acks',\n"
+        "             'plan_run', 'crc16', 'crc32'):\n"
+        "    setattr(older, name, getattr(built, name))\n"
+        "sys.modules['lockmq._speedups'] = lockmq._speedups = older\n"
+        "from lockmq import accel\n"
+        "from lockmq.broker import connection\n"
+        "from lockmq.protocol import _fast\n"
+        "assert accel.COMPILED and connection._scan_publishes is built.scan_publishes\n"
+        "assert connection._queue_run is _fast.queue_run\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -62,8 +62,9 @@ _ONEWAY = Flag.ONEWAY
 # The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
-# ... and each run of them to one topic queued for the store in one call
-_queue_run = accel.speedups.queue_run if accel.COMPILED else _py_queue_run
+# ... and each run of them to one topic queued for the store in one call (its twin
+# with a _speedups built before queue_run: the broker still starts, as the store does)
+_queue_run = getattr(accel.speedups, "queue_run", _py_queue_run)
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
