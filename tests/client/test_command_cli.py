@@ -88,11 +88,12 @@ def test_with_a_token_and_auth_off_the_cli_says_why_it_waits(broker, capsys):
     assert rest and "GHOST-4" in rest[-1]   # then the broker's answer: offline
 
 
-def test_with_wait_or_a_schedule_no_note_is_printed(broker, capsys):
-    """--wait asks for the hold: no note about it."""
+@pytest.mark.parametrize("when", [["--wait"], ["--delay", "3600"]])
+def test_with_wait_or_a_schedule_no_note_is_printed(broker, capsys, when):
+    """--wait asks for the hold, --delay stores the command for later: no note."""
     rc = main(["command", "--broker", broker.address, "--token", "any-token", "GHOST-5",
-               "reboot", "--expires", "0.3", "--wait"])
-    assert rc == 1
+               "reboot", "--expires", "0.3", *when])
+    assert rc == (1 if when == ["--wait"] else 0)
     assert "waiting up to" not in capsys.readouterr().err
 
 
