@@ -129,16 +129,23 @@ def queue_run(pubs, start, limit, record_type, queue, records):
     i = start
     size = 0
     topic = None
-    while i < len(pubs) and i - start < limit:
-        opaque, flags, sn, t, seq, lock_ts_ms, payload = pubs[i]
-        if flags & Flag.ONEWAY or (topic is not None and t != topic):
-            break
-        topic = t
-        rec = record_type(t, sn, seq, lock_ts_ms, payload)
-        records.append(rec)
-        queue.append((opaque, False, rec))
-        size += len(payload) + 64
-        i += 1
+    n_queue = len(queue)
+    n_records = len(records)
+    try:
+        while i < len(pubs) and i - start < limit:
+            opaque, flags, sn, t, seq, lock_ts_ms, payload = pubs[i]
+            if flags & Flag.ONEWAY or (topic is not None and t != topic):
+                break
+            topic = t
+            rec = record_type(t, sn, seq, lock_ts_ms, payload)
+            records.append(rec)
+            queue.append((opaque, False, rec))
+            size += len(payload) + 64
+            i += 1
+    except BaseException:   # nothing of a failed call stays queued (as in C)
+        del queue[n_queue:]
+        del records[n_records:]
+        raise
     return i, size
 
 
