@@ -123,22 +123,30 @@ def queue_run(pubs, start, limit, record_type, queue, records):
     lock_ts_ms, payload)`` appended to ``records`` and ``(opaque, False, record)`` to
     ``queue``. Returns ``(stop, size)``: where the run ended (``start`` when
     ``pubs[start]`` is ONEWAY) and the records' buffer cost (payload length + 64
-    each). The reference of ``lockmq._speedups.queue_run``."""
+    each). On an error nothing of this call stays queued (the caller answers it and
+    goes on after the run's first record). The reference of
+    ``lockmq._speedups.queue_run``."""
     if start < 0 or start > len(pubs):
         raise ValueError("start out of range")
     i = start
     size = 0
     topic = None
-    while i < len(pubs) and i - start < limit:
-        opaque, flags, sn, t, seq, lock_ts_ms, payload = pubs[i]
-        if flags & Flag.ONEWAY or (topic is not None and t != topic):
-            break
-        topic = t
-        rec = record_type(t, sn, seq, lock_ts_ms, payload)
-        records.append(rec)
-        queue.append((opaque, False, rec))
-        size += len(payload) + 64
-        i += 1
+    queued, recorded = len(queue), len(records)
+    try:
+        while i < len(pubs) and i - start < limit:
+            opaque, flags, sn, t, seq, lock_ts_ms, payload = pubs[i]
+            if flags & Flag.ONEWAY or (topic is not None and t != topic):
+                break
+            topic = t
+            rec = record_type(t, sn, seq, lock_ts_ms, payload)
+            records.append(rec)
+            queue.append((opaque, False, rec))
+            size += len(payload) + 64
+            i += 1
+    except BaseException:
+        del queue[queued:]
+        del records[recorded:]
+        raise
     return i, size
 
 

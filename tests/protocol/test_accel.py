@@ -364,8 +364,9 @@ def test_a_run_is_one_topic_answered(impl: SimpleNamespace) -> None:
             impl.queue_run(pubs, bad, 1, NewRecord, [], [])
 
 
-@NOT_BUILT
-def test_a_failed_run_leaves_nothing_queued() -> None:
+def test_a_failed_run_leaves_nothing_queued(impl: SimpleNamespace) -> None:
+    # (both paths: the caller goes on from the failed run's first record, so a
+    # record left queued by the fallback would be stored twice)
     def record(*args):
         if args[2] == 3:
             raise RuntimeError("no")
@@ -373,7 +374,7 @@ def test_a_failed_run_leaves_nothing_queued() -> None:
     pubs = [(i, 0, SN, "a", i, 0, b"") for i in range(1, 5)]
     queue, recs = [(0, False, None)], [None]
     with pytest.raises(RuntimeError):
-        SPEEDUPS.queue_run(pubs, 0, 10, record, queue, recs)
+        impl.queue_run(pubs, 0, 10, record, queue, recs)
     assert queue == [(0, False, None)] and recs == [None]
 
 
