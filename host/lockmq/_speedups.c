@@ -544,7 +544,8 @@ static int plan_one(plan_state *st, PyObject *rec, PyObject *b, unsigned long ts
 {
     if (!PyBytes_CheckExact(b))
         return 0;
-    Py_INCREF(rec);
+    Py_INCREF(rec);   /* both held: the attribute lookups below may run Python code */
+    Py_INCREF(b);
     PyObject *sn = PyObject_GetAttr(rec, s_sn), *seq = NULL, *rtopic = NULL, *key = NULL;
     int ret = -1;
     if (sn == NULL || !(seq = PyObject_GetAttr(rec, s_seq))
@@ -578,7 +579,9 @@ static int plan_one(plan_state *st, PyObject *rec, PyObject *b, unsigned long ts
         ret = 0;
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 1)
             goto out;
+        Py_INCREF(e);   /* (borrowed from hw: held while the comparison runs) */
         int le = PyObject_RichCompareBool(seq, PyTuple_GET_ITEM(e, 0), Py_LE);
+        Py_DECREF(e);
         ret = -1;
         if (le < 0)
             goto out;
@@ -619,7 +622,7 @@ static int plan_one(plan_state *st, PyObject *rec, PyObject *b, unsigned long ts
     st->pos += size;
     ret = 1;
 out:
-    Py_DECREF(rec); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
+    Py_DECREF(rec); Py_DECREF(b); Py_XDECREF(sn); Py_XDECREF(seq); Py_XDECREF(rtopic); Py_XDECREF(key);
     return ret;
 }
 
@@ -893,7 +896,7 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    int rc = 0;
+    int rc = 0, err = 0;
     Py_BEGIN_ALLOW_THREADS
     for (k = 0; k < ni && rc == 0; k++) {
         struct iovec one = {bufs[k].buf, (size_t)bufs[k].len};
@@ -914,9 +917,12 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
             rc = fdatasync(fd);
         while (rc < 0 && errno == EINTR);
     }
+    if (rc < 0)
+        err = errno;   /* the failed call's, before anything else can set it */
     Py_END_ALLOW_THREADS
     PyMem_RawFree(joined);
     if (rc < 0) {
+        errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }

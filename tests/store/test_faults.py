@@ -193,3 +193,57 @@ def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch, path)
         assert [r.seq for r in s.read("t", 0, 100)] == list(range(9))
         await s.close()
     run(main())
+
+
+def test_a_batch_the_writer_cannot_plan_is_refused_not_left_waiting(data_dir, monkeypatch):
+    """An error while planning a group commit (a compiled loop's MemoryError, say)
+    answers that batch's calls with StoreFailed -- it used to kill the writer thread
+    and leave them waiting forever -- and the next append is stored as if it never
+    came: nothing of the failed plan was written or counted."""
+    import asyncio
+    real = writer.GroupCommit._plan
+    state = {"fail": True}
+
+    def plan(self, batch):
+        if state["fail"]:
+            state["fail"] = False
+            raise MemoryError("injected")
+        return real(self, batch)
+    monkeypatch.setattr(writer.GroupCommit, "_plan", plan)
+
+    async def main():
+        s = Store.open(config(data_dir))
+        with pytest.raises(StoreFailed, match="MemoryError"):
+            await asyncio.wait_for(s.append([rec("t", "A", 1)]), 10)
+        again = await asyncio.wait_for(s.append([rec("t", "A", 1), rec("t", "A", 2)]), 10)
+        assert [(a.queue_offset, a.duplicate) for a in again] == [(0, False), (1, False)]
+        assert [r.seq for r in s.read("t", 0, 10)] == [1, 2]
+        await s.close()
+    run(main())
+    assert check_dir(str(data_dir)).ok
+
+
+def test_a_short_index_write_is_finished(data_dir, monkeypatch):
+    """pwrite may write less than asked without an error: the Python path goes on
+    with the rest of the index entries, as the log bytes (Segment.write_at) and the
+    compiled commit_write do, instead of counting entries that never landed."""
+    real_pwrite = os.pwrite
+    state = {"short": 0}
+
+    def pwrite(fd, data, pos):
+        if _in_writer() and state["short"] == 0 and len(data) == 16 * 5:  # the index write
+            state["short"] += 1
+            return real_pwrite(fd, bytes(data)[:40], pos)
+        return real_pwrite(fd, data, pos)
+    monkeypatch.setattr(writer, "_commit_write", None)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=1 << 20))
+        got = await s.append([rec("t", "A", i) for i in range(5)])
+        assert state["short"] == 1
+        assert [r.seq for r in s.read("t", 0, 10)] == list(range(5))
+        assert [r.offset for r in s.read("t", 0, 10)] == [a.offset for a in got]
+        await s.close()
+    run(main())
+    assert check_dir(str(data_dir)).ok

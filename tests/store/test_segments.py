@@ -121,3 +121,23 @@ def test_backup_copies_the_run_of_segments_that_have_their_sidecars(tmp_path):
     for _b, log_fd, side_fd in kept:
         os.close(log_fd)
         os.close(side_fd)
+
+
+def test_segment_at_refuses_an_offset_outside_the_log(data_dir):
+    """Before the log start (deleted by retention) or past its end there is no
+    segment: an error, not the active segment (a raw-log copier reading it would
+    send the wrong bytes)."""
+    import pytest
+
+    async def main():
+        s = Store.open(config(data_dir, segment_bytes=1024, retention_ms=1))
+        await fill(s, "t", "A", range(100), batch=5)
+        s.enforce_retention({}, now_ms=10**15)
+        start, end = s.log_start, s.log_end
+        assert start > 0
+        assert s.segment_at(start)[0].base == start and s.segment_at(end)[1] == end
+        for bad in (start - 1, 0, -1, end + 1):
+            with pytest.raises(ValueError):
+                s.segment_at(bad)
+        await s.close()
+    run(main())

@@ -367,8 +367,13 @@ class Store:
         """The segment holding commit-log ``offset`` (``log_start <= offset <= log_end``;
         the active one at ``log_end``) and the offset just past it (``log_end`` for the
         active one): how a copier of raw log bytes (lockmq.replication) reads them,
-        with ``Segment.pread`` below that end. Segments are never rewritten."""
+        with ``Segment.pread`` below that end. Segments are never rewritten.
+        ValueError outside that range (index_of would name the active segment for
+        an offset retention deleted)."""
         segs = self._segments
+        if not segs.start <= offset <= self._end:
+            raise ValueError(f"commit-log offset {offset} is outside the log "
+                             f"[{segs.start}, {self._end}]")
         k = segs.index_of(offset)
         return segs[k], segs.end_of(k, self._end)
 

@@ -74,8 +74,14 @@ class TopicIndex:
         return self.base + self.count
 
     def write_entries(self, first_qoff: int, blob: bytes) -> None:
-        """Write packed entries starting at queue offset ``first_qoff`` (pwrite)."""
-        os.pwrite(self.fd, blob, self.entry_pos(first_qoff))
+        """Write packed entries starting at queue offset ``first_qoff`` (pwrite until
+        all of them are written: a short write is not an error)."""
+        pos = self.entry_pos(first_qoff)
+        view = memoryview(blob)
+        while view:
+            w = os.pwrite(self.fd, view, pos)
+            pos += w
+            view = view[w:]
         self.wrote(first_qoff, len(blob) // ENTRY_SIZE)
 
     def entry_pos(self, qoff: int) -> int:

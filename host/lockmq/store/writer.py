@@ -339,7 +339,17 @@ class GroupCommit:
             loop.call_soon_threadsafe(self._fail, batch,
                                       StoreFailed(f"store failed earlier: {self.failed!r}"))
             return
-        plan = self._plan(batch)
+        try:
+            plan = self._plan(batch)
+        except Exception as exc:
+            # (a bug or MemoryError, in the Python loop or a compiled one): refuse
+            # this batch. Nothing was written and only the plan's own objects were
+            # changed (queue offsets are assigned at its end), so the store goes on;
+            # not answering the calls would leave their appenders waiting forever.
+            log.error("store: planning a batch failed, refusing it: %r", exc)
+            loop.call_soon_threadsafe(self._fail, batch,
+                                      StoreFailed(f"planning the batch failed: {exc!r}"))
+            return
         if plan.chunks:
             try:
                 self._write(plan)
