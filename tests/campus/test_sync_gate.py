@@ -9,6 +9,7 @@ acknowledgement of everything before it."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 from lockmq.store import NewRecord
@@ -71,3 +72,37 @@ def test_without_sync_append_then_answers_once_durable(tmp_path) -> None:
         assert done.result() == (1, None)
     finally:
         b.stop()
+
+
+def test_a_stopping_primary_acks_what_waits_for_the_standby_at_once(tmp_path) -> None:
+    """SIGTERM while a publish waits for a silent standby: the record is durable on
+    the primary, so the publisher gets its PUBLISH_ACK at once -- as when the standby
+    times out (``replication_degraded``) -- before the broker's DISCONNECT, not a
+    DISCONNECT after ``shutdown_grace_s`` with no answer (nor an ack after
+    ``sync_timeout_s``, here far longer than the grace)."""
+    from lockmq.protocol import Op, Publish, Role, encode_frame
+    from lockmq.testing import BrokerProcess, open_peer
+
+    primary = BrokerProcess(str(tmp_path / "data"), {
+        "broker": {"auth": "off", "shutdown_grace_s": 2.0},
+        "replication": {"sync": True, "sync_timeout_s": 600.0}})
+    try:
+        standby = open_peer(primary.port, sn="standby", role=Role.ADMIN)
+        end = standby.admin("replica.status")["log_end"]
+        assert standby.admin("replica.fetch", **{"from": end, "wait_ms": 0})["in_sync"]
+        pub = open_peer(primary.port, sn="LOCK-1", role=Role.LOCK)
+        op = pub.next_opaque()
+        pub.raw(encode_frame(Op.PUBLISH, "LOCK-1", Publish("ev", 0, 0, b"held").encode(), op))
+        wait_for(lambda: standby.admin("replica.status")["waiting"] == 1,
+                 "the publish waits for the standby")
+        mark = primary.mark()
+        primary.proc.send_signal(signal.SIGTERM)
+        frames = pub.wait_closed(timeout=30)
+        assert [f.opcode for f in frames][:1] == [Op.PUBLISH_ACK], frames
+        assert frames[0].opaque == op
+        assert "held=1" in primary.wait_log(r"replication_released_on_shutdown", start=mark)
+        assert primary.stop() == 0
+        standby.close()
+        pub.close()
+    finally:
+        primary.stop()

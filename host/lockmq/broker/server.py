@@ -177,6 +177,7 @@ class Broker:
             return
         self.connections.closing = True
         self.log("broker_stopping", connections=len(self.conns))
+        self.replication.release_for_shutdown()   # acks held for a standby go out now
         for srv in self.servers:
             srv.close()
         await self.status.stop()
