@@ -111,6 +111,7 @@ class ReplicaSource:
         none from now on. Logged with how many were held."""
         self._stopping = True
         self.in_sync = False
+        self._data.set()   # a parked fetch answers now, before the broker closes its link
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
