@@ -84,6 +84,7 @@ class Broker:
         self.scheduler = Scheduler(config.scheduled, self.core, self.publisher, self.commands,
                                    self.guard, stats, log, lambda: self.connections.closing)
         self.admin.ops.update({"scheduled.list": self.scheduler.list_op,
+                               "scheduled.result": self.scheduler.result_op,
                                "scheduled.cancel": self.scheduler.cancel_op})
         self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log,
                                          self.commands)
