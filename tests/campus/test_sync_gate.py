@@ -110,3 +110,59 @@ def test_a_stopping_primary_acks_what_waits_for_the_standby_at_once(tmp_path) ->
         pub.close()
     finally:
         primary.stop()
+
+
+def _held_own_write(b: BrokerThread, answered: list[str]) -> None:
+    """Catch the standby up, then start a write of the broker's own that it holds."""
+    core = b.broker.core
+    wait_for(lambda: _fetch(b, b.call(lambda: core.store.log_end))["in_sync"],
+             "the standby caught up")
+
+    async def own_record() -> None:
+        await core.append([_record(len(answered))])
+        answered.append("append")
+
+    b.call(lambda: core.spawn(own_record()))
+    wait_for(lambda: _status(b)["waiting"] >= 1, "the write held for the standby")
+
+
+def test_stopping_answers_the_brokers_own_write_held_for_the_standby(tmp_path) -> None:
+    """A write of the broker's own through ``core.append`` (a transaction's end, a
+    scheduled delivery) held for a silent standby is answered when the broker stops
+    -- not left hanging past the grace while the store closes under it."""
+    b = BrokerThread(str(tmp_path / "data"), broker={"shutdown_grace_s": 1.0},
+                     replication={"sync": True, "sync_timeout_s": 600.0})
+    b.start()
+    answered: list[str] = []
+    try:
+        _held_own_write(b, answered)
+    finally:
+        b.stop()
+    assert answered == ["append"]
+
+
+def test_after_the_shutdown_release_nothing_waits_for_the_standby(tmp_path) -> None:
+    """Once released for the shutdown, a standby that fetches again does not make
+    acks wait for it: what the broker writes while stopping is answered at once."""
+    b = BrokerThread(str(tmp_path / "data"),
+                     replication={"sync": True, "sync_timeout_s": 600.0})
+    b.start()
+    try:
+        core = b.broker.core
+        answered: list[str] = []
+
+        async def own_record() -> None:
+            await core.append([_record(9)])
+            answered.append("append")
+
+        _held_own_write(b, answered)
+        b.call(b.broker.replication.release_for_shutdown)
+        wait_for(lambda: answered == ["append"], "released by the shutdown")
+        # the standby fetches again: acks do not wait for it any more
+        _fetch(b, b.call(lambda: core.store.log_end))
+        assert not _status(b)["in_sync"]
+        b.call(lambda: core.spawn(own_record()))
+        wait_for(lambda: answered == ["append", "append"], "answered at once")
+        assert _status(b)["waiting"] == 0
+    finally:
+        b.stop()
