@@ -12,8 +12,9 @@ import asyncio
 import signal
 from typing import Any
 
+from lockmq.protocol import Op, Publish, Role, encode_frame
 from lockmq.store import NewRecord
-from lockmq.testing import BrokerThread, wait_for
+from lockmq.testing import BrokerProcess, BrokerThread, open_peer, wait_for
 
 
 def _record(seq: int) -> NewRecord:
@@ -80,9 +81,6 @@ def test_a_stopping_primary_acks_what_waits_for_the_standby_at_once(tmp_path) ->
     times out (``replication_degraded``) -- before the broker's DISCONNECT, not a
     DISCONNECT after ``shutdown_grace_s`` with no answer (nor an ack after
     ``sync_timeout_s``, here far longer than the grace)."""
-    from lockmq.protocol import Op, Publish, Role, encode_frame
-    from lockmq.testing import BrokerProcess, open_peer
-
     primary = BrokerProcess(str(tmp_path / "data"), {
         "broker": {"auth": "off", "shutdown_grace_s": 2.0},
         "replication": {"sync": True, "sync_timeout_s": 600.0}})
