@@ -8,7 +8,7 @@ import asyncio
 import io
 from typing import Any
 
-from lockmq.broker.core import BROKER_SN, SYSTEM_FLUSH_S, BrokerCore
+from lockmq.broker.core import BROKER_SN, BrokerCore
 from lockmq.broker.logs import EventLog, Stats
 from lockmq.broker.publish import PublishPath, PublishRefused
 from lockmq.config import config_from_dict
@@ -70,7 +70,11 @@ def test_system_records_ride_the_next_client_append_in_its_group_commit(tmp_path
         devices = core.store.read("$devices", 0, 10)
         assert [r.payload for r in devices] == [b'{"event":"online"}']
         assert devices[0].offset < core.store.read("t", 0, 10)[0].offset   # ahead of it
-        await asyncio.sleep(2 * SYSTEM_FLUSH_S)   # the timer fires on an empty batch
+        # the flush timer armed by publish_system fires on an empty batch: wait until
+        # it fired (it clears its handle) and anything it stored is answered (pending
+        # counts from the timer's own call), then check it stored nothing
+        await wait_for_async(lambda: core._sys_timer is None and core.system_idle,
+                             "the flush timer fired")
         assert core.store.stats["batches"] == batches + 1
         await core.close()
 
@@ -185,7 +189,7 @@ def test_publish_path_answers_every_submitter_and_refuses_only_the_bad_record(tm
         answers.clear()
         done.clear()
         path.submit([NewRecord("t", "lock-d", 1, 1, b"d")], answer("closed"))
-        await asyncio.sleep(0)
+        await wait_for_async(lambda: "closed" in answers, "the submitter answered")
         assert isinstance(answers["closed"][0], PublishRefused)
 
     asyncio.run(run())

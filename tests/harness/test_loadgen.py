@@ -118,6 +118,11 @@ async def _read_frames(reader: asyncio.StreamReader, dec: FrameDecoder, n: int) 
 
 
 def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damaged_one():
+    """Acks split across reads, each read seen by the lock on its own (it waits for the
+    lock to hold the part -- TCP may not coalesce the writes behind the test's back):
+    a part after whole acks, a tail followed by whole acks and the next part, a tail
+    alone. After each read, exactly the acks whose last byte arrived are counted, by
+    opaque: none from a part, none twice, none lost."""
     async def run() -> None:
         accepted: asyncio.Queue = asyncio.Queue()
         server, port = await _serve_one(accepted)
@@ -143,23 +148,35 @@ def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damage
         lock.start()
         pubs = await _read_frames(reader, dec, 4)
         assert [Publish.decode(f.body).seq for f in pubs] == [0, 1, 2, 3]
-        # two acks in one write, then one split across two writes
-        writer.write(codec_ack(pubs[0].opaque) + codec_ack(pubs[1].opaque))
-        await writer.drain()
-        await wait_for_async(lambda: lock.acked == 2, "two acks counted")
-        split = codec_ack(pubs[2].opaque)
-        writer.write(split[:10])
-        await writer.drain()
-        await _read_frames(reader, dec, 2)   # the refills of the first two acks
-        writer.write(split[10:])
-        await wait_for_async(lambda: lock.acked == 3, "the split ack counted")
-        # a damaged ack: not counted, the lock drops the connection
-        bad = bytearray(codec_ack(pubs[3].opaque))
+        a, b, c, d = (codec_ack(f.opaque) for f in pubs)
+        outstanding = {f.opaque for f in pubs}
+
+        async def read_seen(data: bytes, counted: list, holds_part: bool) -> None:
+            """Write ``data`` as one read; once the lock has taken it (its decoder
+            holds a part, or the count moved), exactly ``counted`` were acked."""
+            before = lock.acked
+            writer.write(data)
+            await writer.drain()
+            await wait_for_async(lambda: lock.partial == holds_part
+                                 and lock.acked >= before + len(counted), "the read taken")
+            outstanding.difference_update(f.opaque for f in counted)
+            assert lock.acked == before + len(counted)
+            assert outstanding <= set(lock.sent_at)   # none counted from a part
+            assert not {f.opaque for f in pubs} - outstanding & set(lock.sent_at)
+
+        await read_seen(a + b[:10], [pubs[0]], holds_part=True)     # whole, then a part
+        await read_seen(b[10:] + c + d[:1], [pubs[1], pubs[2]], holds_part=True)
+        await read_seen(d[1:], [pubs[3]], holds_part=False)          # the tail alone
+        assert lock.acked == 4 and stats["errors"] == 0
+        # the refills, one per ack; a damaged ack: not counted, the connection dropped
+        refills = await _read_frames(reader, dec, 4)
+        assert [Publish.decode(f.body).seq for f in refills] == [4, 5, 6, 7]
+        bad = bytearray(codec_ack(refills[0].opaque))
         bad[-1] ^= 0xFF
         writer.write(bytes(bad))
         await wait_for_async(lambda: stats["errors"] == 1 and lock.transport is None,
                              "the damaged ack refused and the connection dropped")
-        assert lock.acked == 3
+        assert lock.acked == 4
         writer.close()
         server.close()
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from lockmq.config import ScheduledSection
@@ -54,8 +53,13 @@ if TYPE_CHECKING:   # (types only)
 TOPIC = "$scheduled"
 #: the producer id of the broker's own records here and of delivered messages
 SCHED_SN = "$scheduled"
-#: results of scheduled commands kept for ``scheduled.list`` (bounded)
+#: results of scheduled commands kept for ``scheduled.list`` and ``scheduled.result``
+#: (bounded: the oldest is forgotten)
 RECENT_RESULTS = 200
+#: scheduled commands in the command path whose answer is not in yet, remembered for
+#: ``scheduled.result`` (bounded: the oldest is forgotten -- the command path expires
+#: each command and answers it, so this only guards against one it never answers)
+MAX_SENT = 10_000
 #: items shown by ``scheduled.list`` at most
 MAX_LIST = 1000
 
@@ -89,6 +93,14 @@ class Item:
         return {"id": self.id, "kind": "publish" if self.kind == "pub" else "command",
                 ("topic" if self.kind == "pub" else "target"): self.topic,
                 "at_ms": self.at_ms, "owner": self.owner, "bytes": len(self.payload)}
+
+
+def _remember(table: dict[int, Any], key: int, value: Any, cap: int) -> None:
+    """Put ``key`` last in insertion-ordered ``table``; forget the oldest over ``cap``."""
+    table.pop(key, None)
+    table[key] = value
+    if len(table) > cap:
+        del table[next(iter(table))]
 
 
 def owner_of(principal: Any) -> str:
@@ -137,7 +149,10 @@ class Scheduler:
         self.held = 0
         self.held_bytes = 0
         self.last_q: dict[str, int] = {}                # topic -> last offset marked
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_RESULTS)
+        #: schedule id -> its command's result, oldest first (RECENT_RESULTS at most)
+        self.recent: dict[int, dict[str, Any]] = {}
+        #: schedule id -> due time of each command in the command path, not answered yet
+        self.sent: dict[int, int] = {}
         self._seq = SystemSeq()   # of SCHED_SN (resumed from the store at start)
         #: the clock's time at the timer's last look (tests wait for it to pass a time)
         self.looked_at_ms = 0.0
@@ -511,11 +526,14 @@ class Scheduler:
         principal = Principal(name=it.by, kind=ADMIN if it.admin else SERVICE,
                               permissions=Permissions(admin=it.admin), token_name=it.owner)
         sender = ScheduledSender(it, principal, self._command_done)
+        _remember(self.sent, it.id, it.at_ms, MAX_SENT)
         self.commands.submit(sender, 0, c, checked=True)   # type: ignore[arg-type]
 
     def _command_done(self, it: Item, status: int, detail: str) -> None:
-        self.recent.append({"id": it.id, "target": it.topic, "status": status,
-                            "detail": detail[:200], "at_ms": it.at_ms})
+        self.sent.pop(it.id, None)
+        _remember(self.recent, it.id, {"id": it.id, "target": it.topic, "status": status,
+                                       "detail": detail[:200], "at_ms": it.at_ms},
+                  RECENT_RESULTS)
         self.stats.inc("scheduled_command_results")
         self.log("scheduled_command_result", id=it.id, target=it.topic, status=status,
                  detail=detail[:200], level="info" if status == 0 else "warning")
@@ -584,7 +602,33 @@ class Scheduler:
         shown = heapq.nsmallest(limit, its, key=lambda it: (it.at_ms, it.id))
         return {"ok": True, "waiting": len(self.items), "bytes": self.held_bytes,
                 "by_owner": dict(self.by_owner), "items": [it.view() for it in shown],
-                "recent_command_results": list(self.recent)}
+                "recent_command_results": list(self.recent.values())}
+
+    def result_op(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Admin ``scheduled.result`` {id}: what became of scheduled item ``id`` --
+        ``waiting`` (not due yet), ``sent`` (a command in the command path, the lock
+        has not answered), ``done`` (a command's ``result``: status 0 = ok, a lock's
+        CommandStatus, or a refusal as the negated error code) or ``unknown`` (never
+        scheduled here, a delivered message, a cancelled item, or a result older
+        than the last RECENT_RESULTS or from before a restart). What a client polls
+        (``lockmq.client.Admin.scheduled_result``): results are not pushed."""
+        sid = args.get("id")
+        if not isinstance(sid, int) or isinstance(sid, bool) or sid < 0:
+            return {"ok": False, "error": "INVALID_ARGUMENT",
+                    "message": "id (a schedule id: an integer >= 0) is required"}
+        res = self.recent.get(sid)
+        if res is not None:
+            return {"ok": True, "id": sid, "state": "done", "result": res}
+        if sid in self.sent:
+            return {"ok": True, "id": sid, "state": "sent", "at_ms": self.sent[sid]}
+        it = self.items.get(sid)
+        if it is not None:
+            return {"ok": True, "id": sid, "state": "waiting", "kind": it.kind,
+                    "at_ms": it.at_ms}
+        return {"ok": True, "id": sid, "state": "unknown",
+                "hint": "not waiting and no result kept: never scheduled on this broker, "
+                        "a delivered message, cancelled, or a result older than the last "
+                        f"{RECENT_RESULTS} (or from before a restart)"}
 
     def cancel_op(self, args: dict[str, Any]) -> Any:
         """Admin ``scheduled.cancel`` {id}: cancel any waiting item."""

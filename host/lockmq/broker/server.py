@@ -84,6 +84,7 @@ class Broker:
         self.scheduler = Scheduler(config.scheduled, self.core, self.publisher, self.commands,
                                    self.guard, stats, log, lambda: self.connections.closing)
         self.admin.ops.update({"scheduled.list": self.scheduler.list_op,
+                               "scheduled.result": self.scheduler.result_op,
                                "scheduled.cancel": self.scheduler.cancel_op})
         self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log,
                                          self.commands)
@@ -177,6 +178,7 @@ class Broker:
             return
         self.connections.closing = True
         self.log("broker_stopping", connections=len(self.conns))
+        self.replication.release_for_shutdown()   # acks held for a standby go out now
         for srv in self.servers:
             srv.close()
         await self.status.stop()

@@ -4,9 +4,11 @@ A message sent with ``lockmq produce TOPIC TEXT --at 2026-11-24T08:00Z`` (UTC; o
 ``--delay 300``, or ``--level 9`` for RocketMQ's 5-minute level) and a command sent
 with ``lockmq command SN unlock --at ...`` wait in the broker, durably, until their
 time. ``list`` shows them (earliest first) and the last scheduled commands' results;
-``cancel ID`` drops one (admin token):
+``result ID`` shows what became of a scheduled command (``--wait S``: until the lock
+answered; the broker does not push it); ``cancel ID`` drops one (admin token):
 
     lockmq scheduled list
+    lockmq scheduled result 17 --wait 120
     lockmq scheduled cancel 17
 """
 
@@ -15,8 +17,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lockmq.cli._admin import admin_op
-from lockmq.client.cliargs import (add_connection_args, add_group, format_ms, time_arg,
+from lockmq.cli._admin import admin_op, with_admin
+from lockmq.client import Admin
+from lockmq.client.cliargs import (add_connection_args, add_group, fail, format_ms, time_arg,
                                    print_json, print_table, TIME_FORMS)
 from lockmq.client.scheduled import DELAY_LEVELS_S
 
@@ -31,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--limit", type=int, default=100, help="at most this many (max 1000)")
     pl.add_argument("--json", action="store_true", help="print the broker's JSON answer")
     pl.set_defaults(func=run_list)
+    pr = ssub.add_parser("result", help="what became of a scheduled command")
+    add_connection_args(pr)
+    pr.add_argument("id", type=int, help="the schedule id (from `list` or the send)")
+    pr.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                    help="wait up to this long for the lock's answer (exit 1 unless ok)")
+    pr.add_argument("--json", action="store_true", help="print the broker's JSON answer")
+    pr.set_defaults(func=run_result)
     pc = ssub.add_parser("cancel", help="cancel a waiting scheduled item")
     add_connection_args(pc)
     pc.add_argument("id", type=int, help="the schedule id (from `list` or the send)")
@@ -85,6 +95,33 @@ def _show_list(args: argparse.Namespace, resp: dict[str, Any]) -> int:
         print("recent scheduled command results:")
         print_table(recent[-20:], ["id", "target", "status", "detail"])
     return 0
+
+
+def run_result(args: argparse.Namespace) -> int:
+    """Entry point of ``lockmq scheduled result``: the state now, or with ``--wait``
+    the command's result (polled: ``Admin.scheduled_result``)."""
+    def body(admin: Admin) -> int:
+        if args.wait <= 0:
+            resp = admin.request("scheduled.result", id=args.id)
+            if args.json:
+                print_json(resp)
+            else:
+                res = resp.get("result") or {}
+                print(f"scheduled item {args.id}: {resp['state']}"
+                      + (f" status={res['status']} {res.get('detail', '')}".rstrip()
+                         if res else ""))
+            return 0
+        try:
+            res = admin.scheduled_result(args.id, timeout_s=args.wait)
+        except TimeoutError as exc:
+            return fail(str(exc))
+        if args.json:
+            print_json(res)
+        else:
+            print(f"scheduled item {args.id}: status={res['status']} {res['detail']}".rstrip())
+        return 0 if res["status"] == 0 else 1
+
+    return with_admin(args, body)
 
 
 def run_cancel(args: argparse.Namespace) -> int:

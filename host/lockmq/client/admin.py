@@ -50,6 +50,31 @@ class AsyncAdmin(SessionClient):
                              error)
         return resp
 
+    async def scheduled_result(self, schedule_id: int, timeout_s: float = 60.0,
+                               poll_s: float = 0.2) -> dict[str, Any]:
+        """The result of scheduled command ``schedule_id`` (from
+        ``Producer.schedule_command``), once the lock answered: ``{"id", "target",
+        "status", "detail", "at_ms"}`` (status 0 = ok, a lock's CommandStatus, or a
+        refusal as the negated error code). The broker does not push it: this polls
+        the admin op ``scheduled.result`` every ``poll_s`` -- wrap it in
+        ``asyncio.ensure_future`` for a future. Raises :class:`AdminError`
+        (``error`` "UNKNOWN") when the broker has no such item or result any more,
+        ``TimeoutError`` after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            resp = await self.request("scheduled.result", id=schedule_id)
+            state = resp.get("state")
+            if state == "done":
+                return resp["result"]
+            if state not in ("waiting", "sent"):
+                raise AdminError(f"scheduled item {schedule_id}: {resp.get('hint') or state}",
+                                 "UNKNOWN")
+            if loop.time() >= deadline:
+                raise TimeoutError(f"scheduled item {schedule_id} still {state} after "
+                                   f"{timeout_s} s")
+            await asyncio.sleep(poll_s)
+
     async def __aenter__(self) -> "AsyncAdmin":
         await self.connect()
         return self
@@ -72,6 +97,11 @@ class Admin:
     def request(self, op: str, **args: Any) -> dict[str, Any]:
         """Run an admin op and return its response (see :meth:`AsyncAdmin.request`)."""
         return self._loop.run(self._admin.request(op, **args))
+
+    def scheduled_result(self, schedule_id: int, timeout_s: float = 60.0,
+                         poll_s: float = 0.2) -> dict[str, Any]:
+        """Wait for a scheduled command's result (see :meth:`AsyncAdmin.scheduled_result`)."""
+        return self._loop.run(self._admin.scheduled_result(schedule_id, timeout_s, poll_s))
 
     def close(self) -> None:
         """Disconnect and stop the background loop."""

@@ -59,6 +59,8 @@ class ReplicaSource:
         self._positions_sent = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
         self._listening = False
+        #: the broker is stopping: nothing waits for the standby any more
+        self._stopping = False
         #: serves ``replica.security`` (set by :func:`attach_primary`)
         self.registry: RegistrySource | None = None
 
@@ -73,7 +75,7 @@ class ReplicaSource:
         publish path's and the broker's own): ``released(None)`` once the standby
         acknowledged ``end`` -- at once when it already has or replication is not in
         sync (async, degraded, not caught up yet)."""
-        if self.acked >= end or not self.in_sync:
+        if self.acked >= end or not self.in_sync or self._stopping:
             released(None)
             return
         self._waiters.append((end, released))
@@ -101,6 +103,27 @@ class ReplicaSource:
             return
         self._arm_watchdog()
 
+    def release_for_shutdown(self) -> None:
+        """The broker is stopping: release every ack held for the standby at once,
+        as the ``sync_timeout_s`` path does (the records are durable here; holding
+        them would keep publishers, a transaction's end and the scheduler waiting
+        until the standby answers or the timeout, past the shutdown grace), and hold
+        none from now on. Logged with how many were held."""
+        self._stopping = True
+        self.in_sync = False
+        self._data.set()   # a parked fetch answers now, before the broker closes its link
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self._waiters:
+            self.stats.inc("replication_released_on_shutdown", len(self._waiters))
+            self.log("replication_released_on_shutdown", level="warning",
+                     held=len(self._waiters), acked=self.acked,
+                     log_end=self.core.store.log_end if self.core.store else None,
+                     hint="acked without the standby: a loss of this machine before the "
+                          "standby fetches them loses them (as after replication_degraded)")
+        self._release(1 << 62)
+
     def _release(self, upto: int) -> None:
         """Release the waiters up to ``upto``, each in its own callback (one that
         raises does not cost the others)."""
@@ -122,7 +145,8 @@ class ReplicaSource:
         self.stats.c["replication_acked"] = self.acked
         self._release(self.acked)
         store = self.core.store
-        if self.settings.sync and not self.in_sync and self.acked >= store.log_end:
+        if self.settings.sync and not self.in_sync and not self._stopping \
+                and self.acked >= store.log_end:
             self.in_sync = True
             self.log("replication_in_sync", acked=self.acked,
                      level="info" if first else "warning")
