@@ -10,12 +10,12 @@ never probes which one it has. The broker never implements security logic itself
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
-from lockmq.protocol import HARD_MAX_FRAME, NONCE_SIZE, AuthMethod
+from lockmq.protocol import HARD_MAX_FRAME, AuthMethod
 from lockmq.security import BrokerGuard
+from lockmq.security.keys import new_nonce
 from lockmq.security.errors import AuthTimeout
 from lockmq.security.identity import check_producer_id
 from lockmq.security.principal import Permissions, Principal
@@ -43,8 +43,9 @@ class OpenGuard:
         """Nothing to release."""
 
     def challenge(self) -> bytes:
-        """A fresh nonce (still sent, so clients run the same handshake)."""
-        return os.urandom(NONCE_SIZE)
+        """A fresh nonce (still sent, so clients run the same handshake): cut from
+        bulk ``os.urandom`` draws, no system call per lock (``keys.NonceSource``)."""
+        return new_nonce()
 
     def forget_challenge(self, nonce: bytes) -> None:
         """No nonce book to clean."""
