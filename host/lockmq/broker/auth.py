@@ -20,6 +20,10 @@ from lockmq.security.errors import AuthTimeout
 from lockmq.security.identity import check_producer_id
 from lockmq.security.principal import Permissions, Principal
 
+#: a lock's token permissions (none) and topics (any): frozen, shared by every lock
+_NO_PERMISSIONS = Permissions()
+_ANY_TOPIC = ("*",)
+
 
 class OpenGuard:
     """The guard of ``auth = "off"``: a :class:`~lockmq.security.BrokerGuard` like
@@ -59,8 +63,8 @@ class OpenGuard:
                      *, tls: bool = False) -> Principal:
         """Accept any claim: device method -> lock ``claimed_sn``; else admin."""
         if getattr(auth_body, "method", None) == AuthMethod.DEVICE_HMAC and claimed_sn:
-            return Principal(name=claimed_sn, kind="lock", lock_topics=("*",), peer_ip=peer_ip,
-                             session_nonce=nonce)
+            return Principal(name=claimed_sn, kind="lock", permissions=_NO_PERMISSIONS,
+                             lock_topics=_ANY_TOPIC, peer_ip=peer_ip, session_nonce=nonce)
         return Principal(name=claimed_sn or "anonymous", kind="admin",
                          permissions=Permissions(admin=True), peer_ip=peer_ip)
 

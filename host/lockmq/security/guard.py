@@ -35,13 +35,15 @@ from .identity import system_topic_refusal
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal
+from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Permissions, Principal
 from .registry import DeviceRegistry, valid_sn
 from .tokens import TokenError, TokenStore
 
 METHOD_DEVICE = "device"
 METHOD_TOKEN = "token"
 _DUMMY_KEY = b"\x00" * keys.KEY_BYTES
+#: a lock's token permissions: none (frozen, so one object serves every lock)
+_NO_PERMISSIONS = Permissions()
 _CONFIG = 3   # lockmq.protocol.CommandKind.CONFIG
 
 
@@ -391,7 +393,7 @@ class Guard:
             raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
                              reason="bad_proof")
         self._used_proofs.put(proof, True)
-        return Principal(name=sn, kind=LOCK,
+        return Principal(name=sn, kind=LOCK, permissions=_NO_PERMISSIONS,
                          lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
                          session_nonce=nonce, client_nonce=cnonce,
                          session_key=keys.session_key(key, nonce, cnonce, sn))
