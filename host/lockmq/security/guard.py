@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from lockmq.protocol import identity_problem
+from lockmq.protocol import Auth, identity_problem
 
 from . import audit, keys
 from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
@@ -151,7 +151,13 @@ def _field(body: Any, *names: str) -> Any:
     return None
 
 
+#: the protocol's numeric AUTH methods
+_METHOD_IDS = {1: METHOD_DEVICE, 2: METHOD_TOKEN}
+
+
 def _method(body: Any) -> str:
+    if type(body) is Auth and type(body.method) is int:   # the broker's decoded AUTH
+        return _METHOD_IDS.get(body.method, "")
     m = _field(body, "method")
     if isinstance(m, (bytes, bytearray)):
         m = bytes(m).decode("ascii", "replace")
@@ -374,8 +380,11 @@ class Guard:
         return exc
 
     def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
-        cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
-        proof = bytes(_field(body, "proof", "mac") or b"")
+        if type(body) is Auth:   # the broker's decoded AUTH: both fields bytes already
+            cnonce, proof = body.cnonce, body.proof
+        else:
+            cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
+            proof = bytes(_field(body, "proof", "mac") or b"")
         key, state = self.registry.lookup(sn) if valid_sn(sn) else (None, "unknown")
         # Compute the MAC whether or not the SN exists: same work, same answer.
         want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
