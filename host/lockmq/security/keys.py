@@ -148,7 +148,7 @@ def _aead(master: bytes):  # type: ignore[no-untyped-def]
 def wrap_key(master: bytes, sn: str, key: bytes) -> bytes:
     """Encrypt a device key for storage: version | 12-byte nonce | AES-GCM(key)."""
     iv = secrets.token_bytes(12)
-    return _WRAP_VERSION + iv + _aead(master).encrypt(iv, key, b"lockmq-device:" + sn_bytes(sn))
+    return _WRAP_VERSION + iv + _aead(bytes(master)).encrypt(iv, key, b"lockmq-device:" + sn_bytes(sn))
 
 
 def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
@@ -156,7 +156,7 @@ def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
     if len(blob) < 13 or blob[:1] != _WRAP_VERSION:
         raise ValueError("unknown wrapped-key format")
     try:
-        return _aead(master).decrypt(blob[1:13], blob[13:], b"lockmq-device:" + sn_bytes(sn))
+        return _aead(bytes(master)).decrypt(blob[1:13], blob[13:], b"lockmq-device:" + sn_bytes(sn))
     except Exception as exc:  # cryptography.exceptions.InvalidTag
         raise ValueError(f"wrapped key of {sn} does not decrypt under this master key") from exc
 
