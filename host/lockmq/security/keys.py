@@ -148,7 +148,8 @@ def _aead(master: bytes):  # type: ignore[no-untyped-def]
 def wrap_key(master: bytes, sn: str, key: bytes) -> bytes:
     """Encrypt a device key for storage: version | 12-byte nonce | AES-GCM(key)."""
     iv = secrets.token_bytes(12)
-    return _WRAP_VERSION + iv + _aead(bytes(master)).encrypt(iv, key, b"lockmq-device:" + sn_bytes(sn))
+    aad = b"lockmq-device:" + sn_bytes(sn)
+    return _WRAP_VERSION + iv + _aead(bytes(master)).encrypt(iv, key, aad)
 
 
 def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
