@@ -10,15 +10,19 @@ never probes which one it has. The broker never implements security logic itself
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
-from lockmq.protocol import HARD_MAX_FRAME, NONCE_SIZE, AuthMethod
+from lockmq.protocol import HARD_MAX_FRAME, AuthMethod
 from lockmq.security import BrokerGuard
+from lockmq.security.keys import new_nonce
 from lockmq.security.errors import AuthTimeout
 from lockmq.security.identity import check_producer_id
 from lockmq.security.principal import Permissions, Principal
+
+#: a lock's token permissions (none) and topics (any): frozen, shared by every lock
+_NO_PERMISSIONS = Permissions()
+_ANY_TOPIC = ("*",)
 
 
 class OpenGuard:
@@ -43,8 +47,9 @@ class OpenGuard:
         """Nothing to release."""
 
     def challenge(self) -> bytes:
-        """A fresh nonce (still sent, so clients run the same handshake)."""
-        return os.urandom(NONCE_SIZE)
+        """A fresh nonce (still sent, so clients run the same handshake): cut from
+        bulk ``os.urandom`` draws, no system call per lock (``keys.NonceSource``)."""
+        return new_nonce()
 
     def forget_challenge(self, nonce: bytes) -> None:
         """No nonce book to clean."""
@@ -58,8 +63,8 @@ class OpenGuard:
                      *, tls: bool = False) -> Principal:
         """Accept any claim: device method -> lock ``claimed_sn``; else admin."""
         if getattr(auth_body, "method", None) == AuthMethod.DEVICE_HMAC and claimed_sn:
-            return Principal(name=claimed_sn, kind="lock", lock_topics=("*",), peer_ip=peer_ip,
-                             session_nonce=nonce)
+            return Principal(name=claimed_sn, kind="lock", permissions=_NO_PERMISSIONS,
+                             lock_topics=_ANY_TOPIC, peer_ip=peer_ip, session_nonce=nonce)
         return Principal(name=claimed_sn or "anonymous", kind="admin",
                          permissions=Permissions(admin=True), peer_ip=peer_ip)
 

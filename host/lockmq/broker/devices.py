@@ -48,6 +48,8 @@ PublishSystem = Callable[..., None]
 
 
 _DEBUG = 10   # logging.DEBUG: the level of the per-lock event lines
+#: events logged whatever the level (the others only at DEBUG)
+_ALWAYS_LOGGED = frozenset(("evicted", "broker_start"))
 #: JSON string literal of a str, the C encoder ``json.dumps`` itself uses (ASCII)
 _json_str = json.encoder.encode_basestring_ascii
 
@@ -100,14 +102,11 @@ class Devices:
                             event_json(sn, event, int(time.time() * 1000), peer, reason))
         # one line per lock event only at DEBUG (a storm of 10,000 locks would flood
         # the log); evictions and broker events are always logged
-        if event in ("evicted", "broker_start"):
-            level = "info"
-        elif self.log.level > _DEBUG:
+        if self.log.level > _DEBUG and event not in _ALWAYS_LOGGED:
             return   # (the call and its fields cost ~1 µs per event in a storm)
-        else:
-            level = "debug"
         self.log("device_" + event, sn=sn or None, peer=peer, reason=reason or None,
-                 online=len(self.online_by_sn), level=level)
+                 online=len(self.online_by_sn),
+                 level="info" if event in _ALWAYS_LOGGED else "debug")
 
     def online(self, conn: "Connection") -> None:
         """A lock authenticated: register it (closing an older connection of its SN)."""

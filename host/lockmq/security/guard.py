@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from lockmq.protocol import identity_problem
+from lockmq.protocol import Auth, identity_problem
 
 from . import audit, keys
 from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
@@ -35,13 +35,15 @@ from .identity import system_topic_refusal
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal
+from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Permissions, Principal
 from .registry import DeviceRegistry, valid_sn
 from .tokens import TokenError, TokenStore
 
 METHOD_DEVICE = "device"
 METHOD_TOKEN = "token"
 _DUMMY_KEY = b"\x00" * keys.KEY_BYTES
+#: a lock's token permissions: none (frozen, so one object serves every lock)
+_NO_PERMISSIONS = Permissions()
 _CONFIG = 3   # lockmq.protocol.CommandKind.CONFIG
 
 
@@ -149,7 +151,13 @@ def _field(body: Any, *names: str) -> Any:
     return None
 
 
+#: the protocol's numeric AUTH methods
+_METHOD_IDS = {1: METHOD_DEVICE, 2: METHOD_TOKEN}
+
+
 def _method(body: Any) -> str:
+    if type(body) is Auth and type(body.method) is int:   # the broker's decoded AUTH
+        return _METHOD_IDS.get(body.method, "")
     m = _field(body, "method")
     if isinstance(m, (bytes, bytearray)):
         m = bytes(m).decode("ascii", "replace")
@@ -372,8 +380,11 @@ class Guard:
         return exc
 
     def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
-        cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
-        proof = bytes(_field(body, "proof", "mac") or b"")
+        if type(body) is Auth:   # the broker's decoded AUTH: both fields bytes already
+            cnonce, proof = body.cnonce, body.proof
+        else:
+            cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
+            proof = bytes(_field(body, "proof", "mac") or b"")
         key, state = self.registry.lookup(sn) if valid_sn(sn) else (None, "unknown")
         # Compute the MAC whether or not the SN exists: same work, same answer.
         want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
@@ -391,7 +402,7 @@ class Guard:
             raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
                              reason="bad_proof")
         self._used_proofs.put(proof, True)
-        return Principal(name=sn, kind=LOCK,
+        return Principal(name=sn, kind=LOCK, permissions=_NO_PERMISSIONS,
                          lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
                          session_nonce=nonce, client_nonce=cnonce,
                          session_key=keys.session_key(key, nonce, cnonce, sn))

@@ -10,10 +10,12 @@ wrapped key cannot be moved to another SN.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
 import secrets
+import threading
 
 AUTH_LABEL = b"lockmq-auth-v1"
 SESSION_LABEL = b"lockmq-session-v1"
@@ -32,9 +34,47 @@ def new_device_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-def new_nonce() -> bytes:
-    """A fresh 16-byte random nonce."""
-    return secrets.token_bytes(NONCE_BYTES)
+class NonceSource:
+    """Fresh 16-byte nonces cut from ``os.urandom`` drawn in bulk.
+
+    A storm of 10,000 locks a second asks for a challenge nonce per lock; a
+    ``getrandom`` system call for each is ~1.5 µs of the broker's one core. Here one
+    call draws :data:`BULK` bytes and each nonce is the next 16 of them. Safe as
+    per-call draws: the bytes come from the same OS CSPRNG, each byte is handed out
+    once (the offset only moves forward, under a lock, and a used buffer is dropped,
+    never refilled in place), so no nonce repeats and none is derived from another;
+    a forked child starts on a fresh draw (it must not hand out its parent's next
+    nonces). What is not handed out yet sits in this process's memory, next to the
+    device keys it protects: no weaker than those."""
+
+    #: bytes drawn per ``os.urandom`` call (256 nonces)
+    BULK = 4096
+
+    def __init__(self, size: int = NONCE_BYTES) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._buf = b""
+        self._pos = 0
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._drop)
+
+    def _drop(self) -> None:
+        self._lock = threading.Lock()   # (another thread may have held it at the fork)
+        self._buf, self._pos = b"", 0
+
+    def __call__(self) -> bytes:
+        """The next fresh nonce."""
+        with self._lock:
+            pos = self._pos
+            end = pos + self.size
+            if end > len(self._buf):
+                self._buf, pos, end = os.urandom(self.BULK), 0, self.size
+            self._pos = end
+            return self._buf[pos:end]
+
+
+#: A fresh 16-byte random nonce (a challenge's): see :class:`NonceSource`.
+new_nonce = NonceSource(NONCE_BYTES)
 
 
 def sn_bytes(sn: str | bytes) -> bytes:
@@ -92,7 +132,11 @@ def load_or_create_master_key(path: str) -> bytes:
     return key
 
 
+@functools.lru_cache(maxsize=4)
 def _aead(master: bytes):  # type: ignore[no-untyped-def]
+    """The AES-GCM cipher of ``master``, built once per master key (~1.8 µs per AUTH
+    otherwise); it keeps no state between calls, so one object serves every unwrap.
+    A broker holds one master key (a rotation: two), so the cache stays tiny."""
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # pragma: no cover - dependency missing
@@ -104,7 +148,8 @@ def _aead(master: bytes):  # type: ignore[no-untyped-def]
 def wrap_key(master: bytes, sn: str, key: bytes) -> bytes:
     """Encrypt a device key for storage: version | 12-byte nonce | AES-GCM(key)."""
     iv = secrets.token_bytes(12)
-    return _WRAP_VERSION + iv + _aead(master).encrypt(iv, key, b"lockmq-device:" + sn_bytes(sn))
+    aad = b"lockmq-device:" + sn_bytes(sn)
+    return _WRAP_VERSION + iv + _aead(bytes(master)).encrypt(iv, key, aad)
 
 
 def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
@@ -112,7 +157,7 @@ def unwrap_key(master: bytes, sn: str, blob: bytes) -> bytes:
     if len(blob) < 13 or blob[:1] != _WRAP_VERSION:
         raise ValueError("unknown wrapped-key format")
     try:
-        return _aead(master).decrypt(blob[1:13], blob[13:], b"lockmq-device:" + sn_bytes(sn))
+        return _aead(bytes(master)).decrypt(blob[1:13], blob[13:], b"lockmq-device:" + sn_bytes(sn))
     except Exception as exc:  # cryptography.exceptions.InvalidTag
         raise ValueError(f"wrapped key of {sn} does not decrypt under this master key") from exc
 
