@@ -948,8 +948,9 @@ done:
 /* The store's record class (store/records.py NewRecord) is its six __slots__ and
  * an __init__ that fills them: built here, the record skips that Python frame (the
  * largest Python cost per queued record). Only for a class laid out that way (each
- * name a writable object slot, no __dict__, object's __new__); anything else is
- * called as before. One class is remembered (held), so the lookup runs once. */
+ * name a writable object slot of the class itself, no __dict__, object's __new__);
+ * anything else -- a subclass (its own __init__), another callable -- is called as
+ * before. One class is remembered (held), so the lookup runs once. */
 static const char *const RECORD_SLOTS[6] = {"topic", "sn", "seq", "lock_ts_ms", "payload",
                                             "headers"};
 static PyTypeObject *record_class = NULL;
@@ -977,7 +978,7 @@ static int record_layout(PyObject *cls)
             return 0;
         }
         int ok = Py_IS_TYPE(d, &PyMemberDescr_Type)
-            && PyType_IsSubtype(tp, PyDescr_TYPE(d))
+            && PyDescr_TYPE(d) == tp   /* its own slots: a subclass is called */
             && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX
             && !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
         if (ok)

@@ -8,6 +8,7 @@ bytes, and the same errors for bad input once the Python decoder takes over.
 from __future__ import annotations
 
 import binascii
+import gc
 import json
 import struct
 import zlib
@@ -374,6 +375,34 @@ def test_a_failed_run_leaves_nothing_queued(impl: SimpleNamespace) -> None:
     with pytest.raises(RuntimeError):
         impl.queue_run(pubs, 0, 10, record, queue, recs)
     assert queue == [(0, False, None)] and recs == [None]
+
+
+class _CountedRecord(NewRecord):
+    """NewRecord's slots, its own __init__: the compiled queue_run must call it."""
+
+    __slots__ = ()
+    made = 0
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        type(self).made += 1
+
+
+def test_records_are_whole_and_a_subclass_init_still_runs(impl: SimpleNamespace) -> None:
+    # (the compiled path builds NewRecord without its __init__: every slot filled,
+    # a real, collectable object; a subclass or another callable is called as before)
+    pubs = [(i, 0, SN, "a", i, 7, b"p" * i) for i in range(1, 4)]
+    for record_type, extra in ((NewRecord, 0), (_CountedRecord, 3), (NewRecord, 0)):
+        queue, recs = [], []
+        made = _CountedRecord.made
+        impl.queue_run(pubs, 0, 10, record_type, queue, recs)
+        assert [type(r) for r in recs] == [record_type] * 3
+        assert [(r.topic, r.sn, r.seq, r.lock_ts_ms, r.payload, r.headers) for r in recs] == \
+            [("a", SN, i, 7, b"p" * i, None) for i in range(1, 4)]
+        assert _CountedRecord.made == made + extra
+        assert all(gc.is_tracked(r) for r in recs)
+        recs[0].headers = {"retries": 1}   # the slots stay writable
+        assert recs[0].headers == {"retries": 1}
 
 
 @settings(max_examples=200, deadline=None)
