@@ -198,20 +198,30 @@ def test_bad_input_raises_the_same_errors_with_the_scanners(frames: list[bytes],
             buf[at % len(buf)] = byte
     # (scan_publishes, scan_frame): the decoder alone, each scanner, and the broker's
     # compiled pair (frames the publish scanner leaves go to the frame reader)
-    readers = [(None, None), (_fast.scan_publishes, None), (None, _fast.scan_frame)]
+    # and the broker's read of a lock: publishes scanned straight from the read's
+    # bytes when the decoder holds nothing (feed_publishes), then the same pair
+    readers = [(None, None, False), (_fast.scan_publishes, None, False),
+               (None, _fast.scan_frame, False), (_fast.scan_publishes, _fast.scan_frame, True)]
     if SPEEDUPS:
-        readers += [(SPEEDUPS.scan_publishes, None), (None, SPEEDUPS.scan_frame),
-                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame)]
+        readers += [(SPEEDUPS.scan_publishes, None, False), (None, SPEEDUPS.scan_frame, False),
+                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame, False),
+                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame, True)]
     runs = []
-    for scan, frame_scan in readers:
+    for scan, frame_scan, feed_scan in readers:
         dec = p.FrameDecoder(300)
         got: list = []
         for i in range(0, len(buf), chunk):
-            try:
-                dec.feed(bytes(buf[i:i + chunk]))
-            except p.ProtocolError as exc:
-                got.append((type(exc).__name__, exc.code, exc.message))
-                break
+            data = bytes(buf[i:i + chunk])
+            fed = _fast.feed_publishes(dec, data, SN, 4, scan) if feed_scan else None
+            if fed is not None:
+                got.extend(("pub",) + t[3:] for t in fed[0])
+                assert dec.buffered() == len(data) - fed[1]
+            else:
+                try:
+                    dec.feed(data)
+                except p.ProtocolError as exc:
+                    got.append((type(exc).__name__, exc.code, exc.message))
+                    break
             got.extend(_read_all(dec, scan, frame_scan))
             if got and got[-1][0] not in ("pub", "frame", "UnknownOpcode"):
                 break
