@@ -188,6 +188,23 @@ def take_publishes(decoder, sn, limit, scan):
     return pubs
 
 
+def feed_publishes(decoder, data, sn, limit, scan):
+    """``decoder.feed(data)`` and :func:`take_publishes` in one call, for a decoder
+    that holds nothing (a lock's steady state: every read is whole frames): ``scan``
+    runs straight over ``data``, which the decoder then holds from where the scan
+    stopped. Returns the scanner's ``(publishes, pos)`` (``pos == len(data)``: the
+    read was all publishes), or None, having done nothing, when the decoder holds
+    bytes or has failed: the caller feeds it as usual."""
+    if decoder._error is not None or decoder._pos < len(decoder._buf):
+        return None
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    got = scan(data, 0, decoder.max_frame, sn, limit)
+    decoder._buf = data
+    decoder._pos = got[1]
+    return got
+
+
 def scan_frame(buf, pos, max_frame, known):
     """``(opcode, sn, flags, opaque, body, end)`` of the whole, valid frame at
     ``buf[pos:]`` whose opcode is in ``known``, or None for anything else (too few

@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>   /* T_OBJECT_EX: a __slots__ member */
 #include <stdint.h>
 #include <string.h>
 #include <errno.h>
@@ -944,12 +945,77 @@ done:
  * runs of scan_publishes tuples that need no check of their own, turned into the
  * store's records in one call instead of a Python loop step each. */
 
+/* The store's record class (store/records.py NewRecord) is its six __slots__ and
+ * an __init__ that fills them: built here, the record skips that Python frame (the
+ * largest Python cost per queued record). Only for a class laid out that way (each
+ * name a writable object slot of the class itself, no __dict__, object's __new__);
+ * anything else -- a subclass (its own __init__), another callable -- is called as
+ * before. One class is remembered (held), so the lookup runs once. */
+static const char *const RECORD_SLOTS[6] = {"topic", "sn", "seq", "lock_ts_ms", "payload",
+                                            "headers"};
+static PyTypeObject *record_class = NULL;
+static Py_ssize_t record_offsets[6];
+
+/* 1: ``cls`` is a record class as above (its slot offsets in record_offsets), 0: it
+ * is not (call it), -1: an error */
+static int record_layout(PyObject *cls)
+{
+    if ((PyTypeObject *)cls == record_class)
+        return 1;
+    if (!PyType_Check(cls))
+        return 0;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    if (tp->tp_new != PyBaseObject_Type.tp_new || tp->tp_dictoffset != 0
+            || tp->tp_itemsize != 0 || tp->tp_alloc == NULL)
+        return 0;
+    Py_ssize_t offsets[6];
+    for (int k = 0; k < 6; k++) {
+        PyObject *d = PyObject_GetAttrString(cls, RECORD_SLOTS[k]);
+        if (d == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+            return 0;
+        }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type)
+            && PyDescr_TYPE(d) == tp   /* its own slots: a subclass is called */
+            && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX
+            && !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
+        if (ok)
+            offsets[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok || offsets[k] < (Py_ssize_t)sizeof(PyObject)
+                || offsets[k] + (Py_ssize_t)sizeof(PyObject *) > tp->tp_basicsize)
+            return 0;
+    }
+    Py_INCREF(tp);
+    Py_XSETREF(record_class, tp);
+    memcpy(record_offsets, offsets, sizeof offsets);
+    return 1;
+}
+
+/* record_class(topic, sn, seq, lock_ts_ms, payload) as its __init__ fills it
+ * (headers None), without running it */
+static PyObject *new_record(PyObject *const *values)
+{
+    PyObject *rec = record_class->tp_alloc(record_class, 0);   /* zeroed, GC-tracked */
+    if (rec == NULL)
+        return NULL;
+    for (int k = 0; k < 6; k++) {
+        PyObject *v = k < 5 ? values[k] : Py_None;
+        Py_INCREF(v);
+        *(PyObject **)((char *)rec + record_offsets[k]) = v;
+    }
+    return rec;
+}
+
 /* queue_run(pubs, start, limit, record_type, queue, records) -> (stop, size)
  *
  * The run of (opaque, flags, sn, topic, seq, lock_ts_ms, payload) tuples from
  * pubs[start] on that go to one topic (pubs[start]'s) and want an answer (no ONEWAY
  * flag), at most ``limit`` long, queued as Connection._publish queues a record:
  * rec = record_type(topic, sn, seq, lock_ts_ms, payload) appended to ``records``
+ * (built without its __init__ when it is a record class: see record_layout)
  * and (opaque, False, rec) to ``queue``. Returns where the run stopped and the
  * records' buffer cost (payload length + 64 each); stop == start when pubs[start]
  * is ONEWAY. METH_FASTCALL: a read's run costs one call and no argument tuple. */
@@ -970,6 +1036,9 @@ static PyObject *queue_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "start out of range");
         return NULL;
     }
+    int layout = record_layout(record_type);   /* 1: built here, no __init__ call */
+    if (layout < 0)
+        return NULL;
     PyObject *topic = NULL;   /* pubs[start]'s, held: record_type's code may run */
     Py_ssize_t i, size = 0;
     Py_ssize_t queued = PyList_GET_SIZE(queue), recorded = PyList_GET_SIZE(records);
@@ -1002,7 +1071,8 @@ static PyObject *queue_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_ssize_t plen = PyObject_Length(payload);
         PyObject *argv[5] = {t, PyTuple_GET_ITEM(p, 2), PyTuple_GET_ITEM(p, 4),
                              PyTuple_GET_ITEM(p, 5), payload};
-        PyObject *rec = plen < 0 ? NULL : PyObject_Vectorcall(record_type, argv, 5, NULL);
+        PyObject *rec = plen < 0 ? NULL : layout ? new_record(argv)
+            : PyObject_Vectorcall(record_type, argv, 5, NULL);
         PyObject *entry = rec == NULL ? NULL :
             PyTuple_Pack(3, PyTuple_GET_ITEM(p, 0), Py_False, rec);
         Py_DECREF(p);

@@ -8,6 +8,7 @@ bytes, and the same errors for bad input once the Python decoder takes over.
 from __future__ import annotations
 
 import binascii
+import gc
 import json
 import struct
 import zlib
@@ -197,20 +198,30 @@ def test_bad_input_raises_the_same_errors_with_the_scanners(frames: list[bytes],
             buf[at % len(buf)] = byte
     # (scan_publishes, scan_frame): the decoder alone, each scanner, and the broker's
     # compiled pair (frames the publish scanner leaves go to the frame reader)
-    readers = [(None, None), (_fast.scan_publishes, None), (None, _fast.scan_frame)]
+    # and the broker's read of a lock: publishes scanned straight from the read's
+    # bytes when the decoder holds nothing (feed_publishes), then the same pair
+    readers = [(None, None, False), (_fast.scan_publishes, None, False),
+               (None, _fast.scan_frame, False), (_fast.scan_publishes, _fast.scan_frame, True)]
     if SPEEDUPS:
-        readers += [(SPEEDUPS.scan_publishes, None), (None, SPEEDUPS.scan_frame),
-                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame)]
+        readers += [(SPEEDUPS.scan_publishes, None, False), (None, SPEEDUPS.scan_frame, False),
+                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame, False),
+                    (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame, True)]
     runs = []
-    for scan, frame_scan in readers:
+    for scan, frame_scan, feed_scan in readers:
         dec = p.FrameDecoder(300)
         got: list = []
         for i in range(0, len(buf), chunk):
-            try:
-                dec.feed(bytes(buf[i:i + chunk]))
-            except p.ProtocolError as exc:
-                got.append((type(exc).__name__, exc.code, exc.message))
-                break
+            data = bytes(buf[i:i + chunk])
+            fed = _fast.feed_publishes(dec, data, SN, 4, scan) if feed_scan else None
+            if fed is not None:
+                got.extend(("pub",) + t[3:] for t in fed[0])
+                assert dec.buffered() == len(data) - fed[1]
+            else:
+                try:
+                    dec.feed(data)
+                except p.ProtocolError as exc:
+                    got.append((type(exc).__name__, exc.code, exc.message))
+                    break
             got.extend(_read_all(dec, scan, frame_scan))
             if got and got[-1][0] not in ("pub", "frame", "UnknownOpcode"):
                 break
@@ -374,6 +385,34 @@ def test_a_failed_run_leaves_nothing_queued(impl: SimpleNamespace) -> None:
     with pytest.raises(RuntimeError):
         impl.queue_run(pubs, 0, 10, record, queue, recs)
     assert queue == [(0, False, None)] and recs == [None]
+
+
+class _CountedRecord(NewRecord):
+    """NewRecord's slots, its own __init__: the compiled queue_run must call it."""
+
+    __slots__ = ()
+    made = 0
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        type(self).made += 1
+
+
+def test_records_are_whole_and_a_subclass_init_still_runs(impl: SimpleNamespace) -> None:
+    # (the compiled path builds NewRecord without its __init__: every slot filled,
+    # a real, collectable object; a subclass or another callable is called as before)
+    pubs = [(i, 0, SN, "a", i, 7, b"p" * i) for i in range(1, 4)]
+    for record_type, extra in ((NewRecord, 0), (_CountedRecord, 3), (NewRecord, 0)):
+        queue, recs = [], []
+        made = _CountedRecord.made
+        impl.queue_run(pubs, 0, 10, record_type, queue, recs)
+        assert [type(r) for r in recs] == [record_type] * 3
+        assert [(r.topic, r.sn, r.seq, r.lock_ts_ms, r.payload, r.headers) for r in recs] == \
+            [("a", SN, i, 7, b"p" * i, None) for i in range(1, 4)]
+        assert _CountedRecord.made == made + extra
+        assert all(gc.is_tracked(r) for r in recs)
+        recs[0].headers = {"retries": 1}   # the slots stay writable
+        assert recs[0].headers == {"retries": 1}
 
 
 @settings(max_examples=200, deadline=None)

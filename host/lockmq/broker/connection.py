@@ -42,7 +42,7 @@ from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
 from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
-    messages_head, publish_fields, take_frame, take_publishes
+    feed_publishes, messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
 from lockmq.protocol._fast import queue_run as _py_queue_run
 from lockmq.protocol._frame import Frame
@@ -277,15 +277,42 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Decode every whole frame of this read and handle it."""
-        b = self.services
-        b.stats.c["bytes_in"] += len(data)
+        c = self.services.stats.c
+        c["bytes_in"] += len(data)
         self.last_seen = time.monotonic()
         dec = self.decoder
-        try:
-            dec.feed(data)
-        except ProtocolError as exc:
-            self._bad_input(exc)
-            return
+        session = self.session
+        got = None
+        if _scan_publishes is not None and session.state == ESTABLISHED \
+                and session.mac_key is None and not self.closed:
+            # compiled, a lock's steady state: the read's leading PUBLISH frames
+            # scanned straight from its bytes (the decoder held nothing; the session's
+            # rules for them -- established, no MAC, its own SN -- checked by the
+            # scanner); whatever it stops at is read by _read_frames
+            got = feed_publishes(dec, data, session.name, SCAN_LIMIT, _scan_publishes)
+        if got is None:
+            try:
+                dec.feed(data)
+            except ProtocolError as exc:
+                self._bad_input(exc)
+                return
+            n = self._read_frames()
+        else:
+            pubs, pos = got
+            n = len(pubs)
+            if n:
+                self._on_publishes(pubs)
+            if pos < len(data) or n == SCAN_LIMIT:   # (not the usual whole read)
+                n += self._read_frames()
+        c["frames_in"] += n
+        if self._pub:
+            self._submit_publishes()
+        if self.out:
+            self.flush()
+
+    def _read_frames(self) -> int:
+        """Handle every whole frame the decoder holds; returns how many there were."""
+        dec = self.decoder
         n = 0
         session = self.session
         # One iterator over every whole frame of this read (not one call per frame);
@@ -341,11 +368,7 @@ class Connection(asyncio.Protocol):
             except ProtocolError as exc:
                 self._bad_input(exc)
                 break
-        b.stats.c["frames_in"] += n
-        if self._pub:
-            self._submit_publishes()
-        if self.out:
-            self.flush()
+        return n
 
     def _frame_failed(self, frame: Any, exc: Exception) -> bool:
         """Answer what handling ``frame`` raised; False: stop reading this peer."""
@@ -725,23 +748,37 @@ class Connection(asyncio.Protocol):
         """The publish path's answer for one :meth:`_submit_publishes`: per record, what
         the store did (:class:`Appended`), or why it was not stored (an
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
-        stats = self.services.stats.c
-        stored = dup = 0
+        c = self.services.stats.c
         # Acks without a frame MAC are packed in one call per run of stored records
         # (lockmq._speedups, or protocol/_fast.py); with MACs on they are sealed one
         # by one. Answers keep the order of the requests.
-        sealed = self.session.mac_key is not None
-        i = 0
-        n = len(results)
-        while i < n:
-            if not sealed:
-                data, frames, st, dp, i = _publish_acks(batch, results, i)
+        if self.session.mac_key is None:
+            data, frames, stored, dup, i = _publish_acks(batch, results, 0)
+            if frames:
+                self._send_acks(data, frames)
+            if i < len(results):   # a refusal (then the rest, one by one)
+                st, dp = self._answer_publishes(batch, results, i)
                 stored += st
                 dup += dp
-                if frames:
-                    self._send_acks(data, frames)
-                if i >= n:
-                    break
+        else:
+            stored, dup = self._answer_publishes(batch, results, 0)
+        c["publish_stored"] += stored
+        c["publish_duplicates"] += dup
+        self._pub_bytes -= size
+        if self._paused_for_pub and self._pub_bytes <= \
+                self.services.config.broker.max_conn_buffer_bytes // 2:
+            self._paused_for_pub = False
+            self._update_reading()
+
+    def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
+                          results: list[Appended | Exception], i: int) -> tuple[int, int]:
+        """:meth:`_publishes_stored` from ``results[i]`` on, one record at a time
+        (refusals, acks sealed with a frame MAC) but for the runs of unsealed acks;
+        returns how many were stored and how many were duplicates."""
+        stored = dup = 0
+        sealed = self.session.mac_key is not None
+        n = len(results)
+        while i < n:
             opaque, oneway, _r = batch[i]
             a = results[i]
             i += 1
@@ -750,6 +787,12 @@ class Connection(asyncio.Protocol):
                     self._pub_error(oneway, a.code, a.message, opaque, a.retry_after_ms)
                 else:
                     self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
+                if not sealed:   # the next run of stored records: acks in one call
+                    data, frames, st, dp, i = _publish_acks(batch, results, i)
+                    stored += st
+                    dup += dp
+                    if frames:
+                        self._send_acks(data, frames)
                 continue
             status = PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED
             if a.duplicate:
@@ -760,13 +803,7 @@ class Connection(asyncio.Protocol):
                 self.send_frame(Op.PUBLISH_ACK,
                                 PublishAck(status, a.offset if a.offset > 0 else 0).encode(),
                                 opaque, _RESP)
-        stats["publish_stored"] += stored
-        stats["publish_duplicates"] += dup
-        self._pub_bytes -= size
-        if self._paused_for_pub and self._pub_bytes <= \
-                self.services.config.broker.max_conn_buffer_bytes // 2:
-            self._paused_for_pub = False
-            self._update_reading()
+        return stored, dup
 
     def _send_acks(self, data: bytes, frames: int) -> None:
         c = self.services.stats.c

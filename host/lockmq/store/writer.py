@@ -393,7 +393,8 @@ class GroupCommit:
         plan = _Plan()
         seg_bytes = self.config.segment_bytes
         contains = self._dedup.contains
-        hw_of = self._dedup.high_water().get
+        hw = self._dedup.high_water()
+        hw_of = hw.get
         seen: set[tuple[str, int]] = set()
         topics = self._topics
         pindex = plan.index
@@ -418,7 +419,6 @@ class GroupCommit:
         q = 0
         blob = bytearray()
         run = _plan_run   # the compiled loop for the common record (None: Python only)
-        hw = self._dedup.high_water()
         calls = _plan_calls  # the compiled loop over whole calls (None: Python only)
         k, nb = 0, len(batch)
         while k < nb:
@@ -587,7 +587,12 @@ class GroupCommit:
                 seg.close_writer()
             self._active = created[-1]
             self._active_first_ms = None
-        if self._active in written:
+        self._wrote(now, self._active in written)
+
+    def _wrote(self, now: float, active_written: bool) -> None:
+        """After a commit's writes: the active segment's age marks (``segment_ms``,
+        retention) and, in ``async`` mode, that an fdatasync is owed."""
+        if active_written:
             self._active_last_ms = now
             if self._active_first_ms is None:
                 self._active_first_ms = now
@@ -617,12 +622,7 @@ class GroupCommit:
             t.index.wrote(first, len(blob) // ENTRY_SIZE)
         if self._sync:
             self.stats["fsyncs"] += 1
-        now = plan.now_ms
-        self._active_last_ms = now
-        if self._active_first_ms is None:
-            self._active_first_ms = now
-        if not self._sync:
-            self._unsynced = True
+        self._wrote(plan.now_ms, True)
 
     def _undo(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]],
               created: list[Segment]) -> None:
