@@ -69,6 +69,7 @@ typedef struct {
 static uint16_t crc_table[256];
 static enum mode mode;
 static int log_fd = -1, ep, wake_fd = -1;
+static int commit_delay_ms;   /* tests: hold each commit before its write (see main) */
 static buf_t round_data;      /* storing modes: this round's records */
 static conn_t **round_conns;  /* storing modes: connections with acks in this round */
 static size_t n_round, cap_round;
@@ -257,6 +258,7 @@ static void on_readable(conn_t *c) {
 
 /* One write (whole) and one fdatasync of ``data`` to the log. */
 static void append_durably(const buf_t *data) {
+    if (commit_delay_ms) usleep((useconds_t)commit_delay_ms * 1000);
     size_t done = 0;
     while (done < data->len) {
         ssize_t w = write(log_fd, data->p + done, data->len - done);
@@ -388,6 +390,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--host")) host = argv[i + 1];
+        /* tests only: an ack sent before its commit would then find its record
+         * missing from the file (tests/harness/test_floor_c.py) */
+        else if (!strcmp(argv[i], "--commit-delay-ms")) commit_delay_ms = atoi(argv[i + 1]);
         else bad = 1;
     }
     if (!strcmp(mode_name, "ack")) mode = MODE_ACK;
@@ -395,7 +400,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode_name, "fsync-thread")) mode = MODE_FSYNC_THREAD;
     else bad = 1;
     if (bad) {
-        fprintf(stderr, "usage: floor_c [--mode ack|fsync|fsync-thread] [--port P] [--dir D] [--host H]\n");
+        fprintf(stderr, "usage: floor_c [--mode ack|fsync|fsync-thread] [--port P] [--dir D] [--host H]\n"
+                        "               [--commit-delay-ms MS]\n");
         return 2;
     }
     crc_init();
