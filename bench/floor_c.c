@@ -53,6 +53,7 @@ typedef struct conn {
     uint64_t offset;          /* records acknowledged on this connection */
     int waiting;              /* on the round's list of connections with acks */
     int closing;
+    int want_out;             /* EPOLLOUT is registered (unsent output) */
     unsigned in_flight;       /* fsync-thread: ack runs held by the writer (not yet freed) */
 } conn_t;
 
@@ -136,7 +137,10 @@ static void response(buf_t *b, uint16_t op, uint32_t opaque, const unsigned char
     b->len += len;
 }
 
+/* Ask for EPOLLOUT while output is left unsent; a syscall only when that changes. */
 static void watch(conn_t *c, int want_out) {
+    if (c->want_out == want_out) return;
+    c->want_out = want_out;
     struct epoll_event ev = { .events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.ptr = c };
     if (epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev) < 0) die("epoll_ctl MOD");
 }
