@@ -81,6 +81,7 @@ static size_t n_dead, cap_dead;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queued_cond = PTHREAD_COND_INITIALIZER;
 static batch_t queued, durable;
+static int loop_asleep;       /* the epoll thread may sleep: wake it through the eventfd */
 static char wake_tag;         /* epoll data.ptr of the eventfd (the listener's is NULL) */
 
 static void die(const char *what) { perror(what); exit(1); }
@@ -341,20 +342,20 @@ static void *writer(void *unused) {
             pthread_mutex_lock(&lock);
             for (size_t i = 0; i < work.n_runs; i++)
                 add_run(&durable, work.runs[i].conn, work.acks.p + work.runs[i].off, work.runs[i].len);
+            int wake = loop_asleep;   /* else it looks before it sleeps (ready_to_sleep) */
+            loop_asleep = 0;
             pthread_mutex_unlock(&lock);
             uint64_t one = 1;
-            while (write(wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+            while (wake && write(wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
         }
         clear_batch(&work);
     }
     return NULL;
 }
 
-/* fsync-thread, on the eventfd: send the acks whose records are durable. */
+/* fsync-thread: send the acks whose records are durable. */
 static void send_durable_acks(void) {
     static batch_t ready;
-    uint64_t count;
-    while (read(wake_fd, &count, sizeof count) < 0 && errno == EINTR) {}
     pthread_mutex_lock(&lock);
     swap_batches(&ready, &durable);
     pthread_mutex_unlock(&lock);
@@ -368,6 +369,18 @@ static void send_durable_acks(void) {
         if (c->fd >= 0 && c->out.len) flush_out(c);
     }
     clear_batch(&ready);
+}
+
+/* fsync-thread, before epoll_wait: 0 if acks became durable meanwhile (they were
+ * sent: look again), else 1, and the writer will wake us through the eventfd. A busy
+ * epoll thread so picks acks up without an eventfd write, read and wake-up. */
+static int ready_to_sleep(void) {
+    pthread_mutex_lock(&lock);
+    int ready = durable.n_runs > 0;
+    loop_asleep = !ready;
+    pthread_mutex_unlock(&lock);
+    if (ready) send_durable_acks();
+    return !ready;
 }
 
 static void accept_all(int ls) {
@@ -439,6 +452,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     struct epoll_event evs[512];
     for (;;) {
+        if (mode == MODE_FSYNC_THREAD) while (!ready_to_sleep()) {}
         int n = epoll_wait(ep, evs, 512, -1);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -447,7 +461,12 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             conn_t *c = evs[i].data.ptr;
             if (c == NULL) { accept_all(ls); continue; }
-            if ((void *)c == &wake_tag) { send_durable_acks(); continue; }
+            if ((void *)c == &wake_tag) {
+                uint64_t count;
+                while (read(wake_fd, &count, sizeof count) < 0 && errno == EINTR) {}
+                send_durable_acks();
+                continue;
+            }
             if (c->fd < 0) continue;    /* dropped earlier in this round */
             if (evs[i].events & EPOLLOUT) { if (!flush_out(c)) continue; }
             if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(c);
