@@ -305,7 +305,8 @@ static void swap_batches(batch_t *a, batch_t *b) { batch_t t = *a; *a = *b; *b =
 static void clear_batch(batch_t *b) { b->data.len = b->acks.len = b->n_runs = 0; }
 
 /* fsync-thread, once per epoll round: hand the round's records and acks to the writer.
- * The connections stay allocated until their acks come back (``in_flight``). */
+ * The connections stay allocated until their acks come back (``in_flight``). What waits
+ * here is bounded by what the clients have in flight: they wait for their acks. */
 static void hand_round(void) {
     if (!round_data.len && !n_round) return;
     pthread_mutex_lock(&lock);
