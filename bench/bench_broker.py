@@ -11,9 +11,14 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``fsync``  — the durable floor: append every read's records to a file and ack
   after one shared fdatasync (group commit);
 * ``c-ack``, ``c-fsync`` — the same two floors compiled (``floor_c.c``: one epoll
-  loop in C, built with ``cc -O2`` into the run's temp dir; skipped, with the
-  reason, when there is no compiler): what the machine can do, where the Python
-  floors show what an asyncio server can;
+  loop in C, built with ``cc -O2 -pthread`` into the run's temp dir; skipped, with
+  the reason, when there is no compiler): what the machine can do, where the Python
+  floors show what an asyncio server can; c-fsync writes and fdatasyncs inline on
+  its one thread, so it reads nothing while the disk syncs;
+* ``c-fsync-thread`` — the compiled durable floor with a writer thread, as the
+  broker has one: the epoll thread keeps reading while the writer group-commits
+  everything queued since its last fdatasync; acks still wait for their fdatasync;
+  ``--floors`` picks which floors run (default: all five);
 * ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir;
   the ``storm-N-auth`` scenario runs it with ``auth = "required"`` and every lock
   registered);
@@ -87,7 +92,9 @@ PY = sys.executable
 #: lockmq brokers: this tree's, another tree's (--baseline), this one pure Python (--pure)
 LOCKMQ_KINDS = ("broker", "before", "pure")
 #: the compiled floors (floor_c.c), by their ``--mode``
-C_FLOORS = {"c-ack": "ack", "c-fsync": "fsync"}
+C_FLOORS = {"c-ack": "ack", "c-fsync": "fsync", "c-fsync-thread": "fsync-thread"}
+#: every floor: the Python ones (floors.py) and the compiled ones
+FLOORS = ("ack", "fsync", *C_FLOORS)
 #: the compiled floor's executable, once built (``build_c_floor``)
 C_FLOOR_EXE: list[str] = []
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
@@ -112,17 +119,18 @@ def fdatasync_rate(directory: str, seconds: float = 0.5) -> float:
 
 
 def build_c_floor(directory: str) -> str | None:
-    """Compile ``floor_c.c`` with ``cc -O2`` into ``directory``; its path, or None
+    """Compile ``floor_c.c`` with ``cc -O2 -pthread`` into ``directory``; its path, or None
     (with the reason printed) when there is no compiler or the build fails."""
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
-        print("floors c-ack, c-fsync: skipped (no C compiler: apt-get install gcc)")
+        print(f"floors {', '.join(C_FLOORS)}: skipped (no C compiler: apt-get install gcc)")
         return None
     exe = os.path.join(directory, "floor_c")
-    out = subprocess.run([cc, "-O2", "-o", exe, os.path.join(HERE, "floor_c.c")],
+    out = subprocess.run([cc, "-O2", "-pthread", "-o", exe, os.path.join(HERE, "floor_c.c")],
                          capture_output=True, text=True)
     if out.returncode != 0:
-        print(f"floors c-ack, c-fsync: skipped (build failed: {out.stderr.strip()[-300:]})")
+        print(f"floors {', '.join(C_FLOORS)}: skipped (build failed: "
+              f"{out.stderr.strip()[-300:]})")
         return None
     return exe
 
@@ -245,14 +253,14 @@ PUBLISH_FIGURES = ("rate", "p50_ms", "p99_ms", "lost", *CPU_FIGURES)
 GEN_BUSY_WARN_PCT = 90.0
 
 def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
-              c_floors: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+              floors: tuple[str, ...] = ("ack", "fsync")) -> list[dict[str, Any]]:
     """Every scenario: name, servers, load-generator args, the figures it reports.
-    ``peers`` (Mosquitto, Redis) join the publish scenarios, ``c_floors`` (the
-    compiled floors) the publish and storm ones; ``--baseline`` adds the broker of
+    ``peers`` (Mosquitto, Redis) join the publish scenarios, ``floors`` (Python and
+    compiled) the publish and storm ones; ``--baseline`` adds the broker of
     another tree (``before``) to every scenario the broker runs."""
     d = str(a.duration)
     lockmq = ("broker", *(("before",) if a.baseline else ()), *(("pure",) if a.pure else ()))
-    pub = ("ack", "fsync", *c_floors, *peers, *lockmq)
+    pub = (*floors, *peers, *lockmq)
     out = [
         {"name": "sync-100", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "1", "--duration", d],
@@ -263,7 +271,7 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
         {"name": "pipelined-100x32", "servers": pub,
          "args": ["publish", "--locks", "100", "--window", "32", "--duration", d],
          "figures": PUBLISH_FIGURES},
-        {"name": f"storm-{a.storm_locks}", "servers": ("ack", "fsync", *c_floors, *lockmq),
+        {"name": f"storm-{a.storm_locks}", "servers": (*floors, *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
          "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", *CPU_FIGURES)},
         {"name": f"storm-{a.storm_locks}-auth", "servers": lockmq,
@@ -362,6 +370,9 @@ def main() -> int:
                          "main`), alternating with this one: the before/after ratio")
     ap.add_argument("--no-c-floor", action="store_true",
                     help="do not build and run the compiled floors (floor_c.c)")
+    ap.add_argument("--floors", nargs="*", default=list(FLOORS), choices=FLOORS,
+                    help="floors run beside lockmq in the publish and storm scenarios "
+                         "(default: all)")
     ap.add_argument("--pure", action="store_true",
                     help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "
                          "path), alternating with it: the compiled/pure ratio")
@@ -385,12 +396,13 @@ def main() -> int:
           f"{a.runs} runs per figure; records of 24 bytes; broker flush={a.flush}, auth=off")
     print(f"data under {base}\n", flush=True)
     peers = available_peers(a.peers)
-    exe = None if a.no_c_floor else build_c_floor(base)
+    wants_c = not a.no_c_floor and any(f in C_FLOORS for f in a.floors)
+    exe = build_c_floor(base) if wants_c else None
     if exe:
         C_FLOOR_EXE[:] = [exe]
-    c_floors = tuple(C_FLOORS) if exe else ()
+    floors = tuple(f for f in FLOORS if f in a.floors and (exe or f not in C_FLOORS))
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for sc in scenarios(a, peers, c_floors):
+    for sc in scenarios(a, peers, floors):
         results[sc["name"]] = {kind: [] for kind in sc["servers"]}
         # run r of every server, then run r + 1: a noisy neighbour hits all alike
         for r in range(a.runs):
@@ -423,8 +435,8 @@ def main() -> int:
                 results[sc["name"]][kind].append(res)
                 brief = {k: (round(v, 2) if isinstance(v, float) else v)
                          for k, v in res.items() if k in sc["figures"] or k == "error"}
-                print(f"  {sc['name']:18s} {kind:9s} run {r + 1}: {brief}", flush=True)
-    report(results, scenarios(a, peers, c_floors))
+                print(f"  {sc['name']:18s} {kind:{KIND_W}s} run {r + 1}: {brief}", flush=True)
+    report(results, scenarios(a, peers, floors))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"machine": info, "args": vars(a), "results": results}, fh, indent=1)
@@ -433,7 +445,11 @@ def main() -> int:
     return 0
 
 
-RATIO_TO = ("ack", "fsync", "c-ack", "c-fsync", "mosquitto", "redis", "before", "pure")
+RATIO_TO = (*FLOORS, "mosquitto", "redis", "before", "pure")
+#: width of the server column (the longest server name: c-fsync-thread)
+KIND_W = 14
+#: width of each ratio column ("x c-fsync-thread" is wider than the others)
+RATIO_W = {k: max(9, len("x " + k)) for k in RATIO_TO}
 
 
 def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
@@ -443,8 +459,8 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
     print("cpu_us: server CPU per record, whole run; cpu_usr_us / cpu_sys_us: its user / "
           "kernel CPU per record in the measured window; gen_busy_pct: the load generator's "
           "CPU share of that window")
-    print(f"{'scenario':18s} {'figure':12s} {'server':9s} {'min':>10s} {'median':>10s} "
-          f"{'max':>10s}  " + " ".join(f"{'x ' + k:>9s}" for k in RATIO_TO) + "  target")
+    print(f"{'scenario':18s} {'figure':12s} {'server':{KIND_W}s} {'min':>10s} {'median':>10s} "
+          f"{'max':>10s}  " + " ".join(f"{'x ' + k:>{RATIO_W[k]}s}" for k in RATIO_TO) + "  target")
     warnings: list[str] = []
     for sc in scs:
         name = sc["name"]
@@ -456,7 +472,7 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                 vals = [r[fig] for r in runs if fig in r]
                 if not vals:
                     if any("error" in r for r in runs):
-                        rows.append(f"{name:18s} {fig:12s} {kind:9s} {'(failed)':>10s}")
+                        rows.append(f"{name:18s} {fig:12s} {kind:{KIND_W}s} {'(failed)':>10s}")
                     continue
                 lo, med, hi = stats3([float(v) for v in vals])
                 medians[kind] = med
@@ -469,18 +485,18 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                 ratios = target = ""
                 if kind in LOCKMQ_KINDS:
                     ratios = " ".join(
-                        f"{med / medians[k]:>9.2f}" if medians.get(k) and k != kind
-                        else f"{'':>9s}" for k in RATIO_TO)
+                        f"{med / medians[k]:>{RATIO_W[k]}.2f}" if medians.get(k) and k != kind
+                        else " " * RATIO_W[k] for k in RATIO_TO)
                     for (prefix, tfig), (desc, check) in TARGETS.items():
                         if name.startswith(prefix) and fig == tfig:
                             target = f"{desc}: {'MET' if check(med, medians) else 'NOT MET'}"
                 if fig == "gen_busy_pct":
-                    ratios = " " * (10 * len(RATIO_TO) - 1)   # a share, not a cost
+                    ratios = " " * (sum(RATIO_W.values()) + len(RATIO_TO) - 1)   # a share, not a cost
                     if med >= GEN_BUSY_WARN_PCT:
                         warnings.append(f"warning: {name} {kind}: the load generator was busy "
                                         f"{med:.0f} % of the window: the generator, not "
                                         f"{kind}, may be the limit of its rate")
-                print(f"{name:18s} {fig:12s} {kind:9s} {fmt(lo):>10s} {fmt(med):>10s} "
+                print(f"{name:18s} {fig:12s} {kind:{KIND_W}s} {fmt(lo):>10s} {fmt(med):>10s} "
                       f"{fmt(hi):>10s}  {ratios}  {target}")
     for line in warnings:
         print(line)
