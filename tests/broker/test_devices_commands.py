@@ -97,6 +97,31 @@ def test_command_resent_after_lock_reconnects_without_answering(broker):
     assert decode_body(f.opcode, f.body).status == CommandStatus.OK
 
 
+def test_a_lock_leaving_takes_back_only_its_own_commands(broker):
+    """Commands sent to two locks: the one that drops its link gets its command again
+    on reconnect; the other lock's command stays sent (answered once, never resent)."""
+    svc = open_peer(broker.port, sn="door-service")
+    stay = open_peer(broker.port, sn="LOCK-S", role=Role.LOCK)
+    leave = open_peer(broker.port, sn="LOCK-L", role=Role.LOCK)
+    op_stay = svc.send(Op.COMMAND, Command("LOCK-S", 1, 0, CommandKind.UNLOCK, b"\x00\x01").encode())
+    op_leave = svc.send(Op.COMMAND, Command("LOCK-L", 2, 0, CommandKind.UNLOCK, b"\x00\x01").encode())
+    to_stay = stay.wait_unsolicited(Op.COMMAND)
+    to_leave = leave.wait_unsolicited(Op.COMMAND)
+    assert svc.admin("commands")["awaiting_result"] == 2
+    leave.close()                                       # gone before answering
+    back = open_peer(broker.port, sn="LOCK-L", role=Role.LOCK)
+    assert back.wait_unsolicited(Op.COMMAND).cmd_id == to_leave.cmd_id
+    stay.send(Op.COMMAND_RESULT, CommandResult("LOCK-S", to_stay.cmd_id, CommandStatus.OK).encode())
+    back.send(Op.COMMAND_RESULT, CommandResult("LOCK-L", to_leave.cmd_id, CommandStatus.OK).encode())
+    for op in (op_stay, op_leave):
+        f = svc.wait(op)
+        assert decode_body(f.opcode, f.body).status == CommandStatus.OK
+    assert svc.admin("commands")["awaiting_result"] == 0
+    # a round trip after all of it: nothing was resent to the lock that stayed
+    stay.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80, 1000).encode())
+    assert not [f for f in stay.unsolicited if f.opcode == Op.COMMAND]
+
+
 def test_command_on_a_replaced_connection_goes_to_the_new_one(broker):
     svc = open_peer(broker.port, sn="door-service")
     old = open_peer(broker.port, sn="LOCK-N", role=Role.LOCK)

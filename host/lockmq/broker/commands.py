@@ -127,7 +127,9 @@ class Commands:
         #: the connection of lock SN if it is online now (``Devices.online_lock``)
         self.online_lock = online_lock
         self.queued: dict[str, deque[Pending]] = {}
-        self.forwarded: dict[tuple[str, int], Pending] = {}
+        # SN -> broker id -> command sent, awaiting its result; by SN so that a lock's
+        # close looks at its own commands only, not at every lock's
+        self.forwarded: dict[str, dict[int, Pending]] = {}
         self.total = 0                                   # queued (not yet forwarded)
         self.held = 0                                    # accepted, not yet answered
         self.held_bytes = 0
@@ -329,14 +331,14 @@ class Commands:
         p.sent_at = time.monotonic()
         p.lock_conn = lock
         p.attempts += 1
-        self.forwarded[(sn, p.broker_id)] = p
+        self.forwarded.setdefault(sn, {})[p.broker_id] = p
         lock.send_frame(Op.COMMAND, out.encode(), p.broker_id)
         self.stats.inc("commands_forwarded")
 
     def result(self, lock: "Connection", res: CommandResult) -> None:
         """A lock's COMMAND_RESULT: pass it to the sender."""
         sn = lock.principal.name
-        p = self.forwarded.pop((sn, res.cmd_id), None)
+        p = self._take_forwarded(sn, res.cmd_id)
         self.stats.inc("commands_results")
         if p is None:
             self.log("command_result_unknown", sn=sn, cmd_id=res.cmd_id, level="warning")
@@ -363,14 +365,15 @@ class Commands:
         if not conn.principal or conn.principal.kind != "lock":
             return
         sn = conn.principal.name
-        back = [k for k, p in self.forwarded.items() if k[0] == sn and p.lock_conn is conn]
+        mine = self.forwarded.get(sn)
+        back = [k for k, p in mine.items() if p.lock_conn is conn] if mine else []
         if not back:
             return
         q = self.queued.setdefault(sn, deque())
         given_up = []
         limit = self.cfg.max_delivery_attempts
         for k in reversed(back):
-            p = self.forwarded.pop(k)
+            p = self._take_forwarded(sn, k)
             p.lock_conn = None
             if p.attempts >= limit:     # it may be what breaks the link: not again
                 given_up.append(p)
@@ -410,15 +413,26 @@ class Commands:
             else:
                 del self.queued[sn]
         limit = time.monotonic() - self.cfg.result_timeout_s
-        for k, p in list(self.forwarded.items()):
-            if p.sent_at < limit:
-                del self.forwarded[k]
-                self._answer(p, CommandStatus.EXPIRED, "no result from the lock in time")
+        late = [(sn, k) for sn, mine in self.forwarded.items()
+                for k, p in mine.items() if p.sent_at < limit]
+        for sn, k in late:
+            self._answer(self._take_forwarded(sn, k), CommandStatus.EXPIRED,
+                         "no result from the lock in time")
+
+    def _take_forwarded(self, sn: str, broker_id: int) -> Pending | None:
+        """Remove and return the command sent to lock SN as BROKER_ID (None if unknown)."""
+        mine = self.forwarded.get(sn)
+        if not mine:
+            return None
+        p = mine.pop(broker_id, None)
+        if not mine:
+            del self.forwarded[sn]
+        return p
 
     def info(self) -> dict[str, Any]:
         """Admin view: commands waiting per lock and awaiting results."""
         return {"queued": {sn: len(q) for sn, q in self.queued.items()},
-                "awaiting_result": len(self.forwarded), "total_queued": self.total,
+                "awaiting_result": sum(map(len, self.forwarded.values())), "total_queued": self.total,
                 "held": self.held, "held_bytes": self.held_bytes,
                 "by_sender": {k: {"count": v[0], "bytes": v[1]} for k, v in self.by_owner.items()},
                 "lock_max_frame": dict(self.lock_limits)}
