@@ -1,7 +1,8 @@
 """The benchmark's lean lock (bench/loadgen.py) speaks the protocol byte for byte: its
-precomputed PUBLISH frames equal the codec's, its fixed-layout ack scan takes exactly
-the intact PUBLISH_ACKs and leaves everything else (another frame, a split or a
-damaged ack) to the FrameDecoder, which refuses a damaged one."""
+precomputed PUBLISH frames equal the codec's, its fixed-layout ack check takes exactly
+the intact PUBLISH_ACKs of stored records and leaves everything else (another frame,
+a split or a damaged ack, a duplicate's ack) to the FrameDecoder, which refuses a
+damaged one and counts a duplicate's ack as an error."""
 
 from __future__ import annotations
 
