@@ -187,11 +187,15 @@ def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damage
         assert lock.acked == 4 and refills[3].opaque not in lock.sent_at
         (refill,) = await _read_frames(reader, dec, 1)
         assert Publish.decode(refill.body).seq == 8
+        # an ack for a record already acked, alone in its read: an error, not a count
+        writer.write(codec_ack(pubs[0].opaque))
+        await wait_for_async(lambda: stats["errors"] == 2, "the second ack refused")
+        assert lock.acked == 4
         # a damaged ack: not counted, the connection dropped
         bad = bytearray(codec_ack(refills[0].opaque))
         bad[-1] ^= 0xFF
         writer.write(bytes(bad))
-        await wait_for_async(lambda: stats["errors"] == 2 and lock.transport is None,
+        await wait_for_async(lambda: stats["errors"] == 3 and lock.transport is None,
                              "the damaged ack refused and the connection dropped")
         assert lock.acked == 4
         writer.close()
