@@ -96,7 +96,8 @@ class Windowed(asyncio.Protocol):
     def _acked(self, key: int, now: float) -> None:
         """Request ``key`` was acknowledged (in a read that arrived at ``now``)."""
         t = self.sent_at.pop(key, None)
-        if t is None:
+        if t is None:   # an ack for nothing in flight (or a second one): never counted
+            self.stats["errors"] += 1
             return
         self.acked += 1
         if self.acked % self.sample == 0:

@@ -1,7 +1,8 @@
 """The benchmark's lean lock (bench/loadgen.py) speaks the protocol byte for byte: its
-precomputed PUBLISH frames equal the codec's, its fixed-layout ack scan takes exactly
-the intact PUBLISH_ACKs and leaves everything else (another frame, a split or a
-damaged ack) to the FrameDecoder, which refuses a damaged one."""
+precomputed PUBLISH frames equal the codec's, its fixed-layout ack check takes exactly
+the intact PUBLISH_ACKs of stored records and leaves everything else (another frame,
+a split or a damaged ack, a duplicate's ack) to the FrameDecoder, which refuses a
+damaged one and counts a duplicate's ack as an error."""
 
 from __future__ import annotations
 
@@ -65,11 +66,18 @@ def codec_ack(opaque: int, status: int = 0, offset: int = 9) -> bytes:
 
 
 def test_ack_scan_takes_intact_acks_and_stops_at_anything_else():
-    acks = codec_ack(3) + publish_ack_frame(1, 77, 4) + codec_ack(0xFFFFFFFF, 0, 2**64 - 1)
+    acks = codec_ack(3) + publish_ack_frame(0, 77, 4) + codec_ack(0xFFFFFFFF, 0, 2**64 - 1)
     assert publish_ack_frame(0, 9, 3) == codec_ack(3)   # the broker's fast ack is the codec's
     got: list[int] = []
     assert loadgen.scan_acks(acks, 0, got) == len(acks)
     assert got == [3, 4, 0xFFFFFFFF]
+    assert all(loadgen.is_stored_ack(acks[i:i + 24]) for i in range(0, len(acks), 24))
+
+    # a duplicate's ack (status 1) is not a new record stored: left to the decoder
+    dup = publish_ack_frame(1, 77, 5)
+    got = []
+    assert loadgen.scan_acks(codec_ack(4) + dup, 0, got) == 24 and got == [4]
+    assert not loadgen.is_stored_ack(dup)
 
     # another frame (a BUSY error) stops the scan at its first byte
     busy = error_frame(ErrorCode.BUSY, "busy", 5, 5)
@@ -91,6 +99,7 @@ def test_a_damaged_ack_is_not_taken_and_the_decoder_refuses_it(flip):
     got: list[int] = []
     assert loadgen.scan_acks(good + bad, 0, got) == len(good)
     assert got == [11]
+    assert loadgen.is_stored_ack(good) and not loadgen.is_stored_ack(bad)
     if flip in (8, 12, 16, 22, 23):   # header intact: only the CRC can tell
         dec = FrameDecoder()
         dec.feed(bad)
@@ -168,13 +177,25 @@ def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damage
         await read_seen(b[10:] + c + d[:1], [pubs[1], pubs[2]], holds_part=True)
         await read_seen(d[1:], [pubs[3]], holds_part=False)          # the tail alone
         assert lock.acked == 4 and stats["errors"] == 0
-        # the refills, one per ack; a damaged ack: not counted, the connection dropped
+        # the refills, one per ack
         refills = await _read_frames(reader, dec, 4)
         assert [Publish.decode(f.body).seq for f in refills] == [4, 5, 6, 7]
+        # a fresh record acked as a duplicate (status 1) was not stored as new: an
+        # error, not an ack; its place in the window is refilled
+        writer.write(codec_ack(refills[3].opaque, status=1))
+        await wait_for_async(lambda: stats["errors"] == 1, "the duplicate's ack refused")
+        assert lock.acked == 4 and refills[3].opaque not in lock.sent_at
+        (refill,) = await _read_frames(reader, dec, 1)
+        assert Publish.decode(refill.body).seq == 8
+        # an ack for a record already acked, alone in its read: an error, not a count
+        writer.write(codec_ack(pubs[0].opaque))
+        await wait_for_async(lambda: stats["errors"] == 2, "the second ack refused")
+        assert lock.acked == 4
+        # a damaged ack: not counted, the connection dropped
         bad = bytearray(codec_ack(refills[0].opaque))
         bad[-1] ^= 0xFF
         writer.write(bytes(bad))
-        await wait_for_async(lambda: stats["errors"] == 1 and lock.transport is None,
+        await wait_for_async(lambda: stats["errors"] == 3 and lock.transport is None,
                              "the damaged ack refused and the connection dropped")
         assert lock.acked == 4
         writer.close()
