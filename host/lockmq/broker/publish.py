@@ -73,6 +73,8 @@ class PublishPath:
         self._count = 0
         self._scheduled = False
         self._busy_logged = -1.0
+        #: the broker's loop, fetched once (get_running_loop costs a getpid each on 3.11)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def submit(self, records: list[NewRecord], done: Done) -> None:
         """Queue ``records`` for storing; ``done(results)`` is called once with one
@@ -82,8 +84,11 @@ class PublishPath:
         if self._count >= self.max_batch:
             self._flush()
         elif not self._scheduled:
+            loop = self._loop
+            if loop is None or loop.is_closed():   # (a broker started again: its new loop)
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -92,7 +97,9 @@ class PublishPath:
         groups = self._groups
         self._groups = []
         self._count = 0
-        records = [r for recs, _ in groups for r in recs]
+        # (one connection's read, the usual flush at one record per read: its list)
+        records = groups[0][0] if len(groups) == 1 else \
+            [r for recs, _ in groups for r in recs]
         self.stats.c["store_batches"] += 1
         # the store calls back on the loop as soon as the group commit is durable:
         # no task, no future hop (one loop iteration from fsync to the acks' write)
@@ -109,6 +116,9 @@ class PublishPath:
         """The store's answer for one flush: each submitter gets its slice."""
         if res is None:
             res = self._refusals(exc, len(records))
+        if len(groups) == 1:   # (no slice to make)
+            groups[0][1](res)
+            return
         i = 0
         for recs, done in groups:
             n = len(recs)
