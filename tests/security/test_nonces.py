@@ -1,29 +1,27 @@
-"""Challenge nonces cut from bulk ``os.urandom`` draws (``keys.NonceSource``): fresh,
-never handed out twice -- across buffer refills, threads and a fork."""
+"""Challenge nonces (``keys.new_nonce``): 16 fresh bytes each, never handed out twice --
+across many draws, threads and a fork."""
 
 from __future__ import annotations
 
 import os
 import threading
 
-from lockmq.security.keys import NONCE_BYTES, NonceSource, new_nonce
+from lockmq.security.keys import NONCE_BYTES, new_nonce
 
 
-def test_nonces_are_16_bytes_and_never_repeat_across_refills():
-    source = NonceSource(NONCE_BYTES)
-    n = 3 * NonceSource.BULK // NONCE_BYTES + 5     # three refills and a bit
-    nonces = [source() for _ in range(n)]
+def test_nonces_are_16_bytes_and_never_repeat():
+    n = 1000
+    nonces = [new_nonce() for _ in range(n)]
     assert all(type(x) is bytes and len(x) == NONCE_BYTES for x in nonces)
     assert len(set(nonces)) == n
 
 
 def test_threads_never_get_the_same_nonce():
-    source = NonceSource(NONCE_BYTES)
     got: list[list[bytes]] = [[] for _ in range(4)]
 
     def draw(out: list[bytes]) -> None:
         for _ in range(2000):
-            out.append(source())
+            out.append(new_nonce())
 
     threads = [threading.Thread(target=draw, args=(out,)) for out in got]
     for t in threads:
@@ -35,7 +33,7 @@ def test_threads_never_get_the_same_nonce():
 
 
 def test_a_forked_child_does_not_hand_out_its_parents_next_nonces():
-    new_nonce()                       # the buffer holds unused nonces now
+    new_nonce()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                      # the child: its next nonces, to the parent

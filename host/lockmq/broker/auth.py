@@ -47,8 +47,7 @@ class OpenGuard:
         """Nothing to release."""
 
     def challenge(self) -> bytes:
-        """A fresh nonce (still sent, so clients run the same handshake): cut from
-        bulk ``os.urandom`` draws, no system call per lock (``keys.NonceSource``)."""
+        """A fresh nonce (still sent, so clients run the same handshake)."""
         return new_nonce()
 
     def forget_challenge(self, nonce: bytes) -> None:

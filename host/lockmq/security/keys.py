@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import os
 import secrets
-import threading
 
 AUTH_LABEL = b"lockmq-auth-v1"
 SESSION_LABEL = b"lockmq-session-v1"
@@ -34,47 +33,13 @@ def new_device_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-class NonceSource:
-    """Fresh 16-byte nonces cut from ``os.urandom`` drawn in bulk.
+def new_nonce() -> bytes:
+    """A fresh 16-byte random nonce (a challenge's), straight from the OS CSPRNG.
 
-    A storm of 10,000 locks a second asks for a challenge nonce per lock; a
-    ``getrandom`` system call for each is ~1.5 µs of the broker's one core. Here one
-    call draws :data:`BULK` bytes and each nonce is the next 16 of them. Safe as
-    per-call draws: the bytes come from the same OS CSPRNG, each byte is handed out
-    once (the offset only moves forward, under a lock, and a used buffer is dropped,
-    never refilled in place), so no nonce repeats and none is derived from another;
-    a forked child starts on a fresh draw (it must not hand out its parent's next
-    nonces). What is not handed out yet sits in this process's memory, next to the
-    device keys it protects: no weaker than those."""
-
-    #: bytes drawn per ``os.urandom`` call (256 nonces)
-    BULK = 4096
-
-    def __init__(self, size: int = NONCE_BYTES) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._buf = b""
-        self._pos = 0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._drop)
-
-    def _drop(self) -> None:
-        self._lock = threading.Lock()   # (another thread may have held it at the fork)
-        self._buf, self._pos = b"", 0
-
-    def __call__(self) -> bytes:
-        """The next fresh nonce."""
-        with self._lock:
-            pos = self._pos
-            end = pos + self.size
-            if end > len(self._buf):
-                self._buf, pos, end = os.urandom(self.BULK), 0, self.size
-            self._pos = end
-            return self._buf[pos:end]
-
-
-#: A fresh 16-byte random nonce (a challenge's): see :class:`NonceSource`.
-new_nonce = NonceSource(NONCE_BYTES)
+    Drawing nonces in bulk was tried for the storm and not kept: one ``getrandom``
+    costs ~0.34 µs here against ~0.29 µs for a cut of a bulk draw, not worth a
+    lock, a buffer of future nonces in memory and a fork hook."""
+    return secrets.token_bytes(NONCE_BYTES)
 
 
 def sn_bytes(sn: str | bytes) -> bytes:
