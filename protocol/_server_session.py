@@ -212,12 +212,9 @@ class ServerSession(_Session):
 
     def challenge(self, nonce, server_time_ms, opaque, methods=3):
         """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random)."""
-        if type(nonce) is not bytes or len(nonce) != NONCE_SIZE:
-            nonce = check_nonce(nonce, "nonce")     # (the CHALLENGE body's own check)
-        self.nonce = nonce
-        data = _CHALLENGE_FRAME(VERSION, _CHALLENGE_LEN, Op.CHALLENGE, 0, Flag.RESPONSE, opaque,
-                                nonce, server_time_ms, methods)
-        return data + _CRC(crc16_init(data, 0xFFFF))
+        self.nonce = nonce = check_nonce(nonce, "nonce")
+        return _with_crc(_CHALLENGE_FRAME(VERSION, _CHALLENGE_LEN, Op.CHALLENGE, 0, Flag.RESPONSE,
+                                          opaque, nonce, server_time_ms, methods))
 
     def accept(self, role, name, ack, opaque, mac_key=None, mac_required=False):
         """Authentication succeeded as ``role`` / ``name`` (the broker's decision, which

@@ -20,9 +20,6 @@ from lockmq.security.errors import AuthTimeout
 from lockmq.security.identity import check_producer_id
 from lockmq.security.principal import Permissions, Principal
 
-#: a lock's token permissions (none) and topics (any): frozen, shared by every lock
-_NO_PERMISSIONS = Permissions()
-_ANY_TOPIC = ("*",)
 
 
 class OpenGuard:
@@ -62,8 +59,8 @@ class OpenGuard:
                      *, tls: bool = False) -> Principal:
         """Accept any claim: device method -> lock ``claimed_sn``; else admin."""
         if getattr(auth_body, "method", None) == AuthMethod.DEVICE_HMAC and claimed_sn:
-            return Principal(name=claimed_sn, kind="lock", permissions=_NO_PERMISSIONS,
-                             lock_topics=_ANY_TOPIC, peer_ip=peer_ip, session_nonce=nonce)
+            return Principal(name=claimed_sn, kind="lock", lock_topics=("*",), peer_ip=peer_ip,
+                             session_nonce=nonce)
         return Principal(name=claimed_sn or "anonymous", kind="admin",
                          permissions=Permissions(admin=True), peer_ip=peer_ip)
 
@@ -89,11 +86,6 @@ class OpenGuard:
     def check_producer_id(self, principal: Principal, producer_id: str) -> str:
         """Even with auth off nobody publishes under the broker's ``$`` ids or outside
         the identity charset (no registry, so no ownership)."""
-        if producer_id == principal.name and principal.kind == "lock":
-            # a lock's own SN: the session checked it against the identity rule at
-            # CONNECT (the one rule ``check_producer_id`` applies), and it is not
-            # another's -- a storm's first PUBLISH per lock skips the char walk
-            return producer_id
         return check_producer_id(principal, producer_id)
 
     def check_consume(self, principal: Principal, topic: str, cluster: str) -> None:

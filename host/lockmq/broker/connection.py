@@ -519,12 +519,9 @@ class Connection(asyncio.Protocol):
         self.claimed_sn = frame.sn
         # the command path never sends this peer a frame larger than it stated
         self.peer_max_frame = self.session.connect.max_frame
-        b = self.services
-        self.nonce = nonce = b.guard.challenge()
-        # (queued as _answer_handshake does, inline: a storm's CONNECT path)
-        b.stats.c["frames_out"] += 1
-        if not self.closed:
-            self.out.append(self.session.challenge(nonce, int(time.time() * 1000), frame.opaque))
+        self.nonce = nonce = self.services.guard.challenge()
+        self._answer_handshake(self.session.challenge(nonce, int(time.time() * 1000),
+                                                      frame.opaque))
 
     def _answer_handshake(self, data: bytes) -> None:
         """Queue a CHALLENGE or CONNECT_ACK: written with whatever else this read

@@ -35,15 +35,13 @@ from .identity import system_topic_refusal
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Permissions, Principal
+from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal
 from .registry import DeviceRegistry, valid_sn
 from .tokens import TokenError, TokenStore
 
 METHOD_DEVICE = "device"
 METHOD_TOKEN = "token"
 _DUMMY_KEY = b"\x00" * keys.KEY_BYTES
-#: a lock's token permissions: none (frozen, so one object serves every lock)
-_NO_PERMISSIONS = Permissions()
 _CONFIG = 3   # lockmq.protocol.CommandKind.CONFIG
 
 
@@ -162,7 +160,7 @@ def _method(body: Any) -> str:
     if isinstance(m, (bytes, bytearray)):
         m = bytes(m).decode("ascii", "replace")
     if isinstance(m, int):  # numeric method ids: 1 device, 2 token
-        return {1: METHOD_DEVICE, 2: METHOD_TOKEN}.get(m, "")
+        return _METHOD_IDS.get(m, "")
     m = str(getattr(m, "name", m) or "").lower()
     if m in ("device", "hmac", "device_hmac"):
         return METHOD_DEVICE
@@ -402,7 +400,7 @@ class Guard:
             raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
                              reason="bad_proof")
         self._used_proofs.put(proof, True)
-        return Principal(name=sn, kind=LOCK, permissions=_NO_PERMISSIONS,
+        return Principal(name=sn, kind=LOCK,
                          lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
                          session_nonce=nonce, client_nonce=cnonce,
                          session_key=keys.session_key(key, nonce, cnonce, sn))

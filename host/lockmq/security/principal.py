@@ -148,6 +148,10 @@ def _any(patterns: tuple[str, ...], value: str) -> bool:
     return any(fnmatchcase(value, p) for p in patterns)
 
 
+#: no rights at all (a lock's token permissions): frozen, so one object serves all
+NO_PERMISSIONS = Permissions()
+
+
 @dataclass
 class Principal:
     """An authenticated identity.
@@ -171,7 +175,7 @@ class Principal:
 
     name: str
     kind: str
-    permissions: Permissions = field(default_factory=Permissions)
+    permissions: Permissions = NO_PERMISSIONS
     lock_topics: tuple[str, ...] = ()
     token_id: str = ""
     session_nonce: bytes = b""
