@@ -13,6 +13,8 @@
  *   publish_acks    store results -> the PUBLISH_ACK frames of one answer;
  *   scan_frame      one whole, valid frame of any known opcode (the handshake's
  *                   CONNECT and AUTH) -> its fields, or None for the Python decoder.
+ *   Lane            a lock's steady publish reads and their acks, several sockets
+ *                   per Python call (broker/lane.py).
  *
  * Memory safety: every read of the input is bounds-checked against the buffer's
  * length before it happens; outputs are new objects (no buffer reused across calls).
@@ -1100,6 +1102,660 @@ error:   /* nothing of this call stays queued: the caller answers the error */
     return NULL;
 }
 
+/* -------------------------------------------------------------------- lane */
+
+/* Lane: a lock's steady publish reads and their acks below Python (issue #14).
+ *
+ * At one record per read, every read entering Python (uvloop's callback, the bytes,
+ * the GIL, the publish path's calls) cost the broker ~4 us of its ~11 per record. A
+ * connection in its steady state -- established, no frame MACs, only PUBLISHes to
+ * topics already allowed -- is handed to the lane (broker/lane.py): its transport
+ * stops reading, and its socket joins the lane's epoll set, which the broker's loop
+ * watches as one fd. When it is readable, one poll() reads every ready socket,
+ * checks each frame as scan_publishes does, and returns the records of all of them
+ * with one plan of who gets which ack; one answer() packs and sends every ack of a
+ * group commit. Python then runs per loop iteration, not per read.
+ *
+ * Whatever is not that steady state goes back to the connection's Python path with
+ * the unread bytes ("bail"): another opcode, a bad, MAC'd or ONEWAY frame, another
+ * SN, a topic not yet allowed, the rate credit used up, EOF or a socket error, a
+ * frame too large for the read buffer. The Python path then raises the protocol's
+ * own errors, so error behaviour cannot drift. The lane never writes while Python
+ * holds unsent bytes for the socket: Python takes a socket back (release) before it
+ * writes to it, and an ack the socket does not take whole is handed to Python too.
+ *
+ * Per socket the lane keeps a partial frame (at most max_frame bytes), the bytes of
+ * records read and not yet answered (above ``limit`` it stops reading the socket
+ * until answers bring them to half) and a rate credit Python took from the
+ * lock's budget (-1: no limit). Slots carry a generation so that an answer for a
+ * socket released (and its fd number reused) is never written to the new one. */
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define LANE_EVENTS 256
+#define LANE_READ 65536   /* bytes read per socket per poll, beyond a held partial frame */
+
+typedef struct {
+    PyObject *conn;       /* the connection (held): bails and answers name it */
+    PyObject *sn;         /* the session's SN (held): the records' producer id */
+    const char *sn_utf8;  /* (valid while sn is held) */
+    Py_ssize_t sn_size;
+    PyObject *topics;     /* topics the connection's Python path allowed (a set, held) */
+    long long credit;     /* records left of the rate credit; -1: no limit */
+    long long pending;    /* record bytes read, not yet answered */
+    long long limit;      /* above it, the socket is not read */
+    unsigned long long gen;
+    int paused;
+    uint8_t *tail;        /* a partial frame carried to the next read */
+    Py_ssize_t tail_len;
+} lane_slot;
+
+typedef struct {
+    PyObject_HEAD
+    int epfd;
+    lane_slot **slots;    /* by fd */
+    int nslots;
+    unsigned long long next_gen;
+    Py_ssize_t max_frame;
+    uint8_t *rbuf;
+    Py_ssize_t rsize;
+    Py_ssize_t adopted;   /* sockets in the lane now */
+} LaneObject;
+
+/* one record of a poll: whose ack it is */
+typedef struct {
+    PyObject *conn;
+    int fd;
+    unsigned long long gen;
+    uint32_t opaque;
+    uint32_t size;
+} plan_entry;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n, cap;
+    plan_entry *e;
+} PlanObject;
+
+static PyObject *s_last_seen;
+
+static void plan_dealloc(PlanObject *p)
+{
+    for (Py_ssize_t i = 0; i < p->n; i++)
+        Py_DECREF(p->e[i].conn);
+    PyMem_Free(p->e);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static Py_ssize_t plan_len(PlanObject *p)
+{
+    return p->n;
+}
+
+static PySequenceMethods plan_as_sequence = {.sq_length = (lenfunc)plan_len};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lockmq._speedups.LanePlan",
+    .tp_doc = "Who gets which ack of one Lane.poll (opaque to Python; len: records).",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_as_sequence = &plan_as_sequence,
+};
+
+static int plan_add(PlanObject *p, PyObject *conn, int fd, unsigned long long gen,
+                    uint32_t opaque, uint32_t size)
+{
+    if (p->n == p->cap) {
+        Py_ssize_t cap = p->cap ? p->cap * 2 : 64;
+        plan_entry *e = PyMem_Realloc(p->e, cap * sizeof(plan_entry));
+        if (e == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        p->e = e;
+        p->cap = cap;
+    }
+    Py_INCREF(conn);
+    p->e[p->n++] = (plan_entry){conn, fd, gen, opaque, size};
+    return 0;
+}
+
+static void slot_free(lane_slot *s)
+{
+    Py_XDECREF(s->conn);
+    Py_XDECREF(s->sn);
+    Py_XDECREF(s->topics);
+    PyMem_Free(s->tail);
+    PyMem_Free(s);
+}
+
+/* The slot of fd, or NULL; with ``gen``, only the slot of that generation. */
+static lane_slot *lane_slot_of(LaneObject *ln, int fd, unsigned long long gen)
+{
+    if (fd < 0 || fd >= ln->nslots || ln->slots[fd] == NULL)
+        return NULL;
+    lane_slot *s = ln->slots[fd];
+    return gen == 0 || s->gen == gen ? s : NULL;
+}
+
+/* Take fd out of the lane: (held bytes, credit left) for Python, or NULL on an
+ * error. ``extra``: unread bytes of this poll to hand back after the held tail. */
+static PyObject *lane_detach(LaneObject *ln, int fd, const uint8_t *extra, Py_ssize_t n)
+{
+    lane_slot *s = ln->slots[fd];
+    ln->slots[fd] = NULL;
+    ln->adopted--;
+    if (!s->paused)   /* (a paused socket is out of the set already) */
+        epoll_ctl(ln->epfd, EPOLL_CTL_DEL, fd, NULL);   /* (fails only if fd was closed) */
+    PyObject *data = PyBytes_FromStringAndSize(NULL, s->tail_len + n);
+    PyObject *res = NULL;
+    if (data != NULL) {
+        memcpy(PyBytes_AS_STRING(data), s->tail, s->tail_len);
+        memcpy(PyBytes_AS_STRING(data) + s->tail_len, extra, n);
+        res = Py_BuildValue("(OOL)", s->conn, data, s->credit);
+        Py_DECREF(data);
+    }
+    slot_free(s);
+    return res;
+}
+
+static int lane_watch(LaneObject *ln, int fd, int op, uint32_t events)
+{
+    struct epoll_event ev = {.events = events, .data.fd = fd};
+    if (epoll_ctl(ln->epfd, op, fd, &ev) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *record_type;
+    Py_ssize_t max_frame;
+    if (!PyArg_ParseTuple(args, "On:Lane", &record_type, &max_frame))
+        return NULL;
+    int layout = record_layout(record_type);
+    if (layout <= 0) {
+        if (layout == 0)
+            PyErr_SetString(PyExc_TypeError, "Lane needs a record class with six own slots");
+        return NULL;
+    }
+    if (max_frame < MIN_FRAME || max_frame > (1 << 30)) {
+        PyErr_SetString(PyExc_ValueError, "max_frame out of range");
+        return NULL;
+    }
+    LaneObject *ln = (LaneObject *)type->tp_alloc(type, 0);
+    if (ln == NULL)
+        return NULL;
+    ln->epfd = -1;
+    ln->next_gen = 1;
+    ln->max_frame = max_frame;
+    ln->rsize = max_frame + LANE_READ;
+    ln->rbuf = PyMem_Malloc(ln->rsize);
+    ln->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (ln->rbuf == NULL || ln->epfd < 0) {
+        if (ln->rbuf == NULL)
+            PyErr_NoMemory();
+        else
+            PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(ln);
+        return NULL;
+    }
+    return (PyObject *)ln;
+}
+
+static void lane_clear_slots(LaneObject *ln)
+{
+    for (int fd = 0; fd < ln->nslots; fd++)
+        if (ln->slots[fd] != NULL) {
+            if (!ln->slots[fd]->paused)
+                epoll_ctl(ln->epfd, EPOLL_CTL_DEL, fd, NULL);
+            slot_free(ln->slots[fd]);
+            ln->slots[fd] = NULL;
+        }
+    ln->adopted = 0;
+}
+
+static void lane_dealloc(LaneObject *ln)
+{
+    lane_clear_slots(ln);
+    PyMem_Free(ln->slots);
+    PyMem_Free(ln->rbuf);
+    if (ln->epfd >= 0)
+        close(ln->epfd);
+    Py_TYPE(ln)->tp_free((PyObject *)ln);
+}
+
+static PyObject *lane_fileno(LaneObject *ln, PyObject *unused)
+{
+    return PyLong_FromLong(ln->epfd);
+}
+
+/* adopt(fd, conn, sn, topics, credit, limit) */
+static PyObject *lane_adopt(LaneObject *ln, PyObject *args)
+{
+    int fd;
+    PyObject *conn, *sn, *topics;
+    long long credit, limit;
+    if (!PyArg_ParseTuple(args, "iOUO!LL:adopt", &fd, &conn, &sn, &PySet_Type, &topics,
+                          &credit, &limit))
+        return NULL;
+    if (fd < 0 || fd >= (1 << 24) || limit <= 0) {
+        PyErr_SetString(PyExc_ValueError, "fd or limit out of range");
+        return NULL;
+    }
+    if (fd >= ln->nslots) {
+        int n = fd + 1 > ln->nslots * 2 ? fd + 1 : ln->nslots * 2;
+        lane_slot **slots = PyMem_Realloc(ln->slots, n * sizeof(lane_slot *));
+        if (slots == NULL)
+            return PyErr_NoMemory();
+        memset(slots + ln->nslots, 0, (n - ln->nslots) * sizeof(lane_slot *));
+        ln->slots = slots;
+        ln->nslots = n;
+    }
+    if (ln->slots[fd] != NULL) {
+        PyErr_SetString(PyExc_ValueError, "fd is in the lane already");
+        return NULL;
+    }
+    lane_slot *s = PyMem_Calloc(1, sizeof(lane_slot));
+    if (s == NULL)
+        return PyErr_NoMemory();
+    s->sn_utf8 = PyUnicode_AsUTF8AndSize(sn, &s->sn_size);
+    if (s->sn_utf8 == NULL || s->sn_size > MAX_SN) {
+        if (s->sn_utf8 != NULL)
+            PyErr_SetString(PyExc_ValueError, "sn too long");
+        PyMem_Free(s);
+        return NULL;
+    }
+    if (lane_watch(ln, fd, EPOLL_CTL_ADD, EPOLLIN) < 0) {
+        PyMem_Free(s);
+        return NULL;
+    }
+    s->conn = Py_NewRef(conn);
+    s->sn = Py_NewRef(sn);
+    s->topics = Py_NewRef(topics);
+    s->credit = credit;
+    s->limit = limit;
+    s->gen = ln->next_gen++;
+    ln->slots[fd] = s;
+    ln->adopted++;
+    Py_RETURN_NONE;
+}
+
+/* release(fd) -> (conn, held bytes, credit left), or None if fd is not in the lane */
+static PyObject *lane_release(LaneObject *ln, PyObject *args)
+{
+    int fd;
+    if (!PyArg_ParseTuple(args, "i:release", &fd))
+        return NULL;
+    if (lane_slot_of(ln, fd, 0) == NULL)
+        Py_RETURN_NONE;
+    return lane_detach(ln, fd, NULL, 0);
+}
+
+/* One socket's read: its whole PUBLISH frames become records (and plan entries);
+ * returns the offset where the lane stops taking frames -- n when it took them all
+ * (then any partial frame is kept), less when the rest is Python's (a bail) -- or
+ * -1 on an error. */
+static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t *buf,
+                            Py_ssize_t n, PyObject *records, PlanObject *plan,
+                            Py_ssize_t *frames)
+{
+    Py_ssize_t pos = 0;
+    PyObject *topic = NULL;   /* the last topic (one per lock, usually) */
+    const uint8_t *topic_raw = NULL;
+    Py_ssize_t topic_n = -1;
+    while (n - pos >= HEADER_SIZE) {
+        const uint8_t *f = buf + pos;
+        Py_ssize_t sn_len = f[7];
+        uint32_t length = be32(f + 1);
+        if (f[0] != VERSION || sn_len > MAX_SN || length < (uint32_t)(MIN_FRAME + sn_len)
+                || (Py_ssize_t)length > ln->max_frame)
+            break;   /* the decoder's error, raised by Python */
+        if ((Py_ssize_t)length > n - pos)
+            goto partial;   /* (length <= max_frame: rbuf holds it and a read more) */
+        if (crc16(f, length - CRC_SIZE, 0xFFFF) != (f[length - 2] << 8 | f[length - 1]))
+            break;
+        uint16_t opcode = (uint16_t)(f[5] << 8 | f[6]);
+        uint8_t flags = f[HEADER_SIZE + sn_len];
+        if (opcode != OP_PUBLISH || (flags & (FLAG_MAC | FLAG_ONEWAY)))
+            break;
+        if (sn_len && (sn_len != s->sn_size || memcmp(f + HEADER_SIZE, s->sn_utf8, sn_len) != 0))
+            break;
+        if (s->credit == 0)
+            break;   /* the lock's rate: Python asks its budget */
+        const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
+        Py_ssize_t body_len = (Py_ssize_t)length - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
+        Py_ssize_t tlen = body_len > 0 ? body[0] : 0;
+        if (body_len < 13 + tlen)
+            break;
+        if (topic == NULL || topic_n != tlen || memcmp(topic_raw, body + 1, tlen) != 0) {
+            PyObject *t = PyUnicode_DecodeUTF8((const char *)body + 1, tlen, NULL);
+            if (t == NULL) {
+                PyErr_Clear();
+                break;
+            }
+            int ok = PySet_Contains(s->topics, t);
+            if (ok <= 0) {
+                Py_DECREF(t);
+                if (ok < 0)
+                    goto error;
+                break;   /* not allowed yet: Python checks it (and may allow it) */
+            }
+            Py_XSETREF(topic, t);
+            topic_raw = body + 1;
+            topic_n = tlen;
+        }
+        const uint8_t *p = body + 1 + tlen;
+        Py_ssize_t plen = body_len - 13 - tlen;
+        PyObject *seq = PyLong_FromUnsignedLong(be32(p));
+        PyObject *ts = PyLong_FromUnsignedLongLong(be64(p + 4));
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)p + 12, plen);
+        PyObject *rec = NULL;
+        if (seq != NULL && ts != NULL && payload != NULL) {
+            PyObject *values[5] = {topic, s->sn, seq, ts, payload};
+            rec = new_record(values);
+        }
+        Py_XDECREF(seq);
+        Py_XDECREF(ts);
+        Py_XDECREF(payload);
+        if (rec == NULL)
+            goto error;
+        uint32_t size = (uint32_t)(plen + 64);   /* Connection._pub_size's measure */
+        int rc = PyList_Append(records, rec);
+        Py_DECREF(rec);
+        if (rc < 0 || plan_add(plan, s->conn, fd, s->gen, be32(f + HEADER_SIZE + sn_len + 1), size) < 0) {
+            if (rc == 0)   /* keep records and plan in step */
+                PyList_SetSlice(records, PyList_GET_SIZE(records) - 1, PyList_GET_SIZE(records), NULL);
+            goto error;
+        }
+        s->pending += size;
+        if (s->credit > 0)
+            s->credit--;
+        (*frames)++;
+        pos += length;
+    }
+    if (n - pos < HEADER_SIZE && pos < n)
+        goto partial;
+    Py_XDECREF(topic);
+    return pos;
+partial:   /* a frame's first bytes: kept for the next read */
+    Py_XDECREF(topic);
+    {
+        uint8_t *t = PyMem_Realloc(s->tail, n - pos);
+        if (t == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memmove(t, buf + pos, n - pos);
+        s->tail = t;
+        s->tail_len = n - pos;
+    }
+    return n;
+error:
+    Py_XDECREF(topic);
+    return -1;
+}
+
+/* poll(max_records) -> (records, plan, bails, bytes_in, frames_in)
+ *
+ * Reads each ready socket once. ``records``: NewRecords for the store, in order;
+ * ``plan``: whose ack each is (for answer()); ``bails``: (conn, bytes, credit) of
+ * each socket the lane gave back this poll (bytes: what Python must read now, empty
+ * at EOF or on an error: the transport, reading again, sees it). */
+static PyObject *lane_poll(LaneObject *ln, PyObject *args)
+{
+    Py_ssize_t max_records;
+    if (!PyArg_ParseTuple(args, "n:poll", &max_records))
+        return NULL;
+    struct epoll_event ev[LANE_EVENTS];
+    int k = epoll_wait(ln->epfd, ev, LANE_EVENTS, 0);
+    if (k < 0 && errno != EINTR)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *records = PyList_New(0), *bails = PyList_New(0), *now = NULL;
+    PlanObject *plan = PyObject_New(PlanObject, &PlanType);
+    if (plan != NULL) {
+        plan->n = plan->cap = 0;
+        plan->e = NULL;
+    }
+    struct timespec tv;
+    clock_gettime(CLOCK_MONOTONIC, &tv);   /* time.monotonic()'s clock on Linux */
+    now = PyFloat_FromDouble((double)tv.tv_sec + tv.tv_nsec * 1e-9);
+    if (records == NULL || bails == NULL || plan == NULL || now == NULL)
+        goto error;
+    Py_ssize_t bytes_in = 0, frames = 0;
+    for (int i = 0; i < k && PyList_GET_SIZE(records) < max_records; i++) {
+        int fd = ev[i].data.fd;
+        lane_slot *s = lane_slot_of(ln, fd, 0);
+        if (s == NULL || s->paused)
+            continue;
+        Py_ssize_t held = s->tail_len;
+        memcpy(ln->rbuf, s->tail, held);
+        ssize_t r = recv(fd, ln->rbuf + held, ln->rsize - held, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            continue;
+        PyObject *bail;
+        if (r <= 0) {   /* EOF or a socket error: the transport reads it again */
+            bail = lane_detach(ln, fd, NULL, 0);
+        } else {
+            Py_ssize_t n = held + r;
+            s->tail_len = 0;
+            bytes_in += r;
+            if (PyObject_SetAttr(s->conn, s_last_seen, now) < 0)
+                goto error;
+            Py_ssize_t pos = lane_take(ln, s, fd, ln->rbuf, n, records, plan, &frames);
+            if (pos < 0)
+                goto error;
+            if (pos == n) {
+                if (s->pending > s->limit) {   /* out of the set: a hang-up is */
+                    if (lane_watch(ln, fd, EPOLL_CTL_DEL, 0) < 0)   /* reported whatever */
+                        goto error;                                 /* the mask */
+                    s->paused = 1;
+                }
+                continue;
+            }
+            bytes_in -= n - pos;   /* (Python counts what it reads) */
+            bail = lane_detach(ln, fd, ln->rbuf + pos, n - pos);
+        }
+        if (bail == NULL || PyList_Append(bails, bail) < 0) {
+            Py_XDECREF(bail);
+            goto error;
+        }
+        Py_DECREF(bail);
+    }
+    Py_DECREF(now);
+    return Py_BuildValue("(NNNnn)", records, (PyObject *)plan, bails, bytes_in, frames);
+error:
+    Py_XDECREF(records);
+    Py_XDECREF(bails);
+    Py_XDECREF(plan);
+    Py_XDECREF(now);
+    return NULL;
+}
+
+/* Is results[i] an Appended (a 4-tuple: offset, topic, queue_offset, duplicate)? */
+static int is_appended(PyObject *a)
+{
+    return PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 4;
+}
+
+/* answer(plan, results) -> (stored, duplicates, frames_out, bytes_out, leftovers)
+ *
+ * The store's results for one poll's records, in order. Each socket still in the
+ * lane gets its acks in one send; what the lane cannot finish is a leftover for
+ * Python, one per connection: (1, conn, batch, results) when a record was refused
+ * (Connection._answer_publishes answers them all, in order; those counts are
+ * Python's); (2, conn, acks, frames) when the socket left the lane (Python writes
+ * them); (3, conn, unsent, held, credit) when the socket did not take its acks
+ * whole (the lane gave it back as release() does; Python writes the rest). */
+static PyObject *lane_answer(LaneObject *ln, PyObject *args)
+{
+    PlanObject *plan;
+    PyObject *results;
+    if (!PyArg_ParseTuple(args, "O!O!:answer", &PlanType, &plan, &PyList_Type, &results))
+        return NULL;
+    if (PyList_GET_SIZE(results) != plan->n) {
+        PyErr_SetString(PyExc_ValueError, "one result per planned record");
+        return NULL;
+    }
+    PyObject *leftovers = PyList_New(0);
+    if (leftovers == NULL)
+        return NULL;
+    Py_ssize_t stored = 0, dup = 0, frames_out = 0, bytes_out = 0;
+    uint8_t *acks = NULL;
+    Py_ssize_t i = 0, n = plan->n;
+    while (i < n) {
+        plan_entry *e = &plan->e[i];
+        Py_ssize_t j = i, refused = 0;
+        long long size = 0;
+        for (; j < n && plan->e[j].conn == e->conn && plan->e[j].gen == e->gen; j++) {
+            size += plan->e[j].size;
+            if (!is_appended(PyList_GET_ITEM(results, j)))
+                refused = 1;
+        }
+        lane_slot *s = lane_slot_of(ln, e->fd, e->gen);
+        if (s != NULL) {
+            s->pending -= size;
+            if (s->paused && s->pending <= s->limit / 2) {
+                if (lane_watch(ln, e->fd, EPOLL_CTL_ADD, EPOLLIN) < 0)
+                    goto error;
+                s->paused = 0;
+            }
+        }
+        PyObject *left = NULL;
+        if (refused) {   /* Python answers the group, refusals and acks in order */
+            PyObject *batch = PyList_New(j - i), *res = PyList_GetSlice(results, i, j);
+            if (batch == NULL || res == NULL) {
+                Py_XDECREF(batch);
+                Py_XDECREF(res);
+                goto error;
+            }
+            for (Py_ssize_t m = i; m < j; m++) {
+                PyObject *t = Py_BuildValue("(kOO)", (unsigned long)plan->e[m].opaque,
+                                            Py_False, Py_None);
+                if (t == NULL) {
+                    Py_DECREF(batch);
+                    Py_DECREF(res);
+                    goto error;
+                }
+                PyList_SET_ITEM(batch, m - i, t);
+            }
+            left = Py_BuildValue("(iONN)", 1, e->conn, batch, res);
+        } else {
+            Py_ssize_t len = (j - i) * ACK_FRAME_LEN;
+            uint8_t *o = PyMem_Realloc(acks, len);
+            if (o == NULL) {
+                PyErr_NoMemory();
+                goto error;
+            }
+            acks = o;
+            for (Py_ssize_t m = i; m < j; m++) {
+                PyObject *a = PyList_GET_ITEM(results, m);
+                Py_INCREF(a);   /* (IsTrue and AsLongLong may run Python code) */
+                int is_dup = PyObject_IsTrue(PyTuple_GET_ITEM(a, 3));
+                long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0));
+                Py_DECREF(a);
+                if (is_dup < 0 || (offset == -1 && PyErr_Occurred()))
+                    goto error;
+                is_dup ? dup++ : stored++;
+                uint8_t *f = o + (m - i) * ACK_FRAME_LEN;
+                f[0] = VERSION;
+                put_be32(f + 1, ACK_FRAME_LEN);
+                f[5] = 0; f[6] = OP_PUBLISH_ACK;
+                f[7] = 0;
+                f[8] = FLAG_RESPONSE;
+                put_be32(f + 9, plan->e[m].opaque);
+                f[13] = is_dup ? ACK_DUPLICATE : ACK_STORED;
+                put_be64(f + 14, offset > 0 ? (uint64_t)offset : 0);
+                uint16_t c = crc16(f, ACK_FRAME_LEN - CRC_SIZE, 0xFFFF);
+                f[22] = (uint8_t)(c >> 8); f[23] = (uint8_t)c;
+            }
+            frames_out += j - i;
+            Py_ssize_t sent = 0;
+            if (s != NULL) {
+                ssize_t w = send(e->fd, acks, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+                sent = w > 0 ? w : 0;
+                bytes_out += sent;
+            }
+            if (sent < len) {
+                PyObject *rest = PyBytes_FromStringAndSize((const char *)acks + sent, len - sent);
+                if (rest == NULL)
+                    goto error;
+                if (s != NULL) {   /* the socket is Python's again, with the rest to write */
+                    PyObject *back = lane_detach(ln, e->fd, NULL, 0);   /* (conn, held, credit) */
+                    if (back == NULL) {
+                        Py_DECREF(rest);
+                        goto error;
+                    }
+                    left = Py_BuildValue("(iONOO)", 3, e->conn, rest, PyTuple_GET_ITEM(back, 1),
+                                         PyTuple_GET_ITEM(back, 2));
+                    Py_DECREF(back);
+                } else {
+                    left = Py_BuildValue("(iONn)", 2, e->conn, rest, j - i);
+                }
+            }
+        }
+        if (left != NULL) {
+            int rc = PyList_Append(leftovers, left);
+            Py_DECREF(left);
+            if (rc < 0)
+                goto error;
+        } else if (PyErr_Occurred()) {
+            goto error;
+        }
+        i = j;
+    }
+    PyMem_Free(acks);
+    return Py_BuildValue("(nnnnN)", stored, dup, frames_out, bytes_out, leftovers);
+error:
+    PyMem_Free(acks);
+    Py_DECREF(leftovers);
+    return NULL;
+}
+
+static PyObject *lane_len(LaneObject *ln, PyObject *unused)
+{
+    return PyLong_FromSsize_t(ln->adopted);
+}
+
+static PyObject *lane_close(LaneObject *ln, PyObject *unused)
+{
+    lane_clear_slots(ln);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef lane_methods[] = {
+    {"fileno", (PyCFunction)lane_fileno, METH_NOARGS, "The epoll fd the loop watches."},
+    {"adopt", (PyCFunction)lane_adopt, METH_VARARGS,
+     "adopt(fd, conn, sn, topics, credit, limit): read fd's steady publishes here."},
+    {"release", (PyCFunction)lane_release, METH_VARARGS,
+     "release(fd) -> (conn, held bytes, credit left), or None: give fd back to Python."},
+    {"poll", (PyCFunction)lane_poll, METH_VARARGS,
+     "poll(max_records) -> (records, plan, bails, bytes_in, frames_in)"},
+    {"answer", (PyCFunction)lane_answer, METH_VARARGS,
+     "answer(plan, results) -> (stored, duplicates, frames_out, bytes_out, leftovers)"},
+    {"adopted", (PyCFunction)lane_len, METH_NOARGS, "How many sockets are in the lane."},
+    {"close", (PyCFunction)lane_close, METH_NOARGS, "Drop every socket (no answers)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lockmq._speedups.Lane",
+    .tp_doc = "Lane(record_type, max_frame): steady publish reads and their acks in C "
+              "(see the C comment and broker/lane.py).",
+    .tp_basicsize = sizeof(LaneObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = lane_new,
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_methods = lane_methods,
+};
+
 /* ------------------------------------------------------------ checksums API */
 
 static PyObject *py_crc16(PyObject *self, PyObject *args)
@@ -1176,5 +1832,16 @@ PyMODINIT_FUNC PyInit__speedups(void)
             || !(s_headers = PyUnicode_InternFromString("headers"))
             || !(s_move_to_end = PyUnicode_InternFromString("move_to_end")))
         return NULL;
-    return PyModule_Create(&module);
+    if (!(s_last_seen = PyUnicode_InternFromString("last_seen")))
+        return NULL;
+    if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PlanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Lane", (PyObject *)&LaneType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

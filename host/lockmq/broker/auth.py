@@ -79,6 +79,13 @@ class OpenGuard:
         """All ``n`` records, but to ``$`` topics (check_publish then refuses each)."""
         return n if topic[:1] != "$" or principal.may_publish(topic) else 0
 
+    def publish_credit(self, principal: Principal, n: int) -> int:
+        """No per-lock rate with auth off: -1, no limit."""
+        return -1
+
+    def return_credit(self, principal: Principal, n: int) -> None:
+        """Nothing was taken."""
+
     def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """No per-lock rate with auth off (the broker still stores at most one
         heartbeat record per lock per ``heartbeat_record_gap_s``)."""

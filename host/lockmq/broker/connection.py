@@ -54,7 +54,7 @@ from .core import BrokerCore
 from .devices import Devices
 from .handshakes import HandshakeDeadlines
 from .logs import EventLog, Stats
-from .publish import PublishPath, PublishRefused
+from .publish import PublishPath, PublishRefused, Results
 from .transactions import TXN_HANDLERS
 
 _RESP = Flag.RESPONSE
@@ -77,6 +77,14 @@ _DEBUG = 10   # logging.DEBUG: the level of the per-connection connect/disconnec
 #: never written: a connection makes its own on first use)
 _NO_SUBS: dict = {}
 _NONE_LOGGED: frozenset = frozenset()
+_NO_TOPICS: set = set()   # (the same: never written)
+#: a connection joins the lane after this many publish answers of its Python path
+#: (a storm's lock, one publish and gone, never does: joining costs syscalls)
+LANE_AFTER_ANSWERS = 2
+#: records of a lock's message rate the lane may spend before it asks again
+LANE_CREDIT = 256
+#: topics a connection's lane may take at most (a lock publishes to a few)
+LANE_TOPICS = 16
 #: Seconds a closing connection may take to drain its last answers before it is
 #: aborted (a peer that never reads must not pin its buffers).
 CLOSE_LINGER_S = 2.0
@@ -127,6 +135,8 @@ class Services:
     admin: Admin
     connections: Connections
     scheduler: Any = None      # scheduler.Scheduler: PUBLISH_AT, COMMAND_AT, SCHEDULE_CANCEL
+    #: the compiled lane for steady publish reads (lane.py); None: every read is Python's
+    lane: Any = None
     #: transactional messages (transactions.py); None: TXN_* frames are not served
     transactions: Any = None
 
@@ -148,7 +158,8 @@ class Connection(asyncio.Protocol):
                  "_pub_size", "_pub_bytes", "_topics_ok", "_producer_ok", "_limits_logged",
                  "_paused_for_pub", "_paused_for_write", "_admitted", "is_device",
                  "heartbeat", "heartbeat_answered_at", "close_reason", "tls",
-                 "peer_max_frame", "__dict__", "__weakref__")
+                 "peer_max_frame", "_lane_fd", "_lane_topics", "_answered_reads",
+                 "__dict__", "__weakref__")
 
     def __init__(self, services: Services, tls: bool = False) -> None:
         """``tls``: accepted on a TLS listener (the server knows; no transport probe)."""
@@ -189,6 +200,9 @@ class Connection(asyncio.Protocol):
         self.close_reason = ""
         self.tls = tls
         self.peer_max_frame = 0      # largest frame the peer can receive (CONNECT); 0 = unstated
+        self._lane_fd = -1           # the socket's fd while it is in the lane (lane.py)
+        self._lane_topics: set[str] = _NO_TOPICS   # topics the lane may take (allowed here)
+        self._answered_reads = 0     # publish answers written by the Python path (lane.py)
 
     @property
     def established(self) -> bool:
@@ -231,6 +245,8 @@ class Connection(asyncio.Protocol):
         """Release leases, report the device offline, give back the admission."""
         b = self.services
         self.closed = True
+        if self._lane_fd >= 0:
+            self._lane_leave()
         self.session.close()
         b.connections.by_id.pop(self.id, None)
         if self.principal is None:
@@ -266,7 +282,7 @@ class Connection(asyncio.Protocol):
 
     def _update_reading(self) -> None:
         t = self.transport
-        if t is None or t.is_closing():
+        if t is None or t.is_closing() or self._lane_fd >= 0:   # (the lane reads it)
             return
         if self._paused_for_write or self._paused_for_pub:
             if t.is_reading():
@@ -409,6 +425,8 @@ class Connection(asyncio.Protocol):
     def flush(self) -> None:
         """Write everything queued in one ``write`` call."""
         self.out_scheduled = False
+        if self._lane_fd >= 0:   # Python writes: the socket is Python's first
+            self._lane_leave()
         if not self.out or self.transport is None or self.transport.is_closing():
             self.out.clear()
             return
@@ -624,6 +642,8 @@ class Connection(asyncio.Protocol):
                             del self._pub_recs[first - i:]
                             i = first
                             raise
+                        if granted and b.lane is not None and p[3] not in self._lane_topics:
+                            self._lane_allow(p[3])
                         if first + granted < i:   # over the quota: taken back out, and
                             slow = i              # then refused one by one (below)
                             i = first + granted
@@ -766,6 +786,10 @@ class Connection(asyncio.Protocol):
                 self.services.config.broker.max_conn_buffer_bytes // 2:
             self._paused_for_pub = False
             self._update_reading()
+        if not self._pub_bytes and self._lane_topics:
+            self._answered_reads += 1
+            if self._answered_reads >= LANE_AFTER_ANSWERS:
+                self._lane_join()
 
     def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
                           results: list[Appended | Exception], i: int) -> tuple[int, int]:
@@ -807,6 +831,8 @@ class Connection(asyncio.Protocol):
         c["frames_out"] += frames
         if self.closed:
             return
+        if self._lane_fd >= 0:   # (an answer of the lane's for a socket it gave back)
+            self._lane_leave()
         # the store's answer is all this connection gets now: written at once, not
         # one loop iteration later (after whatever else was queued, in order)
         if self.out:
@@ -817,6 +843,77 @@ class Connection(asyncio.Protocol):
         if t is not None and not t.is_closing():   # (flush, without the list)
             c["bytes_out"] += len(data)
             t.write(data)
+
+    # -- the lane (lane.py) -------------------------------------------------------------
+
+    def _lane_allow(self, topic: str) -> None:
+        """``topic`` passed the guard's rights here: the lane may take it."""
+        if self._lane_topics is _NO_TOPICS:
+            self._lane_topics = set()
+        if len(self._lane_topics) < LANE_TOPICS:
+            self._lane_topics.add(topic)
+
+    def _lane_join(self) -> None:
+        """Hand the socket to the lane if this connection is in its steady state: past
+        its handshake on plain TCP, no frame MACs, its own producer id checked, and
+        nothing held -- no bytes in the decoder, no answer unsent or unanswered."""
+        b = self.services
+        t = self.transport
+        principal = self.principal
+        if (b.lane is None or self._lane_fd >= 0 or self.closed or self.tls or t is None
+                or principal is None or self.session.state != ESTABLISHED
+                or self.session.mac_key is not None or principal.name != self._producer_ok
+                or self.out or self._pub or self._pub_bytes or self.decoder.buffered()
+                or self._paused_for_write or self._paused_for_pub or b.connections.closing
+                or t.is_closing() or not t.is_reading() or t.get_write_buffer_size()):
+            return
+        sock = t.get_extra_info("socket")
+        credit = b.guard.publish_credit(principal, LANE_CREDIT)
+        if sock is None or credit == 0:
+            return
+        if b.lane.join(self, sock.fileno(), self.session.name, self._lane_topics, credit,
+                       b.config.broker.max_conn_buffer_bytes):
+            self._lane_fd = sock.fileno()
+            t.pause_reading()
+        elif credit > 0:
+            b.guard.return_credit(principal, credit)
+
+    def _lane_leave(self) -> None:
+        """Take the socket back from the lane (before Python writes to it or closes it)."""
+        back = self.services.lane.leave(self._lane_fd)
+        held, credit = back if back is not None else (b"", 0)
+        self._lane_left(held, credit, feed_only=True)
+
+    def _lane_left(self, data: bytes, credit: int, unsent: bytes = b"",
+                   feed_only: bool = False) -> None:
+        """The socket is Python's again: ``credit`` goes back to the lock's budget, the
+        transport reads again, ``unsent`` acks are written and ``data`` -- the bytes
+        the lane did not take -- is read here (``feed_only``: only buffered, as a
+        partial frame held by the lane is when Python takes the socket back to write)."""
+        self._lane_fd = -1
+        b = self.services
+        if credit > 0:
+            b.guard.return_credit(self.principal, credit)
+        self._update_reading()
+        if unsent:
+            self._send_acks(unsent, 0)
+        if not data:
+            return
+        if not feed_only:
+            self.data_received(data)
+            return
+        b.stats.c["bytes_in"] += len(data)
+        try:   # (a frame's first bytes: they passed the lane's header checks)
+            self.decoder.feed(data)
+        except ProtocolError as exc:
+            self._bad_input(exc)
+
+    def _lane_refused(self, batch: list[tuple[int, bool, None]], results: Results) -> None:
+        """A lane answer with a refusal in it: answered here, in order."""
+        stored, dup = self._answer_publishes(batch, results, 0)
+        c = self.services.stats.c
+        c["publish_stored"] += stored
+        c["publish_duplicates"] += dup
 
     # -- consumers ----------------------------------------------------------------------
 

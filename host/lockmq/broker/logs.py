@@ -158,7 +158,7 @@ class Stats:
         "notifies", "devices_online_events", "devices_offline_events", "devices_evicted",
         "commands_received", "commands_forwarded", "commands_results", "commands_expired",
         "commands_refused", "admin_requests", "reads_paused", "errors_sent",
-        "system_records",
+        "system_records", "lane_joins", "lane_bails",
     )
 
     def __init__(self) -> None:

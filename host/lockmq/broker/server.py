@@ -37,6 +37,7 @@ from .commands import Commands
 from .connection import Connection, Connections, Services
 from .core import BrokerCore
 from .devices import Devices
+from .lane import Lane
 from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
 from .scheduler import Scheduler
@@ -90,9 +91,13 @@ class Broker:
                                          self.commands)
         self.admin.ops.update({"txn.list": self.transactions.admin_list,
                                "txn.resolve": self.transactions.admin_resolve})
+        #: steady publish reads below Python (lane.py); None without the compiled path
+        self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
+            if Lane.available() else None
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
-                                 scheduler=self.scheduler, transactions=self.transactions)
+                                 scheduler=self.scheduler, transactions=self.transactions,
+                                 lane=self.lane)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
@@ -154,6 +159,8 @@ class Broker:
                 self.tls_port = port
         if cfg.status_port:
             self.status_port = await self.status.start(cfg.status_host, cfg.status_port)
+        if self.lane is not None:
+            self.lane.start(loop)
         self.devices.start()
         self.commands.start()
         self.devices.broker_started()
@@ -177,6 +184,8 @@ class Broker:
             await self._stopped.wait()
             return
         self.connections.closing = True
+        if self.lane is not None:   # publishes from now on are answered SHUTTING_DOWN
+            self.lane.leave_all()
         self.log("broker_stopping", connections=len(self.conns))
         self.replication.release_for_shutdown()   # acks held for a standby go out now
         for srv in self.servers:
@@ -195,7 +204,8 @@ class Broker:
         grace = self.config.broker.shutdown_grace_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        while loop.time() < deadline and self.connections.publishes_pending():
+        while loop.time() < deadline and (self.connections.publishes_pending()
+                                          or (self.lane is not None and self.lane.in_flight)):
             await asyncio.sleep(0.01)
         bye = Disconnect(int(ErrorCode.SHUTTING_DOWN), "the broker is shutting down").encode()
         for conn in list(self.conns.values()):
@@ -203,6 +213,8 @@ class Broker:
                 conn.send_frame(Op.DISCONNECT, bye)
             conn.flush()
             conn.close("broker shutdown")
+        if self.lane is not None:
+            self.lane.stop()
         await self.core.close()
         try:
             self.guard.close()

@@ -96,6 +96,13 @@ class BrokerGuard(Protocol):
         """How many of ``n`` records in a row to ``topic`` ``principal`` may publish
         now: 0 when it may not publish there at all; refuses and audits nothing."""
 
+    def publish_credit(self, principal: Principal, n: int) -> int:
+        """Up to ``n`` records taken from ``principal``'s message rate in advance
+        (the broker's lane spends them); -1: ``principal`` has no rate limit."""
+
+    def return_credit(self, principal: Principal, n: int) -> None:
+        """Give back ``n`` records of a :meth:`publish_credit` not spent."""
+
     def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """A lock's HEARTBEAT within its message rate?"""
 
@@ -486,6 +493,20 @@ class Guard:
         if principal.is_lock:
             return self.message_rate.take_up_to(principal.name, n)
         return n
+
+    def publish_credit(self, principal: Principal, n: int) -> int:
+        """Up to ``n`` records taken from a lock's message rate in advance, for the
+        broker's lane to spend (what is left goes back with :meth:`return_credit`);
+        -1 when ``principal`` has no rate limit. The topic rights are checked per topic
+        by :meth:`publish_quota` before the lane takes a topic."""
+        if not (principal.is_lock and self.message_rate.enabled):
+            return -1
+        return self.message_rate.take_up_to(principal.name, n)
+
+    def return_credit(self, principal: Principal, n: int) -> None:
+        """Give back ``n`` records of a :meth:`publish_credit` not spent."""
+        if principal.is_lock:
+            self.message_rate.give_back(principal.name, n)
 
     def check_heartbeat(self, principal: Principal, due: bool = False) -> None:
         """A lock's HEARTBEAT takes one message of its per-lock rate (issue 10 item 8:

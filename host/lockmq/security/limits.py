@@ -97,6 +97,12 @@ class KeyedRateLimiter:
         now = self._clock()
         return self._bucket(key, now).take_up_to(now, n)
 
+    def give_back(self, key: str, n: int) -> None:
+        """Return ``n`` tokens taken and not used (never above the burst)."""
+        b = self._buckets.get(key)
+        if b is not None:
+            b.tokens = min(b.burst, b.tokens + n)
+
     def _bucket(self, key: str, now: float) -> TokenBucket:
         b = self._buckets.get(key)
         if b is None:
@@ -276,6 +282,11 @@ class MessageRateLimiter:
         """How many of ``n`` messages in a row ``sn`` may publish now (taken from its
         budget): the first that many pass, as ``n`` calls of :meth:`check` would."""
         return self._rate.take_up_to(sn, n) if self.enabled else n
+
+    def give_back(self, sn: str, n: int) -> None:
+        """Return ``n`` messages taken by :meth:`take_up_to` and not sent."""
+        if self.enabled and n > 0:
+            self._rate.give_back(sn, n)
 
     def check(self, sn: str, n: int = 1) -> None:
         """Take ``n`` messages of ``sn``'s budget or raise :class:`RateLimited`."""

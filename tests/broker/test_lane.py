@@ -1,0 +1,272 @@
+"""The compiled lane (``lockmq._speedups.Lane``, issue #14) on real sockets: what it
+takes from a lock's socket, what it gives back to the Python path, and the acks it
+sends. The broker's use of it is in ``test_lane_broker.py``."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from lockmq.broker.lane import LANE_TYPE
+from lockmq.broker.publish import PublishRefused
+from lockmq.protocol import Flag, FrameDecoder, Op, Publish, PublishAck
+from lockmq.protocol._frame import encode_frame
+from lockmq.store import Appended, NewRecord
+
+pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._speedups not built")
+
+SN = "lock-7"
+TOPIC = "door-events"
+MAX_FRAME = 4096
+
+
+def publish(seq: int, opaque: int, topic: str = TOPIC, sn: str = SN, flags: int = 0,
+            payload: bytes = b"p" * 24) -> bytes:
+    return encode_frame(Op.PUBLISH, sn, Publish(topic, seq, 1700000000000 + seq,
+                                                payload).encode(), opaque, flags)
+
+
+class Conn:
+    """Stands for the broker's Connection: the lane names it and sets its last_seen."""
+
+    last_seen = 0.0
+
+
+class Pair:
+    """A lane with one socket of a socketpair in it; ``peer`` is the lock's end."""
+
+    def __init__(self, credit: int = -1, limit: int = 1 << 20,
+                 topics: set[str] | None = None) -> None:
+        self.lane = LANE_TYPE(NewRecord, MAX_FRAME)
+        self.mine, self.peer = socket.socketpair()
+        self.mine.setblocking(False)
+        self.conn = Conn()   # (what the lane names in its answers)
+        self.topics = {TOPIC} if topics is None else topics
+        self.lane.adopt(self.mine.fileno(), self.conn, SN, self.topics, credit, limit)
+
+    def poll(self) -> tuple[list[NewRecord], Any, list, int, int]:
+        return self.lane.poll(4096)
+
+    def acks(self) -> list[Any]:
+        """Every frame the lane sent to the lock so far."""
+        self.peer.setblocking(False)
+        data = b""
+        try:
+            while True:
+                data += self.peer.recv(65536)
+        except BlockingIOError:
+            pass
+        dec = FrameDecoder(MAX_FRAME)
+        dec.feed(data)
+        return list(dec.frames())
+
+    def close(self) -> None:
+        self.lane.close()
+        self.mine.close()
+        self.peer.close()
+
+
+@pytest.fixture
+def pair() -> Any:
+    p = Pair()
+    yield p
+    p.close()
+
+
+def appended(offset: int, dup: bool = False) -> Appended:
+    return Appended(offset, TOPIC, offset, dup)
+
+
+def test_a_reads_publishes_become_records_and_one_answer_sends_their_acks(pair: Pair) -> None:
+    pair.peer.sendall(b"".join(publish(i, 100 + i) for i in range(1, 6)))
+    records, plan, bails, nbytes, frames = pair.poll()
+    assert bails == [] and frames == 5 and len(plan) == 5
+    assert pair.conn.last_seen > 0   # (the broker's idle check reads it)
+    assert nbytes == sum(len(publish(i, 100 + i)) for i in range(1, 6))
+    assert [(r.topic, r.sn, r.seq, r.lock_ts_ms, r.payload, r.headers) for r in records] == \
+        [(TOPIC, SN, i, 1700000000000 + i, b"p" * 24, None) for i in range(1, 6)]
+    stored, dup, fr, nb, left = pair.lane.answer(
+        plan, [appended(10), appended(11), appended(12, dup=True), appended(13), appended(14)])
+    assert (stored, dup, fr, nb, left) == (4, 1, 5, 5 * 24, [])
+    acks = pair.acks()
+    assert [(f.opcode, f.opaque, f.flags) for f in acks] == \
+        [(Op.PUBLISH_ACK, 100 + i, Flag.RESPONSE) for i in range(1, 6)]
+    bodies = [PublishAck.decode(f.body) for f in acks]
+    assert [(b.status, b.offset) for b in bodies] == [
+        (PublishAck.STORED, 10), (PublishAck.STORED, 11), (PublishAck.DUPLICATE, 12),
+        (PublishAck.STORED, 13), (PublishAck.STORED, 14)]
+
+
+def test_a_frame_split_anywhere_is_held_until_it_is_whole(pair: Pair) -> None:
+    data = b"".join(publish(i, i) for i in range(1, 4))
+    got: list[NewRecord] = []
+    for cut in range(0, len(data), 7):   # every piece ends mid-frame somewhere
+        pair.peer.sendall(data[cut:cut + 7])
+        records, plan, bails, _, _ = pair.poll()
+        assert bails == []
+        got += records
+    assert [r.seq for r in got] == [1, 2, 3]
+    assert pair.lane.adopted() == 1
+
+
+@pytest.mark.parametrize("why, frame", [
+    ("another opcode", encode_frame(Op.HEARTBEAT, SN, b"", 9)),
+    ("oneway", publish(9, 9, flags=Flag.ONEWAY)),
+    ("frame MAC", publish(9, 9, flags=Flag.MAC)),
+    ("another producer id", publish(9, 9, sn="lock-8")),
+    ("a topic not allowed yet", publish(9, 9, topic="other-topic")),
+    ("a bad CRC", publish(9, 9)[:-1] + bytes([publish(9, 9)[-1] ^ 1])),
+    ("a bad version", b"\x09" + publish(9, 9)[1:]),
+    ("longer than max_frame", publish(9, 9, payload=b"x" * MAX_FRAME)),
+    ("a truncated body", encode_frame(Op.PUBLISH, SN, b"\x05door", 9)),
+])
+def test_what_the_lane_does_not_take_goes_back_to_python_unread(pair: Pair, why: str,
+                                                                 frame: bytes) -> None:
+    before = publish(1, 1) + publish(2, 2)
+    after = publish(3, 3)
+    pair.peer.sendall(before + frame + after)
+    records, plan, bails, nbytes, frames = pair.poll()
+    assert [r.seq for r in records] == [1, 2], why
+    assert bails == [(pair.conn, frame + after, -1)], why
+    assert nbytes == len(before) and frames == 2
+    assert pair.lane.adopted() == 0
+    assert pair.lane.release(pair.mine.fileno()) is None   # (gone already)
+    # the records read before it are still answered, on the socket Python now has
+    stored, _, _, nb, left = pair.lane.answer(plan, [appended(1), appended(2)])
+    assert stored == 2 and nb == 0
+    assert [(k, c, len(a), n) for k, c, a, n in left] == [(2, pair.conn, 48, 2)]
+
+
+def test_eof_gives_the_socket_back_with_the_partial_frame_it_held(pair: Pair) -> None:
+    frame = publish(1, 1)
+    pair.peer.sendall(frame[:10])
+    assert pair.poll()[2] == []
+    pair.peer.shutdown(socket.SHUT_WR)
+    records, _, bails, _, _ = pair.poll()
+    assert records == [] and bails == [(pair.conn, frame[:10], -1)]
+
+
+def test_release_hands_back_the_partial_frame_and_the_credit_left() -> None:
+    p = Pair(credit=5)
+    try:
+        p.peer.sendall(publish(1, 1) + publish(2, 2)[:9])
+        records, _, bails, _, _ = p.poll()
+        assert len(records) == 1 and bails == []
+        assert p.lane.release(p.mine.fileno()) == (p.conn, publish(2, 2)[:9], 4)
+        assert p.lane.adopted() == 0
+    finally:
+        p.close()
+
+
+def test_the_rate_credit_used_up_gives_the_rest_back() -> None:
+    p = Pair(credit=2)
+    try:
+        p.peer.sendall(b"".join(publish(i, i) for i in range(1, 5)))
+        records, _, bails, _, _ = p.poll()
+        assert [r.seq for r in records] == [1, 2]
+        assert bails == [(p.conn, publish(3, 3) + publish(4, 4), 0)]
+    finally:
+        p.close()
+
+
+def test_a_topic_python_allows_later_is_taken_from_then_on(pair: Pair) -> None:
+    pair.peer.sendall(publish(1, 1, topic="new-topic"))
+    assert pair.poll()[2] != []   # not allowed: back to Python, which allows it
+    pair.topics.add("new-topic")
+    pair.lane.adopt(pair.mine.fileno(), pair.conn, SN, pair.topics, -1, 1 << 20)
+    pair.peer.sendall(publish(2, 2, topic="new-topic"))
+    records, _, bails, _, _ = pair.poll()
+    assert [r.topic for r in records] == ["new-topic"] and bails == []
+
+
+def test_reading_stops_above_the_limit_until_answers_bring_it_down() -> None:
+    p = Pair(limit=200)   # a record costs its payload + 64: 88 bytes here
+    try:
+        p.peer.sendall(b"".join(publish(i, i) for i in range(1, 4)))
+        records, plan, _, _, _ = p.poll()
+        assert len(records) == 3   # one read: all of it, then no more reads
+        p.peer.sendall(publish(4, 4))
+        assert p.poll()[0] == []
+        p.lane.answer(plan, [appended(1), appended(2), appended(3)])
+        records, _, _, _, _ = p.poll()
+        assert [r.seq for r in records] == [4]
+    finally:
+        p.close()
+
+
+def test_a_refusal_in_an_answer_is_left_to_python_with_its_group() -> None:
+    p = Pair()
+    try:
+        p.peer.sendall(publish(1, 11) + publish(2, 12))
+        records, plan, _, _, _ = p.poll()
+        busy = PublishRefused(7, "busy", 50)
+        stored, dup, fr, nb, left = p.lane.answer(plan, [appended(1), busy])
+        assert (stored, dup, fr, nb) == (0, 0, 0, 0)
+        assert left == [(1, p.conn, [(11, False, None), (12, False, None)], [appended(1), busy])]
+        assert p.acks() == []
+    finally:
+        p.close()
+
+
+def test_acks_the_socket_does_not_take_whole_are_given_back_with_the_socket() -> None:
+    p = Pair()
+    try:
+        p.peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        p.mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        n = 2000   # 48 KB of acks: more than the two buffers hold
+        p.peer.sendall(b"".join(publish(i, i) for i in range(1, n + 1)))
+        records: list = []
+        plans = []
+        while len(records) < n:
+            got, plan, bails, _, _ = p.poll()
+            assert bails == []
+            records += got
+            plans.append((plan, len(got)))
+        lefts = []
+        k = 0
+        for plan, m in plans:
+            lefts += p.lane.answer(plan, [appended(i) for i in range(k, k + m)])[4]
+            k += m
+        assert lefts and lefts[0][0] == 3 and lefts[0][1] is p.conn
+        assert p.lane.adopted() == 0   # the socket is Python's again
+        unsent = b"".join(x[2] for x in lefts)
+        sent = b""
+        p.peer.setblocking(False)
+        try:
+            while True:
+                sent += p.peer.recv(1 << 16)
+        except BlockingIOError:
+            pass
+        assert len(sent) + len(unsent) == n * 24
+        dec = FrameDecoder(MAX_FRAME)
+        dec.feed(sent + unsent)
+        assert [f.opaque for f in dec.frames()] == list(range(1, n + 1))
+    finally:
+        p.close()
+
+
+def test_a_socket_released_and_its_fd_reused_gets_no_old_answer(pair: Pair) -> None:
+    pair.peer.sendall(publish(1, 1))
+    records, plan, _, _, _ = pair.poll()
+    pair.lane.release(pair.mine.fileno())
+    pair.lane.adopt(pair.mine.fileno(), pair.conn, SN, pair.topics, -1, 1 << 20)
+    _, _, _, nb, left = pair.lane.answer(plan, [appended(1)])
+    assert nb == 0 and [x[0] for x in left] == [2]   # Python writes it, not the new slot
+    assert pair.acks() == []
+
+
+def test_bad_arguments_are_refused(pair: Pair) -> None:
+    with pytest.raises(ValueError):
+        pair.lane.adopt(pair.mine.fileno(), pair.conn, SN, pair.topics, -1, 1 << 20)
+    with pytest.raises(ValueError):
+        pair.lane.adopt(-1, pair.conn, SN, pair.topics, -1, 1 << 20)
+    with pytest.raises(ValueError):
+        pair.lane.adopt(5, pair.conn, "x" * 65, pair.topics, -1, 1 << 20)
+    with pytest.raises(TypeError):
+        LANE_TYPE(dict, MAX_FRAME)
+    pair.peer.sendall(publish(1, 1))
+    _, plan, _, _, _ = pair.poll()
+    with pytest.raises(ValueError):
+        pair.lane.answer(plan, [])
