@@ -134,4 +134,5 @@ class Lane:
             elif left[0] == 2:   # the socket left the lane: Python writes the acks
                 conn._send_acks(left[2], 0)
             else:                # the socket did not take them whole: it is Python's
+                c["lane_bails"] += 1
                 conn._lane_left(left[3], left[4], unsent=left[2])

@@ -65,6 +65,8 @@ COUNTER_HELP: dict[str, str] = {
     "commands_undeliverable": "Downlink commands that could not be delivered",
     "admin_requests": "Admin requests served",
     "reads_paused": "Times the broker stopped reading a connection whose peer does not drain",
+    "lane_joins": "Times a lock's connection joined the compiled lane (steady publishes in C)",
+    "lane_bails": "Times the lane gave a connection back to the Python path (another frame, EOF)",
     "errors_sent": "ERROR frames sent",
     "system_records": "Records the broker wrote itself ($devices, retries, dead letters)",
     "system_records_duplicate": "System records dropped as duplicates",

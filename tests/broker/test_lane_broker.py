@@ -1,0 +1,164 @@
+"""A real broker with its compiled lane (issue #14): locks in their steady state are
+read and acked by ``lockmq._speedups.Lane``, and everything else -- a heartbeat, a
+command, a bad frame, a hang-up, a shutdown, a lock that does not read -- still goes
+as the Python path answers it, nothing lost and nothing stored twice."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from lockmq.broker.lane import LANE_TYPE
+from lockmq.protocol import (Command, CommandKind, ErrorCode, Heartbeat, Op, Publish,
+                             PublishAck, Role, decode_body)
+from lockmq.protocol._frame import encode_frame
+from lockmq.testing import BrokerThread, Peer, drain, open_peer, wait_for
+
+pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._speedups not built")
+
+SN = "LOCK-L1"
+TOPIC = "door-events"
+
+
+def _stat(broker: BrokerThread, name: str) -> int:
+    return broker.call(lambda: broker.broker.stats.c[name])
+
+
+def _in_lane(broker: BrokerThread) -> int:
+    return broker.call(lambda: broker.broker.lane.adopted)
+
+
+def _publish_frame(seq: int, opaque: int) -> bytes:
+    return encode_frame(Op.PUBLISH, SN, Publish(TOPIC, seq, 1700000000000 + seq,
+                                                b"r%06d" % seq).encode(), opaque)
+
+
+def _steady_lock(broker: BrokerThread, sn: str = SN) -> Peer:
+    """A lock that published until its connection joined the lane."""
+    lock = open_peer(broker.port, sn=sn, role=Role.LOCK)
+    joins = _stat(broker, "lane_joins")
+    for seq in range(1, 4):
+        assert lock.publish(TOPIC, seq).status == PublishAck.STORED
+    wait_for(lambda: _stat(broker, "lane_joins") > joins, "the lock to join the lane")
+    return lock
+
+
+def _stored_seqs(broker: BrokerThread, n: int) -> list[int]:
+    reader = open_peer(broker.port, sn="reader")
+    sub = reader.subscribe(TOPIC, "check").sub_id
+    seqs = [m.seq for m in drain(reader, sub, n)]
+    reader.close()
+    return seqs
+
+
+def test_a_steady_lock_is_acked_in_order_and_stored_once(broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    assert _in_lane(broker) == 1
+    offsets = [lock.publish(TOPIC, seq).offset for seq in range(4, 204)]   # one by one
+    assert offsets == sorted(offsets) and len(set(offsets)) == 200
+    # pipelined: 500 in one write, every ack in request order
+    lock.raw(b"".join(_publish_frame(seq, 10_000 + seq) for seq in range(204, 704)))
+    acks = [lock.read() for _ in range(500)]
+    assert [(f.opcode, f.opaque) for f in acks] == \
+        [(Op.PUBLISH_ACK, 10_000 + seq) for seq in range(204, 704)]
+    assert {PublishAck.decode(f.body).status for f in acks} == {PublishAck.STORED}
+    # a retry of an acked record is a duplicate, also in the lane
+    lock.raw(_publish_frame(700, 99_999))
+    ack = lock.read()
+    assert ack.opaque == 99_999 and PublishAck.decode(ack.body).status == PublishAck.DUPLICATE
+    assert _stored_seqs(broker, 703) == list(range(1, 704))
+    assert _in_lane(broker) == 1 and _stat(broker, "lane_bails") == 0
+
+
+def test_a_heartbeat_and_a_command_are_answered_and_the_lock_joins_again(
+        broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    hb = lock.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80,
+                                              1000).encode())
+    assert isinstance(hb, Heartbeat)
+    assert _stat(broker, "lane_bails") == 1
+    svc = open_peer(broker.port, sn="door-service")
+    svc.send(Op.COMMAND, Command(SN, 42, 0, CommandKind.UNLOCK, b"\x00\x05").encode())
+    cmd = lock.wait_unsolicited(Op.COMMAND)
+    assert cmd.kind == CommandKind.UNLOCK and cmd.args == b"\x00\x05"
+    joins = _stat(broker, "lane_joins")
+    for seq in range(4, 10):
+        assert lock.publish(TOPIC, seq).status == PublishAck.STORED
+    wait_for(lambda: _stat(broker, "lane_joins") > joins, "the lock to join the lane again")
+    assert _stored_seqs(broker, 9) == list(range(1, 10))
+
+
+def test_a_bad_frame_read_in_the_lane_gets_the_decoders_error(broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    bad = bytearray(_publish_frame(7, 7))
+    bad[-1] ^= 0xFF
+    lock.raw(_publish_frame(4, 4) + _publish_frame(5, 5) + _publish_frame(6, 6) + bytes(bad))
+    # as on the Python path: the error at once, and the connection closed before the
+    # three records' group commit could answer them (they are stored, not acked)
+    [err] = lock.wait_closed()
+    assert err.code == ErrorCode.BAD_CHECKSUM
+    assert _stored_seqs(broker, 6) == list(range(1, 7))
+    assert _stat(broker, "bad_frames") == 1
+
+
+def test_a_lock_hanging_up_in_the_lane_goes_offline(broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    watch = open_peer(broker.port, sn="watch")
+    assert watch.admin("devices")["count"] == 1
+    lock.raw(_publish_frame(4, 4)[:20])   # half a frame, then gone
+    lock.close()
+    wait_for(lambda: watch.admin("devices")["count"] == 0, "the lock to go offline")
+    assert _in_lane(broker) == 0
+    assert _stored_seqs(broker, 3) == [1, 2, 3]
+
+
+def test_a_lock_that_does_not_read_its_acks_gets_every_one_later(broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    lock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+    def small_send_buffer() -> None:   # (the broker's end: so that it fills soon)
+        [conn] = [c for c in broker.broker.conns.values() if c.claimed_sn == SN]
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                            socket.SO_SNDBUF, 4096)
+    broker.call(small_send_buffer)
+    n = 20_000   # ~480 KB of acks: far more than the socket buffers hold
+    data = b"".join(_publish_frame(seq, seq) for seq in range(4, 4 + n))
+    sender = threading.Thread(target=lock.raw, args=(data,))
+    sender.start()
+    # not reading: the broker's writes stop going through, and it stops reading too
+    wait_for(lambda: _stat(broker, "lane_bails") > 0 or _stat(broker, "reads_paused") > 0,
+             "the broker to find the lock's socket full")
+    opaques = [lock.read().opaque for _ in range(n)]
+    sender.join()
+    assert opaques == list(range(4, 4 + n))
+    assert _stat(broker, "publish_stored") >= n + 3
+
+
+def test_shutdown_with_a_lock_in_the_lane_loses_no_acked_record(make_broker: Any,
+                                                                tmp_path: Any) -> None:
+    data_dir = str(tmp_path / "data")
+    broker = make_broker(data_dir)
+    lock = _steady_lock(broker)
+    lock.raw(b"".join(_publish_frame(seq, seq) for seq in range(4, 2004)))
+    wait_for(lambda: _stat(broker, "frames_in") >= 2000, "the records to be read")
+    broker.stop()
+    seen = lock.wait_closed()
+    acked = [f.opaque for f in seen if getattr(f, "opcode", None) == Op.PUBLISH_ACK]
+    assert acked == list(range(4, 4 + len(acked)))
+    assert any(getattr(f, "opcode", None) == Op.DISCONNECT for f in seen)
+    again = make_broker(data_dir)
+    stored = _stored_seqs(again, 3 + len(acked))
+    assert stored[:3 + len(acked)] == list(range(1, 4 + len(acked)))
+
+
+def test_decode_body_of_a_lane_ack_is_a_publish_ack(broker: BrokerThread) -> None:
+    """The lane's acks are the codec's frames (decoded by the public decoder)."""
+    lock = _steady_lock(broker)
+    lock.raw(_publish_frame(4, 77))
+    f = lock.read()
+    ack = decode_body(f.opcode, f.body)
+    assert isinstance(ack, PublishAck) and ack.status == PublishAck.STORED and ack.offset > 0
