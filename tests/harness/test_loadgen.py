@@ -21,7 +21,8 @@ import pytest
 
 from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag, FrameDecoder,
                              NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
-from lockmq.protocol._fast import publish_ack_frame
+from lockmq import accel
+from lockmq.protocol._fast import publish_ack_frame, scan_frame as py_scan_frame
 from lockmq.testing import BrokerThread, free_port, wait_for, wait_for_async
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -284,7 +285,12 @@ def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path)
         proc.wait(10)
 
 
-def test_the_storm_lock_reads_one_whole_answer_like_the_decoder():
+@pytest.mark.parametrize("scanner", ["compiled", "pure"])
+def test_the_storm_lock_reads_one_whole_answer_like_the_decoder(scanner, monkeypatch):
+    if scanner == "pure":   # the protocol's pure-Python scan_frame (no _speedups)
+        monkeypatch.setattr(loadgen, "_scan_frame", py_scan_frame)
+    elif not accel.COMPILED:
+        pytest.skip("lockmq._speedups is not built")
     answers = [encode_frame(Op.CHALLENGE, "", Challenge(b"c" * 16, 5).encode(), 1, Flag.RESPONSE),
                encode_frame(Op.CONNECT_ACK, "", ConnectAck(30, 65536, 1, NO_SEQ, 1).encode(), 2,
                             Flag.RESPONSE),
