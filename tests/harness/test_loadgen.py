@@ -265,7 +265,7 @@ def test_the_storm_lock_reads_one_whole_answer_like_the_decoder(scanner, monkeyp
     if scanner == "pure":   # the protocol's pure-Python scan_frame (no _speedups)
         monkeypatch.setattr(loadgen, "_scan_frame", py_scan_frame)
     elif not accel.COMPILED:
-        pytest.skip("lockmq._speedups is not built")
+        pytest.skip(f"the hot path is {accel.DESCRIPTION}")
     answers = [encode_frame(Op.CHALLENGE, "", Challenge(b"c" * 16, 5).encode(), 1, Flag.RESPONSE),
                encode_frame(Op.CONNECT_ACK, "", ConnectAck(30, 65536, 1, NO_SEQ, 1).encode(), 2,
                             Flag.RESPONSE),
