@@ -371,11 +371,10 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="TREE",
                     help="also run the broker of another source tree (e.g. `git archive "
                          "main`), alternating with this one: the before/after ratio")
-    ap.add_argument("--no-c-floor", action="store_true",
-                    help="do not build and run the compiled floors (floor_c.c)")
     ap.add_argument("--floors", nargs="*", default=list(FLOORS), choices=FLOORS,
                     help="floors run beside lockmq in the publish and storm scenarios "
-                         "(default: all)")
+                         "(default: all; `--floors ack fsync`: no compiled floor, none "
+                         "built; `--floors` alone: no floor)")
     ap.add_argument("--pure", action="store_true",
                     help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "
                          "path), alternating with it: the compiled/pure ratio")
@@ -399,7 +398,7 @@ def main() -> int:
           f"{a.runs} runs per figure; records of 24 bytes; broker flush={a.flush}, auth=off")
     print(f"data under {base}\n", flush=True)
     peers = available_peers(a.peers)
-    wants_c = not a.no_c_floor and any(f in C_FLOORS for f in a.floors)
+    wants_c = any(f in C_FLOORS for f in a.floors)
     exe = build_c_floor(base) if wants_c else None
     if exe:
         C_FLOOR_EXE[:] = [exe]

@@ -26,6 +26,7 @@ import sys
 import time
 from binascii import crc_hqx
 
+from lockmq import accel
 from lockmq.client._conn import FrameConnection
 from lockmq.client.session import Credentials, Endpoint, error_from_body, open_session
 from lockmq.client.errors import BusyError, LockmqError
@@ -53,6 +54,8 @@ from lockmq.protocol import (
     SubscribeAck,
     VERSION,
 )
+from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
+from lockmq.protocol._fast import publish_ack_frame, scan_frame as _py_scan_frame
 
 from machine import CpuWindow  # noqa: E402
 from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ is on sys.path: run as a script)
@@ -146,12 +149,15 @@ async def close_politely(transports: list, timeout: float = 5.0) -> None:
 
 
 # -- the lean wire path: what a lock sends and reads per message ------------------------
-#: the first 9 bytes of every broker PUBLISH_ACK: version 1, length 24, opcode, an
-#: empty SN, the RESPONSE flag (then opaque u32, status u8, offset u64, CRC-16)
-ACK_HEAD = struct.pack(">BIHBB", VERSION, MIN_FRAME + 9, Op.PUBLISH_ACK, 0, Flag.RESPONSE)
-ACK_SIZE = MIN_FRAME + 9
-#: where an ack's status byte is (0: stored; 1, a duplicate, is not a new record)
-ACK_STATUS_AT = 13
+#: a stored record's PUBLISH_ACK as the broker sends it (``publish_ack_frame``): its
+#: first 9 bytes -- version, length, opcode, an empty SN, the RESPONSE flag -- are the
+#: same in every such ack (then opaque u32, status u8, offset u64, CRC-16)
+_STORED_ACK = publish_ack_frame(PublishAck.STORED, 0, 0)
+ACK_HEAD = _STORED_ACK[:HEADER_SIZE + 1]
+ACK_SIZE = len(_STORED_ACK)
+#: where an ack's status byte is, the body's first (0: stored; 1, a duplicate, is not
+#: a new record)
+ACK_STATUS_AT = HEADER_SIZE + SUBHEADER_SIZE
 _OPAQUE = struct.Struct(">I")
 _CRC = struct.Struct(">H").pack
 #: wall clock minus monotonic clock, taken once: a record's lock time in ms is
@@ -383,16 +389,18 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
             "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), **cpu}
 
 
+#: the protocol's one-frame reader: compiled when ``lockmq._speedups`` is (``lockmq.accel``)
+_scan_frame = accel.speedups.scan_frame if accel.COMPILED else _py_scan_frame
+
+
 def whole_frame(data: bytes) -> tuple[int, int, bytes] | None:
     """``(opcode, opaque, body)`` when ``data`` is exactly one intact frame without an
     SN (as a broker answers), else None (a split, a pair, a damaged frame: the caller
-    hands it to the ``FrameDecoder``). Version, length and CRC-16 are checked."""
-    n = len(data)
-    if (n >= MIN_FRAME and data[0] == VERSION and data[7] == 0
-            and int.from_bytes(data[1:5], "big") == n
-            and crc_hqx(data[:-2], 0xFFFF) == (data[-2] << 8 | data[-1])):
-        return data[5] << 8 | data[6], _OPAQUE.unpack_from(data, 9)[0], data[13:-2]
-    return None
+    hands it to the ``FrameDecoder``). Read by the protocol's ``scan_frame``."""
+    got = _scan_frame(data, 0, 1 << 16, OP_NAMES)
+    if got is None or got[5] != len(data) or got[1]:
+        return None
+    return got[0], got[3], got[4]
 
 
 class StormLock(asyncio.Protocol):

@@ -69,20 +69,22 @@ def proc_status_mb(pid: int, key: str = "VmRSS") -> float | None:
     return None
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces
+    and parentheses): ``[1]`` the parent pid, ``[11]``/``[12]`` user/system ticks,
+    ``[13]``/``[14]`` those of its waited-for children. The one parser of that file."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
 def proc_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system, every thread) process ``pid`` used so far; None
     where /proc cannot tell."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            f = fh.read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        f = _stat_fields(pid)
     except OSError:
         return None
-
-
-def _stat_fields(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_tree_cpu(pid: int) -> tuple[float, float] | None:

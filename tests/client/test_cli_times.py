@@ -1,23 +1,30 @@
 """Every CLI time option reads a naive ISO time the same way, as UTC, through one
-argparse type (``cliargs.time_arg``)."""
+argparse type (``cliargs.time_arg``): checked through the ``lockmq`` command's own
+parser (``lockmq.cli.build_parser``), so the test follows the options the product has."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import pytest
 
-from lockmq.client.cliargs import parse_time_ms, time_arg
+from lockmq.cli import build_parser
 from lockmq.testing import run_cli
 
 #: 2026-11-24T08:00:00Z in epoch milliseconds
 EIGHT_UTC_MS = 1795507200000
 
-#: the options' own parsers: ``produce``/``command --at`` (bare numbers are seconds)
-#: and ``store dump --since``; both give epoch milliseconds
-at_ms = time_arg("--at", numbers="s")
-since_ms = time_arg("--since/--until")
+#: every time option: (the command line before it, the option, its Namespace field);
+#: ``produce``/``command --at`` take bare numbers as seconds, the others as milliseconds
+AT_OPTIONS = [(["produce", "t", "x"], "--at", "at"), (["command", "LK-1", "reboot"], "--at", "at")]
+MS_OPTIONS = [(["store", "dump", "data"], "--since", "since"),
+              (["store", "dump", "data"], "--until", "until"),
+              (["clusters", "reset", "readers"], "--to-time", "to_time")]
+
+
+def parsed_time(command: list[str], option: str, field: str, text: str) -> int:
+    """What ``lockmq COMMAND OPTION TEXT`` hands its command for the option."""
+    return getattr(build_parser().parse_args([*command, option, text]), field)
 
 
 @pytest.fixture
@@ -30,26 +37,32 @@ def far_zone(monkeypatch):
     time.tzset()
 
 
-def test_naive_times_are_utc_in_every_option(far_zone):
-    assert at_ms("2026-11-24T08:00") == EIGHT_UTC_MS                     # produce/command --at
-    assert since_ms("2026-11-24T08:00") == EIGHT_UTC_MS                  # store dump --since
-    assert parse_time_ms("2026-11-24T08:00", "--to-time") == EIGHT_UTC_MS  # clusters reset
+@pytest.mark.parametrize("command, option, field", AT_OPTIONS + MS_OPTIONS)
+def test_naive_times_are_utc_in_every_option(command, option, field, far_zone):
+    assert parsed_time(command, option, field, "2026-11-24T08:00") == EIGHT_UTC_MS
+    assert parsed_time(command, option, field, "2026-11-24T16:00+08:00") == EIGHT_UTC_MS
+    assert parsed_time(command, option, field, "2026-11-24T08:00:00Z") == EIGHT_UTC_MS
 
 
-def test_zones_and_numbers_keep_their_meaning(far_zone):
-    assert at_ms("2026-11-24T16:00+08:00") == EIGHT_UTC_MS
-    assert parse_time_ms("2026-11-24T08:00:00Z") == EIGHT_UTC_MS
-    assert at_ms("1795507200") == EIGHT_UTC_MS                           # --at: seconds
-    assert at_ms("1795507200.5") == EIGHT_UTC_MS + 500
-    assert parse_time_ms("1795507200000") == EIGHT_UTC_MS                # others: ms
+@pytest.mark.parametrize("command, option, field", AT_OPTIONS)
+def test_at_numbers_are_epoch_seconds(command, option, field):
+    assert parsed_time(command, option, field, "1795507200") == EIGHT_UTC_MS
+    assert parsed_time(command, option, field, "1795507200.5") == EIGHT_UTC_MS + 500
+
+
+@pytest.mark.parametrize("command, option, field", MS_OPTIONS)
+def test_other_numbers_are_epoch_milliseconds(command, option, field):
+    assert parsed_time(command, option, field, "1795507200000") == EIGHT_UTC_MS
 
 
 @pytest.mark.parametrize("text", ["tomorrow", "nan", "inf", ""])
-def test_bad_times_name_the_option(text):
-    with pytest.raises(argparse.ArgumentTypeError, match="--at"):
-        at_ms(text)
-    with pytest.raises(argparse.ArgumentTypeError, match="--since"):
-        since_ms(text)
+@pytest.mark.parametrize("command, option, field", AT_OPTIONS + MS_OPTIONS)
+def test_bad_times_are_usage_errors_naming_the_option(command, option, field, text, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parsed_time(command, option, field, text)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and f"{text!r} is neither ISO 8601 nor epoch" in err
 
 
 @pytest.mark.parametrize("command", [["produce", "t", "x"], ["command", "LK-1", "reboot"]])

@@ -5,7 +5,6 @@ or a connection gone with acks still in flight costs the floor nothing else."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import struct
 import subprocess
@@ -17,21 +16,14 @@ import pytest
 from lockmq.protocol import Flag, FrameDecoder, Op, PublishAck, encode_frame
 from lockmq.testing import free_port, wait_for
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from . import helpers
+from .helpers import listening
+
+floor_exe = helpers.floor_exe   # the fixture: bench/floor_c.c built once for this module
+
 TOPIC = b"bench.events"
 STORING_MODES = ("fsync", "fsync-thread")
 COMMIT_DELAY_MS = 20
-
-
-@pytest.fixture(scope="module")
-def floor_exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    exe = tmp_path_factory.mktemp("floor") / "floor_c"
-    subprocess.run([cc, "-O2", "-pthread", "-o", str(exe), str(BENCH / "floor_c.c")],
-                   check=True, timeout=120)
-    return exe
 
 
 class Floor:
@@ -45,14 +37,7 @@ class Floor:
         self.proc = subprocess.Popen(
             [str(exe), "--mode", mode, "--port", str(self.port), "--dir", str(directory),
              "--commit-delay-ms", str(COMMIT_DELAY_MS)], stdout=subprocess.DEVNULL)
-        wait_for(self.listening, "the floor listens")
-
-    def listening(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
+        wait_for(lambda: listening(self.port), "the floor listens")
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)

@@ -7,39 +7,27 @@ damaged one and counts a duplicate's ack as an error."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
-import shutil
 import socket
 import struct
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag, FrameDecoder,
                              NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
-from lockmq.protocol._fast import publish_ack_frame
+from lockmq import accel
+from lockmq.protocol._fast import publish_ack_frame, scan_frame as py_scan_frame
 from lockmq.testing import BrokerThread, free_port, wait_for, wait_for_async
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from . import helpers
+from .helpers import BENCH, bench_module, listening
 
+floor_exe = helpers.floor_exe   # the fixture: bench/floor_c.c built once for this module
 
-def load_loadgen() -> ModuleType:
-    """bench/loadgen.py, imported by path (bench/ is not a package: its modules import
-    each other as top-level modules, so bench/ goes on sys.path)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_loadgen", BENCH / "loadgen.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-loadgen = load_loadgen()
+loadgen = bench_module("loadgen")
 TOPIC = "bench.events"
 TP = struct.pack(">B", len(TOPIC)) + TOPIC.encode()
 
@@ -237,35 +225,23 @@ def test_lean_lock_publishes_to_the_real_broker(tmp_path):
     assert acked >= 200 and stats["errors"] == 0
 
 
-def _floor_command(kind: str, tmp_path: Path, port: int) -> list[str]:
-    """The Python floor (bench/floors.py) or the compiled one (bench/floor_c.c, built
-    here with cc; skipped without a compiler), in fsync mode on ``port``."""
+def _floor_command(kind: str, tmp_path: Path, port: int,
+                   request: pytest.FixtureRequest) -> list[str]:
+    """The Python floor (bench/floors.py) or the compiled one (bench/floor_c.c: the
+    ``floor_exe`` fixture), in fsync mode on ``port``."""
     args = ["--mode", "fsync", "--port", str(port), "--dir", str(tmp_path)]
     if kind == "py":
         return [sys.executable, str(BENCH / "floors.py"), *args]
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    exe = tmp_path / "floor_c"
-    subprocess.run([cc, "-O2", "-o", str(exe), str(BENCH / "floor_c.c")], check=True,
-                   timeout=120)
-    return [str(exe), *args]
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
+    return [str(request.getfixturevalue("floor_exe")), *args]
 
 
 @pytest.mark.parametrize("kind", ["py", "c"])
-def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path):
+def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path, request):
     port = free_port()
-    proc = subprocess.Popen(_floor_command(kind, tmp_path, port), stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(_floor_command(kind, tmp_path, port, request),
+                            stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _listening(port), "the floor listens")
+        wait_for(lambda: listening(port), "the floor listens")
 
         acked, stats = asyncio.run(publish_records(port, "LOCK-F1", 300))
         assert stats["errors"] == 0
@@ -278,13 +254,18 @@ def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(bytes(bad))
             assert s.recv(100) == b""
-        assert _listening(port) and proc.poll() is None
+        assert listening(port) and proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(10)
 
 
-def test_the_storm_lock_reads_one_whole_answer_like_the_decoder():
+@pytest.mark.parametrize("scanner", ["compiled", "pure"])
+def test_the_storm_lock_reads_one_whole_answer_like_the_decoder(scanner, monkeypatch):
+    if scanner == "pure":   # the protocol's pure-Python scan_frame (no _speedups)
+        monkeypatch.setattr(loadgen, "_scan_frame", py_scan_frame)
+    elif not accel.COMPILED:
+        pytest.skip(f"the hot path is {accel.DESCRIPTION}")
     answers = [encode_frame(Op.CHALLENGE, "", Challenge(b"c" * 16, 5).encode(), 1, Flag.RESPONSE),
                encode_frame(Op.CONNECT_ACK, "", ConnectAck(30, 65536, 1, NO_SEQ, 1).encode(), 2,
                             Flag.RESPONSE),

@@ -1,0 +1,35 @@
+"""The benchmarks' /proc readers (bench/machine.py) read a process's CPU whatever its
+command name holds: ``/proc/PID/stat`` has one parser, which splits after the last
+')' of the name, so a name with spaces and parentheses moves no field."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lockmq.testing import wait_for
+
+from .helpers import bench_module
+
+machine = bench_module("machine")
+
+
+def test_cpu_of_a_process_with_parentheses_in_its_name_and_of_its_parent_tree(tmp_path: Path):
+    # the kernel's command name is the executable's file name: a link named like this
+    odd = tmp_path / "spin) (x y"
+    odd.symlink_to(sys.executable)
+    child = subprocess.Popen([str(odd), "-c", "while True: pass"])
+    try:
+        stat = Path(f"/proc/{child.pid}/stat")
+        wait_for(lambda: "(spin) (x y)" in stat.read_text(), "the child runs under its name")
+        cpu = wait_for(lambda: (machine.proc_cpu_s(child.pid) or 0) >= 0.05 and
+                       machine.proc_cpu_s(child.pid), "the child spent CPU")
+        # the child is a live descendant of this process: its CPU is in our tree's
+        # (found through its parent pid, the field right after the name)
+        user, system = machine.proc_tree_cpu(os.getpid())
+        assert user + system >= cpu
+    finally:
+        child.kill()
+        child.wait(10)
