@@ -79,6 +79,44 @@ def test_compiled_writer_loop_stores_what_the_python_one_does(calls: list) -> No
     assert _store_run(calls, SPEEDUPS) == _store_run(calls, None)
 
 
+class _AskOnce:
+    """The writer's compiled loops, recording where plan_calls stopped and where
+    plan_run was asked to start: a record plan_calls refused goes to Python, not
+    to plan_run (the same check on the same state) first."""
+
+    def __init__(self) -> None:
+        self.refused: list[tuple[list, int]] = []   # (the call's records, index)
+        self.asked_again: list[int] = []
+        self.commit_write = SPEEDUPS.commit_write
+        self.dedup_run = SPEEDUPS.dedup_run
+
+    def plan_calls(self, batch, k, *rest):
+        got = SPEEDUPS.plan_calls(batch, k, *rest)
+        if got[0] < len(batch):
+            self.refused.append((batch[got[0]][0], got[1]))   # (held: ids stay unique)
+        return got
+
+    def plan_run(self, records, enc, i, *rest):
+        if any(r is records and j == i for r, j in self.refused):
+            self.asked_again.append(i)
+        return SPEEDUPS.plan_run(records, enc, i, *rest)
+
+
+@NOT_BUILT
+def test_a_record_plan_calls_refused_is_not_offered_to_plan_run() -> None:
+    # one group commit: the second call repeats seq 3 (a duplicate within the batch)
+    # and then goes on in order; the third switches topic after its first record
+    calls = [[("locks", "LK-1", s, 20) for s in range(6)],
+             [("locks", "LK-1", s, 20) for s in (3, 6, 7, 8)],
+             [("locks", "LK-2", 1, 20), ("alarms", "LK-2", 2, 20), ("alarms", "LK-2", 3, 20)]]
+    spy = _AskOnce()
+    res, reads, _table, _files = _store_run(calls, spy)
+    assert spy.refused, "plan_calls refused no record: the case no longer tests anything"
+    assert spy.asked_again == []
+    assert [a.duplicate for a in res[1]] == [True, False, False, False]
+    assert [r[3] for r in reads["locks"]] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 1]
+
+
 def test_python_writer_loop_still_dedups_and_rolls() -> None:
     calls = [[("locks", "LK-1", s, 100) for s in range(12)],
              [("locks", "LK-1", 3, 100), ("alarms", "LK-2", 1, 10), ("locks", "LK-1", 12, 10)]]
