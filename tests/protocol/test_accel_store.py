@@ -153,16 +153,21 @@ def test_compiled_dedup_adds_keep_what_the_python_ones_do(runs: list, window: in
 
 @NOT_BUILT
 def test_commit_write_writes_every_part_and_reports_os_errors(tmp_path) -> None:
-    """More parts than one pwritev takes (IOV_MAX), index entries beside them, and a
-    bad descriptor: an OSError with its errno, not a crash or a silent success."""
+    """Many parts (joined into one write), one part, none, index entries beside
+    them, and a bad descriptor: an OSError with its errno, not a crash or a silent
+    success."""
     import errno
     log_path, idx_path = tmp_path / "log", tmp_path / "idx"
     parts = [bytes([i % 251]) * (i % 7) for i in range(3000)]
     with open(log_path, "wb") as log, open(idx_path, "wb") as idx:
         SPEEDUPS.commit_write([(idx.fileno(), bytearray(b"E" * 32), 16)], log.fileno(),
                               parts, 5, True)
-    assert log_path.read_bytes() == b"\0" * 5 + b"".join(parts)
-    assert idx_path.read_bytes() == b"\0" * 16 + b"E" * 32
+        end = 5 + sum(map(len, parts))
+        SPEEDUPS.commit_write([], log.fileno(), [b"one"], end, False)
+        SPEEDUPS.commit_write([(idx.fileno(), b"F" * 16, 48)], log.fileno(), [], end + 3,
+                              True)
+    assert log_path.read_bytes() == b"\0" * 5 + b"".join(parts) + b"one"
+    assert idx_path.read_bytes() == b"\0" * 16 + b"E" * 32 + b"F" * 16
     with open(log_path, "rb") as ro:   # read-only: the write fails with EBADF
         try:
             SPEEDUPS.commit_write([], ro.fileno(), [b"x"], 0, True)
@@ -170,3 +175,33 @@ def test_commit_write_writes_every_part_and_reports_os_errors(tmp_path) -> None:
             assert exc.errno == errno.EBADF
         else:
             raise AssertionError("commit_write on a read-only descriptor succeeded")
+
+
+_SHORT_WRITE = """
+import os, resource, signal, sys
+from lockmq import _speedups
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # past the limit: EFBIG, not a signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+try:
+    _speedups.commit_write([], fd, [b"a" * 60, b"b" * 60], 0, True)
+except OSError as exc:
+    print(exc.errno)
+else:
+    print("no error")
+"""
+
+
+@NOT_BUILT
+def test_commit_write_goes_on_after_a_short_write(tmp_path) -> None:
+    """A write the file-size limit cuts short (the kernel writes up to the limit and
+    returns the count) is continued: the next write meets the limit and fails with
+    EFBIG. A writer that took the short count for the whole would report success."""
+    import errno
+    import subprocess
+    import sys
+    path = tmp_path / "log"
+    out = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(path)], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out == str(errno.EFBIG)
+    assert path.read_bytes() == b"a" * 60 + b"b" * 40

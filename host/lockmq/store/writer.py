@@ -603,7 +603,7 @@ class GroupCommit:
 
     def _write_one(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]]) -> None:
         """:meth:`_write` of the common commit -- every record in the active segment,
-        no roll -- in one C call: index pwrites, log pwritev, fdatasync (``sync``),
+        no roll -- in one C call: index pwrites, one log pwrite, fdatasync (``sync``),
         with the GIL released once rather than per system call."""
         seg = self._active
         ch = plan.chunks[0]
