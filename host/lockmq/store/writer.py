@@ -439,8 +439,8 @@ class GroupCommit:
             # would too, with the same state): Python takes it before asking C again
             refused = calls is not None
             while i < n:
-                if fast and not refused:   # new records of the current topic, up to
-                    # the first other one
+                # new records of the current topic in C, up to the first other one
+                if fast and not refused:
                     i, pos, q = run(records, enc, i, pos, q, topic, seg_limit, active_base,
                                     seen, hw, ids, parts, blob, res, ts_s, Appended)
                     if i >= n:
