@@ -27,7 +27,6 @@
 #include <string.h>
 #include <errno.h>
 #include <limits.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 /* protocol/_constants.py */
@@ -810,17 +809,13 @@ static PyObject *dedup_run(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(i);
 }
 
-/* Write iov[0:cnt] at pos with pwritev, IOV_MAX at a time, until all of it is
- * written (GIL released by the caller). -1 with errno set on an error. */
-static int pwritev_all(int fd, struct iovec *iov, Py_ssize_t cnt, off_t pos)
+/* Write buf[0:len] at pos, going on after a short write or EINTR, until all of it
+ * is written (GIL released by the caller). -1 with errno set on an error. (One
+ * buffer per call: commit_write joins a commit's parts before writing them.) */
+static int pwrite_all(int fd, const char *buf, size_t len, off_t pos)
 {
-    while (cnt > 0) {
-        if (iov->iov_len == 0) {
-            iov++;
-            cnt--;
-            continue;
-        }
-        ssize_t w = pwritev(fd, iov, cnt > IOV_MAX ? IOV_MAX : (int)cnt, pos);
+    while (len > 0) {
+        ssize_t w = pwrite(fd, buf, len, pos);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -830,16 +825,9 @@ static int pwritev_all(int fd, struct iovec *iov, Py_ssize_t cnt, off_t pos)
             errno = EIO;
             return -1;
         }
+        buf += w;
+        len -= (size_t)w;
         pos += w;
-        while (cnt > 0 && (size_t)w >= iov->iov_len) {
-            w -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0 && w > 0) {
-            iov->iov_base = (char *)iov->iov_base + w;
-            iov->iov_len -= w;
-        }
     }
     return 0;
 }
@@ -862,11 +850,10 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t ni = PyList_GET_SIZE(iw), np = PyList_GET_SIZE(parts), nb = 0, k;
     Py_buffer *bufs = PyMem_Calloc(ni + np + 1, sizeof(Py_buffer));
-    struct iovec *iov = PyMem_Calloc(ni + np + 1, sizeof(struct iovec));
     int *ifd = PyMem_Calloc(ni + 1, sizeof(int));
     long long *ipos = PyMem_Calloc(ni + 1, sizeof(long long));
     PyObject *result = NULL;
-    if (!bufs || !iov || !ifd || !ipos) {
+    if (!bufs || !ifd || !ipos) {
         PyErr_NoMemory();
         goto done;
     }
@@ -884,13 +871,12 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
     for (k = 0; k < np; k++) {
         if (PyObject_GetBuffer(PyList_GET_ITEM(parts, k), &bufs[nb], PyBUF_SIMPLE) < 0)
             goto done;
-        iov[k].iov_base = bufs[nb].buf;
-        iov[k].iov_len = (size_t)bufs[nb].len;
         nb++;
     }
+    Py_buffer *part = bufs + ni;   /* the log parts, after the index entries */
     size_t total = 0;
     for (k = 0; k < np; k++)
-        total += iov[k].iov_len;
+        total += (size_t)part[k].len;
     /* the parts are copied into one buffer (below, without the GIL) and written
      * with one pwrite: a pwritev of a thousand small parts cost the kernel more
      * than the copy costs here (measured: writer-thread system time doubled) */
@@ -901,20 +887,17 @@ static PyObject *commit_write(PyObject *self, PyObject *args)
     }
     int rc = 0, err = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (k = 0; k < ni && rc == 0; k++) {
-        struct iovec one = {bufs[k].buf, (size_t)bufs[k].len};
-        rc = pwritev_all(ifd[k], &one, 1, (off_t)ipos[k]);
-    }
+    for (k = 0; k < ni && rc == 0; k++)
+        rc = pwrite_all(ifd[k], bufs[k].buf, (size_t)bufs[k].len, (off_t)ipos[k]);
     if (rc == 0 && joined != NULL) {
         size_t at = 0;
         for (k = 0; k < np; k++) {
-            memcpy(joined + at, iov[k].iov_base, iov[k].iov_len);
-            at += iov[k].iov_len;
+            memcpy(joined + at, part[k].buf, (size_t)part[k].len);
+            at += (size_t)part[k].len;
         }
-        struct iovec one = {joined, total};
-        rc = pwritev_all(fd, &one, 1, (off_t)pos);
-    } else if (rc == 0)
-        rc = pwritev_all(fd, iov, np, (off_t)pos);
+        rc = pwrite_all(fd, joined, total, (off_t)pos);
+    } else if (rc == 0 && np == 1)
+        rc = pwrite_all(fd, part[0].buf, (size_t)part[0].len, (off_t)pos);
     if (rc == 0 && sync) {
         do
             rc = fdatasync(fd);
@@ -935,7 +918,6 @@ done:
         for (k = 0; k < nb; k++)
             PyBuffer_Release(&bufs[k]);
     PyMem_Free(bufs);
-    PyMem_Free(iov);
     PyMem_Free(ifd);
     PyMem_Free(ipos);
     return result;

@@ -79,6 +79,44 @@ def test_compiled_writer_loop_stores_what_the_python_one_does(calls: list) -> No
     assert _store_run(calls, SPEEDUPS) == _store_run(calls, None)
 
 
+class _AskOnce:
+    """The writer's compiled loops, recording where plan_calls stopped and where
+    plan_run was asked to start: a record plan_calls refused goes to Python, not
+    to plan_run (the same check on the same state) first."""
+
+    def __init__(self) -> None:
+        self.refused: list[tuple[list, int]] = []   # (the call's records, index)
+        self.asked_again: list[int] = []
+        self.commit_write = SPEEDUPS.commit_write
+        self.dedup_run = SPEEDUPS.dedup_run
+
+    def plan_calls(self, batch, k, *rest):
+        got = SPEEDUPS.plan_calls(batch, k, *rest)
+        if got[0] < len(batch):
+            self.refused.append((batch[got[0]][0], got[1]))   # (held: ids stay unique)
+        return got
+
+    def plan_run(self, records, enc, i, *rest):
+        if any(r is records and j == i for r, j in self.refused):
+            self.asked_again.append(i)
+        return SPEEDUPS.plan_run(records, enc, i, *rest)
+
+
+@NOT_BUILT
+def test_a_record_plan_calls_refused_is_not_offered_to_plan_run() -> None:
+    # one group commit: the second call repeats seq 3 (a duplicate within the batch)
+    # and then goes on in order; the third switches topic after its first record
+    calls = [[("locks", "LK-1", s, 20) for s in range(6)],
+             [("locks", "LK-1", s, 20) for s in (3, 6, 7, 8)],
+             [("locks", "LK-2", 1, 20), ("alarms", "LK-2", 2, 20), ("alarms", "LK-2", 3, 20)]]
+    spy = _AskOnce()
+    res, reads, _table, _files = _store_run(calls, spy)
+    assert spy.refused, "plan_calls refused no record: the case no longer tests anything"
+    assert spy.asked_again == []
+    assert [a.duplicate for a in res[1]] == [True, False, False, False]
+    assert [r[3] for r in reads["locks"]] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 1]
+
+
 def test_python_writer_loop_still_dedups_and_rolls() -> None:
     calls = [[("locks", "LK-1", s, 100) for s in range(12)],
              [("locks", "LK-1", 3, 100), ("alarms", "LK-2", 1, 10), ("locks", "LK-1", 12, 10)]]
@@ -115,16 +153,21 @@ def test_compiled_dedup_adds_keep_what_the_python_ones_do(runs: list, window: in
 
 @NOT_BUILT
 def test_commit_write_writes_every_part_and_reports_os_errors(tmp_path) -> None:
-    """More parts than one pwritev takes (IOV_MAX), index entries beside them, and a
-    bad descriptor: an OSError with its errno, not a crash or a silent success."""
+    """Many parts (joined into one write), one part, none, index entries beside
+    them, and a bad descriptor: an OSError with its errno, not a crash or a silent
+    success."""
     import errno
     log_path, idx_path = tmp_path / "log", tmp_path / "idx"
     parts = [bytes([i % 251]) * (i % 7) for i in range(3000)]
     with open(log_path, "wb") as log, open(idx_path, "wb") as idx:
         SPEEDUPS.commit_write([(idx.fileno(), bytearray(b"E" * 32), 16)], log.fileno(),
                               parts, 5, True)
-    assert log_path.read_bytes() == b"\0" * 5 + b"".join(parts)
-    assert idx_path.read_bytes() == b"\0" * 16 + b"E" * 32
+        end = 5 + sum(map(len, parts))
+        SPEEDUPS.commit_write([], log.fileno(), [b"one"], end, False)
+        SPEEDUPS.commit_write([(idx.fileno(), b"F" * 16, 48)], log.fileno(), [], end + 3,
+                              True)
+    assert log_path.read_bytes() == b"\0" * 5 + b"".join(parts) + b"one"
+    assert idx_path.read_bytes() == b"\0" * 16 + b"E" * 32 + b"F" * 16
     with open(log_path, "rb") as ro:   # read-only: the write fails with EBADF
         try:
             SPEEDUPS.commit_write([], ro.fileno(), [b"x"], 0, True)
@@ -132,3 +175,33 @@ def test_commit_write_writes_every_part_and_reports_os_errors(tmp_path) -> None:
             assert exc.errno == errno.EBADF
         else:
             raise AssertionError("commit_write on a read-only descriptor succeeded")
+
+
+_SHORT_WRITE = """
+import os, resource, signal, sys
+from lockmq import _speedups
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # past the limit: EFBIG, not a signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+try:
+    _speedups.commit_write([], fd, [b"a" * 60, b"b" * 60], 0, True)
+except OSError as exc:
+    print(exc.errno)
+else:
+    print("no error")
+"""
+
+
+@NOT_BUILT
+def test_commit_write_goes_on_after_a_short_write(tmp_path) -> None:
+    """A write the file-size limit cuts short (the kernel writes up to the limit and
+    returns the count) is continued: the next write meets the limit and fails with
+    EFBIG. A writer that took the short count for the whole would report success."""
+    import errno
+    import subprocess
+    import sys
+    path = tmp_path / "log"
+    out = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(path)], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out == str(errno.EFBIG)
+    assert path.read_bytes() == b"a" * 60 + b"b" * 40

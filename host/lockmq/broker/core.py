@@ -114,6 +114,9 @@ class BrokerCore:
         self._sys_batch: list[NewRecord] = []   # system records not handed to the store yet
         #: the timer that stores them when no client append takes them along first
         self._sys_timer: asyncio.TimerHandle | None = None
+        #: loop time by which the waiting system records are stored (their first's
+        #: time + SYSTEM_FLUSH_S)
+        self._sys_due = 0.0
         #: system-record appends handed to the store and not answered yet
         self.system_pending = 0
         #: the one gate of both :meth:`append` and :meth:`append_then` between durable
@@ -283,19 +286,31 @@ class BrokerCore:
         if self._closing:
             return
         ts = lock_ts_ms if 0 < lock_ts_ms < 1 << 62 else int(self.clock.wall_ms())
-        self._sys_batch.append(NewRecord(topic, BROKER_SN, 0, ts, payload, headers))
+        batch = self._sys_batch
+        if not batch:   # the first of a new batch: its wait starts now
+            self._sys_due = asyncio.get_running_loop().time() + SYSTEM_FLUSH_S
+        batch.append(NewRecord(topic, BROKER_SN, 0, ts, payload, headers))
         if self._sys_timer is None:
-            self._sys_timer = asyncio.get_running_loop().call_later(
-                SYSTEM_FLUSH_S, self._system_timer)
+            self._arm_system_timer()
 
     @property
     def system_idle(self) -> bool:
         """Every system record handed to the store and answered (tests wait on it)."""
         return not self._sys_batch and self.system_pending == 0
 
-    def _system_timer(self) -> None:
+    def _arm_system_timer(self) -> None:
+        """The timer for the waiting batch (it is handed the batch it was set for)."""
+        self._sys_timer = asyncio.get_running_loop().call_at(
+            self._sys_due, self._system_timer, self._sys_batch)
+
+    def _system_timer(self, armed_for: list[NewRecord]) -> None:
         self._sys_timer = None
-        self._flush_system()
+        if armed_for is self._sys_batch:
+            self._flush_system()
+        elif self._sys_batch:
+            # an append took the records this timer was set for: the ones gathered
+            # since wait their own time for a ride, not what is left of the others'
+            self._arm_system_timer()
 
     def _flush_system(self) -> None:
         """Store the system records gathered so far: one append answered through a

@@ -93,15 +93,23 @@ class ReplicaSource:
             return
         silent = time.monotonic() - self.last_fetch
         if silent >= self.settings.sync_timeout_s:
-            self.in_sync = False
-            self.stats.inc("replication_degraded")
-            self.log("replication_degraded", level="warning", silent_s=round(silent, 1),
-                     acked=self.acked, log_end=self.core.store.log_end,
-                     hint="acks no longer wait for the standby: a primary crash now "
-                          "loses what the standby did not fetch")
-            self._release(1 << 62)
+            self._stop_holding("replication_degraded", 1,
+                               "acks no longer wait for the standby: a primary crash now "
+                               "loses what the standby did not fetch",
+                               silent_s=round(silent, 1))
             return
         self._arm_watchdog()
+
+    def _stop_holding(self, event: str, count: int, hint: str, **fields: Any) -> None:
+        """Stop waiting for the standby (``in_sync`` off until it catches up again):
+        count and log ``event`` (a warning: acks no longer wait for the standby) and
+        release every ack held for it."""
+        self.in_sync = False
+        self.stats.inc(event, count)
+        store = self.core.store
+        self.log(event, level="warning", **fields, acked=self.acked,
+                 log_end=store.log_end if store else None, hint=hint)
+        self._release(1 << 62)
 
     def release_for_shutdown(self) -> None:
         """The broker is stopping: release every ack held for the standby at once,
@@ -116,13 +124,11 @@ class ReplicaSource:
             self._watchdog.cancel()
             self._watchdog = None
         if self._waiters:
-            self.stats.inc("replication_released_on_shutdown", len(self._waiters))
-            self.log("replication_released_on_shutdown", level="warning",
-                     held=len(self._waiters), acked=self.acked,
-                     log_end=self.core.store.log_end if self.core.store else None,
-                     hint="acked without the standby: a loss of this machine before the "
-                          "standby fetches them loses them (as after replication_degraded)")
-        self._release(1 << 62)
+            held = len(self._waiters)
+            self._stop_holding("replication_released_on_shutdown", held,
+                               "acked without the standby: a loss of this machine before "
+                               "the standby fetches them loses them (as after "
+                               "replication_degraded)", held=held)
 
     def _release(self, upto: int) -> None:
         """Release the waiters up to ``upto``, each in its own callback (one that

@@ -435,12 +435,17 @@ class GroupCommit:
             # more than the Python loop's one turn -- the broker's sync-100 case)
             fast = run is not None and n > 1 and type(records) is list \
                 and type(enc) is list and 0 <= ts_s <= 0xFFFFFFFF
+            # plan_calls stopped at records[i] because the C loop refuses it (plan_run
+            # would too, with the same state): Python takes it before asking C again
+            refused = calls is not None
             while i < n:
-                if fast:   # new records of the current topic, up to the first other one
+                # new records of the current topic in C, up to the first other one
+                if fast and not refused:
                     i, pos, q = run(records, enc, i, pos, q, topic, seg_limit, active_base,
                                     seen, hw, ids, parts, blob, res, ts_s, Appended)
                     if i >= n:
                         break
+                refused = False
                 rec = records[i]
                 b = enc[i]
                 i += 1
@@ -572,10 +577,7 @@ class GroupCommit:
             if created:
                 fsync_dir(self._segments.seg_dir)
         except OSError as exc:
-            self._undo(plan, idx_undo, created)
-            if exc.errno in _NO_SPACE:
-                raise StoreFull(f"disk full: {exc}") from exc
-            raise
+            raise self._undo_failed_write(plan, idx_undo, created, exc)
         now = plan.now_ms
         if created:
             # a closed segment's mtime is its last write on the store's clock: the
@@ -601,7 +603,7 @@ class GroupCommit:
 
     def _write_one(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]]) -> None:
         """:meth:`_write` of the common commit -- every record in the active segment,
-        no roll -- in one C call: index pwrites, log pwritev, fdatasync (``sync``),
+        no roll -- in one C call: index pwrites, one log pwrite, fdatasync (``sync``),
         with the GIL released once rather than per system call."""
         seg = self._active
         ch = plan.chunks[0]
@@ -614,15 +616,23 @@ class GroupCommit:
             _commit_write(writes, seg.write_fd, ch.parts, ch.file_pos,  # type: ignore[misc]
                           self._sync)
         except OSError as exc:
-            self._undo(plan, idx_undo, [])
-            if exc.errno in _NO_SPACE:
-                raise StoreFull(f"disk full: {exc}") from exc
-            raise
+            raise self._undo_failed_write(plan, idx_undo, [], exc)
         for t, first, blob in plan.index.values():
             t.index.wrote(first, len(blob) // ENTRY_SIZE)
         if self._sync:
             self.stats["fsyncs"] += 1
         self._wrote(plan.now_ms, True)
+
+    def _undo_failed_write(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]],
+                           created: list[Segment], exc: OSError) -> OSError | StoreFull:
+        """Undo a batch whose write raised ``exc``; the error to raise for it:
+        :class:`StoreFull` on a full disk (the store goes on), else ``exc`` itself."""
+        self._undo(plan, idx_undo, created)
+        if exc.errno in _NO_SPACE:
+            full = StoreFull(f"disk full: {exc}")
+            full.__cause__ = exc
+            return full
+        return exc
 
     def _undo(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]],
               created: list[Segment]) -> None:

@@ -72,6 +72,8 @@ class BrokerProcess:
              "store": {"min_free_bytes": 0}},
             tables or {})
         self.status_port = int(self.tables["broker"]["status_port"])
+        #: the status port is this harness's pick (not the caller's): another may do
+        self._own_status_port = "status_port" not in (tables or {}).get("broker", {})
         self.port = int(self.tables["broker"]["port"])
         self.config_path = str(self.workdir / "broker.toml")
         self._init_log(self.workdir / "broker.log")
@@ -94,8 +96,29 @@ class BrokerProcess:
         logs ``standby_following``)."""
         if self.running():
             raise RuntimeError("broker already running")
-        self.write_config()
-        return self._launch(["broker", "--config", self.config_path], ready, timeout)
+        for attempt in range(3):
+            self.write_config()
+            try:
+                return self._launch(["broker", "--config", self.config_path], ready, timeout)
+            except AssertionError:
+                if attempt == 2 or not self._status_port_taken():
+                    raise
+            # free_port's port was free when it looked, not when the broker bound it:
+            # another process took it, or this broker's own port-0 listener did (the
+            # kernel handed out the number free_port had just released). Another one.
+            self.status_port = free_port()
+            self.tables["broker"]["status_port"] = self.status_port
+        raise AssertionError("unreachable")
+
+    def _status_port_taken(self) -> bool:
+        """Whether the broker just failed because its status port (the harness's
+        pick) was in use."""
+        if not self._own_status_port:
+            return False
+        with self._cond:
+            lines = self.lines[-5:]
+        return any("event=broker_failed" in line and "in use" in line
+                   and f", {self.status_port})" in line for line in lines)
 
     def _launch(self, args: list[str], ready: str, timeout: float) -> "BrokerProcess":
         """Run ``lockmq <args>``, pump its output into the log, and return once it
