@@ -8,10 +8,11 @@ import socket
 from typing import Any
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lockmq.broker.lane import LANE_TYPE
 from lockmq.broker.publish import PublishRefused
-from lockmq.protocol import Flag, FrameDecoder, Op, Publish, PublishAck
+from lockmq.protocol import Flag, FrameDecoder, Op, Publish, PublishAck, _fast
 from lockmq.protocol._frame import encode_frame
 from lockmq.store import Appended, NewRecord
 
@@ -270,3 +271,71 @@ def test_bad_arguments_are_refused(pair: Pair) -> None:
     _, plan, _, _, _ = pair.poll()
     with pytest.raises(ValueError):
         pair.lane.answer(plan, [])
+
+
+# -- against the scanner the Python path uses -----------------------------------------
+
+_ALLOWED = {TOPIC, "t"}
+_frame = st.one_of(
+    st.builds(lambda seq, op, pl, sn, fl, tp: publish(seq, op, tp, sn, fl, pl),
+              st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.binary(max_size=80),
+              st.sampled_from([SN, "", "LK-0002", "é"]), st.sampled_from([0, 0, 0, 1, 2, 4]),
+              st.sampled_from([TOPIC, TOPIC, "t", "ü.x", "a" * 200])),
+    st.builds(lambda op, body: encode_frame(op, SN, body, 1),
+              st.sampled_from([Op.PUBLISH, Op.HEARTBEAT, 0x7777]), st.binary(max_size=40)),
+    st.binary(max_size=30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_frame, max_size=10),
+       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+       st.lists(st.integers(1, 90), min_size=1, max_size=8))
+def test_the_lane_takes_what_the_python_paths_scanner_takes(
+        frames: list[bytes], damage: list[tuple[int, int]], cuts: list[int]) -> None:
+    """Random, damaged frames sent in random pieces: the lane's records are the pure
+    scanner's PUBLISH tuples up to the first it must not take (ONEWAY, a topic not
+    allowed), and the bytes it gives back are exactly the rest of the stream."""
+    buf = bytearray(b"".join(frames))
+    for at, byte in damage:
+        if buf:
+            buf[at % len(buf)] = byte
+    data = bytes(buf)
+    tuples, stop = _fast.scan_publishes(data, 0, MAX_FRAME, SN, len(data) + 1)
+    for k, (opaque, flags, sn, topic, *_rest) in enumerate(tuples):
+        if flags & Flag.ONEWAY or topic not in _ALLOWED:
+            stop = _frame_start(data, k)
+            tuples = tuples[:k]
+            break
+    p = Pair(topics=set(_ALLOWED))
+    try:
+        records: list[NewRecord] = []
+        rest = b""
+        pieces, at = [], 0
+        for c in cuts * (len(data) // max(1, sum(cuts)) + 1):
+            if at >= len(data):
+                break
+            pieces.append(data[at:at + c])
+            at += c
+        for piece in pieces:
+            if p.lane.adopted():
+                p.peer.sendall(piece)
+                got, _, bails, _, _ = p.poll()
+                records += got
+                rest += b"".join(b[1] for b in bails)
+            else:
+                rest += piece
+        if p.lane.adopted():
+            rest += p.lane.release(p.mine.fileno())[1]
+        assert [(r.sn, r.topic, r.seq, r.lock_ts_ms, r.payload) for r in records] == \
+            [(sn, topic, seq, ts, payload) for _, _, sn, topic, seq, ts, payload in tuples]
+        assert rest == data[stop:]
+    finally:
+        p.close()
+
+
+def _frame_start(data: bytes, k: int) -> int:
+    """Where the k-th whole frame of ``data`` starts (its frames read from the start)."""
+    pos = 0
+    for _ in range(k):
+        pos += int.from_bytes(data[pos + 1:pos + 5], "big")
+    return pos
