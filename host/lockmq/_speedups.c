@@ -144,28 +144,84 @@ static void put_le64(uint8_t *p, uint64_t v)
 
 /* ---------------------------------------------------------- scan_publishes */
 
+/* What check_publish says of the bytes at a frame's start. */
+enum { FRAME_STOP, FRAME_PARTIAL, FRAME_TAKE };
+
+/* The Python decoder's and session's checks, in the decoder's order, of the frame
+ * at ``f`` (``avail`` bytes there) for a PUBLISH this C code may take: FRAME_TAKE (whole,
+ * valid, a PUBLISH without frame MAC under the session's SN ``sn``; ``*length`` set),
+ * FRAME_PARTIAL (no bad header yet, not whole yet) or FRAME_STOP (anything else: the
+ * Python path's). Shared by scan_publishes and the lane, so they cannot drift. */
+static int check_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t max_frame,
+                         const char *sn, Py_ssize_t sn_size, uint32_t *length)
+{
+    if (avail < HEADER_SIZE)
+        return FRAME_PARTIAL;
+    Py_ssize_t sn_len = f[7];
+    uint32_t len = be32(f + 1);
+    if (f[0] != VERSION || sn_len > MAX_SN || len < (uint32_t)(MIN_FRAME + sn_len)
+            || (Py_ssize_t)len > max_frame)
+        return FRAME_STOP;
+    if ((Py_ssize_t)len > avail)
+        return FRAME_PARTIAL;
+    if (crc16(f, len - CRC_SIZE, 0xFFFF) != (f[len - 2] << 8 | f[len - 1]))
+        return FRAME_STOP;
+    if ((uint16_t)(f[5] << 8 | f[6]) != OP_PUBLISH || (f[HEADER_SIZE + sn_len] & FLAG_MAC))
+        return FRAME_STOP;   /* another request, or frame MACs: the session's Python path */
+    if (sn_len && (sn_len != sn_size || memcmp(f + HEADER_SIZE, sn, sn_len) != 0))
+        return FRAME_STOP;   /* a producer id other than the session's: the session decides */
+    *length = len;
+    return FRAME_TAKE;
+}
+
+/* The fields of a whole PUBLISH frame (Publish in SPEC.md: topic str8, seq u32,
+ * lock_ts_ms u64, payload), pointing into the frame. */
+typedef struct {
+    uint8_t flags;
+    uint32_t opaque, seq;
+    uint64_t lock_ts_ms;
+    const uint8_t *topic, *payload;
+    Py_ssize_t topic_len, payload_len;
+} publish_view;
+
+/* Fill ``v`` from the frame check_publish took; 0 when the body is truncated (the
+ * Python path answers BadBody). */
+static int view_publish(const uint8_t *f, uint32_t length, publish_view *v)
+{
+    Py_ssize_t sn_len = f[7];
+    const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
+    Py_ssize_t body_len = (Py_ssize_t)length - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
+    Py_ssize_t tlen = body_len > 0 ? body[0] : 0;
+    if (body_len < 13 + tlen)
+        return 0;
+    v->flags = f[HEADER_SIZE + sn_len];
+    v->opaque = be32(f + HEADER_SIZE + sn_len + 1);
+    v->topic = body + 1;
+    v->topic_len = tlen;
+    v->seq = be32(body + 1 + tlen);
+    v->lock_ts_ms = be64(body + 5 + tlen);
+    v->payload = body + 13 + tlen;
+    v->payload_len = body_len - 13 - tlen;
+    return 1;
+}
+
 /* One PUBLISH frame's field tuple, or NULL with no error set when the frame is
  * not one this scanner takes (the Python decoder then handles it). ``f`` points
- * at a whole frame of ``length`` bytes whose header and CRC were checked. */
+ * at a whole frame of ``length`` bytes that check_publish took. */
 static PyObject *publish_tuple(const uint8_t *f, uint32_t length, PyObject *sn,
                                PyObject **last_topic, const uint8_t **last_raw,
                                Py_ssize_t *last_n)
 {
-    Py_ssize_t sn_len = f[7];
-    uint8_t flags = f[HEADER_SIZE + sn_len];
-    uint32_t opaque = be32(f + HEADER_SIZE + sn_len + 1);
-    const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
-    Py_ssize_t body_len = (Py_ssize_t)length - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
-    /* body: topic str8, seq u32, lock_ts_ms u64, payload (Publish in SPEC.md) */
-    Py_ssize_t tlen = body_len > 0 ? body[0] : 0;
-    if (body_len < 13 + tlen)
-        return NULL;   /* truncated: Python answers BadBody */
+    publish_view v;
+    if (!view_publish(f, length, &v))
+        return NULL;
     PyObject *topic;
-    if (*last_topic != NULL && *last_n == tlen && memcmp(*last_raw, body + 1, tlen) == 0) {
+    if (*last_topic != NULL && *last_n == v.topic_len
+            && memcmp(*last_raw, v.topic, v.topic_len) == 0) {
         topic = *last_topic;   /* the usual case: one topic per connection */
         Py_INCREF(topic);
     } else {
-        topic = PyUnicode_DecodeUTF8((const char *)body + 1, tlen, NULL);
+        topic = PyUnicode_DecodeUTF8((const char *)v.topic, v.topic_len, NULL);
         if (topic == NULL) {   /* not UTF-8: Python answers BadBody */
             PyErr_Clear();
             return NULL;
@@ -173,18 +229,17 @@ static PyObject *publish_tuple(const uint8_t *f, uint32_t length, PyObject *sn,
         Py_XDECREF(*last_topic);
         Py_INCREF(topic);
         *last_topic = topic;
-        *last_raw = body + 1;
-        *last_n = tlen;
+        *last_raw = v.topic;
+        *last_n = v.topic_len;
     }
-    const uint8_t *p = body + 1 + tlen;
-    PyObject *payload = PyBytes_FromStringAndSize((const char *)p + 12, body_len - 13 - tlen);
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)v.payload, v.payload_len);
     if (payload == NULL) {
         Py_DECREF(topic);
         return NULL;
     }
     /* (opaque, flags, sn, topic, seq, lock_ts_ms, payload): Connection._publish's args */
-    return Py_BuildValue("(kBONkKN)", (unsigned long)opaque, flags, sn, topic,
-                         (unsigned long)be32(p), (unsigned long long)be64(p + 4), payload);
+    return Py_BuildValue("(kBONkKN)", (unsigned long)v.opaque, v.flags, sn, topic,
+                         (unsigned long)v.seq, (unsigned long long)v.lock_ts_ms, payload);
 }
 
 /* scan_publishes(buf, pos, max_frame, sn, limit) -> (list, pos) */
@@ -210,21 +265,11 @@ static PyObject *scan_publishes(PyObject *self, PyObject *args)
     PyObject *last_topic = NULL;
     const uint8_t *last_raw = NULL;
     Py_ssize_t last_n = 0;
-    while (PyList_GET_SIZE(out) < limit && size - pos >= HEADER_SIZE) {
+    uint32_t length;
+    while (PyList_GET_SIZE(out) < limit
+           && check_publish(buf + pos, size - pos, max_frame, sn_utf8, sn_size, &length)
+              == FRAME_TAKE) {
         const uint8_t *f = buf + pos;
-        Py_ssize_t sn_len = f[7];
-        uint32_t length = be32(f + 1);
-        uint16_t opcode = (uint16_t)(f[5] << 8 | f[6]);
-        /* the Python decoder's checks, in its order; any failure: stop here */
-        if (f[0] != VERSION || sn_len > MAX_SN || length < (uint32_t)(MIN_FRAME + sn_len)
-                || (Py_ssize_t)length > max_frame || (Py_ssize_t)length > size - pos)
-            break;
-        if (crc16(f, length - CRC_SIZE, 0xFFFF) != (f[length - 2] << 8 | f[length - 1]))
-            break;
-        if (opcode != OP_PUBLISH || (f[HEADER_SIZE + sn_len] & FLAG_MAC))
-            break;   /* another request, or frame MACs: the session's Python path */
-        if (sn_len && (sn_len != sn_size || memcmp(f + HEADER_SIZE, sn_utf8, sn_len) != 0))
-            break;   /* a producer id other than the session's: the session decides */
         PyObject *t = publish_tuple(f, length, sn, &last_topic, &last_raw, &last_n);
         if (t == NULL) {
             if (PyErr_Occurred())
@@ -455,6 +500,22 @@ error:
 
 /* ------------------------------------------------------------ publish_acks */
 
+/* The PUBLISH_ACK frame of one stored record at ``f`` (ACK_FRAME_LEN bytes):
+ * version, length, opcode, sn_len 0, flags, opaque | status, offset | crc. */
+static void put_publish_ack(uint8_t *f, uint32_t opaque, int dup, long long offset)
+{
+    f[0] = VERSION;
+    put_be32(f + 1, ACK_FRAME_LEN);
+    f[5] = 0; f[6] = OP_PUBLISH_ACK;
+    f[7] = 0;
+    f[8] = FLAG_RESPONSE;
+    put_be32(f + 9, opaque);
+    f[13] = dup ? ACK_DUPLICATE : ACK_STORED;
+    put_be64(f + 14, offset > 0 ? (uint64_t)offset : 0);
+    uint16_t c = crc16(f, ACK_FRAME_LEN - CRC_SIZE, 0xFFFF);
+    f[22] = (uint8_t)(c >> 8); f[23] = (uint8_t)c;
+}
+
 /* publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)
  *
  * ``batch``: the connection's (opaque, oneway, record) per publish; ``results``: the
@@ -502,18 +563,7 @@ static PyObject *publish_acks(PyObject *self, PyObject *args)
             stored++;
         if (oneway)
             continue;   /* SPEC: a ONEWAY publish is never answered */
-        /* version, length, opcode, sn_len 0, flags, opaque | status, offset | crc */
-        uint8_t *f = o + frames * ACK_FRAME_LEN;
-        f[0] = VERSION;
-        put_be32(f + 1, ACK_FRAME_LEN);
-        f[5] = 0; f[6] = OP_PUBLISH_ACK;
-        f[7] = 0;
-        f[8] = FLAG_RESPONSE;
-        put_be32(f + 9, (uint32_t)opaque);
-        f[13] = is_dup ? ACK_DUPLICATE : ACK_STORED;
-        put_be64(f + 14, offset > 0 ? (uint64_t)offset : 0);
-        uint16_t c = crc16(f, ACK_FRAME_LEN - CRC_SIZE, 0xFFFF);
-        f[22] = (uint8_t)(c >> 8); f[23] = (uint8_t)c;
+        put_publish_ack(o + frames * ACK_FRAME_LEN, (uint32_t)opaque, is_dup, offset);
         frames++;
     }
     if (_PyBytes_Resize(&out, frames * ACK_FRAME_LEN) < 0)
@@ -1392,32 +1442,19 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
     PyObject *topic = NULL;   /* the last topic (one per lock, usually) */
     const uint8_t *topic_raw = NULL;
     Py_ssize_t topic_n = -1;
-    while (n - pos >= HEADER_SIZE) {
+    uint32_t length;
+    while (pos < n) {
         const uint8_t *f = buf + pos;
-        Py_ssize_t sn_len = f[7];
-        uint32_t length = be32(f + 1);
-        if (f[0] != VERSION || sn_len > MAX_SN || length < (uint32_t)(MIN_FRAME + sn_len)
-                || (Py_ssize_t)length > ln->max_frame)
-            break;   /* the decoder's error, raised by Python */
-        if ((Py_ssize_t)length > n - pos)
+        int got = check_publish(f, n - pos, ln->max_frame, s->sn_utf8, s->sn_size, &length);
+        if (got == FRAME_PARTIAL)
             goto partial;   /* (length <= max_frame: rbuf holds it and a read more) */
-        if (crc16(f, length - CRC_SIZE, 0xFFFF) != (f[length - 2] << 8 | f[length - 1]))
-            break;
-        uint16_t opcode = (uint16_t)(f[5] << 8 | f[6]);
-        uint8_t flags = f[HEADER_SIZE + sn_len];
-        if (opcode != OP_PUBLISH || (flags & (FLAG_MAC | FLAG_ONEWAY)))
-            break;
-        if (sn_len && (sn_len != s->sn_size || memcmp(f + HEADER_SIZE, s->sn_utf8, sn_len) != 0))
-            break;
+        publish_view v;
+        if (got == FRAME_STOP || !view_publish(f, length, &v) || (v.flags & FLAG_ONEWAY))
+            break;   /* the Python path's: its errors, ONEWAY's no-answer rule */
         if (s->credit == 0)
             break;   /* the lock's rate: Python asks its budget */
-        const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
-        Py_ssize_t body_len = (Py_ssize_t)length - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
-        Py_ssize_t tlen = body_len > 0 ? body[0] : 0;
-        if (body_len < 13 + tlen)
-            break;
-        if (topic == NULL || topic_n != tlen || memcmp(topic_raw, body + 1, tlen) != 0) {
-            PyObject *t = PyUnicode_DecodeUTF8((const char *)body + 1, tlen, NULL);
+        if (topic == NULL || topic_n != v.topic_len || memcmp(topic_raw, v.topic, v.topic_len) != 0) {
+            PyObject *t = PyUnicode_DecodeUTF8((const char *)v.topic, v.topic_len, NULL);
             if (t == NULL) {
                 PyErr_Clear();
                 break;
@@ -1430,14 +1467,12 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
                 break;   /* not allowed yet: Python checks it (and may allow it) */
             }
             Py_XSETREF(topic, t);
-            topic_raw = body + 1;
-            topic_n = tlen;
+            topic_raw = v.topic;
+            topic_n = v.topic_len;
         }
-        const uint8_t *p = body + 1 + tlen;
-        Py_ssize_t plen = body_len - 13 - tlen;
-        PyObject *seq = PyLong_FromUnsignedLong(be32(p));
-        PyObject *ts = PyLong_FromUnsignedLongLong(be64(p + 4));
-        PyObject *payload = PyBytes_FromStringAndSize((const char *)p + 12, plen);
+        PyObject *seq = PyLong_FromUnsignedLong(v.seq);
+        PyObject *ts = PyLong_FromUnsignedLongLong(v.lock_ts_ms);
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)v.payload, v.payload_len);
         PyObject *rec = NULL;
         if (seq != NULL && ts != NULL && payload != NULL) {
             PyObject *values[5] = {topic, s->sn, seq, ts, payload};
@@ -1448,10 +1483,10 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
         Py_XDECREF(payload);
         if (rec == NULL)
             goto error;
-        uint32_t size = (uint32_t)(plen + 64);   /* Connection._pub_size's measure */
+        uint32_t size = (uint32_t)(v.payload_len + 64);   /* Connection._pub_size's measure */
         int rc = PyList_Append(records, rec);
         Py_DECREF(rec);
-        if (rc < 0 || plan_add(plan, s->conn, fd, s->gen, be32(f + HEADER_SIZE + sn_len + 1), size) < 0) {
+        if (rc < 0 || plan_add(plan, s->conn, fd, s->gen, v.opaque, size) < 0) {
             if (rc == 0)   /* keep records and plan in step */
                 PyList_SetSlice(records, PyList_GET_SIZE(records) - 1, PyList_GET_SIZE(records), NULL);
             goto error;
@@ -1462,8 +1497,6 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
         (*frames)++;
         pos += length;
     }
-    if (n - pos < HEADER_SIZE && pos < n)
-        goto partial;
     Py_XDECREF(topic);
     return pos;
 partial:   /* a frame's first bytes: kept for the next read */
@@ -1645,17 +1678,7 @@ static PyObject *lane_answer(LaneObject *ln, PyObject *args)
                 if (is_dup < 0 || (offset == -1 && PyErr_Occurred()))
                     goto error;
                 is_dup ? dup++ : stored++;
-                uint8_t *f = o + (m - i) * ACK_FRAME_LEN;
-                f[0] = VERSION;
-                put_be32(f + 1, ACK_FRAME_LEN);
-                f[5] = 0; f[6] = OP_PUBLISH_ACK;
-                f[7] = 0;
-                f[8] = FLAG_RESPONSE;
-                put_be32(f + 9, plan->e[m].opaque);
-                f[13] = is_dup ? ACK_DUPLICATE : ACK_STORED;
-                put_be64(f + 14, offset > 0 ? (uint64_t)offset : 0);
-                uint16_t c = crc16(f, ACK_FRAME_LEN - CRC_SIZE, 0xFFFF);
-                f[22] = (uint8_t)(c >> 8); f[23] = (uint8_t)c;
+                put_publish_ack(o + (m - i) * ACK_FRAME_LEN, plan->e[m].opaque, is_dup, offset);
             }
             frames_out += j - i;
             Py_ssize_t sent = 0;

@@ -16,7 +16,7 @@ from lockmq.broker.lane import LANE_TYPE
 from lockmq.protocol import (Command, CommandKind, ErrorCode, Heartbeat, Op, Publish,
                              PublishAck, Role, decode_body)
 from lockmq.protocol._frame import encode_frame
-from lockmq.testing import BrokerThread, Peer, drain, open_peer, wait_for
+from lockmq.testing import BrokerThread, Peer, SecureBroker, drain, open_peer, wait_for
 
 pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._speedups not built")
 
@@ -32,8 +32,8 @@ def _in_lane(broker: BrokerThread) -> int:
     return broker.call(lambda: broker.broker.lane.adopted)
 
 
-def _publish_frame(seq: int, opaque: int) -> bytes:
-    return encode_frame(Op.PUBLISH, SN, Publish(TOPIC, seq, 1700000000000 + seq,
+def _publish_frame(seq: int, opaque: int, topic: str = TOPIC) -> bytes:
+    return encode_frame(Op.PUBLISH, SN, Publish(topic, seq, 1700000000000 + seq,
                                                 b"r%06d" % seq).encode(), opaque)
 
 
@@ -162,3 +162,37 @@ def test_decode_body_of_a_lane_ack_is_a_publish_ack(broker: BrokerThread) -> Non
     f = lock.read()
     ack = decode_body(f.opcode, f.body)
     assert isinstance(ack, PublishAck) and ack.status == PublishAck.STORED and ack.offset > 0
+
+
+def test_a_lock_in_the_lane_keeps_to_its_message_rate(tmp_path: Any) -> None:
+    """The lane spends a credit taken from the lock's budget: past it, the records go
+    to the Python path, which refuses them RATE_LIMITED as it always did."""
+    rate, burst = 20.0, 50
+    secure = SecureBroker(tmp_path, {"security": {"lock_message_rate": rate,
+                                                  "lock_message_burst": burst}}, locks=[SN])
+    try:
+        broker = secure.start()
+        lock = Peer(broker.port, SN)
+        lock.auth_lock(secure.keys[SN])   # (device key, no frame MACs: the lane's kind)
+        topic = "lock.events"   # (a lock's own topics: security.lock_topics)
+        for seq in range(1, 4):
+            assert lock.publish(topic, seq).status == PublishAck.STORED
+        wait_for(lambda: broker.metrics()["lockmq_lane_joins_total"] >= 1,
+                 "the lock to join the lane")
+        n = 200
+        t0 = time.monotonic()
+        lock.raw(b"".join(_publish_frame(seq, seq, topic) for seq in range(4, 4 + n)))
+        stored = limited = 0
+        for _ in range(n):
+            f = lock.read()
+            if f.opcode == Op.PUBLISH_ACK:
+                stored += 1
+            else:
+                assert decode_body(f.opcode, f.body).code == ErrorCode.RATE_LIMITED
+                limited += 1
+        elapsed = time.monotonic() - t0
+        assert stored + limited == n and limited > 0
+        assert stored <= burst - 3 + rate * elapsed + 1
+        lock.close()
+    finally:
+        secure.close()

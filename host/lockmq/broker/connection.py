@@ -868,8 +868,10 @@ class Connection(asyncio.Protocol):
                 or t.is_closing() or not t.is_reading() or t.get_write_buffer_size()):
             return
         sock = t.get_extra_info("socket")
+        if sock is None:
+            return
         credit = b.guard.publish_credit(principal, LANE_CREDIT)
-        if sock is None or credit == 0:
+        if credit == 0:
             return
         if b.lane.join(self, sock.fileno(), self.session.name, self._lane_topics, credit,
                        b.config.broker.max_conn_buffer_bytes):
@@ -882,14 +884,12 @@ class Connection(asyncio.Protocol):
         """Take the socket back from the lane (before Python writes to it or closes it)."""
         back = self.services.lane.leave(self._lane_fd)
         held, credit = back if back is not None else (b"", 0)
-        self._lane_left(held, credit, feed_only=True)
+        self._lane_left(held, credit)
 
-    def _lane_left(self, data: bytes, credit: int, unsent: bytes = b"",
-                   feed_only: bool = False) -> None:
+    def _lane_left(self, data: bytes, credit: int, unsent: bytes = b"") -> None:
         """The socket is Python's again: ``credit`` goes back to the lock's budget, the
         transport reads again, ``unsent`` acks are written and ``data`` -- the bytes
-        the lane did not take -- is read here (``feed_only``: only buffered, as a
-        partial frame held by the lane is when Python takes the socket back to write)."""
+        the lane did not take, or the partial frame it held -- is read here."""
         self._lane_fd = -1
         b = self.services
         if credit > 0:
@@ -897,16 +897,8 @@ class Connection(asyncio.Protocol):
         self._update_reading()
         if unsent:
             self._send_acks(unsent, 0)
-        if not data:
-            return
-        if not feed_only:
+        if data:   # (from flush too: data_received's own flush writes what is queued)
             self.data_received(data)
-            return
-        b.stats.c["bytes_in"] += len(data)
-        try:   # (a frame's first bytes: they passed the lane's header checks)
-            self.decoder.feed(data)
-        except ProtocolError as exc:
-            self._bad_input(exc)
 
     def _lane_refused(self, batch: list[tuple[int, bool, None]], results: Results) -> None:
         """A lane answer with a refusal in it: answered here, in order."""
