@@ -187,11 +187,18 @@ class GroupCommit:
             self._pending.append((records, enc, n, fut, ts_s))
             self._pending_bytes += n
             if self._w_idle:
-                # one wake-up is enough: until the writer runs (it needs the GIL),
-                # later appends would each pay for a pure-Python notify()
+                # Wake the idle writer once, when this loop iteration's callbacks are
+                # done: every read handled in it joins the one batch, and the writer
+                # does not wake to wait for the GIL between the loop's callbacks (on
+                # one core each such wake-up preempts the loop: measured ~1.4 context
+                # switches per lock in a storm, half of them with this).
                 self._w_idle = False
-                self._cond.notify()
+                self._loop.call_soon(self._wake)  # type: ignore[union-attr]
         return fut
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._cond.notify()
 
     def roll_due(self, now_ms: float | None = None) -> bool:
         """True if the active segment holds records and is older than ``segment_ms``."""
