@@ -43,7 +43,9 @@ fdatasync work every server pays, the user part is what the server's own code
 costs. ``gen_busy_pct`` is the load generator's CPU (user + system) over the
 window's wall clock: near 100 % the generator, not the server, sets the rate, and
 a warning line under the table says so. ``gen_us`` is the generator's own CPU per acked
-record: what the client side costs with each server.
+record: what the client side costs with each server. ``switches`` is the server's context
+switches (all its threads, voluntary and involuntary) per record over the window: on one
+core, the hand-offs between a server's threads (lockmq's event loop and its store writer).
 
 Every server of a scenario runs once, then every server again (``--runs`` times),
 so a noisy neighbour hits all of them alike; lockmq's medians are printed as
@@ -248,7 +250,7 @@ def loadgen(core: str, port: int, args: list[str], timeout: float) -> dict[str, 
 # -- scenarios -------------------------------------------------------------------------
 #: where the CPU goes: the server's per record (whole run; user and kernel over the
 #: measured window) and the load generator's busy share of that window
-CPU_FIGURES = ("cpu_us", "cpu_usr_us", "cpu_sys_us", "gen_busy_pct", "gen_us")
+CPU_FIGURES = ("cpu_us", "cpu_usr_us", "cpu_sys_us", "switches", "gen_busy_pct", "gen_us")
 #: the load generator's own figures: a share and a cost of the client, not of the server
 GEN_FIGURES = ("gen_busy_pct", "gen_us")
 PUBLISH_FIGURES = ("rate", "p50_ms", "p99_ms", "lost", *CPU_FIGURES)
@@ -459,7 +461,8 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
     print("\nsummary (min / median / max over runs; x S = lockmq median / median of S; "
           "before = --baseline tree; pure = this broker with LOCKMQ_PURE_PYTHON=1)")
     print("cpu_us: server CPU per record, whole run; cpu_usr_us / cpu_sys_us: its user / "
-          "kernel CPU per record in the measured window; gen_busy_pct: the load generator's "
+          "kernel CPU per record in the measured window; switches: its context switches per "
+          "record there; gen_busy_pct: the load generator's "
           "CPU share of that window; gen_us: the load generator's CPU per acked record")
     print(f"{'scenario':18s} {'figure':12s} {'server':{KIND_W}s} {'min':>10s} {'median':>10s} "
           f"{'max':>10s}  " + " ".join(f"{'x ' + k:>{RATIO_W[k]}s}" for k in RATIO_TO) + "  target")

@@ -120,6 +120,26 @@ def proc_tree_cpu(pid: int) -> tuple[float, float] | None:
     return user / tick, system / tick
 
 
+def proc_switches(pid: int) -> int | None:
+    """Context switches (voluntary + involuntary) of every live thread of process
+    ``pid`` so far; None where /proc cannot tell. On one core a thread that wakes
+    another pays two of them: the hand-offs between a server's threads show here."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                for line in fh:   # voluntary_ctxt_switches, nonvoluntary_ctxt_switches
+                    if "ctxt_switches:" in line:
+                        total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue   # (a thread that ended since the listing)
+    return total
+
+
 class CpuWindow:
     """The CPU a measured window cost: this process's own (the load generator's busy
     share of the wall clock) and, with ``server_pid``, the server's (user and system,
@@ -130,10 +150,12 @@ class CpuWindow:
         self.t0 = time.monotonic()
         self.own0 = os.times()
         self.server0 = proc_tree_cpu(server_pid) if server_pid else None
+        self.switches0 = proc_switches(server_pid) if server_pid else None
 
     def figures(self, records: int) -> dict[str, float]:
         """``gen_busy_pct`` (user + system over wall, %), ``gen_usr_s``/``gen_sys_s``;
-        with a server: ``cpu_usr_us``/``cpu_sys_us`` (server CPU per record)."""
+        with a server: ``cpu_usr_us``/``cpu_sys_us`` (server CPU per record) and
+        ``switches`` (its threads' context switches per record)."""
         wall = time.monotonic() - self.t0
         own = os.times()
         usr, sys_ = own.user - self.own0.user, own.system - self.own0.system
@@ -143,4 +165,7 @@ class CpuWindow:
         if self.server0 is not None and server1 is not None and records:
             out["cpu_usr_us"] = (server1[0] - self.server0[0]) / records * 1e6
             out["cpu_sys_us"] = (server1[1] - self.server0[1]) / records * 1e6
+        switches1 = proc_switches(self.server_pid) if self.server_pid else None
+        if self.switches0 is not None and switches1 is not None and records:
+            out["switches"] = (switches1 - self.switches0) / records
         return out
