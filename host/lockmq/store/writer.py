@@ -113,6 +113,20 @@ class _Plan:
         self.now_ms = 0.0
 
 
+def _no_wakeup_preemption() -> None:
+    """Put the calling thread in ``SCHED_BATCH`` (Linux): its CPU share is unchanged,
+    but its wake-ups no longer preempt the thread that runs (the scheduler lets it in
+    at the next tick or when that thread sleeps). Elsewhere, or where the policy
+    cannot be set (a seccomp filter), nothing changes."""
+    setsched = getattr(os, "sched_setscheduler", None)
+    if setsched is None or not hasattr(os, "SCHED_BATCH"):
+        return
+    try:
+        setsched(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
+    except OSError as exc:
+        log.info("store: the writer thread keeps the default scheduling: %r", exc)
+
+
 class GroupCommit:
     """The store's single writer: the queue of appends and the thread that writes it.
 
@@ -242,6 +256,8 @@ class GroupCommit:
     # ------------------------------------------------------------------ the thread
 
     def _main(self) -> None:
+        if self.config.writer_sched == "batch":
+            _no_wakeup_preemption()
         loop = self._loop
         assert loop is not None
         cond = self._cond
