@@ -201,16 +201,16 @@ class GroupCommit:
             self._pending.append((records, enc, n, fut, ts_s))
             self._pending_bytes += n
             if self._w_idle:
-                # Wake the idle writer once, when this loop iteration's callbacks are
-                # done: every read handled in it joins the one batch, and the writer
-                # does not wake to wait for the GIL between the loop's callbacks (on
-                # one core each such wake-up preempts the loop: measured ~1.4 context
-                # switches per lock in a storm, half of them with this).
+                # Wake the idle writer once, after this loop iteration's callbacks:
+                # every read handled in the iteration joins the one batch, and the
+                # writer (it needs the GIL) is not woken while the loop still runs
+                # Python -- on one core, only to wait and preempt it again.
                 self._w_idle = False
                 self._loop.call_soon(self._wake)  # type: ignore[union-attr]
         return fut
 
     def _wake(self) -> None:
+        """On the loop, after the iteration that queued work for an idle writer."""
         with self._lock:
             self._cond.notify()
 
