@@ -30,6 +30,20 @@ _RUN_BROKER = (
 LOCKMQ_COMMAND: list[str] = [sys.executable, "-c", _RUN_BROKER]
 
 
+def proc_status_kib(pid: int, key: str = "VmRSS") -> int | None:
+    """A memory line of ``/proc/PID/status`` in KiB (``VmRSS`` now, ``VmHWM`` the
+    peak); None where /proc cannot tell (the process is gone, or no such line). The
+    one parser of that file (bench/machine.py reads it through here)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def kill_process(proc: subprocess.Popen[Any] | None) -> None:
     """SIGKILL ``proc`` if it runs and reap it (a crash, a power cut)."""
     if proc is not None and proc.poll() is None:
@@ -230,11 +244,9 @@ class BrokerProcess:
     def rss_kib(self) -> int:
         """The broker process's resident memory (VmRSS), in KiB."""
         assert self.proc is not None, "broker not started"
-        with open(f"/proc/{self.proc.pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise AssertionError("no VmRSS line")
+        kib = proc_status_kib(self.proc.pid)
+        assert kib is not None, f"no VmRSS for broker pid {self.proc.pid}"
+        return kib
 
     # -- the status page ----------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
