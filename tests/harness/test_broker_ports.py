@@ -60,7 +60,7 @@ def test_brokers_started_at_once_each_get_and_report_their_own_ports(tmp_path):
             s.close()
 
 
-def test_a_restart_keeps_the_main_and_tls_ports_and_finds_the_new_status_page(tmp_path):
+def test_a_restart_keeps_the_main_and_tls_ports_and_finds_the_status_page(tmp_path):
     env = SecureBroker(tmp_path, tls=True)
     try:
         broker = env.start()
@@ -69,6 +69,9 @@ def test_a_restart_keeps_the_main_and_tls_ports_and_finds_the_new_status_page(tm
         assert (broker.port, env.tls_port) == (port, tls_port)
         assert _status_title(broker.status_port).endswith(f":{port}")
         assert "lockmq_" in "".join(broker.metrics())
+        broker.stop()                     # a new process from SecureBroker: the same ports
+        again = env.start()
+        assert again is not broker and (again.port, env.tls_port) == (port, tls_port)
     finally:
         env.close()
 

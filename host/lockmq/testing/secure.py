@@ -64,8 +64,15 @@ class SecureBroker:
         return self.tokens.create(name, permissions or Permissions(), ttl_s=ttl_s, now=now)[0]
 
     def start(self) -> BrokerProcess:
-        """Start the broker on :attr:`tables`; returns it (also :attr:`broker`)."""
+        """Start the broker on :attr:`tables`; returns it (also :attr:`broker`). Started
+        again (after ``broker.stop()``), it keeps the main and TLS ports it bound first:
+        the locks and tokens' holders know them."""
         self.broker = BrokerProcess(str(self.data), self.tables)
+        broker_table = self.tables.setdefault("broker", {})
+        if not broker_table.get("port"):
+            broker_table["port"] = self.broker.port
+        if self.tables.get("security", {}).get("tls_port") == ANY_FREE_PORT:
+            self.tables["security"]["tls_port"] = self.broker.tls_port
         return self.broker
 
     def close(self) -> None:
