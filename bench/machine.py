@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from lockmq.testing import proc_status_kib
+
 
 def machine_facts(data_dir: str | None = None) -> dict[str, Any]:
     """CPU, cores, memory, kernel, Python, uvloop, load; the file system of ``data_dir``."""
@@ -58,15 +60,9 @@ def spread(values: list[float]) -> str:
 
 def proc_status_mb(pid: int, key: str = "VmRSS") -> float | None:
     """A memory line of ``/proc/PID/status`` in MiB (``VmRSS`` now, ``VmHWM`` the
-    peak); None where /proc cannot tell."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    peak); None where /proc cannot tell (parsed by lockmq.testing's one reader)."""
+    kib = proc_status_kib(pid, key)
+    return None if kib is None else kib / 1024
 
 
 def _stat_fields(pid: int) -> list[str]:

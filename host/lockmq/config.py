@@ -35,6 +35,11 @@ ROCKETMQ_LEVELS_S: tuple[float, ...] = (
     1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
 )
 
+#: ``status_port`` / ``[security] tls_port`` value for "any free port": the broker binds
+#: port 0 and logs the port it got in ``broker_started`` (tests run many brokers at
+#: once). 0 keeps its old meaning there (no status page; TLS on the main port).
+ANY_FREE_PORT = -1
+
 #: The only values of ``[broker] auth`` (one switch; see BrokerSection.auth).
 AUTH_MODES: tuple[str, ...] = ("required", "off")
 
@@ -87,7 +92,8 @@ class BrokerSection:
     Attributes:
         host: address to listen on.
         port: TCP port of the lockmq protocol (the paper's 6800).
-        status_port: HTTP status page and metrics (0 disables it).
+        status_port: HTTP status page and metrics (0 disables it; -1 = any free
+            port, the one bound is logged as ``status_port=`` in ``broker_started``).
         status_host: address of the status page (default loopback only).
         status_request_timeout_s: a status-page request must be read, answered and
             written within this many seconds in all (a header trickled every few
@@ -402,8 +408,11 @@ class Config:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
         b, d, c, k = self.broker, self.devices, self.consumers, self.commands
-        if not 0 <= b.port <= 65535 or not 0 <= b.status_port <= 65535:
-            raise ValueError("broker.port and broker.status_port must be in [0, 65535]")
+        if not 0 <= b.port <= 65535:
+            raise ValueError("broker.port must be in [0, 65535]")
+        if not ANY_FREE_PORT <= b.status_port <= 65535:
+            raise ValueError(f"broker.status_port = {b.status_port} is not a port: write a "
+                             "port number, 0 (no status page) or -1 (any free port)")
         check_auth_mode(b.auth)
         self.transactions.validate()
         if b.log_format not in ("kv", "json"):

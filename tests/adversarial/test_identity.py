@@ -23,7 +23,7 @@ from lockmq.protocol import (Ack, Command, CommandKind, CommandStatus, ErrorCode
                              Unsubscribe)
 from lockmq.security import Permissions
 from lockmq.store import NewRecord, open_store
-from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker, free_port,
+from lockmq.testing import (BrokerProcess, Lock, Peer, Refused, SecureBroker,
                             refusal, require_micropython, set_config, wait_for)
 from lockmq.testing.lock import build_flash
 
@@ -39,9 +39,7 @@ class Env(SecureBroker):
     """The auth-required broker with the peers a test opened and the admin views."""
 
     def __init__(self, root: Path, tables: dict[str, dict[str, Any]] | None = None) -> None:
-        super().__init__(root, tables)
-        # a fixed port: a restarted broker is found again by the locks provisioned for it
-        self.tables.setdefault("broker", {}).setdefault("port", free_port())
+        super().__init__(root, tables)   # a restart keeps the port SecureBroker got first
         self.wires: list[Peer] = []
         self.ops = self.grant("ops", admin=True)
 

@@ -60,3 +60,21 @@ def test_print_config_round_trips(tmp_path):
     bad = subprocess.run([LOCKMQ, "broker", "--port", "70000", "--check-config"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "broker.port" in bad.stderr
+
+
+def test_any_free_port_is_minus_1_and_0_keeps_its_meaning():
+    for status_port in (-1, 0, 6801):
+        config_from_dict({"broker": {"status_port": status_port}})
+    for tls_port in (-1, 0, 6843):
+        config_from_dict({"security": {"tls_port": tls_port}}).security_config()
+
+
+@pytest.mark.parametrize("tables,named", [
+    ({"broker": {"status_port": -2}}, "broker.status_port = -2"),
+    ({"broker": {"status_port": 70000}}, "broker.status_port = 70000"),
+    ({"security": {"tls_port": -2}}, "security.tls_port = -2"),
+])
+def test_a_port_out_of_range_is_named_with_its_spellings(tables, named):
+    with pytest.raises(ValueError) as ei:
+        config_from_dict(tables).security_config()
+    assert named in str(ei.value) and "-1 (any free port)" in str(ei.value)

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 from lockmq.protocol import Op, Publish, Role, encode_frame
-from lockmq.testing import BrokerProcess, free_port, open_peer
+from lockmq.testing import BrokerProcess, open_peer
 
 LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
 
@@ -132,7 +132,7 @@ def test_second_broker_on_the_same_data_dir_fails_clearly(tmp_path):
     proc = _start(data)
     try:
         out = subprocess.run([LOCKMQ, "broker", "--host", "127.0.0.1", "--port",
-                              str(free_port()), "--status-port", "0", "--data-dir", data,
+                              "0", "--status-port", "0", "--data-dir", data,
                               "--auth", "off"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 1
         assert "event=broker_failed" in out.stderr and "in use" in out.stderr

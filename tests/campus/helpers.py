@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lockmq.registry.client import registry_request
-from lockmq.testing import BrokerProcess, free_port
+from lockmq.testing import BrokerProcess
 
 TOKEN = "campus.s3cret-registry-token"
 
@@ -25,7 +25,7 @@ class RegistryProcess(BrokerProcess):
         self.tokens_path.write_text(f"# accepted tokens\n{token}\n" if token else "")
         self.flags = ["--host", "127.0.0.1", "--state", str(self.workdir / "registry.json"),
                       *(["--tokens", str(self.tokens_path)] if token else []), *(flags or [])]
-        self.port = free_port()
+        self.port = 0   # bound by the registry, read from registry_started (kept on restart)
         self._init_log(self.workdir / "registry.log")
         self.start()
 

@@ -26,7 +26,7 @@ SN = "LOCKE2E1"
 @pytest.fixture
 def real_broker(tmp_path):
     data = tmp_path / "data"
-    broker = BrokerProcess(data, {"broker": {"port": free_port()}}, start=False)
+    broker = BrokerProcess(data)   # it binds a free port; locks are added while it runs
     port = broker.port
     prov = tmp_path / "prov.json"
     subprocess.run([LOCKMQ, "devices", "add", SN, "--out", str(prov), "--broker", f"127.0.0.1:{port}",
@@ -35,7 +35,6 @@ def real_broker(tmp_path):
                           "--command", SN, "--json", "--data-dir", str(data)],
                          check=True, capture_output=True, timeout=60)
     token = json.loads(tok.stdout)["token"]
-    broker.start()
     yield port, prov, token
     broker.stop()
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lockmq.testing import wait_for
+from lockmq.testing import proc_status_kib, wait_for
 
 from .helpers import bench_module
 
@@ -33,3 +33,19 @@ def test_cpu_of_a_process_with_parentheses_in_its_name_and_of_its_parent_tree(tm
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_memory_lines_of_proc_status_have_one_parser_and_bench_reads_them_in_mib():
+    # a child we hold (alive, not reaped) and one that is gone
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        status = Path(f"/proc/{child.pid}/status")
+        hwm = wait_for(lambda: proc_status_kib(child.pid, "VmHWM"), "the child has a VmHWM")
+        line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+        assert line.split()[1:] == [str(hwm), "kB"]   # the child idles: its peak holds
+        assert machine.proc_status_mb(child.pid, "VmHWM") == hwm / 1024
+        assert proc_status_kib(child.pid, "NoSuchLine") is None
+    finally:
+        child.communicate(b"", timeout=10)
+    assert proc_status_kib(child.pid) is None and machine.proc_status_mb(child.pid) is None

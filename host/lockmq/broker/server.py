@@ -157,8 +157,8 @@ class Broker:
                 self.status.title = f"lockmq broker :{port}"
             if tls:
                 self.tls_port = port
-        if cfg.status_port:
-            self.status_port = await self.status.start(cfg.status_host, cfg.status_port)
+        if cfg.status_port:   # -1 (ANY_FREE_PORT): the kernel picks; logged below
+            self.status_port = await self.status.start(cfg.status_host, max(cfg.status_port, 0))
         if self.lane is not None:
             self.lane.start(loop)
         self.devices.start()

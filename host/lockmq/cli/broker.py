@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", help="address to listen on (broker.host, default 0.0.0.0)")
     p.add_argument("--port", type=int, help="protocol port (broker.port, default 6800)")
     p.add_argument("--status-port", type=int,
-                   help="HTTP status page port (broker.status_port, default 6801; 0 = off)")
+                   help="HTTP status page port (broker.status_port, default 6801; 0 = off, "
+                        "-1 = any free port, logged in broker_started)")
     p.add_argument("--data-dir", help="data directory (broker.data_dir, default ./data)")
     p.add_argument("--auth", choices=("required", "off"),
                    help="authentication (broker.auth; 'off' only for tests/development)")

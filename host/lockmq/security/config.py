@@ -64,7 +64,8 @@ class SecurityConfig:
         tls_cert: PEM server certificate (chain) for TLS; empty = no TLS.
         tls_key: PEM private key of ``tls_cert``.
         tls_port: port of the TLS listener (0 = TLS on the main port instead of
-            plain TCP, when a certificate is set).
+            plain TCP, when a certificate is set; -1 = its own listener on any free
+            port, logged as ``tls_port=`` in ``broker_started``).
         tls_client_ca: PEM CA to require client certificates (empty = not required).
         plain_port_enabled: keep a plain-TCP listener for locks without TLS.
         max_producer_ids_per_principal: producer ids (PUBLISH SNs) one token name
@@ -151,8 +152,9 @@ class SecurityConfig:
             raise ValueError("security.ipv4_prefix must be in [8, 32]")
         if not 32 <= self.ipv6_prefix <= 128:
             raise ValueError("security.ipv6_prefix must be in [32, 128]")
-        if not 0 <= self.tls_port <= 65535:
-            raise ValueError("security.tls_port must be in [0, 65535]")
+        if not -1 <= self.tls_port <= 65535:   # -1: lockmq.config.ANY_FREE_PORT
+            raise ValueError(f"security.tls_port = {self.tls_port} is not a port: write a "
+                             "port number, 0 (TLS on the main port) or -1 (any free port)")
 
     def check_files(self) -> None:
         """Raise ``ValueError`` naming the setting whose file the broker could not use:

@@ -61,13 +61,14 @@ def describe_listeners(cfg: SecurityConfig, port: int) -> list[dict[str, Any]]:
 
     With a certificate and ``tls_port`` 0, the main port is TLS and there is no
     plain port. With a certificate and ``tls_port`` > 0, TLS is on ``tls_port`` and
-    the main port stays plain TCP if ``plain_port_enabled``.
+    the main port stays plain TCP if ``plain_port_enabled``; ``tls_port`` -1 is the
+    same on any free port (listed as port 0: the kernel picks it at bind).
     """
     if not cfg.tls_cert:
         return [{"port": port, "tls": False}]
     if cfg.tls_port == 0:
         return [{"port": port, "tls": True}]
-    out = [{"port": cfg.tls_port, "tls": True}]
+    out = [{"port": max(cfg.tls_port, 0), "tls": True}]
     if cfg.plain_port_enabled:
         out.insert(0, {"port": port, "tls": False})
     return out

@@ -13,7 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from .ports import free_port
+from lockmq.config import ANY_FREE_PORT
+
 from .tables import Tables, merge_tables, to_toml
 
 # Exactly the `lockmq` command; LOCKMQ_TEST_UVLOOP=0 hides uvloop (plain asyncio loop).
@@ -27,6 +28,20 @@ _RUN_BROKER = (
 #: The ``lockmq`` command in a child process of this interpreter: ``[*LOCKMQ_COMMAND,
 #: "store", "backup", ...]`` (no installed script needed; uvloop as for the broker).
 LOCKMQ_COMMAND: list[str] = [sys.executable, "-c", _RUN_BROKER]
+
+
+def proc_status_kib(pid: int, key: str = "VmRSS") -> int | None:
+    """A memory line of ``/proc/PID/status`` in KiB (``VmRSS`` now, ``VmHWM`` the
+    peak); None where /proc cannot tell (the process is gone, or no such line). The
+    one parser of that file (bench/machine.py reads it through here)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def kill_process(proc: subprocess.Popen[Any] | None) -> None:
@@ -58,6 +73,12 @@ class BrokerProcess:
     otherwise). The broker is started at once unless ``start=False``; it can be
     killed (SIGKILL: a crash), stopped (SIGTERM) and started again on the same port
     and data directory.
+
+    Ports written as 0 or -1 (``ANY_FREE_PORT``) are bound by the broker itself (no
+    number picked here that another process could take first) and learned from its
+    ``broker_started`` line: :attr:`port`, :attr:`status_port`, :attr:`tls_port`. A
+    restart keeps the main and TLS ports (clients know them); the status page may
+    move (:meth:`metrics` follows it).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], tables: Tables | None = None,
@@ -66,15 +87,16 @@ class BrokerProcess:
         os.makedirs(self.data_dir, exist_ok=True)
         self.workdir = Path(self.data_dir).parent
         self.tables = merge_tables(
-            {"broker": {"host": "127.0.0.1", "port": 0, "status_port": free_port(),
+            {"broker": {"host": "127.0.0.1", "port": 0, "status_port": ANY_FREE_PORT,
                         "data_dir": self.data_dir, "auth": "required", "log_level": "INFO",
                         "handshake_timeout_s": 2.0},
              "store": {"min_free_bytes": 0}},
             tables or {})
-        self.status_port = int(self.tables["broker"]["status_port"])
-        #: the status port is this harness's pick (not the caller's): another may do
-        self._own_status_port = "status_port" not in (tables or {}).get("broker", {})
         self.port = int(self.tables["broker"]["port"])
+        #: the status page's port (0: none), the TLS listener's (None: none); both
+        #: known once the broker has started
+        self.status_port = max(int(self.tables["broker"]["status_port"]), 0)
+        self.tls_port: int | None = None
         self.config_path = str(self.workdir / "broker.toml")
         self._init_log(self.workdir / "broker.log")
         if start:
@@ -96,29 +118,9 @@ class BrokerProcess:
         logs ``standby_following``)."""
         if self.running():
             raise RuntimeError("broker already running")
-        for attempt in range(3):
-            self.write_config()
-            try:
-                return self._launch(["broker", "--config", self.config_path], ready, timeout)
-            except AssertionError:
-                if attempt == 2 or not self._status_port_taken():
-                    raise
-            # free_port's port was free when it looked, not when the broker bound it:
-            # another process took it, or this broker's own port-0 listener did (the
-            # kernel handed out the number free_port had just released). Another one.
-            self.status_port = free_port()
-            self.tables["broker"]["status_port"] = self.status_port
-        raise AssertionError("unreachable")
-
-    def _status_port_taken(self) -> bool:
-        """Whether the broker just failed because its status port (the harness's
-        pick) was in use."""
-        if not self._own_status_port:
-            return False
-        with self._cond:
-            lines = self.lines[-5:]
-        return any("event=broker_failed" in line and "in use" in line
-                   and f", {self.status_port})" in line for line in lines)
+        self.write_config()
+        self._launch(["broker", "--config", self.config_path], ready, timeout)
+        return self
 
     def _launch(self, args: list[str], ready: str, timeout: float) -> "BrokerProcess":
         """Run ``lockmq <args>``, pump its output into the log, and return once it
@@ -141,14 +143,27 @@ class BrokerProcess:
             except subprocess.TimeoutExpired:
                 pass
             raise
-        self.port = int(re.search(r"\bport=(\d+)", line).group(1))
+        self._learn_ports(line)
         return self
+
+    def _learn_ports(self, line: str) -> None:
+        """The ports the broker bound, from its start line (``port=``, and on a
+        ``broker_started`` line ``status_port=`` and ``tls_port=``, ``None`` = none)."""
+        self.port = int(re.search(r"\bport=(\d+)", line).group(1))
+        if "event=broker_started" in line:
+            status = re.search(r"\bstatus_port=(\d+)", line)
+            tls = re.search(r"\btls_port=(\d+)", line)
+            self.status_port = int(status.group(1)) if status else 0
+            self.tls_port = int(tls.group(1)) if tls else None
 
     def write_config(self) -> str:
         """Write ``broker.toml`` (also for CLI commands run before :meth:`start`);
         returns its path."""
-        if self.port:                  # a restart keeps the port clients know
+        if self.port:                  # a restart keeps the ports clients know
             self.tables["broker"]["port"] = self.port
+        security = self.tables.get("security", {})
+        if self.tls_port and security.get("tls_port") == ANY_FREE_PORT:
+            security["tls_port"] = self.tls_port
         with open(self.config_path, "w") as fh:
             fh.write(to_toml(self.tables))
         return self.config_path
@@ -229,11 +244,9 @@ class BrokerProcess:
     def rss_kib(self) -> int:
         """The broker process's resident memory (VmRSS), in KiB."""
         assert self.proc is not None, "broker not started"
-        with open(f"/proc/{self.proc.pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise AssertionError("no VmRSS line")
+        kib = proc_status_kib(self.proc.pid)
+        assert kib is not None, f"no VmRSS for broker pid {self.proc.pid}"
+        return kib
 
     # -- the status page ----------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

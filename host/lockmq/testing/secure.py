@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from lockmq.config import ANY_FREE_PORT
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 
-from .ports import free_port
 from .process import BrokerProcess
 from .tables import Tables, merge_tables
 
@@ -22,7 +22,8 @@ class SecureBroker:
     with :meth:`add_locks` and :meth:`token`, also while the broker runs (it reads
     them from the same database). :meth:`start` starts it. With ``tls=True`` a CA and a
     server certificate for ``gw.local``/127.0.0.1 are made under ``root/certs`` and the
-    broker gets a TLS port (:attr:`tls_port`, :attr:`certs`) beside its plain one.
+    broker gets a TLS port beside its plain one (:attr:`certs`; :attr:`tls_port`
+    once started: the broker binds a free one itself and logs it).
     """
 
     def __init__(self, root: str | os.PathLike[str], tables: Tables | None = None,
@@ -35,20 +36,23 @@ class SecureBroker:
         self.registry = DeviceRegistry.open(cfg)
         self.tokens = TokenStore(cfg.registry_path)
         self.certs: Any = None
-        self.tls_port: int | None = None
         if tls:
             # imported here: certificates need the `cryptography` package
             from lockmq.security.certs import init_ca_and_server
             self.certs = init_ca_and_server(str(self.root / "certs"), ["gw.local"],
                                             ["127.0.0.1"])
-            self.tls_port = free_port()
             tables = merge_tables({"security": {
                 "tls_cert": self.certs.server_pem, "tls_key": self.certs.server_key,
-                "tls_port": self.tls_port}}, tables or {})
+                "tls_port": ANY_FREE_PORT}}, tables or {})
         self.tables: Tables = tables or {}
         self.broker: BrokerProcess | None = None
         self.keys = self.add_locks(*locks)
         self.tok = {name: self.token(name, perms) for name, perms in (tokens or {}).items()}
+
+    @property
+    def tls_port(self) -> int | None:
+        """The broker's TLS port (None before :meth:`start`, or without TLS)."""
+        return self.broker.tls_port if self.broker is not None else None
 
     def add_locks(self, *sns: str) -> dict[str, bytes]:
         """Register locks; their keys by SN."""
@@ -60,8 +64,15 @@ class SecureBroker:
         return self.tokens.create(name, permissions or Permissions(), ttl_s=ttl_s, now=now)[0]
 
     def start(self) -> BrokerProcess:
-        """Start the broker on :attr:`tables`; returns it (also :attr:`broker`)."""
+        """Start the broker on :attr:`tables`; returns it (also :attr:`broker`). Started
+        again (after ``broker.stop()``), it keeps the main and TLS ports it bound first:
+        the locks and tokens' holders know them."""
         self.broker = BrokerProcess(str(self.data), self.tables)
+        broker_table = self.tables.setdefault("broker", {})
+        if not broker_table.get("port"):
+            broker_table["port"] = self.broker.port
+        if self.tables.get("security", {}).get("tls_port") == ANY_FREE_PORT:
+            self.tables["security"]["tls_port"] = self.broker.tls_port
         return self.broker
 
     def close(self) -> None:
