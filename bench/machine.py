@@ -9,8 +9,6 @@ import sys
 import time
 from typing import Any
 
-from lockmq.testing import proc_status_kib
-
 
 def machine_facts(data_dir: str | None = None) -> dict[str, Any]:
     """CPU, cores, memory, kernel, Python, uvloop, load; the file system of ``data_dir``."""
@@ -60,9 +58,14 @@ def spread(values: list[float]) -> str:
 
 def proc_status_mb(pid: int, key: str = "VmRSS") -> float | None:
     """A memory line of ``/proc/PID/status`` in MiB (``VmRSS`` now, ``VmHWM`` the
-    peak); None where /proc cannot tell (parsed by lockmq.testing's one reader)."""
-    kib = proc_status_kib(pid, key)
-    return None if kib is None else kib / 1024
+    peak); None where /proc cannot tell. (Not ``lockmq.testing.proc_status_kib``: the
+    benchmarks also run against a ``--baseline`` tree's lockmq, which may predate it.)"""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            lines = [line for line in fh if line.startswith(key + ":")]
+    except OSError:
+        return None
+    return int(lines[0].split()[1]) / 1024 if lines else None
 
 
 def _stat_fields(pid: int) -> list[str]:
