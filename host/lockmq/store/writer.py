@@ -201,18 +201,13 @@ class GroupCommit:
             self._pending.append((records, enc, n, fut, ts_s))
             self._pending_bytes += n
             if self._w_idle:
-                # Wake the idle writer once, after this loop iteration's callbacks:
-                # every read handled in the iteration joins the one batch, and the
-                # writer (it needs the GIL) is not woken while the loop still runs
-                # Python -- on one core, only to wait and preempt it again.
+                # one wake-up is enough: until the writer runs (it needs the GIL),
+                # later appends would each pay for a pure-Python notify(). (Waking it
+                # only after the loop iteration instead was measured and not kept:
+                # see _no_wakeup_preemption, and docs/performance.md "Eighth pass".)
                 self._w_idle = False
-                self._loop.call_soon(self._wake)  # type: ignore[union-attr]
+                self._cond.notify()
         return fut
-
-    def _wake(self) -> None:
-        """On the loop, after the iteration that queued work for an idle writer."""
-        with self._lock:
-            self._cond.notify()
 
     def roll_due(self, now_ms: float | None = None) -> bool:
         """True if the active segment holds records and is older than ``segment_ms``."""
