@@ -436,6 +436,9 @@ int main(int argc, char **argv) {
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1) { fprintf(stderr, "bad host %s\n", host); return 2; }
     if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0 || listen(ls, 8192) < 0) die("listen");
+    socklen_t alen = sizeof a;   /* --port 0: the kernel picked it; say which */
+    if (getsockname(ls, (struct sockaddr *)&a, &alen) < 0) die("getsockname");
+    port = ntohs(a.sin_port);
     ep = epoll_create1(0);
     if (ep < 0) die("epoll_create1");
     struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };

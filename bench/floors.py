@@ -146,6 +146,7 @@ async def serve(host: str, port: int, mode: str, data_dir: str) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: FloorConnection(commit), host, port,
                                       backlog=8192, reuse_address=True)
+    port = server.sockets[0].getsockname()[1]   # (--port 0: the one the kernel picked)
     print(f"floor {mode} listening on {host}:{port}", flush=True)
     async with server:
         await server.serve_forever()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -46,3 +47,15 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def start_floor(cmd: list[str]) -> tuple[subprocess.Popen, int]:
+    """Start a floor (``bench/floors.py`` or the compiled one) with ``cmd``, which holds
+    ``--port 0``; return the process and the port it bound, read from its one
+    ``... listening on HOST:PORT`` line (no port picked first and handed over: another
+    process could take it in between)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()   # (b"" if it died: the assert says so)
+    assert " listening on " in line, f"the floor did not start: {line!r}, exit {proc.poll()}"
+    return proc, int(line.rsplit(":", 1)[1])

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import socket
 import struct
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from lockmq.protocol import Flag, FrameDecoder, Op, PublishAck, encode_frame
-from lockmq.testing import free_port, wait_for
 
 from . import helpers
-from .helpers import listening
+from .helpers import start_floor
 
 floor_exe = helpers.floor_exe   # the fixture: bench/floor_c.c built once for this module
 
@@ -32,12 +30,10 @@ class Floor:
     would reach the test while its record is still missing from the file."""
 
     def __init__(self, exe: Path, mode: str, directory: Path) -> None:
-        self.port = free_port()
         self.log = directory / "floor.log"
-        self.proc = subprocess.Popen(
-            [str(exe), "--mode", mode, "--port", str(self.port), "--dir", str(directory),
-             "--commit-delay-ms", str(COMMIT_DELAY_MS)], stdout=subprocess.DEVNULL)
-        wait_for(lambda: listening(self.port), "the floor listens")
+        self.proc, self.port = start_floor(
+            [str(exe), "--mode", mode, "--port", "0", "--dir", str(directory),
+             "--commit-delay-ms", str(COMMIT_DELAY_MS)])
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)

@@ -10,7 +10,6 @@ import asyncio
 import random
 import socket
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag
                              NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
 from lockmq import accel
 from lockmq.protocol._fast import publish_ack_frame, scan_frame as py_scan_frame
-from lockmq.testing import BrokerThread, free_port, wait_for, wait_for_async
+from lockmq.testing import BrokerThread, wait_for_async
 
 from . import helpers
-from .helpers import BENCH, bench_module, listening
+from .helpers import BENCH, bench_module, listening, start_floor
 
 floor_exe = helpers.floor_exe   # the fixture: bench/floor_c.c built once for this module
 
@@ -225,11 +224,10 @@ def test_lean_lock_publishes_to_the_real_broker(tmp_path):
     assert acked >= 200 and stats["errors"] == 0
 
 
-def _floor_command(kind: str, tmp_path: Path, port: int,
-                   request: pytest.FixtureRequest) -> list[str]:
+def _floor_command(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     """The Python floor (bench/floors.py) or the compiled one (bench/floor_c.c: the
-    ``floor_exe`` fixture), in fsync mode on ``port``."""
-    args = ["--mode", "fsync", "--port", str(port), "--dir", str(tmp_path)]
+    ``floor_exe`` fixture), in fsync mode on a port the kernel picks."""
+    args = ["--mode", "fsync", "--port", "0", "--dir", str(tmp_path)]
     if kind == "py":
         return [sys.executable, str(BENCH / "floors.py"), *args]
     return [str(request.getfixturevalue("floor_exe")), *args]
@@ -237,12 +235,8 @@ def _floor_command(kind: str, tmp_path: Path, port: int,
 
 @pytest.mark.parametrize("kind", ["py", "c"])
 def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path, request):
-    port = free_port()
-    proc = subprocess.Popen(_floor_command(kind, tmp_path, port, request),
-                            stdout=subprocess.DEVNULL)
+    proc, port = start_floor(_floor_command(kind, tmp_path, request))
     try:
-        wait_for(lambda: listening(port), "the floor listens")
-
         acked, stats = asyncio.run(publish_records(port, "LOCK-F1", 300))
         assert stats["errors"] == 0
         # every acknowledged record (SN + PUBLISH body) was written before its ack
