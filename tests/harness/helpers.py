@@ -57,5 +57,6 @@ def start_floor(cmd: list[str]) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()   # (b"" if it died: the assert says so)
+    proc.stdout.close()   # a floor prints nothing else to stdout
     assert " listening on " in line, f"the floor did not start: {line!r}, exit {proc.poll()}"
     return proc, int(line.rsplit(":", 1)[1])

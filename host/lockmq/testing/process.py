@@ -32,8 +32,9 @@ LOCKMQ_COMMAND: list[str] = [sys.executable, "-c", _RUN_BROKER]
 
 def proc_status_kib(pid: int, key: str = "VmRSS") -> int | None:
     """A memory line of ``/proc/PID/status`` in KiB (``VmRSS`` now, ``VmHWM`` the
-    peak); None where /proc cannot tell (the process is gone, or no such line). The
-    one parser of that file (bench/machine.py reads it through here)."""
+    peak); None where /proc cannot tell (the process is gone, or no such line).
+    (bench/machine.py keeps its own reader: the benchmarks also run against older
+    trees' lockmq, see ``proc_status_mb`` there.)"""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
