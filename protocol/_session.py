@@ -114,6 +114,12 @@ class ClientSession(_Session):
     (its ErrorCode) or broke the rules. ``ack`` holds the CONNECT_ACK once the
     state is ESTABLISHED. Encode every frame after that with :meth:`seal`.
 
+    Pipelining: once :meth:`receive` has returned the AUTH, requests may follow it at
+    once, sealed with :meth:`seal` (in the same write): the broker reads them after the
+    AUTH and only if it accepted it (SPEC 2, "Pipelined requests"). Their answers come
+    after the CONNECT_ACK. A lock whose sequence numbers are not confirmed yet waits
+    for the CONNECT_ACK's ``last_seq`` instead.
+
     ``mac=True`` (a lock with its device key, on plain TCP) asks for frame MACs:
     the broker must confirm with a tagged CONNECT_ACK, else the session fails
     (BAD_MAC) -- an on-path attacker cannot strip the request.
@@ -168,6 +174,10 @@ class ClientSession(_Session):
             else:
                 proof = self.secret
             self.state = CHALLENGED
+            if self.mac:
+                # the key is known now: requests pipelined behind the AUTH are sealed
+                from ._mac import session_key
+                self.mac_key = session_key(self.secret, nonce, self.cnonce, self.name)
             return encode_frame(_OP_AUTH, self.name, auth_body(self.method, self.cnonce, proof),
                                 opaque)
         if state == CHALLENGED:
@@ -178,8 +188,6 @@ class ClientSession(_Session):
                 if not frame.flags & _FLAG_MAC:
                     self.state = CLOSING
                     raise fatal_error("the broker did not confirm frame MACs", _E_BAD_MAC)
-                from ._mac import session_key
-                self.mac_key = session_key(self.secret, self.nonce, self.cnonce, self.name)
             self._open(frame)
             self.ack = _Ack(*connect_ack_fields(frame.body))
             self.state = ESTABLISHED

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode,
-                             Op, Role, Subscribe, decode_body)
+                             Op, Publish, PublishAck, Role, Subscribe, decode_body)
 from lockmq.security import CommandRefused, CommandVerifier, Permissions
 from lockmq.testing import Peer, SecureBroker, refusal, run_cli
 
@@ -279,3 +279,47 @@ def test_challenges_of_closed_connections_are_forgotten(env):
     while broker.metrics()["lockmq_security_challenges_outstanding"] > 0:
         assert time.monotonic() < deadline, "challenges of closed connections kept"
         time.sleep(0.05)
+
+
+def _stored(broker, token: str, topic: str) -> int:
+    admin = Peer(broker.port, "")
+    try:
+        admin.auth_token(token)
+        topics = {t["topic"]: t for t in admin.admin("topics")["topics"]}
+    finally:
+        admin.close()
+    return topics[topic]["queue_end"] if topic in topics else 0
+
+
+def test_publishes_pipelined_behind_a_refused_auth_are_never_stored(env):
+    """SPEC 2, "Pipelined requests": what follows a refused AUTH is never read."""
+    broker, _, _, tok = env
+    w = Peer(broker.port, "LOCK-A")
+    try:
+        early = [(Op.PUBLISH, Publish("lock.pipelined", s, 0, b"x" * 24).encode())
+                 for s in (1, 2)]
+        err = refusal(lambda: w.auth_lock(os.urandom(32), early=early))
+        assert err.code == ErrorCode.AUTH_FAILED
+        assert w.read(5) is None                # closed, the publishes unanswered
+    finally:
+        w.close()
+    assert _stored(broker, tok["ops"], "lock.pipelined") == 0
+
+
+def test_publishes_pipelined_behind_auth_with_frame_macs(env):
+    """The session key is known when the AUTH is sent: pipelined frames are sealed
+    (counter 0 onwards), the CONNECT_ACK is the broker's first tagged frame."""
+    broker, _, keys, tok = env
+    w = Peer(broker.port, "LOCK-C")
+    try:
+        early = [(Op.PUBLISH, Publish("lock.pipelined-mac", s, 0, b"x" * 24).encode())
+                 for s in (1, 2, 3)]
+        w.auth_lock(keys["LOCK-C"], early=early, mac=True)
+        assert w.session.mac_key is not None
+        for o in w.early_opaques:
+            f = w.answer_frame(o)
+            w.session.receive(f)               # its tag checked and stripped
+            assert decode_body(f.opcode, f.body).status == PublishAck.STORED
+    finally:
+        w.close()
+    assert _stored(broker, tok["ops"], "lock.pipelined-mac") == 3

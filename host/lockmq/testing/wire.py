@@ -13,7 +13,7 @@ import os
 import socket
 import ssl
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lockmq.protocol import (Ack, AuthMethod, Challenge, ClientSession, Connect, ConnectAck,
                              ErrorReply, Flag, FrameDecoder, Messages, Nack, Op, Publish,
@@ -60,6 +60,8 @@ class Peer:
         self.challenge: Challenge | None = None
         self.connect_ack: ConnectAck | None = None
         self.sent_auth: bytes = b""
+        self.session: ClientSession | None = None
+        self.early_opaques: list[int] = []
 
     # -- frames -----------------------------------------------------------------------
     def next_opaque(self) -> int:
@@ -169,9 +171,16 @@ class Peer:
         self.challenge = self.request(Op.CONNECT, Connect(role, 30, "test").encode())
         return self.challenge
 
-    def handshake(self, role: int, method: int, secret: bytes) -> ConnectAck:
-        """CONNECT, CHALLENGE, AUTH, CONNECT_ACK through the protocol's ClientSession."""
-        session = ClientSession(role, self.sn, method, secret, "test")
+    def handshake(self, role: int, method: int, secret: bytes,
+                  early: Sequence[tuple[int, bytes]] = (), mac: bool = False) -> ConnectAck:
+        """CONNECT, CHALLENGE, AUTH, CONNECT_ACK through the protocol's ClientSession.
+
+        ``early``: requests ``(opcode, body)`` sent in the AUTH's write, before the
+        CONNECT_ACK (SPEC 2, "Pipelined requests"); their opaques are kept in
+        ``early_opaques``. ``mac``: ask for frame MACs; ``session`` then opens the
+        answers (``session.receive(frame)`` checks and strips their tags)."""
+        session = ClientSession(role, self.sn, method, secret, "test", mac=mac)
+        self.session = session
         opaque = self.next_opaque()
         self.sock.sendall(session.connect_frame(opaque))
         challenge = self.answer_frame(opaque)
@@ -181,14 +190,18 @@ class Peer:
         dec = FrameDecoder()
         dec.feed(auth)
         self.sent_auth = dec.next_frame().body   # kept for the replay tests
-        self.sock.sendall(auth)
+        self.early_opaques = [self.next_opaque() for _ in early]
+        self.sock.sendall(auth + b"".join(session.seal(op, self.sn, body, o)
+                                          for (op, body), o in zip(early, self.early_opaques)))
         session.receive(self.answer_frame(opaque))
         self.connect_ack = session.ack
         return session.ack
 
-    def auth_lock(self, key: bytes, role: int = Role.LOCK) -> ConnectAck:
-        """Log in as the lock ``sn`` with its device key."""
-        return self.handshake(role, AuthMethod.DEVICE_HMAC, key)
+    def auth_lock(self, key: bytes, role: int = Role.LOCK,
+                  early: Sequence[tuple[int, bytes]] = (), mac: bool = False) -> ConnectAck:
+        """Log in as the lock ``sn`` with its device key (``early``, ``mac``: as
+        :meth:`handshake`)."""
+        return self.handshake(role, AuthMethod.DEVICE_HMAC, key, early, mac)
 
     def auth_token(self, token: str) -> ConnectAck:
         """Log in as a service with a token."""
