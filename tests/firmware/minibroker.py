@@ -48,6 +48,11 @@ class MiniBroker:
         self.heartbeats: list[Heartbeat] = []
         self.errors: list[str] = []
         self.pending_commands: dict[str, list[bytes]] = {}   # sent with the CONNECT_ACK
+        #: > 0: after an AUTH, wait up to this many seconds for a frame before sending
+        #: the CONNECT_ACK (a lock that pipelines sends one; one that waits does not)
+        self.hold_connect_ack_s = 0.0
+        #: (sn, seq) of the PUBLISHes received before their session's CONNECT_ACK was sent
+        self.early: list[tuple[str, int]] = []
         self._writers: dict[str, asyncio.StreamWriter] = {}
         self._all_writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -167,6 +172,16 @@ class MiniBroker:
                 send(Op.ERROR, ErrorReply(ErrorCode.AUTH_FAILED, "authentication failed").encode(), f.opaque)
                 await w.drain()
                 return
+            held = []   # frames that came before the CONNECT_ACK (held, then handled)
+            if self.hold_connect_ack_s > 0:
+                try:
+                    held.append(await asyncio.wait_for(frame(), self.hold_connect_ack_s))
+                except asyncio.TimeoutError:
+                    pass
+                while held and (more := dec.next_frame()) is not None:
+                    held.append(more)
+            self.early += [(sn, Publish.decode(h.body).seq) for h in held
+                           if h.opcode == Op.PUBLISH]
             last = max(self.seqs(sn), default=NO_SEQ)
             ack = encode_frame(Op.CONNECT_ACK, sn, ConnectAck(self.heartbeat_s, 65536,
                                int(time.time() * 1000), last, 1).encode(), f.opaque, Flag.RESPONSE)
@@ -175,7 +190,7 @@ class MiniBroker:
             self.sessions += 1
             self._writers[sn] = w
             while True:
-                f = await frame()
+                f = held.pop(0) if held else await frame()
                 if f.opcode == Op.PUBLISH:
                     p = Publish.decode(f.body)
                     self.publishes += 1

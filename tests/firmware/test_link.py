@@ -279,3 +279,32 @@ def test_a_silent_broker_times_out_and_the_lock_moves_on(flash, broker, lock_fac
         for c in held:
             c.close()
         hung.close()
+
+
+def test_queued_events_go_out_behind_auth_only_when_their_seq_is_trusted(flash, lock_factory):
+    """SPEC 2, "Pipelined requests": a lock reconnecting with events queued sends the
+    first ones in its AUTH's write (the broker here holds its CONNECT_ACK until a frame
+    comes, so a lock that waited for it would send nothing early); a board with
+    provisional numbers waits for the CONNECT_ACK's last_seq instead."""
+    b = MiniBroker({SN: KEY})
+    port = b.port
+    b.hold_connect_ack_s = 1.0
+    try:
+        fast_link(flash, [port], window=2)
+        lk = lock_factory(flash)
+        lk.expect(r"^W sys seq provisional next_seq=1$")    # a fresh board
+        lk.send("event unlock 3")
+        lk.expect(r"^I sys seq confirmed next_seq=4$", timeout=20)
+        lk.expect(r"^I evt acked seq=3$", timeout=20)
+        assert b.early == []                                # provisional: it waited
+        b.stop()
+        lk.expect(r"^W net down")
+        lk.send("event tamper 3")
+        lk.expect(r"^I evt queued seq=6 type=tamper$")
+        b.port = port
+        b.start()
+        lk.expect(r"^I evt acked seq=6$", timeout=20)
+        assert b.early == [(SN, 4), (SN, 5)]                # the window, behind AUTH
+        assert b.seqs(SN) == list(range(1, 7)) and not b.errors
+    finally:
+        b.close()
