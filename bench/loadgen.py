@@ -405,8 +405,9 @@ def whole_frame(data: bytes) -> tuple[int, int, bytes] | None:
 
 class StormLock(asyncio.Protocol):
     """A storm's lock, as lean as a Python lock can be (the generator must not be the
-    limit at 10,000 handshakes a second on one core): handshake, one record, its
-    ack; no task, future or timer of its own, one write per read. Each answer
+    limit at 10,000 handshakes a second on one core): handshake with its record
+    pipelined behind the AUTH (as the firmware does), its ack; no task, future or
+    timer of its own, one write per read. Each answer
     usually arrives alone in its read (``whole_frame``); a ``FrameDecoder`` is made
     only for a lock whose reads are split or joined."""
 
@@ -455,10 +456,11 @@ class StormLock(asyncio.Protocol):
             cn = os.urandom(16)
             proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + nonce + cn + self.snb,
                              hashlib.sha256).digest()
-            self.transport.write(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
-        elif op == Op.CONNECT_ACK:
+            # the record goes in the AUTH's write, as the firmware sends its queued
+            # events (SPEC 2, "Pipelined requests"): its ack follows the CONNECT_ACK
             self.body = storm.tp + struct.pack(">IQ", 0, int(time.time() * 1000)) + storm.payload
-            self.transport.write(encode_frame(Op.PUBLISH, self.snb, self.body, 3))
+            self.transport.write(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2)
+                                 + encode_frame(Op.PUBLISH, self.snb, self.body, 3))
         elif op == Op.ERROR:
             storm.error(self, opaque, body)
 
