@@ -5,7 +5,7 @@ wrong key and with frame MACs: tests/security/test_e2e.py.)"""
 
 from __future__ import annotations
 
-from lockmq.protocol import AuthMethod, ErrorCode, Op, Publish, PublishAck, Role, decode_body
+from lockmq.protocol import AuthMethod, ErrorCode, Flag, Op, Publish, PublishAck, Role, decode_body
 from lockmq.testing import Peer, open_peer
 
 
@@ -70,3 +70,31 @@ def test_a_service_may_pipeline_too(broker):
                 for o in svc.early_opaques] == [PublishAck.STORED] * 2
     finally:
         svc.close()
+
+
+def test_the_connect_ack_comes_in_one_write_with_the_pipelined_acks(broker):
+    """The broker holds the CONNECT_ACK until the pipelined publishes are stored: one
+    write for both (a send and a wake-up fewer per lock in a storm)."""
+    lock = Peer(broker.port, sn="LOCK-P4")
+    try:
+        lock.auth_lock(b"\x00" * 32, early=_events("early4", range(1, 2)))
+        # the publish's ack came in the CONNECT_ACK's read: the decoder holds it
+        # (written apart, it would come ~an fdatasync later, in a read of its own)
+        assert lock.dec.buffered() > 0
+        f = lock.answer_frame(lock.early_opaques[0])
+        assert decode_body(f.opcode, f.body).status == PublishAck.STORED
+    finally:
+        lock.close()
+
+
+def test_pipelined_oneway_publishes_do_not_hold_the_connect_ack(broker):
+    """ONEWAY publishes have no ack to carry the held CONNECT_ACK: it is sent once they
+    are stored (a broker waiting for an ack would leave the lock unconnected)."""
+    lock = Peer(broker.port, sn="LOCK-P5")
+    try:
+        early = [(op, body, Flag.ONEWAY) for op, body in _events("early5", range(1, 3))]
+        lock.auth_lock(b"\x00" * 32, early=early)
+        assert lock.publish("early5", 3).status == PublishAck.STORED
+    finally:
+        lock.close()
+    assert _queue_end(broker.port, "early5") == 3

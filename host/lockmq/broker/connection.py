@@ -298,8 +298,9 @@ class Connection(asyncio.Protocol):
         self.last_seen = time.monotonic()
         dec = self.decoder
         session = self.session
+        was = session.state
         got = None
-        if _scan_publishes is not None and session.state == ESTABLISHED \
+        if _scan_publishes is not None and was == ESTABLISHED \
                 and session.mac_key is None and not self.closed:
             # compiled, a lock's steady state: the read's leading PUBLISH frames
             # scanned straight from its bytes (the decoder held nothing; the session's
@@ -323,6 +324,10 @@ class Connection(asyncio.Protocol):
         c["frames_in"] += n
         if self._pub:
             self._submit_publishes()
+            if was != ESTABLISHED:
+                # publishes pipelined behind the AUTH (SPEC 2): the CONNECT_ACK waits
+                # for their acks, and the lock gets both in one write
+                return
         if self.out:
             self.flush()
 
@@ -781,6 +786,8 @@ class Connection(asyncio.Protocol):
             stored, dup = self._answer_publishes(batch, results, 0)
         c["publish_stored"] += stored
         c["publish_duplicates"] += dup
+        if self.out:   # (a CONNECT_ACK held for them, and they were all ONEWAY)
+            self.flush()
         self._pub_bytes -= size
         if self._paused_for_pub and self._pub_bytes <= \
                 self.services.config.broker.max_conn_buffer_bytes // 2:

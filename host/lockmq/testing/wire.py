@@ -172,10 +172,10 @@ class Peer:
         return self.challenge
 
     def handshake(self, role: int, method: int, secret: bytes,
-                  early: Sequence[tuple[int, bytes]] = (), mac: bool = False) -> ConnectAck:
+                  early: Sequence[tuple[int, ...]] = (), mac: bool = False) -> ConnectAck:
         """CONNECT, CHALLENGE, AUTH, CONNECT_ACK through the protocol's ClientSession.
 
-        ``early``: requests ``(opcode, body)`` sent in the AUTH's write, before the
+        ``early``: requests ``(opcode, body[, flags])`` sent in the AUTH's write, before the
         CONNECT_ACK (SPEC 2, "Pipelined requests"); their opaques are kept in
         ``early_opaques``. ``mac``: ask for frame MACs; ``session`` then opens the
         answers (``session.receive(frame)`` checks and strips their tags)."""
@@ -191,14 +191,14 @@ class Peer:
         dec.feed(auth)
         self.sent_auth = dec.next_frame().body   # kept for the replay tests
         self.early_opaques = [self.next_opaque() for _ in early]
-        self.sock.sendall(auth + b"".join(session.seal(op, self.sn, body, o)
-                                          for (op, body), o in zip(early, self.early_opaques)))
+        self.sock.sendall(auth + b"".join(session.seal(op, self.sn, body, o, *flags)
+                                          for (op, body, *flags), o in zip(early, self.early_opaques)))
         session.receive(self.answer_frame(opaque))
         self.connect_ack = session.ack
         return session.ack
 
     def auth_lock(self, key: bytes, role: int = Role.LOCK,
-                  early: Sequence[tuple[int, bytes]] = (), mac: bool = False) -> ConnectAck:
+                  early: Sequence[tuple[int, ...]] = (), mac: bool = False) -> ConnectAck:
         """Log in as the lock ``sn`` with its device key (``early``, ``mac``: as
         :meth:`handshake`)."""
         return self.handshake(role, AuthMethod.DEVICE_HMAC, key, early, mac)
