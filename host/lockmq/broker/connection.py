@@ -323,10 +323,11 @@ class Connection(asyncio.Protocol):
                 n += self._read_frames()
         c["frames_in"] += n
         if self._pub:
+            # publishes pipelined behind the AUTH (SPEC 2): the CONNECT_ACK waits for
+            # their acks, and the lock gets both in one write (ONEWAY ones have none)
+            hold = was != ESTABLISHED and not all(oneway for _, oneway, _ in self._pub)
             self._submit_publishes()
-            if was != ESTABLISHED:
-                # publishes pipelined behind the AUTH (SPEC 2): the CONNECT_ACK waits
-                # for their acks, and the lock gets both in one write
+            if hold:
                 return
         if self.out:
             self.flush()
@@ -786,8 +787,6 @@ class Connection(asyncio.Protocol):
             stored, dup = self._answer_publishes(batch, results, 0)
         c["publish_stored"] += stored
         c["publish_duplicates"] += dup
-        if self.out:   # (a CONNECT_ACK held for them, and they were all ONEWAY)
-            self.flush()
         self._pub_bytes -= size
         if self._paused_for_pub and self._pub_bytes <= \
                 self.services.config.broker.max_conn_buffer_bytes // 2:
