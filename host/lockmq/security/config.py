@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from lockmq.config import ANY_FREE_PORT
+
 
 @dataclass
 class SecurityConfig:
@@ -152,7 +154,7 @@ class SecurityConfig:
             raise ValueError("security.ipv4_prefix must be in [8, 32]")
         if not 32 <= self.ipv6_prefix <= 128:
             raise ValueError("security.ipv6_prefix must be in [32, 128]")
-        if not -1 <= self.tls_port <= 65535:   # -1: lockmq.config.ANY_FREE_PORT
+        if not ANY_FREE_PORT <= self.tls_port <= 65535:
             raise ValueError(f"security.tls_port = {self.tls_port} is not a port: write a "
                              "port number, 0 (TLS on the main port) or -1 (any free port)")
 

@@ -94,8 +94,8 @@ class StoreConfig:
         if self.flush not in ("sync", "async"):
             raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         if self.writer_sched not in WRITER_SCHED:
-            raise ValueError(f"writer_sched must be 'batch' or 'normal', "
-                             f"not {self.writer_sched!r}")
+            names = " or ".join(repr(policy) for policy in WRITER_SCHED)
+            raise ValueError(f"writer_sched must be {names}, not {self.writer_sched!r}")
         if self.segment_bytes < 1024:
             raise ValueError("segment_bytes must be at least 1024")
         if self.max_record_bytes < 64:

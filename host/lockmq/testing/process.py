@@ -45,6 +45,18 @@ def proc_status_kib(pid: int, key: str = "VmRSS") -> int | None:
     return None
 
 
+def pin_bound_ports(tables: Tables, port: int, tls_port: int | None) -> None:
+    """Write the ports a broker bound into ``tables`` where they say "any" (main port
+    0, TLS port ``ANY_FREE_PORT``): started again from them, a broker keeps the ports
+    its clients know. (The status page may move: nobody keeps its number.)"""
+    broker = tables.setdefault("broker", {})
+    if port and not broker.get("port"):
+        broker["port"] = port
+    security = tables.get("security", {})
+    if tls_port and security.get("tls_port") == ANY_FREE_PORT:
+        security["tls_port"] = tls_port
+
+
 def kill_process(proc: subprocess.Popen[Any] | None) -> None:
     """SIGKILL ``proc`` if it runs and reap it (a crash, a power cut)."""
     if proc is not None and proc.poll() is None:
@@ -160,11 +172,7 @@ class BrokerProcess:
     def write_config(self) -> str:
         """Write ``broker.toml`` (also for CLI commands run before :meth:`start`);
         returns its path."""
-        if self.port:                  # a restart keeps the ports clients know
-            self.tables["broker"]["port"] = self.port
-        security = self.tables.get("security", {})
-        if self.tls_port and security.get("tls_port") == ANY_FREE_PORT:
-            security["tls_port"] = self.tls_port
+        pin_bound_ports(self.tables, self.port, self.tls_port)   # (a restart)
         with open(self.config_path, "w") as fh:
             fh.write(to_toml(self.tables))
         return self.config_path

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from lockmq.config import ANY_FREE_PORT
 from lockmq.security import DeviceRegistry, Permissions, SecurityConfig, TokenStore
 
-from .process import BrokerProcess
+from .process import BrokerProcess, pin_bound_ports
 from .tables import Tables, merge_tables
 
 
@@ -68,11 +68,7 @@ class SecureBroker:
         again (after ``broker.stop()``), it keeps the main and TLS ports it bound first:
         the locks and tokens' holders know them."""
         self.broker = BrokerProcess(str(self.data), self.tables)
-        broker_table = self.tables.setdefault("broker", {})
-        if not broker_table.get("port"):
-            broker_table["port"] = self.broker.port
-        if self.tables.get("security", {}).get("tls_port") == ANY_FREE_PORT:
-            self.tables["security"]["tls_port"] = self.broker.tls_port
+        pin_bound_ports(self.tables, self.broker.port, self.broker.tls_port)
         return self.broker
 
     def close(self) -> None:
