@@ -9,9 +9,9 @@ without per-row Python objects. Shared by the Spark data source, ``lockmq export
 Bad data never raises (except in ``FAILFAST`` mode): a record whose CRC does not
 match, or whose header does not add up, becomes an *error row* (``error`` set,
 ``payload`` = the raw bytes skipped) and is counted in :class:`DecodeStats`. A
-record that runs past the end of the newest segment is torn (still being
-written): it is not read, and the position before it is reported so that a later
-read picks it up once complete.
+record that runs past the end of the newest segment, or into the zeros preallocated
+after its last record, is torn (still being written): it is not read, and the
+position before it is reported so that a later read picks it up once complete.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lockmq.store.records import FORMAT_VERSION as RECORD_FORMAT
-from lockmq.store.records import HEADER_SIZE
+from lockmq.store.records import HEADER_SIZE, trailing_zeros
 
 from . import events
 from .arrays import at_every_byte
@@ -202,6 +202,10 @@ def scan(
                 k = int(mismatch[0])
                 positions.extend(ps[:k])
                 p_bad, rec_end = ps[k], ends[k]
+                if not closed and trailing_zeros(buf, p_bad, end) < rec_end:
+                    # it runs into the newest segment's preallocated zeros: a record
+                    # being written (its bytes are not all there yet), not damage
+                    return positions, bad, p_bad, trailing_zeros(buf, p_bad, end) - p_bad
                 if rec_end == end or record_ok(buf, rec_end, end):
                     nxt = rec_end  # only this record's bytes are damaged
                 else:
@@ -218,9 +222,13 @@ def scan(
         length = _LEN.unpack_from(buf, pos)[0]
         if length >= MIN_LENGTH:
             break  # runs past the end: torn (or being written)
-        if length == 0 and not any(mv[pos:end]):
+        data_end = trailing_zeros(buf, pos, end)
+        if data_end == pos:
             # zero-filled, never-written tail: the end of data (for now, if live)
             return positions, bad, (end if closed else pos), 0
+        if not closed and data_end < pos + 8:
+            # the newest segment: a length field being written over the zeros
+            return positions, bad, pos, data_end - pos
         nxt = _resync(buf, pos, end)
         bad.append((pos, nxt - pos, f"bad record length {length}"))
         pos = nxt

@@ -149,8 +149,9 @@ def test_online_backup_restores_every_acknowledged_record(tmp_path):
     assert acked_before <= seen
 
 
-def _stopped_data_dir(path: str, records: int) -> None:
-    """A data directory with ``records`` records in two topics, store closed."""
+def _stopped_data_dir(path: str, records: int) -> int:
+    """A data directory with ``records`` records in two topics, store closed; returns
+    the log end (the newest segment has preallocated zeros after it)."""
     from lockmq.store import NewRecord
 
     async def fill():
@@ -158,8 +159,9 @@ def _stopped_data_dir(path: str, records: int) -> None:
         await store.append([NewRecord("doors" if i % 2 else "alarms", "SN1", i,
                                       1_700_000_000_000, b"p%d" % i) for i in range(records)])
         await store.close()
+        return store.log_end
 
-    asyncio.run(fill())
+    return asyncio.run(fill())
 
 
 def test_backup_leaves_out_a_torn_tail_and_refuses_a_bad_destination(tmp_path):
@@ -167,10 +169,13 @@ def test_backup_leaves_out_a_torn_tail_and_refuses_a_bad_destination(tmp_path):
     from lockmq.store.names import SEGMENT_DIR, list_segments, segment_name
 
     data = str(tmp_path / "data")
-    _stopped_data_dir(data, 200)
+    log_end = _stopped_data_dir(data, 200)
     seg_dir = os.path.join(data, SEGMENT_DIR)
-    last = os.path.join(seg_dir, segment_name(list_segments(seg_dir)[-1]))
-    with open(last, "ab") as f:   # a record being written when the backup reads it
+    base = list_segments(seg_dir)[-1]
+    last = os.path.join(seg_dir, segment_name(base))
+    assert os.path.getsize(last) > log_end - base   # the zeros ahead
+    with open(last, "r+b") as f:   # a record being written when the backup reads it
+        f.seek(log_end - base)
         f.write(b"\x40\x00\x00\x00torn")
     rep = backup(data, str(tmp_path / "bk"))
     assert rep.bytes_cut == 8

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from lockmq.spark import generate
-from lockmq.spark.layout import list_segments
+from lockmq.spark.layout import complete_end, list_segments
 from lockmq.spark.logwriter import encode
 
 
@@ -61,15 +61,22 @@ def test_stream_limits_torn_tail_rerun_and_retention(spark, tmp_path, fleet_reco
     assert len(batches) == -(-half // 2000)
     assert all(b["numInputRows"] <= 2000 for b in batches)
     assert spark.read.parquet(out).count() == half
-    # 2: a writer is in the middle of a record on the live segment: nothing new to read
+    # 2: a writer is in the middle of a record on the live segment, over the zeros
+    #    preallocated after its last record: nothing new to read
     seg = list_segments(src)[-1]
+    with open(seg.path, "rb") as f:
+        data = f.read()
+    at = complete_end(data, 0, len(data))   # the records' end
+    assert at < len(data)
     rec = encode("lock.events", "LATE1", 1, 1_767_225_600_000, 1_767_225_600_000_000, b"tail")
-    with open(seg.path, "ab") as f:
+    with open(seg.path, "r+b") as f:
+        f.seek(at)
         f.write(rec[:21])
     assert _stream_once(spark, src, out, ckpt, maxRecordsPerTrigger=2000) == []
     # 3: the record completes, more records arrive (new segments), and retention
     #    deletes the two oldest segments between runs
-    with open(seg.path, "ab") as f:
+    with open(seg.path, "r+b") as f:
+        f.seek(at + 21)
         f.write(rec[21:])
     for old in list_segments(src)[:2]:
         os.remove(old.path)

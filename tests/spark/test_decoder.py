@@ -177,6 +177,41 @@ def test_zero_filled_tail_is_end_of_data(tmp_path):
     assert plan.latest(logs)[logs[0].key] == seg.end
 
 
+@pytest.mark.parametrize("visible", [2, 6, 17, 40])
+def test_record_being_written_over_preallocated_zeros_is_torn(tmp_path, visible):
+    """The engine's newest segment has zeros after its last record; a record that
+    a writer has put only ``visible`` bytes of over them (its length field, or part
+    of it) is torn while the segment is live, and read once it is whole."""
+    d = str(tmp_path / "data")
+    generate.write_store(d, [generate.GenRecord("lock.events", "SN1", i, 1, 1, b"p%d" % i)
+                             for i in range(30)], segment_bytes=1 << 20)
+    (seg,) = list_segments(d)
+    with open(seg.path, "rb") as f:
+        data = f.read()
+    logs = find_logs(d)
+    end = plan.latest(logs)[logs[0].key]
+    assert len(data) > end - seg.base and not any(data[end - seg.base:])
+    rec = encode("lock.events", "SN9", 1000, 1, 1_700_000_001_000_000, b"late")
+    with open(seg.path, "r+b") as f:
+        f.seek(end - seg.base)
+        f.write(rec[:visible])
+    assert plan.latest(logs)[logs[0].key] == end
+    stats = DecodeStats()
+    rows = list(decode_file(seg.path, seg.base, closed=False, stats=stats))
+    assert sum(b.num_rows for b in rows) == 30 and stats.corrupt == 0
+    assert 0 < stats.torn_bytes <= visible
+    closed = DecodeStats()   # the same bytes in a closed segment are damage
+    list(decode_file(seg.path, seg.base, closed=True, stats=closed))
+    assert closed.corrupt == 1
+    with open(seg.path, "r+b") as f:
+        f.seek(end - seg.base + visible)
+        f.write(rec[visible:])
+    assert plan.latest(logs)[logs[0].key] == end + len(rec)
+    tab = pa.Table.from_batches(list(decode_file(seg.path, seg.base, start=end - seg.base,
+                                                 closed=False)))
+    assert tab["seq"].to_pylist() == [1000]
+
+
 def test_packing_many_small_segments(tmp_path):
     d = str(tmp_path / "data")
     _write(d, 3000, segment_bytes=4096)

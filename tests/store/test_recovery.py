@@ -19,8 +19,9 @@ SEG = 2048
 
 def _crash_image(data_dir, tmp_path):
     """Build a directory as a crash would leave it: a checkpoint after phase 1, then a
-    phase-2 tail that no checkpoint covers. Returns (image dir, checkpoint offset,
-    [(offset, size, topic, sn, seq)] of every acknowledged record)."""
+    phase-2 tail that no checkpoint covers, and the active segment's preallocated
+    zeros after it. Returns (image dir, checkpoint offset, [(offset, topic, sn, seq)]
+    of every acknowledged record, the log end)."""
     cfg = dict(segment_bytes=SEG, checkpoint_interval_ms=10**9, checkpoint_bytes=10**12)
     acked = []
 
@@ -39,10 +40,11 @@ def _crash_image(data_dir, tmp_path):
             acked.append((a.offset, a.topic, r[0].sn, r[0].seq))
         image = tmp_path / "image"
         shutil.copytree(data_dir, image)  # the state at the crash: store still open
+        log_end = s.log_end
         await s.close()
-        return image, cp_end
-    image, cp_end = run(main())
-    return image, cp_end, acked
+        return image, cp_end, log_end
+    image, cp_end, log_end = run(main())
+    return image, cp_end, acked, log_end
 
 
 def _file_and_pos(image, offset):
@@ -61,21 +63,21 @@ def _crash_image_once(tmp_path_factory):
 @pytest.fixture
 def crash_image(_crash_image_once, tmp_path):
     """A private copy of the crash image (tests damage it)."""
-    image0, cp_end, acked = _crash_image_once
+    image0, cp_end, acked, log_end = _crash_image_once
     image = tmp_path / "copy"
     shutil.copytree(image0, image)
-    return image, cp_end, acked
+    return image, cp_end, acked, log_end
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_path, seed):
-    image0, cp_end, acked = crash_image
+    image0, cp_end, acked, end = crash_image
     image = tmp_path / f"img{seed}"
     shutil.copytree(image0, image)
     rnd = random.Random(seed)
     seg_dir = os.path.join(image, "message.log")
     bases = list_segments(seg_dir)
-    end = bases[-1] + os.path.getsize(os.path.join(seg_dir, segment_name(bases[-1])))
+    last = os.path.join(seg_dir, segment_name(bases[-1]))
     kind = rnd.choice(["truncate", "flip", "zeros", "garbage"])
     p = rnd.randrange(cp_end, end)
     path, fpos = _file_and_pos(image, p)
@@ -85,27 +87,24 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
         for b in bases:  # a crash loses whole later segments too
             if b > p:
                 os.unlink(os.path.join(seg_dir, segment_name(b)))
-        end_after_damage = p
+        pass
     elif kind == "flip":
         with open(path, "r+b") as f:
             f.seek(fpos)
             byte = f.read(1)[0]
             f.seek(fpos)
             f.write(bytes([byte ^ (1 << rnd.randrange(8))]))
-        end_after_damage = end
     elif kind == "zeros":
         n = rnd.randint(1, 300)
         size = os.path.getsize(path)
         with open(path, "r+b") as f:
             f.seek(fpos)
             f.write(bytes(min(n, size - fpos)))
-        end_after_damage = end
-    else:
-        last = os.path.join(seg_dir, segment_name(bases[-1]))
-        with open(last, "ab") as f:
+    else:  # garbage where the preallocated zeros were
+        with open(last, "r+b") as f:
+            f.seek(end - bases[-1])
             f.write(rnd.randbytes(rnd.randint(1, 200)))
         p = end
-        end_after_damage = end + os.path.getsize(last) - (end - bases[-1])
     # records that end at or before the damage point survive; none after it
     offsets = sorted(acked)
     sizes = {}
@@ -119,6 +118,11 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
     else:
         keep = offsets
     cut_at = keep[-1][0] + sizes[keep[-1][0]] if keep else 0
+    # what recovery reports cut: the damaged bytes up to the preallocated zeros (a
+    # last record zeroed whole reads as never written: nothing is cut)
+    remaining = list_segments(seg_dir)
+    with open(os.path.join(seg_dir, segment_name(remaining[-1])), "rb") as f:
+        end_after_damage = max(cut_at, remaining[-1] + len(f.read().rstrip(b"\0")))
 
     async def check():
         s = Store.open(config(image, segment_bytes=SEG))
@@ -149,8 +153,14 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
 
 
 def test_recovery_reads_only_the_tail(crash_image):
-    image, cp_end, acked = crash_image
+    image, cp_end, acked, log_end = crash_image
+    seg_dir = os.path.join(image, "message.log")
+    active = list_segments(seg_dir)[-1]
+    with open(os.path.join(seg_dir, segment_name(active)), "rb") as f:
+        data = f.read()
+    assert len(data) == SEG and not any(data[log_end - active:])   # preallocated zeros
     s = Store.open(config(image, segment_bytes=SEG))
+    assert s.log_end == log_end   # the zeros are where the records end, not a cut
     assert s.recovery.scanned_from == cp_end
     assert s.recovery.scanned_records == 100 and not s.recovery.bytes_cut
     assert s.recovery.scanned_bytes == s.log_end - cp_end
@@ -163,7 +173,7 @@ def test_recovery_reads_only_the_tail(crash_image):
 @pytest.mark.parametrize("damage", ["no-checkpoint", "bad-checkpoint", "index-deleted",
                                     "index-garbage", "index-torn-entry", "index-ahead"])
 def test_indexes_are_rebuilt_from_the_log(crash_image, damage):
-    image, _cp_end, acked = crash_image
+    image, _cp_end, acked, _log_end = crash_image
     if damage == "no-checkpoint":
         os.unlink(os.path.join(image, "checkpoint"))
     elif damage == "bad-checkpoint":
@@ -201,7 +211,7 @@ def test_empty_and_fresh_directories(data_dir):
 
 
 def test_lost_tail_of_a_closed_segment_cuts_everything_after_it(crash_image):
-    image, cp_end, acked = crash_image
+    image, cp_end, acked, _log_end = crash_image
     seg_dir = os.path.join(image, "message.log")
     bases = list_segments(seg_dir)
     assert len(bases) >= 3 and bases[-2] > cp_end

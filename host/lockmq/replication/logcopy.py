@@ -39,6 +39,9 @@ class LogCopy:
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._active = Segment(self.seg_dir, self.base)
         self._active.open_writer()
+        # a store's preallocated zeros (this directory was a primary's): segments
+        # this copy closes must end where their last record ends
+        self._active.truncate(self.end - self.base, durable=True)
         self._clusters: dict[str, Any] = {}
 
     def append(self, base: int, data: bytes, qstart: dict[str, int] | None) -> None:

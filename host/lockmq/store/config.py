@@ -52,6 +52,12 @@ class StoreConfig:
             duplicates.
         dedup_max_sns: how many locks (SNs) the dedup table remembers; the least
             recently written are forgotten first.
+        preallocate_bytes: how far ahead of its last record the active segment's
+            file is already written with zeros (4 MiB; 0: no preallocation). A group
+            commit that only overwrites zeros leaves the file size alone, so its
+            fdatasync flushes data without a file-system journal commit. The zeros
+            are written, and made durable, by the commit that comes within half of
+            this of their end; a closed segment is cut to its last record.
         max_record_bytes: largest encoded record accepted (capped at segment_bytes).
         max_batch_bytes: most bytes written by one group commit.
         max_pending_bytes: bytes waiting for the writer above which
@@ -75,6 +81,7 @@ class StoreConfig:
     min_free_bytes: int = 256 * MiB
     dedup_window: int = 1024
     dedup_max_sns: int = 200_000
+    preallocate_bytes: int = 4 * MiB
     max_record_bytes: int = 1 * MiB
     max_batch_bytes: int = 4 * MiB
     max_pending_bytes: int = 64 * MiB
@@ -85,7 +92,7 @@ class StoreConfig:
         for name in ("segment_bytes", "flush_interval_ms", "checkpoint_interval_ms",
                      "checkpoint_bytes", "min_free_bytes", "dedup_window", "dedup_max_sns",
                      "max_record_bytes", "max_batch_bytes", "max_pending_bytes",
-                     "retention_ms", "retention_bytes", "segment_ms"):
+                     "retention_ms", "retention_bytes", "segment_ms", "preallocate_bytes"):
             value = getattr(self, name)
             if value is None and name in OPTIONAL_LIMITS:
                 continue
@@ -107,8 +114,9 @@ class StoreConfig:
                 raise ValueError(f"{name} must be positive")
         if self.dedup_window > 65535:
             raise ValueError("dedup_window must be at most 65535")
-        if self.min_free_bytes < 0:
-            raise ValueError("min_free_bytes must be >= 0")
+        for name in ("min_free_bytes", "preallocate_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
         for name in OPTIONAL_LIMITS:
             value = getattr(self, name)
             if value is not None and value <= 0 and value != FOREVER:

@@ -18,7 +18,7 @@ from .index import ENTRY, ENTRY_SIZE, HEADER, HEADER_SIZE, INDEX_VERSION, MAGIC,
 from .names import (CHECKPOINT, SEGMENT_DIR, index_file_name, index_files, list_segments,
                     positions_files)
 from .positions import parse as parse_positions
-from .records import StoredRecord, check_record, decode_record, scan
+from .records import StoredRecord, check_record, decode_record, scan, trailing_zeros
 from .segment import Segment
 
 
@@ -70,9 +70,12 @@ def check_dir(data_dir: str) -> CheckReport:
                     a.append(base + rv.pos)
                     rep.records += 1
                     pos = rv.pos + rv.size
-                if pos < size:
+                last = i == len(segs) - 1
+                if pos < size and last and trailing_zeros(mm, pos, size) == pos:
+                    size = pos   # the active segment's preallocated zeros
+                elif pos < size:
                     why = check_record(mm, pos, size)
-                    where = "tail of the last segment" if i == len(segs) - 1 else "segment"
+                    where = "tail of the last segment" if last else "segment"
                     rep.problems.append(
                         f"{where} {base}: {why} at offset {base + pos}; {size - pos} bytes "
                         "after it are unreadable (recovery cuts them)")
@@ -166,5 +169,5 @@ def iter_records(data_dir: str, start_offset: int = 0) -> Iterator[StoredRecord]
             for rv in scan(mm, pos, size):
                 yield decode_record(mm[rv.pos:rv.pos + rv.size], 0, base + rv.pos)
                 pos = rv.pos + rv.size
-            if pos < size:
+            if pos < size and not (i == len(segs) - 1 and trailing_zeros(mm, pos, size) == pos):
                 raise CorruptRecord(f"offset {base + pos}: {check_record(mm, pos, size)}")

@@ -268,6 +268,22 @@ def check_record(buf: bytes | memoryview, pos: int, end: int) -> str | None:
     return None
 
 
+def trailing_zeros(buf: bytes | memoryview, pos: int, end: int) -> int:
+    """Where the run of zero bytes that ends at ``end`` starts (``pos`` at the
+    earliest). It is ``pos`` when ``buf[pos:end]`` holds only zeros: the preallocated,
+    never-written tail of an active segment, where its records end (FORMAT.md).
+    Read backwards 64 KiB at a time."""
+    step = 1 << 16
+    hi = end
+    while hi > pos:
+        lo = max(pos, hi - step)
+        n = len(bytes(buf[lo:hi]).rstrip(b"\0"))
+        if n:
+            return lo + n
+        hi = lo
+    return pos
+
+
 def scan(buf: bytes | memoryview, pos: int, end: int) -> Iterator[RecordView]:
     """Yield every valid record from ``pos`` on; stop at ``end`` or the first bad one.
 

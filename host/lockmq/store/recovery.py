@@ -20,7 +20,7 @@ from .dedup import DedupTable
 from .files import fsync_dir
 from .index import ENTRY, IndexError_, TopicIndex
 from .names import SEGMENT_DIR, TMP_SUFFIX, index_file_name, index_files
-from .records import HEADER, HEADER_SIZE, check_record
+from .records import HEADER, HEADER_SIZE, check_record, trailing_zeros
 from .segment import SegmentList
 
 log = logging.getLogger("lockmq.store")
@@ -34,7 +34,8 @@ class RecoveryReport:
         full_scan: True if no usable checkpoint existed and the whole log was read.
         scanned_from: commit-log offset where scanning started.
         scanned_bytes / scanned_records: log read and re-indexed after that point.
-        bytes_cut: bytes removed from the end of the log (torn or corrupt tail).
+        bytes_cut: bytes removed from the end of the log (torn or corrupt tail; not
+            the preallocated zeros after it).
         records_cut: records (whole or torn) that were in the removed bytes, as far
             as their framing could still be followed.
         cut_reason: why the tail was cut ("" if nothing was cut).
@@ -188,11 +189,18 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
                 pos, n = _scan_segment(mm, start, size, base, pending, dedup)
                 rep.scanned_records += n
             rep.scanned_bytes += pos - start
-            if pos < size:
+            # only the newest segment is preallocated: zeros at its end are not data
+            last = j == len(bases) - 1
+            data_end = trailing_zeros(mm, pos, size) if last and mm is not None else size
+            if pos < size and data_end == pos and last:
+                # the active segment's preallocated zeros: its records end here, and
+                # the writer goes on writing over them
+                log_end = base + pos
+            elif pos < size:
                 why = check_record(mm, pos, size) if mm is not None else "empty"
                 rep.cut_reason = f"{why} at offset {base + pos}"
-                rep.records_cut = count_cut_records(mm, pos, size) if mm is not None else 0
-                rep.bytes_cut = size - pos
+                rep.records_cut = count_cut_records(mm, pos, data_end) if mm is not None else 0
+                rep.bytes_cut = data_end - pos   # zeros after them were never data
                 cut = (j, pos)
             elif j + 1 < len(bases) and base + size != bases[j + 1]:
                 # a lost tail of a closed segment (or a stray file): later segments
@@ -207,9 +215,11 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
         k, cut_pos = cut
         for later in list(segs)[k + 1:]:
             with later.mapped() as (mm, size):
+                data_end = size if later is not segs.active or mm is None \
+                    else trailing_zeros(mm, 0, size)
                 if mm is not None:
-                    rep.records_cut += count_cut_records(mm, 0, size)
-                rep.bytes_cut += size
+                    rep.records_cut += count_cut_records(mm, 0, data_end)
+                rep.bytes_cut += data_end
         segs.delete_after(k)
         segs.active.truncate(cut_pos, durable=True)
         fsync_dir(segs.seg_dir)

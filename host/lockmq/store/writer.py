@@ -159,6 +159,10 @@ class GroupCommit:
         self._active = segments.active  # the writer's active segment (may run ahead)
         self._active.open_writer()
         self._w_end = log_end
+        self._prealloc = config.preallocate_bytes
+        #: how far the active segment's file is written, records or zeros (its size)
+        self._zeroed_to = os.fstat(self._active.write_fd).st_size
+        self._zeros = memoryview(bytes(self._prealloc))
         self._pending: list = []
         self._pending_bytes = 0
         self._lock = threading.Lock()
@@ -554,16 +558,35 @@ class GroupCommit:
             self._free_used -= nbytes
             raise StoreFull(f"only {free} bytes free on the data disk, reserve is {reserve}")
 
+    def _zeros_ahead(self, plan: _Plan) -> tuple[int, int]:
+        """``(file position, bytes)`` of the zeros this commit writes ahead of the
+        active segment's new end (``preallocate_bytes``), ``(0, 0)`` for none.
+
+        They go out when the records come within half of ``preallocate_bytes`` of the
+        zeros' end, up to ``preallocate_bytes`` past the records (never past
+        ``segment_bytes``): the commit that writes them pays the file-size change.
+        """
+        last = plan.chunks[-1]
+        end = plan.end - last.base
+        zeroed = 0 if last.new else self._zeroed_to
+        if not self._prealloc or zeroed - end >= self._prealloc // 2:
+            return 0, 0
+        start = max(zeroed, end)
+        stop = min(end + self._prealloc, self.config.segment_bytes)
+        return (start, stop - start) if stop > start else (0, 0)
+
     def _write(self, plan: _Plan) -> None:
-        """Index entries, log bytes, fdatasync; undo on error (StoreFull on ENOSPC)."""
+        """Index entries, log bytes, zeros ahead, fdatasync; undo on error (StoreFull
+        on ENOSPC)."""
+        zpos, zlen = self._zeros_ahead(plan)
         if self.config.min_free_bytes:
-            self._check_free_space(plan.nbytes)
+            self._check_free_space(plan.nbytes + zlen)
         idx_undo: list[tuple[TopicIndex, int]] = []
         created: list[Segment] = []
         written: list[Segment] = []
         old = self._active
         if _commit_write is not None and len(plan.chunks) == 1 and not plan.chunks[0].new:
-            self._write_one(plan, idx_undo)
+            self._write_one(plan, idx_undo, zpos, zlen)
             return
         try:
             for t, first, blob in plan.index.values():
@@ -579,19 +602,30 @@ class GroupCommit:
                     seg.write_at(ch.parts[0] if len(ch.parts) == 1 else b"".join(ch.parts),
                                  ch.file_pos)
                     written.append(seg)
+            synced = list(written)
+            if zlen:
+                last = created[-1] if created else old
+                last.write_at(self._zeros[:zlen], zpos)
+                if last not in synced:
+                    synced.append(last)
             for ch in plan.chunks:
                 if ch.new:
                     ch.segment.write_qstart(ch.qstart or {})  # type: ignore[union-attr]
+            old_end = created[0].base - old.base if created else 0
+            cut_old = bool(created) and self._zeroed_to > old_end
+            if cut_old:
+                # a closed segment ends where its last record ends (its zeros go)
+                old.truncate(old_end)
+            if cut_old and old not in synced:
+                synced.append(old)
             if self._sync:
-                for seg in written:
+                for seg in synced:
                     seg.sync()
-                self.stats["fsyncs"] += len(written)
+                self.stats["fsyncs"] += len(synced)
             elif created:
                 # a closed segment is always durable, also in async mode
-                old.sync()
-                for seg in written:
-                    if seg is not old and seg is not written[-1]:
-                        seg.sync()
+                for seg in (old, *created[:-1]):
+                    seg.sync()
             if created:
                 fsync_dir(self._segments.seg_dir)
         except OSError as exc:
@@ -607,6 +641,8 @@ class GroupCommit:
                 seg.close_writer()
             self._active = created[-1]
             self._active_first_ms = None
+            self._zeroed_to = 0
+        self._zeroed_to = max(self._zeroed_to, plan.end - self._active.base, zpos + zlen)
         self._wrote(now, self._active in written)
 
     def _wrote(self, now: float, active_written: bool) -> None:
@@ -619,10 +655,12 @@ class GroupCommit:
         if not self._sync:
             self._unsynced = True
 
-    def _write_one(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]]) -> None:
+    def _write_one(self, plan: _Plan, idx_undo: list[tuple[TopicIndex, int]],
+                   zpos: int, zlen: int) -> None:
         """:meth:`_write` of the common commit -- every record in the active segment,
-        no roll -- in one C call: index pwrites, one log pwrite, fdatasync (``sync``),
-        with the GIL released once rather than per system call."""
+        no roll -- in one C call: index pwrites (and the zeros ahead, if due), one log
+        pwrite, fdatasync (``sync``), with the GIL released once rather than per
+        system call."""
         seg = self._active
         ch = plan.chunks[0]
         writes = []
@@ -630,11 +668,14 @@ class GroupCommit:
             idx = t.index
             idx_undo.append((idx, idx.count))
             writes.append((idx.fd, blob, idx.entry_pos(first)))
+        if zlen:
+            writes.append((seg.write_fd, self._zeros[:zlen], zpos))
         try:
             _commit_write(writes, seg.write_fd, ch.parts, ch.file_pos,  # type: ignore[misc]
                           self._sync)
         except OSError as exc:
             raise self._undo_failed_write(plan, idx_undo, [], exc)
+        self._zeroed_to = max(self._zeroed_to, plan.end - seg.base, zpos + zlen)
         for t, first, blob in plan.index.values():
             t.index.wrote(first, len(blob) // ENTRY_SIZE)
         if self._sync:
@@ -662,6 +703,8 @@ class GroupCommit:
                 self._active.truncate(first.file_pos)
             for seg in created:
                 seg.delete()
+            # the zeros ahead may be gone with the cut, or never have been written
+            self._zeroed_to = os.fstat(self._active.write_fd).st_size
         except OSError as exc:  # cannot even undo: stop writing
             self.failed = exc
             log.error("store: undoing a failed batch failed: %r", exc)
