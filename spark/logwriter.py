@@ -15,6 +15,8 @@ import os
 from lockmq.store.names import SEGMENT_DIR, list_segments, segment_name
 from lockmq.store.records import NewRecord, encode_record
 
+from .layout import complete_end
+
 #: no size limit for records written here (benchmarks write large ones)
 _NO_LIMIT = 1 << 32
 
@@ -39,7 +41,12 @@ class LogWriter:
         existing = list_segments(self.dir)
         if existing:
             self.base = existing[-1]
-            self.pos = os.path.getsize(os.path.join(self.dir, segment_name(self.base)))
+            with open(os.path.join(self.dir, segment_name(self.base)), "r+b") as f:
+                data = f.read()
+                # go on after the last whole record (the file is appended to): cut a
+                # store's preallocated zeros, or a torn record, as recovery would
+                self.pos = complete_end(data, 0, len(data))
+                f.truncate(self.pos)
 
     @property
     def offset(self) -> int:

@@ -40,3 +40,29 @@ def test_logwriter_continues_the_newest_segment(tmp_path):
     assert len(segs) > 1 and os.path.basename(segs[-1].path) == f"{segs[-1].base:020d}.log"
     again = LogWriter(str(tmp_path), segment_bytes=200)
     assert again.offset == segs[-1].end
+
+
+def test_logwriter_continues_a_store_after_its_last_record(tmp_path):
+    """The engine's newest segment ends in preallocated zeros: the writer goes on
+    after the records, not after the zeros."""
+    d = str(tmp_path / "engine")
+
+    async def main():
+        s = Store.open(StoreConfig(data_dir=d, min_free_bytes=0))
+        await s.append([NewRecord("t", "SN1", i, 1, b"x") for i in range(3)])
+        await s.close()
+        return s.log_end
+
+    end = asyncio.run(main())
+    w = LogWriter(d)
+    assert w.offset == end
+    w.append("t", "SN1", 3, 1, 1, b"y")
+    w.close()
+
+    async def reopen():
+        s = Store.open(StoreConfig(data_dir=d, min_free_bytes=0))
+        seqs = [r.seq for r in s.read("t", 0, 10)]
+        await s.close()
+        return seqs
+
+    assert asyncio.run(reopen()) == [0, 1, 2, 3]
