@@ -88,3 +88,32 @@ def test_disk_reserve_refuses_before_the_disk_is_full(small_fs):
         await s.close()
     run(main())
     assert check_dir(str(data)).ok
+
+
+@pytest.mark.parametrize("reserve", [0, 128 * 1024])
+def test_no_room_for_the_zeros_ahead_still_stores_records(small_fs, reserve):
+    """512 KiB of disk and 1 MiB of zeros wanted ahead: the records go in without
+    them, until the records themselves fill the disk (or reach the reserve)."""
+    data = small_fs / "data"
+
+    async def main():
+        s = Store.open(config(data, segment_bytes=4 << 20, preallocate_bytes=1 << 20,
+                              min_free_bytes=reserve))
+        stored = 0
+        with pytest.raises(StoreFull):
+            for i in range(1000):
+                await s.append([rec("t", "S", i, size=1000)])
+                stored += 1
+        assert stored > 100   # hundreds of KB of records, not none
+        got = s.read("t", 0, 10**6)
+        assert [g.seq for g in got] == list(range(stored))
+        await s.close()
+        return stored
+    stored = run(main())
+
+    async def reopen():
+        s = Store.open(config(data, segment_bytes=4 << 20))
+        assert s.queue_end("t") == stored
+        await s.close()
+    run(reopen())
+    assert check_dir(str(data)).ok

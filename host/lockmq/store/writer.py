@@ -163,6 +163,7 @@ class GroupCommit:
         #: how far the active segment's file is written, records or zeros (its size)
         self._zeroed_to = os.fstat(self._active.write_fd).st_size
         self._zeros = memoryview(bytes(self._prealloc))
+        self._no_room_for_zeros = False   # (logged once per spell of a full disk)
         self._pending: list = []
         self._pending_bytes = 0
         self._lock = threading.Lock()
@@ -577,8 +578,21 @@ class GroupCommit:
 
     def _write(self, plan: _Plan) -> None:
         """Index entries, log bytes, zeros ahead, fdatasync; undo on error (StoreFull
-        on ENOSPC)."""
+        on ENOSPC). A disk without room for the zeros gets the records alone."""
         zpos, zlen = self._zeros_ahead(plan)
+        if zlen:
+            try:
+                self._write_with(plan, zpos, zlen)
+                self._no_room_for_zeros = False
+                return
+            except StoreFull:   # (undone: the same plan can be written again)
+                if not self._no_room_for_zeros:
+                    log.warning("store: no room for %d bytes of zeros ahead of the log "
+                                "end; writing records without them", zlen)
+                self._no_room_for_zeros = True
+        self._write_with(plan, 0, 0)
+
+    def _write_with(self, plan: _Plan, zpos: int, zlen: int) -> None:
         if self.config.min_free_bytes:
             self._check_free_space(plan.nbytes + zlen)
         idx_undo: list[tuple[TopicIndex, int]] = []
