@@ -586,6 +586,8 @@ class GroupCommit:
                 self._no_room_for_zeros = False
                 return
             except StoreFull:   # (undone: the same plan can be written again)
+                if self.failed is not None:   # the undo itself failed: stop here
+                    raise
                 if not self._no_room_for_zeros:
                     log.warning("store: no room for %d bytes of zeros ahead of the log "
                                 "end; writing records without them", zlen)
@@ -593,6 +595,7 @@ class GroupCommit:
         self._write_with(plan, 0, 0)
 
     def _write_with(self, plan: _Plan, zpos: int, zlen: int) -> None:
+        """:meth:`_write` with ``zlen`` bytes of zeros at ``zpos`` (0: none)."""
         if self.config.min_free_bytes:
             self._check_free_space(plan.nbytes + zlen)
         idx_undo: list[tuple[TopicIndex, int]] = []
