@@ -202,10 +202,11 @@ def scan(
                 k = int(mismatch[0])
                 positions.extend(ps[:k])
                 p_bad, rec_end = ps[k], ends[k]
-                if not closed and trailing_zeros(buf, p_bad, end) < rec_end:
+                zeros_from = end if closed else trailing_zeros(buf, p_bad, end)
+                if zeros_from < rec_end:
                     # it runs into the newest segment's preallocated zeros: a record
                     # being written (its bytes are not all there yet), not damage
-                    return positions, bad, p_bad, trailing_zeros(buf, p_bad, end) - p_bad
+                    return positions, bad, p_bad, zeros_from - p_bad
                 if rec_end == end or record_ok(buf, rec_end, end):
                     nxt = rec_end  # only this record's bytes are damaged
                 else:

@@ -87,7 +87,6 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
         for b in bases:  # a crash loses whole later segments too
             if b > p:
                 os.unlink(os.path.join(seg_dir, segment_name(b)))
-        pass
     elif kind == "flip":
         with open(path, "r+b") as f:
             f.seek(fpos)

@@ -628,13 +628,11 @@ class GroupCommit:
             for ch in plan.chunks:
                 if ch.new:
                     ch.segment.write_qstart(ch.qstart or {})  # type: ignore[union-attr]
-            old_end = created[0].base - old.base if created else 0
-            cut_old = bool(created) and self._zeroed_to > old_end
-            if cut_old:
+            if created and self._zeroed_to > created[0].base - old.base:
                 # a closed segment ends where its last record ends (its zeros go)
-                old.truncate(old_end)
-            if cut_old and old not in synced:
-                synced.append(old)
+                old.truncate(created[0].base - old.base)
+                if old not in synced:
+                    synced.append(old)
             if self._sync:
                 for seg in synced:
                     seg.sync()
