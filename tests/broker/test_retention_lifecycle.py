@@ -3,6 +3,7 @@ over real TCP with the broker on a ManualClock: simulated hours pass in no time.
 
 from __future__ import annotations
 
+import json
 import os
 
 from lockmq.clock import ManualClock
@@ -15,11 +16,22 @@ DAY = 24 * HOUR
 T0 = 1_700_000_000_000
 
 
-def _publish(port: int, topic: str, start: int, n: int) -> None:
-    p = open_peer(port, sn="LOCK-R", role=Role.LOCK)
+def _publish(b, topic: str, start: int, n: int) -> None:
+    """Publish as the lock LOCK-R, then wait until the broker has stored its offline
+    ``$devices`` record: written after the lock leaves, it must not land after the
+    test moves the clock (it would be a write at the new time)."""
+    core = b.broker.core
+
+    def offline_records() -> int:
+        recs = b.call(lambda: core.store.read("$devices", 0, 10_000))
+        return sum(1 for r in recs if json.loads(r.payload).get("event") == "offline")
+
+    before = offline_records()
+    p = open_peer(b.port, sn="LOCK-R", role=Role.LOCK)
     for seq in range(start, start + n):
         p.publish(topic, seq, b"x" * 200)
     p.close()
+    wait_for(lambda: offline_records() > before, "LOCK-R's offline record to be stored")
 
 
 def _cluster(peer: Peer, name: str) -> dict:
@@ -37,7 +49,7 @@ def test_an_abandoned_cluster_no_longer_keeps_the_log_and_skips_forward(make_bro
     clock = ManualClock(T0)
     b = make_broker(clock=clock, **_settings())
     core = b.broker.core
-    _publish(b.port, "t1", 0, 200)
+    _publish(b, "t1", 0, 200)
     c = open_peer(b.port)
     sub = c.subscribe("t1", "cli").sub_id           # `lockmq consume t1 -n 1`
     assert len(drain(c, sub, 1, batch=1)) == 1
@@ -47,7 +59,7 @@ def test_an_abandoned_cluster_no_longer_keeps_the_log_and_skips_forward(make_bro
     wait_for(lambda: _cluster(live, "cli").get("live") is False or
           not _cluster(live, "cli").get("members"), "the cli member to leave")
     clock.advance(3 * HOUR)
-    _publish(b.port, "t1", 200, 200)
+    _publish(b, "t1", 200, 200)
     segments = lambda: len(os.listdir(os.path.join(core.store.data_dir, "message.log")))  # noqa: E731
     before = segments()
     b.call(core.enforce_retention)
@@ -82,7 +94,7 @@ def test_unused_clusters_expire_and_the_clock_survives_a_restart(make_broker, tm
     data = str(tmp_path / "data")
     settings = _settings(offsets_retention_ms=DAY)
     b = make_broker(data_dir=data, clock=clock, **settings)
-    _publish(b.port, "t", 0, 10)
+    _publish(b, "t", 0, 10)
     old = open_peer(b.port)
     sub = old.subscribe("t", "old").sub_id
     drain(old, sub, 10)
@@ -119,7 +131,7 @@ def test_forever_keeps_clusters_and_the_timer_closes_a_quiet_segment(make_broker
                     broker={"retention_interval_s": 0.02},
                     clusters={"offsets_retention_ms": -1})
     core = b.broker.core
-    _publish(b.port, "q", 0, 3)
+    _publish(b, "q", 0, 3)
     p = open_peer(b.port)
     p.subscribe("q", "keep")
     p.close()
