@@ -456,6 +456,19 @@ KIND_W = 14
 RATIO_W = {k: max(9, len("x " + k)) for k in RATIO_TO}
 
 
+def ceiling_notes(name: str, medians: dict[str, float]) -> list[str]:
+    """Where the compiled ack floor -- a lockmq server in C that parses and acks and
+    stores nothing -- stands against each peer with the same load generator. When the
+    generator sets the rate, this is about as far as any lockmq server gets: what the
+    lockmq client side costs the generator (CRC-16 both ways, longer frames) is in it."""
+    floor = medians.get("c-ack")
+    if not floor:
+        return []
+    return [f"ceiling: {name}: c-ack, a lockmq server that stores nothing, reaches "
+            f"{floor / medians[peer]:.2f}x {peer} with this generator"
+            for peer in ("mosquitto", "redis") if medians.get(peer)]
+
+
 def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
     """The summary table: min/median/max, lockmq's ratios to every other server, targets."""
     print("\nsummary (min / median / max over runs; x S = lockmq median / median of S; "
@@ -503,6 +516,8 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                                         f"{kind}, may be the limit of its rate")
                 print(f"{name:18s} {fig:12s} {kind:{KIND_W}s} {fmt(lo):>10s} {fmt(med):>10s} "
                       f"{fmt(hi):>10s}  {ratios}  {target}")
+            if fig == "rate":
+                warnings.extend(ceiling_notes(name, medians))
     for line in warnings:
         print(line)
 

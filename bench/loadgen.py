@@ -160,6 +160,9 @@ ACK_SIZE = len(_STORED_ACK)
 ACK_STATUS_AT = HEADER_SIZE + SUBHEADER_SIZE
 _OPAQUE = struct.Struct(">I")
 _CRC = struct.Struct(">H").pack
+#: CRC-16/CCITT-FALSE: the compiled one (eight bytes a step: ~2.7x faster than
+#: ``binascii.crc_hqx`` per 72-byte PUBLISH, call included), else the standard library's
+crc16 = accel.speedups.crc16 if accel.COMPILED else crc_hqx
 #: wall clock minus monotonic clock, taken once: a record's lock time in ms is
 #: ``(monotonic + WALL_MINUS_MONO) * 1000`` without reading the wall clock per read
 WALL_MINUS_MONO = time.time() - time.monotonic()
@@ -168,9 +171,9 @@ WALL_MINUS_MONO = time.time() - time.monotonic()
 def is_stored_ack(frame: bytes) -> bool:
     """``frame`` is exactly one intact PUBLISH_ACK of a stored record: header, length,
     status 0, and CRC-16 (CRC-16/CCITT-FALSE over a frame and its own big-endian CRC
-    is 0, so the whole frame is checked in one ``crc_hqx`` call, no slice)."""
+    is 0, so the whole frame is checked in one ``crc16`` call, no slice)."""
     return (len(frame) == ACK_SIZE and frame.startswith(ACK_HEAD)
-            and not frame[ACK_STATUS_AT] and not crc_hqx(frame, 0xFFFF))
+            and not frame[ACK_STATUS_AT] and not crc16(frame, 0xFFFF))
 
 
 def scan_acks(buf: bytes, pos: int, opaques: list[int]) -> int:
@@ -181,7 +184,7 @@ def scan_acks(buf: bytes, pos: int, opaques: list[int]) -> int:
     end = len(buf)
     while (end - pos >= ACK_SIZE and buf.startswith(ACK_HEAD, pos)
            and not buf[pos + ACK_STATUS_AT]
-           and not crc_hqx(buf[pos:pos + ACK_SIZE], 0xFFFF)):
+           and not crc16(buf[pos:pos + ACK_SIZE], 0xFFFF)):
         opaques.append(_OPAQUE.unpack_from(buf, pos + 9)[0])
         pos += ACK_SIZE
     return pos
@@ -189,7 +192,7 @@ def scan_acks(buf: bytes, pos: int, opaques: list[int]) -> int:
 
 class PublishFrames:
     """The PUBLISH frames of one lock on one topic with one payload: the frame header
-    is computed once, each frame is one ``struct`` pack and one ``crc_hqx`` — the
+    is computed once, each frame is one ``struct`` pack and one ``crc16`` — the
     bytes of ``encode_frame(Op.PUBLISH, sn, publish_body(tp, seq, payload), opaque)``."""
 
     def __init__(self, snb: bytes, tp: bytes, payload: bytes) -> None:
@@ -203,7 +206,7 @@ class PublishFrames:
     def frame(self, opaque: int, seq: int, ts_ms: int) -> bytes:
         """One PUBLISH frame (flags 0: answered by a PUBLISH_ACK)."""
         data = self.pack(self.head, opaque, self.tp, seq, ts_ms, self.payload)
-        return data + _CRC(crc_hqx(data, 0xFFFF))
+        return data + _CRC(crc16(data, 0xFFFF))
 
 
 class LeanLock(Windowed):
@@ -242,7 +245,7 @@ class LeanLock(Windowed):
         self.sent_at[seq + 1] = now
         # the record's lock time from the read's monotonic clock (no second clock call)
         data = f.pack(f.head, seq + 1, f.tp, seq, int((now + WALL_MINUS_MONO) * 1000), f.payload)
-        self.out.append(data + _CRC(crc_hqx(data, 0xFFFF)))
+        self.out.append(data + _CRC(crc16(data, 0xFFFF)))
 
     def _resend(self, opaque: int) -> None:
         if opaque in self.sent_at and self.transport is not None:
@@ -253,7 +256,7 @@ class LeanLock(Windowed):
         if self.partial:   # a frame split across reads is being put together
             self._decode(data, now)
         elif (len(data) == ACK_SIZE and data.startswith(ACK_HEAD) and not data[ACK_STATUS_AT]
-              and not crc_hqx(data, 0xFFFF)):
+              and not crc16(data, 0xFFFF)):
             # the steady state at one in flight, one intact stored ack per read
             # (``is_stored_ack`` inlined: this runs once per record)
             self._acked(_OPAQUE.unpack_from(data, 9)[0], now)

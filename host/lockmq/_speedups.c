@@ -54,7 +54,7 @@
 
 /* ---------------------------------------------------------------- checksums */
 
-static uint16_t crc16_table[256];     /* CRC-16/CCITT-FALSE, poly 0x1021 */
+static uint16_t crc16_table[8][256];  /* CRC-16/CCITT-FALSE, poly 0x1021, slicing by 8 */
 static uint32_t crc32_table[8][256];  /* zlib's CRC-32, slicing by 8 */
 
 static void init_tables(void)
@@ -63,22 +63,36 @@ static void init_tables(void)
         uint16_t c = (uint16_t)(i << 8);
         for (int k = 0; k < 8; k++)
             c = (c & 0x8000) ? (uint16_t)((c << 1) ^ 0x1021) : (uint16_t)(c << 1);
-        crc16_table[i] = c;
+        crc16_table[0][i] = c;
         uint32_t d = (uint32_t)i;
         for (int k = 0; k < 8; k++)
             d = (d & 1) ? (d >> 1) ^ 0xEDB88320u : d >> 1;
         crc32_table[0][i] = d;
     }
     for (int i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
+        for (int t = 1; t < 8; t++) {
             crc32_table[t][i] = (crc32_table[t - 1][i] >> 8)
                                 ^ crc32_table[0][crc32_table[t - 1][i] & 0xFF];
+            /* byte i followed by t zero bytes (CRC-16 is MSB first) */
+            crc16_table[t][i] = (uint16_t)((crc16_table[t - 1][i] << 8)
+                                           ^ crc16_table[0][crc16_table[t - 1][i] >> 8]);
+        }
 }
 
 static uint16_t crc16(const uint8_t *p, Py_ssize_t n, uint16_t crc)
 {
+    /* eight bytes per step: every frame in and every ack out is checked whole (a
+     * byte at a time, this was ~2 % of the broker's CPU at one record per read) */
+    while (n >= 8) {
+        crc = (uint16_t)(crc16_table[7][p[0] ^ (crc >> 8)] ^ crc16_table[6][p[1] ^ (crc & 0xFF)]
+                         ^ crc16_table[5][p[2]] ^ crc16_table[4][p[3]]
+                         ^ crc16_table[3][p[4]] ^ crc16_table[2][p[5]]
+                         ^ crc16_table[1][p[6]] ^ crc16_table[0][p[7]]);
+        p += 8;
+        n -= 8;
+    }
     while (n--)
-        crc = (uint16_t)((crc << 8) ^ crc16_table[((crc >> 8) ^ *p++) & 0xFF]);
+        crc = (uint16_t)((crc << 8) ^ crc16_table[0][((crc >> 8) ^ *p++) & 0xFF]);
     return crc;
 }
 
@@ -1162,6 +1176,7 @@ error:   /* nothing of this call stays queued: the caller answers the error */
  * lock's budget (-1: no limit). Slots carry a generation so that an answer for a
  * socket released (and its fd number reused) is never written to the new one. */
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -1180,6 +1195,8 @@ typedef struct {
     long long limit;      /* above it, the socket is not read */
     unsigned long long gen;
     int paused;
+    int bailed;           /* poll(defer=1) gave it up: out of the set, its unread bytes
+                             in tail, until take_bails() or release() hands it back */
     uint8_t *tail;        /* a partial frame carried to the next read */
     Py_ssize_t tail_len;
 } lane_slot;
@@ -1194,7 +1211,23 @@ typedef struct {
     uint8_t *rbuf;
     Py_ssize_t rsize;
     Py_ssize_t adopted;   /* sockets in the lane now */
+    Py_ssize_t bailed;    /* of them, bailed and not yet taken back */
+    /* Two threads call the lane (the loop, and the store's writer through poll):
+     * each call holds this (recursive) for its whole run, because a call can let the
+     * other thread run Python in its middle (an allocation's garbage collection). */
+    pthread_mutex_t mu;
 } LaneObject;
+
+/* Take the lane's mutex; while another thread holds it, without the GIL (that thread
+ * may need the GIL to finish its call). */
+static void lane_lock(LaneObject *ln)
+{
+    if (pthread_mutex_trylock(&ln->mu) != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&ln->mu);
+        Py_END_ALLOW_THREADS
+    }
+}
 
 /* one record of a poll: whose ack it is */
 typedef struct {
@@ -1281,6 +1314,8 @@ static PyObject *lane_detach(LaneObject *ln, int fd, const uint8_t *extra, Py_ss
     lane_slot *s = ln->slots[fd];
     ln->slots[fd] = NULL;
     ln->adopted--;
+    if (s->bailed)
+        ln->bailed--;
     if (!s->paused)   /* (a paused socket is out of the set already) */
         epoll_ctl(ln->epfd, EPOLL_CTL_DEL, fd, NULL);   /* (fails only if fd was closed) */
     PyObject *data = PyBytes_FromStringAndSize(NULL, s->tail_len + n);
@@ -1324,6 +1359,11 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     LaneObject *ln = (LaneObject *)type->tp_alloc(type, 0);
     if (ln == NULL)
         return NULL;
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&ln->mu, &attr);
+    pthread_mutexattr_destroy(&attr);
     ln->epfd = -1;
     ln->next_gen = 1;
     ln->max_frame = max_frame;
@@ -1351,6 +1391,7 @@ static void lane_clear_slots(LaneObject *ln)
             ln->slots[fd] = NULL;
         }
     ln->adopted = 0;
+    ln->bailed = 0;
 }
 
 static void lane_dealloc(LaneObject *ln)
@@ -1360,6 +1401,7 @@ static void lane_dealloc(LaneObject *ln)
     PyMem_Free(ln->rbuf);
     if (ln->epfd >= 0)
         close(ln->epfd);
+    pthread_mutex_destroy(&ln->mu);
     Py_TYPE(ln)->tp_free((PyObject *)ln);
 }
 
@@ -1369,7 +1411,7 @@ static PyObject *lane_fileno(LaneObject *ln, PyObject *unused)
 }
 
 /* adopt(fd, conn, sn, topics, credit, limit) */
-static PyObject *lane_adopt(LaneObject *ln, PyObject *args)
+static PyObject *lane_adopt_unlocked(LaneObject *ln, PyObject *args)
 {
     int fd;
     PyObject *conn, *sn, *topics;
@@ -1420,7 +1462,7 @@ static PyObject *lane_adopt(LaneObject *ln, PyObject *args)
 }
 
 /* release(fd) -> (conn, held bytes, credit left), or None if fd is not in the lane */
-static PyObject *lane_release(LaneObject *ln, PyObject *args)
+static PyObject *lane_release_unlocked(LaneObject *ln, PyObject *args)
 {
     int fd;
     if (!PyArg_ParseTuple(args, "i:release", &fd))
@@ -1517,16 +1559,43 @@ error:
     return -1;
 }
 
-/* poll(max_records) -> (records, plan, bails, bytes_in, frames_in)
+/* Keep a socket the lane gives up (poll with defer) until the loop takes it back:
+ * out of the set, the bytes it did not take (``extra``) after its held partial frame. */
+static int lane_defer_bail(LaneObject *ln, lane_slot *s, int fd, const uint8_t *extra,
+                           Py_ssize_t n)
+{
+    if (n > 0) {
+        uint8_t *t = PyMem_Realloc(s->tail, s->tail_len + n);
+        if (t == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memmove(t + s->tail_len, extra, n);
+        s->tail = t;
+        s->tail_len += n;
+    }
+    if (!s->paused && lane_watch(ln, fd, EPOLL_CTL_DEL, 0) < 0)
+        return -1;
+    s->paused = 1;
+    s->bailed = 1;
+    ln->bailed++;
+    return 0;
+}
+
+/* poll(max_records, defer=0) -> (records, plan, bails, bytes_in, frames_in)
  *
  * Reads each ready socket once. ``records``: NewRecords for the store, in order;
  * ``plan``: whose ack each is (for answer()); ``bails``: (conn, bytes, credit) of
  * each socket the lane gave back this poll (bytes: what Python must read now, empty
- * at EOF or on an error: the transport, reading again, sees it). */
-static PyObject *lane_poll(LaneObject *ln, PyObject *args)
+ * at EOF or on an error: the transport, reading again, sees it). With ``defer``
+ * (a thread other than the loop's polls), a socket given up stays in the lane,
+ * unread and holding those bytes, until the loop takes it back with take_bails()
+ * or release(): so the loop never sees a socket that is in neither place. */
+static PyObject *lane_poll_unlocked(LaneObject *ln, PyObject *args)
 {
     Py_ssize_t max_records;
-    if (!PyArg_ParseTuple(args, "n:poll", &max_records))
+    int defer = 0;
+    if (!PyArg_ParseTuple(args, "n|p:poll", &max_records, &defer))
         return NULL;
     struct epoll_event ev[LANE_EVENTS];
     int k = epoll_wait(ln->epfd, ev, LANE_EVENTS, 0);
@@ -1556,6 +1625,11 @@ static PyObject *lane_poll(LaneObject *ln, PyObject *args)
             continue;
         PyObject *bail;
         if (r <= 0) {   /* EOF or a socket error: the transport reads it again */
+            if (defer) {   /* (its tail still holds the partial frame, if any) */
+                if (lane_defer_bail(ln, s, fd, NULL, 0) < 0)
+                    goto error;
+                continue;
+            }
             bail = lane_detach(ln, fd, NULL, 0);
         } else {
             Py_ssize_t n = held + r;
@@ -1575,6 +1649,11 @@ static PyObject *lane_poll(LaneObject *ln, PyObject *args)
                 continue;
             }
             bytes_in -= n - pos;   /* (Python counts what it reads) */
+            if (defer) {
+                if (lane_defer_bail(ln, s, fd, ln->rbuf + pos, n - pos) < 0)
+                    goto error;
+                continue;
+            }
             bail = lane_detach(ln, fd, ln->rbuf + pos, n - pos);
         }
         if (bail == NULL || PyList_Append(bails, bail) < 0) {
@@ -1608,7 +1687,7 @@ static int is_appended(PyObject *a)
  * Python's); (2, conn, acks, frames) when the socket left the lane (Python writes
  * them); (3, conn, unsent, held, credit) when the socket did not take its acks
  * whole (the lane gave it back as release() does; Python writes the rest). */
-static PyObject *lane_answer(LaneObject *ln, PyObject *args)
+static PyObject *lane_answer_unlocked(LaneObject *ln, PyObject *args)
 {
     PlanObject *plan;
     PyObject *results;
@@ -1636,7 +1715,7 @@ static PyObject *lane_answer(LaneObject *ln, PyObject *args)
         lane_slot *s = lane_slot_of(ln, e->fd, e->gen);
         if (s != NULL) {
             s->pending -= size;
-            if (s->paused && s->pending <= s->limit / 2) {
+            if (s->paused && !s->bailed && s->pending <= s->limit / 2) {
                 if (lane_watch(ln, e->fd, EPOLL_CTL_ADD, EPOLLIN) < 0)
                     goto error;
                 s->paused = 0;
@@ -1723,16 +1802,62 @@ error:
     return NULL;
 }
 
-static PyObject *lane_len(LaneObject *ln, PyObject *unused)
+/* take_bails() -> [(conn, bytes, credit)]: every socket poll(defer=1) gave up, out of
+ * the lane now (bytes: what Python must read first, as poll's bails). */
+static PyObject *lane_take_bails_unlocked(LaneObject *ln, PyObject *unused)
+{
+    PyObject *bails = PyList_New(0);
+    if (bails == NULL)
+        return NULL;
+    for (int fd = 0; fd < ln->nslots && ln->bailed > 0; fd++) {
+        lane_slot *s = ln->slots[fd];
+        if (s == NULL || !s->bailed)
+            continue;
+        PyObject *bail = lane_detach(ln, fd, NULL, 0);
+        if (bail == NULL || PyList_Append(bails, bail) < 0) {
+            Py_XDECREF(bail);
+            Py_DECREF(bails);
+            return NULL;
+        }
+        Py_DECREF(bail);
+    }
+    return bails;
+}
+
+/* bailed() -> how many sockets poll(defer=1) gave up that the loop has not taken */
+static PyObject *lane_bailed_unlocked(LaneObject *ln, PyObject *unused)
+{
+    return PyLong_FromSsize_t(ln->bailed);
+}
+
+static PyObject *lane_len_unlocked(LaneObject *ln, PyObject *unused)
 {
     return PyLong_FromSsize_t(ln->adopted);
 }
 
-static PyObject *lane_close(LaneObject *ln, PyObject *unused)
+static PyObject *lane_close_unlocked(LaneObject *ln, PyObject *unused)
 {
     lane_clear_slots(ln);
     Py_RETURN_NONE;
 }
+
+/* The methods, each under the lane's mutex (see LaneObject.mu). */
+#define LANE_LOCKED(name)                                              \
+    static PyObject *name(LaneObject *ln, PyObject *args)              \
+    {                                                                  \
+        lane_lock(ln);                                                 \
+        PyObject *res = name##_unlocked(ln, args);                     \
+        pthread_mutex_unlock(&ln->mu);                                 \
+        return res;                                                    \
+    }
+LANE_LOCKED(lane_adopt)
+LANE_LOCKED(lane_release)
+LANE_LOCKED(lane_poll)
+LANE_LOCKED(lane_answer)
+LANE_LOCKED(lane_take_bails)
+LANE_LOCKED(lane_bailed)
+LANE_LOCKED(lane_len)
+LANE_LOCKED(lane_close)
 
 static PyMethodDef lane_methods[] = {
     {"fileno", (PyCFunction)lane_fileno, METH_NOARGS, "The epoll fd the loop watches."},
@@ -1741,7 +1866,11 @@ static PyMethodDef lane_methods[] = {
     {"release", (PyCFunction)lane_release, METH_VARARGS,
      "release(fd) -> (conn, held bytes, credit left), or None: give fd back to Python."},
     {"poll", (PyCFunction)lane_poll, METH_VARARGS,
-     "poll(max_records) -> (records, plan, bails, bytes_in, frames_in)"},
+     "poll(max_records, defer=False) -> (records, plan, bails, bytes_in, frames_in)"},
+    {"take_bails", (PyCFunction)lane_take_bails, METH_NOARGS,
+     "take_bails() -> [(conn, bytes, credit)]: the sockets poll(defer=True) gave up."},
+    {"bailed", (PyCFunction)lane_bailed, METH_NOARGS,
+     "How many sockets poll(defer=True) gave up and take_bails() has not taken."},
     {"answer", (PyCFunction)lane_answer, METH_VARARGS,
      "answer(plan, results) -> (stored, duplicates, frames_out, bytes_out, leftovers)"},
     {"adopted", (PyCFunction)lane_len, METH_NOARGS, "How many sockets are in the lane."},

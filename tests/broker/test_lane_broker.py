@@ -92,6 +92,77 @@ def test_a_heartbeat_and_a_command_are_answered_and_the_lock_joins_again(
     assert _stored_seqs(broker, 9) == list(range(1, 10))
 
 
+def _hold_next_commit(broker: BrokerThread) -> tuple[threading.Event, threading.Event]:
+    """The broker store's next group commit waits, before it writes, until the test
+    sets ``release`` (in-process fault injection: the store, its files and the sockets
+    stay real). Returns (``started``: the commit waits now, ``release``)."""
+    started, release = threading.Event(), threading.Event()
+
+    def patch() -> None:
+        writer = broker.broker.core.store._writer
+        write = writer._write
+
+        def held(plan: Any) -> None:
+            writer._write = write   # (once)
+            started.set()
+            release.wait(10)
+            write(plan)
+        writer._write = held
+    broker.call(patch)
+    return started, release
+
+
+def _writer_waits(broker: BrokerThread) -> None:
+    """Until the broker store's writer thread waits for work (the last commit's answer
+    reaches the loop before the writer goes round to wait)."""
+    wait_for(lambda: broker.call(lambda: broker.broker.core.store._writer._w_idle),
+             "the store's writer to wait for work")
+
+
+def test_what_arrives_during_a_commit_is_read_by_the_writer_before_the_next(
+        broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    started, release = _hold_next_commit(broker)
+    # the first write is read by the loop and starts a commit; the next ones come
+    # while it runs and go to the store's writer, which reads them before the next
+    # commit -- the heartbeat among them too: the loop takes the socket back then
+    beat = encode_frame(Op.HEARTBEAT, SN, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80,
+                                                    1000).encode(), 7)
+    lock.raw(_publish_frame(4, 4))
+    assert started.wait(10)
+    lock.raw(_publish_frame(5, 5) + _publish_frame(6, 6))
+    lock.raw(_publish_frame(7, 7) + beat + _publish_frame(8, 8))
+    release.set()
+    frames = [lock.read() for _ in range(6)]
+    assert [(f.opcode, f.opaque) for f in frames if f.opcode == Op.PUBLISH_ACK] == \
+        [(Op.PUBLISH_ACK, seq) for seq in range(4, 9)]
+    assert [f.opaque for f in frames if f.opcode == Op.HEARTBEAT] == [7]
+    assert _stat(broker, "lane_writer_reads") >= 1
+    assert _stat(broker, "lane_bails") == 1
+    assert _stored_seqs(broker, 8) == list(range(1, 9))
+
+
+def test_a_stalled_writer_gives_the_lane_back_to_the_loop(broker: BrokerThread) -> None:
+    lock = _steady_lock(broker)
+    _writer_waits(broker)   # (so it takes the next batch before the hold stops it)
+    with broker.broker.core.store.writes_held():   # (a disk that hangs)
+        # read by the loop, which leaves the next read to the writer; the writer had
+        # taken this batch already and commits it, then hangs before reading again
+        lock.raw(_publish_frame(4, 4))
+        assert lock.read().opaque == 4
+        hb = lock.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80,
+                                                  1000).encode())
+        # answered while the writer still cannot write: the loop read it
+        assert isinstance(hb, Heartbeat)
+        assert _stat(broker, "lane_writer_stalls") == 1
+        lock.raw(_publish_frame(5, 5))
+        with pytest.raises(TimeoutError):
+            lock.read(timeout=0.3)   # (held: not acked yet)
+    ack = lock.read()
+    assert ack.opaque == 5 and PublishAck.decode(ack.body).status == PublishAck.STORED
+    assert _stored_seqs(broker, 5) == [1, 2, 3, 4, 5]
+
+
 def test_a_bad_frame_read_in_the_lane_gets_the_decoders_error(broker: BrokerThread) -> None:
     lock = _steady_lock(broker)
     bad = bytearray(_publish_frame(7, 7))
@@ -116,8 +187,29 @@ def test_a_lock_hanging_up_in_the_lane_goes_offline(broker: BrokerThread) -> Non
     assert _stored_seqs(broker, 3) == [1, 2, 3]
 
 
-def test_a_lock_that_does_not_read_its_acks_gets_every_one_later(broker: BrokerThread) -> None:
+def _slow_writer_appends(broker: BrokerThread, seconds: float) -> None:
+    """Each append the store's writer thread makes from its lane read waits ``seconds``
+    first: a writer preempted between its read and its append, as on a busy machine."""
+    def patch() -> None:
+        core = broker.broker.core
+        append = core.append_known_then
+
+        def slow(*args: Any, **kw: Any) -> None:
+            if threading.current_thread().name == "lockmq-store-writer":
+                time.sleep(seconds)
+            append(*args, **kw)
+        core.append_known_then = slow
+    broker.call(patch)
+
+
+@pytest.mark.parametrize("writer", ["as_is", "slow_appends"])
+def test_a_lock_that_does_not_read_its_acks_gets_every_one_later(broker: BrokerThread,
+                                                                 writer: str) -> None:
     lock = _steady_lock(broker)
+    if writer == "slow_appends":
+        # (the loop gives the full socket back to Python while the writer holds
+        # records it read from it: the Python path must not queue later ones first)
+        _slow_writer_appends(broker, 0.05)
     lock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
     def small_send_buffer() -> None:   # (the broker's end: so that it fills soon)

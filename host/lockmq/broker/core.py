@@ -190,16 +190,43 @@ class BrokerCore:
         """:meth:`append` answered through ``then(results, error)`` (``Store.append_then``:
         the publish path's fast way, no task per group commit), through the same
         :attr:`after_durable` gate."""
-        store = self.store
-        if store is None:
-            raise StoreClosed("the store is not open")
-        gate = self.after_durable
-        if gate is not None:   # sync replication: answered once the standby has it too
-            then = _gated(store, gate, then)
+        store, then = self._gate(then)
         if self._sys_batch:   # (storm: the $devices records ride this append)
             self._append_with_system(store, records, then)
             return
         store.append_then(records, then)
+
+    def append_known_then(self, records: list[NewRecord], then: Then) -> None:
+        """:meth:`append_then` from the store's writer thread (the lane's reads before
+        each commit, :meth:`read_before_commit`): the same gate, but no waiting system
+        record rides along (they are the loop's) and a topic without an index raises
+        :class:`~lockmq.store.TopicNotOpen` instead of being created."""
+        store, then = self._gate(then)
+        store.append_then(records, then, known_topics=True)
+
+    def _gate(self, then: Then) -> tuple[Store, Then]:
+        """The open store, and ``then`` behind the :attr:`after_durable` gate if
+        there is one (sync replication: answered once the standby has it too)."""
+        store = self.store
+        if store is None:
+            raise StoreClosed("the store is not open")
+        gate = self.after_durable
+        if gate is not None:
+            then = _gated(store, gate, then)
+        return store, then
+
+    def read_before_commit(self, source: Callable[[], None] | None) -> bool:
+        """Run ``source()`` on the store's writer thread before each group commit
+        (None: stop); False if there is no store to run it."""
+        if self.store is None:
+            return False
+        self.store.read_before_commit(source)
+        return True
+
+    def source_ready(self) -> None:
+        """The :meth:`read_before_commit` source has something to read."""
+        if self.store is not None:
+            self.store.source_ready()
 
     def last_seq(self, sn: str) -> int | None:
         """The last sequence number stored for producer ``sn`` (None: never)."""

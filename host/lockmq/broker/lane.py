@@ -18,6 +18,27 @@ at the first bytes it does not take -- another opcode, a bad, MAC'd or ONEWAY fr
 a topic not allowed yet, the lock's rate credit used up, EOF -- handing over the
 unread bytes, which the Python path then reads as it always did (errors included).
 
+Who reads the lane: the loop, when the store is idle -- its callback polls and hands
+the records to the store at once. From then on, the store's writer thread reads it,
+each time it is about to take the next group commit (``read_before_commit``): what
+arrived during a commit goes into the next one in one poll, and the loop is not woken
+by the reads at all (it still sends the acks, while the writer fsyncs). When a poll
+there finds nothing, the loop watches the lane again. A poll on the writer thread
+does not hand sockets back itself: a socket it gives up stays in the lane, unread,
+until the loop takes it (``take_bails``, or ``release`` when Python needs it first),
+so a connection is never between the two. What the store refuses to queue from the
+writer thread (busy, closing, a topic with no index yet) goes to the loop's publish
+path, which answers it, and the loop reads the lane again. A writer that has not read
+for ``WRITER_STALL_S`` (a stalled disk, held writes) gives the lane back to the loop
+too, so heartbeats are still answered and a full queue still answers BUSY.
+
+One lock, the turn, keeps a lock's records in the order of its byte stream. The writer
+holds it from its poll to its append (the check of who reads included); the loop holds
+it whenever it takes a socket out of the lane (``answer`` when the socket does not take
+its acks whole, ``release``, ``take_bails``). Without it, the loop could take back a
+socket whose earlier records the writer has read and not yet queued, and the Python
+path would queue the later ones first: their acks would overtake.
+
 A lock's message rate: on joining, the connection takes a credit of records from
 the lock's budget (``Guard.publish_quota``); the lane spends it, bails when it is
 used up, and what is left goes back to the budget on leaving. Without the compiled
@@ -27,6 +48,8 @@ extension there is no lane and every read takes the Python path.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +66,8 @@ if TYPE_CHECKING:   # (connection.py imports this module)
 LANE_TYPE: Any = getattr(accel.speedups, "Lane", None)
 #: records the lane reads in one poll at most (the rest stay ready for the next)
 POLL_RECORDS = 4096
+#: a store writer that has not read the lane for this long gives it back to the loop
+WRITER_STALL_S = 0.2
 
 
 class Lane:
@@ -55,25 +80,61 @@ class Lane:
         self.stats = stats
         self._lane = LANE_TYPE(NewRecord, max_frame)
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: records read by the lane and not answered yet (the broker's shutdown waits)
-        self.in_flight = 0
+        # records read, by the thread that reads them, and answered (each counter is
+        # written by one thread only)
+        self._read_on_loop = 0
+        self._read_on_writer = 0
+        self._answered = 0
+        #: the loop watches the lane's fd
+        self._watching = False
+        #: the store's writer reads the lane before each commit (the loop does not)
+        self._writer_reads = False
+        #: the store runs _read_before_commit on its writer thread
+        self._writer_source = False
+        #: held by the thread whose turn it is to read or take a socket back (see the
+        #: module docstring; re-entrant: a refused submit answers on the spot)
+        self._turn = threading.RLock()
+        #: when the writer last read (monotonic), and the loop's check of it
+        self._writer_read_at = 0.0
+        self._stall_check: asyncio.TimerHandle | None = None
 
     @staticmethod
     def available() -> bool:
         """Is the compiled lane built (and not switched off by LOCKMQ_PURE_PYTHON)?"""
         return LANE_TYPE is not None
 
+    @property
+    def in_flight(self) -> int:
+        """Records read by the lane and not answered yet (the broker's shutdown waits)."""
+        return self._read_on_loop + self._read_on_writer - self._answered
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Watch the lane's epoll fd on ``loop``."""
+        """Watch the lane's epoll fd on ``loop``; the store's writer reads it too."""
         self._loop = loop
-        loop.add_reader(self._lane.fileno(), self._ready)
+        self._writer_source = self.publisher.sink.read_before_commit(self._read_before_commit)
+        self._watch()
 
     def stop(self) -> None:
         """Give every socket back to its connection and stop watching."""
         self.leave_all()
-        if self._loop is not None and not self._loop.is_closed():
+        if self._writer_source:
+            self.publisher.sink.read_before_commit(None)
+            self._writer_source = False
+        with self._turn:   # (after a read the writer may be making now)
+            self._writer_reads = False
+        if self._stall_check is not None:
+            self._stall_check.cancel()
+            self._stall_check = None
+        if self._watching and self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._lane.fileno())
+        self._watching = False
         self._loop = None
+
+    def _watch(self) -> None:
+        """The loop reads the lane (from the writer thread: the lane went quiet)."""
+        if self._loop is not None and not self._watching and not self._writer_reads:
+            self._loop.add_reader(self._lane.fileno(), self._ready)
+            self._watching = True
 
     @property
     def adopted(self) -> int:
@@ -95,7 +156,8 @@ class Lane:
     def leave(self, fd: int) -> tuple[bytes, int] | None:
         """Take ``fd`` out of the lane: (its held partial frame, its credit left), or
         None if it was not in the lane."""
-        back = self._lane.release(fd)
+        with self._turn:
+            back = self._lane.release(fd)
         return None if back is None else (back[1], back[2])
 
     def leave_all(self) -> None:
@@ -105,23 +167,119 @@ class Lane:
                 conn._lane_leave()
 
     def _ready(self) -> None:
-        """The loop's callback: every ready socket read, its records stored."""
-        records, plan, bails, nbytes, frames = self._lane.poll(POLL_RECORDS)
+        """The loop's callback: every ready socket read, its records stored; the
+        store's writer reads the lane from then on."""
+        with self._turn:
+            if self._writer_reads:   # (a callback already queued when the writer took over)
+                return
+            records, plan, bails, nbytes, frames = self._lane.poll(POLL_RECORDS)
+            if records:
+                self._count_read(nbytes, frames)
+                self._read_on_loop += len(records)
+                if self._writer_source:
+                    self.publisher.submit_now(records, partial(self._answer, plan))
+                    self._to_writer()
+                else:
+                    self.publisher.submit(records, partial(self._answer, plan))
         c = self.stats.c
-        if records:
-            c["bytes_in"] += nbytes
-            c["frames_in"] += frames
-            c["publish_received"] += frames
-            self.in_flight += len(records)
-            self.publisher.submit(records, partial(self._answer, plan))
         for conn, data, credit in bails:
             c["lane_bails"] += 1
             conn._lane_left(data, credit)
 
+    def _to_writer(self) -> None:
+        """The store's writer reads the lane from now on (the loop holds the turn)."""
+        loop = self._loop
+        assert loop is not None
+        self._writer_reads = True
+        self._writer_read_at = time.monotonic()
+        loop.remove_reader(self._lane.fileno())
+        self._watching = False
+        if self._stall_check is None:
+            self._stall_check = loop.call_later(WRITER_STALL_S, self._check_writer)
+        # (if the store took nothing, the writer waits for work: it reads now)
+        self.publisher.sink.source_ready()
+
+    def _check_writer(self) -> None:
+        """While the writer reads the lane: give it back to the loop if it stalled."""
+        self._stall_check = None
+        loop = self._loop
+        if loop is None or not self._writer_reads:
+            return
+        if time.monotonic() - self._writer_read_at < WRITER_STALL_S:
+            self._stall_check = loop.call_later(WRITER_STALL_S, self._check_writer)
+            return
+        with self._turn:
+            if not self._writer_reads:
+                return
+            self._writer_reads = False
+        self.stats.c["lane_writer_stalls"] += 1
+        self._watch()
+
+    def _count_read(self, nbytes: int, frames: int) -> None:
+        c = self.stats.c
+        c["bytes_in"] += nbytes
+        c["frames_in"] += frames
+        c["publish_received"] += frames
+
+    def _read_before_commit(self) -> None:
+        """On the store's writer thread, before it takes its next group commit: every
+        ready socket read, its records appended (see the module docstring)."""
+        if not self._writer_reads:
+            return
+        loop = self._loop
+        assert loop is not None
+        with self._turn:
+            if not self._writer_reads:
+                return
+            self._writer_read_at = time.monotonic()
+            records, plan, _, nbytes, frames = self._lane.poll(POLL_RECORDS, True)
+            bailed = self._lane.bailed() > 0
+            if not records:   # quiet: the loop watches again
+                self._writer_reads = False
+                loop.call_soon_threadsafe(self._watch)
+            else:
+                self._read_on_writer += len(records)
+                try:
+                    self.publisher.sink.append_known_then(
+                        records, partial(self._answer_read, plan, nbytes, frames))
+                except Exception:  # noqa: BLE001 -- busy, closing, a new topic: the loop's
+                    self._read_on_writer -= len(records)
+                    self._writer_reads = False
+                    loop.call_soon_threadsafe(self._hand_back, records, plan, nbytes, frames)
+            # (after what it read is queued, or handed back: a socket given up is read
+            # by its Python path from then on, so its next records come after these)
+            if bailed:
+                loop.call_soon_threadsafe(self._take_bails)
+
+    def _take_bails(self) -> None:
+        """The sockets a poll on the writer thread gave up, back to their connections."""
+        with self._turn:
+            bails = self._lane.take_bails()
+        for conn, data, credit in bails:
+            self.stats.c["lane_bails"] += 1
+            conn._lane_left(data, credit)
+
+    def _hand_back(self, records: list, plan: Any, nbytes: int, frames: int) -> None:
+        """What the writer read and the store would not queue there: the publish
+        path answers it (refusals included), and the loop reads the lane again."""
+        self._count_read(nbytes, frames)
+        self._read_on_loop += len(records)
+        self.publisher.submit_now(records, partial(self._answer, plan))
+        self._watch()
+
+    def _answer_read(self, plan: Any, nbytes: int, frames: int,
+                     results: list | None, exc: BaseException | None) -> None:
+        """The store's answer to a poll of the writer thread (on the loop)."""
+        self.stats.c["lane_writer_reads"] += 1
+        self._count_read(nbytes, frames)
+        self._answer(plan, results if results is not None
+                     else self.publisher.refusals(exc, len(plan)))
+
     def _answer(self, plan: Any, results: list) -> None:
         """The store's results for one poll: acks sent, the rest to the connections."""
-        self.in_flight -= len(results)
-        stored, dup, frames, nbytes, leftovers = self._lane.answer(plan, results)
+        self._answered += len(results)
+        with self._turn:   # (it may give a socket back: see the module docstring)
+            stored, dup, frames, nbytes, leftovers = self._lane.answer(plan, results)
         c = self.stats.c
         c["publish_stored"] += stored
         c["publish_duplicates"] += dup

@@ -158,7 +158,8 @@ class Stats:
         "notifies", "devices_online_events", "devices_offline_events", "devices_evicted",
         "commands_received", "commands_forwarded", "commands_results", "commands_expired",
         "commands_refused", "admin_requests", "reads_paused", "errors_sent",
-        "system_records", "lane_joins", "lane_bails",
+        "system_records", "lane_joins", "lane_bails", "lane_writer_reads",
+        "lane_writer_stalls",
     )
 
     def __init__(self) -> None:

@@ -67,6 +67,10 @@ COUNTER_HELP: dict[str, str] = {
     "reads_paused": "Times the broker stopped reading a connection whose peer does not drain",
     "lane_joins": "Times a lock's connection joined the compiled lane (steady publishes in C)",
     "lane_bails": "Times the lane gave a connection back to the Python path (another frame, EOF)",
+    "lane_writer_reads": "Lane reads made by the store's writer thread before a group commit "
+                         "(what arrived during the previous one), not by the event loop",
+    "lane_writer_stalls": "Times the store's writer had not read the lane for 0.2 s (a slow "
+                          "disk) and the event loop read it again",
     "errors_sent": "ERROR frames sent",
     "system_records": "Records the broker wrote itself ($devices, retries, dead letters)",
     "system_records_duplicate": "System records dropped as duplicates",

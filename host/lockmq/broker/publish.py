@@ -45,6 +45,18 @@ class RecordSink(Protocol):
         """Queue ``records`` for one group commit; ``then(results, error)`` on the loop
         once durable. Raises what is refused before queuing (InvalidRecord, busy)."""
 
+    def append_known_then(self, records: list[NewRecord],
+                          then: Callable[[list[Appended] | None, BaseException | None],
+                                         None]) -> None:
+        """:meth:`append_then` from the store's writer thread, for topics the store
+        has (raises TopicNotOpen for one it has not)."""
+
+    def read_before_commit(self, source: Callable[[], None] | None) -> bool:
+        """Run ``source()`` on the store's writer thread before each group commit."""
+
+    def source_ready(self) -> None:
+        """The source has something: wake the writer if it waits for work."""
+
 
 class PublishRefused(Exception):
     """Nothing of the batch was stored: the wire code, message and retry hint."""
@@ -90,6 +102,13 @@ class PublishPath:
             loop.call_soon(self._flush)
             self._scheduled = True
 
+    def submit_now(self, records: list[NewRecord], done: Done) -> None:
+        """:meth:`submit`, handed to the store before this returns (with whatever
+        was queued before it, in order)."""
+        self._groups.append((records, done))
+        self._count += len(records)
+        self._flush()
+
     def _flush(self) -> None:
         self._scheduled = False
         if not self._groups:
@@ -115,7 +134,7 @@ class PublishPath:
                 res: Results | None, exc: BaseException | None) -> None:
         """The store's answer for one flush: each submitter gets its slice."""
         if res is None:
-            res = self._refusals(exc, len(records))
+            res = self.refusals(exc, len(records))
         if len(groups) == 1:   # (no slice to make)
             groups[0][1](res)
             return
@@ -125,7 +144,7 @@ class PublishPath:
             done(res[i:i + n])
             i += n
 
-    def _refusals(self, exc: BaseException | None, n: int) -> Results:
+    def refusals(self, exc: BaseException | None, n: int) -> Results:
         """One :class:`PublishRefused` per record of a batch the store did not take."""
         if isinstance(exc, StoreBusy):
             self.stats.c["publish_busy"] += n

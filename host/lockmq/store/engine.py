@@ -26,7 +26,7 @@ from lockmq.clock import SYSTEM_CLOCK, Clock
 from . import reads, retention
 from .config import StoreConfig
 from .dedup import DedupTable
-from .errors import StoreClosed, StoreFailed, StoreLocked
+from .errors import StoreClosed, StoreFailed, StoreLocked, TopicNotOpen
 from .files import DIR_MODE, FILE_MODE, create_file, secure_data_dir
 from .index import TopicIndex
 from .names import LOCK, SEGMENT_DIR, index_file_name, positions_files
@@ -212,18 +212,38 @@ class Store:
         fut = self._submit(records, None)
         return [] if fut is None else await fut  # type: ignore[misc]
 
-    def append_then(self, records: list[NewRecord], then: Then) -> None:
+    def append_then(self, records: list[NewRecord], then: Then,
+                    known_topics: bool = False) -> None:
         """:meth:`append` without a coroutine: ``then(results, error)`` is called on
         the loop as soon as the writer has answered (durable in ``sync``), with the
         results or the error (StoreFull, StoreClosed, StoreFailed). Errors found
         before queuing (InvalidRecord, StoreBusy, StoreClosed) are raised here and
         ``then`` is not called. The broker's publish path: a task and a future's
-        ``call_soon`` hop less per group commit."""
-        if self._submit(records, Answer(then)) is None:
+        ``call_soon`` hop less per group commit.
+
+        With ``known_topics`` it may be called from the writer's own thread (the
+        source, :meth:`read_before_commit`): a topic without an index raises
+        :class:`TopicNotOpen` instead of being created (that is the loop's)."""
+        if self._submit(records, Answer(then), known_topics) is None:
             then([], None)
 
-    def _submit(self, records: list[NewRecord],
-                answer: Answer | None) -> "asyncio.Future | Answer | None":
+    def read_before_commit(self, source: "Callable[[], None] | None") -> None:
+        """Have the writer thread call ``source()`` (holding the GIL) each time it
+        is about to take the next group commit, or stop (None). The broker's lane
+        reads its sockets there, so what arrived during a commit goes into the next
+        one in one read, without waking the loop (broker/lane.py). ``source`` may
+        only append with ``known_topics``."""
+        assert self._writer is not None
+        self._writer.source = source
+
+    def source_ready(self) -> None:
+        """The source of :meth:`read_before_commit` has something: the writer, if it
+        waits for work, runs (and calls it) now."""
+        if self._writer is not None and self._writer.started:
+            self._writer.wake()
+
+    def _submit(self, records: list[NewRecord], answer: Answer | None,
+                known_topics: bool = False) -> "asyncio.Future | Answer | None":
         """Check, encode and queue ``records`` (None: there were none)."""
         w = self._writer
         assert w is not None
@@ -235,6 +255,8 @@ class Store:
             return None
         ts = int(self.clock.wall_ms() * 1000)
         enc, n, new_topics = encode_records(records, ts, self._max_record, self._topics)
+        if new_topics and known_topics:
+            raise TopicNotOpen(f"no index for topic {min(new_topics)!r} yet")
         for topic in new_topics:
             self._new_topic(topic)
         return w.submit(records, enc, n, ts // 1_000_000, answer)
