@@ -18,7 +18,10 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``c-fsync-thread`` — the compiled durable floor with a writer thread, as the
   broker has one: the epoll thread keeps reading while the writer group-commits
   everything queued since its last fdatasync; acks still wait for their fdatasync;
-  ``--floors`` picks which floors run (default: all five);
+* ``c-fsync-2w`` — the same with two writer threads: while one fdatasyncs, the
+  other writes what came since and starts its own (the disk overlaps them); acks go
+  back in order, each after its own fdatasync and every earlier one's;
+  ``--floors`` picks which floors run (default: all six);
 * ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir;
   the ``storm-N-auth`` scenario runs it with ``auth = "required"`` and every lock
   registered);
@@ -94,8 +97,10 @@ from lockmq.testing.ports import free_port  # noqa: E402
 PY = sys.executable
 #: lockmq brokers: this tree's, another tree's (--baseline), this one pure Python (--pure)
 LOCKMQ_KINDS = ("broker", "before", "pure")
-#: the compiled floors (floor_c.c), by their ``--mode``
-C_FLOORS = {"c-ack": "ack", "c-fsync": "fsync", "c-fsync-thread": "fsync-thread"}
+#: the compiled floors (floor_c.c), by their arguments
+C_FLOORS = {"c-ack": ["--mode", "ack"], "c-fsync": ["--mode", "fsync"],
+            "c-fsync-thread": ["--mode", "fsync-thread"],
+            "c-fsync-2w": ["--mode", "fsync-thread", "--writers", "2"]}
 #: every floor: the Python ones (floors.py) and the compiled ones
 FLOORS = ("ack", "fsync", *C_FLOORS)
 #: the compiled floor's executable, once built (``build_c_floor``)
@@ -195,7 +200,7 @@ class Server:
         elif kind in PEERS:
             cmd = peer_command(kind, self.port, self.dir)
         elif kind in C_FLOORS:
-            cmd = [C_FLOOR_EXE[0], "--mode", C_FLOORS[kind], "--port", str(self.port),
+            cmd = [C_FLOOR_EXE[0], *C_FLOORS[kind], "--port", str(self.port),
                    "--dir", self.dir]
         else:
             cmd = [PY, os.path.join(HERE, "floors.py"), "--mode", kind, "--port",

@@ -16,6 +16,11 @@
  *                 fdatasync (group commit: one write, one fdatasync), then hands the
  *                 acks back through an eventfd; the epoll thread writes them. As in
  *                 fsync mode, no ack leaves before its record's fdatasync.
+ *                 --writers N (default 1): N writer threads, so up to N fdatasyncs
+ *                 are in flight at once. Each takes what is queued and writes it in
+ *                 turn (the log stays in take order), then fdatasyncs without waiting
+ *                 for the others; acks go back in take order, each batch's only after
+ *                 its own fdatasync and every earlier batch's.
  * Built by bench/bench_broker.py with `cc -O2 -pthread` into a temp dir:
  *   cc -O2 -pthread -o floor_c bench/floor_c.c
  *   ./floor_c --mode fsync-thread --port 6900 --dir /tmp/x
@@ -71,6 +76,7 @@ static uint16_t crc_table[256];
 static enum mode mode;
 static int log_fd = -1, ep, wake_fd = -1;
 static int commit_delay_ms;   /* tests: hold each commit before its write (see main) */
+static int n_writers = 1;     /* fsync-thread: writer threads (fdatasyncs in flight) */
 static buf_t round_data;      /* storing modes: this round's records */
 static conn_t **round_conns;  /* storing modes: connections with acks in this round */
 static size_t n_round, cap_round;
@@ -81,6 +87,11 @@ static size_t n_dead, cap_dead;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queued_cond = PTHREAD_COND_INITIALIZER;
 static batch_t queued, durable;
+/* fsync-thread with several writers: ``write_mu`` keeps the log in take order; batch
+ * number ``taken`` is the next to take, ``released`` the next whose acks may go */
+static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t released_cond = PTHREAD_COND_INITIALIZER;
+static unsigned long long taken, released;
 static int loop_asleep;       /* the epoll thread may sleep: wake it through the eventfd */
 static char wake_tag;         /* epoll data.ptr of the eventfd (the listener's is NULL) */
 
@@ -261,8 +272,8 @@ static void on_readable(conn_t *c) {
     if (c->out.len || c->closing) flush_out(c);
 }
 
-/* One write (whole) and one fdatasync of ``data`` to the log. */
-static void append_durably(const buf_t *data) {
+/* One write (whole) of ``data`` to the log. */
+static void append(const buf_t *data) {
     if (commit_delay_ms) usleep((useconds_t)commit_delay_ms * 1000);
     size_t done = 0;
     while (done < data->len) {
@@ -271,6 +282,11 @@ static void append_durably(const buf_t *data) {
         if (w < 0) die("write");
         done += (size_t)w;
     }
+}
+
+/* One write (whole) and one fdatasync of ``data`` to the log. */
+static void append_durably(const buf_t *data) {
+    append(data);
     if (fdatasync(log_fd) < 0) die("fdatasync");
 }
 
@@ -335,12 +351,22 @@ static void *writer(void *unused) {
         pthread_mutex_lock(&lock);
         while (!queued.data.len && !queued.n_runs) pthread_cond_wait(&queued_cond, &lock);
         swap_batches(&work, &queued);
+        unsigned long long mine = taken++;
+        pthread_mutex_lock(&write_mu);   /* (taken under lock: the log is in take order) */
         pthread_mutex_unlock(&lock);
+        if (work.data.len) append(&work.data);
+        pthread_mutex_unlock(&write_mu);
+        /* the others may write and sync meanwhile: their fdatasyncs overlap this one */
+        if (work.data.len && fdatasync(log_fd) < 0) die("fdatasync");
 
-        if (work.data.len) append_durably(&work.data);
-
-        if (work.n_runs) {
-            pthread_mutex_lock(&lock);
+        pthread_mutex_lock(&lock);
+        while (released != mine)   /* acks in take order: an earlier batch's first */
+            pthread_cond_wait(&released_cond, &lock);
+        released++;
+        pthread_cond_broadcast(&released_cond);
+        if (!work.n_runs) {
+            pthread_mutex_unlock(&lock);
+        } else {
             for (size_t i = 0; i < work.n_runs; i++)
                 add_run(&durable, work.runs[i].conn, work.acks.p + work.runs[i].off, work.runs[i].len);
             int wake = loop_asleep;   /* else it looks before it sleeps (ready_to_sleep) */
@@ -411,15 +437,17 @@ int main(int argc, char **argv) {
         /* tests only: an ack sent before its commit would then find its record
          * missing from the file (tests/harness/test_floor_c.py) */
         else if (!strcmp(argv[i], "--commit-delay-ms")) commit_delay_ms = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--writers")) n_writers = atoi(argv[i + 1]);
         else bad = 1;
     }
     if (!strcmp(mode_name, "ack")) mode = MODE_ACK;
     else if (!strcmp(mode_name, "fsync")) mode = MODE_FSYNC;
     else if (!strcmp(mode_name, "fsync-thread")) mode = MODE_FSYNC_THREAD;
     else bad = 1;
+    if (n_writers < 1 || n_writers > 16) bad = 1;
     if (bad) {
         fprintf(stderr, "usage: floor_c [--mode ack|fsync|fsync-thread] [--port P] [--dir D] [--host H]\n"
-                        "               [--commit-delay-ms MS]\n");
+                        "               [--commit-delay-ms MS] [--writers N]\n");
         return 2;
     }
     crc_init();
@@ -448,9 +476,11 @@ int main(int argc, char **argv) {
         if (wake_fd < 0) die("eventfd");
         struct epoll_event wev = { .events = EPOLLIN, .data.ptr = &wake_tag };
         if (epoll_ctl(ep, EPOLL_CTL_ADD, wake_fd, &wev) < 0) die("epoll_ctl ADD eventfd");
-        pthread_t t;
-        int err = pthread_create(&t, NULL, writer, NULL);
-        if (err) { errno = err; die("pthread_create"); }
+        for (int i = 0; i < n_writers; i++) {
+            pthread_t t;
+            int err = pthread_create(&t, NULL, writer, NULL);
+            if (err) { errno = err; die("pthread_create"); }
+        }
     }
     printf("floor_c %s listening on %s:%d\n", mode_name, host, port);
     fflush(stdout);

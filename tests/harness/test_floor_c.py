@@ -20,7 +20,8 @@ from .helpers import start_floor
 floor_exe = helpers.floor_exe   # the fixture: bench/floor_c.c built once for this module
 
 TOPIC = b"bench.events"
-STORING_MODES = ("fsync", "fsync-thread")
+#: "fsync-thread:2": two writer threads, two fdatasyncs in flight (``--writers 2``)
+STORING_MODES = ("fsync", "fsync-thread", "fsync-thread:2")
 COMMIT_DELAY_MS = 20
 
 
@@ -31,9 +32,10 @@ class Floor:
 
     def __init__(self, exe: Path, mode: str, directory: Path) -> None:
         self.log = directory / "floor.log"
+        mode, _, writers = mode.partition(":")
         self.proc, self.port = start_floor(
             [str(exe), "--mode", mode, "--port", "0", "--dir", str(directory),
-             "--commit-delay-ms", str(COMMIT_DELAY_MS)])
+             "--commit-delay-ms", str(COMMIT_DELAY_MS), "--writers", writers or "1"])
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)
