@@ -21,7 +21,8 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``c-fsync-2w`` — the same with two writer threads: while one fdatasyncs, the
   other writes what came since and starts its own (the disk overlaps them); acks go
   back in order, each after its own fdatasync and every earlier one's;
-  ``--floors`` picks which floors run (default: all six);
+  run only when ``--floors`` names it; ``--floors`` picks which floors run
+  (default: the other five);
 * ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir;
   the ``storm-N-auth`` scenario runs it with ``auth = "required"`` and every lock
   registered);
@@ -103,6 +104,10 @@ C_FLOORS = {"c-ack": ["--mode", "ack"], "c-fsync": ["--mode", "fsync"],
             "c-fsync-2w": ["--mode", "fsync-thread", "--writers", "2"]}
 #: every floor: the Python ones (floors.py) and the compiled ones
 FLOORS = ("ack", "fsync", *C_FLOORS)
+#: the floors a run has unless ``--floors`` says otherwise (c-fsync-2w answered its
+#: question -- a second fdatasync in flight moved sync-100 by ~6 %, docs/performance.md
+#: "Twelfth pass" -- and is run on request)
+DEFAULT_FLOORS = tuple(f for f in FLOORS if f != "c-fsync-2w")
 #: the compiled floor's executable, once built (``build_c_floor``)
 C_FLOOR_EXE: list[str] = []
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
@@ -378,10 +383,10 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="TREE",
                     help="also run the broker of another source tree (e.g. `git archive "
                          "main`), alternating with this one: the before/after ratio")
-    ap.add_argument("--floors", nargs="*", default=list(FLOORS), choices=FLOORS,
+    ap.add_argument("--floors", nargs="*", default=list(DEFAULT_FLOORS), choices=FLOORS,
                     help="floors run beside lockmq in the publish and storm scenarios "
-                         "(default: all; `--floors ack fsync`: no compiled floor, none "
-                         "built; `--floors` alone: no floor)")
+                         "(default: all but c-fsync-2w; `--floors ack fsync`: no compiled "
+                         "floor, none built; `--floors` alone: no floor)")
     ap.add_argument("--pure", action="store_true",
                     help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "
                          "path), alternating with it: the compiled/pure ratio")
