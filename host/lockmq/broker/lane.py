@@ -181,10 +181,7 @@ class Lane:
                     self._to_writer()
                 else:
                     self.publisher.submit(records, partial(self._answer, plan))
-        c = self.stats.c
-        for conn, data, credit in bails:
-            c["lane_bails"] += 1
-            conn._lane_left(data, credit)
+        self._give_back(bails)
 
     def _to_writer(self) -> None:
         """The store's writer reads the lane from now on (the loop holds the turn)."""
@@ -255,8 +252,14 @@ class Lane:
         """The sockets a poll on the writer thread gave up, back to their connections."""
         with self._turn:
             bails = self._lane.take_bails()
+        self._give_back(bails)
+
+    def _give_back(self, bails: list) -> None:
+        """Each socket the lane gave up, to its connection's Python path with the
+        bytes it must read first and the rate credit left."""
+        c = self.stats.c
         for conn, data, credit in bails:
-            self.stats.c["lane_bails"] += 1
+            c["lane_bails"] += 1
             conn._lane_left(data, credit)
 
     def _hand_back(self, records: list, plan: Any, nbytes: int, frames: int) -> None:
