@@ -282,3 +282,21 @@ def test_a_small_storm_against_the_real_broker_is_all_acknowledged(tmp_path):
         got = asyncio.run(loadgen.scenario_storm(ep, 40, 0.1, TOPIC, "STORM-"))
     assert (got["acked"], got["failed"], got["errors"]) == (40, 0, 0)
     assert got["gen_busy_pct"] > 0 and "cpu_usr_us" not in got   # no server pid given
+
+
+def test_the_generator_cost_bench_drives_both_locks_through_their_steady_state():
+    # bench/gen_lock_cost.py times one ack read and the next record of each lock kind:
+    # every ack it makes must be taken as the ack of the record in flight (else the
+    # bench exits), and each lock must have built its next record, one write each
+    cost = bench_module("gen_lock_cost")
+    for kind in ("lockmq", "mqtt"):
+        assert cost.per_record_us(kind, 20, 3) > 0
+        stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
+        locks = cost.make_locks(kind, 3, stats)
+        before = [next(iter(lock.sent_at)) for lock in locks]
+        for lock in locks:
+            lock.data_received(cost.ack_of(kind, lock))
+        assert stats["errors"] == 0
+        assert [lock.acked for lock in locks] == [1, 1, 1]
+        assert all(list(lock.sent_at) != [key] and len(lock.sent_at) == 1
+                   for lock, key in zip(locks, before))
