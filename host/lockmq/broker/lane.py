@@ -176,11 +176,9 @@ class Lane:
             if records:
                 self._count_read(nbytes, frames)
                 self._read_on_loop += len(records)
-                if self._writer_source:
-                    self.publisher.submit_now(records, partial(self._answer, plan))
+                self.publisher.submit_now(records, partial(self._answer, plan))
+                if self._writer_source:   # (False only once the lane has stopped)
                     self._to_writer()
-                else:
-                    self.publisher.submit(records, partial(self._answer, plan))
         self._give_back(bails)
 
     def _to_writer(self) -> None:
