@@ -48,8 +48,7 @@ def make_locks(kind: str, n: int, stats: dict) -> list:
             lock = loadgen.LeanLock(sn, tp, payload, 1, stats, [], 1 << 30, None)
         else:
             lock = peers.LeanMqtt(sn, payload, 1, stats, [], 1 << 30, None)
-            lock.topic = peers._mqtt_str(b"bench/events")   # (set by connection_made)
-        lock.transport = NullTransport()
+        lock.connection_made(NullTransport())   # (its CONNECT goes nowhere)
         lock.start()
         locks.append(lock)
     return locks
