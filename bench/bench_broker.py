@@ -21,8 +21,12 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``c-fsync-2w`` — the same with two writer threads: while one fdatasyncs, the
   other writes what came since and starts its own (the disk overlaps them); acks go
   back in order, each after its own fdatasync and every earlier one's;
-  run only when ``--floors`` names it; ``--floors`` picks which floors run
-  (default: the other five);
+* ``c-delay`` — c-fsync-thread without the disk: each batch's acks wait this disk's
+  idle flush latency (the median of 200 2 KiB pwrite + fdatasync, measured by the
+  floor at start and written to its log) and nothing is stored, so the acks are as
+  late as a durable server's at no I/O cost: durability's latency alone;
+  c-fsync-2w and c-delay run only when ``--floors`` names them; ``--floors`` picks
+  which floors run (default: the other five);
 * ``broker`` — ``lockmq broker`` (durable acks, ``auth = "off"``; fresh data dir;
   the ``storm-N-auth`` scenario runs it with ``auth = "required"`` and every lock
   registered);
@@ -101,13 +105,15 @@ LOCKMQ_KINDS = ("broker", "before", "pure")
 #: the compiled floors (floor_c.c), by their arguments
 C_FLOORS = {"c-ack": ["--mode", "ack"], "c-fsync": ["--mode", "fsync"],
             "c-fsync-thread": ["--mode", "fsync-thread"],
-            "c-fsync-2w": ["--mode", "fsync-thread", "--writers", "2"]}
+            "c-fsync-2w": ["--mode", "fsync-thread", "--writers", "2"],
+            "c-delay": ["--mode", "delay"]}
 #: every floor: the Python ones (floors.py) and the compiled ones
 FLOORS = ("ack", "fsync", *C_FLOORS)
-#: the floors a run has unless ``--floors`` says otherwise (c-fsync-2w answered its
-#: question -- a second fdatasync in flight moved sync-100 by ~6 %, docs/performance.md
-#: "Twelfth pass" -- and is run on request)
-DEFAULT_FLOORS = tuple(f for f in FLOORS if f != "c-fsync-2w")
+#: the floors a run has unless ``--floors`` says otherwise: c-fsync-2w answered its
+#: question (a second fdatasync in flight moved sync-100 by ~6 %, docs/performance.md
+#: "Twelfth pass"), c-delay is for the sync figures (its "Fourteenth pass"); both run
+#: on request
+DEFAULT_FLOORS = tuple(f for f in FLOORS if f not in ("c-fsync-2w", "c-delay"))
 #: the compiled floor's executable, once built (``build_c_floor``)
 C_FLOOR_EXE: list[str] = []
 BROKER_CMD = [PY, "-c", "import sys, lockmq.cli; sys.exit(lockmq.cli.main())", "broker"]
@@ -385,7 +391,7 @@ def main() -> int:
                          "main`), alternating with this one: the before/after ratio")
     ap.add_argument("--floors", nargs="*", default=list(DEFAULT_FLOORS), choices=FLOORS,
                     help="floors run beside lockmq in the publish and storm scenarios "
-                         "(default: all but c-fsync-2w; `--floors ack fsync`: no compiled "
+                         "(default: all but c-fsync-2w and c-delay; `--floors ack fsync`: no compiled "
                          "floor, none built; `--floors` alone: no floor)")
     ap.add_argument("--pure", action="store_true",
                     help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "

@@ -21,6 +21,12 @@
  *                 turn (the log stays in take order), then fdatasyncs without waiting
  *                 for the others; acks go back in take order, each batch's only after
  *                 its own fdatasync and every earlier batch's.
+ *   --mode delay  fsync-thread without the disk: the writer takes the queued batch as
+ *                 there, then waits --delay-us instead of its write and fdatasync, and
+ *                 stores nothing. So its acks are as late as a durable server's, at no
+ *                 I/O cost: what durability's latency alone costs a closed-loop load.
+ *                 --delay-us 0 or absent: the median of 200 4 KiB pwrite + fdatasync
+ *                 of a file in --dir, measured at start (this disk's idle latency).
  * Built by bench/bench_broker.py with `cc -O2 -pthread` into a temp dir:
  *   cc -O2 -pthread -o floor_c bench/floor_c.c
  *   ./floor_c --mode fsync-thread --port 6900 --dir /tmp/x
@@ -40,12 +46,15 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { OP_CONNECT = 0x01, OP_CHALLENGE = 0x02, OP_AUTH = 0x03, OP_CONNECT_ACK = 0x04,
        OP_HEARTBEAT = 0x05, OP_DISCONNECT = 0x06, OP_PUBLISH = 0x10, OP_PUBLISH_ACK = 0x11 };
 enum { F_ONEWAY = 0x01, F_RESPONSE = 0x02 };
-enum mode { MODE_ACK, MODE_FSYNC, MODE_FSYNC_THREAD };
+enum mode { MODE_ACK, MODE_FSYNC, MODE_FSYNC_THREAD, MODE_DELAY };
+/* fsync-thread and delay share the writer thread and the hand-offs */
+#define THREADED(m) ((m) == MODE_FSYNC_THREAD || (m) == MODE_DELAY)
 #define MIN_FRAME 15
 #define MAX_SN 64
 #define MAX_FRAME (1024 * 1024)
@@ -76,6 +85,7 @@ static uint16_t crc_table[256];
 static enum mode mode;
 static int log_fd = -1, ep, wake_fd = -1;
 static int commit_delay_ms;   /* tests: hold each commit before its write (see main) */
+static long delay_us;         /* delay: each batch's wait instead of its write and fdatasync */
 static int n_writers = 1;     /* fsync-thread: writer threads (fdatasyncs in flight) */
 static buf_t round_data;      /* storing modes: this round's records */
 static conn_t **round_conns;  /* storing modes: connections with acks in this round */
@@ -354,10 +364,13 @@ static void *writer(void *unused) {
         unsigned long long mine = taken++;
         pthread_mutex_lock(&write_mu);   /* (taken under lock: the log is in take order) */
         pthread_mutex_unlock(&lock);
-        if (work.data.len) append(&work.data);
+        if (work.data.len && mode != MODE_DELAY) append(&work.data);
         pthread_mutex_unlock(&write_mu);
         /* the others may write and sync meanwhile: their fdatasyncs overlap this one */
-        if (work.data.len && fdatasync(log_fd) < 0) die("fdatasync");
+        if (work.data.len && mode == MODE_DELAY) {
+            struct timespec ts = { delay_us / 1000000, (delay_us % 1000000) * 1000 };
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+        } else if (work.data.len && fdatasync(log_fd) < 0) die("fdatasync");
 
         pthread_mutex_lock(&lock);
         while (released != mine)   /* acks in take order: an earlier batch's first */
@@ -426,6 +439,39 @@ static void accept_all(int ls) {
     }
 }
 
+static int cmp_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* delay: this disk's idle flush latency, in microseconds. The median of 200 commits
+ * of 2 KiB (about a sync-100 commit's records), each a pwrite after the one before
+ * and an fdatasync, in a file of zeros in ``dir`` written and synced first: a sync of
+ * data alone, as the broker's preallocated segments make it. */
+static long flush_latency_us(const char *dir) {
+    enum { N = 200, COMMIT = 2048 };
+    char path[4096];
+    snprintf(path, sizeof path, "%s/floor-latency.tmp", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) die(path);
+    static char zeros[N * COMMIT], commit[COMMIT];
+    long us[N];
+    if (pwrite(fd, zeros, sizeof zeros, 0) != sizeof zeros || fsync(fd) < 0) die("pwrite");
+    memset(commit, 'r', sizeof commit);
+    for (int i = 0; i < N; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (pwrite(fd, commit, COMMIT, (off_t)i * COMMIT) != COMMIT || fdatasync(fd) < 0)
+            die("fdatasync");
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        us[i] = (b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000;
+    }
+    close(fd);
+    unlink(path);
+    qsort(us, N, sizeof us[0], cmp_long);
+    return us[N / 2] > 0 ? us[N / 2] : 1;
+}
+
 int main(int argc, char **argv) {
     const char *mode_name = "ack", *dir = ".", *host = "127.0.0.1";
     int port = 6900, bad = argc % 2 == 0;   /* every option takes one value */
@@ -438,21 +484,24 @@ int main(int argc, char **argv) {
          * missing from the file (tests/harness/test_floor_c.py) */
         else if (!strcmp(argv[i], "--commit-delay-ms")) commit_delay_ms = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--writers")) n_writers = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--delay-us")) delay_us = atol(argv[i + 1]);
         else bad = 1;
     }
     if (!strcmp(mode_name, "ack")) mode = MODE_ACK;
     else if (!strcmp(mode_name, "fsync")) mode = MODE_FSYNC;
     else if (!strcmp(mode_name, "fsync-thread")) mode = MODE_FSYNC_THREAD;
+    else if (!strcmp(mode_name, "delay")) mode = MODE_DELAY;
     else bad = 1;
-    if (n_writers < 1 || n_writers > 16) bad = 1;
+    if (n_writers < 1 || n_writers > 16 || delay_us < 0) bad = 1;
     if (bad) {
-        fprintf(stderr, "usage: floor_c [--mode ack|fsync|fsync-thread] [--port P] [--dir D] [--host H]\n"
-                        "               [--commit-delay-ms MS] [--writers N]\n");
+        fprintf(stderr, "usage: floor_c [--mode ack|fsync|fsync-thread|delay] [--port P] [--dir D]\n"
+                        "               [--host H] [--commit-delay-ms MS] [--writers N] [--delay-us US]\n");
         return 2;
     }
     crc_init();
     srand((unsigned)now_ms());
-    if (mode != MODE_ACK) {
+    if (mode == MODE_DELAY && !delay_us) delay_us = flush_latency_us(dir);
+    if (mode != MODE_ACK && mode != MODE_DELAY) {
         char path[4096];
         snprintf(path, sizeof path, "%s/floor.log", dir);
         log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -471,7 +520,7 @@ int main(int argc, char **argv) {
     if (ep < 0) die("epoll_create1");
     struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
     if (epoll_ctl(ep, EPOLL_CTL_ADD, ls, &ev) < 0) die("epoll_ctl ADD listener");
-    if (mode == MODE_FSYNC_THREAD) {
+    if (THREADED(mode)) {
         wake_fd = eventfd(0, EFD_NONBLOCK);
         if (wake_fd < 0) die("eventfd");
         struct epoll_event wev = { .events = EPOLLIN, .data.ptr = &wake_tag };
@@ -482,11 +531,15 @@ int main(int argc, char **argv) {
             if (err) { errno = err; die("pthread_create"); }
         }
     }
+    if (mode == MODE_DELAY) {   /* (stdout has the one listening line) */
+        fprintf(stderr, "floor_c delay %ld us\n", delay_us);
+        fflush(stderr);
+    }
     printf("floor_c %s listening on %s:%d\n", mode_name, host, port);
     fflush(stdout);
     struct epoll_event evs[512];
     for (;;) {
-        if (mode == MODE_FSYNC_THREAD) while (!ready_to_sleep()) {}
+        if (THREADED(mode)) while (!ready_to_sleep()) {}
         int n = epoll_wait(ep, evs, 512, -1);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -506,7 +559,7 @@ int main(int argc, char **argv) {
             if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(c);
         }
         if (mode == MODE_FSYNC) commit_round();
-        else if (mode == MODE_FSYNC_THREAD) hand_round();
+        else if (THREADED(mode)) hand_round();
         free_dead();
     }
 }

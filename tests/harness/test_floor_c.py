@@ -1,12 +1,16 @@
 """The compiled floor (bench/floor_c.c), built here with cc and spoken to over real
 sockets: each storing mode acknowledges a PUBLISH only once its record (SN + body) is
-in its file, acks come back in order with the connection's offsets, and a bad frame
-or a connection gone with acks still in flight costs the floor nothing else."""
+in its file, the delay mode only once its delay has passed, acks come back in order
+with the connection's offsets, and a bad frame or a connection gone with acks still in
+flight costs the floor nothing else."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
+import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -23,6 +27,8 @@ TOPIC = b"bench.events"
 #: "fsync-thread:2": two writer threads, two fdatasyncs in flight (``--writers 2``)
 STORING_MODES = ("fsync", "fsync-thread", "fsync-thread:2")
 COMMIT_DELAY_MS = 20
+#: the delay mode's wait per batch in these tests (``--delay-us``)
+DELAY_US = 30_000
 
 
 class Floor:
@@ -35,7 +41,8 @@ class Floor:
         mode, _, writers = mode.partition(":")
         self.proc, self.port = start_floor(
             [str(exe), "--mode", mode, "--port", "0", "--dir", str(directory),
-             "--commit-delay-ms", str(COMMIT_DELAY_MS), "--writers", writers or "1"])
+             "--commit-delay-ms", str(COMMIT_DELAY_MS), "--writers", writers or "1",
+             "--delay-us", str(DELAY_US)])
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)
@@ -44,7 +51,7 @@ class Floor:
         return self.log.read_bytes() if self.log.exists() else b""
 
 
-@pytest.fixture(params=("ack", *STORING_MODES))
+@pytest.fixture(params=("ack", "delay", *STORING_MODES))
 def floor(request: pytest.FixtureRequest, floor_exe: Path, tmp_path: Path) -> Iterator[Floor]:
     f = Floor(floor_exe, request.param, tmp_path)
     try:
@@ -113,6 +120,39 @@ def test_the_ack_floor_acks_in_order_and_stores_nothing(floor):
         acks = read_acks(s, FrameDecoder())
         assert [next(acks) for _ in range(20)] == [(seq, seq + 1) for seq in range(20)]
     assert floor.stored() == b""
+
+
+@pytest.mark.parametrize("floor", ["delay"], indirect=True)
+def test_the_delay_floor_acks_each_publish_only_after_its_delay_and_stores_nothing(floor):
+    with floor.connect() as s:
+        acks = read_acks(s, FrameDecoder())
+        for seq in range(5):   # one at a time, as a sync lock sends
+            sent = time.monotonic()
+            s.sendall(publish("LOCK-A", seq))
+            assert next(acks) == (seq, seq + 1)
+            assert time.monotonic() - sent >= DELAY_US / 1e6
+        # a burst: in order, and none before the delay
+        sent = time.monotonic()
+        s.sendall(b"".join(publish("LOCK-A", seq) for seq in range(5, 25)))
+        assert next(acks) == (5, 6)
+        assert time.monotonic() - sent >= DELAY_US / 1e6
+        assert [next(acks) for _ in range(6, 25)] == [(seq, seq + 1) for seq in range(6, 25)]
+    assert list(floor.log.parent.iterdir()) == []   # no log, no latency probe left
+
+
+def test_the_delay_floor_measures_its_delay_on_the_disk_when_given_none(floor_exe, tmp_path):
+    proc = subprocess.Popen([str(floor_exe), "--mode", "delay", "--port", "0",
+                             "--dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        said = proc.stderr.readline().decode()
+        assert re.fullmatch(r"floor_c delay [1-9][0-9]* us\n", said), said
+        assert " listening on " in proc.stdout.readline().decode()
+        assert list(tmp_path.iterdir()) == []   # the probe file is gone
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_bad_frames_and_connections_gone_with_acks_in_flight_cost_nothing_else(floor):
