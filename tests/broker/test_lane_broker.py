@@ -115,7 +115,7 @@ def _hold_next_commit(broker: BrokerThread) -> tuple[threading.Event, threading.
 def _writer_waits(broker: BrokerThread) -> None:
     """Until the broker store's writer thread waits for work (the last commit's answer
     reaches the loop before the writer goes round to wait)."""
-    wait_for(lambda: broker.call(lambda: broker.broker.core.store._writer._w_idle),
+    wait_for(lambda: broker.call(lambda: broker.broker.core.store.writer_waits),
              "the store's writer to wait for work")
 
 

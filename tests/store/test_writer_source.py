@@ -24,7 +24,7 @@ async def writer_waits(s: Store) -> None:
     step can find it still on its way (and a source set now called before a take
     the test meant to come first)."""
     for _ in range(500):
-        if s._writer is not None and s._writer._w_idle:
+        if s.writer_waits:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the writer never went idle")

@@ -153,6 +153,13 @@ class Store:
         finally:
             self._writer.may_write.set()
 
+    @property
+    def writer_waits(self) -> bool:
+        """True while the writer thread waits for work: every commit it took has been
+        written and handed back to the loop. For tests and drills that must act
+        between two commits."""
+        return self._writer is not None and self._writer.waits_for_work
+
     async def close(self) -> None:
         """Write everything queued, fsync, checkpoint and close all files.
 

@@ -192,6 +192,11 @@ class GroupCommit:
         self._free_used = 0  # bytes written since
 
     @property
+    def waits_for_work(self) -> bool:
+        """True while the thread waits for work (see :attr:`Store.writer_waits`)."""
+        return self._w_idle
+
+    @property
     def started(self) -> bool:
         """True once the thread runs (bound to the loop of the first append)."""
         return self._thread is not None
