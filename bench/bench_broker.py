@@ -294,6 +294,9 @@ CPU_FIGURES = ("cpu_us", "cpu_usr_us", "cpu_sys_us", "switches", "gen_busy_pct",
 #: the load generator's own figures: a share and a cost of the client, not of the server
 GEN_FIGURES = ("gen_busy_pct", "gen_us")
 PUBLISH_FIGURES = ("rate", "p50_ms", "p99_ms", "lost", *CPU_FIGURES)
+#: a storm's handshakes dropped by the server's full accept queue, and the SYNs sent
+#: again for them (the kernel's TcpExt counters over the storm; Linux only)
+STORM_TCP_FIGURES = ("listen_drops", "syn_retrans")
 #: above this busy share the generator, not the server, is the limit of a rate
 GEN_BUSY_WARN_PCT = 90.0
 
@@ -318,7 +321,8 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
          "figures": PUBLISH_FIGURES},
         {"name": f"storm-{a.storm_locks}", "servers": (*floors, *lockmq),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", *CPU_FIGURES)},
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "lost", "peak_rss_mb", *CPU_FIGURES,
+                     *STORM_TCP_FIGURES)},
         {"name": f"storm-{a.storm_locks}-auth", "servers": lockmq,
          # auth = "required": every lock registered, HMAC challenge-response, on a
          # topic locks may publish to (security.lock_topics); the admin lookup of
@@ -326,7 +330,8 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
          "args": ["storm", "--locks", str(a.storm_locks), "--spread", str(a.storm_spread),
                   "--topic", "lock.bench"],
          "lock_sns": [f"BENCH-{i:06d}" for i in range(a.storm_locks)],
-         "figures": ("acked_pct", "p50_ms", "p99_ms", "peak_rss_mb", *CPU_FIGURES)},
+         "figures": ("acked_pct", "p50_ms", "p99_ms", "peak_rss_mb", *CPU_FIGURES,
+                     *STORM_TCP_FIGURES)},
         {"name": f"deliver-{a.consumers}c",
          "servers": (*(("redis",) if "redis" in peers else ()), *lockmq),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
@@ -556,6 +561,11 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                         warnings.append(f"warning: {name} {kind}: the load generator was busy "
                                         f"{med:.0f} % of the window: the generator, not "
                                         f"{kind}, may be the limit of its rate")
+                if fig == "listen_drops" and hi > 0:
+                    warnings.append(f"warning: {name} {kind}: its full accept queue dropped up "
+                                    f"to {hi:.0f} handshakes in a run: those locks waited for "
+                                    f"a SYN retransmission (1 s or more), so its p99 may be "
+                                    f"the kernel's retry, not its queue")
                 print(f"{name:18s} {fig:12s} {kind:{KIND_W}s} {fmt(lo):>10s} {fmt(med):>10s} "
                       f"{fmt(hi):>10s}  {ratios}  {target}")
             if fig == "rate":

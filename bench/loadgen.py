@@ -57,7 +57,7 @@ from lockmq.protocol import (
 from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
 from lockmq.protocol._fast import publish_ack_frame, scan_frame as _py_scan_frame
 
-from machine import CpuWindow  # noqa: E402
+from machine import CpuWindow, tcp_ext_counters  # noqa: E402
 from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ is on sys.path: run as a script)
 
 RECORD_BYTES = 24
@@ -544,6 +544,7 @@ async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
     loop = asyncio.get_running_loop()
     connecting = []   # (the tasks are kept, not awaited: ``storm.done`` says when)
     window_cpu = CpuWindow(server_pid)
+    tcp0 = tcp_ext_counters()
     t0 = time.monotonic()
     i = 0
     while i < locks:
@@ -559,6 +560,12 @@ async def scenario_storm(ep: Endpoint, locks: int, spread: float, topic: str,
         pass
     elapsed = time.monotonic() - t0
     cpu = window_cpu.figures(len(storm.lat))
+    tcp1 = tcp_ext_counters()
+    if tcp0 is not None and tcp1 is not None:
+        # handshakes the server's full accept queue dropped: each such lock waits for
+        # its SYN's retransmission (1 s, then 2, 4 ...), which sets the p99 when >= 1 %
+        cpu["listen_drops"] = tcp1["ListenOverflows"] - tcp0["ListenOverflows"]
+        cpu["syn_retrans"] = tcp1["TCPSynRetrans"] - tcp0["TCPSynRetrans"]
     await close_politely([p.transport for p in storm.protos])
     lat = storm.lat
     return {"locks": locks, "acked": len(lat), "acked_total": len(lat),

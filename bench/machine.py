@@ -139,6 +139,20 @@ def proc_switches(pid: int) -> int | None:
     return total
 
 
+#: the kernel's TcpExt counters a connection storm is read by (``/proc/net/netstat``):
+#: SYNs and handshakes dropped because a listener's accept queue was full, and the
+#: SYNs clients sent again (the first retry waits 1 s: a lock dropped so is a second late)
+TCP_STORM_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPSynRetrans")
+
+
+def tcp_ext_counters(names: tuple[str, ...] = TCP_STORM_COUNTERS) -> dict[str, int] | None:
+    """The storm's ``TcpExt`` counters (the broker's own reader, see
+    ``lockmq.broker.acceptq``); None where /proc cannot tell."""
+    from lockmq.broker.acceptq import tcp_ext_counters as read
+
+    return read(names)
+
+
 class CpuWindow:
     """The CPU a measured window cost: this process's own (the load generator's busy
     share of the wall clock) and, with ``server_pid``, the server's (user and system,

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lockmq.testing import proc_status_kib, wait_for
 
 from .helpers import bench_module
@@ -56,3 +58,35 @@ def test_memory_lines_of_proc_status_read_in_kib_by_the_harness_and_in_mib_by_be
     finally:
         child.communicate(b"", timeout=10)
     assert proc_status_kib(child.pid) is None and machine.proc_status_mb(child.pid) is None
+
+
+def test_a_full_accept_queue_shows_in_the_storm_counters():
+    # a listener that never accepts, with room for one queued connection: the kernel
+    # drops the handshakes beyond it and counts them (what a storm's p99 is read by)
+    import socket
+
+    before = machine.tcp_ext_counters()
+    if before is None:
+        pytest.skip("no /proc/net/netstat here (not Linux)")
+    listener = socket.socket()
+    clients = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        for _ in range(8):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(listener.getsockname())
+            clients.append(c)
+        after = wait_for(lambda: (lambda now: now if now["ListenOverflows"] >
+                                  before["ListenOverflows"] else None)(
+                             machine.tcp_ext_counters()),
+                         "the kernel to count a dropped handshake")
+        assert set(after) == set(machine.TCP_STORM_COUNTERS)
+        # (Linux counts every overflow as a drop too)
+        assert after["ListenDrops"] - before["ListenDrops"] >= \
+            after["ListenOverflows"] - before["ListenOverflows"]
+    finally:
+        for c in clients:
+            c.close()
+        listener.close()

@@ -8,6 +8,7 @@ principal (the connection asks ``guard.check_admin`` first); locks get none.
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -15,6 +16,7 @@ from lockmq.config import Config
 from lockmq.security import BrokerGuard
 from lockmq.store import NewRecord
 
+from .acceptq import accept_queue, tcp_ext_counters
 from .clusters import DLQ_PREFIX, RETRY_PREFIX
 from .commands import Commands
 from .core import BrokerCore
@@ -55,7 +57,8 @@ class Admin:
 
     def __init__(self, config: Config, stats: Stats, log: EventLog, guard: BrokerGuard,
                  core: BrokerCore, devices: Devices, commands: Commands,
-                 connections: "Connections") -> None:
+                 connections: "Connections",
+                 listeners: Callable[[], list[socket.socket]] = list) -> None:
         # (named apart from the ops of the same names below)
         self.cfg = config
         self.counters = stats
@@ -65,6 +68,8 @@ class Admin:
         self.online_devices = devices
         self.pending_commands = commands
         self.connections = connections
+        #: the protocol listeners' sockets (their accept queue, in ``stats``)
+        self.listeners = listeners
         self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self.ping,
             "stats": self.stats,
@@ -123,11 +128,22 @@ class Admin:
                 "log_bytes": (store.log_end - store.log_start) if store else 0,
                 "connections": len(self.connections), "max_connections": self.connections.limit,
                 "devices_online": len(self.online_devices.online_by_sn),
+                "accept_queue": self._accept_queue(),
                 "auth": self.guard.auth_mode,
                 "security": self.guard.status(),
                 "clusters": {c.name: dict(c.stats, inflight=len(c.leases),
                                           backlog=c.backlog(), capped=c.capped)
                              for c in self.core.clusters.values()}}
+
+    def _accept_queue(self) -> dict[str, int]:
+        """Connections the kernel holds for the listeners to accept now, their queues'
+        size, and the handshakes the host dropped because a queue was full (its
+        ``ListenOverflows``: every listener of the host, since boot); -1 where the
+        kernel cannot tell (see ``acceptq``)."""
+        queue = accept_queue(self.listeners())
+        host = tcp_ext_counters(("ListenOverflows",))
+        return {"waiting": queue[0] if queue else -1, "size": queue[1] if queue else -1,
+                "host_listen_overflows": host["ListenOverflows"] if host else -1}
 
     def topics(self, args: dict[str, Any]) -> dict[str, Any]:
         """``topics``: every topic, its queue range and its clusters."""

@@ -181,6 +181,19 @@ def _broker_gauges(stats: dict[str, Any],
                  1 if stats.get("auth") == "required" else 0)
     yield _gauge("devices_online", "Locks connected now", stats["devices_online"])
     yield _gauge("store_log_bytes", "Bytes of commit log kept on disk", stats["log_bytes"])
+    queue = stats.get("accept_queue") or {}
+    if queue.get("waiting", -1) >= 0:   # (Linux: the kernel tells a listener's queue)
+        yield _gauge("accept_queue", "Connections the kernel holds for the broker's "
+                     "listeners to accept (a reconnect storm the loop is behind on)",
+                     queue["waiting"])
+        yield _gauge("accept_queue_size", "Connections the listeners' accept queues hold "
+                     "at most (backlog, capped by net.core.somaxconn)", queue["size"])
+    if queue.get("host_listen_overflows", -1) >= 0:
+        yield CounterMetricFamily(
+            PREFIX + "host_listen_overflows", "Handshakes the host's kernel dropped because "
+            "an accept queue was full (every listener of the host, since boot): each "
+            "such client connects again only after its SYN is resent, 1 s or more later",
+            value=queue["host_listen_overflows"])
     for name, (help_text, value) in extra.items():
         yield _gauge(name, help_text, value)
 

@@ -80,7 +80,7 @@ class Broker:
         self.commands = Commands(config.commands, stats, log, self.guard,
                                  self.devices.online_lock)
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
-                           self.commands, self.connections)
+                           self.commands, self.connections, self.listening_sockets)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
         self.scheduler = Scheduler(config.scheduled, self.core, self.publisher, self.commands,
                                    self.guard, stats, log, lambda: self.connections.closing)
@@ -120,6 +120,10 @@ class Broker:
         return self.connections.closing
 
     # -- life cycle -------------------------------------------------------------------
+
+    def listening_sockets(self) -> list[socket.socket]:
+        """The protocol listeners' sockets (plain and TLS; none before :meth:`start`)."""
+        return [sock for srv in self.servers for sock in srv.sockets]  # type: ignore[misc]
 
     async def start(self) -> None:
         """Open the store, listen, and log how many connections the broker can hold."""

@@ -36,6 +36,15 @@ MAX_REQUEST = 8192
 MAX_HEADER_LINES = 64
 
 
+def _queued(stats: dict[str, Any]) -> str:
+    """The summary's note of connections waiting in the kernel's accept queue (none:
+    nothing to say)."""
+    q = stats.get("accept_queue") or {}
+    if q.get("waiting", 0) <= 0:
+        return ""
+    return f"   accept queue {q['waiting']}/{q['size']} (the loop is behind on handshakes)"
+
+
 class _BadRequest(Exception):
     """The request cannot be parsed (or is too big): answer 400."""
 
@@ -225,7 +234,7 @@ class StatusPage:
         s = stats["broker"]
         out = [f"{self.title}  uptime {s['uptime_s']:.0f} s",
                f"connections {stats['connections']} (max {stats['max_connections']})   "
-               f"locks online {stats['devices_online']}",
+               f"locks online {stats['devices_online']}{_queued(stats)}",
                f"published {s['publish_stored']} stored, {s['publish_duplicates']} duplicates, "
                f"{s['publish_busy']} busy   delivered {s['messages_delivered']}   "
                f"acks {s['acks']}   nacks {s['nacks']}", "",
