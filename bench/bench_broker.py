@@ -74,7 +74,10 @@ timer or Python socket per lock) make 10,000 handshakes in 1 s on one core of a
 2-core VM with the ack floor's p99 at ~30 ms when the machine is otherwise idle;
 the floors show how much of a p99 is the generator's and the machine's.
 ``--storm-spread 5`` offers the same 10,000 locks at a fifth of the rate, which
-shows the broker's cost per lock without a queue. Other load on the machine moves
+shows the broker's cost per lock without a queue. ``listen_drops`` and ``syn_retrans``
+count the handshakes the kernel dropped because the server's accept queue was full,
+and the SYNs resent for them (each such lock connects 1 s or more later): where they
+are not 0, the p99 is the kernel's retry. Other load on the machine moves
 every figure: compare the ratios of one run, and look at ``loadavg`` in the
 machine line.
 """
