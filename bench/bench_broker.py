@@ -77,7 +77,7 @@ the floors show how much of a p99 is the generator's and the machine's.
 shows the broker's cost per lock without a queue. ``listen_drops`` and ``syn_retrans``
 count the handshakes the kernel dropped because the server's accept queue was full,
 and the SYNs resent for them (each such lock connects 1 s or more later): where they
-are not 0, the p99 is the kernel's retry. Other load on the machine moves
+are not 0, the p99 holds the kernel's retry too. Other load on the machine moves
 every figure: compare the ratios of one run, and look at ``loadavg`` in the
 machine line.
 """
@@ -567,8 +567,8 @@ def report(results: dict[str, Any], scs: list[dict[str, Any]]) -> None:
                 if fig == "listen_drops" and hi > 0:
                     warnings.append(f"warning: {name} {kind}: its full accept queue dropped up "
                                     f"to {hi:.0f} handshakes in a run: those locks waited for "
-                                    f"a SYN retransmission (1 s or more), so its p99 may be "
-                                    f"the kernel's retry, not its queue")
+                                    f"a SYN retransmission (1 s or more): its p99 holds "
+                                    f"the kernel's retry as well as its own queue")
                 print(f"{name:18s} {fig:12s} {kind:{KIND_W}s} {fmt(lo):>10s} {fmt(med):>10s} "
                       f"{fmt(hi):>10s}  {ratios}  {target}")
             if fig == "rate":
