@@ -19,14 +19,14 @@ Linux only; elsewhere both answer None.
 from __future__ import annotations
 
 import socket
-import struct
+import sys
 from typing import Iterable
 
-#: ``tcp_info``: eight one-byte fields, then u32 ``rto``, ``ato``, ``snd_mss``,
+#: ``tcp_info``: eight one-byte fields, then native u32 ``rto``, ``ato``, ``snd_mss``,
 #: ``rcv_mss``, ``unacked``, ``sacked``; for a socket in LISTEN the kernel reports its
 #: accept queue's length as ``unacked`` and its size as ``sacked``
-_QUEUE_FIELDS = struct.Struct("=II")
-_QUEUE_OFFSET = 24
+_UNACKED = slice(24, 28)
+_SACKED = slice(28, 32)
 _TCP_LISTEN = 10   # tcpi_state of a listening socket (TCP_LISTEN)
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 
@@ -43,11 +43,10 @@ def accept_queue(listeners: Iterable[socket.socket]) -> tuple[int, int] | None:
             info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 104)
         except OSError:
             continue
-        if len(info) < _QUEUE_OFFSET + _QUEUE_FIELDS.size or info[0] != _TCP_LISTEN:
+        if len(info) < _SACKED.stop or info[0] != _TCP_LISTEN:
             continue
-        n, cap = _QUEUE_FIELDS.unpack_from(info, _QUEUE_OFFSET)
-        waiting += n
-        size += cap
+        waiting += int.from_bytes(info[_UNACKED], sys.byteorder)
+        size += int.from_bytes(info[_SACKED], sys.byteorder)
         known = True
     return (waiting, size) if known else None
 
