@@ -1,0 +1,128 @@
+"""The CPython fast path of frame MACs (protocol/_macfast.py) seals and opens exactly
+as the portable one (_mac.py): the shared vectors pass with either, random frames get
+the same tags, both refuse the same altered, replayed and reordered frames, and
+MicroPython never loads it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from lockmq import protocol as p
+from lockmq.protocol import _mac, _macfast
+from lockmq.protocol._crc import crc16_table
+from lockmq.protocol._session import _Session
+
+from . import vector_checks
+from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
+
+
+def session(key: bytes, out: int) -> _Session:
+    """A bare established session with frame MACs on, sealing in direction ``out``."""
+    s = _Session()
+    s._OUT = out
+    s.mac_key = key
+    s.state = p.ESTABLISHED
+    return s
+
+
+def test_the_fast_path_is_on_under_cpython() -> None:
+    assert _Session.seal is _macfast.seal and _Session._open is _macfast.open_frame
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "portable"])
+def test_vectors_pass_on_both_paths(fast: bool) -> None:
+    _macfast.install(fast)
+    try:
+        assert (_Session.seal is _macfast.seal) is fast
+        passed, failures = vector_checks.run(str(PROTOCOL / "vectors.json"), [crc16_table])
+    finally:
+        _macfast.install(True)
+    assert failures == []
+    assert passed > 100
+
+
+frames = st.tuples(st.sampled_from([p.Op.PUBLISH, p.Op.HEARTBEAT, p.Op.PUBLISH_ACK]),
+                   st.sampled_from(["", "LOCK-0001", "L" * 64]),
+                   st.binary(max_size=300), st.integers(0, 2**32 - 1),
+                   st.sampled_from([0, p.Flag.RESPONSE]))
+
+
+@given(st.binary(min_size=1, max_size=100), st.lists(frames, min_size=1, max_size=5))
+def test_random_frames_get_the_portable_tags_and_open_on_either_path(key: bytes,
+                                                                     batch: list) -> None:
+    fast, portable = session(key, _mac.TO_BROKER), session(key, _mac.TO_BROKER)
+    try:
+        sealed = []
+        for op, sn, body, opaque, flags in batch:
+            got = _macfast.seal(fast, op, sn, body, opaque, flags)
+            _macfast.install(False)
+            assert portable.seal(op, sn, body, opaque, flags) == got
+            _macfast.install(True)
+            sealed.append((got, body))
+        # the broker's side opens them, fast and portable alike, in order
+        for opener in (_macfast.open_frame, _mac.open_frame):
+            broker = session(key, _mac.TO_CLIENT)
+            for data, body in sealed:
+                dec = p.FrameDecoder(1 << 20)
+                dec.feed(data)
+                (frame,) = list(dec.frames())
+                opener(broker, frame)
+                assert frame.body == body
+    finally:
+        _macfast.install(True)
+
+
+@pytest.mark.parametrize("fault", ["altered", "replayed", "reordered", "untagged",
+                                   "unasked"])
+def test_both_paths_refuse_the_same_frames(fault: str) -> None:
+    key = bytes(range(32))
+    lock = session(key, _mac.TO_BROKER)
+    first = lock.seal(p.Op.PUBLISH, "LOCK-1", b"first", 7)
+    second = lock.seal(p.Op.PUBLISH, "LOCK-1", b"second", 8)
+    feed = {"altered": [first[:-3] + bytes([first[-3] ^ 1]) + first[-2:]],
+            "replayed": [first, first], "reordered": [second],
+            "untagged": [p.encode_frame(p.Op.PUBLISH, "LOCK-1", b"x" * 20, 9)],
+            "unasked": [first]}[fault]
+    for opener in (_macfast.open_frame, _mac.open_frame):
+        broker = session(None if fault == "unasked" else key, _mac.TO_CLIENT)
+        frames = []
+        for data in feed:
+            if fault == "altered":   # (a CRC that fits the altered bytes, as an attacker's)
+                data = _recrc(data)
+            dec = p.FrameDecoder(1 << 20)
+            dec.feed(data)
+            frames += list(dec.frames())
+        with pytest.raises(p.SessionError) as err:
+            for frame in frames:
+                opener(broker, frame)
+        assert err.value.code == p.ErrorCode.BAD_MAC and err.value.fatal
+        assert broker.state == p.CLOSING
+
+
+def _recrc(frame: bytes) -> bytes:
+    """``frame`` with its checksum made right again for its (altered) bytes."""
+    body = frame[:-2]
+    return body + p.crc16(body).to_bytes(2, "big")
+
+
+def test_a_new_key_is_hashed_again() -> None:
+    s = session(b"k" * 32, _mac.TO_BROKER)
+    one = _macfast.frame_tag(s, 0, 0, p.Op.PUBLISH, "A", 4, 1, b"x")
+    s.mac_key = b"j" * 32
+    two = _macfast.frame_tag(s, 0, 0, p.Op.PUBLISH, "A", 4, 1, b"x")
+    assert one != two
+    assert two == _mac.frame_tag(b"j" * 32, 0, 0, p.Op.PUBLISH, "A", 4, 1, b"x")
+
+
+def test_micropython_does_not_load_the_mac_fast_path(tmp_path: Path) -> None:
+    lib = build_mpy_lib(tmp_path, compile_mpy=False)
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        "from lockmq.protocol import _session, _mac\n"
+        "print('fast' if 'lockmq.protocol._macfast' in sys.modules else 'portable')\n")
+    proc = run_micropython(script, [], tmp_path, [lib, tmp_path], "512K")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "portable"
