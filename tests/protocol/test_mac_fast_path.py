@@ -126,3 +126,34 @@ def test_micropython_does_not_load_the_mac_fast_path(tmp_path: Path) -> None:
     proc = run_micropython(script, [], tmp_path, [lib, tmp_path], "512K")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "portable"
+
+
+answers = st.lists(st.tuples(st.integers(0, 2**32 - 1), st.booleans(),
+                             st.one_of(st.integers(-1, 2**40), st.none()), st.booleans()),
+                   max_size=12)
+
+
+@given(answers, st.integers(0, 2**32 - 1))
+def test_a_run_of_sealed_acks_is_what_sealing_each_ack_gives(runs: list, tx: int) -> None:
+    # (opaque, oneway, offset or None = a refusal, duplicate): what the broker answers
+    from lockmq.store import Appended
+
+    batch = [(opaque, oneway, None) for opaque, oneway, _, _ in runs]
+    results = [RuntimeError("refused") if off is None else
+               Appended(-1 if dup else off, "t", -1 if dup else 0, dup)
+               for _, _, off, dup in runs]
+    fast, each = session(b"s" * 32, _mac.TO_CLIENT), session(b"s" * 32, _mac.TO_CLIENT)
+    fast.tx = each.tx = tx
+    data, frames, stored, dup, i = _macfast.sealed_publish_acks(fast, batch, results, 0)
+    want = []
+    for (opaque, oneway, _), a in zip(batch, results):
+        if isinstance(a, Exception):
+            break
+        if not oneway:
+            want.append(each.seal(p.Op.PUBLISH_ACK, "", p.PublishAck(
+                int(a.duplicate), max(a.offset, 0)).encode(), opaque, p.Flag.RESPONSE))
+    assert data == b"".join(want) and frames == len(want)
+    assert i == len(results) if all(not isinstance(a, Exception) for a in results) \
+        else isinstance(results[i], Exception)
+    assert stored + dup == i and dup == sum(1 for a in results[:i] if a.duplicate)
+    assert fast.tx == each.tx

@@ -44,6 +44,7 @@ from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
     feed_publishes, messages_head, publish_fields, take_frame, take_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
+from lockmq.protocol._macfast import sealed_publish_acks
 from lockmq.protocol._fast import queue_run as _py_queue_run
 from lockmq.protocol._frame import Frame
 
@@ -772,19 +773,16 @@ class Connection(asyncio.Protocol):
         the store did (:class:`Appended`), or why it was not stored (an
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
         c = self.services.stats.c
-        # Acks without a frame MAC are packed in one call per run of stored records
-        # (lockmq._speedups, or protocol/_fast.py); with MACs on they are sealed one
-        # by one. Answers keep the order of the requests.
-        if self.session.mac_key is None:
-            data, frames, stored, dup, i = _publish_acks(batch, results, 0)
-            if frames:
-                self._send_acks(data, frames)
-            if i < len(results):   # a refusal (then the rest, one by one)
-                st, dp = self._answer_publishes(batch, results, i)
-                stored += st
-                dup += dp
-        else:
-            stored, dup = self._answer_publishes(batch, results, 0)
+        # The acks of a run of stored records are packed in one call (lockmq._speedups,
+        # or protocol/_fast.py; with frame MACs on, sealed by protocol/_macfast.py).
+        # Answers keep the order of the requests.
+        data, frames, stored, dup, i = self._ack_run(batch, results, 0)
+        if frames:
+            self._send_acks(data, frames)
+        if i < len(results):   # a refusal (then the rest, one by one)
+            st, dp = self._answer_publishes(batch, results, i)
+            stored += st
+            dup += dp
         c["publish_stored"] += stored
         c["publish_duplicates"] += dup
         self._pub_bytes -= size
@@ -797,39 +795,38 @@ class Connection(asyncio.Protocol):
             if self._answered_reads >= LANE_AFTER_ANSWERS:
                 self._lane_join()
 
+    def _ack_run(self, batch: list[tuple[int, bool, NewRecord]],
+                 results: list[Appended | Exception], i: int) -> tuple[bytes, int, int, int, int]:
+        """The acks of the run of stored records from ``results[i]`` on, in one call:
+        ``(bytes, frames, stored, duplicates, next index)`` (sealed when the session has
+        frame MACs: each ack takes the session's next counter)."""
+        if self.session.mac_key is None:
+            return _publish_acks(batch, results, i)
+        return sealed_publish_acks(self.session, batch, results, i)
+
     def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
                           results: list[Appended | Exception], i: int) -> tuple[int, int]:
-        """:meth:`_publishes_stored` from ``results[i]`` on, one record at a time
-        (refusals, acks sealed with a frame MAC) but for the runs of unsealed acks;
-        returns how many were stored and how many were duplicates."""
+        """:meth:`_publishes_stored` from ``results[i]`` on: each refusal answered
+        alone, each run of stored records' acks in one call; returns how many were
+        stored and how many were duplicates."""
         stored = dup = 0
-        sealed = self.session.mac_key is not None
         n = len(results)
         while i < n:
-            opaque, oneway, _r = batch[i]
             a = results[i]
-            i += 1
             if isinstance(a, Exception):
+                opaque, oneway, _r = batch[i]
+                i += 1
                 if isinstance(a, PublishRefused):
                     self._pub_error(oneway, a.code, a.message, opaque, a.retry_after_ms)
                 else:
                     self._pub_error(oneway, _code("INVALID_ARGUMENT"), str(a), opaque)
-                if not sealed:   # the next run of stored records: acks in one call
-                    data, frames, st, dp, i = _publish_acks(batch, results, i)
-                    stored += st
-                    dup += dp
-                    if frames:
-                        self._send_acks(data, frames)
                 continue
-            status = PublishAck.DUPLICATE if a.duplicate else PublishAck.STORED
-            if a.duplicate:
-                dup += 1
-            else:
-                stored += 1
-            if not oneway:   # (sealed: with the frame MAC)
-                self.send_frame(Op.PUBLISH_ACK,
-                                PublishAck(status, a.offset if a.offset > 0 else 0).encode(),
-                                opaque, _RESP)
+            data, frames, st, dp, j = self._ack_run(batch, results, i)
+            i = j if j > i else i + 1   # (never loops on an answer of no known kind)
+            stored += st
+            dup += dp
+            if frames:
+                self._send_acks(data, frames)
         return stored, dup
 
     def _send_acks(self, data: bytes, frames: int) -> None:
