@@ -61,7 +61,10 @@ ratios to every other server's.
 
 Scenarios: sync send from 100 and 1,000 locks (one record at a time, wait for the
 ack); pipelined (100 locks x 32 in flight); a storm of N locks connecting within
-one second, one record each; consumer-cluster delivery (4 lean consumers drain a
+one second, one record each; with ``auth = "required"``, 2,000 registered locks x 2 in
+flight with plain frames (``auth-2000x2``) and with frame MACs (``auth-mac-2000x2``,
+``loadgen.MacLock``: every frame sealed, as the firmware does on plain TCP; broker
+only); consumer-cluster delivery (4 lean consumers drain a
 preloaded topic, then a second cluster of 4 ``lockmq.client.AsyncConsumer``
 members drains it again: ``client_rate``; broker only); end-to-end
 publish->consume latency (broker only).
@@ -335,6 +338,19 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
          "lock_sns": [f"BENCH-{i:06d}" for i in range(a.storm_locks)],
          "figures": ("acked_pct", "p50_ms", "p99_ms", "peak_rss_mb", *CPU_FIGURES,
                      *STORM_TCP_FIGURES)},
+        # auth = "required", 2,000 registered locks x 2 in flight (under the default
+        # per-lock message rate), first with plain frames, then with frame MACs as the
+        # firmware sends them on plain TCP: what sealing every frame costs the broker
+        {"name": "auth-2000x2", "servers": lockmq,
+         "args": ["publish", "--locks", "2000", "--window", "2", "--duration", d,
+                  "--topic", "lock.bench"],
+         "lock_sns": [f"BENCH-{i:06d}" for i in range(2000)],
+         "figures": ("rate", "p50_ms", "p99_ms", *CPU_FIGURES)},
+        {"name": "auth-mac-2000x2", "servers": lockmq,
+         "args": ["publish", "--locks", "2000", "--window", "2", "--duration", d,
+                  "--topic", "lock.bench", "--mac"],
+         "lock_sns": [f"BENCH-{i:06d}" for i in range(2000)],
+         "figures": ("rate", "p50_ms", "p99_ms", *CPU_FIGURES)},
         {"name": f"deliver-{a.consumers}c",
          "servers": (*(("redis",) if "redis" in peers else ()), *lockmq),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",

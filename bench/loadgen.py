@@ -34,7 +34,10 @@ from lockmq.rlimits import raise_nofile_limit
 from lockmq.protocol import (
     Ack,
     Auth,
+    AuthMethod,
     Challenge,
+    ClientSession,
+    ESTABLISHED,
     Connect,
     Disconnect,
     FrameDecoder,
@@ -330,10 +333,69 @@ async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[n
     return None
 
 
+class MacLock(Windowed):
+    """A lock that authenticates with its device key and asks for frame MACs, as the
+    firmware does on plain TCP by default (SPEC 2, "Frame MACs"): the protocol's own
+    ``ClientSession`` seals every PUBLISH and opens every answer (its tag checked, so a
+    wrong ack tag fails the lock). Dearer per record than ``LeanLock`` on this side
+    too; what it measures is the broker's CPU per sealed record."""
+
+    def __init__(self, sn: str, topic_prefix: bytes, payload: bytes, window: int,
+                 stats: dict, lat: list, sample: int, on_ready) -> None:
+        super().__init__(payload, window, stats, lat, sample, on_ready)
+        self.sn = sn
+        self.tp = topic_prefix
+        self.session = ClientSession(Role.LOCK, sn, AuthMethod.DEVICE_HMAC,
+                                     KEYS.get(sn, KEY), "bench", 30, mac=True)
+        self.dec = FrameDecoder(1 << 20)
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self.transport = transport
+        transport.write(self.session.connect_frame(1))
+
+    def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+        self.transport = None
+        if self.sent_at:
+            self.stats["lost_in_flight"] += len(self.sent_at)
+
+    def _publish(self, now: float) -> None:
+        seq = self.seq = self.seq + 1
+        self.sent_at[seq] = now
+        body = publish_body(self.tp, seq, self.payload)
+        self.out.append(self.session.seal(Op.PUBLISH, self.sn, body, seq))
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        session = self.session
+        try:
+            self.dec.feed(data)
+            for f in self.dec.frames():
+                was = session.state
+                out = session.receive(f, os.urandom(16), 2)   # (tags checked here)
+                if out:
+                    self.out.append(out)
+                if was != ESTABLISHED:
+                    if session.state == ESTABLISHED:
+                        self.on_ready(self)
+                elif f.opcode == Op.PUBLISH_ACK and \
+                        PublishAck.decode(f.body).status == PublishAck.STORED:
+                    self._acked(f.opaque, now)
+                else:   # a duplicate's ack, BUSY, a refusal: not a stored record
+                    self.stats["errors"] += 1
+        except ProtocolError:   # (a SessionError too: a bad tag, a refusal)
+            self.stats["errors"] += 1
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self._flush()
+
+
 async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: float,
-                           topic: str, prefix: str, peer: str = "", server_pid: int = 0) -> dict:
+                           topic: str, prefix: str, peer: str = "", server_pid: int = 0,
+                           mac: bool = False) -> dict:
     """N locks, W in flight each, for ``duration`` seconds: acks/s and latency.
-    ``peer``: speak to Mosquitto or Redis instead (``peers.py``), same loop. The
+    ``peer``: speak to Mosquitto or Redis instead (``peers.py``), same loop; ``mac``:
+    locks with frame MACs (``MacLock``, registered keys: ``--keys``). The
     generator's CPU share and (with ``server_pid``) the server's CPU per record are
     measured over the same window as the rate."""
     rng = random.Random(1)
@@ -354,7 +416,8 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
         if peer:
             return CLIENTS[peer](f"{prefix}{j:06d}", payload, window, stats, lat, sample,
                                  on_ready)
-        return LeanLock(f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready)
+        lock = MacLock if mac else LeanLock
+        return lock(f"{prefix}{j:06d}", tp, payload, window, stats, lat, sample, on_ready)
 
     protos: list[LeanLock] = []
     for i in range(0, locks, 256):
@@ -751,6 +814,9 @@ def main() -> None:
     ap.add_argument("--server-pid", type=int, default=0,
                     help="the server's pid: report its CPU (user, system) per record over "
                          "the measured window")
+    ap.add_argument("--mac", action="store_true",
+                    help="publish: locks that authenticate with their keys (--keys) and "
+                         "seal every frame (frame MACs), as the firmware on plain TCP")
     ap.add_argument("--keys", default="",
                     help="JSON file {sn: hex key}: the device keys of registered locks")
     args = ap.parse_args()
@@ -761,7 +827,7 @@ def main() -> None:
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":
         coro = scenario_publish(ep, args.locks, args.window, args.duration, args.topic,
-                                args.prefix, args.peer, args.server_pid)
+                                args.prefix, args.peer, args.server_pid, args.mac)
     elif args.scenario == "storm":
         coro = scenario_storm(ep, args.locks, args.spread, args.topic, args.prefix,
                               args.server_pid)
