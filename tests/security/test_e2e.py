@@ -13,9 +13,10 @@ import time
 import pytest
 
 from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode,
-                             Op, Publish, PublishAck, Role, Subscribe, decode_body)
+                             ErrorReply, Heartbeat, Op, Publish, PublishAck, Role, Subscribe,
+                             crc16, decode_body)
 from lockmq.security import CommandRefused, CommandVerifier, Permissions
-from lockmq.testing import Peer, SecureBroker, refusal, run_cli
+from lockmq.testing import Peer, SecureBroker, refusal, run_cli, wait_for
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 def env(tmp_path_factory):
     env = SecureBroker(tmp_path_factory.mktemp("secure"),
                        {"broker": {"handshake_timeout_s": 2.0, "max_frame": 65536}})
-    keys = env.add_locks("LOCK-A", "LOCK-B", "LOCK-C", "LOCK-D")
+    keys = env.add_locks("LOCK-A", "LOCK-B", "LOCK-C", "LOCK-D", "LOCK-E", "LOCK-F")
     tok = {
         "reader": env.token("reader", Permissions(consume=("lock.*:billing",))),
         "opener": env.token("opener", Permissions(command=("LOCK-A",))),
@@ -323,3 +324,74 @@ def test_publishes_pipelined_behind_auth_with_frame_macs(env):
     finally:
         w.close()
     assert _stored(broker, tok["ops"], "lock.pipelined-mac") == 3
+
+
+def _sealed_publishes(w: Peer, topic: str, seqs: range) -> list[bytes]:
+    return [w.session.seal(Op.PUBLISH, w.sn, Publish(topic, s, 0, b"x" * 24).encode(),
+                           w.next_opaque()) for s in seqs]
+
+
+def test_sealed_publishes_read_in_one_write_are_stored_and_acked_in_order(env):
+    """A run of sealed PUBLISH frames is opened frame by frame and stored as one run;
+    a HEARTBEAT in the middle of the write ends the run and is answered in its place.
+    The lock's session opens every answer in the order it came: each tag carries the
+    broker's frame counter, so an answer out of its place would fail."""
+    broker, _, keys, tok = env
+    w = Peer(broker.port, "LOCK-E")
+    try:
+        w.auth_lock(keys["LOCK-E"], mac=True)
+        first = _sealed_publishes(w, "lock.sealed-run", range(1, 6))
+        heartbeat = w.session.seal(Op.HEARTBEAT, w.sn, Heartbeat(0, 5).encode(),
+                                   w.next_opaque())
+        last = _sealed_publishes(w, "lock.sealed-run", range(6, 9))
+        w.raw(b"".join(first + [heartbeat] + last))
+        got = []
+        while sum(1 for op, _ in got if op == Op.PUBLISH_ACK) < 8:
+            f = w.read()
+            assert f is not None, got
+            w.session.receive(f)                # its tag checked, in order
+            got.append((f.opcode, f.opaque))
+        acks = [o for op, o in got if op == Op.PUBLISH_ACK]
+        assert acks == sorted(acks) and len(set(acks)) == 8
+    finally:
+        w.close()
+    assert _stored(broker, tok["ops"], "lock.sealed-run") == 8
+
+
+def test_an_altered_frame_in_a_sealed_run_stores_the_frames_before_it_only(env):
+    """The frames before the altered one were good: stored (their acks go down with the
+    connection, closed at once on BAD_MAC). The lock sends its events again on its next
+    session: those are acknowledged as duplicates, the rest stored, none twice."""
+    broker, _, keys, tok = env
+    w = Peer(broker.port, "LOCK-F")
+    try:
+        w.auth_lock(keys["LOCK-F"], mac=True)
+        frames = _sealed_publishes(w, "lock.sealed-cut", range(1, 7))
+        bad = bytearray(frames[3])
+        bad[-5] ^= 1                             # inside the tag
+        body = bytes(bad[:-2])
+        frames[3] = body + crc16(body).to_bytes(2, "big")   # the CRC made right again
+        w.raw(b"".join(frames))
+        got = []
+        while (f := w.read()) is not None:       # until the broker closes
+            got.append(f)
+        assert [f.opcode for f in got] == [Op.ERROR]
+        w.session._open(got[0])                  # sealed: the broker's next frame
+        assert ErrorReply.decode(got[0].body).code == ErrorCode.BAD_MAC
+    finally:
+        w.close()
+    wait_for(lambda: _stored(broker, tok["ops"], "lock.sealed-cut") == 3,
+             "the three good records stored")
+    w = Peer(broker.port, "LOCK-F")
+    try:
+        w.auth_lock(keys["LOCK-F"], mac=True)
+        w.raw(b"".join(_sealed_publishes(w, "lock.sealed-cut", range(1, 7))))
+        statuses = []
+        for _ in range(6):
+            f = w.read()
+            w.session.receive(f)
+            statuses.append(PublishAck.decode(f.body).status)
+        assert statuses == [PublishAck.DUPLICATE] * 3 + [PublishAck.STORED] * 3
+    finally:
+        w.close()
+    assert _stored(broker, tok["ops"], "lock.sealed-cut") == 6
