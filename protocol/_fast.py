@@ -188,6 +188,21 @@ def take_publishes(decoder, sn, limit, scan):
     return pubs
 
 
+def take_sealed_publishes(decoder, sess, limit, scan, pads):
+    """:func:`take_publishes` for a session with frame MACs: ``scan`` is
+    ``lockmq._speedups.scan_sealed_publishes`` (the tags checked in C from ``pads``, its
+    ``mac_pads`` of the session key), and the session counts the frames it took as
+    opened (``rx``). What it stops at -- another request, a bad tag, a partial frame --
+    is left to the session's own path, which refuses a bad tag with BAD_MAC."""
+    if decoder._error is not None:
+        return []
+    pubs, pos, _rx = scan(decoder._buf, decoder._pos, decoder.max_frame, sess.name, limit,
+                          pads, sess.rx)
+    decoder._pos = pos
+    sess.rx += len(pubs)
+    return pubs
+
+
 def feed_publishes(decoder, data, sn, limit, scan):
     """``decoder.feed(data)`` and :func:`take_publishes` in one call, for a decoder
     that holds nothing (a lock's steady state: every read is whole frames): ``scan``

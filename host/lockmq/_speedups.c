@@ -13,6 +13,8 @@
  *   publish_acks    store results -> the PUBLISH_ACK frames of one answer;
  *   scan_frame      one whole, valid frame of any known opcode (the handshake's
  *                   CONNECT and AUTH) -> its fields, or None for the Python decoder.
+ *   scan_sealed_publishes  scan_publishes for a session with frame MACs (SHA-256
+ *                   and the tags in C: mac_pads, frame_tag).
  *   Lane            a lock's steady publish reads and their acks, several sockets
  *                   per Python call (broker/lane.py).
  *
@@ -303,6 +305,311 @@ error:
     Py_XDECREF(last_topic);
     Py_DECREF(out);
     PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- frame MACs */
+
+/* SHA-256 (FIPS 180-4), for the tags of frame MACs (SPEC 2 "Frame MACs"): HMAC-SHA256
+ * of the session key, cut to 16 bytes. A session's two HMAC pads are hashed once
+ * (mac_pads: their midstates); a tag then costs the hash of the frame's bytes and of
+ * one 32-byte digest. protocol/_mac.py is the reference (tests hold them equal). */
+#define TAG_SIZE 16
+#define TO_BROKER 0
+
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+static const uint32_t SHA256_IV[8] = {
+    0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+};
+
+#define ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(uint32_t h[8], const uint8_t *p)
+{
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = be32(p + 4 * i);
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROTR(w[i - 15], 7) ^ ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROTR(w[i - 2], 17) ^ ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = k + (ROTR(e, 6) ^ ROTR(e, 11) ^ ROTR(e, 25)) + ((e & f) ^ (~e & g))
+                      + K256[i] + w[i];
+        uint32_t t2 = (ROTR(a, 2) ^ ROTR(a, 13) ^ ROTR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+}
+
+typedef struct {
+    uint32_t h[8];
+    uint8_t buf[64];
+    size_t n;          /* bytes in buf */
+    uint64_t total;    /* bytes hashed in all, the pad's block included */
+} sha256_ctx;
+
+/* A hash that continues from a pad's midstate (one 64-byte block already hashed). */
+static void sha256_from(sha256_ctx *c, const uint32_t mid[8])
+{
+    memcpy(c->h, mid, sizeof c->h);
+    c->n = 0;
+    c->total = 64;
+}
+
+static void sha256_update(sha256_ctx *c, const uint8_t *p, size_t len)
+{
+    c->total += len;
+    if (c->n) {
+        size_t take = 64 - c->n < len ? 64 - c->n : len;
+        memcpy(c->buf + c->n, p, take);
+        c->n += take;
+        p += take;
+        len -= take;
+        if (c->n < 64)
+            return;
+        sha256_block(c->h, c->buf);
+        c->n = 0;
+    }
+    for (; len >= 64; p += 64, len -= 64)
+        sha256_block(c->h, p);
+    memcpy(c->buf, p, len);
+    c->n = len;
+}
+
+static void sha256_final(sha256_ctx *c, uint8_t out[32])
+{
+    uint64_t bits = c->total * 8;
+    c->buf[c->n++] = 0x80;
+    if (c->n > 56) {
+        memset(c->buf + c->n, 0, 64 - c->n);
+        sha256_block(c->h, c->buf);
+        c->n = 0;
+    }
+    memset(c->buf + c->n, 0, 56 - c->n);
+    put_be64(c->buf + 56, bits);
+    sha256_block(c->h, c->buf);
+    for (int i = 0; i < 8; i++)
+        put_be32(out + 4 * i, c->h[i]);
+}
+
+/* The two pads' midstates of ``key``: HMAC-SHA256's (key ^ 0x36..) and (key ^ 0x5c..)
+ * blocks, each hashed once from the IV. */
+static void mac_midstates(const uint8_t *key, Py_ssize_t key_len, uint32_t inner[8],
+                          uint32_t outer[8])
+{
+    uint8_t k[64] = {0}, block[64];
+    if (key_len > 64) {
+        sha256_ctx c;
+        memcpy(c.h, SHA256_IV, sizeof c.h);
+        c.n = 0;
+        c.total = 0;
+        sha256_update(&c, key, (size_t)key_len);
+        sha256_final(&c, k);
+    } else {
+        memcpy(k, key, (size_t)key_len);
+    }
+    memcpy(inner, SHA256_IV, 8 * sizeof(uint32_t));
+    memcpy(outer, SHA256_IV, 8 * sizeof(uint32_t));
+    for (int i = 0; i < 64; i++)
+        block[i] = k[i] ^ 0x36;
+    sha256_block(inner, block);
+    for (int i = 0; i < 64; i++)
+        block[i] = k[i] ^ 0x5C;
+    sha256_block(outer, block);
+}
+
+/* A frame's tag (_mac.frame_tag): HMAC(session key, direction u8 | counter u32 |
+ * opcode u16 | flags u8 | opaque u32 | sn_len u8 | sn | body)[:16], from the pads'
+ * midstates ``mids`` (inner 8 words, then outer 8). */
+static void frame_tag(const uint32_t mids[16], uint8_t direction, uint32_t counter,
+                      uint16_t opcode, uint8_t flags, uint32_t opaque, const uint8_t *sn,
+                      Py_ssize_t sn_len, const uint8_t *body, Py_ssize_t body_len,
+                      uint8_t tag[TAG_SIZE])
+{
+    uint8_t head[13], digest[32];
+    head[0] = direction;
+    put_be32(head + 1, counter);
+    head[5] = (uint8_t)(opcode >> 8);
+    head[6] = (uint8_t)opcode;
+    head[7] = flags;
+    put_be32(head + 8, opaque);
+    head[12] = (uint8_t)sn_len;
+    sha256_ctx c;
+    sha256_from(&c, mids);
+    sha256_update(&c, head, sizeof head);
+    sha256_update(&c, sn, (size_t)sn_len);
+    sha256_update(&c, body, (size_t)body_len);
+    sha256_final(&c, digest);
+    sha256_from(&c, mids + 8);
+    sha256_update(&c, digest, sizeof digest);
+    sha256_final(&c, digest);
+    memcpy(tag, digest, TAG_SIZE);
+}
+
+/* Read ``mids`` from mac_pads' 64 bytes; 0 (TypeError set) when they are not that. */
+static int read_mids(Py_buffer *pads, uint32_t mids[16])
+{
+    if (pads->len != 64) {
+        PyErr_SetString(PyExc_ValueError, "pads must be the 64 bytes of mac_pads()");
+        return 0;
+    }
+    for (int i = 0; i < 16; i++)
+        mids[i] = be32((const uint8_t *)pads->buf + 4 * i);
+    return 1;
+}
+
+/* mac_pads(key) -> 64 bytes */
+static PyObject *py_mac_pads(PyObject *self, PyObject *args)
+{
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "y*:mac_pads", &key))
+        return NULL;
+    uint32_t mids[16];
+    mac_midstates((const uint8_t *)key.buf, key.len, mids, mids + 8);
+    PyBuffer_Release(&key);
+    uint8_t out[64];
+    for (int i = 0; i < 16; i++)
+        put_be32(out + 4 * i, mids[i]);
+    return PyBytes_FromStringAndSize((const char *)out, sizeof out);
+}
+
+/* frame_tag(pads, direction, counter, opcode, flags, opaque, sn, body) -> 16 bytes */
+static PyObject *py_frame_tag(PyObject *self, PyObject *args)
+{
+    Py_buffer pads, sn, body;
+    unsigned int direction, opcode, flags;
+    unsigned long counter, opaque;
+    if (!PyArg_ParseTuple(args, "y*IkIIky*y*:frame_tag", &pads, &direction, &counter,
+                          &opcode, &flags, &opaque, &sn, &body))
+        return NULL;
+    uint32_t mids[16];
+    PyObject *out = NULL;
+    if (sn.len > 255)
+        PyErr_SetString(PyExc_ValueError, "sn longer than 255 bytes");
+    else if (read_mids(&pads, mids)) {
+        uint8_t tag[TAG_SIZE];
+        frame_tag(mids, (uint8_t)direction, (uint32_t)counter, (uint16_t)opcode,
+                  (uint8_t)flags, (uint32_t)opaque, (const uint8_t *)sn.buf, sn.len,
+                  (const uint8_t *)body.buf, body.len, tag);
+        out = PyBytes_FromStringAndSize((const char *)tag, TAG_SIZE);
+    }
+    PyBuffer_Release(&pads);
+    PyBuffer_Release(&sn);
+    PyBuffer_Release(&body);
+    return out;
+}
+
+/* check_publish's answer for a PUBLISH sealed with a frame MAC: FRAME_TAKE only when
+ * the frame has MAC set and its tag is the one the session's ``rx``-th frame to the
+ * broker must carry; a frame without MAC, or a bad tag, is FRAME_STOP (the session's
+ * Python path refuses it: BAD_MAC). ``*length`` is the whole frame's. */
+static int check_sealed_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t max_frame,
+                                const char *sn, Py_ssize_t sn_size, const uint32_t mids[16],
+                                uint32_t rx, uint32_t *length)
+{
+    if (avail < HEADER_SIZE)
+        return FRAME_PARTIAL;
+    Py_ssize_t sn_len = f[7];
+    uint32_t len = be32(f + 1);
+    if (f[0] != VERSION || sn_len > MAX_SN || len < (uint32_t)(MIN_FRAME + sn_len)
+            || (Py_ssize_t)len > max_frame)
+        return FRAME_STOP;
+    if ((Py_ssize_t)len > avail)
+        return FRAME_PARTIAL;
+    if (crc16(f, len - CRC_SIZE, 0xFFFF) != (f[len - 2] << 8 | f[len - 1]))
+        return FRAME_STOP;
+    uint8_t flags = f[HEADER_SIZE + sn_len];
+    if ((uint16_t)(f[5] << 8 | f[6]) != OP_PUBLISH || !(flags & FLAG_MAC))
+        return FRAME_STOP;
+    if (sn_len && (sn_len != sn_size || memcmp(f + HEADER_SIZE, sn, sn_len) != 0))
+        return FRAME_STOP;
+    const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
+    Py_ssize_t body_len = (Py_ssize_t)len - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
+    if (body_len < TAG_SIZE)
+        return FRAME_STOP;
+    uint8_t want[TAG_SIZE];
+    frame_tag(mids, TO_BROKER, rx, OP_PUBLISH, flags, be32(f + HEADER_SIZE + sn_len + 1),
+              f + HEADER_SIZE, sn_len, body, body_len - TAG_SIZE, want);
+    uint8_t diff = 0;   /* (in constant time, as compare_digest) */
+    for (int i = 0; i < TAG_SIZE; i++)
+        diff |= want[i] ^ body[body_len - TAG_SIZE + i];
+    if (diff)
+        return FRAME_STOP;
+    *length = len;
+    return FRAME_TAKE;
+}
+
+/* scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx):
+ * scan_publishes for a session with frame MACs; each frame's tag checked and cut off
+ * its payload, ``rx`` (the session's count of frames opened) advanced per frame. */
+static PyObject *scan_sealed_publishes(PyObject *self, PyObject *args)
+{
+    Py_buffer view, pads;
+    Py_ssize_t pos, max_frame, limit;
+    unsigned long rx_in;
+    PyObject *sn;
+    if (!PyArg_ParseTuple(args, "y*nnUny*k:scan_sealed_publishes", &view, &pos, &max_frame,
+                          &sn, &limit, &pads, &rx_in))
+        return NULL;
+    uint32_t mids[16];
+    uint32_t rx = (uint32_t)rx_in;
+    Py_ssize_t sn_size;
+    const char *sn_utf8 = PyUnicode_AsUTF8AndSize(sn, &sn_size);
+    PyObject *out = NULL;
+    PyObject *last_topic = NULL;
+    if (sn_utf8 == NULL || !read_mids(&pads, mids))
+        goto error;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        goto error;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto error;
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t size = view.len;
+    const uint8_t *last_raw = NULL;
+    Py_ssize_t last_n = 0;
+    uint32_t length;
+    while (PyList_GET_SIZE(out) < limit
+           && check_sealed_publish(buf + pos, size - pos, max_frame, sn_utf8, sn_size, mids,
+                                   rx, &length) == FRAME_TAKE) {
+        /* the fields of the frame without its tag */
+        PyObject *t = publish_tuple(buf + pos, length - TAG_SIZE, sn, &last_topic, &last_raw,
+                                    &last_n);
+        if (t == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            break;
+        }
+        int rc = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto error;
+        pos += length;
+        rx++;
+    }
+    Py_XDECREF(last_topic);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&pads);
+    return Py_BuildValue("(Nnk)", out, pos, (unsigned long)rx);
+error:
+    Py_XDECREF(last_topic);
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&pads);
     return NULL;
 }
 
@@ -1946,6 +2253,15 @@ static PyMethodDef methods[] = {
      "plan_calls(batch, k, pos, q, topic, seg_limit, active_base, seen, high_water, ids, "
      "parts, blob, results, appended) -> (k, i, pos, q, res): plan_run over whole append "
      "calls of a group commit (see the C comment)."},
+    {"mac_pads", py_mac_pads, METH_VARARGS,
+     "mac_pads(key) -> 64 bytes: the midstates of key's two HMAC-SHA256 pads."},
+    {"frame_tag", py_frame_tag, METH_VARARGS,
+     "frame_tag(pads, direction, counter, opcode, flags, opaque, sn, body) -> the 16-byte "
+     "tag of a frame MAC (protocol/_mac.py frame_tag), from mac_pads' midstates."},
+    {"scan_sealed_publishes", scan_sealed_publishes, METH_VARARGS,
+     "scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx): "
+     "scan_publishes for a session with frame MACs: each PUBLISH's tag checked against "
+     "the session's rx-th, cut off its payload, rx advanced per frame."},
     {"crc16", py_crc16, METH_VARARGS, "crc16(data, crc=0xFFFF): CRC-16/CCITT-FALSE"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, crc=0): zlib's CRC-32"},
     {NULL, NULL, 0, NULL},

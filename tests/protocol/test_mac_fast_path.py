@@ -157,3 +157,72 @@ def test_a_run_of_sealed_acks_is_what_sealing_each_ack_gives(runs: list, tx: int
         else isinstance(results[i], Exception)
     assert stored + dup == i and dup == sum(1 for a in results[:i] if a.duplicate)
     assert fast.tx == each.tx
+
+
+# -- the compiled scan of sealed publishes (lockmq._speedups), against the session ----
+
+from .helpers import NOT_BUILT, SPEEDUPS  # noqa: E402
+
+compiled = pytest.mark.skipif(SPEEDUPS is None, reason=NOT_BUILT)
+
+
+@compiled
+@given(st.binary(min_size=1, max_size=100), st.binary(max_size=200),
+       st.sampled_from([b"", b"LOCK-9", b"L" * 64]), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1), st.integers(0, 7))
+def test_compiled_tags_are_the_reference_tags(key: bytes, body: bytes, sn: bytes,
+                                              counter: int, opaque: int, flags: int) -> None:
+    got = SPEEDUPS.frame_tag(SPEEDUPS.mac_pads(key), 1, counter, p.Op.PUBLISH, flags,
+                             opaque, sn, body)
+    assert got == _mac.frame_tag(key, 1, counter, p.Op.PUBLISH, sn, flags, opaque, body)
+
+
+records = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.integers(0, 2**32 - 1),
+                             st.binary(max_size=80), st.sampled_from(["", "LOCK-9"])),
+                   min_size=1, max_size=8)
+
+
+@compiled
+@given(records, st.integers(-1, 8), st.integers(0, 2**32 - 1))
+def test_compiled_scan_takes_what_the_session_opens_and_stops_where_it_would_not(
+        recs: list, spoil: int, rx: int) -> None:
+    """Sealed PUBLISH frames, one spoiled (its tag altered) when ``spoil`` points at one:
+    the scan returns the fields the session's own path gives for the frames before it,
+    counts them as opened, and leaves the spoiled one, at its place, to that path."""
+    from lockmq.protocol._fast import publish_fields, take_sealed_publishes
+
+    key = b"k" * 32
+    lock = session(key, _mac.TO_BROKER)
+    lock.tx = rx
+    stream = []
+    for i, (topic, seq, payload, sn) in enumerate(recs):
+        body = p.Publish(topic, seq, 0, payload).encode()
+        frame = lock.seal(p.Op.PUBLISH, sn, body, 100 + i)
+        if i == spoil:
+            frame = frame[:-3] + bytes([frame[-3] ^ 1]) + frame[-2:]
+            frame = frame[:-2] + p.crc16(frame[:-2]).to_bytes(2, "big")
+        stream.append(frame)
+    broker = session(key, _mac.TO_CLIENT)
+    broker.name = "LOCK-9"
+    broker.rx = rx
+    dec = p.FrameDecoder(1 << 20)
+    dec.feed(b"".join(stream))
+    got = take_sealed_publishes(dec, broker, 1024, SPEEDUPS.scan_sealed_publishes,
+                                SPEEDUPS.mac_pads(key))
+    taken = len(recs) if not 0 <= spoil < len(recs) else spoil
+    assert len(got) == taken and broker.rx == rx + taken
+    reference = session(key, _mac.TO_CLIENT)
+    reference.rx = rx
+    want = []
+    for data in stream[:taken]:
+        d = p.FrameDecoder(1 << 20)
+        d.feed(data)
+        (f,) = list(d.frames())
+        _macfast.open_frame(reference, f)
+        want.append((f.opaque, f.flags, "LOCK-9", *publish_fields(f.body)))
+    assert got == want
+    if taken < len(recs):   # the spoiled frame is next, and the session refuses it
+        f = dec.next_frame()
+        with pytest.raises(p.SessionError) as err:
+            _macfast.open_frame(broker, f)
+        assert err.value.code == p.ErrorCode.BAD_MAC

@@ -42,7 +42,8 @@ from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
 from lockmq import accel
 from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
-    feed_publishes, messages_head, publish_fields, take_frame, take_publishes
+    feed_publishes, messages_head, publish_fields, take_frame, take_publishes, \
+    take_sealed_publishes
 from lockmq.protocol._fast import publish_acks as _py_publish_acks
 from lockmq.protocol._macfast import sealed_publish_acks
 from lockmq.protocol._fast import queue_run as _py_queue_run
@@ -69,6 +70,10 @@ _queue_run = getattr(accel.speedups, "queue_run", _py_queue_run)
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
+# ... and a sealed session's PUBLISH frames, their tags checked in C (None with a
+# _speedups built before it: the session's Python path opens them)
+_scan_sealed = getattr(accel.speedups, "scan_sealed_publishes", None)
+_mac_pads = getattr(accel.speedups, "mac_pads", None)
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
@@ -159,7 +164,7 @@ class Connection(asyncio.Protocol):
                  "_pub_size", "_pub_bytes", "_topics_ok", "_producer_ok", "_limits_logged",
                  "_paused_for_pub", "_paused_for_write", "_admitted", "is_device",
                  "heartbeat", "heartbeat_answered_at", "close_reason", "tls",
-                 "peer_max_frame", "_lane_fd", "_lane_topics", "_answered_reads",
+                 "peer_max_frame", "_lane_fd", "_lane_topics", "_answered_reads", "_pads",
                  "__dict__", "__weakref__")
 
     def __init__(self, services: Services, tls: bool = False) -> None:
@@ -204,6 +209,7 @@ class Connection(asyncio.Protocol):
         self._lane_fd = -1           # the socket's fd while it is in the lane (lane.py)
         self._lane_topics: set[str] = _NO_TOPICS   # topics the lane may take (allowed here)
         self._answered_reads = 0     # publish answers written by the Python path (lane.py)
+        self._pads = b""             # the frame-MAC key's pads for the C scan (mac_pads)
 
     @property
     def established(self) -> bool:
@@ -353,6 +359,22 @@ class Connection(asyncio.Protocol):
                     if len(pubs) == SCAN_LIMIT:
                         continue
                     if self.closed or not dec.buffered():   # (the usual end of a read)
+                        break
+            elif _scan_sealed is not None and session.state == ESTABLISHED \
+                    and session.mac_key is not None:
+                # compiled, a lock with frame MACs: the read's leading PUBLISH frames,
+                # each tag checked in C against the session's next counter; a bad one
+                # stops the scan and the session's own path below refuses it
+                if not self._pads:
+                    self._pads = _mac_pads(session.mac_key)
+                pubs = take_sealed_publishes(dec, session, SCAN_LIMIT, _scan_sealed,
+                                             self._pads)
+                if pubs:
+                    n += len(pubs)
+                    self._on_publishes(pubs)
+                    if len(pubs) == SCAN_LIMIT:
+                        continue
+                    if self.closed or not dec.buffered():
                         break
             if _scan_frame is not None:
                 # compiled: a whole, valid frame of a known opcode in one call (the
