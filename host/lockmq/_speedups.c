@@ -837,25 +837,41 @@ static void put_publish_ack(uint8_t *f, uint32_t opaque, int dup, long long offs
     f[22] = (uint8_t)(c >> 8); f[23] = (uint8_t)c;
 }
 
-/* publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)
- *
- * ``batch``: the connection's (opaque, oneway, record) per publish; ``results``: the
- * store's Appended (a 4-tuple: offset, topic, queue_offset, duplicate) or an
- * exception per publish. Packs the acks of results[start:] up to the first that is
- * not an Appended (``next``: its index, or len), which the caller answers. */
-static PyObject *publish_acks(PyObject *self, PyObject *args)
+/* A sealed PUBLISH_ACK (a session with frame MACs): put_publish_ack's frame with MAC
+ * set and its tag, for the broker's ``counter``-th frame to the lock, after the body. */
+#define SEALED_ACK_LEN (ACK_FRAME_LEN + TAG_SIZE)
+#define TO_CLIENT 1
+
+static void put_sealed_publish_ack(uint8_t *f, const uint32_t mids[16], uint32_t counter,
+                                   uint32_t opaque, int dup, long long offset)
 {
-    PyObject *batch, *results;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "O!O!n:publish_acks", &PyList_Type, &batch, &PyList_Type,
-                          &results, &start))
-        return NULL;
+    static const uint8_t no_sn[1] = {0};
+    f[0] = VERSION;
+    put_be32(f + 1, SEALED_ACK_LEN);
+    f[5] = 0; f[6] = OP_PUBLISH_ACK;
+    f[7] = 0;
+    f[8] = FLAG_RESPONSE | FLAG_MAC;
+    put_be32(f + 9, opaque);
+    f[13] = dup ? ACK_DUPLICATE : ACK_STORED;
+    put_be64(f + 14, offset > 0 ? (uint64_t)offset : 0);
+    frame_tag(mids, TO_CLIENT, counter, OP_PUBLISH_ACK, FLAG_RESPONSE | FLAG_MAC, opaque,
+              no_sn, 0, f + 13, 9, f + 22);
+    uint16_t c = crc16(f, SEALED_ACK_LEN - CRC_SIZE, 0xFFFF);
+    f[SEALED_ACK_LEN - 2] = (uint8_t)(c >> 8); f[SEALED_ACK_LEN - 1] = (uint8_t)c;
+}
+
+/* The acks of results[start:] up to the first that is not an Appended: unsealed, or
+ * sealed from ``mids`` with counters from ``tx`` on when ``mids`` is not NULL. */
+static PyObject *acks_run(PyObject *batch, PyObject *results, Py_ssize_t start,
+                          const uint32_t *mids, uint32_t tx)
+{
     Py_ssize_t n = Py_MIN(PyList_GET_SIZE(results), PyList_GET_SIZE(batch));
     if (start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "start out of range");
         return NULL;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (n - start) * ACK_FRAME_LEN);
+    Py_ssize_t size = mids != NULL ? SEALED_ACK_LEN : ACK_FRAME_LEN;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (n - start) * size);
     if (out == NULL)
         return NULL;
     uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
@@ -884,12 +900,51 @@ static PyObject *publish_acks(PyObject *self, PyObject *args)
             stored++;
         if (oneway)
             continue;   /* SPEC: a ONEWAY publish is never answered */
-        put_publish_ack(o + frames * ACK_FRAME_LEN, (uint32_t)opaque, is_dup, offset);
+        if (mids != NULL)
+            put_sealed_publish_ack(o + frames * size, mids, tx + (uint32_t)frames,
+                                   (uint32_t)opaque, is_dup, offset);
+        else
+            put_publish_ack(o + frames * size, (uint32_t)opaque, is_dup, offset);
         frames++;
     }
-    if (_PyBytes_Resize(&out, frames * ACK_FRAME_LEN) < 0)
+    if (_PyBytes_Resize(&out, frames * size) < 0)
         return NULL;
     return Py_BuildValue("(Nnnnn)", out, frames, stored, dup, i);
+}
+
+/* publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)
+ *
+ * ``batch``: the connection's (opaque, oneway, record) per publish; ``results``: the
+ * store's Appended (a 4-tuple: offset, topic, queue_offset, duplicate) or an
+ * exception per publish. Packs the acks of results[start:] up to the first that is
+ * not an Appended (``next``: its index, or len), which the caller answers. */
+static PyObject *publish_acks(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *results;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!O!n:publish_acks", &PyList_Type, &batch, &PyList_Type,
+                          &results, &start))
+        return NULL;
+    return acks_run(batch, results, start, NULL, 0);
+}
+
+/* sealed_publish_acks(batch, results, start, pads, tx) -> as publish_acks, each ack
+ * sealed for a session with frame MACs (protocol/_macfast.py sealed_publish_acks):
+ * the i-th ack's tag carries the counter tx + i; the caller advances its session's. */
+static PyObject *sealed_publish_acks(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *results;
+    Py_ssize_t start;
+    Py_buffer pads;
+    unsigned long tx;
+    if (!PyArg_ParseTuple(args, "O!O!ny*k:sealed_publish_acks", &PyList_Type, &batch,
+                          &PyList_Type, &results, &start, &pads, &tx))
+        return NULL;
+    uint32_t mids[16];
+    PyObject *out = read_mids(&pads, mids) ? acks_run(batch, results, start, mids,
+                                                      (uint32_t)tx) : NULL;
+    PyBuffer_Release(&pads);
+    return out;
 }
 
 /* --------------------------------------------------------------- plan_run */
@@ -2235,6 +2290,9 @@ static PyMethodDef methods[] = {
      "Python encoder must run (slow: how many)."},
     {"publish_acks", publish_acks, METH_VARARGS,
      "publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next)"},
+    {"sealed_publish_acks", sealed_publish_acks, METH_VARARGS,
+     "sealed_publish_acks(batch, results, start, pads, tx) -> as publish_acks, each ack "
+     "sealed with a frame MAC, the i-th for the counter tx + i."},
     {"queue_run", (PyCFunction)(void (*)(void))queue_run, METH_FASTCALL,
      "queue_run(pubs, start, limit, record_type, queue, records) -> (stop, size): the "
      "run of answered scan_publishes tuples to pubs[start]'s topic, at most limit, "

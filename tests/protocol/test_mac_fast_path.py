@@ -226,3 +226,19 @@ def test_compiled_scan_takes_what_the_session_opens_and_stops_where_it_would_not
         with pytest.raises(p.SessionError) as err:
             _macfast.open_frame(broker, f)
         assert err.value.code == p.ErrorCode.BAD_MAC
+
+
+@compiled
+@given(answers, st.integers(0, 2**32 - 1))
+def test_compiled_sealed_acks_are_the_reference_ones(runs: list, tx: int) -> None:
+    from lockmq.store import Appended
+
+    batch = [(opaque, oneway, None) for opaque, oneway, _, _ in runs]
+    results = [RuntimeError("refused") if off is None else
+               Appended(-1 if dup else off, "t", -1 if dup else 0, dup)
+               for _, _, off, dup in runs]
+    reference = session(b"s" * 32, _mac.TO_CLIENT)
+    reference.tx = tx
+    want = _macfast.sealed_publish_acks(reference, batch, results, 0)
+    got = SPEEDUPS.sealed_publish_acks(batch, results, 0, SPEEDUPS.mac_pads(b"s" * 32), tx)
+    assert got == want and reference.tx == tx + got[1]

@@ -74,6 +74,7 @@ _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
 # _speedups built before it: the session's Python path opens them)
 _scan_sealed = getattr(accel.speedups, "scan_sealed_publishes", None)
 _mac_pads = getattr(accel.speedups, "mac_pads", None)
+_sealed_acks = getattr(accel.speedups, "sealed_publish_acks", None)
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
@@ -868,9 +869,16 @@ class Connection(asyncio.Protocol):
         """The acks of the run of stored records from ``results[i]`` on, in one call:
         ``(bytes, frames, stored, duplicates, next index)`` (sealed when the session has
         frame MACs: each ack takes the session's next counter)."""
-        if self.session.mac_key is None:
+        session = self.session
+        if session.mac_key is None:
             return _publish_acks(batch, results, i)
-        return sealed_publish_acks(self.session, batch, results, i)
+        if _sealed_acks is None:
+            return sealed_publish_acks(session, batch, results, i)
+        if not self._pads:
+            self._pads = _mac_pads(session.mac_key)
+        got = _sealed_acks(batch, results, i, self._pads, session.tx)
+        session.tx += got[1]   # (one counter per ack, as sealing each would take)
+        return got
 
     def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
                           results: list[Appended | Exception], i: int) -> tuple[int, int]:
