@@ -97,6 +97,12 @@ def publish_acks(batch, results, start):
     first result that is not one (an exception: the caller answers it):
     ``(bytes, frames, stored, duplicates, next index)``. ONEWAY publishes are counted
     but not answered. The reference of ``lockmq._speedups.publish_acks``."""
+    return ack_run(batch, results, start, publish_ack_frame)
+
+
+def ack_run(batch, results, start, ack_frame):
+    """:func:`publish_acks` with each ack made by ``ack_frame(status, offset, opaque)``
+    (a sealed session's makes them with frame MACs: _macfast.py)."""
     acks = []
     stored = dup = 0
     n = min(len(batch), len(results))
@@ -112,7 +118,7 @@ def publish_acks(batch, results, start):
         else:
             stored += 1
         if not oneway:
-            acks.append(publish_ack_frame(1 if a[3] else 0, a[0] if a[0] > 0 else 0, opaque))
+            acks.append(ack_frame(1 if a[3] else 0, a[0] if a[0] > 0 else 0, opaque))
     return b"".join(acks), len(acks), stored, dup, i
 
 

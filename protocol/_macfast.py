@@ -16,6 +16,7 @@ import struct
 
 from ._constants import VERSION, MIN_FRAME, Op, Flag
 from ._crc import crc16_init
+from ._fast import ack_run
 from ._frame import encode_frame, op_name
 from ._mac import TAG_SIZE
 from ._session import _Session, fatal_error, CLOSING
@@ -105,39 +106,23 @@ def sealed_publish_acks(sess, batch, results, start):
     ``results[start:]`` up to the first that is not an ``Appended``, each sealed as
     ``sess.seal(Op.PUBLISH_ACK, "", PublishAck(status, offset).encode(), opaque,
     Flag.RESPONSE)`` would (the session's counter advanced once per ack), in one call:
-    ``(bytes, frames, stored, duplicates, next index)``."""
+    ``(bytes, frames, stored, duplicates, next index)``. The reference of
+    ``lockmq._speedups.sealed_publish_acks``."""
     _, inner_pad, outer_pad = _pads(sess)
     direction = sess._OUT
-    tx = sess.tx
-    acks = []
-    stored = dup = 0
-    n = min(len(batch), len(results))
-    i = start
-    while i < n:
-        a = results[i]
-        if not isinstance(a, tuple):
-            break
-        opaque, oneway, _rec = batch[i]
-        i += 1
-        if a[3]:
-            dup += 1
-        else:
-            stored += 1
-        if oneway:
-            continue
-        status = 1 if a[3] else 0
-        offset = a[0] if a[0] > 0 else 0
+
+    def sealed_ack(status, offset, opaque):
         inner = inner_pad.copy()
-        inner.update(_ACK_TAG_IN.pack(direction, tx & 0xFFFFFFFF, Op.PUBLISH_ACK, _ACK_FLAGS,
-                                      opaque, 0, status, offset))
+        inner.update(_ACK_TAG_IN.pack(direction, sess.tx & 0xFFFFFFFF, Op.PUBLISH_ACK,
+                                      _ACK_FLAGS, opaque, 0, status, offset))
         outer = outer_pad.copy()
         outer.update(inner.digest())
+        sess.tx += 1
         frame = _ACK_HEAD.pack(VERSION, _ACK_LEN, Op.PUBLISH_ACK, 0, _ACK_FLAGS, opaque,
                                status, offset) + outer.digest()[:TAG_SIZE]
-        acks.append(frame + _U16.pack(crc16_init(frame, 0xFFFF)))
-        tx += 1
-    sess.tx = tx
-    return b"".join(acks), len(acks), stored, dup, i
+        return frame + _U16.pack(crc16_init(frame, 0xFFFF))
+
+    return ack_run(batch, results, start, sealed_ack)
 
 
 def install(on=True):

@@ -165,11 +165,11 @@ enum { FRAME_STOP, FRAME_PARTIAL, FRAME_TAKE };
 
 /* The Python decoder's and session's checks, in the decoder's order, of the frame
  * at ``f`` (``avail`` bytes there) for a PUBLISH this C code may take: FRAME_TAKE (whole,
- * valid, a PUBLISH without frame MAC under the session's SN ``sn``; ``*length`` set),
- * FRAME_PARTIAL (no bad header yet, not whole yet) or FRAME_STOP (anything else: the
- * Python path's). Shared by scan_publishes and the lane, so they cannot drift. */
-static int check_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t max_frame,
-                         const char *sn, Py_ssize_t sn_size, uint32_t *length)
+ * valid, a PUBLISH under the session's SN ``sn``, its MAC flag ``mac``; ``*length``
+ * set), FRAME_PARTIAL (no bad header yet, not whole yet) or FRAME_STOP (anything else:
+ * the Python path's). A sealed frame's tag is check_sealed_publish's to check. */
+static int check_publish_as(const uint8_t *f, Py_ssize_t avail, Py_ssize_t max_frame,
+                            const char *sn, Py_ssize_t sn_size, uint8_t mac, uint32_t *length)
 {
     if (avail < HEADER_SIZE)
         return FRAME_PARTIAL;
@@ -182,12 +182,20 @@ static int check_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t max_fram
         return FRAME_PARTIAL;
     if (crc16(f, len - CRC_SIZE, 0xFFFF) != (f[len - 2] << 8 | f[len - 1]))
         return FRAME_STOP;
-    if ((uint16_t)(f[5] << 8 | f[6]) != OP_PUBLISH || (f[HEADER_SIZE + sn_len] & FLAG_MAC))
-        return FRAME_STOP;   /* another request, or frame MACs: the session's Python path */
+    if ((uint16_t)(f[5] << 8 | f[6]) != OP_PUBLISH || (f[HEADER_SIZE + sn_len] & FLAG_MAC) != mac)
+        return FRAME_STOP;   /* another request, or MACs not as the session has them */
     if (sn_len && (sn_len != sn_size || memcmp(f + HEADER_SIZE, sn, sn_len) != 0))
         return FRAME_STOP;   /* a producer id other than the session's: the session decides */
     *length = len;
     return FRAME_TAKE;
+}
+
+/* check_publish_as for a session without frame MACs. Shared by scan_publishes and the
+ * lane, so they cannot drift. */
+static int check_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t max_frame,
+                         const char *sn, Py_ssize_t sn_size, uint32_t *length)
+{
+    return check_publish_as(f, avail, max_frame, sn, sn_size, 0, length);
 }
 
 /* The fields of a whole PUBLISH frame (Publish in SPEC.md: topic str8, seq u32,
@@ -258,6 +266,10 @@ static PyObject *publish_tuple(const uint8_t *f, uint32_t length, PyObject *sn,
                          (unsigned long)v.seq, (unsigned long long)v.lock_ts_ms, payload);
 }
 
+static PyObject *scan_loop(const uint8_t *buf, Py_ssize_t size, Py_ssize_t *pos,
+                           Py_ssize_t max_frame, PyObject *sn, Py_ssize_t limit,
+                           const uint32_t *mids, uint32_t *rx);
+
 /* scan_publishes(buf, pos, max_frame, sn, limit) -> (list, pos) */
 static PyObject *scan_publishes(PyObject *self, PyObject *args)
 {
@@ -266,46 +278,10 @@ static PyObject *scan_publishes(PyObject *self, PyObject *args)
     PyObject *sn;
     if (!PyArg_ParseTuple(args, "y*nnUn:scan_publishes", &view, &pos, &max_frame, &sn, &limit))
         return NULL;
-    Py_ssize_t sn_size;
-    const char *sn_utf8 = PyUnicode_AsUTF8AndSize(sn, &sn_size);
-    PyObject *out = PyList_New(0);
-    if (sn_utf8 == NULL || out == NULL || pos < 0) {
-        if (pos < 0 && out != NULL)
-            PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
-        Py_XDECREF(out);
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    const uint8_t *buf = (const uint8_t *)view.buf;
-    Py_ssize_t size = view.len;
-    PyObject *last_topic = NULL;
-    const uint8_t *last_raw = NULL;
-    Py_ssize_t last_n = 0;
-    uint32_t length;
-    while (PyList_GET_SIZE(out) < limit
-           && check_publish(buf + pos, size - pos, max_frame, sn_utf8, sn_size, &length)
-              == FRAME_TAKE) {
-        const uint8_t *f = buf + pos;
-        PyObject *t = publish_tuple(f, length, sn, &last_topic, &last_raw, &last_n);
-        if (t == NULL) {
-            if (PyErr_Occurred())
-                goto error;
-            break;
-        }
-        int rc = PyList_Append(out, t);
-        Py_DECREF(t);
-        if (rc < 0)
-            goto error;
-        pos += length;
-    }
-    Py_XDECREF(last_topic);
+    PyObject *out = scan_loop((const uint8_t *)view.buf, view.len, &pos, max_frame, sn, limit,
+                              NULL, NULL);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(Nn)", out, pos);
-error:
-    Py_XDECREF(last_topic);
-    Py_DECREF(out);
-    PyBuffer_Release(&view);
-    return NULL;
+    return out == NULL ? NULL : Py_BuildValue("(Nn)", out, pos);
 }
 
 /* --------------------------------------------------------------- frame MACs */
@@ -519,22 +495,12 @@ static int check_sealed_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t m
                                 const char *sn, Py_ssize_t sn_size, const uint32_t mids[16],
                                 uint32_t rx, uint32_t *length)
 {
-    if (avail < HEADER_SIZE)
-        return FRAME_PARTIAL;
+    uint32_t len;
+    int rc = check_publish_as(f, avail, max_frame, sn, sn_size, FLAG_MAC, &len);
+    if (rc != FRAME_TAKE)
+        return rc;
     Py_ssize_t sn_len = f[7];
-    uint32_t len = be32(f + 1);
-    if (f[0] != VERSION || sn_len > MAX_SN || len < (uint32_t)(MIN_FRAME + sn_len)
-            || (Py_ssize_t)len > max_frame)
-        return FRAME_STOP;
-    if ((Py_ssize_t)len > avail)
-        return FRAME_PARTIAL;
-    if (crc16(f, len - CRC_SIZE, 0xFFFF) != (f[len - 2] << 8 | f[len - 1]))
-        return FRAME_STOP;
     uint8_t flags = f[HEADER_SIZE + sn_len];
-    if ((uint16_t)(f[5] << 8 | f[6]) != OP_PUBLISH || !(flags & FLAG_MAC))
-        return FRAME_STOP;
-    if (sn_len && (sn_len != sn_size || memcmp(f + HEADER_SIZE, sn, sn_len) != 0))
-        return FRAME_STOP;
     const uint8_t *body = f + HEADER_SIZE + sn_len + SUBHEADER_SIZE;
     Py_ssize_t body_len = (Py_ssize_t)len - (HEADER_SIZE + sn_len + SUBHEADER_SIZE + CRC_SIZE);
     if (body_len < TAG_SIZE)
@@ -551,6 +517,62 @@ static int check_sealed_publish(const uint8_t *f, Py_ssize_t avail, Py_ssize_t m
     return FRAME_TAKE;
 }
 
+/* The leading run of PUBLISH frames of buf[*pos:] this C code may take, at most
+ * ``limit``: their field tuples (Connection._publish's arguments), ``*pos`` moved past
+ * them. Sealed (``mids``, the session key's pads, not NULL): each frame's tag checked
+ * against the counter ``*rx`` and cut off its payload, ``*rx`` advanced per frame.
+ * NULL with an exception set when something fails. */
+static PyObject *scan_loop(const uint8_t *buf, Py_ssize_t size, Py_ssize_t *pos,
+                           Py_ssize_t max_frame, PyObject *sn, Py_ssize_t limit,
+                           const uint32_t *mids, uint32_t *rx)
+{
+    Py_ssize_t sn_size;
+    const char *sn_utf8 = PyUnicode_AsUTF8AndSize(sn, &sn_size);
+    if (sn_utf8 == NULL)
+        return NULL;
+    if (*pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    PyObject *last_topic = NULL;
+    const uint8_t *last_raw = NULL;
+    Py_ssize_t last_n = 0, at = *pos;
+    uint32_t length;
+    while (PyList_GET_SIZE(out) < limit) {
+        int took = mids != NULL
+            ? check_sealed_publish(buf + at, size - at, max_frame, sn_utf8, sn_size, mids,
+                                   *rx, &length)
+            : check_publish(buf + at, size - at, max_frame, sn_utf8, sn_size, &length);
+        if (took != FRAME_TAKE)
+            break;
+        /* (a sealed frame's fields: those of the frame without its tag) */
+        PyObject *t = publish_tuple(buf + at, mids != NULL ? length - TAG_SIZE : length, sn,
+                                    &last_topic, &last_raw, &last_n);
+        if (t == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            break;
+        }
+        int rc = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto error;
+        at += length;
+        if (mids != NULL)
+            (*rx)++;
+    }
+    Py_XDECREF(last_topic);
+    *pos = at;
+    return out;
+error:
+    Py_XDECREF(last_topic);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx):
  * scan_publishes for a session with frame MACs; each frame's tag checked and cut off
  * its payload, ``rx`` (the session's count of frames opened) advanced per frame. */
@@ -565,52 +587,12 @@ static PyObject *scan_sealed_publishes(PyObject *self, PyObject *args)
         return NULL;
     uint32_t mids[16];
     uint32_t rx = (uint32_t)rx_in;
-    Py_ssize_t sn_size;
-    const char *sn_utf8 = PyUnicode_AsUTF8AndSize(sn, &sn_size);
-    PyObject *out = NULL;
-    PyObject *last_topic = NULL;
-    if (sn_utf8 == NULL || !read_mids(&pads, mids))
-        goto error;
-    if (pos < 0) {
-        PyErr_SetString(PyExc_ValueError, "pos must be >= 0");
-        goto error;
-    }
-    out = PyList_New(0);
-    if (out == NULL)
-        goto error;
-    const uint8_t *buf = (const uint8_t *)view.buf;
-    Py_ssize_t size = view.len;
-    const uint8_t *last_raw = NULL;
-    Py_ssize_t last_n = 0;
-    uint32_t length;
-    while (PyList_GET_SIZE(out) < limit
-           && check_sealed_publish(buf + pos, size - pos, max_frame, sn_utf8, sn_size, mids,
-                                   rx, &length) == FRAME_TAKE) {
-        /* the fields of the frame without its tag */
-        PyObject *t = publish_tuple(buf + pos, length - TAG_SIZE, sn, &last_topic, &last_raw,
-                                    &last_n);
-        if (t == NULL) {
-            if (PyErr_Occurred())
-                goto error;
-            break;
-        }
-        int rc = PyList_Append(out, t);
-        Py_DECREF(t);
-        if (rc < 0)
-            goto error;
-        pos += length;
-        rx++;
-    }
-    Py_XDECREF(last_topic);
+    PyObject *out = read_mids(&pads, mids)
+        ? scan_loop((const uint8_t *)view.buf, view.len, &pos, max_frame, sn, limit, mids, &rx)
+        : NULL;
     PyBuffer_Release(&view);
     PyBuffer_Release(&pads);
-    return Py_BuildValue("(Nnk)", out, pos, (unsigned long)rx);
-error:
-    Py_XDECREF(last_topic);
-    Py_XDECREF(out);
-    PyBuffer_Release(&view);
-    PyBuffer_Release(&pads);
-    return NULL;
+    return out == NULL ? NULL : Py_BuildValue("(Nnk)", out, pos, (unsigned long)rx);
 }
 
 /* -------------------------------------------------------------- scan_frame */

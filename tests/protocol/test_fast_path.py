@@ -113,14 +113,17 @@ def test_truncated_lease_bodies_are_bad_body_on_both_paths(body: bytes, portable
             p.Nack.decode(body)
 
 
-def test_micropython_does_not_load_the_fast_path(tmp_path: Path) -> None:
+def test_micropython_does_not_load_the_fast_paths(tmp_path: Path) -> None:
+    # (neither _fast.py nor the frame MACs' _macfast.py: both are CPython's)
     lib = build_mpy_lib(tmp_path, compile_mpy=False)
     script = tmp_path / "probe.py"
     script.write_text(
         "import sys\n"
         "from lockmq import protocol\n"
         "import lockmq.protocol._consume\n"
-        "print('fast' if 'lockmq.protocol._fast' in sys.modules else 'portable')\n")
+        "from lockmq.protocol import _session, _mac\n"
+        "print('fast' if 'lockmq.protocol._fast' in sys.modules\n"
+        "      or 'lockmq.protocol._macfast' in sys.modules else 'portable')\n")
     proc = run_micropython(script, [], tmp_path, [lib, tmp_path], "512K")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "portable"

@@ -4,7 +4,6 @@ the same tags, both refuse the same altered, replayed and reordered frames, and
 MicroPython never loads it."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -15,7 +14,7 @@ from lockmq.protocol._crc import crc16_table
 from lockmq.protocol._session import _Session
 
 from . import vector_checks
-from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
+from lockmq.testing.micropython import PROTOCOL
 
 
 def session(key: bytes, out: int) -> _Session:
@@ -116,32 +115,26 @@ def test_a_new_key_is_hashed_again() -> None:
     assert two == _mac.frame_tag(b"j" * 32, 0, 0, p.Op.PUBLISH, "A", 4, 1, b"x")
 
 
-def test_micropython_does_not_load_the_mac_fast_path(tmp_path: Path) -> None:
-    lib = build_mpy_lib(tmp_path, compile_mpy=False)
-    script = tmp_path / "probe.py"
-    script.write_text(
-        "import sys\n"
-        "from lockmq.protocol import _session, _mac\n"
-        "print('fast' if 'lockmq.protocol._macfast' in sys.modules else 'portable')\n")
-    proc = run_micropython(script, [], tmp_path, [lib, tmp_path], "512K")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip() == "portable"
-
-
 answers = st.lists(st.tuples(st.integers(0, 2**32 - 1), st.booleans(),
                              st.one_of(st.integers(-1, 2**40), st.none()), st.booleans()),
                    max_size=12)
 
 
-@given(answers, st.integers(0, 2**32 - 1))
-def test_a_run_of_sealed_acks_is_what_sealing_each_ack_gives(runs: list, tx: int) -> None:
-    # (opaque, oneway, offset or None = a refusal, duplicate): what the broker answers
+def _answered(runs: list) -> tuple[list, list]:
+    """The connection's batch and the store's results for ``runs``: (opaque, oneway,
+    offset or None for a refusal, duplicate) per publish."""
     from lockmq.store import Appended
 
     batch = [(opaque, oneway, None) for opaque, oneway, _, _ in runs]
     results = [RuntimeError("refused") if off is None else
                Appended(-1 if dup else off, "t", -1 if dup else 0, dup)
                for _, _, off, dup in runs]
+    return batch, results
+
+
+@given(answers, st.integers(0, 2**32 - 1))
+def test_a_run_of_sealed_acks_is_what_sealing_each_ack_gives(runs: list, tx: int) -> None:
+    batch, results = _answered(runs)
     fast, each = session(b"s" * 32, _mac.TO_CLIENT), session(b"s" * 32, _mac.TO_CLIENT)
     fast.tx = each.tx = tx
     data, frames, stored, dup, i = _macfast.sealed_publish_acks(fast, batch, results, 0)
@@ -231,12 +224,7 @@ def test_compiled_scan_takes_what_the_session_opens_and_stops_where_it_would_not
 @compiled
 @given(answers, st.integers(0, 2**32 - 1))
 def test_compiled_sealed_acks_are_the_reference_ones(runs: list, tx: int) -> None:
-    from lockmq.store import Appended
-
-    batch = [(opaque, oneway, None) for opaque, oneway, _, _ in runs]
-    results = [RuntimeError("refused") if off is None else
-               Appended(-1 if dup else off, "t", -1 if dup else 0, dup)
-               for _, _, off, dup in runs]
+    batch, results = _answered(runs)
     reference = session(b"s" * 32, _mac.TO_CLIENT)
     reference.tx = tx
     want = _macfast.sealed_publish_acks(reference, batch, results, 0)
