@@ -230,3 +230,29 @@ def test_compiled_sealed_acks_are_the_reference_ones(runs: list, tx: int) -> Non
     want = _macfast.sealed_publish_acks(reference, batch, results, 0)
     got = SPEEDUPS.sealed_publish_acks(batch, results, 0, SPEEDUPS.mac_pads(b"s" * 32), tx)
     assert got == want and reference.tx == tx + got[1]
+
+
+@compiled
+@given(st.binary(max_size=300), st.integers(0, 320), st.integers(0, 2**32 - 1))
+def test_compiled_sealed_scan_takes_nothing_from_noise(noise: bytes, pos: int, rx: int) -> None:
+    # (no frame of random bytes has a valid CRC and tag; nothing read past the buffer)
+    pubs, end, rx_after = SPEEDUPS.scan_sealed_publishes(
+        noise, pos, 1 << 20, "LOCK-9", 1024, SPEEDUPS.mac_pads(b"k" * 32), rx)
+    assert (pubs, end, rx_after) == ([], pos, rx)
+
+
+@compiled
+@given(st.integers(1, 6), st.data())
+def test_compiled_sealed_scan_takes_only_whole_frames_of_a_cut_stream(count: int, data) -> None:
+    key = b"k" * 32
+    lock = session(key, _mac.TO_BROKER)
+    frames = [lock.seal(p.Op.PUBLISH, "LOCK-9", p.Publish("lock.x", i, 0, b"e" * 24).encode(),
+                        i) for i in range(count)]
+    stream = b"".join(frames)
+    cut = data.draw(st.integers(0, len(stream)))
+    pubs, end, rx = SPEEDUPS.scan_sealed_publishes(stream[:cut], 0, 1 << 20, "LOCK-9", 1024,
+                                                   SPEEDUPS.mac_pads(key), 0)
+    whole = 0
+    while whole < count and sum(len(f) for f in frames[:whole + 1]) <= cut:
+        whole += 1
+    assert len(pubs) == whole == rx and end == sum(len(f) for f in frames[:whole])
