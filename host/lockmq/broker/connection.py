@@ -366,10 +366,8 @@ class Connection(asyncio.Protocol):
                 # compiled, a lock with frame MACs: the read's leading PUBLISH frames,
                 # each tag checked in C against the session's next counter; a bad one
                 # stops the scan and the session's own path below refuses it
-                if not self._pads:
-                    self._pads = _mac_pads(session.mac_key)
                 pubs = take_sealed_publishes(dec, session, SCAN_LIMIT, _scan_sealed,
-                                             self._pads)
+                                             self._seal_pads())
                 if pubs:
                     n += len(pubs)
                     self._on_publishes(pubs)
@@ -382,12 +380,6 @@ class Connection(asyncio.Protocol):
                 # handshake's CONNECT and AUTH: no generator, no frame walk in Python);
                 # anything else -- partial, bad, unknown -- is the decoder's, below
                 frame = take_frame(dec, _scan_frame)
-                if frame is not None and frame.opcode == Op.PUBLISH \
-                        and session.mac_key is not None and session.state == ESTABLISHED:
-                    n += self._sealed_publishes(frame)
-                    if not self.closed and dec.buffered():
-                        continue
-                    break
                 if frame is not None:
                     n += 1
                     try:
@@ -420,46 +412,6 @@ class Connection(asyncio.Protocol):
             except ProtocolError as exc:
                 self._bad_input(exc)
                 break
-        return n
-
-    def _sealed_publishes(self, frame: Any) -> int:
-        """The PUBLISH frames of a session with frame MACs, from ``frame`` on while the
-        next whole frame is one too: each checked by the session (its tag opened), then
-        stored as one run by :meth:`_on_publishes`, as the compiled scan does for
-        unsealed ones. A frame of another kind ends the run and is handled after it.
-        Returns how many frames were read."""
-        session = self.session
-        name = session.name
-        pubs: list[tuple] = []
-        n = 0
-        while frame is not None:
-            n += 1
-            if frame.opcode != Op.PUBLISH:   # (the run ends: the other frame after it)
-                if pubs:
-                    self._on_publishes(pubs)
-                    pubs = []
-                if not self.closed:
-                    try:
-                        self._handle(frame)
-                    except Exception as exc:  # noqa: BLE001 -- as in _read_frames
-                        self._frame_failed(frame, exc)
-                break
-            try:
-                session.receive(frame)   # (the tag, the SN, the state: or it raises)
-                topic, seq, lock_ts_ms, payload = publish_fields(frame.body)
-                pubs.append((frame.opaque, frame.flags, frame.sn or name, topic, seq,
-                             lock_ts_ms, payload))
-            except Exception as exc:  # noqa: BLE001 -- as in _read_frames
-                if pubs:   # (the frames before it were good: theirs come first)
-                    self._on_publishes(pubs)
-                    pubs = []
-                if not self._frame_failed(frame, exc):
-                    break
-            if self.closed or len(pubs) >= SCAN_LIMIT:
-                break
-            frame = take_frame(self.decoder, _scan_frame)
-        if pubs and not self.closed:
-            self._on_publishes(pubs)
         return n
 
     def _frame_failed(self, frame: Any, exc: Exception) -> bool:
@@ -874,11 +826,15 @@ class Connection(asyncio.Protocol):
             return _publish_acks(batch, results, i)
         if _sealed_acks is None:
             return sealed_publish_acks(session, batch, results, i)
-        if not self._pads:
-            self._pads = _mac_pads(session.mac_key)
-        got = _sealed_acks(batch, results, i, self._pads, session.tx)
+        got = _sealed_acks(batch, results, i, self._seal_pads(), session.tx)
         session.tx += got[1]   # (one counter per ack, as sealing each would take)
         return got
+
+    def _seal_pads(self) -> bytes:
+        """The session key's HMAC pads for the compiled tags (``mac_pads``), made once."""
+        if not self._pads:
+            self._pads = _mac_pads(self.session.mac_key)
+        return self._pads
 
     def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
                           results: list[Appended | Exception], i: int) -> tuple[int, int]:
