@@ -1498,16 +1498,19 @@ error:   /* nothing of this call stays queued: the caller answers the error */
  *
  * At one record per read, every read entering Python (uvloop's callback, the bytes,
  * the GIL, the publish path's calls) cost the broker ~4 us of its ~11 per record. A
- * connection in its steady state -- established, no frame MACs, only PUBLISHes to
- * topics already allowed -- is handed to the lane (broker/lane.py): its transport
+ * connection in its steady state -- established, only PUBLISHes to topics already
+ * allowed -- is handed to the lane (broker/lane.py): its transport
  * stops reading, and its socket joins the lane's epoll set, which the broker's loop
  * watches as one fd. When it is readable, one poll() reads every ready socket,
  * checks each frame as scan_publishes does, and returns the records of all of them
  * with one plan of who gets which ack; one answer() packs and sends every ack of a
- * group commit. Python then runs per loop iteration, not per read.
+ * group commit. Python then runs per loop iteration, not per read. A session with
+ * frame MACs (a lock on plain TCP) hands its key's pads and both counters over: the
+ * lane checks each PUBLISH's tag as scan_sealed_publishes does, seals each ack, and
+ * gives the counters back with the socket.
  *
  * Whatever is not that steady state goes back to the connection's Python path with
- * the unread bytes ("bail"): another opcode, a bad, MAC'd or ONEWAY frame, another
+ * the unread bytes ("bail"): another opcode, a bad or ONEWAY frame, a bad tag, another
  * SN, a topic not yet allowed, the rate credit used up, EOF or a socket error, a
  * frame too large for the read buffer. The Python path then raises the protocol's
  * own errors, so error behaviour cannot drift. The lane never writes while Python
@@ -1543,6 +1546,11 @@ typedef struct {
                              in tail, until take_bails() or release() hands it back */
     uint8_t *tail;        /* a partial frame carried to the next read */
     Py_ssize_t tail_len;
+    int sealed;           /* the session has frame MACs: its frames are checked and its
+                             acks sealed here, with the session's counters, which the
+                             lane keeps while it holds the socket */
+    uint32_t mids[16];    /* (sealed) the session key's pads' midstates (mac_pads) */
+    uint32_t rx, tx;      /* (sealed) frames opened from / sealed to the lock so far */
 } lane_slot;
 
 typedef struct {
@@ -1580,6 +1588,7 @@ typedef struct {
     unsigned long long gen;
     uint32_t opaque;
     uint32_t size;
+    int sealed;   /* its ack needs the session's next counter (Python's if the socket left) */
 } plan_entry;
 
 typedef struct {
@@ -1616,7 +1625,7 @@ static PyTypeObject PlanType = {
 };
 
 static int plan_add(PlanObject *p, PyObject *conn, int fd, unsigned long long gen,
-                    uint32_t opaque, uint32_t size)
+                    uint32_t opaque, uint32_t size, int sealed)
 {
     if (p->n == p->cap) {
         Py_ssize_t cap = p->cap ? p->cap * 2 : 64;
@@ -1629,7 +1638,7 @@ static int plan_add(PlanObject *p, PyObject *conn, int fd, unsigned long long ge
         p->cap = cap;
     }
     Py_INCREF(conn);
-    p->e[p->n++] = (plan_entry){conn, fd, gen, opaque, size};
+    p->e[p->n++] = (plan_entry){conn, fd, gen, opaque, size, sealed};
     return 0;
 }
 
@@ -1651,8 +1660,9 @@ static lane_slot *lane_slot_of(LaneObject *ln, int fd, unsigned long long gen)
     return gen == 0 || s->gen == gen ? s : NULL;
 }
 
-/* Take fd out of the lane: (held bytes, credit left) for Python, or NULL on an
- * error. ``extra``: unread bytes of this poll to hand back after the held tail. */
+/* Take fd out of the lane: (conn, held bytes, credit left, rx, tx) for Python, or
+ * NULL on an error (rx, tx: a sealed session's counters, which are Python's again).
+ * ``extra``: unread bytes of this poll to hand back after the held tail. */
 static PyObject *lane_detach(LaneObject *ln, int fd, const uint8_t *extra, Py_ssize_t n)
 {
     lane_slot *s = ln->slots[fd];
@@ -1667,7 +1677,8 @@ static PyObject *lane_detach(LaneObject *ln, int fd, const uint8_t *extra, Py_ss
     if (data != NULL) {
         memcpy(PyBytes_AS_STRING(data), s->tail, s->tail_len);
         memcpy(PyBytes_AS_STRING(data) + s->tail_len, extra, n);
-        res = Py_BuildValue("(OOL)", s->conn, data, s->credit);
+        res = Py_BuildValue("(OOLkk)", s->conn, data, s->credit, (unsigned long)s->rx,
+                            (unsigned long)s->tx);
         Py_DECREF(data);
     }
     slot_free(s);
@@ -1754,15 +1765,27 @@ static PyObject *lane_fileno(LaneObject *ln, PyObject *unused)
     return PyLong_FromLong(ln->epfd);
 }
 
-/* adopt(fd, conn, sn, topics, credit, limit) */
+/* adopt(fd, conn, sn, topics, credit, limit, pads=None, rx=0, tx=0); a session with
+ * frame MACs passes its key's mac_pads and its counters (release hands them back) */
 static PyObject *lane_adopt_unlocked(LaneObject *ln, PyObject *args)
 {
     int fd;
-    PyObject *conn, *sn, *topics;
+    PyObject *conn, *sn, *topics, *pads = Py_None;
     long long credit, limit;
-    if (!PyArg_ParseTuple(args, "iOUO!LL:adopt", &fd, &conn, &sn, &PySet_Type, &topics,
-                          &credit, &limit))
+    unsigned long rx = 0, tx = 0;
+    if (!PyArg_ParseTuple(args, "iOUO!LL|Okk:adopt", &fd, &conn, &sn, &PySet_Type, &topics,
+                          &credit, &limit, &pads, &rx, &tx))
         return NULL;
+    uint32_t mids[16];
+    if (pads != Py_None) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(pads, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        int ok = read_mids(&view, mids);
+        PyBuffer_Release(&view);
+        if (!ok)
+            return NULL;
+    }
     if (fd < 0 || fd >= (1 << 24) || limit <= 0) {
         PyErr_SetString(PyExc_ValueError, "fd or limit out of range");
         return NULL;
@@ -1799,13 +1822,20 @@ static PyObject *lane_adopt_unlocked(LaneObject *ln, PyObject *args)
     s->topics = Py_NewRef(topics);
     s->credit = credit;
     s->limit = limit;
+    if (pads != Py_None) {
+        s->sealed = 1;
+        memcpy(s->mids, mids, sizeof mids);
+        s->rx = (uint32_t)rx;
+        s->tx = (uint32_t)tx;
+    }
     s->gen = ln->next_gen++;
     ln->slots[fd] = s;
     ln->adopted++;
     Py_RETURN_NONE;
 }
 
-/* release(fd) -> (conn, held bytes, credit left), or None if fd is not in the lane */
+/* release(fd) -> (conn, held bytes, credit left, rx, tx), or None if fd is not in
+ * the lane */
 static PyObject *lane_release_unlocked(LaneObject *ln, PyObject *args)
 {
     int fd;
@@ -1831,11 +1861,15 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
     uint32_t length;
     while (pos < n) {
         const uint8_t *f = buf + pos;
-        int got = check_publish(f, n - pos, ln->max_frame, s->sn_utf8, s->sn_size, &length);
+        int got = s->sealed   /* (a bad tag stops here: the session's path says BAD_MAC) */
+            ? check_sealed_publish(f, n - pos, ln->max_frame, s->sn_utf8, s->sn_size,
+                                   s->mids, s->rx, &length)
+            : check_publish(f, n - pos, ln->max_frame, s->sn_utf8, s->sn_size, &length);
         if (got == FRAME_PARTIAL)
             goto partial;   /* (length <= max_frame: rbuf holds it and a read more) */
-        publish_view v;
-        if (got == FRAME_STOP || !view_publish(f, length, &v) || (v.flags & FLAG_ONEWAY))
+        publish_view v;   /* (a sealed frame's fields: those of the frame without its tag) */
+        if (got == FRAME_STOP || !view_publish(f, s->sealed ? length - TAG_SIZE : length, &v)
+                || (v.flags & FLAG_ONEWAY))
             break;   /* the Python path's: its errors, ONEWAY's no-answer rule */
         if (s->credit == 0)
             break;   /* the lock's rate: Python asks its budget */
@@ -1872,7 +1906,7 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
         uint32_t size = (uint32_t)(v.payload_len + 64);   /* Connection._pub_size's measure */
         int rc = PyList_Append(records, rec);
         Py_DECREF(rec);
-        if (rc < 0 || plan_add(plan, s->conn, fd, s->gen, v.opaque, size) < 0) {
+        if (rc < 0 || plan_add(plan, s->conn, fd, s->gen, v.opaque, size, s->sealed) < 0) {
             if (rc == 0)   /* keep records and plan in step */
                 PyList_SetSlice(records, PyList_GET_SIZE(records) - 1, PyList_GET_SIZE(records), NULL);
             goto error;
@@ -1880,6 +1914,8 @@ static Py_ssize_t lane_take(LaneObject *ln, lane_slot *s, int fd, const uint8_t 
         s->pending += size;
         if (s->credit > 0)
             s->credit--;
+        if (s->sealed)
+            s->rx++;
         (*frames)++;
         pos += length;
     }
@@ -1929,7 +1965,7 @@ static int lane_defer_bail(LaneObject *ln, lane_slot *s, int fd, const uint8_t *
 /* poll(max_records, defer=0) -> (records, plan, bails, bytes_in, frames_in)
  *
  * Reads each ready socket once. ``records``: NewRecords for the store, in order;
- * ``plan``: whose ack each is (for answer()); ``bails``: (conn, bytes, credit) of
+ * ``plan``: whose ack each is (for answer()); ``bails``: (conn, bytes, credit, rx, tx) of
  * each socket the lane gave back this poll (bytes: what Python must read now, empty
  * at EOF or on an error: the transport, reading again, sees it). With ``defer``
  * (a thread other than the loop's polls), a socket given up stays in the lane,
@@ -2026,11 +2062,13 @@ static int is_appended(PyObject *a)
  *
  * The store's results for one poll's records, in order. Each socket still in the
  * lane gets its acks in one send; what the lane cannot finish is a leftover for
- * Python, one per connection: (1, conn, batch, results) when a record was refused
- * (Connection._answer_publishes answers them all, in order; those counts are
- * Python's); (2, conn, acks, frames) when the socket left the lane (Python writes
- * them); (3, conn, unsent, held, credit) when the socket did not take its acks
- * whole (the lane gave it back as release() does; Python writes the rest). */
+ * Python, one per connection: (1, conn, batch, results) when a record was refused,
+ * or a sealed session's socket left the lane (Connection._answer_publishes answers
+ * them all, in order; those counts are Python's); (2, conn, acks, frames) when the
+ * socket left the lane (Python writes them); (3, conn, unsent, held, credit, rx, tx)
+ * when the socket did not take its acks whole (the lane gave it back as release()
+ * does; Python writes the rest). A sealed session's acks in the lane take the slot's
+ * counter, one each. */
 static PyObject *lane_answer_unlocked(LaneObject *ln, PyObject *args)
 {
     PlanObject *plan;
@@ -2066,7 +2104,10 @@ static PyObject *lane_answer_unlocked(LaneObject *ln, PyObject *args)
             }
         }
         PyObject *left = NULL;
-        if (refused) {   /* Python answers the group, refusals and acks in order */
+        /* Python answers the group, refusals and acks in order, when one was refused, and
+         * a sealed session's acks once the socket has left the lane: their tags take the
+         * session's counters as they are written, which are Python's again */
+        if (refused || (e->sealed && s == NULL)) {
             PyObject *batch = PyList_New(j - i), *res = PyList_GetSlice(results, i, j);
             if (batch == NULL || res == NULL) {
                 Py_XDECREF(batch);
@@ -2085,7 +2126,9 @@ static PyObject *lane_answer_unlocked(LaneObject *ln, PyObject *args)
             }
             left = Py_BuildValue("(iONN)", 1, e->conn, batch, res);
         } else {
-            Py_ssize_t len = (j - i) * ACK_FRAME_LEN;
+            int sealed = s != NULL && s->sealed;
+            Py_ssize_t unit = sealed ? SEALED_ACK_LEN : ACK_FRAME_LEN;
+            Py_ssize_t len = (j - i) * unit;
             uint8_t *o = PyMem_Realloc(acks, len);
             if (o == NULL) {
                 PyErr_NoMemory();
@@ -2101,7 +2144,11 @@ static PyObject *lane_answer_unlocked(LaneObject *ln, PyObject *args)
                 if (is_dup < 0 || (offset == -1 && PyErr_Occurred()))
                     goto error;
                 is_dup ? dup++ : stored++;
-                put_publish_ack(o + (m - i) * ACK_FRAME_LEN, plan->e[m].opaque, is_dup, offset);
+                if (sealed)   /* (the slot's counter: Python's session gets it back on release) */
+                    put_sealed_publish_ack(o + (m - i) * unit, s->mids, s->tx++,
+                                           plan->e[m].opaque, is_dup, offset);
+                else
+                    put_publish_ack(o + (m - i) * unit, plan->e[m].opaque, is_dup, offset);
             }
             frames_out += j - i;
             Py_ssize_t sent = 0;
@@ -2115,13 +2162,15 @@ static PyObject *lane_answer_unlocked(LaneObject *ln, PyObject *args)
                 if (rest == NULL)
                     goto error;
                 if (s != NULL) {   /* the socket is Python's again, with the rest to write */
-                    PyObject *back = lane_detach(ln, e->fd, NULL, 0);   /* (conn, held, credit) */
+                    /* (conn, held, credit, rx, tx) */
+                    PyObject *back = lane_detach(ln, e->fd, NULL, 0);
                     if (back == NULL) {
                         Py_DECREF(rest);
                         goto error;
                     }
-                    left = Py_BuildValue("(iONOO)", 3, e->conn, rest, PyTuple_GET_ITEM(back, 1),
-                                         PyTuple_GET_ITEM(back, 2));
+                    left = Py_BuildValue("(iONOOOO)", 3, e->conn, rest, PyTuple_GET_ITEM(back, 1),
+                                         PyTuple_GET_ITEM(back, 2), PyTuple_GET_ITEM(back, 3),
+                                         PyTuple_GET_ITEM(back, 4));
                     Py_DECREF(back);
                 } else {
                     left = Py_BuildValue("(iONn)", 2, e->conn, rest, j - i);
@@ -2146,7 +2195,7 @@ error:
     return NULL;
 }
 
-/* take_bails() -> [(conn, bytes, credit)]: every socket poll(defer=1) gave up, out of
+/* take_bails() -> [(conn, bytes, credit, rx, tx)]: every socket poll(defer=1) gave up, out of
  * the lane now (bytes: what Python must read first, as poll's bails). */
 static PyObject *lane_take_bails_unlocked(LaneObject *ln, PyObject *unused)
 {
@@ -2206,13 +2255,15 @@ LANE_LOCKED(lane_close)
 static PyMethodDef lane_methods[] = {
     {"fileno", (PyCFunction)lane_fileno, METH_NOARGS, "The epoll fd the loop watches."},
     {"adopt", (PyCFunction)lane_adopt, METH_VARARGS,
-     "adopt(fd, conn, sn, topics, credit, limit): read fd's steady publishes here."},
+     "adopt(fd, conn, sn, topics, credit, limit, pads=None, rx=0, tx=0): read fd's steady "
+     "publishes here (pads, rx, tx: a session with frame MACs, its mac_pads and counters)."},
     {"release", (PyCFunction)lane_release, METH_VARARGS,
-     "release(fd) -> (conn, held bytes, credit left), or None: give fd back to Python."},
+     "release(fd) -> (conn, held bytes, credit left, rx, tx), or None: give fd back to "
+     "Python (rx, tx: a sealed session's counters now)."},
     {"poll", (PyCFunction)lane_poll, METH_VARARGS,
      "poll(max_records, defer=False) -> (records, plan, bails, bytes_in, frames_in)"},
     {"take_bails", (PyCFunction)lane_take_bails, METH_NOARGS,
-     "take_bails() -> [(conn, bytes, credit)]: the sockets poll(defer=True) gave up."},
+     "take_bails() -> [(conn, bytes, credit, rx, tx)]: the sockets poll(defer=True) gave up."},
     {"bailed", (PyCFunction)lane_bailed, METH_NOARGS,
      "How many sockets poll(defer=True) gave up and take_bails() has not taken."},
     {"answer", (PyCFunction)lane_answer, METH_VARARGS,

@@ -10,13 +10,20 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from lockmq import accel
 from lockmq.broker.lane import LANE_TYPE
 from lockmq.broker.publish import PublishRefused
 from lockmq.protocol import Flag, FrameDecoder, Op, Publish, PublishAck, _fast
+from lockmq.protocol import ESTABLISHED
+from lockmq.protocol._crc import crc16
 from lockmq.protocol._frame import encode_frame
+from lockmq.protocol import _macfast
+from lockmq.protocol._mac import TO_BROKER, TO_CLIENT
+from lockmq.protocol._session import _Session
 from lockmq.store import Appended, NewRecord
 
 pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._speedups not built")
+mac_pads = getattr(accel.speedups, "mac_pads", None)
 
 SN = "lock-7"
 TOPIC = "door-events"
@@ -130,7 +137,7 @@ def test_what_the_lane_does_not_take_goes_back_to_python_unread(pair: Pair, why:
     pair.peer.sendall(before + frame + after)
     records, plan, bails, nbytes, frames = pair.poll()
     assert [r.seq for r in records] == [1, 2], why
-    assert bails == [(pair.conn, frame + after, -1)], why
+    assert bails == [(pair.conn, frame + after, -1, 0, 0)], why
     assert nbytes == len(before) and frames == 2
     assert pair.lane.adopted() == 0
     assert pair.lane.release(pair.mine.fileno()) is None   # (gone already)
@@ -146,7 +153,7 @@ def test_eof_gives_the_socket_back_with_the_partial_frame_it_held(pair: Pair) ->
     assert pair.poll()[2] == []
     pair.peer.shutdown(socket.SHUT_WR)
     records, _, bails, _, _ = pair.poll()
-    assert records == [] and bails == [(pair.conn, frame[:10], -1)]
+    assert records == [] and bails == [(pair.conn, frame[:10], -1, 0, 0)]
 
 
 @pytest.mark.parametrize("how", ["take_bails", "release"])
@@ -167,9 +174,9 @@ def test_a_deferred_bail_keeps_the_socket_until_the_loop_takes_it(pair: Pair, ho
     assert pair.lane.poll(4096, True)[0] == []   # (an answer does not put it back)
     if how == "take_bails":
         back = pair.lane.take_bails()
-        assert back == [(pair.conn, beat + publish(2, 2), -1)]
+        assert back == [(pair.conn, beat + publish(2, 2), -1, 0, 0)]
     else:
-        assert pair.lane.release(fd) == (pair.conn, beat + publish(2, 2), -1)
+        assert pair.lane.release(fd) == (pair.conn, beat + publish(2, 2), -1, 0, 0)
         assert pair.lane.take_bails() == []
     assert pair.lane.bailed() == 0 and pair.lane.adopted() == 0
     assert pair.mine.recv(4096) == publish(3, 3)   # (still on the socket, for Python)
@@ -182,7 +189,7 @@ def test_a_deferred_eof_hands_back_the_partial_frame_it_held(pair: Pair) -> None
     pair.peer.shutdown(socket.SHUT_WR)
     records, _, bails, _, _ = pair.lane.poll(4096, True)
     assert records == [] and bails == [] and pair.lane.bailed() == 1
-    assert pair.lane.take_bails() == [(pair.conn, frame[:10], -1)]
+    assert pair.lane.take_bails() == [(pair.conn, frame[:10], -1, 0, 0)]
     assert pair.lane.take_bails() == [] and pair.lane.adopted() == 0
 
 
@@ -192,7 +199,7 @@ def test_release_hands_back_the_partial_frame_and_the_credit_left() -> None:
         p.peer.sendall(publish(1, 1) + publish(2, 2)[:9])
         records, _, bails, _, _ = p.poll()
         assert len(records) == 1 and bails == []
-        assert p.lane.release(p.mine.fileno()) == (p.conn, publish(2, 2)[:9], 4)
+        assert p.lane.release(p.mine.fileno()) == (p.conn, publish(2, 2)[:9], 4, 0, 0)
         assert p.lane.adopted() == 0
     finally:
         p.close()
@@ -204,7 +211,7 @@ def test_the_rate_credit_used_up_gives_the_rest_back() -> None:
         p.peer.sendall(b"".join(publish(i, i) for i in range(1, 5)))
         records, _, bails, _, _ = p.poll()
         assert [r.seq for r in records] == [1, 2]
-        assert bails == [(p.conn, publish(3, 3) + publish(4, 4), 0)]
+        assert bails == [(p.conn, publish(3, 3) + publish(4, 4), 0, 0, 0)]
     finally:
         p.close()
 
@@ -376,3 +383,133 @@ def _frame_start(data: bytes, k: int) -> int:
     for _ in range(k):
         pos += int.from_bytes(data[pos + 1:pos + 5], "big")
     return pos
+
+
+# -- a session with frame MACs --------------------------------------------------------
+
+KEY = bytes(range(32))
+
+
+class SealedPair(Pair):
+    """A Pair whose lock seals its frames: the lane holds the session key's pads and
+    its counters, from rx=7 / tx=3 (frames opened and sealed before it joined);
+    ``lock`` is the lock's session, which seals its publishes and opens the acks."""
+
+    def __init__(self) -> None:
+        self.lane = LANE_TYPE(NewRecord, MAX_FRAME)
+        self.mine, self.peer = socket.socketpair()
+        self.mine.setblocking(False)
+        self.conn = Conn()
+        self.topics = {TOPIC}
+        self.lock = _Session()
+        self.lock._OUT = TO_BROKER
+        self.lock.mac_key = KEY
+        self.lock.state = ESTABLISHED
+        self.lock.tx, self.lock.rx = 7, 3
+        self.lane.adopt(self.mine.fileno(), self.conn, SN, self.topics, -1, 1 << 20,
+                        mac_pads(KEY), 7, 3)
+
+    def sealed(self, seq: int, opaque: int, op: int = Op.PUBLISH) -> bytes:
+        body = Publish(TOPIC, seq, 1700000000000 + seq, b"p" * 24).encode() \
+            if op == Op.PUBLISH else b""
+        return self.lock.seal(op, SN, body, opaque)
+
+    def opened(self, frames: list[Any]) -> list[Any]:
+        for f in frames:   # (in order: each tag carries the broker's next counter)
+            self.lock._open(f)
+        return frames
+
+
+@pytest.fixture
+def sealed() -> Any:
+    p = SealedPair()
+    yield p
+    p.close()
+
+
+def test_sealed_publishes_are_checked_and_their_acks_sealed_with_the_sessions_counters(
+        sealed: SealedPair) -> None:
+    sealed.peer.sendall(b"".join(sealed.sealed(i, 100 + i) for i in range(1, 4)))
+    records, plan, bails, _, frames = sealed.poll()
+    assert bails == [] and frames == 3
+    assert [(r.seq, r.payload) for r in records] == [(i, b"p" * 24) for i in range(1, 4)]
+    stored, dup, fr, nb, left = sealed.lane.answer(plan, [appended(1), appended(2, True),
+                                                         appended(3)])
+    assert (stored, dup, fr, nb, left) == (2, 1, 3, 3 * 40, [])
+    acks = sealed.opened(sealed.acks())
+    assert [(f.opaque, PublishAck.decode(f.body).status) for f in acks] == [
+        (101, PublishAck.STORED), (102, PublishAck.DUPLICATE), (103, PublishAck.STORED)]
+    # the counters go back with the socket: 3 frames opened, 3 acks sealed since
+    assert sealed.lane.release(sealed.mine.fileno()) == (sealed.conn, b"", -1, 10, 6)
+
+
+def test_a_bad_tag_stops_the_lane_and_goes_back_with_the_counters_before_it(
+        sealed: SealedPair) -> None:
+    good = sealed.sealed(1, 1)
+    bad = bytearray(sealed.sealed(2, 2))
+    bad[-5] ^= 1   # inside the tag
+    bad[-2:] = crc16(bytes(bad[:-2])).to_bytes(2, "big")
+    after = sealed.sealed(3, 3)
+    plain = publish(4, 4)   # (a session with MACs takes no unsealed frame either)
+    sealed.peer.sendall(good + bytes(bad) + after)
+    records, _, bails, _, _ = sealed.poll()
+    assert [r.seq for r in records] == [1]
+    assert bails == [(sealed.conn, bytes(bad) + after, -1, 8, 3)]
+    p = SealedPair()
+    try:
+        p.peer.sendall(plain)
+        assert p.poll()[2] == [(p.conn, plain, -1, 7, 3)]
+    finally:
+        p.close()
+
+
+def test_sealed_acks_for_a_socket_that_left_are_pythons_to_seal(sealed: SealedPair) -> None:
+    sealed.peer.sendall(sealed.sealed(1, 11))
+    _, plan, _, _, _ = sealed.poll()
+    assert sealed.lane.release(sealed.mine.fileno())[3:] == (8, 3)
+    # (the session's counters are Python's now: an ack sealed here would take them)
+    left = sealed.lane.answer(plan, [appended(1)])
+    assert left == (0, 0, 0, 0, [(1, sealed.conn, [(11, False, None)], [appended(1)])])
+    assert sealed.acks() == []
+
+
+def test_sealed_acks_the_socket_does_not_take_whole_go_back_with_the_counters() -> None:
+    p = SealedPair()
+    try:
+        p.peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        p.mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        n = 1500   # 60 KB of sealed acks: more than the two buffers hold
+        p.peer.sendall(b"".join(p.sealed(i, i) for i in range(1, n + 1)))
+        records: list = []
+        plans = []
+        while len(records) < n:
+            got, plan, bails, _, _ = p.poll()
+            assert bails == []
+            records += got
+            plans.append((plan, len(got)))
+        lefts, k = [], 0
+        for plan, m in plans:
+            lefts += p.lane.answer(plan, [appended(i) for i in range(k, k + m)])[4]
+            k += m
+        (kind, conn, unsent, held, credit, rx, tx), *later = lefts
+        assert (kind, conn, held, credit, rx) == (3, p.conn, b"", -1, 7 + n)
+        sent = b""
+        p.peer.setblocking(False)
+        try:
+            while True:
+                sent += p.peer.recv(1 << 16)
+        except BlockingIOError:
+            pass
+        assert tx == 3 + (len(sent) + len(unsent)) // 40   # (one counter per sealed ack)
+        # the later answers are Python's, sealed with the counters it got back
+        broker = _Session()
+        broker._OUT, broker.mac_key, broker.state, broker.tx = TO_CLIENT, KEY, ESTABLISHED, tx
+        rest = b""
+        for k_, c_, batch, results in later:
+            assert (k_, c_) == (1, p.conn)
+            rest += _macfast.sealed_publish_acks(broker, batch, results, 0)[0]
+        dec = FrameDecoder(MAX_FRAME)
+        dec.feed(sent + unsent + rest)
+        assert [f.opaque for f in p.opened(list(dec.frames()))] == list(range(1, n + 1))
+    finally:
+        p.close()

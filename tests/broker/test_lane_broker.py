@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from lockmq.broker.lane import LANE_TYPE
-from lockmq.protocol import (Command, CommandKind, ErrorCode, Heartbeat, Op, Publish,
-                             PublishAck, Role, decode_body)
+from lockmq.protocol import (Command, CommandKind, ErrorCode, ErrorReply, Heartbeat, Op,
+                             Publish, PublishAck, Role, decode_body)
+from lockmq.protocol._crc import crc16
 from lockmq.protocol._frame import encode_frame
 from lockmq.testing import BrokerThread, Peer, SecureBroker, drain, open_peer, wait_for
 
@@ -285,6 +286,82 @@ def test_a_lock_in_the_lane_keeps_to_its_message_rate(tmp_path: Any) -> None:
         elapsed = time.monotonic() - t0
         assert stored + limited == n and limited > 0
         assert stored <= burst - 3 + rate * elapsed + 1
+        lock.close()
+    finally:
+        secure.close()
+
+
+def _sealed(lock: Peer, opcode: int, body: bytes) -> bytes:
+    """One frame sealed by the lock's session (its next counter)."""
+    return lock.session.seal(opcode, lock.sn, body, lock.next_opaque())
+
+
+def _opened(lock: Peer, n: int | None = None) -> list[Any]:
+    """The broker's next ``n`` frames (None: every frame until it closes), each opened
+    by the lock's session in the order it came: a tag with another counter fails."""
+    frames = []
+    while n is None or len(frames) < n:
+        f = lock.read()
+        if f is None:
+            assert n is None, frames
+            break
+        lock.session.receive(f)
+        frames.append(f)
+    return frames
+
+
+def test_a_lock_with_frame_macs_is_read_and_acked_in_the_lane(tmp_path: Any) -> None:
+    """A lock that seals its frames (the firmware's default on plain TCP) joins the
+    lane as a plain one does: the lane checks each tag and seals each ack with the
+    session's counters, and hands the counters back with the socket, so what the
+    Python path sends next -- a heartbeat's answer, BAD_MAC -- carries the next ones."""
+    secure = SecureBroker(tmp_path, locks=[SN])
+    try:
+        broker = secure.start()
+        lock = Peer(broker.port, SN)
+        lock.auth_lock(secure.keys[SN], mac=True)
+        topic = "lock.events"
+        sent = 0
+
+        def publish_run(seqs: range) -> None:
+            nonlocal sent
+            lock.raw(b"".join(_sealed(lock, Op.PUBLISH, Publish(topic, s, 0, b"x" * 24)
+                                      .encode()) for s in seqs))
+            sent += len(seqs)
+            got = _opened(lock, len(seqs))
+            assert [(f.opcode, PublishAck.decode(f.body).status) for f in got] == \
+                [(Op.PUBLISH_ACK, PublishAck.STORED)] * len(seqs)
+            assert [f.opaque for f in got] == sorted(f.opaque for f in got)
+
+        def metric(name: str) -> float:
+            return broker.metrics()[f"lockmq_{name}_total"]
+
+        for seq in range(1, 4):   # one by one: the Python path answers, then it joins
+            publish_run(range(seq, seq + 1))
+        wait_for(lambda: metric("lane_joins") == 1, "the sealed lock to join the lane")
+        publish_run(range(4, 204))   # (within the lane's rate credit: LANE_CREDIT)
+        assert metric("lane_bails") == 0 and metric("lane_joins") == 1   # (all the lane's)
+        lock.raw(_sealed(lock, Op.HEARTBEAT, Heartbeat(0, 5).encode()))
+        [beat] = _opened(lock, 1)
+        assert beat.opcode == Op.HEARTBEAT and metric("lane_bails") == 1
+        for seq in range(204, 207):
+            publish_run(range(seq, seq + 1))
+        wait_for(lambda: metric("lane_joins") == 2, "the lock to join the lane again")
+        publish_run(range(207, 300))
+        # an altered tag: the lane stops at it, the session's own path refuses it
+        run = [_sealed(lock, Op.PUBLISH, Publish(topic, s, 0, b"x" * 24).encode())
+               for s in range(300, 304)]
+        bad = bytearray(run[3])
+        bad[-5] ^= 1   # inside the tag
+        body = bytes(bad[:-2])
+        run[3] = body + crc16(body).to_bytes(2, "big")   # (the CRC made right again)
+        lock.raw(b"".join(run))
+        answers = _opened(lock)
+        assert answers and answers[-1].opcode == Op.ERROR
+        assert ErrorReply.decode(answers[-1].body).code == ErrorCode.BAD_MAC
+        assert all(f.opcode == Op.PUBLISH_ACK for f in answers[:-1])
+        wait_for(lambda: metric("publish_stored") == sent + 3,
+                 "the three good records stored")
         lock.close()
     finally:
         secure.close()

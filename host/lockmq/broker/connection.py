@@ -890,14 +890,15 @@ class Connection(asyncio.Protocol):
 
     def _lane_join(self) -> None:
         """Hand the socket to the lane if this connection is in its steady state: past
-        its handshake on plain TCP, no frame MACs, its own producer id checked, and
-        nothing held -- no bytes in the decoder, no answer unsent or unanswered."""
+        its handshake on plain TCP, its own producer id checked, and
+        nothing held -- no bytes in the decoder, no answer unsent or unanswered. A
+        session with frame MACs hands its key's pads and tag counters over with it."""
         b = self.services
         t = self.transport
         principal = self.principal
         if (b.lane is None or self._lane_fd >= 0 or self.closed or self.tls or t is None
                 or principal is None or self.session.state != ESTABLISHED
-                or self.session.mac_key is not None or principal.name != self._producer_ok
+                or principal.name != self._producer_ok
                 or self.out or self._pub or self._pub_bytes or self.decoder.buffered()
                 or self._paused_for_write or self._paused_for_pub or b.connections.closing
                 or t.is_closing() or not t.is_reading() or t.get_write_buffer_size()):
@@ -908,8 +909,10 @@ class Connection(asyncio.Protocol):
         credit = b.guard.publish_credit(principal, LANE_CREDIT)
         if credit == 0:
             return
-        if b.lane.join(self, sock.fileno(), self.session.name, self._lane_topics, credit,
-                       b.config.broker.max_conn_buffer_bytes):
+        session = self.session
+        sealed = None if session.mac_key is None else (self._seal_pads(), session.rx, session.tx)
+        if b.lane.join(self, sock.fileno(), session.name, self._lane_topics, credit,
+                       b.config.broker.max_conn_buffer_bytes, sealed):
             self._lane_fd = sock.fileno()
             t.pause_reading()
         elif credit > 0:
@@ -918,14 +921,20 @@ class Connection(asyncio.Protocol):
     def _lane_leave(self) -> None:
         """Take the socket back from the lane (before Python writes to it or closes it)."""
         back = self.services.lane.leave(self._lane_fd)
-        held, credit = back if back is not None else (b"", 0)
-        self._lane_left(held, credit)
+        if back is None:
+            self._lane_left(b"", 0)
+        else:
+            self._lane_left(back[0], back[1], counters=back[2])
 
-    def _lane_left(self, data: bytes, credit: int, unsent: bytes = b"") -> None:
-        """The socket is Python's again: ``credit`` goes back to the lock's budget, the
-        transport reads again, ``unsent`` acks are written and ``data`` -- the bytes
-        the lane did not take, or the partial frame it held -- is read here."""
+    def _lane_left(self, data: bytes, credit: int, unsent: bytes = b"",
+                   counters: tuple[int, int] | None = None) -> None:
+        """The socket is Python's again: ``credit`` goes back to the lock's budget, a
+        sealed session takes its tag ``counters`` (rx, tx) back, the transport reads
+        again, ``unsent`` acks are written and ``data`` -- the bytes the lane did not
+        take, or the partial frame it held -- is read here."""
         self._lane_fd = -1
+        if counters is not None and self.session.mac_key is not None:
+            self.session.rx, self.session.tx = counters
         b = self.services
         if credit > 0:
             b.guard.return_credit(self.principal, credit)
@@ -936,7 +945,11 @@ class Connection(asyncio.Protocol):
             self.data_received(data)
 
     def _lane_refused(self, batch: list[tuple[int, bool, None]], results: Results) -> None:
-        """A lane answer with a refusal in it: answered here, in order."""
+        """A lane answer with a refusal in it, or a sealed session's acks for a socket
+        that left the lane: answered here, in order (the socket Python's first, so a
+        sealed ack takes the session's counter)."""
+        if self._lane_fd >= 0:
+            self._lane_leave()
         stored, dup = self._answer_publishes(batch, results, 0)
         c = self.services.stats.c
         c["publish_stored"] += stored

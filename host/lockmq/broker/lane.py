@@ -10,11 +10,15 @@ of all of them with one :meth:`PublishPath.submit`, and one ``answer`` call send
 every ack of the group commit. Python runs per loop iteration, not per read.
 
 Who joins (:meth:`Connection._lane_join` decides, after its Python path answered a
-publish read and holds nothing): a plain-TCP connection past its handshake, without
-frame MACs, publishing under its own producer id to topics its Python path allowed,
-with nothing unsent or unanswered. It leaves (:meth:`Lane.leave`) before Python
+publish read and holds nothing): a plain-TCP connection past its handshake,
+publishing under its own producer id to topics its Python path allowed, with nothing
+unsent or unanswered. A session with frame MACs (the firmware's default on plain TCP)
+hands over its key's pads and both tag counters: the lane checks each PUBLISH's tag
+and seals each ack, and gives the counters back with the socket, so the session's
+own path goes on from the next frame. Its acks for a socket that has left are
+Python's to seal and write. It leaves (:meth:`Lane.leave`) before Python
 writes to its socket or closes it, and the lane gives it back by itself ("bails")
-at the first bytes it does not take -- another opcode, a bad, MAC'd or ONEWAY frame,
+at the first bytes it does not take -- another opcode, a bad or ONEWAY frame, a bad tag,
 a topic not allowed yet, the lock's rate credit used up, EOF -- handing over the
 unread bytes, which the Python path then reads as it always did (errors included).
 
@@ -142,23 +146,25 @@ class Lane:
         return self._lane.adopted()
 
     def join(self, conn: "Connection", fd: int, sn: str, topics: set[str], credit: int,
-             limit: int) -> bool:
-        """Read ``conn``'s socket ``fd`` in the lane from now on; False if it cannot."""
+             limit: int, sealed: tuple[bytes, int, int] | None = None) -> bool:
+        """Read ``conn``'s socket ``fd`` in the lane from now on; False if it cannot.
+        ``sealed``: a session with frame MACs, its key's ``mac_pads`` and its rx and tx
+        counters, which the lane keeps until it gives the socket back."""
         if self._loop is None:
             return False
         try:
-            self._lane.adopt(fd, conn, sn, topics, credit, limit)
+            self._lane.adopt(fd, conn, sn, topics, credit, limit, *(sealed or ()))
         except (OSError, ValueError):   # (a socket closed under it; an SN too long)
             return False
         self.stats.c["lane_joins"] += 1
         return True
 
-    def leave(self, fd: int) -> tuple[bytes, int] | None:
-        """Take ``fd`` out of the lane: (its held partial frame, its credit left), or
-        None if it was not in the lane."""
+    def leave(self, fd: int) -> tuple[bytes, int, tuple[int, int]] | None:
+        """Take ``fd`` out of the lane: (its held partial frame, its credit left, a
+        sealed session's (rx, tx) counters now), or None if it was not in the lane."""
         with self._turn:
             back = self._lane.release(fd)
-        return None if back is None else (back[1], back[2])
+        return None if back is None else (back[1], back[2], (back[3], back[4]))
 
     def leave_all(self) -> None:
         """Every connection leaves (the broker is closing)."""
@@ -256,9 +262,9 @@ class Lane:
         """Each socket the lane gave up, to its connection's Python path with the
         bytes it must read first and the rate credit left."""
         c = self.stats.c
-        for conn, data, credit in bails:
+        for conn, data, credit, rx, tx in bails:
             c["lane_bails"] += 1
-            conn._lane_left(data, credit)
+            conn._lane_left(data, credit, counters=(rx, tx))
 
     def _hand_back(self, records: list, plan: Any, nbytes: int, frames: int) -> None:
         """What the writer read and the store would not queue there: the publish
@@ -288,10 +294,10 @@ class Lane:
         c["bytes_out"] += nbytes
         for left in leftovers:
             conn = left[1]
-            if left[0] == 1:     # a refusal in the group: Python answers it all
+            if left[0] == 1:     # a refusal, or sealed acks of a socket that left: Python's
                 conn._lane_refused(left[2], left[3])
             elif left[0] == 2:   # the socket left the lane: Python writes the acks
                 conn._send_acks(left[2], 0)
             else:                # the socket did not take them whole: it is Python's
                 c["lane_bails"] += 1
-                conn._lane_left(left[3], left[4], unsent=left[2])
+                conn._lane_left(left[3], left[4], unsent=left[2], counters=(left[5], left[6]))
