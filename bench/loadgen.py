@@ -132,17 +132,25 @@ async def connect_all(ep: Endpoint, sns: list[str], parallel: int = 256) -> list
     return out
 
 
-async def close_politely(transports: list, timeout: float = 5.0) -> None:
+#: the DISCONNECT body every bench connection says goodbye with
+BYE = Disconnect(0, "bench done").encode()
+
+
+async def close_politely(transports: list, timeout: float = 5.0,
+                         goodbyes: list[bytes] | None = None) -> None:
     """Send DISCONNECT on every connection and let the server close first (as a
-    lock does), then close whatever is still open after ``timeout``."""
+    lock does), then close whatever is still open after ``timeout``. ``goodbyes``:
+    each connection's own DISCONNECT frame (sealed, for a session with frame MACs)."""
     # first let this loop turn's queued frames go out (``FrameConnection.send`` writes
     # at the turn's end): a consumer's last ACK behind its DISCONNECT is not read,
     # and the broker rightly redelivers what it acked -- counted as duplicates
     await asyncio.sleep(0)
-    bye = Disconnect(0, "bench done").encode()
-    live = [t for t in transports if t is not None and not t.is_closing()]
-    for t in live:
-        t.write(encode_frame(Op.DISCONNECT, b"", bye))
+    plain = encode_frame(Op.DISCONNECT, b"", BYE)
+    live = []
+    for i, t in enumerate(transports):
+        if t is not None and not t.is_closing():
+            t.write(goodbyes[i] if goodbyes else plain)
+            live.append(t)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(not t.is_closing() for t in live):
         await asyncio.sleep(0.02)
@@ -364,6 +372,10 @@ class MacLock(Windowed):
         body = publish_body(self.tp, seq, self.payload)
         self.out.append(self.session.seal(Op.PUBLISH, self.sn, body, seq))
 
+    def goodbye(self) -> bytes:
+        """Its DISCONNECT, sealed (an untagged one is a session violation: BAD_MAC)."""
+        return self.session.seal(Op.DISCONNECT, "", BYE, 0)
+
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
         session = self.session
@@ -447,7 +459,8 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
         for p in protos:
             p.close()
     else:
-        await close_politely([p.transport for p in protos])
+        await close_politely([p.transport for p in protos],
+                             goodbyes=[p.goodbye() for p in protos] if mac else None)
     return {"acked": acked_at_end, "acked_total": sum(p.acked for p in protos),
             "busy": stats["busy"], "errors": stats["errors"],
             "unacked_at_close": sum(len(p.sent_at) for p in protos),
