@@ -19,7 +19,7 @@ from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag
                              NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
 from lockmq import accel
 from lockmq.protocol._fast import publish_ack_frame, scan_frame as py_scan_frame
-from lockmq.testing import BrokerThread, wait_for_async
+from lockmq.testing import BrokerThread, SecureBroker, wait_for_async
 
 from . import helpers
 from .helpers import BENCH, bench_module, listening, start_floor
@@ -300,3 +300,30 @@ def test_the_generator_cost_bench_drives_both_locks_through_their_steady_state()
         assert [lock.acked for lock in locks] == [1, 1, 1]
         assert all(list(lock.sent_at) != [key] and len(lock.sent_at) == 1
                    for lock, key in zip(locks, before))
+
+
+@pytest.mark.parametrize("tags", ["compiled", "session"])
+def test_mac_locks_publish_sealed_to_a_broker_with_auth_required(tags, tmp_path, monkeypatch):
+    """The sealed-frame scenario (``--mac``): each lock authenticates with its device key,
+    every record is acked with a tag the lock checks (with the compiled frame_tag or
+    the session's own path), and it says goodbye sealed: no error on either side."""
+    if tags == "session":
+        monkeypatch.setattr(loadgen, "_FRAME_TAG", None)
+    elif loadgen._FRAME_TAG is None:
+        pytest.skip(f"the hot path is {accel.DESCRIPTION}")
+    sns = [f"MACT-{j:06d}" for j in range(3)]
+    # (a few locks as fast as they can go: above the default per-lock message rate)
+    secure = SecureBroker(tmp_path, {"security": {"lock_message_rate": 1e6,
+                                                  "lock_message_burst": 1_000_000}}, locks=sns)
+    try:
+        broker = secure.start()
+        monkeypatch.setattr(loadgen, "KEYS", dict(secure.keys))
+        ep = loadgen.Endpoint("127.0.0.1", broker.port)
+        got = asyncio.run(loadgen.scenario_publish(ep, 3, 2, 0.5, "lock.bench", "MACT-",
+                                                   mac=True))
+        assert got["acked"] > 0 and got["errors"] == 0 and got["unacked_at_close"] == 0
+        metrics = broker.metrics()
+        assert metrics["lockmq_publish_stored_total"] == got["acked_total"]
+        assert metrics["lockmq_session_violations_total"] == 0   # (a sealed goodbye too)
+    finally:
+        secure.close()
