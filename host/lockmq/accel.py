@@ -5,7 +5,9 @@ in a few calls: scan a read's PUBLISH frames, encode the records, pack the acks.
 ``pip install`` builds it when a C compiler is present and skips it silently when
 not; the pure-Python code it mirrors is the fallback and the reference (the tests run
 both and hold them equal). Set ``LOCKMQ_PURE_PYTHON=1`` to force the fallback. The
-choice is made once, at import; ``lockmq --version`` says which is in use.
+choice is made once, at import; ``lockmq --version`` says which is in use, and which
+SHA-256 the frame MACs' tags take: the CPU's SHA extensions where it has them,
+portable C otherwise or with ``LOCKMQ_SHA256=portable``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ def _load() -> tuple[ModuleType | None, str]:
         from lockmq import _speedups
     except ImportError:
         return None, "pure Python (lockmq._speedups is not built)"
-    return _speedups, "compiled (lockmq._speedups)"
+    # (the frame MACs' SHA-256: the CPU's SHA extensions, or portable C)
+    sha = getattr(_speedups, "SHA256", "portable")
+    return _speedups, f"compiled (lockmq._speedups, SHA-256 {sha})"
 
 
 #: the compiled module, or None when the pure-Python path runs

@@ -481,5 +481,6 @@ def test_the_environment_variable_forces_the_pure_path() -> None:
     assert forced == "False pure Python (LOCKMQ_PURE_PYTHON is set)\n"
     default = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                              env=env, check=True).stdout
-    assert default == ("True compiled (lockmq._speedups)\n" if SPEEDUPS is not None else
+    assert default == (f"True compiled (lockmq._speedups, SHA-256 {SPEEDUPS.SHA256})\n"
+                       if SPEEDUPS is not None else
                        "False pure Python (lockmq._speedups is not built)\n")

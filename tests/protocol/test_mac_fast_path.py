@@ -4,6 +4,9 @@ the same tags, both refuse the same altered, replayed and reordered frames, and
 MicroPython never loads it."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, strategies as st
@@ -168,6 +171,36 @@ def test_compiled_tags_are_the_reference_tags(key: bytes, body: bytes, sn: bytes
     got = SPEEDUPS.frame_tag(SPEEDUPS.mac_pads(key), 1, counter, p.Op.PUBLISH, flags,
                              opaque, sn, body)
     assert got == _mac.frame_tag(key, 1, counter, p.Op.PUBLISH, sn, flags, opaque, body)
+
+
+# (run in a fresh interpreter: the block function is picked once, at import)
+_EVERY_LENGTH = """
+import hashlib, hmac, struct
+from lockmq import accel
+sp = accel.speedups
+for key in (b"k", bytes(range(64)), bytes(range(65)), b"K" * 200):
+    pads = sp.mac_pads(key)
+    for n in range(0, 301):
+        body = bytes((i * 7 + n) & 0xFF for i in range(n))
+        head = struct.pack(">BIHBIB", 1, n, 0x10, 4, 2 * n, 3) + b"SN1"
+        want = hmac.new(key, head + body, hashlib.sha256).digest()[:16]
+        assert sp.frame_tag(pads, 1, n, 0x10, 4, 2 * n, b"SN1", body) == want, (key, n)
+print(sp.SHA256)
+"""
+
+
+@compiled
+@pytest.mark.parametrize("impl", ["auto", "portable"])
+def test_each_sha256_block_function_gives_hashlibs_tags(impl: str) -> None:
+    """The extension hashes with the CPU's SHA extensions where it has them (picked at
+    import) and with portable C otherwise (or with LOCKMQ_SHA256=portable): both give
+    the standard library's HMAC for every length across the block boundaries, and for
+    keys longer than a block."""
+    env = dict(os.environ, LOCKMQ_SHA256=impl)
+    got = subprocess.run([sys.executable, "-c", _EVERY_LENGTH], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == ("portable" if impl == "portable" else SPEEDUPS.SHA256)
 
 
 records = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.integers(0, 2**32 - 1),
