@@ -327,3 +327,12 @@ def test_mac_locks_publish_sealed_to_a_broker_with_auth_required(tags, tmp_path,
         assert metrics["lockmq_session_violations_total"] == 0   # (a sealed goodbye too)
     finally:
         secure.close()
+
+
+def test_the_lane_cost_bench_runs_each_kind_through_the_lane():
+    # bench/lane_cost.py: every frame of each kind taken by the lane (it asserts so)
+    if not accel.COMPILED:
+        pytest.skip(f"the hot path is {accel.DESCRIPTION}")
+    cost = bench_module("lane_cost")
+    assert cost.best_us_per_record(False, 20, 2) > 0
+    assert cost.best_us_per_record(True, 20, 3) > 0   # (the counters go on per round)
