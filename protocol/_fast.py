@@ -202,10 +202,8 @@ def take_sealed_publishes(decoder, sess, limit, scan, pads):
     is left to the session's own path, which refuses a bad tag with BAD_MAC."""
     if decoder._error is not None:
         return []
-    pubs, pos, _rx = scan(decoder._buf, decoder._pos, decoder.max_frame, sess.name, limit,
-                          pads, sess.rx)
-    decoder._pos = pos
-    sess.rx += len(pubs)
+    pubs, decoder._pos, sess.rx = scan(decoder._buf, decoder._pos, decoder.max_frame,
+                                       sess.name, limit, pads, sess.rx)
     return pubs
 
 
