@@ -266,7 +266,7 @@ def test_a_lock_in_the_lane_keeps_to_its_message_rate(tmp_path: Any) -> None:
     try:
         broker = secure.start()
         lock = Peer(broker.port, SN)
-        lock.auth_lock(secure.keys[SN])   # (device key, no frame MACs: the lane's kind)
+        lock.auth_lock(secure.keys[SN])   # (device key, no frame MACs)
         topic = "lock.events"   # (a lock's own topics: security.lock_topics)
         for seq in range(1, 4):
             assert lock.publish(topic, seq).status == PublishAck.STORED
