@@ -57,8 +57,8 @@ class Pair:
     def poll(self) -> tuple[list[NewRecord], Any, list, int, int]:
         return self.lane.poll(4096)
 
-    def acks(self) -> list[Any]:
-        """Every frame the lane sent to the lock so far."""
+    def received(self) -> bytes:
+        """Every byte the lane sent to the lock so far."""
         self.peer.setblocking(False)
         data = b""
         try:
@@ -66,9 +66,31 @@ class Pair:
                 data += self.peer.recv(65536)
         except BlockingIOError:
             pass
+        return data
+
+    def acks(self) -> list[Any]:
+        """Every frame the lane sent to the lock so far."""
         dec = FrameDecoder(MAX_FRAME)
-        dec.feed(data)
+        dec.feed(self.received())
         return list(dec.frames())
+
+    def answered_into_full_buffers(self, frames: list[bytes]) -> tuple[list, bytes]:
+        """``frames`` read, and their acks answered into socket buffers too small to
+        take them all: (every leftover of the answers, the bytes the lock got)."""
+        self.peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        self.peer.sendall(b"".join(frames))
+        plans, read = [], 0
+        while read < len(frames):
+            got, plan, bails, _, _ = self.poll()
+            assert bails == []
+            read += len(got)
+            plans.append((plan, len(got)))
+        lefts, k = [], 0
+        for plan, m in plans:
+            lefts += self.lane.answer(plan, [appended(i) for i in range(k, k + m)])[4]
+            k += m
+        return lefts, self.received()
 
     def close(self) -> None:
         self.lane.close()
@@ -258,32 +280,11 @@ def test_a_refusal_in_an_answer_is_left_to_python_with_its_group() -> None:
 def test_acks_the_socket_does_not_take_whole_are_given_back_with_the_socket() -> None:
     p = Pair()
     try:
-        p.peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        p.mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         n = 2000   # 48 KB of acks: more than the two buffers hold
-        p.peer.sendall(b"".join(publish(i, i) for i in range(1, n + 1)))
-        records: list = []
-        plans = []
-        while len(records) < n:
-            got, plan, bails, _, _ = p.poll()
-            assert bails == []
-            records += got
-            plans.append((plan, len(got)))
-        lefts = []
-        k = 0
-        for plan, m in plans:
-            lefts += p.lane.answer(plan, [appended(i) for i in range(k, k + m)])[4]
-            k += m
+        lefts, sent = p.answered_into_full_buffers([publish(i, i) for i in range(1, n + 1)])
         assert lefts and lefts[0][0] == 3 and lefts[0][1] is p.conn
         assert p.lane.adopted() == 0   # the socket is Python's again
         unsent = b"".join(x[2] for x in lefts)
-        sent = b""
-        p.peer.setblocking(False)
-        try:
-            while True:
-                sent += p.peer.recv(1 << 16)
-        except BlockingIOError:
-            pass
         assert len(sent) + len(unsent) == n * 24
         dec = FrameDecoder(MAX_FRAME)
         dec.feed(sent + unsent)
@@ -476,30 +477,10 @@ def test_sealed_acks_for_a_socket_that_left_are_pythons_to_seal(sealed: SealedPa
 def test_sealed_acks_the_socket_does_not_take_whole_go_back_with_the_counters() -> None:
     p = SealedPair()
     try:
-        p.peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        p.mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         n = 1500   # 60 KB of sealed acks: more than the two buffers hold
-        p.peer.sendall(b"".join(p.sealed(i, i) for i in range(1, n + 1)))
-        records: list = []
-        plans = []
-        while len(records) < n:
-            got, plan, bails, _, _ = p.poll()
-            assert bails == []
-            records += got
-            plans.append((plan, len(got)))
-        lefts, k = [], 0
-        for plan, m in plans:
-            lefts += p.lane.answer(plan, [appended(i) for i in range(k, k + m)])[4]
-            k += m
+        lefts, sent = p.answered_into_full_buffers([p.sealed(i, i) for i in range(1, n + 1)])
         (kind, conn, unsent, held, credit, rx, tx), *later = lefts
         assert (kind, conn, held, credit, rx) == (3, p.conn, b"", -1, 7 + n)
-        sent = b""
-        p.peer.setblocking(False)
-        try:
-            while True:
-                sent += p.peer.recv(1 << 16)
-        except BlockingIOError:
-            pass
         assert tx == 3 + (len(sent) + len(unsent)) // 40   # (one counter per sealed ack)
         # the later answers are Python's, sealed with the counters it got back
         broker = _Session()
