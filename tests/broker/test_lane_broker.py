@@ -16,6 +16,7 @@ from lockmq.broker.lane import LANE_TYPE
 from lockmq.protocol import (Command, CommandKind, ErrorCode, ErrorReply, Heartbeat, Op,
                              Publish, PublishAck, Role, decode_body)
 from lockmq.protocol._crc import crc16
+from lockmq.security import Permissions
 from lockmq.protocol._frame import encode_frame
 from lockmq.testing import BrokerThread, Peer, SecureBroker, drain, open_peer, wait_for
 
@@ -315,7 +316,8 @@ def test_a_lock_with_frame_macs_is_read_and_acked_in_the_lane(tmp_path: Any) -> 
     lane as a plain one does: the lane checks each tag and seals each ack with the
     session's counters, and hands the counters back with the socket, so what the
     Python path sends next -- a heartbeat's answer, BAD_MAC -- carries the next ones."""
-    secure = SecureBroker(tmp_path, locks=[SN])
+    secure = SecureBroker(tmp_path, locks=[SN],
+                          tokens={"opener": Permissions(command=(SN,))})
     try:
         broker = secure.start()
         lock = Peer(broker.port, SN)
@@ -348,9 +350,21 @@ def test_a_lock_with_frame_macs_is_read_and_acked_in_the_lane(tmp_path: Any) -> 
             publish_run(range(seq, seq + 1))
         wait_for(lambda: metric("lane_joins") == 2, "the lock to join the lane again")
         publish_run(range(207, 300))
+        # a command for the lock while it is in the lane: sealed by the session's path
+        # with the counter the lane hands back first, then the lane's acks go on
+        svc = Peer(broker.port, "")
+        svc.auth_token(secure.tok["opener"])
+        svc.send(Op.COMMAND, Command(SN, 7, 0, CommandKind.UNLOCK, b"\x00\x05").encode())
+        [cmd] = _opened(lock, 1)
+        assert cmd.opcode == Op.COMMAND
+        assert decode_body(cmd.opcode, cmd.body).args == b"\x00\x05"
+        svc.close()
+        for seq in range(300, 303):
+            publish_run(range(seq, seq + 1))
+        wait_for(lambda: metric("lane_joins") == 3, "the lock to join the lane once more")
         # an altered tag: the lane stops at it, the session's own path refuses it
         run = [_sealed(lock, Op.PUBLISH, Publish(topic, s, 0, b"x" * 24).encode())
-               for s in range(300, 304)]
+               for s in range(303, 307)]
         bad = bytearray(run[3])
         bad[-5] ^= 1   # inside the tag
         body = bytes(bad[:-2])

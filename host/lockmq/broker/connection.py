@@ -447,6 +447,10 @@ class Connection(asyncio.Protocol):
     def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
         """Encode and queue one frame (broker frames carry an empty SN)."""
         self.services.stats.c["frames_out"] += 1
+        if self._lane_fd >= 0 and self.session.mac_key is not None:
+            # the lane holds a sealed session's counters: they come back before a tag
+            # is made here (the socket is Python's from now on, as any write makes it)
+            self._lane_leave()
         # sealed: with frame MACs on (a lock on plain TCP), tagged and counted
         self.send(self.session.seal(opcode, "", body, opaque, flags))
 
