@@ -494,3 +494,71 @@ def test_sealed_acks_the_socket_does_not_take_whole_go_back_with_the_counters() 
         assert [f.opaque for f in p.opened(list(dec.frames()))] == list(range(1, n + 1))
     finally:
         p.close()
+
+
+_sealed_publish = st.tuples(st.just("sealed"), st.integers(0, 2**32 - 1),
+                            st.binary(max_size=60), st.sampled_from([0] * 6 + [Flag.ONEWAY]),
+                            st.sampled_from([TOPIC] * 5 + ["t", "not-allowed"]))
+# (mostly sealed publishes the lane takes, so that runs of them are common)
+_sealed_item = st.one_of(_sealed_publish, _sealed_publish, _sealed_publish,
+                         st.tuples(st.just("raw"), _frame))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_sealed_item, max_size=10),
+       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
+       st.lists(st.integers(1, 90), min_size=1, max_size=8))
+def test_a_sealed_slot_takes_what_the_sealed_scanner_takes(
+        items: list[tuple], damage: list[tuple[int, int]], cuts: list[int]) -> None:
+    """Sealed frames (and plain or junk ones among them), damaged and sent in random
+    pieces: the lane takes the compiled sealed scan's PUBLISH tuples up to the first
+    it must not take, gives back exactly the rest of the stream, and hands back the
+    receive counter advanced by what it took."""
+    p = SealedPair()
+    try:
+        frames = []
+        for item in items:
+            if item[0] == "sealed":
+                _, seq, payload, flags, topic = item
+                body = Publish(topic, seq, 1700000000000, payload).encode()
+                frames.append(p.lock.seal(Op.PUBLISH, SN, body, seq, flags))
+            else:
+                frames.append(item[1])
+        buf = bytearray(b"".join(frames))
+        for at, byte in damage:
+            if buf:
+                buf[at % len(buf)] = byte
+        data = bytes(buf)
+        tuples, stop, _ = accel.speedups.scan_sealed_publishes(
+            data, 0, MAX_FRAME, SN, len(data) + 1, mac_pads(KEY), 7)
+        for k, (_opaque, flags, _sn, topic, *_rest) in enumerate(tuples):
+            if flags & Flag.ONEWAY or topic not in p.topics:
+                stop = _frame_start(data, k)
+                tuples = tuples[:k]
+                break
+        records: list[NewRecord] = []
+        rest = b""
+        back: tuple = ()
+        at = 0
+        for c in cuts * (len(data) // max(1, sum(cuts)) + 1):
+            if at >= len(data):
+                break
+            piece, at = data[at:at + c], at + c
+            if back:
+                rest += piece
+                continue
+            p.peer.sendall(piece)
+            got, _, bails, _, _ = p.poll()
+            records += got
+            if bails:
+                [back] = bails
+                rest += back[1]
+        if not back:
+            back = p.lane.release(p.mine.fileno())
+            rest += back[1]
+        assert [(r.topic, r.seq, r.payload) for r in records] == \
+            [(topic, seq, payload) for _, _, _, topic, seq, _, payload in tuples]
+        assert rest == data[stop:]
+        assert back[3:] == (7 + len(tuples), 3)   # rx: one per frame taken; tx untouched
+    finally:
+        p.close()
