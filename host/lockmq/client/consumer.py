@@ -48,6 +48,7 @@ from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
 from .autoscale import Autoscaler
 from .errors import ConnectionLost, LockmqError
+from .inbox import Inbox
 from .message import Message
 from .session import Credentials, Endpoint, error_from_body
 
@@ -135,7 +136,7 @@ class AsyncConsumer(SessionClient):
         self._backlog_known = False
         self._backlog_forbidden = False
         self.generation = 0
-        self._queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._inbox: Inbox[Message] = Inbox()
         self._workers: set[asyncio.Task] = set()
         self._idle: set[asyncio.Task] = set()
         self._target_workers = min_workers
@@ -183,8 +184,7 @@ class AsyncConsumer(SessionClient):
             return
         self._stopping = True
         self._want_more.set()
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        self._inbox.clear()
         deadline = time.monotonic() + drain_timeout_s
         while self._busy and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -228,11 +228,7 @@ class AsyncConsumer(SessionClient):
         self._spawn(self._fetch_loop(conn, self.generation))
 
     def _on_disconnected(self) -> None:
-        dropped = 0
-        while not self._queue.empty():
-            self._queue.get_nowait()
-            dropped += 1
-        self.stats["dropped_leases"] += dropped
+        self.stats["dropped_leases"] += self._inbox.clear()
         self._acks.clear()
         self._notified.set()
 
@@ -248,7 +244,7 @@ class AsyncConsumer(SessionClient):
 
     # -- fetching ----------------------------------------------------------------------------
     def _local(self) -> int:
-        return self._queue.qsize() + self._busy
+        return len(self._inbox) + self._busy
 
     async def _fetch_loop(self, conn: FrameConnection, generation: int) -> None:
         """Pull while workers are idle or about to be; when the queue is empty, the
@@ -276,8 +272,8 @@ class AsyncConsumer(SessionClient):
                 await asyncio.sleep(max(0.05, err.retry_after_ms / 1000))
                 continue
             batch = Messages.decode(frame.body).messages
-            for m in batch:
-                self._queue.put_nowait(Message.from_wire(m, self.sub_id, generation))
+            sub_id = self.sub_id
+            self._inbox.put_many([Message.from_wire(m, sub_id, generation) for m in batch])
             self.stats["received"] += len(batch)
             long_poll = not batch
             # Without the broker's figure, full batches in a row mean the queue is
@@ -296,16 +292,18 @@ class AsyncConsumer(SessionClient):
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        waiting = inbox.items
         while not self._stopping:
             if len(self._workers) > self._target_workers:
                 return  # retired by the autoscaler
-            try:   # a fetched message is usually waiting: take it without a coroutine
-                msg = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
+            if waiting:   # a fetched message is usually waiting: take it without a coroutine
+                msg = waiting.popleft()
+            else:
                 me = asyncio.current_task()
                 self._idle.add(me)  # type: ignore[arg-type]
                 try:
-                    msg = await self._queue.get()
+                    msg = await inbox.get()
                 finally:
                     self._idle.discard(me)  # type: ignore[arg-type]
             self._busy += 1
@@ -395,7 +393,7 @@ class AsyncConsumer(SessionClient):
                 next_poll = now + self.backlog_poll_s
                 await self._poll_backlog()
             backlog = (self.backlog if self._backlog_known else self._local_backlog) \
-                + self._queue.qsize()
+                + len(self._inbox)
             target = self.autoscaler.decide(self._target_workers, backlog, self._busy, now)
             if target != self._target_workers:
                 log.debug("workers %d -> %d (backlog %d)", self._target_workers, target, backlog)
