@@ -35,7 +35,7 @@ def real_broker(tmp_path):
                           "--command", SN, "--json", "--data-dir", str(data)],
                          check=True, capture_output=True, timeout=60)
     token = json.loads(tok.stdout)["token"]
-    yield port, prov, token
+    yield port, prov, token, broker
     broker.stop()
 
 
@@ -43,7 +43,7 @@ def test_publish_and_remote_unlock_through_lockmq_broker(board_template, build_a
                                                          lock_factory):
     from lockmq.client import Consumer, Producer
 
-    port, prov, token = real_broker
+    port, prov, token, broker = real_broker
     board = tmp_path / "board"
     shutil.copytree(board_template, board)
     assert lockmq_main(["firmware", "build", "--out", str(board), "--config", str(prov),
@@ -55,13 +55,15 @@ def test_publish_and_remote_unlock_through_lockmq_broker(board_template, build_a
     lk.expect(r"^I evt queued seq=3 type=unlock$")
     lk.send("badcard 99")
     lk.expect(r"^I evt acked seq=4$", timeout=20)
+    lk.send("badcard 98")   # (sent once seq 4 is acked: a read of its own)
+    lk.expect(r"^I evt acked seq=5$", timeout=20)
 
     got: list = []
     done = threading.Event()
 
     def handle(msg) -> None:
         got.append(msg)
-        if len(got) >= 4:
+        if len(got) >= 5:
             done.set()
 
     c = Consumer(f"127.0.0.1:{port}", token=token, topic="lock.events", cluster="e2e", handler=handle)
@@ -71,15 +73,20 @@ def test_publish_and_remote_unlock_through_lockmq_broker(board_template, build_a
     finally:
         c.stop()
     mine = sorted((m for m in got if m.sn == SN), key=lambda m: m.seq)
-    assert [m.seq for m in mine] == [1, 2, 3, 4]
+    assert [m.seq for m in mine] == [1, 2, 3, 4, 5]
     kinds = [LockEvent.decode(m.payload).event_type for m in mine]
-    assert kinds == [EventType.UNLOCK] * 3 + [EventType.FAILED_ATTEMPT]
+    assert kinds == [EventType.UNLOCK] * 3 + [EventType.FAILED_ATTEMPT] * 2
 
+    # the lock seals its frames (mac=1), and after two answered publish reads its
+    # steady publishes are the compiled lane's: the command must reach it tagged with
+    # the session's next counter, which the lane holds
+    assert broker.metrics()["lockmq_lane_joins_total"] >= 1
     with Producer(f"127.0.0.1:{port}", token=token) as p:
         outcome = p.command(SN, CommandKind.UNLOCK, struct.pack(">H", 2), expires_in_s=30, timeout_s=30)
     assert outcome.ok and outcome.target == SN and outcome.detail == "unlocked 2s", outcome
     lk.expect(r"^I hw relay on$")
     lk.expect(r"^I cmd unlock id=\d+ ok$")
+    assert lk.grep(r"net down") == [], lk.log()   # (a bad tag: BAD_MAC, a reconnect)
 
 
 def test_tls_to_lockmq_broker(built, tmp_path, lock_factory, needs_tls):
