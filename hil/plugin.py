@@ -250,13 +250,22 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path, hil_target: TargetSpe
 LockFactory = Callable[..., Lock]
 
 
+#: a lock's log line when it refused a frame's MAC tag and dropped the session: with
+#: no one on the path altering bytes, the broker sealed a frame with the wrong counter
+MAC_REFUSED = "net down err=mac"
+
+
 @pytest.fixture
 def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_template: Path,
-                 tmp_path: Path, hil_interpreter: Interpreter | None) -> LockFactory:
+                 tmp_path: Path, hil_interpreter: Interpreter | None) -> Iterator[LockFactory]:
     """``make(sn, key, brokers, heapsize=None, **settings) -> Lock``: a fresh lock board.
 
     ``brokers``: the addresses the lock dials (the broker's, or a fault proxy's).
     ``settings`` go into config.json on top of :data:`TEST_SETTINGS`.
+
+    After the test, a lock that refused a broker frame's tag (:data:`MAC_REFUSED`)
+    fails it: the lock reconnects and the scenario may still pass, which would hide a
+    broker that tags a frame with the wrong counter.
     """
     if not hil_target.runs_firmware:
         pytest.skip(f"{hil_target.label} cannot run the lock firmware (no file system or network); "
@@ -276,4 +285,13 @@ def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_t
         lock.deploy(flash, fresh=True)
         return lock
 
-    return make
+    def made(sn: str, key: str, brokers: list[tuple[str, int]], heapsize: str | None = None,
+             **settings: object) -> Lock:
+        lock = make(sn, key, brokers, heapsize, **settings)
+        locks.append(lock)
+        return lock
+
+    locks: list[Lock] = []
+    yield made
+    refused = [lock.sn for lock in locks if MAC_REFUSED in lock.full_log()]
+    assert not refused, f"locks {refused} refused a broker frame's MAC tag ({MAC_REFUSED!r})"
