@@ -11,9 +11,12 @@ import time
 import urllib.request
 
 from lockmq.protocol import Op, Publish, Role, encode_frame
-from lockmq.testing import BrokerProcess, open_peer
+from lockmq.security import Permissions
+from lockmq.testing import BrokerProcess, Peer, SecureBroker, open_peer
 
 LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
+#: the sealed locks' topic (a lock's own topics: security.lock_topics)
+TOPIC = "lock.events"
 
 
 def _start(data: str) -> BrokerProcess:
@@ -138,3 +141,84 @@ def test_second_broker_on_the_same_data_dir_fails_clearly(tmp_path):
         assert "event=broker_failed" in out.stderr and "in use" in out.stderr
     finally:
         proc.stop(20)
+
+
+def _sealed_producer(port: int, sn: str, key: bytes, acked: list[int], stop: threading.Event,
+                     broken: list[str]) -> None:
+    """A lock with frame MACs sending pipelined sealed records (32 in flight), each
+    answer opened by its session (a wrong tag or counter lands in ``broken``)."""
+    try:
+        p = Peer(port, sn)
+        p.auth_lock(key, mac=True)
+        seq = 1
+        while not stop.is_set() and seq < 20_000:
+            ops = {}
+            frames = []
+            for _ in range(32):
+                op = p.next_opaque()
+                ops[op] = seq
+                frames.append(p.session.seal(Op.PUBLISH, sn, Publish(TOPIC, seq, 0,
+                                                                      b"r" * 24).encode(), op))
+                seq += 1
+            p.raw(b"".join(frames))
+            for _ in range(32):
+                f = p.read(timeout=5)
+                if f is None:
+                    return                       # the broker was killed
+                p.session.receive(f)             # its tag checked, in order
+                if f.opcode == Op.PUBLISH_ACK:
+                    acked.append(ops[f.opaque])
+    except (OSError, ConnectionError, TimeoutError):
+        return                                   # the broker was killed
+    except Exception as exc:  # noqa: BLE001 -- a tag or protocol failure: the test's
+        broken.append(f"{sn}: {exc!r}")
+
+
+def test_sigkill_under_sealed_locks_in_the_lane_loses_no_acknowledged_record(tmp_path):
+    """Locks that seal their frames (the firmware's default on plain TCP), read and
+    acked by the compiled lane: SIGKILL mid-stream, restart, every acked record there
+    once. Every ack the locks got carried the right tag and counter."""
+    sns = [f"LOCK-M{i}" for i in range(3)]
+    secure = SecureBroker(tmp_path, {"security": {"lock_message_rate": 0}}, locks=sns,
+                          tokens={"backend": Permissions(consume=("lock.*:backend",))})
+    try:
+        proc = secure.start()
+        stop = threading.Event()
+        acked: dict[str, list[int]] = {sn: [] for sn in sns}
+        broken: list[str] = []
+        threads = [threading.Thread(target=_sealed_producer,
+                                    args=(proc.port, sn, secure.keys[sn], acked[sn], stop,
+                                          broken)) for sn in sns]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 90             # generous: a shared, loaded machine
+        try:
+            while sum(len(v) for v in acked.values()) < 3000 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert proc.metrics()["lockmq_lane_joins_total"] >= 1
+        finally:
+            proc.kill()                                 # mid-stream
+            stop.set()
+            for t in threads:
+                t.join(15)
+        assert not broken, broken
+        assert sum(len(v) for v in acked.values()) >= 3000
+        proc.start()
+        cons = Peer(proc.port, "")
+        cons.auth_token(secure.tok["backend"])
+        sub = cons.subscribe(TOPIC, "backend").sub_id
+        stored: list[str] = []
+        empty = 0
+        while empty < 2:
+            got = cons.pull(sub, 500, wait_ms=300).messages
+            empty = 0 if got else empty + 1
+            if got:
+                cons.ack(sub, [m.lease for m in got])
+                stored.extend(m.message_id for m in got)
+        cons.close()
+        missing = [f"{sn}:{s}" for sn, lst in acked.items() for s in lst
+                   if f"{sn}:{s}" not in set(stored)]
+        assert not missing, f"{len(missing)} acknowledged records lost: {missing[:5]}"
+        assert len(stored) == len(set(stored))
+    finally:
+        secure.close()
