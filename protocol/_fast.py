@@ -202,8 +202,9 @@ def take_sealed_publishes(decoder, sess, limit, scan, pads):
     is left to the session's own path, which refuses a bad tag with BAD_MAC."""
     if decoder._error is not None:
         return []
-    pubs, decoder._pos, sess.rx = scan(decoder._buf, decoder._pos, decoder.max_frame,
-                                       sess.name, limit, pads, sess.rx)
+    pubs, decoder._pos, _rx = scan(decoder._buf, decoder._pos, decoder.max_frame,
+                                   sess.name, limit, pads, sess.rx)
+    sess.rx += len(pubs)   # (the session's count, as its own path keeps it: not mod 2**32)
     return pubs
 
 

@@ -371,13 +371,16 @@ static void sha256_block_ni(uint32_t h[8], const uint8_t *p)
     _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
 }
 
-/* Has the CPU the SHA extensions (and the SSSE3 and SSE4.1 they come with)? */
+/* Has the CPU the SHA extensions (and the SSSE3 and SSE4.1 they come with)? (The
+ * cpuid.h calls of old compilers too: __get_cpuid_max and the __cpuid_count macro.) */
 static int cpu_has_sha_ni(void)
 {
     unsigned int a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSSE3) || !(c & bit_SSE4_1))
+    if (__get_cpuid_max(0, NULL) < 7 || !__get_cpuid(1, &a, &b, &c, &d)
+            || !(c & (1u << 9)) || !(c & (1u << 19)))   /* SSSE3, SSE4.1 */
         return 0;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA);
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 29) & 1;   /* SHA */
 }
 #endif
 

@@ -937,8 +937,12 @@ class Connection(asyncio.Protocol):
         again, ``unsent`` acks are written and ``data`` -- the bytes the lane did not
         take, or the partial frame it held -- is read here."""
         self._lane_fd = -1
-        if counters is not None and self.session.mac_key is not None:
-            self.session.rx, self.session.tx = counters
+        session = self.session
+        if counters is not None and session.mac_key is not None:
+            # the lane counts mod 2**32 (a tag's counter is a u32): what it added since
+            # it took the socket, onto the session's own count
+            session.rx += (counters[0] - session.rx) & 0xFFFFFFFF
+            session.tx += (counters[1] - session.tx) & 0xFFFFFFFF
         b = self.services
         if credit > 0:
             b.guard.return_credit(self.principal, credit)
