@@ -218,13 +218,18 @@ class Server:
     """One server process pinned to ``core`` with ``taskset``."""
 
     def __init__(self, kind: str, core: str, base_dir: str, flush: str,
-                 baseline: str | None = None, lock_sns: list[str] | None = None) -> None:
+                 baseline: str | None = None, lock_sns: list[str] | None = None,
+                 tls: bool = False) -> None:
         self.kind = kind
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix=f"{kind}-", dir=base_dir)
         #: with ``lock_sns`` (a broker with ``auth = "required"``): their keys, as
         #: ``--keys`` for the load generator
         self.keys_path = ""
+        #: with ``tls`` (a lockmq broker): the TLS port the locks dial, and the CA
+        #: that signed its certificate (``--tls-ca`` for the load generator)
+        self.tls_port = 0
+        self.tls_ca = ""
         env = None
         if kind in LOCKMQ_KINDS:
             auth = "off"
@@ -234,6 +239,8 @@ class Server:
             cmd = BROKER_CMD + ["--host", "127.0.0.1", "--port", str(self.port),
                                 "--status-port", "0", "--data-dir", self.dir, "--auth", auth,
                                 "--flush", flush, "--log-level", "WARNING"]
+            if tls:
+                cmd += ["--config", self._tls_config()]
             if kind == "before":   # the same broker from another tree (``--baseline``)
                 env = dict(os.environ, PYTHONPATH=os.path.join(str(baseline), "host"))
             elif kind == "pure":   # this broker without its compiled hot path
@@ -249,7 +256,21 @@ class Server:
         self.log = open(os.path.join(base_dir, f"{kind}-{self.port}.log"), "wb")
         self.proc = subprocess.Popen(["taskset", "-c", core] + cmd, stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env)
-        wait_listening(self.port, self.proc)
+        wait_listening(self.tls_port or self.port, self.proc)
+
+    def _tls_config(self) -> str:
+        """A CA and a certificate for 127.0.0.1 made in the data dir, and the broker's
+        config file serving TLS with them on a port of its own; the file's path."""
+        from lockmq.security.certs import init_ca_and_server
+
+        certs = init_ca_and_server(os.path.join(self.dir, "certs"), ["gw.local"], ["127.0.0.1"])
+        self.tls_port = free_port()
+        self.tls_ca = certs.ca_pem
+        path = os.path.join(self.dir, "tls.toml")
+        with open(path, "w") as fh:
+            fh.write(f"[security]\ntls_cert = {json.dumps(certs.server_pem)}\n"
+                     f"tls_key = {json.dumps(certs.server_key)}\ntls_port = {self.tls_port}\n")
+        return path
 
     def stored(self, topic: str) -> int | None:
         """Records the broker holds in ``topic`` (admin op ``topics``); None if unknown."""
@@ -347,6 +368,13 @@ def scenarios(a: argparse.Namespace, peers: tuple[str, ...] = (),
            "lock_sns": [f"BENCH-{i:06d}" for i in range(2000)],
            "figures": ("rate", "p50_ms", "p99_ms", *CPU_FIGURES)}
           for name, mac in (("auth-2000x2", ()), ("auth-mac-2000x2", ("--mac",)))),
+        # the same locks over TLS (the transport the docs recommend wherever a lock can
+        # afford it; no frame MACs there): a TLS session's reads never take the lane
+        {"name": "auth-tls-2000x2", "servers": lockmq, "tls": True,
+         "args": ["publish", "--locks", "2000", "--window", "2", "--duration", d,
+                  "--topic", "lock.bench"],
+         "lock_sns": [f"BENCH-{i:06d}" for i in range(2000)],
+         "figures": ("rate", "p50_ms", "p99_ms", *CPU_FIGURES)},
         {"name": f"deliver-{a.consumers}c",
          "servers": (*(("redis",) if "redis" in peers else ()), *lockmq),
          "args": ["deliver", "--messages", str(a.deliver_messages), "--consumers",
@@ -475,12 +503,15 @@ def main() -> int:
             for kind in sc["servers"]:
                 args = sc["args"] + (["--peer", kind] if kind in PEERS else [])
                 sns = sc.get("lock_sns") if kind in LOCKMQ_KINDS else None
-                srv = Server(kind, a.server_core, base, a.flush, a.baseline, sns)
+                srv = Server(kind, a.server_core, base, a.flush, a.baseline, sns,
+                             tls=bool(sc.get("tls")))
                 if srv.keys_path:
                     args = args + ["--keys", srv.keys_path]
+                if srv.tls_ca:
+                    args = args + ["--tls-ca", srv.tls_ca]
                 try:
                     cpu0 = proc_cpu_s(srv.proc.pid)
-                    res = loadgen(a.client_core, srv.port,
+                    res = loadgen(a.client_core, srv.tls_port or srv.port,
                                   args + ["--server-pid", str(srv.proc.pid)], timeout=600)
                     cpu1 = proc_cpu_s(srv.proc.pid)
                     if res.get("acked_total") and cpu0 is not None and cpu1 is not None:

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -67,6 +68,8 @@ RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
 #: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
 KEYS: dict[str, bytes] = {}
+#: ``--tls-ca``: the TLS context the publish scenario's locks connect with (else empty)
+TLS: list[ssl.SSLContext] = []
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -332,8 +335,13 @@ async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[n
         try:
             # connect the socket ourselves: no resolver thread per connection
             await loop.sock_connect(sock, (ep.host, ep.port))
-            _, proto = await loop.create_connection(make, sock=sock)
+            tls = TLS[0] if TLS else None
+            _, proto = await loop.create_connection(make, sock=sock, ssl=tls,
+                                                    server_hostname=ep.host if tls else None)
             return proto
+        except ssl.SSLError:   # (a certificate this CA did not sign: retrying cannot help)
+            sock.close()
+            return None
         except OSError:
             sock.close()
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -879,10 +887,15 @@ def main() -> None:
                          "seal every frame (frame MACs), as the firmware on plain TCP")
     ap.add_argument("--keys", default="",
                     help="JSON file {sn: hex key}: the device keys of registered locks")
+    ap.add_argument("--tls-ca", default="",
+                    help="publish: the locks connect with TLS, trusting this CA (PEM) for "
+                         "the broker's certificate (--port: its TLS port)")
     args = ap.parse_args()
     if args.keys:
         with open(args.keys) as fh:
             KEYS.update({sn: bytes.fromhex(k) for sn, k in json.load(fh).items()})
+    if args.tls_ca:
+        TLS[:] = [ssl.create_default_context(cafile=args.tls_ca)]
     raise_nofile_limit()
     ep = Endpoint("127.0.0.1", args.port, connect_timeout_s=30)
     if args.scenario == "publish":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import ssl
 import struct
 import sys
 from pathlib import Path
@@ -199,12 +200,13 @@ def test_lean_lock_over_a_socket_handshakes_counts_split_acks_and_drops_a_damage
     asyncio.run(run())
 
 
-async def publish_records(port: int, sn: str, records: int) -> tuple[int, dict]:
+async def publish_records(port: int, sn: str, records: int, tp: bytes = TP) -> tuple[int, dict]:
     """Connect a LeanLock (8 in flight) to ``port``, publish until ``records`` are
-    acknowledged, let the window drain: (records acknowledged, error counters)."""
+    acknowledged to topic ``tp`` (str8), let the window drain: (records acknowledged,
+    error counters)."""
     stats = {"busy": 0, "errors": 0, "lost_in_flight": 0}
     ready: list = []
-    lock = loadgen.LeanLock(sn, TP, loadgen.record(random.Random(2)), 8, stats, [], 10,
+    lock = loadgen.LeanLock(sn, tp, loadgen.record(random.Random(2)), 8, stats, [], 10,
                             lambda p, err=None: ready.append(err))
     ep = loadgen.Endpoint("127.0.0.1", port)
     assert await loadgen.lean_connect(ep, lambda: lock) is lock
@@ -336,3 +338,27 @@ def test_the_lane_cost_bench_runs_each_kind_through_the_lane():
     cost = bench_module("lane_cost")
     assert cost.best_us_per_record(False, 20, 2) > 0
     assert cost.best_us_per_record(True, 20, 3) > 0   # (the counters go on per round)
+
+
+def test_lean_locks_publish_over_tls_with_the_ca_they_are_given(tmp_path, monkeypatch):
+    """``--tls-ca`` (the ``auth-tls`` scenario): the lock checks the broker's
+    certificate against the CA, authenticates and publishes over TLS."""
+    sn = "TLST-000001"
+    secure = SecureBroker(tmp_path, {"security": {"lock_message_rate": 0}}, tls=True,
+                          locks=[sn])
+    try:
+        broker = secure.start()
+        monkeypatch.setattr(loadgen, "KEYS", dict(secure.keys))
+        monkeypatch.setattr(loadgen, "TLS", [ssl.create_default_context(
+            cafile=secure.certs.ca_pem)])
+        topic = struct.pack(">B", len("lock.bench")) + b"lock.bench"   # (a lock's own)
+        acked, stats = asyncio.run(publish_records(secure.tls_port, sn, 100, topic))
+        assert acked >= 100 and stats["errors"] == 0
+        assert broker.metrics()["lockmq_publish_stored_total"] >= 100
+        # a CA that did not sign the certificate: no connection
+        monkeypatch.setattr(loadgen, "TLS", [ssl.create_default_context()])
+        ep = loadgen.Endpoint("127.0.0.1", secure.tls_port)
+        lock = loadgen.LeanLock(sn, topic, b"x", 1, dict(stats), [], 1, lambda *a: None)
+        assert asyncio.run(asyncio.wait_for(loadgen.lean_connect(ep, lambda: lock), 60)) is None
+    finally:
+        secure.close()
