@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import Callable
 
 from lockmq.protocol import Op, Publish, Role, encode_frame
 from lockmq.security import Permissions
@@ -24,25 +25,49 @@ def _start(data: str) -> BrokerProcess:
     return BrokerProcess(data, {"broker": {"auth": "off"}})
 
 
+def _window(p: Peer, first_seq: int, frame: Callable[[int, int], bytes]) -> dict[int, int]:
+    """32 PUBLISH frames (``frame(seq, opaque)``) from ``first_seq`` on, in one write:
+    their opaque -> seq."""
+    ops = {p.next_opaque(): seq for seq in range(first_seq, first_seq + 32)}
+    p.raw(b"".join(frame(seq, op) for op, seq in ops.items()))
+    return ops
+
+
 def _producer(port: int, sn: str, acked: list[int], stop: threading.Event) -> None:
     """Pipelined sends (32 in flight), recording every acknowledged seq."""
     try:
         p = open_peer(port, sn=sn, role=Role.LOCK)
         seq = 0
         while not stop.is_set() and seq < 20_000:
-            ops = {}
-            frames = []
-            for _ in range(32):
-                op = p.next_opaque()
-                ops[op] = seq
-                frames.append(encode_frame(Op.PUBLISH, sn, Publish("ev", seq, 0, b"r" * 24).encode(), op))
-                seq += 1
-            p.raw(b"".join(frames))
+            ops = _window(p, seq, lambda s, op: encode_frame(
+                Op.PUBLISH, sn, Publish("ev", s, 0, b"r" * 24).encode(), op))
+            seq += 32
             for op, s in ops.items():
                 if p.wait(op, timeout=5).opcode == Op.PUBLISH_ACK:
                     acked.append(s)
     except (OSError, ConnectionError, TimeoutError):
         return                                   # the broker was killed
+
+
+def _drain(cons: Peer, topic: str) -> list[str]:
+    """Every message id the ``backend`` cluster gets on ``topic`` until two pulls come
+    back empty (each batch acked); the peer is closed after."""
+    sub = cons.subscribe(topic, "backend").sub_id
+    ids: list[str] = []
+    empty = 0
+    while empty < 2:
+        got = cons.pull(sub, 500, wait_ms=300).messages
+        empty = 0 if got else empty + 1
+        if got:
+            cons.ack(sub, [m.lease for m in got])
+            ids.extend(m.message_id for m in got)
+    cons.close()
+    return ids
+
+
+def _assert_none_lost(acked: dict[str, list[int]], seen: set[str]) -> None:
+    missing = [f"{sn}:{s}" for sn, lst in acked.items() for s in lst if f"{sn}:{s}" not in seen]
+    assert not missing, f"{len(missing)} acknowledged records lost: {missing[:5]}"
 
 
 def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
@@ -78,20 +103,8 @@ def test_sigkill_mid_stream_loses_no_acknowledged_message(tmp_path):
 
     proc.start()
     try:
-        cons = open_peer(port)
-        sub = cons.subscribe("ev", "backend").sub_id
-        after: list[str] = []
-        empty = 0
-        while empty < 2:
-            got = cons.pull(sub, 500, wait_ms=300).messages
-            empty = 0 if got else empty + 1
-            if got:
-                cons.ack(sub, [m.lease for m in got])
-                after.extend(m.message_id for m in got)
-        everything = consumed_before | set(after)
-        missing = [f"{sn}:{s}" for sn, lst in acked.items() for s in lst
-                   if f"{sn}:{s}" not in everything]
-        assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:5]}"
+        after = _drain(open_peer(port), "ev")
+        _assert_none_lost(acked, consumed_before | set(after))
         redelivered = consumed_before & set(after)
         # a restart redelivers at most the window (the 50 held + what was acked since
         # the last position save), never the backlog already consumed
@@ -152,15 +165,9 @@ def _sealed_producer(port: int, sn: str, key: bytes, acked: list[int], stop: thr
         p.auth_lock(key, mac=True)
         seq = 1
         while not stop.is_set() and seq < 20_000:
-            ops = {}
-            frames = []
-            for _ in range(32):
-                op = p.next_opaque()
-                ops[op] = seq
-                frames.append(p.session.seal(Op.PUBLISH, sn, Publish(TOPIC, seq, 0,
-                                                                      b"r" * 24).encode(), op))
-                seq += 1
-            p.raw(b"".join(frames))
+            ops = _window(p, seq, lambda s, op: p.session.seal(
+                Op.PUBLISH, sn, Publish(TOPIC, s, 0, b"r" * 24).encode(), op))
+            seq += 32
             for _ in range(32):
                 f = p.read(timeout=5)
                 if f is None:
@@ -206,19 +213,8 @@ def test_sigkill_under_sealed_locks_in_the_lane_loses_no_acknowledged_record(tmp
         proc.start()
         cons = Peer(proc.port, "")
         cons.auth_token(secure.tok["backend"])
-        sub = cons.subscribe(TOPIC, "backend").sub_id
-        stored: list[str] = []
-        empty = 0
-        while empty < 2:
-            got = cons.pull(sub, 500, wait_ms=300).messages
-            empty = 0 if got else empty + 1
-            if got:
-                cons.ack(sub, [m.lease for m in got])
-                stored.extend(m.message_id for m in got)
-        cons.close()
-        missing = [f"{sn}:{s}" for sn, lst in acked.items() for s in lst
-                   if f"{sn}:{s}" not in set(stored)]
-        assert not missing, f"{len(missing)} acknowledged records lost: {missing[:5]}"
+        stored = _drain(cons, TOPIC)
+        _assert_none_lost(acked, set(stored))
         assert len(stored) == len(set(stored))
     finally:
         secure.close()
