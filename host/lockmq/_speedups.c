@@ -334,7 +334,9 @@ static void sha256_block_portable(uint32_t h[8], const uint8_t *p)
  * kind, and a sealed record takes two tags (its own and its ack's). Chosen once, at
  * import (sha256_pick); LOCKMQ_SHA256=portable keeps the portable one (the tests run
  * both against the reference). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5))
+/* (GCC 5 and clang were the first to have the SHA intrinsics: an older compiler still
+ * builds the module, with the portable blocks only) */
 #include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_SHA_NI 1
