@@ -348,32 +348,23 @@ class Connection(asyncio.Protocol):
         # One iterator over every whole frame of this read (not one call per frame);
         # an unknown opcode ends it, and the next one resumes after the skipped frame.
         while not self.closed:
-            if _scan_publishes is not None and session.state == ESTABLISHED \
-                    and session.mac_key is None:
+            if session.state == ESTABLISHED:
                 # compiled: the read's leading PUBLISH frames in one call (the session's
-                # rules for them -- established, no MAC, its own SN -- checked by the
-                # scanner); whatever it stops at goes through the decoder below
-                pubs = take_publishes(dec, session.name, SCAN_LIMIT, _scan_publishes)
+                # rules for them -- its own SN, and with frame MACs each tag against the
+                # session's next counter -- checked by the scanner); whatever it stops
+                # at, a bad tag too, goes through the decoder below
+                if session.mac_key is None:
+                    pubs = None if _scan_publishes is None else \
+                        take_publishes(dec, session.name, SCAN_LIMIT, _scan_publishes)
+                else:
+                    pubs = None if _scan_sealed is None else take_sealed_publishes(
+                        dec, session, SCAN_LIMIT, _scan_sealed, self._seal_pads())
                 if pubs:
                     n += len(pubs)
                     self._on_publishes(pubs)
                     if len(pubs) == SCAN_LIMIT:
                         continue
                     if self.closed or not dec.buffered():   # (the usual end of a read)
-                        break
-            elif _scan_sealed is not None and session.state == ESTABLISHED \
-                    and session.mac_key is not None:
-                # compiled, a lock with frame MACs: the read's leading PUBLISH frames,
-                # each tag checked in C against the session's next counter; a bad one
-                # stops the scan and the session's own path below refuses it
-                pubs = take_sealed_publishes(dec, session, SCAN_LIMIT, _scan_sealed,
-                                             self._seal_pads())
-                if pubs:
-                    n += len(pubs)
-                    self._on_publishes(pubs)
-                    if len(pubs) == SCAN_LIMIT:
-                        continue
-                    if self.closed or not dec.buffered():
                         break
             if _scan_frame is not None:
                 # compiled: a whole, valid frame of a known opcode in one call (the
