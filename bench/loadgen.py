@@ -26,6 +26,7 @@ import struct
 import sys
 import time
 from binascii import crc_hqx
+from typing import Callable
 
 from lockmq import accel
 from lockmq.client._conn import FrameConnection
@@ -190,17 +191,23 @@ def is_stored_ack(frame: bytes) -> bool:
             and not frame[ACK_STATUS_AT] and not crc16(frame, 0xFFFF))
 
 
-def scan_acks(buf: bytes, pos: int, opaques: list[int]) -> int:
+def scan_acks(buf: bytes, pos: int, opaques: list[int], head: bytes = ACK_HEAD,
+              size: int = ACK_SIZE, tag_ok: Callable[[bytes, int, int], bool] | None = None
+              ) -> int:
     """Append the opaque of every whole, intact PUBLISH_ACK of a stored record from
     ``buf[pos:]`` to ``opaques``; return where the first other bytes start (another
     frame, a damaged or partial ack, a duplicate's ack: the caller hands them to the
-    ``FrameDecoder``). Each ack's header, length, status and CRC-16 are checked."""
+    ``FrameDecoder``). Each ack's header, length, status and CRC-16 are checked;
+    sealed acks (``head``, ``size`` of theirs) by ``tag_ok(buf, pos, opaque)`` too."""
     end = len(buf)
-    while (end - pos >= ACK_SIZE and buf.startswith(ACK_HEAD, pos)
+    while (end - pos >= size and buf.startswith(head, pos)
            and not buf[pos + ACK_STATUS_AT]
-           and not crc16(buf[pos:pos + ACK_SIZE], 0xFFFF)):
-        opaques.append(_OPAQUE.unpack_from(buf, pos + 9)[0])
-        pos += ACK_SIZE
+           and not crc16(buf[pos:pos + size], 0xFFFF)):
+        opaque = _OPAQUE.unpack_from(buf, pos + 9)[0]
+        if tag_ok is not None and not tag_ok(buf, pos, opaque):
+            break   # (the session's path refuses it: BAD_MAC)
+        opaques.append(opaque)
+        pos += size
     return pos
 
 
@@ -406,21 +413,24 @@ class MacLock(Windowed):
         """Its DISCONNECT, sealed (an untagged one is a session violation: BAD_MAC)."""
         return self.session.seal(Op.DISCONNECT, "", BYE, 0)
 
+    def _tag_ok(self, buf: bytes, pos: int, opaque: int) -> bool:
+        """Is the sealed ack at ``buf[pos:]`` tagged for the session's next counter?
+        (Then that counter is the ack's: the session counts it as opened.)"""
+        session = self.session
+        want = _FRAME_TAG(self.pads, 1, session.rx, Op.PUBLISH_ACK, Flag.RESPONSE | Flag.MAC,
+                          opaque, b"", buf[pos + 13:pos + 22])
+        if want != buf[pos + 22:pos + 38]:
+            return False
+        session.rx += 1
+        return True
+
     def _stored_acks(self, data: bytes, now: float) -> int:
         """The leading whole, intact sealed stored acks of ``data``, their tags checked
         against the session's counter; returns where the rest starts (the session's)."""
-        session = self.session
-        pos, n = 0, len(data)
-        while n - pos >= SEALED_ACK_SIZE and data.startswith(SEALED_ACK_HEAD, pos) \
-                and not data[pos + 13] and not crc16(data[pos:pos + SEALED_ACK_SIZE], 0xFFFF):
-            opaque = _OPAQUE.unpack_from(data, pos + 9)[0]
-            want = _FRAME_TAG(self.pads, 1, session.rx, Op.PUBLISH_ACK,
-                              Flag.RESPONSE | Flag.MAC, opaque, b"", data[pos + 13:pos + 22])
-            if want != data[pos + 22:pos + 38]:
-                break   # (the session's path refuses it: BAD_MAC)
-            session.rx += 1
+        opaques: list[int] = []
+        pos = scan_acks(data, 0, opaques, SEALED_ACK_HEAD, SEALED_ACK_SIZE, self._tag_ok)
+        for opaque in opaques:
             self._acked(opaque, now)
-            pos += SEALED_ACK_SIZE
         return pos
 
     def data_received(self, data: bytes) -> None:
