@@ -17,6 +17,8 @@
  *                   and the tags in C: mac_pads, frame_tag).
  *   Lane            a lock's steady publish reads and their acks, several sockets
  *                   per Python call (broker/lane.py).
+ *   messages_fields a MESSAGES body -> one tuple per message (the consumer client's
+ *                   fetch; None for anything the Python decoder would refuse).
  *
  * Memory safety: every read of the input is bounds-checked against the buffer's
  * length before it happens; outputs are new objects (no buffer reused across calls).
@@ -2357,6 +2359,140 @@ static PyTypeObject LaneType = {
     .tp_methods = lane_methods,
 };
 
+/* ---------------------------------------------------------- consumer: MESSAGES */
+
+/* A str8 field's text from the name cache ``texts`` (raw bytes -> str, shared with
+ * protocol/_fast.py's _text8 and emptied at ``cap`` entries as it is), decoding and
+ * remembering it on a miss; NULL with no error set when it is not UTF-8. */
+static PyObject *cached_text(PyObject *texts, Py_ssize_t cap, const uint8_t *raw, Py_ssize_t n)
+{
+    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, n);
+    if (key == NULL)
+        return NULL;
+    PyObject *text = PyDict_GetItemWithError(texts, key);
+    if (text != NULL) {
+        Py_DECREF(key);
+        Py_INCREF(text);
+        return text;
+    }
+    if (PyErr_Occurred() || (text = PyUnicode_DecodeUTF8((const char *)raw, n, NULL)) == NULL) {
+        Py_DECREF(key);
+        PyErr_Clear();   /* (not UTF-8: the Python decoder says so) */
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(texts) >= cap)
+        PyDict_Clear(texts);
+    int bad = PyDict_SetItem(texts, key, text);
+    Py_DECREF(key);
+    if (bad) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    return text;
+}
+
+#define MSG_FIXED 30   /* queue_offset u64, delivery u16, seq u32, lock_ts_ms u64, broker_ts_us u64 */
+
+/* messages_fields(body, texts, cap) -> (sub_id, rows) or None.
+ *
+ * A MESSAGES body (SPEC 4, protocol/_consume.py) as one tuple per message, in the
+ * order lockmq.client.Message takes them: (topic, sn, seq, payload, delivery,
+ * lock_ts_ms, broker_ts_us, headers bytes, queue_offset). None, with no error set,
+ * for any body the Python decoder would refuse (truncated, trailing bytes, a name
+ * that is not UTF-8): the caller then decodes it there, which raises the protocol's
+ * own BadBody, so the errors cannot drift. */
+static PyObject *messages_fields(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *texts;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "y*O!n:messages_fields", &view, &PyDict_Type, &texts, &cap))
+        return NULL;
+    const uint8_t *b = (const uint8_t *)view.buf;
+    Py_ssize_t size = view.len, pos = 6;
+    PyObject *rows = NULL, *out = NULL;
+    if (size < 6)
+        goto refuse;
+    uint32_t sub_id = be32(b);
+    unsigned count = (unsigned)b[4] << 8 | b[5];
+    /* each message takes at least MSG_FIXED + 2 + 2 + 4 bytes: a count the body
+     * cannot hold is refused before any list of that size is made */
+    if ((Py_ssize_t)count * (MSG_FIXED + 8) > size - 6)
+        goto refuse;
+    if ((rows = PyList_New(count)) == NULL)
+        goto done;
+    for (unsigned i = 0; i < count; i++) {
+        if (size - pos < MSG_FIXED + 1)
+            goto refuse;
+        const uint8_t *m = b + pos;
+        Py_ssize_t at = pos + MSG_FIXED;
+        Py_ssize_t sn_at = at + 1, sn_len = b[at];
+        at = sn_at + sn_len;
+        if (size - at < 1)
+            goto refuse;
+        Py_ssize_t tp_at = at + 1, tp_len = b[at];
+        at = tp_at + tp_len;
+        if (size - at < 2)
+            goto refuse;
+        Py_ssize_t h_len = (Py_ssize_t)b[at] << 8 | b[at + 1];
+        Py_ssize_t h_at = at + 2;
+        at = h_at + h_len;
+        if (size - at < 4)
+            goto refuse;
+        Py_ssize_t p_len = (Py_ssize_t)be32(b + at);
+        Py_ssize_t p_at = at + 4;
+        if (size - p_at < p_len)
+            goto refuse;
+        pos = p_at + p_len;
+        PyObject *sn = cached_text(texts, cap, b + sn_at, sn_len);
+        if (sn == NULL)
+            goto refuse_or_fail;
+        PyObject *topic = cached_text(texts, cap, b + tp_at, tp_len);
+        if (topic == NULL) {
+            Py_DECREF(sn);
+            goto refuse_or_fail;
+        }
+        PyObject *row = PyTuple_New(9);
+        if (row == NULL) {
+            Py_DECREF(sn);
+            Py_DECREF(topic);
+            goto done;
+        }
+        PyTuple_SET_ITEM(row, 0, topic);
+        PyTuple_SET_ITEM(row, 1, sn);
+        PyList_SET_ITEM(rows, i, row);   /* (a row half made is freed with the list) */
+        PyObject *v;
+        if (!(v = PyLong_FromUnsignedLong(be32(m + 10)))) goto done;
+        PyTuple_SET_ITEM(row, 2, v);
+        if (!(v = PyBytes_FromStringAndSize((const char *)b + p_at, p_len))) goto done;
+        PyTuple_SET_ITEM(row, 3, v);
+        if (!(v = PyLong_FromUnsignedLong((unsigned long)m[8] << 8 | m[9]))) goto done;
+        PyTuple_SET_ITEM(row, 4, v);
+        if (!(v = PyLong_FromUnsignedLongLong(be64(m + 14)))) goto done;
+        PyTuple_SET_ITEM(row, 5, v);
+        if (!(v = PyLong_FromUnsignedLongLong(be64(m + 22)))) goto done;
+        PyTuple_SET_ITEM(row, 6, v);
+        if (!(v = PyBytes_FromStringAndSize((const char *)b + h_at, h_len))) goto done;
+        PyTuple_SET_ITEM(row, 7, v);
+        if (!(v = PyLong_FromUnsignedLongLong(be64(m)))) goto done;
+        PyTuple_SET_ITEM(row, 8, v);
+    }
+    if (pos != size)
+        goto refuse;
+    out = Py_BuildValue("(kN)", (unsigned long)sub_id, rows);
+    rows = NULL;
+    goto done;
+refuse_or_fail:
+    if (PyErr_Occurred())
+        goto done;
+refuse:
+    out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(rows);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* ------------------------------------------------------------ checksums API */
 
 static PyObject *py_crc16(PyObject *self, PyObject *args)
@@ -2425,6 +2561,10 @@ static PyMethodDef methods[] = {
      "scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx): "
      "scan_publishes for a session with frame MACs: each PUBLISH's tag checked against "
      "the session's rx-th, cut off its payload, rx advanced per frame."},
+    {"messages_fields", messages_fields, METH_VARARGS,
+     "messages_fields(body, texts, cap) -> (sub_id, rows) or None: a MESSAGES body's "
+     "messages as (topic, sn, seq, payload, delivery, lock_ts_ms, broker_ts_us, headers, "
+     "queue_offset) tuples; None for a body the Python decoder refuses."},
     {"crc16", py_crc16, METH_VARARGS, "crc16(data, crc=0xFFFF): CRC-16/CCITT-FALSE"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, crc=0): zlib's CRC-32"},
     {NULL, NULL, 0, NULL},

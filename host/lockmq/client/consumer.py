@@ -31,7 +31,6 @@ from typing import Any, Awaitable, Callable, Union
 from lockmq.protocol import (
     Ack,
     ConnectAck,
-    Messages,
     Nack,
     Notify,
     Op,
@@ -49,7 +48,7 @@ from ._conn import FrameConnection
 from .autoscale import Autoscaler
 from .errors import ConnectionLost, LockmqError
 from .inbox import Inbox
-from .message import Message
+from .message import Message, messages_from_body
 from .session import Credentials, Endpoint, error_from_body
 
 log = logging.getLogger("lockmq.client.consumer")
@@ -271,9 +270,8 @@ class AsyncConsumer(SessionClient):
                 log.warning("pull refused: %s", err)
                 await asyncio.sleep(max(0.05, err.retry_after_ms / 1000))
                 continue
-            batch = Messages.decode(frame.body).messages
-            sub_id = self.sub_id
-            self._inbox.put_many([Message.from_wire(m, sub_id, generation) for m in batch])
+            batch = messages_from_body(frame.body, self.sub_id, generation)
+            self._inbox.put_many(batch)
             self.stats["received"] += len(batch)
             long_poll = not batch
             # Without the broker's figure, full batches in a row mean the queue is

@@ -6,6 +6,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockmq import accel
+from lockmq.protocol import Messages
+
+#: compiled: a MESSAGES body's messages as field tuples (None without the extension)
+_FIELDS = getattr(accel.speedups, "messages_fields", None)
+try:   # the protocol's name cache (CPython): an SN or topic is decoded once
+    from lockmq.protocol._fast import _CACHE_MAX, _texts
+except ImportError:  # pragma: no cover - the protocol without its CPython fast path
+    _FIELDS = None
+
 
 @dataclass
 class Message:
@@ -60,14 +70,36 @@ class Message:
     @staticmethod
     def from_wire(m: Any, sub_id: int, generation: int) -> "Message":
         """Build from a protocol ``Message`` inside a MESSAGES frame."""
-        headers: dict[str, Any] = {}
-        if m.headers:
-            try:
-                loaded = json.loads(bytes(m.headers).decode())
-                if isinstance(loaded, dict):
-                    headers = loaded
-            except (ValueError, UnicodeError):
-                headers = {"_raw": bytes(m.headers).hex()}
         # positional: one message per delivery, keyword matching is measurable here
         return Message(m.topic, m.sn, m.seq, m.payload, m.delivery, m.lock_ts_ms,
-                       m.broker_ts_us, headers, m.queue_offset, sub_id, generation)
+                       m.broker_ts_us, _headers(m.headers) if m.headers else {},
+                       m.queue_offset, sub_id, generation)
+
+
+def _headers(raw: bytes) -> dict[str, Any]:
+    """A message's headers: their JSON object, or ``{"_raw": hex}`` if they are not one."""
+    try:
+        loaded = json.loads(bytes(raw).decode())
+        if isinstance(loaded, dict):
+            return loaded
+    except (ValueError, UnicodeError):
+        pass
+    return {"_raw": bytes(raw).hex()}
+
+
+def messages_from_body(body: bytes, sub_id: int, generation: int) -> list[Message]:
+    """The messages of a MESSAGES body as a handler gets them, leased to subscription
+    ``sub_id`` of connection ``generation``.
+
+    Compiled (``_speedups.messages_fields``), the body's fields come as one tuple per
+    message and each :class:`Message` is made from its tuple: no protocol object in
+    between. A body the compiled scan does not take (a bad one) goes through the
+    protocol's decoder, which raises its ``BadBody``."""
+    if _FIELDS is not None:
+        got = _FIELDS(body, _texts, _CACHE_MAX)
+        if got is not None:
+            return [Message(topic, sn, seq, payload, delivery, lock_ts, broker_ts,
+                            _headers(raw) if raw else {}, offset, sub_id, generation)
+                    for topic, sn, seq, payload, delivery, lock_ts, broker_ts, raw, offset
+                    in got[1]]
+    return [Message.from_wire(m, sub_id, generation) for m in Messages.decode(body).messages]
