@@ -17,6 +17,7 @@
  *                   and the tags in C: mac_pads, frame_tag).
  *   Lane            a lock's steady publish reads and their acks, several sockets
  *                   per Python call (broker/lane.py).
+ *   read_run        a consumer read's records from one pread -> StoredRecords.
  *   messages_fields a MESSAGES body -> one tuple per message (the consumer client's
  *                   fetch; None for anything the Python decoder would refuse).
  *
@@ -2359,6 +2360,135 @@ static PyTypeObject LaneType = {
     .tp_methods = lane_methods,
 };
 
+/* ------------------------------------------------------ store: reading records */
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+/* An entry's commit-log offset (the first item of an index entry tuple), or -1. */
+static long long entry_offset(PyObject *entries, Py_ssize_t m)
+{
+    PyObject *e = PyList_GET_ITEM(entries, m);
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 1)
+        return -1;
+    long long off;
+    if (!exact_ll(PyTuple_GET_ITEM(e, 0), &off) || off < 0)
+        return -1;
+    return off;
+}
+
+/* read_run(data, base, entries, i, j, queue_offset, topic, topic_bytes, record_type, texts,
+ *          cap, out) -> m
+ *
+ * store/reads.py read_topic's records entries[i:j] of one pread, ``data`` read at
+ * commit-log offset ``base``: each appended to ``out`` as decode_record makes it,
+ * record_type(offset, queue_offset + m, topic, sn, seq, lock_ts_ms, broker_ts_us,
+ * None, payload). Returns the index of the first entry it did not take (j when it
+ * took them all): a record outside ``data``, not whole, of another format, with a
+ * bad CRC-32, of another topic than ``topic_bytes``, or with headers (JSON: Python
+ * parses them). decode_record then reads that one, raising its own CorruptRecord,
+ * so the errors cannot drift. The SN comes from decode_record's name cache
+ * ``texts`` (raw -> str, emptied at ``cap`` entries), decoded as it does on a miss. */
+static PyObject *read_run(PyObject *self, PyObject *args)
+{
+    Py_buffer view, tview;
+    long long base, qoff;
+    Py_ssize_t i, j, cap;
+    PyObject *entries, *topic, *cls, *texts, *out;
+    if (!PyArg_ParseTuple(args, "y*LO!nnLUy*O!O!nO!:read_run", &view, &base, &PyList_Type,
+                          &entries, &i, &j, &qoff, &topic, &tview, &PyType_Type, &cls,
+                          &PyDict_Type, &texts, &cap, &PyList_Type, &out))
+        return NULL;
+    const uint8_t *b = (const uint8_t *)view.buf, *tb = (const uint8_t *)tview.buf;
+    Py_ssize_t size = view.len, tlen_want = tview.len;
+    PyObject *result = NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "read_run: record_type must be a tuple type");
+        goto done;
+    }
+    if (i < 0)
+        i = 0;
+    if (j > PyList_GET_SIZE(entries))
+        j = PyList_GET_SIZE(entries);
+    Py_ssize_t m;
+    for (m = i; m < j; m++) {
+        long long off = entry_offset(entries, m);
+        if (off < base || off - base > size - 40)
+            break;
+        const uint8_t *r = b + (off - base);
+        Py_ssize_t avail = size - (Py_ssize_t)(off - base);
+        uint32_t length = le32(r), crc = le32(r + 4);
+        unsigned fmt = r[8], tlen = r[10] | r[11] << 8, slen = r[12], hlen = r[14] | r[15] << 8;
+        uint32_t seq = le32(r + 16), plen = le32(r + 20);
+        if (length < 36 || (Py_ssize_t)length > avail - 4 || fmt != FORMAT_VERSION
+                || (uint64_t)40 + tlen + slen + hlen + plen != (uint64_t)length + 4
+                || crc32(r + 8, (Py_ssize_t)length - 4, 0) != crc
+                || hlen != 0 || (Py_ssize_t)tlen != tlen_want || memcmp(r + 40, tb, tlen) != 0)
+            break;
+        const uint8_t *raw_sn = r + 40 + tlen;
+        PyObject *key = PyBytes_FromStringAndSize((const char *)raw_sn, slen);
+        if (key == NULL)
+            goto done;
+        PyObject *sn = PyDict_GetItemWithError(texts, key);
+        if (sn != NULL) {
+            Py_INCREF(sn);
+        } else if (PyErr_Occurred()
+                   || (sn = PyUnicode_DecodeASCII((const char *)raw_sn, slen, "replace")) == NULL) {
+            Py_DECREF(key);
+            goto done;
+        } else {
+            if (PyDict_GET_SIZE(texts) >= cap)
+                PyDict_Clear(texts);
+            if (PyDict_SetItem(texts, key, sn) < 0) {
+                Py_DECREF(key);
+                Py_DECREF(sn);
+                goto done;
+            }
+        }
+        Py_DECREF(key);
+        PyObject *rec = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 9);
+        if (rec == NULL) {
+            Py_DECREF(sn);
+            goto done;
+        }
+        Py_INCREF(topic);
+        PyTuple_SET_ITEM(rec, 2, topic);
+        PyTuple_SET_ITEM(rec, 3, sn);
+        PyTuple_SET_ITEM(rec, 7, Py_NewRef(Py_None));
+        PyObject *v;
+        int bad = 0;
+        bad |= (v = PyLong_FromLongLong(off)) == NULL;
+        if (v) PyTuple_SET_ITEM(rec, 0, v);
+        bad |= (v = PyLong_FromLongLong(qoff + m)) == NULL;
+        if (v) PyTuple_SET_ITEM(rec, 1, v);
+        bad |= (v = PyLong_FromUnsignedLong(seq)) == NULL;
+        if (v) PyTuple_SET_ITEM(rec, 4, v);
+        bad |= (v = PyLong_FromUnsignedLongLong(le64(r + 24))) == NULL;
+        if (v) PyTuple_SET_ITEM(rec, 5, v);
+        bad |= (v = PyLong_FromUnsignedLongLong(le64(r + 32))) == NULL;
+        if (v) PyTuple_SET_ITEM(rec, 6, v);
+        bad |= (v = PyBytes_FromStringAndSize((const char *)r + 40 + tlen + slen, plen)) == NULL;
+        if (v) PyTuple_SET_ITEM(rec, 8, v);
+        if (bad || PyList_Append(out, rec) < 0) {
+            Py_DECREF(rec);
+            goto done;
+        }
+        Py_DECREF(rec);
+    }
+    result = PyLong_FromSsize_t(m);
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&tview);
+    return result;
+}
+
 /* ---------------------------------------------------------- consumer: MESSAGES */
 
 /* A str8 field's text from the name cache ``texts`` (raw bytes -> str, shared with
@@ -2561,6 +2691,10 @@ static PyMethodDef methods[] = {
      "scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx): "
      "scan_publishes for a session with frame MACs: each PUBLISH's tag checked against "
      "the session's rx-th, cut off its payload, rx advanced per frame."},
+    {"read_run", read_run, METH_VARARGS,
+     "read_run(data, base, entries, i, j, queue_offset, topic, topic_bytes, record_type, "
+     "texts, cap, out) -> m: store/reads.py's records entries[i:j] from one pread, "
+     "appended to out; m: the first one decode_record must read (see the C comment)."},
     {"messages_fields", messages_fields, METH_VARARGS,
      "messages_fields(body, texts, cap) -> (sub_id, rows) or None: a MESSAGES body's "
      "messages as (topic, sn, seq, payload, delivery, lock_ts_ms, broker_ts_us, headers, "

@@ -12,10 +12,11 @@ class Topic:
     ``start`` to the event loop (visible end, first retained queue offset).
     """
 
-    __slots__ = ("name", "index", "end", "start", "next")
+    __slots__ = ("name", "name_bytes", "index", "end", "start", "next")
 
     def __init__(self, name: str, index: TopicIndex) -> None:
         self.name = name
+        self.name_bytes = name.encode()   # as its records hold it (the compiled read)
         self.index = index
         self.end = index.end
         self.next = index.end
