@@ -2,7 +2,7 @@
 # The lock computes it from a 256-entry table with small-int arithmetic only
 # (no heap allocation per byte on a 32-bit MicroPython); the host uses the standard
 # library's binascii.crc_hqx (the same CRC with init 0xFFFF, in C; every supported
-# CPython has it). The shared vectors prove both give the same answer (the tests
+# CPython has it), or the compiled lockmq._speedups one where it is built (use()). The shared vectors prove both give the same answer (the tests
 # also hold them against crcmod, an independent implementation).
 
 # The table as big-endian u16 pairs in a bytes literal: frozen into a board image, a
@@ -52,5 +52,15 @@ else:
 
     crc16 = crc16_hqx
 
-# crc16_init(data, 0xFFFF): the fastest CRC called without a Python wrapper (hot loops)
+# crc16_init(data, 0xFFFF): the fastest CRC called without a Python wrapper (hot loops).
+# Every frame is checked and sealed through this one name (``_crc.crc16_init``), so the
+# host can put a faster one in its place (use()).
 crc16_init = crc16_table if crc16_hqx is None else _crc_hqx
+
+
+def use(fn):
+    """Make ``fn(data, crc)`` -- this same CRC, computed faster (the host's compiled
+    one, eight bytes a step where binascii takes one) -- the CRC of every frame encoded
+    and decoded from now on."""
+    global crc16_init
+    crc16_init = fn

@@ -13,7 +13,7 @@ import json
 import struct
 
 from ._constants import VERSION, MIN_FRAME, Op, Flag
-from ._crc import crc16_init
+from . import _crc
 from ._errors import BadBody, LocalProtocolError, ProtocolError
 from ._frame import Frame, FrameDecoder
 from ._consume import Ack, Nack, Messages, Message
@@ -88,7 +88,7 @@ def publish_ack_frame(status, offset, opaque):
     opaque, Flag.RESPONSE)`` (a frame without MAC)."""
     data = _ACK_FRAME.pack(VERSION, _ACK_FRAME_LEN, Op.PUBLISH_ACK, 0, Flag.RESPONSE,
                            opaque, status, offset)
-    return data + _U16.pack(crc16_init(data, 0xFFFF))
+    return data + _U16.pack(_crc.crc16_init(data, 0xFFFF))
 
 
 def publish_acks(batch, results, start):

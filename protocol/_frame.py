@@ -9,7 +9,7 @@ import struct
 import sys
 
 from ._const import const
-from ._crc import crc16, crc16_init
+from . import _crc
 from ._errors import (BadFrame, UnsupportedVersion, FrameTooLarge,
                       BadChecksum, UnknownOpcode, LocalProtocolError)
 
@@ -115,7 +115,7 @@ def encode_frame(opcode, sn, body=b"", opaque=0, flags=0):
         raise LocalProtocolError("opcode, flags or opaque out of range")
     pack = _PACK_BY_SN_LEN.get(n) or _pack_struct(n)
     data = pack(VERSION, length, opcode, n, snb, flags, opaque) + body
-    return data + struct.pack(_CRC, crc16(data))
+    return data + struct.pack(_CRC, _crc.crc16_init(data, 0xFFFF))
 
 
 class FrameDecoder:
@@ -205,7 +205,7 @@ class FrameDecoder:
             if end > size:
                 break
             # (a lock checks the CRC through a view: no second copy of a big frame)
-            if crc16_init(memoryview(buf)[pos:end - CRC_SIZE] if _VIEW else buf[pos:end - CRC_SIZE],
+            if _crc.crc16_init(memoryview(buf)[pos:end - CRC_SIZE] if _VIEW else buf[pos:end - CRC_SIZE],
                           0xFFFF) \
                     != (buf[end - 2] << 8) | buf[end - 1]:
                 self._pos = pos

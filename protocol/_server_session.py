@@ -4,7 +4,7 @@ import struct
 
 from ._constants import VERSION, MIN_FRAME, NONCE_SIZE, Op, Flag, Role, AuthMethod, ErrorCode, \
     op_name
-from ._crc import crc16_init
+from . import _crc
 from ._mac import TO_CLIENT
 from ._errors import ProtocolError
 from ._frame import encode_frame
@@ -58,7 +58,7 @@ _CRC = _packer(">H")
 
 
 def _with_crc(data):
-    return data + _CRC(crc16_init(data, 0xFFFF))
+    return data + _CRC(_crc.crc16_init(data, 0xFFFF))
 
 
 def _unpacker(fmt):

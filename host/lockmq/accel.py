@@ -36,4 +36,11 @@ speedups, DESCRIPTION = _load()
 #: is the compiled hot path in use?
 COMPILED = speedups is not None
 
+if speedups is not None:
+    # every frame's CRC-16 through the compiled one: the same CRC eight bytes a step,
+    # where binascii.crc_hqx takes one (~6x on a consumer's 10 KiB MESSAGES frame)
+    from lockmq.protocol import _crc
+
+    _crc.use(speedups.crc16)
+
 __all__ = ["COMPILED", "DESCRIPTION", "PURE_ENV", "speedups"]

@@ -7,6 +7,7 @@ table-driven CRC, its HMAC and its codec agree with the host's binascii-based on
 """
 from __future__ import annotations
 
+import binascii
 import hmac as std_hmac
 import hashlib
 import json
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+
+import pytest
 
 from lockmq import protocol as p
 import crcmod.predefined
@@ -45,6 +48,23 @@ def test_crc_implementations_agree_and_match_the_standard_check_value() -> None:
     for cut in range(0, len(data), 37):
         assert crc16_table(data[:cut]) == crc16_crcmod(data[:cut]) == crc16_hqx(data[:cut])
         assert crc16_hqx(memoryview(data)[:cut]) == crc16_table(data[:cut])
+
+
+def test_frames_take_the_compiled_crc_where_it_is_built() -> None:
+    from lockmq import accel
+    from lockmq.protocol import _crc
+
+    if not accel.COMPILED:
+        pytest.skip("the pure-Python hot path: frames take binascii.crc_hqx")
+    assert _crc.crc16_init is accel.speedups.crc16   # (switched by lockmq.accel)
+    frame = p.encode_frame(p.Op.PUBLISH, "LK-1", bytes(range(256)) * 9, 7)
+    assert frame[-2:] == binascii.crc_hqx(frame[:-2], 0xFFFF).to_bytes(2, "big")
+    dec = p.FrameDecoder(1 << 16)
+    dec.feed(frame)
+    assert [f.opaque for f in dec.frames()] == [7]
+    dec.feed(frame[:-1] + bytes([frame[-1] ^ 1]))
+    with pytest.raises(p.BadChecksum):
+        list(dec.frames())
 
 
 def test_hmac_matches_the_standard_library() -> None:
