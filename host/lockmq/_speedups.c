@@ -17,6 +17,7 @@
  *                   and the tags in C: mac_pads, frame_tag).
  *   Lane            a lock's steady publish reads and their acks, several sockets
  *                   per Python call (broker/lane.py).
+ *   encode_leases   a pull's leases -> the MESSAGES body (none with headers or retries).
  *   read_run        a consumer read's records from one pread -> StoredRecords.
  *   messages_fields a MESSAGES body -> one tuple per message (the consumer client's
  *                   fetch; None for anything the Python decoder would refuse).
@@ -2360,6 +2361,139 @@ static PyTypeObject LaneType = {
     .tp_methods = lane_methods,
 };
 
+/* ------------------------------------------------------ broker: MESSAGES out */
+
+#define MSG_FIXED 30   /* queue_offset u64, delivery u16, seq u32, lock_ts_ms u64, broker_ts_us u64 */
+
+static PyObject *s_wire, *s_rec, *s_deliveries, *s_retries;
+
+/* The UTF-8 of a str field (<= 255 bytes for a str8), or NULL with no error set. */
+static const char *str8_utf8(PyObject *s, Py_ssize_t *n)
+{
+    if (!PyUnicode_Check(s))
+        return NULL;
+    const char *u = PyUnicode_AsUTF8AndSize(s, n);
+    if (u == NULL || *n > 255) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return u;
+}
+
+typedef struct {
+    unsigned long long wire, seq, lts, bts;
+    unsigned delivery;
+    const char *sn, *topic;
+    Py_ssize_t sn_len, topic_len;
+    PyObject *payload;   /* borrowed from the lease's record, which the list holds */
+} lease_view;
+
+/* A lease's fields for its MESSAGES entry; 0 (no error set) for one the Python
+ * encoder must write: headers or retries, a field out of its wire range. */
+static int view_lease(PyObject *lease, lease_view *v)
+{
+    int ok = 0;
+    PyObject *rec = PyObject_GetAttr(lease, s_rec);
+    PyObject *wire = PyObject_GetAttr(lease, s_wire);
+    PyObject *dl = PyObject_GetAttr(lease, s_deliveries);
+    PyObject *rt = PyObject_GetAttr(lease, s_retries);
+    if (rec == NULL || wire == NULL || dl == NULL || rt == NULL
+            || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 9)
+        goto out;
+    PyObject *headers = PyTuple_GET_ITEM(rec, 7);
+    if (!(headers == Py_None || (PyDict_CheckExact(headers) && PyDict_GET_SIZE(headers) == 0)))
+        goto out;
+    long long retries;
+    if (!exact_ll(rt, &retries) || retries != 0)
+        goto out;
+    long long dlv;
+    if (!exact_ll(dl, &dlv) || dlv < 0 || dlv > 0xFFFF)
+        goto out;
+    v->delivery = (unsigned)dlv;
+    v->wire = PyLong_AsUnsignedLongLong(wire);
+    v->seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 4));
+    v->lts = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 5));
+    v->bts = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 6));
+    if (PyErr_Occurred() || v->seq > 0xFFFFFFFFULL)
+        goto out;
+    v->payload = PyTuple_GET_ITEM(rec, 8);
+    if (!PyBytes_CheckExact(v->payload) || PyBytes_GET_SIZE(v->payload) > 0xFFFFFFFFLL
+            || (v->sn = str8_utf8(PyTuple_GET_ITEM(rec, 3), &v->sn_len)) == NULL
+            || (v->topic = str8_utf8(PyTuple_GET_ITEM(rec, 2), &v->topic_len)) == NULL)
+        goto out;
+    ok = 1;
+out:
+    PyErr_Clear();   /* (whatever went wrong: the Python encoder says it) */
+    Py_XDECREF(rec);
+    Py_XDECREF(wire);
+    Py_XDECREF(dl);
+    Py_XDECREF(rt);
+    return ok;
+}
+
+/* encode_leases(sub_id, leases) -> bytes or None
+ *
+ * broker/connection.py encode_leases for a pull's leases when none has headers or
+ * retries (the common case): the MESSAGES body (SPEC 4) in one buffer, the same
+ * bytes as the Python one. None, with no error set, for any other batch: a lease
+ * with headers or retries, a field out of its range, more than 65535 leases; the
+ * Python encoder then writes it (and raises its own errors). */
+static PyObject *encode_leases_c(PyObject *self, PyObject *args)
+{
+    unsigned long sub_id;
+    PyObject *leases;
+    if (!PyArg_ParseTuple(args, "kO!:encode_leases", &sub_id, &PyList_Type, &leases))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(leases);
+    if (n > 0xFFFF || sub_id > 0xFFFFFFFFUL)
+        Py_RETURN_NONE;
+    lease_view *views = PyMem_Malloc(sizeof(lease_view) * (n ? n : 1));
+    if (views == NULL)
+        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    Py_ssize_t size = 6;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!view_lease(PyList_GET_ITEM(leases, k), &views[k])) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        size += MSG_FIXED + 2 + views[k].sn_len + views[k].topic_len + 2 + 4
+            + PyBytes_GET_SIZE(views[k].payload);
+    }
+    if ((out = PyBytes_FromStringAndSize(NULL, size)) == NULL)
+        goto done;
+    uint8_t *w = (uint8_t *)PyBytes_AS_STRING(out);
+    put_be32(w, (uint32_t)sub_id);
+    w[4] = (uint8_t)(n >> 8);
+    w[5] = (uint8_t)n;
+    w += 6;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        lease_view *v = &views[k];
+        Py_ssize_t plen = PyBytes_GET_SIZE(v->payload);
+        put_be64(w, v->wire);
+        w[8] = (uint8_t)(v->delivery >> 8);
+        w[9] = (uint8_t)v->delivery;
+        put_be32(w + 10, (uint32_t)v->seq);
+        put_be64(w + 14, v->lts);
+        put_be64(w + 22, v->bts);
+        w += MSG_FIXED;
+        *w++ = (uint8_t)v->sn_len;
+        memcpy(w, v->sn, v->sn_len);
+        w += v->sn_len;
+        *w++ = (uint8_t)v->topic_len;
+        memcpy(w, v->topic, v->topic_len);
+        w += v->topic_len;
+        *w++ = 0;   /* no headers */
+        *w++ = 0;
+        put_be32(w, (uint32_t)plen);
+        memcpy(w + 4, PyBytes_AS_STRING(v->payload), plen);
+        w += 4 + plen;
+    }
+done:
+    PyMem_Free(views);
+    return out;
+}
+
 /* ------------------------------------------------------ store: reading records */
 
 static uint32_t le32(const uint8_t *p)
@@ -2521,7 +2655,6 @@ static PyObject *cached_text(PyObject *texts, Py_ssize_t cap, const uint8_t *raw
     return text;
 }
 
-#define MSG_FIXED 30   /* queue_offset u64, delivery u16, seq u32, lock_ts_ms u64, broker_ts_us u64 */
 
 /* messages_fields(body, texts, cap) -> (sub_id, rows) or None.
  *
@@ -2691,6 +2824,9 @@ static PyMethodDef methods[] = {
      "scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx): "
      "scan_publishes for a session with frame MACs: each PUBLISH's tag checked against "
      "the session's rx-th, cut off its payload, rx advanced per frame."},
+    {"encode_leases", encode_leases_c, METH_VARARGS,
+     "encode_leases(sub_id, leases) -> bytes or None: broker/connection.py encode_leases "
+     "for leases without headers or retries; None for any other batch."},
     {"read_run", read_run, METH_VARARGS,
      "read_run(data, base, entries, i, j, queue_offset, topic, topic_bytes, record_type, "
      "texts, cap, out) -> m: store/reads.py's records entries[i:j] from one pread, "
@@ -2720,7 +2856,11 @@ PyMODINIT_FUNC PyInit__speedups(void)
             || !(s_headers = PyUnicode_InternFromString("headers"))
             || !(s_move_to_end = PyUnicode_InternFromString("move_to_end")))
         return NULL;
-    if (!(s_last_seen = PyUnicode_InternFromString("last_seen")))
+    if (!(s_last_seen = PyUnicode_InternFromString("last_seen"))
+            || !(s_wire = PyUnicode_InternFromString("wire"))
+            || !(s_rec = PyUnicode_InternFromString("rec"))
+            || !(s_deliveries = PyUnicode_InternFromString("deliveries"))
+            || !(s_retries = PyUnicode_InternFromString("retries")))
         return NULL;
     if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PlanType) < 0)
         return NULL;

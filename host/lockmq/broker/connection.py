@@ -75,6 +75,8 @@ _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
 _scan_sealed = getattr(accel.speedups, "scan_sealed_publishes", None)
 _mac_pads = getattr(accel.speedups, "mac_pads", None)
 _sealed_acks = getattr(accel.speedups, "sealed_publish_acks", None)
+# ... and a pull's MESSAGES body written in one buffer (None: the Python loop below)
+_encode_leases_c = getattr(accel.speedups, "encode_leases", None)
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
@@ -1140,7 +1142,17 @@ def encode_leases(sub_id: int, leases: list[Lease]) -> bytes:
 
     The bytes are the protocol's (``lockmq.protocol._fast``); this only walks the
     leases. A message without headers (the common case) costs one cache lookup and
-    one ``pack``; a retried one gets ``{"retries": n}`` added to its headers."""
+    one ``pack``; a retried one gets ``{"retries": n}`` added to its headers.
+    Compiled, a batch without headers or retries is one C call (the same bytes)."""
+    if _encode_leases_c is not None:
+        body = _encode_leases_c(sub_id, leases)
+        if body is not None:
+            return body
+    return _encode_leases_py(sub_id, leases)
+
+
+def _encode_leases_py(sub_id: int, leases: list[Lease]) -> bytes:
+    """:func:`encode_leases` in Python: every batch (the reference of the C one)."""
     parts = [messages_head(sub_id, len(leases))]
     append = parts.append
     shapes = SHAPES
