@@ -2518,6 +2518,43 @@ static long long entry_offset(PyObject *entries, Py_ssize_t m)
     return off;
 }
 
+/* A name's text from a name cache ``texts`` (raw bytes -> str, emptied at ``cap``
+ * entries as the Python caches are), decoding and remembering it on a miss: as UTF-8
+ * (protocol/_fast.py _text8: NULL with no error set when it is not UTF-8), or with
+ * ``ascii_replace`` as ASCII with "replace" (store/records.py _text for an SN: never
+ * refused). NULL with an error set: out of memory. */
+static PyObject *cached_text(PyObject *texts, Py_ssize_t cap, const uint8_t *raw, Py_ssize_t n,
+                             int ascii_replace)
+{
+    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, n);
+    if (key == NULL)
+        return NULL;
+    PyObject *text = PyDict_GetItemWithError(texts, key);
+    if (text != NULL) {
+        Py_DECREF(key);
+        Py_INCREF(text);
+        return text;
+    }
+    if (!PyErr_Occurred())
+        text = ascii_replace ? PyUnicode_DecodeASCII((const char *)raw, n, "replace")
+                             : PyUnicode_DecodeUTF8((const char *)raw, n, NULL);
+    if (text == NULL) {
+        Py_DECREF(key);
+        if (!ascii_replace && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            PyErr_Clear();   /* (not UTF-8: the Python decoder says so) */
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(texts) >= cap)
+        PyDict_Clear(texts);
+    int bad = PyDict_SetItem(texts, key, text);
+    Py_DECREF(key);
+    if (bad) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    return text;
+}
+
 /* read_run(data, base, entries, i, j, queue_offset, topic, topic_bytes, record_type, texts,
  *          cap, out) -> m
  *
@@ -2566,27 +2603,9 @@ static PyObject *read_run(PyObject *self, PyObject *args)
                 || crc32(r + 8, (Py_ssize_t)length - 4, 0) != crc
                 || hlen != 0 || (Py_ssize_t)tlen != tlen_want || memcmp(r + 40, tb, tlen) != 0)
             break;
-        const uint8_t *raw_sn = r + 40 + tlen;
-        PyObject *key = PyBytes_FromStringAndSize((const char *)raw_sn, slen);
-        if (key == NULL)
+        PyObject *sn = cached_text(texts, cap, r + 40 + tlen, slen, 1);
+        if (sn == NULL)
             goto done;
-        PyObject *sn = PyDict_GetItemWithError(texts, key);
-        if (sn != NULL) {
-            Py_INCREF(sn);
-        } else if (PyErr_Occurred()
-                   || (sn = PyUnicode_DecodeASCII((const char *)raw_sn, slen, "replace")) == NULL) {
-            Py_DECREF(key);
-            goto done;
-        } else {
-            if (PyDict_GET_SIZE(texts) >= cap)
-                PyDict_Clear(texts);
-            if (PyDict_SetItem(texts, key, sn) < 0) {
-                Py_DECREF(key);
-                Py_DECREF(sn);
-                goto done;
-            }
-        }
-        Py_DECREF(key);
         PyObject *rec = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 9);
         if (rec == NULL) {
             Py_DECREF(sn);
@@ -2625,35 +2644,6 @@ done:
 
 /* ---------------------------------------------------------- consumer: MESSAGES */
 
-/* A str8 field's text from the name cache ``texts`` (raw bytes -> str, shared with
- * protocol/_fast.py's _text8 and emptied at ``cap`` entries as it is), decoding and
- * remembering it on a miss; NULL with no error set when it is not UTF-8. */
-static PyObject *cached_text(PyObject *texts, Py_ssize_t cap, const uint8_t *raw, Py_ssize_t n)
-{
-    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, n);
-    if (key == NULL)
-        return NULL;
-    PyObject *text = PyDict_GetItemWithError(texts, key);
-    if (text != NULL) {
-        Py_DECREF(key);
-        Py_INCREF(text);
-        return text;
-    }
-    if (PyErr_Occurred() || (text = PyUnicode_DecodeUTF8((const char *)raw, n, NULL)) == NULL) {
-        Py_DECREF(key);
-        PyErr_Clear();   /* (not UTF-8: the Python decoder says so) */
-        return NULL;
-    }
-    if (PyDict_GET_SIZE(texts) >= cap)
-        PyDict_Clear(texts);
-    int bad = PyDict_SetItem(texts, key, text);
-    Py_DECREF(key);
-    if (bad) {
-        Py_DECREF(text);
-        return NULL;
-    }
-    return text;
-}
 
 
 /* messages_fields(body, texts, cap) -> (sub_id, rows) or None.
@@ -2707,10 +2697,10 @@ static PyObject *messages_fields(PyObject *self, PyObject *args)
         if (size - p_at < p_len)
             goto refuse;
         pos = p_at + p_len;
-        PyObject *sn = cached_text(texts, cap, b + sn_at, sn_len);
+        PyObject *sn = cached_text(texts, cap, b + sn_at, sn_len, 0);
         if (sn == NULL)
             goto refuse_or_fail;
-        PyObject *topic = cached_text(texts, cap, b + tp_at, tp_len);
+        PyObject *topic = cached_text(texts, cap, b + tp_at, tp_len, 0);
         if (topic == NULL) {
             Py_DECREF(sn);
             goto refuse_or_fail;
