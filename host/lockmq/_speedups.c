@@ -145,6 +145,16 @@ static void put_be64(uint8_t *p, uint64_t v)
     put_be32(p + 4, (uint32_t)v);
 }
 
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
 static void put_le16(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
@@ -2403,18 +2413,16 @@ static int view_lease(PyObject *lease, lease_view *v)
     PyObject *headers = PyTuple_GET_ITEM(rec, 7);
     if (!(headers == Py_None || (PyDict_CheckExact(headers) && PyDict_GET_SIZE(headers) == 0)))
         goto out;
-    long long retries;
-    if (!exact_ll(rt, &retries) || retries != 0)
-        goto out;
-    long long dlv;
-    if (!exact_ll(dl, &dlv) || dlv < 0 || dlv > 0xFFFF)
+    long long dlv = small_uint(dl, 0xFFFF), seq = small_uint(PyTuple_GET_ITEM(rec, 4), MAX_SEQ);
+    if (small_uint(rt, 0) != 0 || dlv < 0 || seq < 0)   /* (retries: the Python encoder) */
         goto out;
     v->delivery = (unsigned)dlv;
+    v->seq = (unsigned long long)seq;
+    /* (u64 on the wire: a retry's queue offset has its top bit set) */
     v->wire = PyLong_AsUnsignedLongLong(wire);
-    v->seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 4));
     v->lts = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 5));
     v->bts = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 6));
-    if (PyErr_Occurred() || v->seq > 0xFFFFFFFFULL)
+    if (PyErr_Occurred())
         goto out;
     v->payload = PyTuple_GET_ITEM(rec, 8);
     if (!PyBytes_CheckExact(v->payload) || PyBytes_GET_SIZE(v->payload) > 0xFFFFFFFFLL
@@ -2495,16 +2503,6 @@ done:
 }
 
 /* ------------------------------------------------------ store: reading records */
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t le64(const uint8_t *p)
-{
-    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
-}
 
 /* An entry's commit-log offset (the first item of an index entry tuple), or -1. */
 static long long entry_offset(PyObject *entries, Py_ssize_t m)
@@ -2591,19 +2589,19 @@ static PyObject *read_run(PyObject *self, PyObject *args)
     Py_ssize_t m;
     for (m = i; m < j; m++) {
         long long off = entry_offset(entries, m);
-        if (off < base || off - base > size - 40)
+        if (off < base || off - base > size - RECORD_HEADER)
             break;
         const uint8_t *r = b + (off - base);
         Py_ssize_t avail = size - (Py_ssize_t)(off - base);
         uint32_t length = le32(r), crc = le32(r + 4);
         unsigned fmt = r[8], tlen = r[10] | r[11] << 8, slen = r[12], hlen = r[14] | r[15] << 8;
         uint32_t seq = le32(r + 16), plen = le32(r + 20);
-        if (length < 36 || (Py_ssize_t)length > avail - 4 || fmt != FORMAT_VERSION
-                || (uint64_t)40 + tlen + slen + hlen + plen != (uint64_t)length + 4
+        if (length < RECORD_HEADER - 4 || (Py_ssize_t)length > avail - 4 || fmt != FORMAT_VERSION
+                || (uint64_t)RECORD_HEADER + tlen + slen + hlen + plen != (uint64_t)length + 4
                 || crc32(r + 8, (Py_ssize_t)length - 4, 0) != crc
-                || hlen != 0 || (Py_ssize_t)tlen != tlen_want || memcmp(r + 40, tb, tlen) != 0)
+                || hlen != 0 || (Py_ssize_t)tlen != tlen_want || memcmp(r + RECORD_HEADER, tb, tlen) != 0)
             break;
-        PyObject *sn = cached_text(texts, cap, r + 40 + tlen, slen, 1);
+        PyObject *sn = cached_text(texts, cap, r + RECORD_HEADER + tlen, slen, 1);
         if (sn == NULL)
             goto done;
         PyObject *rec = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 9);
@@ -2627,7 +2625,7 @@ static PyObject *read_run(PyObject *self, PyObject *args)
         if (v) PyTuple_SET_ITEM(rec, 5, v);
         bad |= (v = PyLong_FromUnsignedLongLong(le64(r + 32))) == NULL;
         if (v) PyTuple_SET_ITEM(rec, 6, v);
-        bad |= (v = PyBytes_FromStringAndSize((const char *)r + 40 + tlen + slen, plen)) == NULL;
+        bad |= (v = PyBytes_FromStringAndSize((const char *)r + RECORD_HEADER + tlen + slen, plen)) == NULL;
         if (v) PyTuple_SET_ITEM(rec, 8, v);
         if (bad || PyList_Append(out, rec) < 0) {
             Py_DECREF(rec);
