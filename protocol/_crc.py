@@ -2,8 +2,9 @@
 # The lock computes it from a 256-entry table with small-int arithmetic only
 # (no heap allocation per byte on a 32-bit MicroPython); the host uses the standard
 # library's binascii.crc_hqx (the same CRC with init 0xFFFF, in C; every supported
-# CPython has it), or the compiled lockmq._speedups one where it is built (use()). The shared vectors prove both give the same answer (the tests
-# also hold them against crcmod, an independent implementation).
+# CPython has it), or the compiled lockmq._speedups one where it is built (use()).
+# The shared vectors prove they give the same answer (the tests also hold them
+# against crcmod, an independent implementation).
 
 # The table as big-endian u16 pairs in a bytes literal: frozen into a board image, a
 # bytes constant stays in flash, where a computed table took 512+ bytes of the lock's

@@ -331,10 +331,17 @@ _frame = st.one_of(
     st.binary(max_size=30))
 
 
+def _damage(at_most: int) -> st.SearchStrategy:
+    """Bytes overwritten in the stream: (position, new byte) pairs."""
+    return st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=at_most)
+
+
+#: the sizes of the pieces the stream is sent in
+_cuts = st.lists(st.integers(1, 90), min_size=1, max_size=8)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_frame, max_size=10),
-       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
-       st.lists(st.integers(1, 90), min_size=1, max_size=8))
+@given(st.lists(_frame, max_size=10), _damage(3), _cuts)
 def test_the_lane_takes_what_the_python_paths_scanner_takes(
         frames: list[bytes], damage: list[tuple[int, int]], cuts: list[int]) -> None:
     """Random, damaged frames sent in random pieces: the lane's records are the pure
@@ -505,9 +512,7 @@ _sealed_item = st.one_of(_sealed_publish, _sealed_publish, _sealed_publish,
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(_sealed_item, max_size=10),
-       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
-       st.lists(st.integers(1, 90), min_size=1, max_size=8))
+@given(st.lists(_sealed_item, max_size=10), _damage(2), _cuts)
 def test_a_sealed_slot_takes_what_the_sealed_scanner_takes(
         items: list[tuple], damage: list[tuple[int, int]], cuts: list[int]) -> None:
     """Sealed frames (and plain or junk ones among them), damaged and sent in random

@@ -8,13 +8,11 @@ from typing import Any
 
 from lockmq import accel
 from lockmq.protocol import Messages
+# the protocol's name cache (CPython): an SN or topic is decoded once, on either path
+from lockmq.protocol._fast import _CACHE_MAX, _texts
 
 #: compiled: a MESSAGES body's messages as field tuples (None without the extension)
 _FIELDS = getattr(accel.speedups, "messages_fields", None)
-try:   # the protocol's name cache (CPython): an SN or topic is decoded once
-    from lockmq.protocol._fast import _CACHE_MAX, _texts
-except ImportError:  # pragma: no cover - the protocol without its CPython fast path
-    _FIELDS = None
 
 
 @dataclass
