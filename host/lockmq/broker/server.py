@@ -266,6 +266,8 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
     once the broker has started."""
     if not await follow_if_standby(config):   # a standby follows until promoted
         return
+    # Handlers first: systemd may send SIGTERM as soon as the port accepts connections.
+    stop = stop_on_signals()
     broker = Broker(config)
     try:
         await broker.start()
@@ -277,7 +279,7 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
         ready(broker)
     if tune_gc:
         _tune_gc()
-    await stop_on_signals().wait()
+    await stop.wait()
     broker.log("signal", action="shutdown")
     await broker.stop()
 
