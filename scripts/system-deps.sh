@@ -24,6 +24,12 @@ command -v chromium >/dev/null || want+=(chromium)   # the dashboard test (headl
 command -v redis-server >/dev/null || want+=(redis-server)
 # gcc -m32: the 32-bit MicroPython with the lock app frozen in (mpy32-frozen test runs)
 dpkg -s gcc-multilib >/dev/null 2>&1 || want+=(gcc-multilib)
+# libfaketime: wall-clock steps under a running broker (tests/broker clock tests)
+command -v faketime >/dev/null || want+=(faketime)
+# mosquitto_sub/mosquitto_pub: real MQTT clients against the MQTT listener and bridge
+command -v mosquitto_sub >/dev/null || want+=(mosquitto-clients)
+# promtool: the metrics, alert rules and dashboard under dist/ are checked in the suite
+command -v promtool >/dev/null || want+=(prometheus)
 if [ ${#want[@]} -gt 0 ]; then
   log "installing ${want[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}") >&2 \
