@@ -217,8 +217,8 @@ class GroupCommit:
             if self._w_idle:
                 # one wake-up is enough: until the writer runs (it needs the GIL),
                 # later appends would each pay for a pure-Python notify(). (Waking it
-                # only after the loop iteration instead was measured and not kept:
-                # see _no_wakeup_preemption, and docs/performance.md "Eighth pass".)
+                # only after the loop iteration instead was measured and not kept: see
+                # _no_wakeup_preemption, and docs/performance.md "Measured and not kept".)
                 self._w_idle = False
                 self._cond.notify()
         return fut
