@@ -176,3 +176,29 @@ def test_a_deleted_active_segment_does_not_reuse_offsets(store_dir):
                                                         and r[0] < bases[-1]]) + 1
         await s.close()
     run(main())
+
+
+def test_the_cli_tells_the_truth_and_salvages(store_dir, tmp_path):
+    import subprocess
+    import sys
+    d, acked = store_dir
+    victim = _victim(d, acked)
+    _flip(d, victim[0] + 45)
+    os.unlink(os.path.join(d, "checkpoint"))
+    exe = [os.path.join(os.path.dirname(sys.executable), "lockmq")]
+
+    def cli(*a):
+        return subprocess.run(exe + list(a), capture_output=True, text=True, timeout=60)
+    before = cli("store", "check", str(d))
+    assert before.returncode == 1 and "not quarantined yet" in before.stdout
+    assert "recovery cuts" not in before.stdout and "CORRUPT: index" not in before.stdout
+    Store.open(config(d, segment_bytes=SEG)).close_sync()
+    after = cli("store", "check", str(d))
+    assert after.returncode == 1 and "quarantined by the broker" in after.stdout
+    assert f"{victim[1]} queue offsets {victim[2]}" in after.stdout
+    listed = cli("store", "damage", str(d))
+    assert listed.returncode == 1 and f"[{victim[0]}, " in listed.stdout
+    out = tmp_path / "bytes"
+    got = cli("store", "salvage", str(d), str(victim[0]), "--out", str(out))
+    assert got.returncode == 0, got.stderr
+    assert out.read_bytes()[:4] == (67 - 4).to_bytes(4, "little")
