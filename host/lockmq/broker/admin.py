@@ -292,8 +292,8 @@ class Admin:
         recs = []
         for o in wanted:
             got = store.read(topic, o, 1)
-            if got and got[0].queue_offset == o:
-                recs.append(got[0])
+            if got and got[0].queue_offset == o and not (got[0].headers or {}).get("damaged"):
+                recs.append(got[0])   # (a damaged record's entry has nothing to replay)
         if not recs:
             raise AdminError("INVALID_ARGUMENT", f"no dead letters at those offsets of {topic}")
         now = int(time.time() * 1000)

@@ -250,6 +250,12 @@ class BrokerCore:
                                         store.queue_start(topic), keep)
         return store.read(topic, queue_offset, max_count)
 
+    def damage_at(self, topic: str, queue_offset: int) -> Any:
+        """The store's quarantined damage holding ``topic``'s record at
+        ``queue_offset`` (None: not damaged)."""
+        assert self.store is not None
+        return self.store.damage_at(topic, queue_offset)
+
     def queue_end(self, topic: str) -> int:
         """One past the last durable queue offset of ``topic``."""
         assert self.store is not None

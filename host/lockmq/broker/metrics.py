@@ -109,6 +109,8 @@ STORE_COUNTER_HELP: dict[str, str] = {
     "full": "Batches refused because the disk is full (min_free_bytes)",
     "skipped_records": "Records retention deleted before the slowest cluster read them",
     "time_rolls": "Segments closed by age (segment_ms) rather than size",
+    "damaged_records": "Records in quarantined damaged ranges of the log (never served)",
+    "damaged_ranges": "Quarantined damaged ranges of the log (lockmq store damage DIR)",
 }
 
 #: Per-cluster counters of live clusters (since the cluster was opened), as
@@ -126,6 +128,7 @@ CLUSTER_COUNTER_HELP: dict[str, str] = {
     "cluster_cap_hits": "Pulls limited by max_inflight_per_cluster",
     "unknown_lease": "ACK/NACK of a lease the cluster does not hold",
     "skipped": "Messages retention deleted before the cluster read them (it skipped them)",
+    "damaged_skipped": "Damaged records the cluster passed over (each has a $dlq entry)",
 }
 
 #: Per-cluster gauges from the ``clusters`` op (live and offline clusters alike).

@@ -6,7 +6,11 @@
                                             members or "offline", lag, last activity
     lockmq clusters describe NAME           everything the broker knows about one cluster
     lockmq clusters reset NAME --to-earliest | --to-latest | --to-time ISO8601|MS
-                                            move its position (no member may be connected)
+                               | --to-offset N
+                                            move its position (no member may be connected);
+                                            N is a queue offset of the cluster's topic, as
+                                            `clusters describe` (committed) and the
+                                            broker's log lines and errors name them
     lockmq clusters delete NAME             forget it: position, owner, topic binding
     lockmq clusters NAME --delete           (the same, kept for old scripts)
 
@@ -48,7 +52,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     to.add_argument("--to-time", metavar="ISO8601|MS", type=time_arg("--to-time"),
                     help="reset: to the first message stored at or after this time "
                          f"({TIME_FORMS}: 2025-01-31T08:00:00Z; or ms since the epoch)")
+    to.add_argument("--to-offset", metavar="N", type=_queue_offset,
+                    help="reset: to queue offset N of the cluster's topic (the numbers "
+                         "`clusters describe` shows as committed and queue_end; clamped "
+                         "to the retained range)")
     p.set_defaults(func=run)
+
+
+def _queue_offset(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--to-offset needs a queue offset (an integer "
+                                         f">= 0), not {text!r}")
+    return n
 
 
 def _ago(ms: Any) -> str:
@@ -126,7 +145,9 @@ def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
         return {"to": "latest"}
     if args.to_time is not None:
         return {"time_ms": args.to_time}
-    raise ValueError("reset needs --to-earliest, --to-latest or --to-time")
+    if args.to_offset is not None:
+        return {"to": args.to_offset}
+    raise ValueError("reset needs --to-earliest, --to-latest, --to-time or --to-offset")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,8 +25,9 @@ from lockmq.clock import SYSTEM_CLOCK, Clock
 
 from . import reads, retention
 from .config import StoreConfig
+from .damage import Damage, DamageMap
 from .dedup import DedupTable
-from .errors import StoreClosed, StoreFailed, StoreLocked, TopicNotOpen
+from .errors import CorruptRecord, StoreClosed, StoreFailed, StoreLocked, TopicNotOpen
 from .files import DIR_MODE, FILE_MODE, create_file, secure_data_dir
 from .index import TopicIndex
 from .names import LOCK, SEGMENT_DIR, index_file_name, positions_files
@@ -80,10 +81,14 @@ class Store:
         #: counters: records stored, duplicates dropped, batches (group commits), log
         #: bytes, fsyncs, checkpoints, batches refused with StoreFull, records that
         #: retention deleted before the slowest cluster read them, segments closed by
-        #: age (``segment_ms``)
+        #: age (``segment_ms``), damaged records quarantined (at open and since),
+        #: quarantined ranges
         self.stats: dict[str, int] = dict.fromkeys(
             ("records", "duplicates", "batches", "bytes", "fsyncs", "checkpoints",
-             "store_full", "skipped_records", "time_rolls"), 0)
+             "store_full", "skipped_records", "time_rolls", "damaged_records",
+             "damaged_ranges"), 0)
+        #: quarantined commit-log ranges (damage.py): never served
+        self._damage = DamageMap(self.data_dir)
         #: what crash recovery did when the store was opened
         self.recovery = RecoveryReport()
 
@@ -115,8 +120,10 @@ class Store:
             os.close(self._lock_fd)
             raise StoreLocked(f"{self.data_dir} is in use by another process") from None
         try:
-            segments, indexes, rep = recover(self.data_dir, self._dedup)
+            segments, indexes, rep, damage = recover(self.data_dir, self._dedup)
             self.recovery = rep
+            self._damage = damage
+            self._count_damage()
             self._segments = segments
             self._end = rep.log_end
             for name, idx in sorted(indexes.items()):
@@ -136,9 +143,32 @@ class Store:
         except BaseException:
             self._release()
             raise
-        if rep.bytes_cut or rep.full_scan or rep.scanned_records:
+        if rep.bytes_cut or rep.full_scan or rep.scanned_records or rep.damage:
             log.info("store %s recovered: %s", self.data_dir, rep)
+        if damage:
+            log.error("store %s: %d damaged ranges are quarantined (%d records; "
+                      "`lockmq store damage %s` lists them): %s", self.data_dir, len(damage),
+                      self.stats["damaged_records"], self.data_dir,
+                      " | ".join(d.describe() for d in damage.items[:5]))
         return self
+
+    def _count_damage(self) -> None:
+        self.stats["damaged_ranges"] = len(self._damage)
+        self.stats["damaged_records"] = sum(max(d.records, d.queue_offsets())
+                                            for d in self._damage.items)
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Every quarantined range (found by recovery or by a read), oldest first."""
+        return list(self._damage.items)
+
+    def damage_at(self, topic: str, queue_offset: int) -> Damage | None:
+        """The quarantined range holding ``topic``'s record at ``queue_offset`` (None:
+        not known to be damaged)."""
+        t = self._topics.get(topic)
+        if t is None or not self._damage or not t.index.base <= queue_offset < t.index.end:
+            return None
+        return self._damage.at(t.index.entry(queue_offset)[0])
 
     @contextmanager
     def writes_held(self) -> Iterator[None]:
@@ -334,8 +364,11 @@ class Store:
 
         Only durable records (``sync``; written ones in ``async``) are returned.
         An offset before :meth:`queue_start` (deleted by retention) reads from the
-        first retained record; check ``queue_offset`` of the results. Raises
-        :class:`CorruptRecord` if a record fails its checksum.
+        first retained record; check ``queue_offset`` of the results. A damaged
+        record is never returned: it is passed over (its queue offset is missing from
+        the results, as retention's are) and quarantined if it was not yet
+        (:attr:`damage`, :meth:`damage_at`); so an empty result before
+        :meth:`queue_end` means that everything up to there is damaged.
         """
         t = self._topics.get(topic)
         if t is None or max_count <= 0:
@@ -345,7 +378,41 @@ class Store:
         n = min(max_count, t.end - queue_offset)
         if n <= 0:
             return []
-        return reads.read_topic(t, self._segments, self._end, queue_offset, n)
+        segs, end = self._segments, self._end
+        if self._damage:
+            lo = t.index.entry(queue_offset)[0]
+            off, size, _s = t.index.entry(queue_offset + n - 1)
+            if self._damage.overlaps(lo, off + size):
+                return reads.read_topic_checked(t, segs, end, queue_offset, n, self._damage,
+                                                self._read_damage)
+        try:
+            return reads.read_topic(t, segs, end, queue_offset, n)
+        except CorruptRecord:
+            return reads.read_topic_checked(t, segs, end, queue_offset, n, self._damage,
+                                            self._read_damage)
+
+    def _read_damage(self, topic: str, queue_offset: int, offset: int, size: int, why: str,
+                     in_log: bool) -> None:
+        """A read passed a damaged record: quarantine it if it is new (saved, logged,
+        counted). A wrong index entry (``in_log`` False) is logged only."""
+        if not in_log:
+            log.error("store: index of %r, queue offset %d: %s (not served)", topic,
+                      queue_offset, why)
+            return
+        if not why or self._damage.at(offset) is not None:
+            return
+        seg = self._segments[self._segments.index_of(offset)]
+        d = Damage(offset, offset + max(size, 1), seg.base, why or "unreadable", 1,
+                   {topic: [queue_offset]}, acked="yes", found="read",
+                   found_ms=int(self.clock.wall_ms()))
+        self._damage.add(d)
+        self._count_damage()
+        try:
+            self._damage.save()
+        except OSError as exc:
+            log.error("store: saving the damage list failed: %r", exc)
+        log.error("store: a read found a damaged record, quarantined (the records around it "
+                  "are served): %s", d.describe())
 
     def scan(self, topic: str, queue_offset: int = 0,
              chunk: int = 1000) -> Iterator[StoredRecord]:
@@ -495,6 +562,12 @@ class Store:
         rep = retention.enforce(self.config, self._segments, self._topics, self._end,
                                 needed or {}, now)
         self.stats["skipped_records"] += sum(rep.skipped_records.values())
+        if rep.deleted_segments and self._damage:
+            before = len(self._damage)
+            self._damage.forget_before(self._segments.start)
+            if len(self._damage) != before:
+                self._count_damage()
+                self._damage.save()
         return rep
 
 
