@@ -26,6 +26,7 @@ from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
 from lockmq.registry.announce import Announcer, start_announcer
+from lockmq.mqtt import MqttServer, start_mqtt
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import stop_on_signals
 from lockmq.replication.primary import attach_primary
@@ -108,6 +109,7 @@ class Broker:
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
         self.announcer: Announcer | None = None   # [registry]: registers this gateway
+        self.mqtt: MqttServer | None = None        # [mqtt]: the MQTT listener (lockmq.mqtt)
 
     @property
     def max_connections(self) -> int:
@@ -169,6 +171,8 @@ class Broker:
         self.commands.start()
         self.devices.broker_started()
         self.announcer = start_announcer(self)
+        self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
+                                     self.guard, self.log, self.stats)
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
@@ -195,6 +199,8 @@ class Broker:
         for srv in self.servers:
             srv.close()
         await self.status.stop()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         if self.announcer is not None:
             await self.announcer.stop()
         await self.devices.stop()
