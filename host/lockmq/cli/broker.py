@@ -14,6 +14,8 @@ authenticate. One TOML file (--config) changes any setting; the flags below
 override the file. `lockmq broker --print-config` prints every setting with its
 default. Stop it with SIGTERM or Ctrl-C: it stops accepting, answers the
 publishes it already took, saves consumer positions and closes the store.
+SIGHUP (systemctl reload) re-reads the file and applies what can change live,
+logging what needs a restart; a file it refuses changes nothing.
 
 Main settings (table.key in the TOML file):
   broker.port (6800)               broker.status_port (6801, 0 = off)
@@ -97,4 +99,5 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from lockmq.broker import run
 
-    return run(config)
+    overrides = overrides_from_args(args)
+    return run(config, reload=lambda: load_config(args.config, overrides, check_files=True))

@@ -9,7 +9,7 @@ certificate expires (825 days), or to add a name:
     lockmq certs renew ./tls [--host gateway.local --ip 192.168.1.10]
 
 writes a new server.pem and server.key signed by the same CA (the locks trust the
-CA, so none is reflashed); restart the broker to serve it. Then set in the broker
+CA, so none is reflashed); `systemctl reload lockmq` (SIGHUP) serves it. Then set in the broker
 config::
 
     [security]
@@ -81,7 +81,7 @@ def cmd_renew(args: argparse.Namespace) -> int:
     print(f"{'server_key':<11} {files.server_key}")
     print(f"server certificate names: {', '.join(hosts + ips)}; valid until "
           f"{cert.not_valid_after_utc:%Y-%m-%d}; CA unchanged ({files.ca_pem})")
-    print("restart the broker to serve it")
+    print("reload the broker to serve it (systemctl reload lockmq, or SIGHUP)")
     return 0
 
 
