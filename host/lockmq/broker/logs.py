@@ -92,10 +92,28 @@ class EventLog:
         self.level = _LEVELS.get(level.upper(), 20)
         self.fmt = fmt
         self.logger = logging.Logger("lockmq.events", self.level)
+        self.log_file = log_file
+        self._stream = stream
         handler = make_handler(log_file, stream)
         handler.setFormatter(EventFormatter(fmt))
         self.logger.addHandler(handler)
         self._budget: dict[str, list[float]] = {}   # limited(): key -> [last line, left out]
+
+    def reconfigure(self, level: str, fmt: str, log_file: str) -> None:
+        """Apply new ``log_level`` / ``log_format`` / ``log_file`` (a reload): the
+        handler is replaced only when the destination changed."""
+        handler = make_handler(log_file, self._stream) if log_file != self.log_file else None
+        self.level = _LEVELS.get(level.upper(), 20)
+        self.logger.setLevel(self.level)
+        self.fmt = fmt
+        if handler is not None:   # opened first: a file that cannot be opened changes nothing
+            for old in list(self.logger.handlers):
+                self.logger.removeHandler(old)
+                old.close()
+            self.logger.addHandler(handler)
+            self.log_file = log_file
+        for h in self.logger.handlers:
+            h.setFormatter(EventFormatter(fmt))
 
     def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
         """Log ``event`` with ``fields`` at ``level`` (debug/info/warning/error)."""
