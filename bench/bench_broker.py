@@ -205,7 +205,7 @@ def register_locks(data_dir: str, sns: list[str]) -> str:
 
     reg = DeviceRegistry.open(SecurityConfig(data_dir=data_dir))
     try:
-        keys = reg.add_many(sns)
+        keys = reg.add_many(sns, mac=False)   # (its locks speak without frame MACs)
     finally:
         reg.close()
     path = os.path.join(data_dir, "bench-keys.json")
