@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
-from lockmq.clock import SYSTEM_CLOCK, Clock
+from lockmq.clock import SYSTEM_CLOCK, Clock, steady_ms_of
 
 from . import reads, retention
 from .config import StoreConfig
@@ -63,7 +63,8 @@ class Store:
     def __init__(self, config: StoreConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         config.validate()
         self.config = config
-        #: the time of record timestamps, segment ages and retention (lockmq.clock)
+        #: the time of record timestamps (wall), segment ages and retention (steady:
+        #: a step of the wall clock ages nothing; lockmq.clock)
         self.clock = clock
         self.data_dir = os.path.abspath(os.fspath(config.data_dir))
         self.seg_dir = os.path.join(self.data_dir, SEGMENT_DIR)
@@ -300,13 +301,16 @@ class Store:
 
     def _first_write_ms(self, seg: Segment, log_end: int) -> float | None:
         """When the first record of ``seg`` was stored (None if it is empty): the age
-        ``segment_ms`` counts from, read back from the record's broker timestamp."""
+        ``segment_ms`` counts from, read back from the record's broker timestamp (a
+        wall time: never later than steady time now, so a wall clock that was ahead
+        cannot hold the roll back)."""
         if log_end <= seg.base:
             return None
         try:
-            return reads.read_at(self._segments, log_end, seg.base).broker_ts_us / 1000
+            ms = reads.read_at(self._segments, log_end, seg.base).broker_ts_us / 1000
         except Exception:  # noqa: BLE001 -- unreadable: age it from the file instead
-            return seg.mtime_ms()
+            ms = seg.mtime_ms()
+        return min(ms, steady_ms_of(self.clock))
 
     async def roll_if_old(self) -> bool:
         """Close the active segment if it is older than ``segment_ms`` and holds
@@ -556,9 +560,10 @@ class Store:
         the deleted records at or above it are counted in the report's
         ``skipped_records`` and in ``stats["skipped_records"]``. The active segment
         is never deleted. Runs on the caller's thread (unlink is cheap); call it
-        every minute or so. ``now_ms`` defaults to the store's clock.
+        every minute or so. ``now_ms`` defaults to the store clock's steady time
+        (the scale segment ages are kept in: a wall-clock step deletes nothing).
         """
-        now = self.clock.wall_ms() if now_ms is None else now_ms
+        now = steady_ms_of(self.clock) if now_ms is None else now_ms
         rep = retention.enforce(self.config, self._segments, self._topics, self._end,
                                 needed or {}, now)
         self.stats["skipped_records"] += sum(rep.skipped_records.values())
