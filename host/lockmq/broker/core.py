@@ -17,7 +17,8 @@ from typing import Any, Awaitable, Callable
 from lockmq.clock import SYSTEM_CLOCK, Clock, SystemClock, steady_ms_of
 from lockmq.config import Config
 from lockmq.security.identity import owner_of
-from lockmq.store import Appended, InvalidRecord, NewRecord, Store, StoreClosed, StoredRecord
+from lockmq.store import (Appended, InvalidRecord, NewRecord, Store, StoreClosed, StoredRecord,
+                          StoreFull)
 from lockmq.store.names import CLOCK
 from lockmq.store.records import validate_cluster, validate_topic
 from lockmq.store.writer import Then
@@ -149,6 +150,11 @@ class BrokerCore:
         store = Store.open(scfg, self.clock)
         self.store = store
         rep = store.recovery
+        for what in store.positions_report:
+            self.log("positions_restored" if "restored" in what else "positions_damaged",
+                     detail=what, level="error" if "RESTARTS" in what else "warning")
+        for d in store.damage:
+            self.log("store_damage", detail=d.describe(), found=d.found, level="error")
         self.log("store_open", data_dir=store.data_dir, log_end=store.log_end,
                  topics=len(store.topics()), recovered_bytes_cut=rep.bytes_cut,
                  recovered_records_cut=rep.records_cut,
@@ -533,7 +539,11 @@ class BrokerCore:
                     if t.startswith(prefix) and t not in positions:
                         start[t] = store.queue_end(t)
             claim_owner = meta.get("owner") or owner
-            store.claim_cluster(name, claim_owner, topic, start)
+            try:
+                store.claim_cluster(name, claim_owner, topic, start)
+            except StoreFull as exc:   # nothing was created: the consumer may retry
+                raise ClusterError("STORAGE_FULL", f"cannot create cluster {name!r}: the "
+                                   f"broker's disk is full ({exc})") from None
             self.cluster_owners[name] = claim_owner
             positions = store.load_positions(name)
             self.log("cluster_claimed", cluster=name, topic=topic, owner=claim_owner,

@@ -8,6 +8,7 @@
     <data_dir>/clock                     the broker's steady time (lockmq.clock)
     <data_dir>/offset-<topic>.log        one index per topic
     <data_dir>/consume-<cluster>.log     one positions file per consumer cluster
+    <data_dir>/positions.copy            a second copy of every cluster's positions
     <data_dir>/message.log/<base:020d>.log     a commit-log segment
     <data_dir>/message.log/<base:020d>.qstart  its queue-start sidecar
     *.tmp                                half-written atomic replacements
@@ -26,6 +27,7 @@ SEGMENT_SUFFIX = ".log"
 QSTART_SUFFIX = ".qstart"
 CHECKPOINT = "checkpoint"
 DAMAGE = "damage"
+POSITIONS_COPY = "positions.copy"
 CLOCK = "clock"
 LOCK = "LOCK"
 TMP_SUFFIX = ".tmp"
