@@ -87,3 +87,65 @@ def test_a_damaged_record_is_skipped_by_every_cluster(tmp_path, checkpoint):
         assert b.stop() == 0
     finally:
         b.kill()
+
+
+def test_a_lost_positions_file_is_restored_not_replayed(tmp_path):
+    data = tmp_path / "data"
+    b = BrokerProcess(str(data), {"broker": {"auth": "off"}})
+    try:
+        with open_peer(b.port, sn="LOCK-1") as p:
+            for seq in range(300):
+                p.publish(TOPIC, seq, b"r" * 24)
+        assert len(_drain(b.port, "c1")) == 300
+        assert b.stop() == 0
+        os.unlink(os.path.join(data, "consume-c1.log"))
+        mark = b.mark()
+        b.start()
+        line = b.wait_log("event=positions_restored", start=mark)
+        assert "c1" in line and "missing" in line
+        assert _drain(b.port, "c1") == []           # nothing acknowledged comes again
+        assert b.stop() == 0
+    finally:
+        b.kill()
+
+
+def test_subscribe_on_a_full_disk_answers_storage_full_and_leaves_nothing(tmp_path):
+    import subprocess
+
+    from lockmq.protocol import ErrorCode
+    from lockmq.testing import Refused, refusal
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        data = mnt / "data"
+        b = BrokerProcess(str(data), {"broker": {"auth": "off"},
+                                      "store": {"segment_bytes": 256 * 1024,
+                                                "preallocate_bytes": 0}})
+        try:
+            full = 0
+            with open_peer(b.port, sn="LOCK-1") as p:
+                for seq in range(100_000):
+                    try:
+                        p.publish(TOPIC, seq, b"r" * 500)
+                    except Refused as exc:
+                        assert exc.code == int(ErrorCode.STORAGE_FULL), exc
+                        full += 1
+                        if full >= 3:
+                            break
+            assert full >= 3, "the disk never filled"
+            with open_peer(b.port) as cons:
+                got = refusal(lambda: cons.subscribe(TOPIC, "newcomer"))
+            assert got.code == int(ErrorCode.STORAGE_FULL), got
+            assert not [n for n in os.listdir(data) if n.endswith(".tmp")]
+            assert not os.path.exists(os.path.join(data, "consume-newcomer.log"))
+        finally:
+            b.kill()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

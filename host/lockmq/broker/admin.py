@@ -300,7 +300,8 @@ class Admin:
         out = []
         for r in recs:
             h = dict(r.headers or {})
-            h.update({"due_ms": now, "retries": 0, "deliveries": 0,
+            # due now on the steady scale retry due times are judged on (lockmq.clock)
+            h.update({"due_ms": int(self.core.steady_ms()), "retries": 0, "deliveries": 0,
                       "reason": f"replayed from {topic}@{r.queue_offset}",
                       "replayed_ms": now})
             h["level"] = 0

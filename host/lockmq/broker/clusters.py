@@ -88,7 +88,11 @@ class ClusterHost(Protocol):
         """Write one structured log line."""
 
     def wall_ms(self) -> float:
-        """Wall time on the broker's clock (lockmq.clock): a cluster's last activity."""
+        """Wall time on the broker's clock (lockmq.clock)."""
+
+    def steady_ms(self) -> float:
+        """Steady time on the broker's clock (lockmq.clock: never jumps with the wall
+        clock): a cluster's last activity (expiry) and retry due times."""
 
     def damage_at(self, topic: str, queue_offset: int) -> Any:
         """The store's quarantined damage holding that record (None: not damaged):
@@ -320,7 +324,9 @@ class Cluster:
                       "skipped": 0, "damaged_skipped": 0}
         #: when a member was last connected or a position last moved (broker clock):
         #: what ``[clusters] offsets_retention_ms`` counts from; saved with positions
-        self.last_active_ms = host.wall_ms()
+        #: steady time (lockmq.clock): what expiry and retry due times are judged on
+        self.steady_ms: Callable[[], float] = getattr(host, "steady_ms", host.wall_ms)
+        self.last_active_ms = self.steady_ms()
         self.activity_dirty = False
 
     # -- membership -----------------------------------------------------------------
@@ -356,7 +362,7 @@ class Cluster:
 
     def touch(self) -> None:
         """The cluster is in use now (a member joined, left, acked or nacked)."""
-        self.last_active_ms = self.host.wall_ms()
+        self.last_active_ms = self.steady_ms()
         self.activity_dirty = True
 
     def skip_to_start(self, queue_start: Callable[[str], int]) -> int:
@@ -553,7 +559,7 @@ class Cluster:
         (a small read-ahead is kept), so memory does not grow with the retry backlog.
         """
         moved = False
-        now_wall = time.time() * 1000.0
+        now_wall = self.steady_ms()   # due times are steady (a clock step holds none)
         room = self.s.max_retry_held
         for level, src in self.retry_sources.items():
             ahead = self.retry_ahead[level]
@@ -757,7 +763,7 @@ class Cluster:
 
     def _write_retry(self, lease: Lease, level: int, delay_ms: float, reason: str) -> None:
         h = self._orig_headers(lease)
-        h["due_ms"] = int(time.time() * 1000 + delay_ms)
+        h["due_ms"] = int(self.steady_ms() + delay_ms)
         h["reason"] = reason
         h["level"] = level
         self._retry_source(level)

@@ -92,6 +92,8 @@ COUNTER_HELP: dict[str, str] = {
     "status_bad_requests": "Status-page requests that could not be parsed (400)",
     "retention_skipped": "Messages clusters skipped because retention deleted them unread",
     "clusters_expired": "Clusters expired after [clusters] offsets_retention_ms unused",
+    "clock_steps": "Steps of the wall clock the broker saw (durations it judges are on "
+                   "steady time and do not move)",
 }
 
 #: Broker counters exported under another name: ``store_batches`` would collide with

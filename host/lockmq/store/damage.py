@@ -23,9 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .files import atomic_write, read_file, seal, unseal
-
-#: the file (sealed JSON: the list of ranges, then its CRC-32)
-DAMAGE_FILE = "damage"
+from .names import DAMAGE as DAMAGE_FILE   # sealed JSON: the list of ranges, then its CRC
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .index import ENTRY, ENTRY_SIZE, HEADER, HEADER_SIZE, INDEX_VERSION, MAGIC,
 from .names import (CHECKPOINT, SEGMENT_DIR, index_file_name, index_files, list_segments,
                     positions_files)
 from .damage import Damage, DamageMap, load_items
-from .positions import parse as parse_positions
+from .positions import load_copy, parse_full as parse_positions_full
 from .records import StoredRecord, check_record, decode_record, next_valid, scan, trailing_zeros
 from .segment import Segment
 
@@ -194,14 +194,32 @@ def check_dir(data_dir: str) -> CheckReport:
     else:
         rep.notes.append("no checkpoint (recovery reads the whole log)")
 
-    # positions
-    for name in positions_files(data_dir).values():
+    # positions, against their second copy
+    copy = load_copy(data_dir)
+    files = positions_files(data_dir)
+    if files and copy is None:
+        rep.notes.append("positions.copy is missing or damaged (the broker writes it again)")
+    for cluster, name in files.items():
         with open(os.path.join(data_dir, name), "rb") as f:
             data = f.read()
-        _gen, _pos, good = parse_positions(data)
-        if good != len(data):
+        snap, good, damaged = parse_positions_full(data)
+        if snap is None:
+            saved = (copy or {}).get(cluster)
+            rep.problems.append(
+                f"{name}: unreadable ({len(data)} bytes, no intact save); " +
+                (f"positions.copy has save {saved['gen']}: the broker restores it at start"
+                 if saved else "no copy: the cluster restarts from nothing"))
+        elif damaged:
+            rep.problems.append(f"{name}: {damaged} bytes damaged before its latest intact "
+                                f"save ({snap['gen']}), which the broker uses")
+        elif good != len(data):
             rep.notes.append(f"{name}: {len(data) - good} bytes of a torn last save "
                              "(the previous positions are used)")
+    for cluster, saved in sorted((copy or {}).items()):
+        if cluster not in files:
+            rep.problems.append(f"consume-{cluster}.log: missing; positions.copy has its "
+                                f"save {saved['gen']} (the broker restores it at start; "
+                                "messages acknowledged after that save come again)")
     return rep
 
 
