@@ -11,15 +11,16 @@
 
 A run takes the warehouse's lock, plans on the driver which bytes of which
 segments are new (progress is kept per segment identity, so a moved landing is
-not read again), then runs two Spark jobs over the same planned partitions:
+not read again), then runs one Spark job over the planned partitions, two when some ids repeat:
 
-1. each task decodes ``sn``/``seq`` only and returns its 64-bit message keys with
-   counts; Spark groups them and joins them with the keys already in ``events``:
-   the *flagged* keys (more than one copy, or known) are usually few;
-2. each task decodes every column and writes the unflagged rows to Parquet itself
-   (pyarrow, dictionary-encoded, one file per date) -- no rows cross to the JVM;
-   the flagged rows go to Spark, which keeps the earliest copy of each id (broker
-   time, then gateway, offset) not yet in ``events`` and writes the others to
+1. each task decodes its pieces once and writes every good row to Parquet itself
+   (pyarrow, dictionary-encoded, one file per date) -- no row crosses to the JVM --
+   returning the 64-bit message keys it wrote with their counts; Spark groups the
+   keys and joins them with the keys already in ``events``: the *flagged* keys
+   (more than one copy, or already stored) are usually none or few;
+2. only if there are some: each task takes the flagged rows out of its files and
+   hands them to Spark, which keeps the earliest copy of each id (broker time,
+   then gateway, offset) not yet in ``events`` and writes the others to
    ``duplicates``.
 
 Everything goes to the run's staging folder; the commit moves it into the tables
@@ -194,34 +195,31 @@ def _run(spark, work: list[SegmentWork], warehouse: str, run_id: str, max_partit
     stage = staging_dir(warehouse, run_id)
     events_path = os.path.join(warehouse, "events")
     try:
-        # pass 1: the keys needing a decision (repeated in this run, or already stored)
-        counts = desc.mapInArrow(tasks.key_task, tasks.KEY_DDL).groupBy("key").agg(F.sum("n").alias("n"))
+        # one decode: every good row written by the tasks, their message keys counted
+        counts = (desc.mapInArrow(functools.partial(tasks.write_task, stage=stage, run_id=run_id), tasks.KEY_DDL)
+                  .groupBy("key").agg(F.sum("n").alias("n")))
         flag = counts.filter(F.col("n") > 1).select("key")
-        known = None
-        if _has_table(events_path):
-            known = spark.read.parquet(events_path).select("sn", "seq")
-            known_keys = known.mapInArrow(tasks.known_key_task, "key BIGINT")
+        known = _has_table(events_path)
+        if known:
+            known_keys = spark.read.parquet(events_path).select("sn", "seq").mapInArrow(tasks.known_key_task, "key BIGINT")
             flag = flag.unionByName(counts.join(known_keys, "key", "left_semi").select("key"))
-        got = flag.distinct().toArrow().column("key").to_numpy()
-        flagged = np.unique(got.astype(np.int64))
+        flagged = np.unique(flag.distinct().toArrow().column("key").to_numpy().astype(np.int64))
         t1 = time.monotonic()
-        res.steps["keys"] = t1 - t0
-        bc = sc.broadcast(flagged)
-        try:
-            # pass 2: decode everything; unflagged rows are written by the tasks themselves
-            special = desc.mapInArrow(functools.partial(tasks.write_task, stage=stage, run_id=run_id, flagged=bc),
-                                      tasks.EVENT_DDL)
-            if not len(flagged):
-                special.write.format("noop").mode("overwrite").save()
-                res.steps["write"] = time.monotonic() - t1
-            else:
-                special = special.localCheckpoint(eager=True)
+        res.steps["decode+write+keys"] = t1 - t0
+        if len(flagged):
+            # the few rows needing a decision leave the written files for Spark to rank
+            unsorted = os.path.join(stage, "unsorted")
+            os.replace(os.path.join(stage, "events"), unsorted)
+            bc = sc.broadcast(flagged)
+            try:
+                special = desc.mapInArrow(functools.partial(tasks.split_task, unsorted=unsorted, stage=stage,
+                                                            flagged=bc), tasks.EVENT_DDL).localCheckpoint(eager=True)
                 t2 = time.monotonic()
-                res.steps["write"] = t2 - t1
-                _decide(spark, special, events_path if known is not None else None, stage, run_id)
+                res.steps["split"] = t2 - t1
+                _decide(spark, special, events_path if known else None, stage, run_id)
                 res.steps["decide"] = time.monotonic() - t2
-        finally:
-            bc.unpersist()
+            finally:
+                bc.unpersist()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", old_shuffle)
     res.new = staged_rows(stage, "events")

@@ -1,14 +1,15 @@
 """What the ingest's Spark tasks run (in the executors' Python workers, via ``mapInArrow``).
 
 Each task gets one row naming its segment pieces (planned on the driver) and
-decodes them itself:
+decodes them itself, once:
 
-- :func:`key_task` (pass 1) decodes only ``sn`` and ``seq`` and returns each 64-bit
-  message key it saw with its count -- 12 bytes a distinct id cross to the JVM;
-- :func:`write_task` (pass 2) decodes every column and writes the rows whose key
-  needs no decision (seen once in the run, never before) straight to Parquet with
-  pyarrow, one file per date, into the run's staging folder; only the few
-  flagged rows go back to Spark, to be ranked. Error rows go to ``corrupt``.
+- :func:`write_task` decodes every column and writes the good rows straight to
+  Parquet with pyarrow (dictionary-encoded, one file per date) into the run's
+  staging folder -- no row crosses to the JVM -- and returns the 64-bit message
+  key of each id it wrote with its count (12 bytes a record);
+- :func:`split_task` runs only when some keys need a decision (an id seen twice in
+  the run, or already in ``events``): it takes those rows out of the task's files
+  and hands them to Spark, to be ranked.
 
 File names are fixed by (task, date) and written through a temp name and a
 rename, so a retried or speculative task rewrites the same file, never adds one.
@@ -39,7 +40,6 @@ EVENT_DDL = projected(tuple(EVENT_SCHEMA.names))[1]
 CORRUPT_SCHEMA = SCHEMA.append(pa.field("ingest_run", pa.string()))
 #: The partition folder Spark writes for a null date.
 NULL_DATE = "__HIVE_DEFAULT_PARTITION__"
-_ID_SCHEMA = projected(("sn", "seq", "error"))[0]
 
 
 def encode_pieces(pieces: list[Piece]) -> str:
@@ -61,21 +61,6 @@ def _decode(pieces: list[Piece], schema: pa.Schema, batch_records: int) -> Itera
     for p in pieces:
         yield from decode_file(p.path, p.base, p.gateway_id, p.start, p.end, True, "PERMISSIVE",
                                batch_records, None, schema)
-
-
-def key_task(batches: Iterator[pa.RecordBatch], batch_records: int = 262144) -> Iterator[pa.RecordBatch]:
-    """Pass 1: ``(key, copies)`` of every message id in the task's pieces (good records only)."""
-    for _, pieces in _tasks(batches):
-        parts = []
-        for b in _decode(pieces, _ID_SCHEMA, batch_records):
-            err = b.column("error")
-            good = b if err.null_count == b.num_rows else b.filter(pc.is_null(err))
-            if good.num_rows:
-                parts.append(message_keys(good.column("sn"), good.column("seq")))
-        if parts:
-            keys, counts = np.unique(np.concatenate(parts), return_counts=True)
-            yield pa.RecordBatch.from_arrays([pa.array(keys), pa.array(counts.astype(np.int64))],
-                                             names=["key", "n"])
 
 
 def known_key_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -133,17 +118,20 @@ def _in_sorted(keys: np.ndarray, flagged: np.ndarray) -> np.ndarray:
     return flagged[i] == keys
 
 
-def write_task(batches: Iterator[pa.RecordBatch], stage: str, run_id: str, flagged,
-               batch_records: int = 131072) -> Iterator[pa.RecordBatch]:
-    """Pass 2: write the rows needing no decision to ``stage/events``; yield the flagged ones.
+def _key_counts(parts: list[np.ndarray]) -> Iterator[pa.RecordBatch]:
+    if parts:
+        keys, counts = np.unique(np.concatenate(parts), return_counts=True)
+        yield pa.RecordBatch.from_arrays([pa.array(keys), pa.array(counts.astype(np.int64))], names=["key", "n"])
 
-    ``flagged`` is a Spark broadcast (or a plain array) of the sorted keys seen more
-    than once in this run or already in ``events``.
-    """
-    fl = flagged.value if hasattr(flagged, "value") else flagged
+
+def write_task(batches: Iterator[pa.RecordBatch], stage: str, run_id: str,
+               batch_records: int = 131072) -> Iterator[pa.RecordBatch]:
+    """The one decode: every good row to ``stage/events`` (a file per date), error rows
+    to ``stage/corrupt``; yields ``(key, copies)`` of the message ids written."""
     for task, pieces in _tasks(batches):
         events = _DateFiles(os.path.join(stage, "events"), task, EVENT_SCHEMA)
         corrupt = _DateFiles(os.path.join(stage, "corrupt"), task, CORRUPT_SCHEMA)
+        keys: list[np.ndarray] = []
         ok = False
         try:
             for b in _decode(pieces, SCHEMA, batch_records):
@@ -155,13 +143,48 @@ def write_task(batches: Iterator[pa.RecordBatch], stage: str, run_id: str, flagg
                     if not b.num_rows:
                         continue
                 good = pa.Table.from_batches([b]).drop_columns(["error"])
-                special = _in_sorted(message_keys(good.column("sn"), good.column("seq")), fl)
-                if special.any():
-                    yield from good.filter(pa.array(special)).to_batches()
-                    good = good.filter(pa.array(~special))
+                keys.append(message_keys(good.column("sn"), good.column("seq")))
                 for date, part in _by_date(good):
                     events.write(date, part)
             ok = True
         finally:
             events.close(ok)
             corrupt.close(ok)
+        yield from _key_counts(keys)
+
+
+def unflagged_files(folder: str, task: int) -> list[str]:
+    """The files task ``task`` wrote under ``folder`` (relative paths)."""
+    name = f"part-{task:05d}.parquet"
+    out = []
+    for root, dirs, files in os.walk(folder):
+        if name in files:
+            out.append(os.path.relpath(os.path.join(root, name), folder))
+    return sorted(out)
+
+
+def split_task(batches: Iterator[pa.RecordBatch], unsorted: str, stage: str, flagged) -> Iterator[pa.RecordBatch]:
+    """Only when some ids need a decision: move each of the task's files from
+    ``unsorted`` to ``stage/events``, without the flagged rows, which are yielded.
+
+    A file holding none is renamed; one holding some is rewritten (its source is
+    kept until the run ends, so a retried task redoes the same work).
+    """
+    fl = flagged.value if hasattr(flagged, "value") else flagged
+    for task, _ in _tasks(batches):
+        for rel in unflagged_files(unsorted, task):
+            src, dst = os.path.join(unsorted, rel), os.path.join(stage, "events", rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            if not os.path.exists(src):
+                continue  # a retry: renamed by the first attempt (it held no flagged row)
+            pf = pq.ParquetFile(src)
+            table = pf.read()
+            special = _in_sorted(message_keys(table.column("sn"), table.column("seq")), fl)
+            if not special.any():
+                os.replace(src, dst)
+                continue
+            yield from table.filter(pa.array(special)).to_batches()
+            keep = table.filter(pa.array(~special))
+            tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{uuid.uuid4().hex[:8]}.tmp")
+            pq.write_table(keep, tmp, compression="snappy")
+            os.replace(tmp, dst)
