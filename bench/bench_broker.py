@@ -39,7 +39,7 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``before`` — with ``--baseline TREE``, the broker of another source tree (``git
   archive main | tar -x -C /tmp/base``), run alternately with this one;
 * ``pure`` — with ``--pure``, this broker with ``LOCKMQ_PURE_PYTHON=1`` (the
-  pure-Python hot path instead of ``lockmq._speedups``): the compiled path's ratio.
+  pure-Python hot path instead of ``lockmq._core``): the compiled path's ratio.
 
 ``cpu_us`` is each server's CPU time (user + system, all threads) per acknowledged
 record over the whole run (handshakes included): on a shared machine it moves far

@@ -181,7 +181,7 @@ fn crc32(data: Bytes<'_>, crc: u32) -> u32 {
 
 /// A session key's HMAC state, made once per session (`mac_pads`).
 #[pyclass(name = "MacPads", module = "lockmq._core", frozen)]
-struct MacPads(MacKey);
+pub struct MacPads(pub MacKey);
 
 /// mac_pads(key) -> MacPads: the session key's HMAC pads, hashed once
 #[pyfunction]
@@ -450,7 +450,7 @@ const RECORD_SLOTS: [&str; 6] = ["topic", "sn", "seq", "lock_ts_ms", "payload", 
 
 /// Is `cls` a record class as above: object's `__new__` and `__setattr__`, no
 /// `__dict__`, each slot a member of the class itself (a subclass is called)?
-fn record_layout(cls: &Bound<'_, PyAny>) -> PyResult<bool> {
+pub fn record_layout(cls: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = cls.py();
     let Ok(tp) = cls.downcast::<PyType>() else { return Ok(false) };
     if let Some(known) = RECORD_CLASS.lock().unwrap().as_ref() {
@@ -484,7 +484,7 @@ fn record_layout(cls: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// record_class(topic, sn, seq, lock_ts_ms, payload) as its `__init__` fills it
 /// (headers None), without running it: allocated, then each slot set through the
 /// class's own (object's) attribute setter.
-fn new_record<'py>(tp: &Bound<'py, PyType>, values: [&Bound<'py, PyAny>; 5]) -> PyResult<Bound<'py, PyAny>> {
+pub fn new_record<'py>(tp: &Bound<'py, PyType>, values: [&Bound<'py, PyAny>; 5]) -> PyResult<Bound<'py, PyAny>> {
     let py = tp.py();
     // SAFETY: record_layout checked that tp is a plain class with object's __new__ and
     // no items: its tp_alloc makes an empty instance, whose slots are all set below.
@@ -953,6 +953,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("CONSTANTS", consts)?;
     m.add_class::<MacPads>()?;
+    m.add_class::<crate::lane::Lane>()?;
+    m.add_class::<crate::lane::LanePlan>()?;
     m.add_function(wrap_pyfunction!(crc16, m)?)?;
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(mac_pads, m)?)?;

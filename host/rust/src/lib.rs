@@ -18,6 +18,8 @@ pub mod records;
 
 #[cfg(feature = "python")]
 mod binding;
+#[cfg(feature = "python")]
+mod lane;
 
 /// The interface version `lockmq.accel` checks: bumped whenever a function's
 /// signature or meaning changes, so a stale build is never half used.
