@@ -40,8 +40,9 @@ def test_sim_help_offers_one_broker_and_an_empty_keys_dir_is_refused(tmp_path):
     r = lockmq("sim", "--keys", str(tmp_path), "--broker", f"127.0.0.1:{free_port()}")
     assert r.returncode == 2 and "no device keys there" in r.stderr, r.stderr
     (tmp_path / "other.json").write_text(json.dumps({"OTHER-1": "00" * 32}))
-    r = lockmq("sim", "--keys", str(tmp_path), "--broker", f"127.0.0.1:{free_port()}")
-    assert r.returncode == 2 and "has no key for SIM-000001" in r.stderr, r.stderr
+    r = lockmq("sim", "--keys", str(tmp_path), "--broker", f"127.0.0.1:{free_port()}",
+               "--locks", "1", "--connect-retry", "0", "--duration", "1")
+    assert "1 of 1 SNs have no key" in r.stderr and "OTHER-1" in r.stderr, r.stderr
 
 
 def test_a_bad_cluster_name_is_named_as_such():
@@ -89,3 +90,28 @@ def test_consume_count_handles_exactly_that_many(broker_process):
     c.start()
     assert done.wait(60), len(set(got))
     c.stop()
+
+
+def test_clusters_reset_shift_by_and_dry_run_and_topics_lists_offline_clusters(broker_process):
+    b = broker_process
+    with Producer(b.address, producer_id="shift-test") as p:
+        for i in range(10):
+            p.send_sync("shifted", b"m%d" % i)
+    r = lockmq("consume", "--broker", b.address, "shifted", "--cluster", "sh", "-n", "4",
+               "--format", "none")
+    assert r.returncode == 0, r.stderr
+
+    def reset(*extra: str) -> str:
+        out = lockmq("clusters", "--broker", b.address, "reset", "sh", *extra)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "position 4 -> 2 (dry run: nothing changed)" in reset("--shift-by", "-2", "--dry-run")
+    assert "position 4 -> 2\n" in reset("--shift-by", "-2")
+    assert "position 2 -> 10" in reset("--shift-by", "100")   # clamped to the end
+    b.stop()
+    b.start()   # the cluster is known from disk only now: no member since the start
+    topics = lockmq("topics", "--broker", b.address)
+    assert topics.returncode == 0, topics.stderr
+    row = next(ln for ln in topics.stdout.splitlines() if ln.startswith("shifted"))
+    assert row.split()[-1] == "sh", topics.stdout

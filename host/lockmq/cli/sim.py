@@ -112,14 +112,13 @@ def _keys_problem(cfg: SimConfig, source: str) -> str:
                 "*.json files of `lockmq devices add --out DIR`)")
     sns = [cfg.sn(i) for i in range(cfg.locks)]
     without = [sn for sn in sns if sn not in cfg.keys]
-    if len(without) == len(sns):
+    if without:   # said at once: a broker with auth on refuses them (connected 0)
         have = sorted(cfg.keys)
-        return (f"--keys {source} has no key for {sns[0]}..{sns[-1]} (it has "
-                f"{', '.join(have[:3])}{' ...' if len(have) > 3 else ''}): match them with "
-                "--sn-prefix/--first, or use --register DATA_DIR")
-    if without:
-        print(f"sim: {len(without)} of {len(sns)} SNs have no key in --keys "
-              f"(first: {without[0]}); the broker will refuse them", file=sys.stderr)
+        print(f"sim: {len(without)} of {len(sns)} SNs have no key in --keys {source} "
+              f"(first: {without[0]}; it has {', '.join(have[:3])}"
+              f"{' ...' if len(have) > 3 else ''}): a broker with auth on refuses them; "
+              "match them with --sn-prefix/--first, or use --register DATA_DIR",
+              file=sys.stderr)
     return ""
 
 
