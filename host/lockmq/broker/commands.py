@@ -346,8 +346,10 @@ class Commands:
         if p is None:
             self.log("command_result_unknown", sn=sn, cmd_id=res.cmd_id, level="warning")
             return
+        took = time.monotonic() - p.sent_at
+        self.stats.latency.command_round_trip.observe(took)
         self.log("command_result", target=sn, cmd_id=res.cmd_id, status=res.status,
-              ms=int((time.monotonic() - p.sent_at) * 1000))
+                 ms=int(took * 1000))
         self._answer(p, res.status, res.detail)
 
     def _answer(self, p: Pending, status: int, detail: str) -> None:

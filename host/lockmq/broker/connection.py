@@ -1069,7 +1069,14 @@ class Connection(asyncio.Protocol):
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        self.services.stats.c["messages_delivered"] += len(leases)
+        stats = self.services.stats
+        stats.c["messages_delivered"] += len(leases)
+        if leases:   # stored -> first delivery (not retries, not redeliveries)
+            now_us = self.services.core.clock.wall_ms() * 1000.0   # the store's clock
+            observe = stats.latency.publish_deliver.observe
+            for lease in leases:
+                if lease.deliveries == 1 and not lease.retries:
+                    observe((now_us - lease.rec.broker_ts_us) / 1e6)
         self.send_frame(Op.MESSAGES, encode_leases(sub_id, leases), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:

@@ -111,6 +111,10 @@ class AsyncConsumer(SessionClient):
         long_poll_ms: int = 1000,
         backlog_poll_s: float = 1.0,
     ) -> None:
+        from lockmq.store.records import validate_cluster, validate_topic
+
+        validate_topic(topic)       # ValueError naming the topic or the cluster, here,
+        validate_cluster(cluster)   # not a refusal of a client id nobody gave
         super().__init__(endpoint, client_id=consumer_id or default_client_id(cluster),
                          role=Role.SERVICE, credentials=credentials, token=token,
                          reconnect=reconnect)

@@ -241,7 +241,11 @@ class Consumer:
         async def build() -> Any:
             return make()
 
-        self._c: AsyncConsumer = self._lt.run(build())
+        try:
+            self._c: AsyncConsumer = self._lt.run(build())
+        except BaseException:   # a bad argument: no loop thread left behind
+            self._lt.stop()
+            raise
 
     @property
     def stats(self) -> dict[str, int]:
