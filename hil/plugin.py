@@ -8,7 +8,7 @@ that need a missing tool skip and name it. Options::
     --hil-target virtual | serial:PORT | qemu
     --hil-qemu-path PATH  --hil-qemu-machine esp32|microbit  --hil-qemu-firmware FILE
     --hil-interpreter mpy64,mpy32-frozen  --hil-mpy-src DIR
-    --heapsize 160K  --hil-baud 115200  --hil-power-cut-cmd CMD  --hil-board-broker-host HOST
+    --hil-heapsize 160K  --hil-baud 115200  --hil-power-cut-cmd CMD  --hil-board-broker-host HOST
 
 Fixtures: ``hil_target`` (the :class:`TargetSpec`), ``board_factory`` (make DUTs
 on the chosen target; they are closed after the test and their output is attached
@@ -60,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="use this flash folder (from `lockmq firmware build`) instead of building one")
     g.addoption("--hil-interpreter", default=",".join(INTERPRETERS),
                 help="virtual boards: the interpreters the lock tests run on, comma-separated: "
-                     "mpy64 (64-bit unix port, app as .mpy in lib/, --heapsize) and mpy32-frozen "
+                     "mpy64 (64-bit unix port, app as .mpy in lib/, --hil-heapsize) and mpy32-frozen "
                      "(32-bit, app frozen in as on an ESP32 image, 64K heap; built once and cached). "
                      "Default: both")
     g.addoption("--hil-mpy-src", default=None, metavar="DIR",
@@ -294,7 +294,7 @@ def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_t
         flash = make_flash(firmware_template, tmp_path / "boards" / sn, sn, key, brokers,
                            **{**TEST_SETTINGS, **settings})
         if hil_interpreter is not None:  # the virtual target
-            # the 64-bit port at --heapsize; the frozen 32-bit one at its ESP32-like heap
+            # the 64-bit port at --hil-heapsize; the frozen 32-bit one at its ESP32-like heap
             heap = heapsize or (hil_interpreter.heap if hil_interpreter.frozen else None)
             return Lock(board_factory(sn, flash, heap, micropython=hil_interpreter.exe), sn, key, flash)
         if hil_target.kind == "qemu":
