@@ -47,26 +47,25 @@ def _boot():
     st = s and s.get("st")
     if st == "staged":              # switch to the update (fw-update verified lib.new)
         if _has("lib.new"):
-            _rm("lib.old")
-            if _has("lib"):
+            if _has("lib"):         # (no lib: cut after this rename; lib.old is the app)
+                _rm("lib.old")      # a leftover of an earlier update
                 os.rename("lib", "lib.old")
             os.rename("lib.new", "lib")
         s["st"] = st = "trial"
         s["boots"] = 0
-    if st == "trial":               # counted before the import: a crash loop ends
-        s["boots"] = s.get("boots", 0) + 1
-        if s["boots"] > 3:
-            s["st"] = st = "revert"
-            s["why"] = s.get("why") or "boot_loop"
-        _save(s)
+        _save(s)                    # (the app counts the trial's boots: lockapp/ota.py)
     if st == "revert":              # back to the app that ran before the update
+        _rm("lib")                  # (a frozen board had no lib/: its image's app again)
         if _has("lib.old"):
-            _rm("lib")
             os.rename("lib.old", "lib")
         s["st"] = st = "failed"
         _save(s)
     if not _has("lib") and _has("lib.old"):
         os.rename("lib.old", "lib")  # a deploy cut between its two renames
+    if _has("lib"):                 # before the image's frozen app (ESP32: .frozen first)
+        import sys
+        if sys.path[0] != "lib":
+            sys.path.insert(0, "lib")
     return st
 
 
@@ -88,7 +87,8 @@ if _trial:
             import machine
             machine.reset()
         except (ImportError, AttributeError):
-            raise e                 # unix port: the process ends (the rig restarts it)
+            import sys
+            sys.exit(3)             # unix port: status 3 is a reset (the rig boots it again)
 else:
     import lockapp.app
     lockapp.app.run()

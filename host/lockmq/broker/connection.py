@@ -147,6 +147,8 @@ class Services:
     lane: Any = None
     #: transactional messages (transactions.py); None: TXN_* frames are not served
     transactions: Any = None
+    #: firmware bundles (firmware_bundles.py); None: FW_FETCH is not served
+    firmware: Any = None
 
 
 class Connection(asyncio.Protocol):
@@ -1211,6 +1213,10 @@ _HANDLERS = {
     Op.PUBLISH_AT: lambda c, f: c.services.scheduler.on_publish_at(c, f),
     Op.COMMAND_AT: lambda c, f: c.services.scheduler.on_command_at(c, f),
     Op.SCHEDULE_CANCEL: lambda c, f: c.services.scheduler.on_cancel(c, f),
+    # over-the-air updates (firmware_bundles.py)
+    Op.FW_FETCH: lambda c, f: (c.services.firmware.on_fetch(c, f) if c.services.firmware
+                               else c.send_error(ErrorCode.UNKNOWN_OPCODE, "no firmware bundles here",
+                                                 f.opaque)),
 }
 _HANDLERS.update(TXN_HANDLERS)   # transactional messages: TXN_PUBLISH, TXN_END, ...
 

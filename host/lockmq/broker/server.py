@@ -34,6 +34,7 @@ from lockmq.signals import reload_on_sighup, stop_on_signals
 from lockmq.replication.primary import attach_primary
 from lockmq.replication.standby import follow_if_standby
 
+from .firmware_bundles import FirmwareBundles
 from .admin import Admin
 from .auth import make_guard
 from .commands import Commands
@@ -98,10 +99,13 @@ class Broker:
         #: steady publish reads below Python (lane.py); None without the compiled path
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
+        #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
+        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
+        self.admin.ops.update(self.firmware.ops())
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
                                  scheduler=self.scheduler, transactions=self.transactions,
-                                 lane=self.lane)
+                                 lane=self.lane, firmware=self.firmware)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []

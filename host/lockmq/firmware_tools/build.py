@@ -151,10 +151,11 @@ def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cros
     return [t for _, t in jobs]
 
 
-def _write_version(lockapp_dir: Path, source: bool, mpy_cross: str | None) -> None:
-    """``lockapp/_version``: the one version (``lockmq.__version__``), which the app
-    logs at boot and sends in CONNECT; the source tree's app says "dev"."""
-    text = f'VERSION = "{lockmq.__version__}"\n'
+def _write_version(lockapp_dir: Path, source: bool, mpy_cross: str | None,
+                   version: str | None = None) -> None:
+    """``lockapp/_version``: the one version (``lockmq.__version__``, or a bundle's
+    own), which the app logs at boot and sends in CONNECT; the source tree's app says "dev"."""
+    text = f'VERSION = "{version or lockmq.__version__}"\n'
     if source:
         (lockapp_dir / "_version.py").write_text(text)
         return
@@ -197,7 +198,7 @@ def ca_der(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
-def write_modules(lib: Path, source: bool) -> None:
+def write_modules(lib: Path, source: bool, version: str | None = None) -> None:
     """The board's Python packages under ``lib``: ``lockmq/protocol`` (the lock's
     modules only: :mod:`.targets`) and ``lockapp`` (with its ``_version``), as ``.py``
     (``source``) or ``.mpy``."""
@@ -209,7 +210,7 @@ def write_modules(lib: Path, source: bool) -> None:
     _copy_package(protocol_src(), lib / "lockmq" / "protocol", "lockmq/protocol", source, mpy_cross,
                   lock_modules(protocol_src()))
     _copy_package(firmware_src() / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
-    _write_version(lib / "lockapp", source, mpy_cross)
+    _write_version(lib / "lockapp", source, mpy_cross, version)
 
 
 def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
