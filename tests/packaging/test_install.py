@@ -106,7 +106,10 @@ def test_wheel_holds_the_package_and_the_firmware_app_but_no_tests(wheel):
     assert {"lockmq/__init__.py", "lockmq/protocol/_codec.py", "lockmq/hil/plugin.py",
             "lockmq/spark/ingest.py", "lockmq/firmware_tools/app/main.py",
             "lockmq/firmware_tools/app/lockapp/app.py", "lockmq/systemd/lockmq.service",
-            "lockmq/systemd/lockmq.sysusers", "lockmq/systemd/lockmq.toml"} <= set(names)
+            "lockmq/systemd/lockmq.sysusers", "lockmq/systemd/lockmq.toml",
+            # the monitoring files of dist/ (docs/operators.md)
+            "lockmq/systemd/prometheus/lockmq.rules.yml",
+            "lockmq/systemd/grafana/lockmq-dashboard.json"} <= set(names)
     # One top-level package, and the one version (lockmq.__version__) in the metadata.
     assert {n.split("/")[0] for n in names} == {"lockmq", f"lockmq-{lockmq.__version__}.dist-info"}
 

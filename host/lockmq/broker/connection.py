@@ -563,7 +563,8 @@ class Connection(asyncio.Protocol):
         self.peer_max_frame = self.session.connect.max_frame
         self.nonce = nonce = self.services.guard.challenge()
         self._answer_handshake(self.session.challenge(nonce, int(time.time() * 1000),
-                                                      frame.opaque))
+                                                      frame.opaque,
+                                                      broker_id=self.services.guard.broker_id))
 
     def _answer_handshake(self, data: bytes) -> None:
         """Queue a CHALLENGE or CONNECT_ACK: written with whatever else this read
@@ -578,7 +579,7 @@ class Connection(asyncio.Protocol):
         auth = self.session.auth
         try:
             principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip,
-                                             tls=self.tls)
+                                             tls=self.tls, transcript=self.session.transcript)
         except SecurityError as exc:   # AuthFailed and friends
             b.stats.inc("handshakes_failed")
             b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,
@@ -601,9 +602,23 @@ class Connection(asyncio.Protocol):
                          int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
         role = Role.ADMIN if principal.permissions.replicate \
             else _ROLE_OF_KIND.get(principal.kind, Role.SERVICE)   # (a standby: replica.*)
-        self._answer_handshake(self.session.accept(
-            role, principal.name, ack, frame.opaque, mac_key=principal.session_key,
-            mac_required=not self.tls and b.guard.lock_frames_need_mac))
+        # a lock provisioned for MACs never goes without them on plain TCP
+        # (SPEC 2 "Per-device policy"); "optional" covers only locks registered without
+        mac_required = not self.tls and (b.guard.lock_frames_need_mac or principal.need_mac)
+        if is_lock and not self.tls and not self.session.mac_wanted and not mac_required \
+                and b.guard.auth_mode != "off":
+            b.log("lock_without_mac", conn=self.id, peer=self.peer, sn=principal.name,
+                  level="warning", note="registered without a MAC policy; frames on plain "
+                  "TCP are not integrity-protected (lockmq devices policy --mac)")
+        try:
+            answer = self.session.accept(role, principal.name, ack, frame.opaque,
+                                         mac_key=principal.session_key, mac_required=mac_required)
+        except SessionError:
+            b.stats.inc("handshakes_failed")
+            b.log("auth_failed", conn=self.id, peer=self.peer, sn=principal.name,
+                  reason="mac_required", level="warning")
+            raise
+        self._answer_handshake(answer)
         if b.log.level <= _DEBUG:   # (a line per lock only at DEBUG: skip its fields)
             b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
                   kind=principal.kind, level="debug")
@@ -1054,7 +1069,14 @@ class Connection(asyncio.Protocol):
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        self.services.stats.c["messages_delivered"] += len(leases)
+        stats = self.services.stats
+        stats.c["messages_delivered"] += len(leases)
+        if leases:   # stored -> first delivery (not retries, not redeliveries)
+            now_us = self.services.core.clock.wall_ms() * 1000.0   # the store's clock
+            observe = stats.latency.publish_deliver.observe
+            for lease in leases:
+                if lease.deliveries == 1 and not lease.retries:
+                    observe((now_us - lease.rec.broker_ts_us) / 1e6)
         self.send_frame(Op.MESSAGES, encode_leases(sub_id, leases), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:

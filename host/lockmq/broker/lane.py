@@ -242,7 +242,8 @@ class Lane:
                 self._read_on_writer += len(records)
                 try:
                     self.publisher.sink.append_known_then(
-                        records, partial(self._answer_read, plan, nbytes, frames))
+                        records, partial(self._answer_read, plan, nbytes, frames,
+                                         self._writer_read_at))
                 except Exception:  # noqa: BLE001 -- busy, closing, a new topic: the loop's
                     self._read_on_writer -= len(records)
                     self._writer_reads = False
@@ -274,10 +275,12 @@ class Lane:
         self.publisher.submit_now(records, partial(self._answer, plan))
         self._watch()
 
-    def _answer_read(self, plan: Any, nbytes: int, frames: int,
+    def _answer_read(self, plan: Any, nbytes: int, frames: int, t0: float,
                      results: list | None, exc: BaseException | None) -> None:
-        """The store's answer to a poll of the writer thread (on the loop)."""
+        """The store's answer to a poll of the writer thread at ``t0`` (on the loop)."""
         self.stats.c["lane_writer_reads"] += 1
+        if results is not None:
+            self.stats.latency.publish_ack.observe(time.monotonic() - t0, len(results))
         self._count_read(nbytes, frames)
         self._answer(plan, results if results is not None
                      else self.publisher.refusals(exc, len(plan)))

@@ -66,7 +66,7 @@ class StatusPage:
         self.active = 0
         self._refused_logged = 0.0
         self._refused_since_log = 0
-        self.metrics = MetricsEndpoint(self._metric_views)
+        self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",

@@ -79,7 +79,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--port", required=True)
     d.add_argument("--dir", required=True, help="the flash folder (from build)")
     d.add_argument("--keep-config", action="store_true", help="leave the board's config.json")
-    d.add_argument("--reset", choices=["hard", "soft", "none"], default="hard")
+    d.add_argument("--reset", choices=["hard", "soft", "none"], default="hard",
+                   help="how the new app is started: hard = machine.reset() (default), soft = "
+                        "a soft reboot from the REPL, none = left at the REPL")
+    d.add_argument("--boot-timeout", type=float, default=30.0,
+                   help="seconds the started app has to print its boot line (default 30)")
     d.set_defaults(func=_deploy)
 
     m = fw.add_parser("monitor", help="show the board's log")
@@ -206,11 +210,16 @@ def _flash(a: argparse.Namespace) -> int:
 
 
 def _deploy(a: argparse.Namespace) -> int:
-    from lockmq.firmware_tools.deploy import deploy
+    from lockmq.firmware_tools.deploy import DeployError, deploy
     try:
-        return deploy(a.port, a.dir, config=not a.keep_config, reset=a.reset)
+        deploy(a.port, a.dir, config=not a.keep_config, reset=a.reset,
+               boot_timeout=a.boot_timeout)
     except BuildError as e:
         return _fail(e)
+    except DeployError as e:
+        print(f"lockmq firmware deploy: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _monitor(a: argparse.Namespace) -> int:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from lockmq import accel
 
+from typing import Callable
+
+from .damage import DamageMap
 from .errors import CorruptRecord
 from .records import _TEXT_CACHE, _TEXT_CACHE_MAX, HEADER, StoredRecord, decode_record
 from .segment import SegmentList
@@ -43,6 +46,50 @@ def read_topic(t: Topic, segments: SegmentList, log_end: int, queue_offset: int,
             raise CorruptRecord(f"record at offset {off} of topic {t.name!r} is missing")
         decode_entries(data, off, entries, i, j, queue_offset, t.name, t.name_bytes, out)
         i = j
+    return out
+
+
+#: ``on_damage(topic, queue_offset, offset, size, why, in_log)``: a damaged record was
+#: passed; ``in_log`` False means the index entry is wrong, not the log
+OnDamage = Callable[[str, int, int, int, str, bool], None]
+
+
+def read_topic_checked(t: Topic, segments: SegmentList, log_end: int, queue_offset: int,
+                       n: int, damage: DamageMap, on_damage: OnDamage) -> list[StoredRecord]:
+    """Up to ``n`` intact records of ``t`` from ``queue_offset`` to the topic's end,
+    passing over damaged ones: an entry in a quarantined range, or a record that
+    fails its checksum (reported to ``on_damage``, which quarantines it). The read
+    path when the requested entries meet damage; one record per pread."""
+    out: list[StoredRecord] = []
+    q = queue_offset
+    end = t.end
+    while len(out) < n and q < end:
+        entries = t.index.read(q, min(max(n, 64), end - q))
+        if not entries:
+            break
+        for off, size, _s in entries:
+            d = damage.at(off)
+            if d is not None:
+                on_damage(t.name, q, off, size, "", True)
+            else:
+                try:
+                    k = segments.index_of(off)
+                    seg = segments[k]
+                    if off + size > segments.end_of(k, log_end):
+                        raise CorruptRecord(f"record at offset {off} runs past its segment")
+                    data = seg.pread(size, off - seg.base)
+                    rec = decode_record(data, 0, off, q)
+                except (CorruptRecord, OSError) as exc:
+                    on_damage(t.name, q, off, size, str(exc), True)
+                else:
+                    if rec.topic == t.name:
+                        out.append(rec)
+                    else:
+                        on_damage(t.name, q, off, size, f"the index entry points at a "
+                                  f"{rec.topic!r} record", False)
+            q += 1
+            if len(out) >= n:
+                break
     return out
 
 
