@@ -82,7 +82,10 @@ fn check_tuple_type(tp: &Bound<'_, PyType>) -> PyResult<()> {
 
 /// `tp(*items)` for a type [`check_tuple_type`] passed, filled in place (its items
 /// are all a NamedTuple has), without running its `__new__`.
-fn tuple_of_type<'py, const N: usize>(tp: &Bound<'py, PyType>, items: [Bound<'py, PyAny>; N]) -> PyResult<Bound<'py, PyAny>> {
+fn tuple_of_type<'py, const N: usize>(
+    tp: &Bound<'py, PyType>,
+    items: [Bound<'py, PyAny>; N],
+) -> PyResult<Bound<'py, PyAny>> {
     let py = tp.py();
     // SAFETY: `tp` is a tuple subtype with no dict (checked by the caller), so its
     // tp_alloc makes a tuple of N empty items, which are each set once here.
@@ -139,7 +142,12 @@ fn utf8<'py>(py: Python<'py>, raw: &[u8]) -> Option<Bound<'py, PyString>> {
 /// entries as the Python caches are), decoding and remembering it on a miss: as
 /// UTF-8 (None when it is not), or with `ascii_replace` as ASCII with "replace"
 /// (store/records.py _text for an SN: never refused).
-fn cached_text<'py>(texts: &Bound<'py, PyDict>, cap: isize, raw: &[u8], ascii_replace: bool) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn cached_text<'py>(
+    texts: &Bound<'py, PyDict>,
+    cap: isize,
+    raw: &[u8],
+    ascii_replace: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = texts.py();
     let key = PyBytes::new(py, raw);
     if let Some(t) = texts.get_item(&key)? {
@@ -193,14 +201,29 @@ fn mac_pads(key: Bytes<'_>) -> MacPads {
 /// protocol/_mac.py frame_tag
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn frame_tag<'py>(py: Python<'py>, pads: &MacPads, direction: u32, counter: u64, opcode: u32, flags: u32,
-                  opaque: u64, sn: Bytes<'_>, body: Bytes<'_>) -> PyResult<Bound<'py, PyBytes>> {
+fn frame_tag<'py>(
+    py: Python<'py>,
+    pads: &MacPads,
+    direction: u32,
+    counter: u64,
+    opcode: u32,
+    flags: u32,
+    opaque: u64,
+    sn: Bytes<'_>,
+    body: Bytes<'_>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let sn = sn.as_slice();
     if sn.len() > 255 {
         return Err(PyValueError::new_err("sn longer than 255 bytes"));
     }
-    let head = TagHead { direction: direction as u8, counter: counter as u32, opcode: opcode as u16,
-                         flags: flags as u8, opaque: opaque as u32, sn };
+    let head = TagHead {
+        direction: direction as u8,
+        counter: counter as u32,
+        opcode: opcode as u16,
+        flags: flags as u8,
+        opaque: opaque as u32,
+        sn,
+    };
     Ok(PyBytes::new(py, &pads.0.tag(&head, body.as_slice())))
 }
 
@@ -210,8 +233,15 @@ fn frame_tag<'py>(py: Python<'py>, pads: &MacPads, direction: u32, counter: u64,
 /// their field tuples (Connection._publish's arguments), and where they end. Sealed
 /// (`seal`: the session key and its rx counter): each frame's tag checked and cut off
 /// its payload, the counter advanced per frame.
-fn scan_loop<'py>(py: Python<'py>, buf: &[u8], pos: isize, max_frame: isize, sn: &Bound<'py, PyString>,
-                  limit: isize, mut seal: Option<(&MacKey, &mut u32)>) -> PyResult<(Bound<'py, PyList>, isize)> {
+fn scan_loop<'py>(
+    py: Python<'py>,
+    buf: &[u8],
+    pos: isize,
+    max_frame: isize,
+    sn: &Bound<'py, PyString>,
+    limit: isize,
+    mut seal: Option<(&MacKey, &mut u32)>,
+) -> PyResult<(Bound<'py, PyList>, isize)> {
     if pos < 0 {
         return Err(PyValueError::new_err("pos must be >= 0"));
     }
@@ -252,8 +282,14 @@ fn scan_loop<'py>(py: Python<'py>, buf: &[u8], pos: isize, max_frame: isize, sn:
 /// run of valid PUBLISH frames under the session's SN as (opaque, flags, sn, topic,
 /// seq, lock_ts_ms, payload) tuples (protocol/_fast.py scan_publishes)
 #[pyfunction]
-fn scan_publishes<'py>(py: Python<'py>, buf: Bytes<'_>, pos: isize, max_frame: isize, sn: &Bound<'py, PyString>,
-                       limit: isize) -> PyResult<(Bound<'py, PyList>, isize)> {
+fn scan_publishes<'py>(
+    py: Python<'py>,
+    buf: Bytes<'_>,
+    pos: isize,
+    max_frame: isize,
+    sn: &Bound<'py, PyString>,
+    limit: isize,
+) -> PyResult<(Bound<'py, PyList>, isize)> {
     scan_loop(py, buf.as_slice(), pos, max_frame, sn, limit, None)
 }
 
@@ -261,9 +297,16 @@ fn scan_publishes<'py>(py: Python<'py>, buf: Bytes<'_>, pos: isize, max_frame: i
 /// scan_publishes for a session with frame MACs (protocol/_macfast.py)
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn scan_sealed_publishes<'py>(py: Python<'py>, buf: Bytes<'_>, pos: isize, max_frame: isize,
-                              sn: &Bound<'py, PyString>, limit: isize, pads: &MacPads, rx: u64)
-                              -> PyResult<(Bound<'py, PyList>, isize, u32)> {
+fn scan_sealed_publishes<'py>(
+    py: Python<'py>,
+    buf: Bytes<'_>,
+    pos: isize,
+    max_frame: isize,
+    sn: &Bound<'py, PyString>,
+    limit: isize,
+    pads: &MacPads,
+    rx: u64,
+) -> PyResult<(Bound<'py, PyList>, isize, u32)> {
     let mut rx = rx as u32;
     let (out, end) = scan_loop(py, buf.as_slice(), pos, max_frame, sn, limit, Some((&pads.0, &mut rx)))?;
     Ok((out, end, rx))
@@ -273,8 +316,13 @@ fn scan_sealed_publishes<'py>(py: Python<'py>, buf: Bytes<'_>, pos: isize, max_f
 /// the whole, valid frame at buf[pos:] whose opcode is in `known`; None for anything
 /// else, which the Python decoder reads and raises its own error for
 #[pyfunction]
-fn scan_frame<'py>(py: Python<'py>, buf: Bytes<'_>, pos: isize, max_frame: isize, known: &Bound<'py, PyAny>)
-                   -> PyResult<Option<Bound<'py, PyTuple>>> {
+fn scan_frame<'py>(
+    py: Python<'py>,
+    buf: Bytes<'_>,
+    pos: isize,
+    max_frame: isize,
+    known: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
     if pos < 0 {
         return Err(PyValueError::new_err("pos must be >= 0"));
     }
@@ -298,8 +346,14 @@ fn scan_frame<'py>(py: Python<'py>, buf: Bytes<'_>, pos: isize, max_frame: isize
 /// One record's commit-log bytes; None when the record needs the Python path
 /// (headers, a topic not yet validated, an unusual field, too big), which raises the
 /// precise InvalidRecord.
-fn encode_one<'py>(rec: &Bound<'py, PyAny>, ts: u64, max_record: isize, topic_cache: &Bound<'py, PyDict>,
-                   known: &Bound<'py, PyDict>, new_topics: &Bound<'py, PySet>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+fn encode_one<'py>(
+    rec: &Bound<'py, PyAny>,
+    ts: u64,
+    max_record: isize,
+    topic_cache: &Bound<'py, PyDict>,
+    known: &Bound<'py, PyDict>,
+    new_topics: &Bound<'py, PySet>,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
     let py = rec.py();
     let topic = rec.getattr(intern!(py, "topic"))?;
     let sn = rec.getattr(intern!(py, "sn"))?;
@@ -330,8 +384,15 @@ fn encode_one<'py>(rec: &Bound<'py, PyAny>, ts: u64, max_record: isize, topic_ca
     if !sn_s.is_ascii() || sn_s.is_empty() || sn_s.len() > MAX_SN_LEN {
         return Ok(None);
     }
-    let f = records::NewFields { flags: flags as u8, topic: topic_b.as_bytes(), sn: sn_s.as_bytes(), seq: seq as u32,
-                                 lock_ts_ms: lock_ts, broker_ts_us: ts, payload: payload.as_bytes() };
+    let f = records::NewFields {
+        flags: flags as u8,
+        topic: topic_b.as_bytes(),
+        sn: sn_s.as_bytes(),
+        seq: seq as u32,
+        lock_ts_ms: lock_ts,
+        broker_ts_us: ts,
+        payload: payload.as_bytes(),
+    };
     if f.payload.len() as u64 > u32::MAX as u64 - (RECORD_HEADER + f.topic.len() + f.sn.len()) as u64 {
         return Ok(None);
     }
@@ -354,9 +415,14 @@ fn encode_one<'py>(rec: &Bound<'py, PyAny>, ts: u64, max_record: isize, topic_ca
 ///   -> (list of bytes or None, total bytes, set of new topics, count of None):
 /// store/records.py encode_records' per-record work for a batch
 #[pyfunction]
-fn encode_records<'py>(py: Python<'py>, records: &Bound<'py, PyList>, broker_ts_us: u64, max_record: isize,
-                       topic_cache: &Bound<'py, PyDict>, known: &Bound<'py, PyDict>)
-                       -> PyResult<(Bound<'py, PyList>, usize, Bound<'py, PySet>, usize)> {
+fn encode_records<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyList>,
+    broker_ts_us: u64,
+    max_record: isize,
+    topic_cache: &Bound<'py, PyDict>,
+    known: &Bound<'py, PyDict>,
+) -> PyResult<(Bound<'py, PyList>, usize, Bound<'py, PySet>, usize)> {
     let n = records.len();
     let new_topics = PySet::empty(py)?;
     let mut out = Vec::with_capacity(n);
@@ -386,8 +452,13 @@ fn encode_records<'py>(py: Python<'py>, records: &Bound<'py, PyList>, broker_ts_
 
 /// The acks of results[start:] up to the first that is not an Appended: unsealed,
 /// or sealed with counters from `tx` on.
-fn acks_run<'py>(py: Python<'py>, batch: &Bound<'py, PyList>, results: &Bound<'py, PyList>, start: isize,
-                 seal: Option<(&MacKey, u32)>) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize, isize)> {
+fn acks_run<'py>(
+    py: Python<'py>,
+    batch: &Bound<'py, PyList>,
+    results: &Bound<'py, PyList>,
+    start: isize,
+    seal: Option<(&MacKey, u32)>,
+) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize, isize)> {
     let n = results.len().min(batch.len()) as isize;
     if start < 0 || start > n {
         return Err(PyValueError::new_err("start out of range"));
@@ -418,7 +489,13 @@ fn acks_run<'py>(py: Python<'py>, batch: &Bound<'py, PyList>, results: &Bound<'p
             continue; // SPEC: a ONEWAY publish is never answered
         }
         let f = &mut o[frames * size..(frames + 1) * size];
-        frame::put_publish_ack(f, opaque as u32, is_dup, offset, seal.map(|(k, tx)| (k, tx.wrapping_add(frames as u32))));
+        frame::put_publish_ack(
+            f,
+            opaque as u32,
+            is_dup,
+            offset,
+            seal.map(|(k, tx)| (k, tx.wrapping_add(frames as u32))),
+        );
         frames += 1;
     }
     Ok((PyBytes::new(py, &o[..frames * size]), frames, stored, dup, i))
@@ -427,35 +504,56 @@ fn acks_run<'py>(py: Python<'py>, batch: &Bound<'py, PyList>, results: &Bound<'p
 /// publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next):
 /// protocol/_fast.py publish_acks
 #[pyfunction]
-fn publish_acks<'py>(py: Python<'py>, batch: &Bound<'py, PyList>, results: &Bound<'py, PyList>, start: isize)
-                     -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize, isize)> {
+fn publish_acks<'py>(
+    py: Python<'py>,
+    batch: &Bound<'py, PyList>,
+    results: &Bound<'py, PyList>,
+    start: isize,
+) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize, isize)> {
     acks_run(py, batch, results, start, None)
 }
 
 /// sealed_publish_acks(batch, results, start, pads, tx) -> as publish_acks, the i-th
 /// ack sealed with the counter tx + i (protocol/_macfast.py sealed_publish_acks)
 #[pyfunction]
-fn sealed_publish_acks<'py>(py: Python<'py>, batch: &Bound<'py, PyList>, results: &Bound<'py, PyList>, start: isize,
-                            pads: &MacPads, tx: u64) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize, isize)> {
+fn sealed_publish_acks<'py>(
+    py: Python<'py>,
+    batch: &Bound<'py, PyList>,
+    results: &Bound<'py, PyList>,
+    start: isize,
+    pads: &MacPads,
+    tx: u64,
+) -> PyResult<(Bound<'py, PyBytes>, usize, usize, usize, isize)> {
     acks_run(py, batch, results, start, Some((&pads.0, tx as u32)))
 }
 
 // ----------------------------------------------------------- broker loop
 
-/// The record class queue_run builds without its `__init__`: its six `__slots__`
-/// and an `__init__` that only fills them (store/records.py NewRecord). Remembered
-/// once checked.
-static RECORD_CLASS: Mutex<Option<Py<PyType>>> = Mutex::new(None);
+/// The record class queue_run and the lane build without its `__init__`: its six
+/// `__slots__` and an `__init__` that only fills them (store/records.py NewRecord),
+/// with the slots' offsets in the instance. Remembered once checked.
+pub struct RecordClass {
+    tp: Py<PyType>,
+    offsets: [ffi::Py_ssize_t; 6],
+}
+impl RecordClass {
+    pub fn clone_ref(&self, py: Python<'_>) -> RecordClass {
+        RecordClass { tp: self.tp.clone_ref(py), offsets: self.offsets }
+    }
+}
+
+static RECORD_CLASS: Mutex<Option<(Py<PyType>, [ffi::Py_ssize_t; 6])>> = Mutex::new(None);
 const RECORD_SLOTS: [&str; 6] = ["topic", "sn", "seq", "lock_ts_ms", "payload", "headers"];
 
-/// Is `cls` a record class as above: object's `__new__` and `__setattr__`, no
-/// `__dict__`, each slot a member of the class itself (a subclass is called)?
-pub fn record_layout(cls: &Bound<'_, PyAny>) -> PyResult<bool> {
+/// `cls` as a record class: object's `__new__`, no `__dict__`, no items, and each slot
+/// a writable object member of the class itself (a subclass, with its own `__init__`,
+/// is called instead); None when it is not one.
+pub fn record_layout(cls: &Bound<'_, PyAny>) -> PyResult<Option<RecordClass>> {
     let py = cls.py();
-    let Ok(tp) = cls.downcast::<PyType>() else { return Ok(false) };
-    if let Some(known) = RECORD_CLASS.lock().unwrap().as_ref() {
+    let Ok(tp) = cls.downcast::<PyType>() else { return Ok(None) };
+    if let Some((known, offsets)) = RECORD_CLASS.lock().unwrap().as_ref() {
         if known.bind(py).is(tp) {
-            return Ok(true);
+            return Ok(Some(RecordClass { tp: known.clone_ref(py), offsets: *offsets }));
         }
     }
     let object = py.get_type::<pyo3::types::PyAny>();
@@ -464,52 +562,83 @@ pub fn record_layout(cls: &Bound<'_, PyAny>) -> PyResult<bool> {
     let plain = unsafe {
         let (t, o) = (tp.as_type_ptr(), object.as_type_ptr());
         (*t).tp_new.map(|f| f as usize) == (*o).tp_new.map(|f| f as usize)
-            && (*t).tp_setattro.map(|f| f as usize) == (*o).tp_setattro.map(|f| f as usize)
-            && (*t).tp_dictoffset == 0 && (*t).tp_itemsize == 0 && (*t).tp_alloc.is_some()
+            && (*t).tp_dictoffset == 0
+            && (*t).tp_itemsize == 0
+            && (*t).tp_alloc.is_some()
     };
     if !plain {
-        return Ok(false);
+        return Ok(None);
     }
-    for name in RECORD_SLOTS {
-        let Ok(d) = tp.getattr(name) else { return Ok(false) };
-        let kind = d.get_type().name()?;
-        if kind.to_str()? != "member_descriptor" || !d.getattr(intern!(py, "__objclass__"))?.is(tp) {
-            return Ok(false);
-        }
+    let mut offsets = [0 as ffi::Py_ssize_t; 6];
+    for (k, name) in RECORD_SLOTS.iter().enumerate() {
+        let Ok(d) = tp.getattr(*name) else { return Ok(None) };
+        // SAFETY: `d` is checked to be a member descriptor before it is read as one;
+        // its member's offset is then checked to lie inside an instance of `tp`.
+        let off = unsafe {
+            let p = d.as_ptr();
+            if ffi::Py_TYPE(p) != std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type) {
+                return Ok(None);
+            }
+            let descr = p as *mut ffi::PyMemberDescrObject;
+            if (*descr).d_common.d_type != tp.as_type_ptr() {
+                return Ok(None); // another class's slot
+            }
+            // (pyo3-ffi types d_member as a PyGetSetDef: it is CPython's PyMemberDef)
+            let m = (*descr).d_member as *const ffi::PyMemberDef;
+            let basic = (*tp.as_type_ptr()).tp_basicsize;
+            if (*m).type_code != ffi::Py_T_OBJECT_EX
+                || (*m).flags & ffi::Py_READONLY != 0
+                || (*m).offset < std::mem::size_of::<ffi::PyObject>() as ffi::Py_ssize_t
+                || (*m).offset + std::mem::size_of::<*mut ffi::PyObject>() as ffi::Py_ssize_t > basic
+            {
+                return Ok(None);
+            }
+            (*m).offset
+        };
+        offsets[k] = off;
     }
-    *RECORD_CLASS.lock().unwrap() = Some(tp.clone().unbind());
-    Ok(true)
+    *RECORD_CLASS.lock().unwrap() = Some((tp.clone().unbind(), offsets));
+    Ok(Some(RecordClass { tp: tp.clone().unbind(), offsets }))
 }
 
 /// record_class(topic, sn, seq, lock_ts_ms, payload) as its `__init__` fills it
-/// (headers None), without running it: allocated, then each slot set through the
-/// class's own (object's) attribute setter.
-pub fn new_record<'py>(tp: &Bound<'py, PyType>, values: [&Bound<'py, PyAny>; 5]) -> PyResult<Bound<'py, PyAny>> {
-    let py = tp.py();
-    // SAFETY: record_layout checked that tp is a plain class with object's __new__ and
-    // no items: its tp_alloc makes an empty instance, whose slots are all set below.
-    let rec = unsafe {
-        let t = tp.as_type_ptr();
+/// (headers None), without running it: allocated, its six slots written.
+pub fn new_record<'py>(
+    cls: &RecordClass,
+    py: Python<'py>,
+    values: [&Bound<'py, PyAny>; 5],
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: record_layout checked that the class is a plain one with object's __new__,
+    // no items and these six object slots inside its instances: its tp_alloc makes a
+    // zeroed instance, and each slot gets one new reference.
+    unsafe {
+        let t = cls.tp.bind(py).as_type_ptr();
         let obj = ((*t).tp_alloc.unwrap())(t, 0);
         if obj.is_null() {
             return Err(PyErr::fetch(py));
         }
-        Bound::from_owned_ptr(py, obj)
-    };
-    let names = [intern!(py, "topic"), intern!(py, "sn"), intern!(py, "seq"), intern!(py, "lock_ts_ms"), intern!(py, "payload")];
-    for (name, v) in names.iter().zip(values) {
-        rec.setattr(name, v)?;
+        let none = py.None();
+        for (k, off) in cls.offsets.iter().enumerate() {
+            let v = if k < 5 { values[k].as_ptr() } else { none.as_ptr() };
+            ffi::Py_INCREF(v);
+            *((obj as *mut u8).offset(*off) as *mut *mut ffi::PyObject) = v;
+        }
+        Ok(Bound::from_owned_ptr(py, obj))
     }
-    rec.setattr(intern!(py, "headers"), py.None())?;
-    Ok(rec)
 }
 
 /// queue_run(pubs, start, limit, record_type, queue, records) -> (stop, size):
 /// protocol/_fast.py queue_run -- the run of scan tuples from pubs[start] on to one
 /// topic that want an answer, at most `limit`, queued as Connection._publish does
 #[pyfunction]
-fn queue_run<'py>(pubs: &Bound<'py, PyList>, start: isize, limit: isize, record_type: &Bound<'py, PyAny>,
-                  queue: &Bound<'py, PyList>, records: &Bound<'py, PyList>) -> PyResult<(isize, isize)> {
+fn queue_run<'py>(
+    pubs: &Bound<'py, PyList>,
+    start: isize,
+    limit: isize,
+    record_type: &Bound<'py, PyAny>,
+    queue: &Bound<'py, PyList>,
+    records: &Bound<'py, PyList>,
+) -> PyResult<(isize, isize)> {
     let py = pubs.py();
     if start < 0 || start as usize > pubs.len() {
         return Err(PyValueError::new_err("start out of range"));
@@ -544,8 +673,8 @@ fn queue_run<'py>(pubs: &Bound<'py, PyList>, start: isize, limit: isize, record_
             let payload = p.get_item(6)?;
             let plen = payload.len()? as isize;
             let (sn, seq, lts) = (p.get_item(2)?, p.get_item(4)?, p.get_item(5)?);
-            let rec = if layout {
-                new_record(record_type.downcast::<PyType>()?, [&t, &sn, &seq, &lts, &payload])?
+            let rec = if let Some(cls) = &layout {
+                new_record(cls, py, [&t, &sn, &seq, &lts, &payload])?
             } else {
                 record_type.call1((&t, &sn, &seq, &lts, &payload))?
             };
@@ -589,7 +718,13 @@ struct Plan<'py> {
 impl<'py> Plan<'py> {
     /// One record: Ok(true) if it was planned (new, the current topic, no roll),
     /// Ok(false) if Python must handle it.
-    fn one(&mut self, rec: &Bound<'py, PyAny>, b: &Bound<'py, PyAny>, ts_s: u32, res: &Bound<'py, PyList>) -> PyResult<bool> {
+    fn one(
+        &mut self,
+        rec: &Bound<'py, PyAny>,
+        b: &Bound<'py, PyAny>,
+        ts_s: u32,
+        res: &Bound<'py, PyList>,
+    ) -> PyResult<bool> {
         let py = rec.py();
         let Ok(b) = b.downcast_exact::<PyBytes>() else { return Ok(false) };
         let sn = rec.getattr(intern!(py, "sn"))?;
@@ -598,8 +733,11 @@ impl<'py> Plan<'py> {
         let size = b.as_bytes().len() as i64;
         // the same topic, also as another str object (the broker decodes each read's
         // topic anew)
-        if !rtopic.is(&self.topic) && !(rtopic.is_exact_instance_of::<PyString>() && self.topic.is_exact_instance_of::<PyString>()
-                                        && rtopic.eq(&self.topic)?) {
+        if !rtopic.is(&self.topic)
+            && !(rtopic.is_exact_instance_of::<PyString>()
+                && self.topic.is_exact_instance_of::<PyString>()
+                && rtopic.eq(&self.topic)?)
+        {
             return Ok(false); // a topic switch: Python's
         }
         if self.pos + size > self.seg_limit && self.pos > self.active_base {
@@ -629,9 +767,15 @@ impl<'py> Plan<'py> {
         // SAFETY: the bytearray was just resized to hold these 16 bytes, and no Python
         // code runs while its contents are borrowed.
         unsafe { self.blob.as_bytes_mut()[old..].copy_from_slice(&entry) };
-        let app = tuple_of_type(&self.appended, [self.pos.into_pyobject(py)?.into_any(), self.topic.clone(),
-                                                 self.q.into_pyobject(py)?.into_any(),
-                                                 false.into_pyobject(py)?.to_owned().into_any()])?;
+        let app = tuple_of_type(
+            &self.appended,
+            [
+                self.pos.into_pyobject(py)?.into_any(),
+                self.topic.clone(),
+                self.q.into_pyobject(py)?.into_any(),
+                false.into_pyobject(py)?.to_owned().into_any(),
+            ],
+        )?;
         self.seen.add(&key)?;
         self.parts.append(b)?;
         self.ids.append(&key)?;
@@ -647,11 +791,24 @@ impl<'py> Plan<'py> {
 /// store/writer.py GroupCommit._plan's loop for the common record
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn plan_run<'py>(records: &Bound<'py, PyList>, enc: &Bound<'py, PyList>, i: isize, pos: i64, q: i64,
-                 topic: Bound<'py, PyAny>, seg_limit: i64, active_base: i64, seen: Bound<'py, PySet>,
-                 high_water: Bound<'py, PyDict>, ids: Bound<'py, PyList>, parts: Bound<'py, PyList>,
-                 blob: Bound<'py, PyByteArray>, results: &Bound<'py, PyList>, ts_s: u64, appended: Bound<'py, PyType>)
-                 -> PyResult<(isize, i64, i64)> {
+fn plan_run<'py>(
+    records: &Bound<'py, PyList>,
+    enc: &Bound<'py, PyList>,
+    i: isize,
+    pos: i64,
+    q: i64,
+    topic: Bound<'py, PyAny>,
+    seg_limit: i64,
+    active_base: i64,
+    seen: Bound<'py, PySet>,
+    high_water: Bound<'py, PyDict>,
+    ids: Bound<'py, PyList>,
+    parts: Bound<'py, PyList>,
+    blob: Bound<'py, PyByteArray>,
+    results: &Bound<'py, PyList>,
+    ts_s: u64,
+    appended: Bound<'py, PyType>,
+) -> PyResult<(isize, i64, i64)> {
     check_tuple_type(&appended)?;
     let mut st = Plan { topic, seen, hw: high_water, ids, parts, blob, appended, pos, q, seg_limit, active_base };
     let mut i = i.max(0) as usize;
@@ -670,10 +827,22 @@ fn plan_run<'py>(records: &Bound<'py, PyList>, enc: &Bound<'py, PyList>, i: isiz
 /// first record Python must handle: call k, record i, `res` the call's results so far
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn plan_calls<'py>(batch: &Bound<'py, PyList>, k: isize, pos: i64, q: i64, topic: Bound<'py, PyAny>, seg_limit: i64,
-                   active_base: i64, seen: Bound<'py, PySet>, high_water: Bound<'py, PyDict>, ids: Bound<'py, PyList>,
-                   parts: Bound<'py, PyList>, blob: Bound<'py, PyByteArray>, results: &Bound<'py, PyList>,
-                   appended: Bound<'py, PyType>) -> PyResult<(isize, isize, i64, i64, Bound<'py, PyList>)> {
+fn plan_calls<'py>(
+    batch: &Bound<'py, PyList>,
+    k: isize,
+    pos: i64,
+    q: i64,
+    topic: Bound<'py, PyAny>,
+    seg_limit: i64,
+    active_base: i64,
+    seen: Bound<'py, PySet>,
+    high_water: Bound<'py, PyDict>,
+    ids: Bound<'py, PyList>,
+    parts: Bound<'py, PyList>,
+    blob: Bound<'py, PyByteArray>,
+    results: &Bound<'py, PyList>,
+    appended: Bound<'py, PyType>,
+) -> PyResult<(isize, isize, i64, i64, Bound<'py, PyList>)> {
     let py = batch.py();
     check_tuple_type(&appended)?;
     let mut st = Plan { topic, seen, hw: high_water, ids, parts, blob, appended, pos, q, seg_limit, active_base };
@@ -685,7 +854,9 @@ fn plan_calls<'py>(batch: &Bound<'py, PyList>, k: isize, pos: i64, q: i64, topic
             break;
         }
         let (records, enc, o_ts) = (item.get_item(0)?, item.get_item(1)?, item.get_item(4)?);
-        let (Ok(records), Ok(enc)) = (records.downcast_exact::<PyList>(), enc.downcast_exact::<PyList>()) else { break };
+        let (Ok(records), Ok(enc)) = (records.downcast_exact::<PyList>(), enc.downcast_exact::<PyList>()) else {
+            break;
+        };
         if !o_ts.is_exact_instance_of::<PyInt>() {
             break;
         }
@@ -735,7 +906,9 @@ fn dedup_run<'py>(table: &Bound<'py, PyAny>, ids: &Bound<'py, PyList>, i: isize,
         if e.len() != 3 {
             break;
         }
-        let (Some(hw), Some(known), Some(gaps)) = (exact_i64(&e.get_item(0)?), exact_i64(&e.get_item(1)?), exact_i64(&e.get_item(2)?)) else {
+        let (Some(hw), Some(known), Some(gaps)) =
+            (exact_i64(&e.get_item(0)?), exact_i64(&e.get_item(1)?), exact_i64(&e.get_item(2)?))
+        else {
             break;
         };
         if gaps != 0 || hw >= i64::MAX / 2 || seq != hw + 1 {
@@ -769,8 +942,14 @@ fn dedup_run<'py>(table: &Bound<'py, PyAny>, ids: &Bound<'py, PyList>, i: isize,
 /// parts joined at pos of fd in one write, then fdatasync if sync, with the GIL
 /// released once for all of it. OSError (errno set) on an error.
 #[pyfunction]
-fn commit_write<'py>(py: Python<'py>, index_writes: &Bound<'py, PyList>, fd: i32, parts: &Bound<'py, PyList>, pos: i64,
-                     sync: &Bound<'py, PyAny>) -> PyResult<()> {
+fn commit_write<'py>(
+    py: Python<'py>,
+    index_writes: &Bound<'py, PyList>,
+    fd: i32,
+    parts: &Bound<'py, PyList>,
+    pos: i64,
+    sync: &Bound<'py, PyAny>,
+) -> PyResult<()> {
     let sync = sync.is_truthy()?;
     let mut iw: Vec<(i32, Bytes<'py>, i64)> = Vec::with_capacity(index_writes.len());
     for t in index_writes.iter() {
@@ -816,7 +995,9 @@ fn commit_write<'py>(py: Python<'py>, index_writes: &Bound<'py, PyList>, fd: i32
 
 /// A lease's fields for its MESSAGES entry; None for one the Python encoder must
 /// write (headers or retries, a field out of its wire range).
-fn view_lease<'py>(lease: &Bound<'py, PyAny>) -> Option<(u64, u16, u32, u64, u64, Bound<'py, PyString>, Bound<'py, PyString>, Bound<'py, PyBytes>)> {
+fn view_lease<'py>(
+    lease: &Bound<'py, PyAny>,
+) -> Option<(u64, u16, u32, u64, u64, Bound<'py, PyString>, Bound<'py, PyString>, Bound<'py, PyBytes>)> {
     let py = lease.py();
     let rec = lease.getattr(intern!(py, "rec")).ok()?;
     let wire = lease.getattr(intern!(py, "wire")).ok()?;
@@ -853,7 +1034,11 @@ fn view_lease<'py>(lease: &Bound<'py, PyAny>) -> Option<(u64, u16, u32, u64, u64
 /// encode_leases(sub_id, leases) -> bytes or None: broker/connection.py encode_leases
 /// for a pull's leases when none has headers or retries; None for any other batch
 #[pyfunction]
-fn encode_leases<'py>(py: Python<'py>, sub_id: u64, leases: &Bound<'py, PyList>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+fn encode_leases<'py>(
+    py: Python<'py>,
+    sub_id: u64,
+    leases: &Bound<'py, PyList>,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
     let n = leases.len();
     if n > 0xFFFF || sub_id > 0xFFFF_FFFF {
         return Ok(None);
@@ -867,9 +1052,16 @@ fn encode_leases<'py>(py: Python<'py>, sub_id: u64, leases: &Bound<'py, PyList>)
     }
     let mut fields = Vec::with_capacity(n);
     for (wire, delivery, seq, lts, bts, sn, topic, payload) in &views {
-        fields.push(messages::LeaseFields { wire: *wire, delivery: *delivery, seq: *seq, lock_ts_ms: *lts, broker_ts_us: *bts,
-                                            sn: sn.to_str()?.as_bytes(), topic: topic.to_str()?.as_bytes(),
-                                            payload: payload.as_bytes() });
+        fields.push(messages::LeaseFields {
+            wire: *wire,
+            delivery: *delivery,
+            seq: *seq,
+            lock_ts_ms: *lts,
+            broker_ts_us: *bts,
+            sn: sn.to_str()?.as_bytes(),
+            topic: topic.to_str()?.as_bytes(),
+            payload: payload.as_bytes(),
+        });
     }
     let size = 6 + fields.iter().map(messages::lease_size).sum::<usize>();
     let out = PyBytes::new_with(py, size, |w| {
@@ -885,12 +1077,24 @@ fn encode_leases<'py>(py: Python<'py>, sub_id: u64, leases: &Bound<'py, PyList>)
 /// makes it; the index of the first it did not take (decode_record reads that one)
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn read_run<'py>(data: Bytes<'_>, base: i64, entries: &Bound<'py, PyList>, i: isize, j: isize, queue_offset: i64,
-                 topic: &Bound<'py, PyString>, topic_bytes: Bytes<'_>, record_type: &Bound<'py, PyType>,
-                 texts: &Bound<'py, PyDict>, cap: isize, out: &Bound<'py, PyList>) -> PyResult<isize> {
+fn read_run<'py>(
+    data: Bytes<'_>,
+    base: i64,
+    entries: &Bound<'py, PyList>,
+    i: isize,
+    j: isize,
+    queue_offset: i64,
+    topic: &Bound<'py, PyString>,
+    topic_bytes: Bytes<'_>,
+    record_type: &Bound<'py, PyType>,
+    texts: &Bound<'py, PyDict>,
+    cap: isize,
+    out: &Bound<'py, PyList>,
+) -> PyResult<isize> {
     let py = entries.py();
     // SAFETY of tuple_of_type below: a tuple subtype; a StoredRecord has no dict
-    let is_tuple = unsafe { ffi::PyType_IsSubtype(record_type.as_type_ptr(), std::ptr::addr_of_mut!(ffi::PyTuple_Type)) != 0 };
+    let is_tuple =
+        unsafe { ffi::PyType_IsSubtype(record_type.as_type_ptr(), std::ptr::addr_of_mut!(ffi::PyTuple_Type)) != 0 };
     if !is_tuple {
         return Err(PyTypeError::new_err("read_run: record_type must be a tuple type"));
     }
@@ -912,10 +1116,20 @@ fn read_run<'py>(data: Bytes<'_>, base: i64, entries: &Bound<'py, PyList>, i: is
         }
         let Some(v) = records::view_record(&b[(off - base) as usize..], want) else { break };
         let Some(sn) = cached_text(texts, cap, v.sn, true)? else { break };
-        let rec = tuple_of_type(record_type, [off.into_pyobject(py)?.into_any(), (queue_offset + m as i64).into_pyobject(py)?.into_any(),
-                                              topic.clone().into_any(), sn, v.seq.into_pyobject(py)?.into_any(),
-                                              v.lock_ts_ms.into_pyobject(py)?.into_any(), v.broker_ts_us.into_pyobject(py)?.into_any(),
-                                              py.None().into_bound(py), PyBytes::new(py, v.payload).into_any()])?;
+        let rec = tuple_of_type(
+            record_type,
+            [
+                off.into_pyobject(py)?.into_any(),
+                (queue_offset + m as i64).into_pyobject(py)?.into_any(),
+                topic.clone().into_any(),
+                sn,
+                v.seq.into_pyobject(py)?.into_any(),
+                v.lock_ts_ms.into_pyobject(py)?.into_any(),
+                v.broker_ts_us.into_pyobject(py)?.into_any(),
+                py.None().into_bound(py),
+                PyBytes::new(py, v.payload).into_any(),
+            ],
+        )?;
         out.append(rec)?;
         m += 1;
     }
@@ -927,15 +1141,31 @@ fn read_run<'py>(data: Bytes<'_>, base: i64, entries: &Bound<'py, PyList>, i: is
 /// headers bytes, queue_offset), the order lockmq.client.Message takes; None for any
 /// body the Python decoder would refuse
 #[pyfunction]
-fn messages_fields<'py>(py: Python<'py>, body: Bytes<'_>, texts: &Bound<'py, PyDict>, cap: isize)
-                        -> PyResult<Option<(u32, Bound<'py, PyList>)>> {
+fn messages_fields<'py>(
+    py: Python<'py>,
+    body: Bytes<'_>,
+    texts: &Bound<'py, PyDict>,
+    cap: isize,
+) -> PyResult<Option<(u32, Bound<'py, PyList>)>> {
     let Some((sub_id, msgs)) = messages::parse_messages(body.as_slice()) else { return Ok(None) };
     let mut rows = Vec::with_capacity(msgs.len());
     for m in &msgs {
         let Some(sn) = cached_text(texts, cap, m.sn, false)? else { return Ok(None) };
         let Some(topic) = cached_text(texts, cap, m.topic, false)? else { return Ok(None) };
-        rows.push((topic, sn, m.seq, PyBytes::new(py, m.payload), m.delivery, m.lock_ts_ms, m.broker_ts_us,
-                   PyBytes::new(py, m.headers), m.queue_offset).into_pyobject(py)?);
+        rows.push(
+            (
+                topic,
+                sn,
+                m.seq,
+                PyBytes::new(py, m.payload),
+                m.delivery,
+                m.lock_ts_ms,
+                m.broker_ts_us,
+                PyBytes::new(py, m.headers),
+                m.queue_offset,
+            )
+                .into_pyobject(py)?,
+        );
     }
     Ok(Some((sub_id, PyList::new(py, rows)?)))
 }

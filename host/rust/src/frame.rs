@@ -225,7 +225,8 @@ mod tests {
     fn a_sealed_publish_checks_its_tag() {
         let key = MacKey::new(b"k");
         let body = publish_body(b"t", 1, 2, b"p");
-        let head = TagHead { direction: TO_BROKER, counter: 4, opcode: OP_PUBLISH, flags: FLAG_MAC, opaque: 3, sn: b"" };
+        let head =
+            TagHead { direction: TO_BROKER, counter: 4, opcode: OP_PUBLISH, flags: FLAG_MAC, opaque: 3, sn: b"" };
         let mut sealed = body.clone();
         sealed.extend_from_slice(&key.tag(&head, &body));
         let f = frame(OP_PUBLISH, b"", FLAG_MAC, 3, &sealed);

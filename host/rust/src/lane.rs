@@ -30,9 +30,9 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFloat, PyList, PySet, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyFloat, PyList, PySet, PyString, PyTuple};
 
-use crate::binding::{new_record, record_layout, MacPads};
+use crate::binding::{new_record, record_layout, MacPads, RecordClass};
 use crate::consts::*;
 use crate::frame::{self, Check};
 use crate::mac::MacKey;
@@ -69,7 +69,7 @@ struct State {
     max_frame: usize,
     rbuf: Vec<u8>,
     bailed: usize,
-    record_type: Py<PyType>,
+    record_type: RecordClass,
 }
 
 /// One record of a poll: whose ack it is.
@@ -153,8 +153,17 @@ impl State {
 /// them all (a partial frame is then kept in the slot's tail), less when the rest is
 /// Python's (a bail).
 #[allow(clippy::too_many_arguments)]
-fn take<'py>(py: Python<'py>, s: &mut Slot, fd: i32, buf: &[u8], max_frame: usize, record_type: &Bound<'py, PyType>,
-             records: &Bound<'py, PyList>, plan: &mut Vec<PlanEntry>, frames: &mut usize) -> PyResult<usize> {
+fn take<'py>(
+    py: Python<'py>,
+    s: &mut Slot,
+    fd: i32,
+    buf: &[u8],
+    max_frame: usize,
+    record_type: &RecordClass,
+    records: &Bound<'py, PyList>,
+    plan: &mut Vec<PlanEntry>,
+    frames: &mut usize,
+) -> PyResult<usize> {
     let mut pos = 0;
     let mut topic: Option<(&[u8], Bound<'py, PyString>)> = None; // the last topic (one per lock, usually)
     let sn = s.sn.bind(py).clone().into_any();
@@ -191,11 +200,19 @@ fn take<'py>(py: Python<'py>, s: &mut Slot, fd: i32, buf: &[u8], max_frame: usiz
                 t
             }
         };
-        let (seq, ts, payload) = (v.seq.into_pyobject(py)?, v.lock_ts_ms.into_pyobject(py)?, PyBytes::new(py, v.payload));
-        let rec = new_record(record_type, [t.as_any(), &sn, seq.as_any(), ts.as_any(), payload.as_any()])?;
+        let (seq, ts, payload) =
+            (v.seq.into_pyobject(py)?, v.lock_ts_ms.into_pyobject(py)?, PyBytes::new(py, v.payload));
+        let rec = new_record(record_type, py, [t.as_any(), &sn, seq.as_any(), ts.as_any(), payload.as_any()])?;
         let size = (v.payload.len() + 64) as u32; // Connection._pub_size's measure
         records.append(rec)?;
-        plan.push(PlanEntry { conn: s.conn.clone_ref(py), fd, gen: s.gen, opaque: v.opaque, size, sealed: s.seal.is_some() });
+        plan.push(PlanEntry {
+            conn: s.conn.clone_ref(py),
+            fd,
+            gen: s.gen,
+            opaque: v.opaque,
+            size,
+            sealed: s.seal.is_some(),
+        });
         s.pending += size as i64;
         if s.credit > 0 {
             s.credit -= 1;
@@ -228,9 +245,9 @@ impl Lane {
 impl Lane {
     #[new]
     fn new(record_type: &Bound<'_, PyAny>, max_frame: isize) -> PyResult<Lane> {
-        if !record_layout(record_type)? {
+        let Some(record_type) = record_layout(record_type)? else {
             return Err(PyTypeError::new_err("Lane needs a record class with six own slots"));
-        }
+        };
         if max_frame < MIN_FRAME as isize || max_frame > 1 << 30 {
             return Err(PyValueError::new_err("max_frame out of range"));
         }
@@ -246,7 +263,7 @@ impl Lane {
             max_frame: max_frame as usize,
             rbuf: vec![0u8; max_frame as usize + LANE_READ],
             bailed: 0,
-            record_type: record_type.downcast::<PyType>()?.clone().unbind(),
+            record_type,
         })))
     }
 
@@ -260,8 +277,19 @@ impl Lane {
     /// and counters, which release hands back).
     #[pyo3(signature = (fd, conn, sn, topics, credit, limit, pads = None, rx = 0, tx = 0))]
     #[allow(clippy::too_many_arguments)]
-    fn adopt(&self, py: Python<'_>, fd: i32, conn: Py<PyAny>, sn: &Bound<'_, PyString>, topics: &Bound<'_, PySet>,
-             credit: i64, limit: i64, pads: Option<PyRef<'_, MacPads>>, rx: u64, tx: u64) -> PyResult<()> {
+    fn adopt(
+        &self,
+        py: Python<'_>,
+        fd: i32,
+        conn: Py<PyAny>,
+        sn: &Bound<'_, PyString>,
+        topics: &Bound<'_, PySet>,
+        credit: i64,
+        limit: i64,
+        pads: Option<PyRef<'_, MacPads>>,
+        rx: u64,
+        tx: u64,
+    ) -> PyResult<()> {
         let mut st = self.state(py);
         if !(0..1 << 24).contains(&fd) || limit <= 0 {
             return Err(PyValueError::new_err("fd or limit out of range"));
@@ -277,11 +305,25 @@ impl Lane {
         let gen = st.next_gen;
         st.next_gen += 1;
         let seal = pads.map(|p| p.0.clone());
-        st.slots.insert(fd, Slot {
-            conn, sn: sn.clone().unbind(), sn_utf8, topics: topics.clone().unbind(), credit, pending: 0, limit, gen,
-            paused: false, bailed: false, tail: Vec::new(), rx: if seal.is_some() { rx as u32 } else { 0 },
-            tx: if seal.is_some() { tx as u32 } else { 0 }, seal,
-        });
+        st.slots.insert(
+            fd,
+            Slot {
+                conn,
+                sn: sn.clone().unbind(),
+                sn_utf8,
+                topics: topics.clone().unbind(),
+                credit,
+                pending: 0,
+                limit,
+                gen,
+                paused: false,
+                bailed: false,
+                tail: Vec::new(),
+                rx: if seal.is_some() { rx as u32 } else { 0 },
+                tx: if seal.is_some() { tx as u32 } else { 0 },
+                seal,
+            },
+        );
         Ok(())
     }
 
@@ -305,8 +347,12 @@ impl Lane {
     /// lane, unread and holding those bytes, until the loop takes it back with
     /// take_bails() or release(): the loop never sees a socket in neither place.
     #[pyo3(signature = (max_records, defer = false))]
-    fn poll<'py>(&self, py: Python<'py>, max_records: isize, defer: bool)
-                 -> PyResult<(Bound<'py, PyList>, LanePlan, Bound<'py, PyList>, usize, usize)> {
+    fn poll<'py>(
+        &self,
+        py: Python<'py>,
+        max_records: isize,
+        defer: bool,
+    ) -> PyResult<(Bound<'py, PyList>, LanePlan, Bound<'py, PyList>, usize, usize)> {
         let mut guard = self.state(py);
         let st = &mut *guard;
         let mut ev = [libc::epoll_event { events: 0, u64: 0 }; LANE_EVENTS];
@@ -319,7 +365,7 @@ impl Lane {
         let bails = PyList::empty(py);
         let mut plan = Vec::new();
         let now = PyFloat::new(py, monotonic());
-        let record_type = st.record_type.bind(py).clone();
+        let record_type = st.record_type.clone_ref(py);
         let (mut bytes_in, mut frames) = (0usize, 0usize);
         let (epfd, max_frame) = (st.epfd.as_raw_fd(), st.max_frame);
         let mut rbuf = std::mem::take(&mut st.rbuf);
@@ -390,8 +436,12 @@ impl Lane {
     /// lane (Python writes them); (3, conn, unsent, held, credit, rx, tx) when the
     /// socket did not take its acks whole (given back as release() does; Python
     /// writes the rest). A sealed session's acks in the lane take the slot's counter.
-    fn answer<'py>(&self, py: Python<'py>, plan: PyRef<'py, LanePlan>, results: &Bound<'py, PyList>)
-                   -> PyResult<(usize, usize, usize, usize, Bound<'py, PyList>)> {
+    fn answer<'py>(
+        &self,
+        py: Python<'py>,
+        plan: PyRef<'py, LanePlan>,
+        results: &Bound<'py, PyList>,
+    ) -> PyResult<(usize, usize, usize, usize, Bound<'py, PyList>)> {
         let mut guard = self.state(py);
         let st = &mut *guard;
         let plan = &plan.0;
@@ -477,8 +527,15 @@ impl Lane {
                 if in_lane {
                     // the socket is Python's again, with the rest to write
                     let back = st.detach(py, e.fd, &[])?;
-                    leftovers.append((3, &e.conn, rest, back.get_item(1)?, back.get_item(2)?, back.get_item(3)?,
-                                      back.get_item(4)?))?;
+                    leftovers.append((
+                        3,
+                        &e.conn,
+                        rest,
+                        back.get_item(1)?,
+                        back.get_item(2)?,
+                        back.get_item(3)?,
+                        back.get_item(4)?,
+                    ))?;
                 } else {
                     leftovers.append((2, &e.conn, rest, j - i))?;
                 }

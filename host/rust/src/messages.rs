@@ -114,8 +114,26 @@ mod tests {
     #[test]
     fn a_body_written_reads_back_and_every_cut_is_refused() {
         let l = [
-            LeaseFields { wire: 1, delivery: 2, seq: 3, lock_ts_ms: 4, broker_ts_us: 5, sn: b"S", topic: b"t", payload: b"pp" },
-            LeaseFields { wire: u64::MAX, delivery: 0, seq: 9, lock_ts_ms: 0, broker_ts_us: 1, sn: b"", topic: b"", payload: b"" },
+            LeaseFields {
+                wire: 1,
+                delivery: 2,
+                seq: 3,
+                lock_ts_ms: 4,
+                broker_ts_us: 5,
+                sn: b"S",
+                topic: b"t",
+                payload: b"pp",
+            },
+            LeaseFields {
+                wire: u64::MAX,
+                delivery: 0,
+                seq: 9,
+                lock_ts_ms: 0,
+                broker_ts_us: 1,
+                sn: b"",
+                topic: b"",
+                payload: b"",
+            },
         ];
         let mut w = vec![0u8; 6 + l.iter().map(lease_size).sum::<usize>()];
         put_messages(&mut w, 77, &l);

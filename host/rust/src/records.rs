@@ -64,10 +64,14 @@ pub fn view_record<'a>(r: &'a [u8], topic: &[u8]) -> Option<RecordView<'a>> {
     let crc = le32(&r[4..]);
     let (fmt, tlen, slen, hlen) = (r[8], le16(&r[10..]) as usize, r[12] as usize, le16(&r[14..]) as usize);
     let plen = le32(&r[20..]) as usize;
-    if length < RECORD_HEADER - 4 || length > r.len() - 4 || fmt != FORMAT_VERSION
+    if length < RECORD_HEADER - 4
+        || length > r.len() - 4
+        || fmt != FORMAT_VERSION
         || RECORD_HEADER as u64 + tlen as u64 + slen as u64 + hlen as u64 + plen as u64 != length as u64 + 4
         || crc32(&r[8..length + 4], 0) != crc
-        || hlen != 0 || tlen != topic.len() || &r[RECORD_HEADER..RECORD_HEADER + tlen] != topic
+        || hlen != 0
+        || tlen != topic.len()
+        || &r[RECORD_HEADER..RECORD_HEADER + tlen] != topic
     {
         return None;
     }
@@ -87,7 +91,15 @@ mod tests {
 
     #[test]
     fn a_record_reads_back_and_any_damage_is_refused() {
-        let f = NewFields { flags: 0, topic: b"door", sn: b"LOCK-1", seq: 5, lock_ts_ms: 6, broker_ts_us: 7, payload: b"xyz" };
+        let f = NewFields {
+            flags: 0,
+            topic: b"door",
+            sn: b"LOCK-1",
+            seq: 5,
+            lock_ts_ms: 6,
+            broker_ts_us: 7,
+            payload: b"xyz",
+        };
         let mut o = vec![0u8; record_size(&f)];
         put_record(&mut o, &f);
         let v = view_record(&o, b"door").unwrap();
