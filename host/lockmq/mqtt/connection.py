@@ -25,7 +25,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lockmq.cli.command import command_args as cli_args   # the one text form of a command
-from lockmq.broker.clusters import ClusterError, Lease, Member
 from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Op
 from lockmq.security import SecurityError
 from lockmq.security.identity import owner_of
@@ -39,13 +38,17 @@ from .delivery import command_result, json_envelope, user_properties
 from .rights import message_of, reason_of
 from .sessions import NEVER, Session, SubRecord
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # (types only: the broker builds this package, not the reverse)
+    from lockmq.broker.clusters import Lease, Member
+
     from .server import MqttServer
 
 #: packet ids 1..65535 (0 is not a packet id)
 _MAX_PID = 0xFFFF
 #: deliveries sent per pump before yielding to the loop (QoS 0 has no window)
 _PUMP_BATCH = 512
+#: QoS 1 deliveries leased per pull (a member with a large window takes its turn)
+_PULL_BATCH = 32
 
 
 class Joined:
@@ -53,7 +56,7 @@ class Joined:
 
     __slots__ = ("sub", "cluster", "member", "private")
 
-    def __init__(self, sub: "Sub", cluster: Any, member: Member, private: bool) -> None:
+    def __init__(self, sub: "Sub", cluster: Any, member: "Member", private: bool) -> None:
         self.sub = sub
         self.cluster = cluster
         self.member = member
@@ -491,15 +494,15 @@ class MqttConnection(asyncio.Protocol):
         new = name not in srv.core.cluster_owners
         try:
             cluster = srv.core.cluster(name, topic, srv.ordered, principal=self.principal)
-        except ClusterError as exc:
+        except srv.cluster_error as exc:
             code = rc.NOT_AUTHORIZED if exc.code == "FORBIDDEN" else (
                 rc.QUOTA_EXCEEDED if exc.code == "LIMIT_EXCEEDED" else rc.IMPLEMENTATION_SPECIFIC)
             return code, exc.message
         if private and new and fresh and not cluster.members:
             cluster.reset_to(srv.core.queue_end(topic))
         cap = self.recv_max
-        member = Member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
-                        self._wake, cap)
+        member = srv.new_member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
+                                self._wake, cap)
         j = Joined(sub, cluster, member, private)
         sub.joined[topic] = j
         if topic not in sub.rec.topics:
@@ -508,7 +511,7 @@ class MqttConnection(asyncio.Protocol):
         cluster.join(member)
         return None
 
-    def _wake(self, member: Member) -> None:   # replaced per member in _join
+    def _wake(self, member: "Member") -> None:   # replaced per member in _join
         pass
 
     def _on_unsubscribe(self, p: c.Unsubscribe) -> None:
@@ -541,27 +544,27 @@ class MqttConnection(asyncio.Protocol):
     # -- deliveries ---------------------------------------------------------------------
 
     def _pump(self, j: Joined) -> None:
-        """Lease what ``j``'s cluster has for us, while there is room."""
+        """Lease one batch of what ``j``'s cluster has for us, if there is room, and
+        come back for more on the next loop iteration: the other members the cluster
+        notified in the same wake get their batch first (members compete), and a
+        pull that comes back empty leaves the member waiting for the cluster's next
+        notify (``wants_notify``)."""
         if self.closed or j.sub.joined.get(j.cluster.topic) is not j:
             return
         qos = j.sub.rec.qos
-        sent = 0
-        while True:
-            room = (self.recv_max - len(self.inflight)) if qos else _PUMP_BATCH
-            if room <= 0 or self._paused or sent >= _PUMP_BATCH:
-                self._starved.add(j)
-                if sent >= _PUMP_BATCH:
-                    asyncio.get_running_loop().call_soon(self._pump_starved)
-                return
-            leases = j.cluster.pull(j.member, room)
-            if not leases:
-                self._starved.discard(j)
-                return
-            sent += len(leases)
-            for lease in leases:
-                self._deliver(j, lease, qos)
-            if not qos:
-                j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
+        room = min(self.recv_max - len(self.inflight), _PULL_BATCH) if qos else _PUMP_BATCH
+        if room <= 0 or self._paused:
+            self._starved.add(j)
+            return
+        self._starved.discard(j)
+        leases = j.cluster.pull(j.member, room)
+        if not leases:
+            return
+        for lease in leases:
+            self._deliver(j, lease, qos)
+        if not qos:
+            j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
+        asyncio.get_running_loop().call_soon(self._pump, j)
 
     def _pump_starved(self) -> None:
         if not self._starved or self.closed:
@@ -570,7 +573,7 @@ class MqttConnection(asyncio.Protocol):
             self._starved.discard(j)
             self._pump(j)
 
-    def _deliver(self, j: Joined, lease: Lease, qos: int) -> None:
+    def _deliver(self, j: Joined, lease: "Lease", qos: int) -> None:
         rec = lease.rec
         srv = self.server
         pid = 0
@@ -621,7 +624,7 @@ class MqttConnection(asyncio.Protocol):
             else:
                 j.cluster.ack(j.member, wire, delivery)
                 self.server.stats.inc("mqtt_acked")
-        except ClusterError:
+        except self.server.cluster_error:
             self.server.stats.inc("mqtt_late_acks")   # expired and leased again meanwhile
         j.cluster.settled(j.member)
         self._pump_starved()

@@ -13,7 +13,7 @@ import secrets
 import socket
 import time
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from lockmq.config import ANY_FREE_PORT, Config, MqttSection
 
@@ -28,8 +28,13 @@ class MqttServer:
     """The MQTT side of one broker (see the module docstring)."""
 
     def __init__(self, config: Config, core: Any, publisher: Any, commands: Any, guard: Any,
-                 log: Any, stats: Any) -> None:
+                 log: Any, stats: Any, new_member: Callable[..., Any],
+                 cluster_error: type[Exception]) -> None:
         self.config = config
+        #: the broker's cluster Member class, and the error its clusters raise (handed
+        #: in by the broker: this package never imports lockmq.broker)
+        self.new_member = new_member
+        self.cluster_error = cluster_error
         self.settings: MqttSection = config.mqtt
         self.core = core
         self.publisher = publisher
@@ -215,10 +220,12 @@ class MqttServer:
 
 
 async def start_mqtt(config: Config, core: Any, publisher: Any, commands: Any, guard: Any,
-                     log: Any, stats: Any) -> MqttServer | None:
+                     log: Any, stats: Any, new_member: Callable[..., Any],
+                     cluster_error: type[Exception]) -> MqttServer | None:
     """The broker's hook: the MQTT listener started if ``[mqtt] enabled``, else None."""
     if not config.mqtt.enabled:
         return None
-    srv = MqttServer(config, core, publisher, commands, guard, log, stats)
+    srv = MqttServer(config, core, publisher, commands, guard, log, stats, new_member,
+                     cluster_error)
     await srv.start()
     return srv
