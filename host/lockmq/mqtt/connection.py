@@ -433,6 +433,10 @@ class MqttConnection(asyncio.Protocol):
         except t.TopicError as exc:
             self._sub_refused(rec.filter, rc.TOPIC_FILTER_INVALID, str(exc))
             return rc.TOPIC_FILTER_INVALID
+        if group is None and flt.startswith(t.RESULT_PREFIX):
+            # command results go straight to the connection that sent the command
+            # (never stored): the subscription is granted and joins nothing
+            return 0
         old = self.subs.pop(rec.filter, None)
         if old is not None:   # the same filter again: it replaces the old one
             self._leave(old, forget=False)
