@@ -439,6 +439,82 @@ class MqttSection:
 
 
 @dataclass
+class BridgeSection:
+    """A northbound bridge: chosen topics forwarded to an upstream MQTT broker (the
+    campus's or a cloud's) at least once, as a consumer cluster whose position is
+    persisted (``lockmq.mqtt.bridge``; docs/mqtt.md).
+
+    Attributes:
+        enabled: run the bridge.
+        upstream: ``host:port`` of the upstream MQTT broker.
+        topics: lockmq topics to forward (each read by the cluster ``<cluster>.<topic>``,
+            per-lock ordered: a lock's records reach the upstream in its order).
+        cluster: name of the bridge's consumer clusters (their positions are what the
+            bridge has forwarded and the upstream acknowledged).
+        remote_prefix: prepended to a record's MQTT topic name upstream
+            (``building-7/`` + ``lock/events``).
+        client_id: the bridge's MQTT client id upstream ("" = ``lockmq-bridge-<host>``).
+        username: user name upstream ("" = none).
+        password: password upstream ("" = none).
+        version: MQTT version spoken upstream: 4 (3.1.1) or 5.
+        tls: connect to the upstream with TLS (system CAs, or ``ca_file``).
+        ca_file: CA bundle for the upstream's certificate ("" = the system's).
+        envelope: "json" (the record's id fields with the payload in base64: what an
+            idempotent upstream consumer keys on) or "raw" (MQTT 5 carries the ids as
+            user properties).
+        max_inflight: records sent upstream and not yet acknowledged (PUBACK).
+        keepalive_s: MQTT keepalive upstream.
+        reconnect_min_s: first wait before reconnecting (doubles, with jitter).
+        reconnect_max_s: longest wait before reconnecting.
+        command_filter: an upstream topic filter whose PUBLISHes are commands for the
+            locks (their topic ends ``<SN>/<kind>``, as ``lockmq/command/<SN>/<kind>``)
+            ("" = none); they go through the same rights as any command, those of
+            ``command_token``.
+        command_token: the lockmq token whose rights upstream commands have.
+    """
+
+    enabled: bool = False
+    upstream: str = ""
+    topics: list[str] = field(default_factory=list)
+    cluster: str = "bridge"
+    remote_prefix: str = ""
+    client_id: str = ""
+    username: str = ""
+    password: str = ""
+    version: int = 5
+    tls: bool = False
+    ca_file: str = ""
+    envelope: str = "json"
+    max_inflight: int = 100
+    keepalive_s: int = 30
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    command_filter: str = ""
+    command_token: str = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``bridge.*`` setting."""
+        if not self.enabled:
+            return
+        host, sep, port = self.upstream.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("bridge.upstream must be host:port")
+        if not self.topics:
+            raise ValueError("bridge.topics must name at least one topic")
+        if self.version not in (4, 5):
+            raise ValueError("bridge.version must be 4 (MQTT 3.1.1) or 5")
+        if self.envelope not in ("raw", "json"):
+            raise ValueError("bridge.envelope must be 'raw' or 'json'")
+        if self.max_inflight <= 0 or self.keepalive_s <= 0 or self.reconnect_min_s <= 0 \
+                or self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("bridge: max_inflight, keepalive_s and reconnect_min_s must be "
+                             "positive, reconnect_max_s >= reconnect_min_s")
+        if self.command_filter and not self.command_token:
+            raise ValueError("bridge.command_filter needs bridge.command_token (whose rights "
+                             "upstream commands have)")
+
+
+@dataclass
 class Config:
     """The whole broker configuration (one TOML file)."""
 
@@ -451,6 +527,7 @@ class Config:
     registry: RegistrySection = field(default_factory=RegistrySection)
     transactions: TransactionsSection = field(default_factory=TransactionsSection)
     mqtt: MqttSection = field(default_factory=MqttSection)
+    bridge: BridgeSection = field(default_factory=BridgeSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -531,6 +608,7 @@ class Config:
             raise ValueError("commands.result_timeout_s must be positive")
         self.registry.validate()
         self.mqtt.validate()
+        self.bridge.validate()
 
     def store_config(self) -> Any:
         """The ``lockmq.store.StoreConfig`` of this broker (``data_dir`` from ``[broker]``)."""
@@ -574,6 +652,7 @@ _SECTIONS = {
     "registry": RegistrySection,
     "transactions": TransactionsSection,
     "mqtt": MqttSection,
+    "bridge": BridgeSection,
 }
 
 
@@ -640,7 +719,7 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt)"
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt|bridge)"
                       r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``

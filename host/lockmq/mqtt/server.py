@@ -19,6 +19,7 @@ from lockmq.config import ANY_FREE_PORT, Config, MqttSection
 
 from . import topics as t
 from .codec import reason as rc
+from .bridge import Bridge
 from .connection import MqttConnection
 from .rights import Rights
 from .sessions import Session, SessionStore, session_key
@@ -55,12 +56,21 @@ class MqttServer:
         self._known_topics: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
+        #: the northbound bridge (``[bridge] enabled``), or None
+        self.bridge: Bridge | None = None
 
     # -- life cycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the sessions and listen (plain and/or TLS, as configured)."""
+        """Start the bridge if configured, load the sessions and listen (plain and/or
+        TLS) if ``[mqtt] enabled``."""
+        if self.config.bridge.enabled:
+            self.bridge = Bridge(self.config.bridge, self.core, self.log, self.stats,
+                                 self.new_member)
+            self.bridge.start()
         s = self.settings
+        if not s.enabled:
+            return
         self.sessions.load()
         now = int(time.time() * 1000)
         for sess in self.sessions.sessions.values():
@@ -95,9 +105,21 @@ class MqttServer:
         self.log("mqtt_started", port=self.port or None, tls_port=self.tls_port or None,
                  sessions=len(self.sessions.sessions), envelope=s.envelope)
 
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """``/metrics`` gauges: connections, sessions, the bridge's state."""
+        out = {"mqtt_connections": ("MQTT connections open now", float(len(self.conns))),
+               "mqtt_sessions": ("MQTT sessions kept (live or waiting for their client)",
+                                 float(len(self.sessions.sessions) + sum(
+                                     1 for k in self.live if k not in self.sessions.sessions)))}
+        if self.bridge is not None:
+            out.update(self.bridge.gauges())
+        return out
+
     async def stop(self) -> None:
         """Stop listening, tell every client the server is going away, save sessions."""
         self._closing = True
+        if self.bridge is not None:
+            await self.bridge.stop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -222,8 +244,9 @@ class MqttServer:
 async def start_mqtt(config: Config, core: Any, publisher: Any, commands: Any, guard: Any,
                      log: Any, stats: Any, new_member: Callable[..., Any],
                      cluster_error: type[Exception]) -> MqttServer | None:
-    """The broker's hook: the MQTT listener started if ``[mqtt] enabled``, else None."""
-    if not config.mqtt.enabled:
+    """The broker's hook: the MQTT listener (``[mqtt] enabled``) and the bridge
+    (``[bridge] enabled``) started; None when neither is on."""
+    if not (config.mqtt.enabled or config.bridge.enabled):
         return None
     srv = MqttServer(config, core, publisher, commands, guard, log, stats, new_member,
                      cluster_error)
