@@ -515,6 +515,48 @@ class BridgeSection:
 
 
 @dataclass
+class WebhooksSection:
+    """Webhooks: each record of chosen topics POSTed to HTTP(S) endpoints, each
+    endpoint a consumer cluster (``lockmq.mqtt.webhooks``; docs/mqtt.md).
+
+    Attributes:
+        enabled: run the webhook sink.
+        endpoints: ``URL`` or ``NAME=URL`` per endpoint (the name goes into its
+            clusters' names: ``<cluster>.<name>.<topic>``; default a hash of the URL).
+        topics: lockmq topics whose records are POSTed.
+        cluster: first part of the endpoints' cluster names.
+        secret: HMAC-SHA256 key of the ``X-Lockmq-Signature`` header ("" = unsigned).
+        concurrency: POSTs in flight at once per endpoint (and topic).
+        timeout_s: a POST not answered within this is a failure (retried).
+        ordered: per-lock order (a lock's next record waits for the previous one's 2xx).
+        ca_file: CA bundle for https endpoints ("" = the system's).
+    """
+
+    enabled: bool = False
+    endpoints: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    cluster: str = "webhooks"
+    secret: str = ""
+    concurrency: int = 4
+    timeout_s: float = 10.0
+    ordered: bool = False
+    ca_file: str = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``webhooks.*`` setting."""
+        if not self.enabled:
+            return
+        if not self.endpoints or not self.topics:
+            raise ValueError("webhooks.endpoints and webhooks.topics must not be empty")
+        for e in self.endpoints:
+            url = e.partition("=")[2] if "=" in e and "://" not in e.partition("=")[0] else e
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"webhooks.endpoints: {e!r} is not an http(s) URL")
+        if self.concurrency <= 0 or self.timeout_s <= 0:
+            raise ValueError("webhooks.concurrency and webhooks.timeout_s must be positive")
+
+
+@dataclass
 class Config:
     """The whole broker configuration (one TOML file)."""
 
@@ -528,6 +570,7 @@ class Config:
     transactions: TransactionsSection = field(default_factory=TransactionsSection)
     mqtt: MqttSection = field(default_factory=MqttSection)
     bridge: BridgeSection = field(default_factory=BridgeSection)
+    webhooks: WebhooksSection = field(default_factory=WebhooksSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -609,6 +652,7 @@ class Config:
         self.registry.validate()
         self.mqtt.validate()
         self.bridge.validate()
+        self.webhooks.validate()
 
     def store_config(self) -> Any:
         """The ``lockmq.store.StoreConfig`` of this broker (``data_dir`` from ``[broker]``)."""
@@ -653,6 +697,7 @@ _SECTIONS = {
     "transactions": TransactionsSection,
     "mqtt": MqttSection,
     "bridge": BridgeSection,
+    "webhooks": WebhooksSection,
 }
 
 
@@ -719,7 +764,7 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt|bridge)"
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt|bridge|webhooks)"
                       r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``

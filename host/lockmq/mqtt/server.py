@@ -23,6 +23,7 @@ from .bridge import Bridge
 from .connection import MqttConnection
 from .rights import Rights
 from .sessions import Session, SessionStore, session_key
+from .webhooks import WebhookSink
 
 
 class MqttServer:
@@ -58,6 +59,8 @@ class MqttServer:
         self._closing = False
         #: the northbound bridge (``[bridge] enabled``), or None
         self.bridge: Bridge | None = None
+        #: the webhook sink (``[webhooks] enabled``), or None
+        self.webhooks: WebhookSink | None = None
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -68,6 +71,10 @@ class MqttServer:
             self.bridge = Bridge(self.config.bridge, self.core, self.log, self.stats,
                                  self.new_member)
             self.bridge.start()
+        if self.config.webhooks.enabled:
+            self.webhooks = WebhookSink(self.config.webhooks, self.core, self.log, self.stats,
+                                        self.new_member, self.cluster_error)
+            self.webhooks.start()
         s = self.settings
         if not s.enabled:
             return
@@ -120,6 +127,8 @@ class MqttServer:
         self._closing = True
         if self.bridge is not None:
             await self.bridge.stop()
+        if self.webhooks is not None:
+            await self.webhooks.stop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -244,9 +253,10 @@ class MqttServer:
 async def start_mqtt(config: Config, core: Any, publisher: Any, commands: Any, guard: Any,
                      log: Any, stats: Any, new_member: Callable[..., Any],
                      cluster_error: type[Exception]) -> MqttServer | None:
-    """The broker's hook: the MQTT listener (``[mqtt] enabled``) and the bridge
-    (``[bridge] enabled``) started; None when neither is on."""
-    if not (config.mqtt.enabled or config.bridge.enabled):
+    """The broker's hook: the MQTT listener (``[mqtt] enabled``), the bridge
+    (``[bridge] enabled``) and the webhooks (``[webhooks] enabled``) started; None
+    when none is on."""
+    if not (config.mqtt.enabled or config.bridge.enabled or config.webhooks.enabled):
         return None
     srv = MqttServer(config, core, publisher, commands, guard, log, stats, new_member,
                      cluster_error)
