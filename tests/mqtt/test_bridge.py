@@ -126,3 +126,26 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
             proc.stop()
         proxy.close()
         mosq.stop()
+
+
+def test_commands_from_the_upstream_go_through_the_command_path(tmp_path):
+    mosq = Mosquitto(tmp_path / "mosquitto")
+    proc = BrokerProcess(str(tmp_path / "data"), {
+        "broker": {"auth": "off"}, "commands": {"default_expiry_s": 1.0},
+        "bridge": {"enabled": True, "upstream": f"127.0.0.1:{mosq.port}",
+                   "topics": ["lock.events"], "version": 4,
+                   "command_filter": "gw7/command/+/+", "command_token": "ops"}})
+    cloud = Client(mosq.port, v5=False, client_id="cloud-ops")
+    try:
+        proc.wait_log(r"event=bridge_up")
+        assert cloud.subscribe("gw7/command/LOCK-X/unlock/result")[0] == 1
+        time.sleep(0.5)   # (the bridge's own SUBSCRIBE is in place)
+        cloud.c.publish("gw7/command/LOCK-X/unlock", b"2", qos=1)
+        res = json.loads(cloud.inbox.get(timeout=30).payload)
+        # no lock LOCK-X is connected: the command path holds it until it expires
+        assert res["sn"] == "LOCK-X" and res["kind"] == "unlock" and res["status"] == "OFFLINE"
+        assert proc.metrics()["lockmq_bridge_commands_total"] == 1
+    finally:
+        cloud.close()
+        proc.stop()
+        mosq.stop()

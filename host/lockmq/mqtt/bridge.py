@@ -14,6 +14,12 @@ commit log and the cluster's persisted position, never by an in-memory queue:
   lock's records out of order: the cluster has one record of a lock in flight at once);
 * a broker restart resumes from the saved position.
 
+Commands from the upstream (``command_filter``): the bridge subscribes to that filter
+upstream; a PUBLISH whose topic ends ``<SN>/<kind>`` goes through the broker's command
+path with the rights of ``command_token`` (the guard decides, as for any command), and
+the result is published upstream, QoS 0, on the MQTT 5 response topic (with the
+correlation data) or on ``<the command's topic>/result``.
+
 State for ``/metrics``: :meth:`Bridge.gauges` (connected, in flight, last error time),
 counters in the broker's stats (``bridge_*``).
 """
@@ -29,9 +35,13 @@ from typing import Any, Callable
 
 from lockmq.config import BridgeSection
 
+from lockmq.security import SecurityError
+
 from . import codec as c
 from . import topics as t
+from .commands import CommandSender, submit_command
 from .delivery import json_envelope, user_properties
+from .rights import Rights, message_of
 
 
 class _Link:
@@ -49,8 +59,13 @@ class Bridge:
     """Forwards records to an upstream MQTT broker (see the module docstring)."""
 
     def __init__(self, settings: BridgeSection, core: Any, log: Any, stats: Any,
-                 new_member: Callable[..., Any]) -> None:
+                 new_member: Callable[..., Any], commands: Any = None,
+                 rights: Rights | None = None) -> None:
         self.s = settings
+        self.commands = commands
+        self.rights = rights
+        #: whose rights upstream commands have (None: no commands from upstream)
+        self.command_principal: Any = None
         self.core = core
         self.log = log
         self.stats = stats
@@ -73,6 +88,13 @@ class Bridge:
         for topic in self.s.topics:
             name = t._short(f"{self.s.cluster}.{topic}", 100)
             self.clusters.append(self.core.cluster(name, topic, True))
+        if self.s.command_filter and self.rights is not None:
+            try:
+                self.command_principal = self.rights.authenticate(
+                    None, self.s.command_token.encode(), "127.0.0.1", False)
+            except SecurityError as exc:   # the bridge runs; upstream commands do not
+                self.log("bridge_command_token_refused", error=message_of(exc),
+                         level="error")
         self._task = asyncio.ensure_future(self._run())
         self.log("bridge_started", upstream=self.s.upstream, topics=",".join(self.s.topics),
                  cluster=self.s.cluster)
@@ -160,6 +182,8 @@ class Bridge:
                 m.notify = lambda _m, cl=cl, m=m: self._pump(link, cl, m)
                 link.members.append((cl, m))
                 cl.join(m)
+            if self.command_principal is not None:
+                writer.write(c.Subscribe(1, [c.Subscription(s.command_filter, 1)]).encode(v))
             await self._read_loop(reader, dec, link)
             raise ConnectionError("upstream closed the connection")
         finally:
@@ -194,8 +218,36 @@ class Bridge:
             while (p := dec.next_packet()) is not None:
                 if p.ptype == c.PUBACK:
                     self._acked(link, p)
+                elif p.ptype == c.PUBLISH:
+                    self._command(link, p)
                 elif p.ptype == c.DISCONNECT:
                     raise ConnectionError(f"upstream disconnected: reason 0x{p.reason:02x}")
+
+    def _command(self, link: _Link, p: c.Publish) -> None:
+        """A PUBLISH from the upstream: a command if it matches ``command_filter``."""
+        v = self.s.version
+        if self.command_principal is None or not t.matches(self.s.command_filter, p.topic):
+            if p.qos:
+                link.writer.write(c.Ack(c.PUBACK, p.packet_id).encode(v))
+            return
+        levels = p.topic.split("/")
+        response = p.props.get("response_topic") or f"{p.topic}/result"
+        props: dict[str, Any] = {"content_type": "application/json"}
+        if "correlation_data" in p.props:
+            props["correlation_data"] = p.props["correlation_data"]
+
+        def reply(payload: bytes) -> None:
+            if not link.closed:
+                link.writer.write(c.Publish(response, payload, 0, False, False, 0,
+                                            props if v == c.V5 else {}).encode(v))
+
+        sender = CommandSender(self.command_principal, lambda: link.closed, reply)
+        self.stats.inc("bridge_commands")
+        submit_command(self.commands, sender, "/".join(levels[-2:]), p)
+        if p.qos:
+            reason = sender.refusal[0] if sender.refusal and v == c.V5 else 0
+            link.writer.write(c.Ack(c.PUBACK, p.packet_id,   # (subscribed at QoS 1)
+                                    reason).encode(v))
 
     def _drop(self, link: _Link, why: str) -> None:
         """The link is gone: leave every cluster (the leases go back at once)."""

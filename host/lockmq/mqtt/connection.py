@@ -24,17 +24,16 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.cli.command import command_args as cli_args   # the one text form of a command
-from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Op
+from lockmq.protocol import ErrorCode
 from lockmq.security import SecurityError
 from lockmq.security.identity import owner_of
-from lockmq.security.principal import COMMAND_KINDS, KIND_NAMES
 from lockmq.store import InvalidRecord, NewRecord
 
 from . import codec as c
 from . import topics as t
 from .codec import reason as rc
-from .delivery import command_result, json_envelope, user_properties
+from .commands import CommandSender, submit_command
+from .delivery import json_envelope, user_properties
 from .rights import message_of, reason_of
 from .sessions import NEVER, Session, SubRecord
 
@@ -73,59 +72,6 @@ class Sub:
         self.group = group
         self.filter = flt
         self.joined: dict[str, Joined] = {}
-
-
-class CommandSender:
-    """Stands in for a lockmq connection in the command path (``Commands.submit``):
-    the lock's result, or a refusal, goes back to the MQTT client as a PUBLISH."""
-
-    def __init__(self, conn: "MqttConnection", sn: str, kind: str, response_topic: str,
-                 correlation: bytes | None) -> None:
-        self.conn = conn
-        self.principal = conn.principal
-        self.sn = sn
-        self.kind = kind
-        self.response_topic = response_topic
-        self.correlation = correlation
-        #: set while ``submit`` runs if it refused the command: (reason, message)
-        self.refusal: tuple[int, str] | None = None
-
-    @property
-    def closed(self) -> bool:
-        """The MQTT connection is gone (the command path then drops the result)."""
-        return self.conn.closed
-
-    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
-        """The command's answer (COMMAND_RESULT)."""
-        if opcode == Op.COMMAND_RESULT:
-            res = CommandResult.decode(body)
-            self._reply(command_result(self.sn, self.kind, res.status, res.detail))
-
-    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
-        """Refused by the command path (caps, size, expiry)."""
-        name = _error_name(code)
-        self.refusal = (rc.QUOTA_EXCEEDED if name == "BUSY" else rc.IMPLEMENTATION_SPECIFIC,
-                        message)
-        self._reply(command_result(self.sn, self.kind, CommandStatus.REFUSED, message, name))
-
-    def refused(self, exc: SecurityError, opaque: int) -> None:
-        """Refused by the guard."""
-        self.refusal = (reason_of(exc), message_of(exc))
-        self._reply(command_result(self.sn, self.kind, CommandStatus.REFUSED, message_of(exc),
-                                   exc.code_name))
-
-    def _reply(self, payload: bytes) -> None:
-        props: dict[str, Any] = {"content_type": "application/json"}
-        if self.correlation is not None:
-            props["correlation_data"] = self.correlation
-        self.conn.send_direct(self.response_topic, payload, props)
-
-
-def _error_name(code: int) -> str:
-    for k, v in vars(ErrorCode).items():
-        if v == code and k.isupper():
-            return k
-    return str(code)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -761,30 +707,15 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_command(self, p: c.Publish) -> None:
         """``lockmq/command/<SN>/<kind>``: a downlink command (see docs/mqtt.md)."""
-        srv = self.server
-        sn, _, kind_name = p.topic[len(t.COMMAND_PREFIX):].partition("/")
         response = p.props.get("response_topic") or f"{t.RESULT_PREFIX}{self.client_id}"
         corr = p.props.get("correlation_data")
-        sender = CommandSender(self, sn, kind_name, response, corr)
-        kind = COMMAND_KINDS.get(kind_name)
-        if kind is None and kind_name.isdigit():
-            kind = int(kind_name)
-            kind_name = KIND_NAMES.get(kind, kind_name)
-        try:
-            if not sn or kind is None:
-                raise ValueError(f"write {t.COMMAND_PREFIX}<SN>/<kind>, kind one of "
-                                 f"{', '.join(COMMAND_KINDS)}")
-            args = command_args(kind_name, p.payload,
-                                p.props.get("content_type") == "application/octet-stream")
-        except ValueError as exc:
-            sender.send_error(int(ErrorCode.INVALID_ARGUMENT), str(exc), 0)
-            self._command_acked(p, sender)
-            return
-        expires_ms = 0
-        if "message_expiry" in p.props:
-            expires_ms = int(time.time() * 1000) + int(p.props["message_expiry"]) * 1000
-        srv.stats.inc("mqtt_commands")
-        srv.commands.submit(sender, 0, Command(sn, 0, expires_ms, kind, args))  # type: ignore[arg-type]
+        props: dict[str, Any] = {"content_type": "application/json"}
+        if corr is not None:
+            props["correlation_data"] = corr
+        sender = CommandSender(self.principal, lambda: self.closed,
+                               lambda payload: self.send_direct(response, payload, props))
+        self.server.stats.inc("mqtt_commands")
+        submit_command(self.server.commands, sender, p.topic[len(t.COMMAND_PREFIX):], p)
         self._command_acked(p, sender)
 
     def _command_acked(self, p: c.Publish, sender: CommandSender) -> None:
@@ -806,19 +737,3 @@ class MqttConnection(asyncio.Protocol):
             return
         self.send(c.Publish(name, payload, 0, False, False, 0,
                             props if self.version == c.V5 else {}))
-
-
-def command_args(kind_name: str, payload: bytes, raw: bool) -> bytes:
-    """A command's protocol arguments from an MQTT payload: ``raw`` (MQTT 5 content
-    type ``application/octet-stream``) as they are; else the text ``lockmq command``
-    takes (unlock: seconds, default 5; cards: hex ids; config: JSON; fw-update:
-    URL and SHA-256)."""
-    if raw:
-        return payload
-    text = payload.decode("utf-8", "replace").strip()
-    if kind_name == "unlock":
-        seconds = int(text) if text else 5
-        return cli_args("unlock", [], seconds)[1]
-    if kind_name == "config":
-        return cli_args("config", [text] if text else [], 0)[1]
-    return cli_args(kind_name, text.split(), 0)[1]

@@ -69,7 +69,7 @@ class MqttServer:
         TLS) if ``[mqtt] enabled``."""
         if self.config.bridge.enabled:
             self.bridge = Bridge(self.config.bridge, self.core, self.log, self.stats,
-                                 self.new_member)
+                                 self.new_member, self.commands, self.rights)
             self.bridge.start()
         if self.config.webhooks.enabled:
             self.webhooks = WebhookSink(self.config.webhooks, self.core, self.log, self.stats,
