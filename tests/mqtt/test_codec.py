@@ -136,3 +136,17 @@ def test_reserved_flags_and_qos3_are_malformed():
         dec.feed(raw)
         with pytest.raises(c.MqttError):
             dec.next_packet()
+
+
+@pytest.mark.parametrize("version", [c.V311, c.V5])
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_the_delivery_paths_publish_bytes_equal_the_packets(version, data):
+    qos = data.draw(st.integers(0, 1))
+    props = data.draw(props_for(version))
+    p = c.Publish(data.draw(text), data.draw(st.binary(max_size=300)), qos, False,
+                  data.draw(st.booleans()) if qos else False, data.draw(pid) if qos else 0,
+                  props)
+    fast = c.publish_bytes(c.encode_str(p.topic), p.payload, p.qos, p.dup, p.packet_id,
+                           c.encode_props(props) if version == c.V5 else None)
+    assert fast == p.encode(version)

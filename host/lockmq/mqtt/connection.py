@@ -110,6 +110,7 @@ class MqttConnection(asyncio.Protocol):
         self._producer_ok = False
         self._seq = 0
         self._qos2: set[int] = set()     # inbound QoS 2 packet ids stored, PUBREL awaited
+        self._topic_fields: dict[str, bytes] = {}   # lockmq topic -> its MQTT name encoded
 
     # -- transport ----------------------------------------------------------------------
 
@@ -510,8 +511,13 @@ class MqttConnection(asyncio.Protocol):
         leases = j.cluster.pull(j.member, room)
         if not leases:
             return
+        out = bytearray()
         for lease in leases:
-            self._deliver(j, lease, qos)
+            data = self._deliver(j, lease, qos)
+            if data is not None:
+                out += data
+        self.server.stats.inc("mqtt_delivered", len(leases))
+        self.write(bytes(out))   # one write for the batch
         if not qos:
             j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
         asyncio.get_running_loop().call_soon(self._pump, j)
@@ -523,7 +529,8 @@ class MqttConnection(asyncio.Protocol):
             self._starved.discard(j)
             self._pump(j)
 
-    def _deliver(self, j: Joined, lease: "Lease", qos: int) -> None:
+    def _deliver(self, j: Joined, lease: "Lease", qos: int) -> bytes | None:
+        """The PUBLISH of one lease (None: it cannot be sent to this client)."""
         rec = lease.rec
         srv = self.server
         pid = 0
@@ -534,16 +541,20 @@ class MqttConnection(asyncio.Protocol):
             payload = json_envelope(rec, lease.deliveries)
         else:
             payload = rec.payload
-        props: dict[str, Any] = {}
+        props = None
         if self.version == c.V5:
-            props["user_property"] = user_properties(rec, lease.deliveries)
+            pr: dict[str, Any] = {"user_property": user_properties(rec, lease.deliveries)}
             if j.sub.rec.sub_id:
-                props["subscription_id"] = j.sub.rec.sub_id
-        pkt = c.Publish(t.to_mqtt(rec.topic), payload, qos, False, lease.deliveries > 1, pid,
-                        props)
-        data = pkt.encode(self.version)
+                pr["subscription_id"] = j.sub.rec.sub_id
+            props = c.encode_props(pr)
+        topic = self._topic_fields.get(rec.topic)
+        if topic is None:
+            if len(self._topic_fields) > 256:
+                self._topic_fields.clear()
+            topic = self._topic_fields[rec.topic] = c.encode_str(t.to_mqtt(rec.topic))
+        data = c.publish_bytes(topic, payload, qos, lease.deliveries > 1, pid, props)
         if self.client_max_packet and len(data) > self.client_max_packet:
-            # the client cannot take it: finish it as the spec says (not sent), and log
+            # the client cannot take it: not sent (as the spec says), nacked, logged
             srv.stats.inc("mqtt_too_large_for_client")
             srv.log("mqtt_too_large_for_client", client=self.client_id, size=len(data),
                     limit=self.client_max_packet, msg=rec.msg_id, level="warning")
@@ -551,9 +562,8 @@ class MqttConnection(asyncio.Protocol):
                 del self.inflight[pid]
                 j.cluster.nack(j.member, lease.wire, lease.deliveries, None,
                                "larger than the MQTT client's maximum packet size")
-            return
-        srv.stats.inc("mqtt_delivered")
-        self.write(data)
+            return None
+        return data
 
     def _take_pid(self) -> int:
         pid = self._next_pid
