@@ -37,6 +37,7 @@ from lockmq.replication.standby import follow_if_standby
 from .firmware_bundles import FirmwareBundles
 from .admin import Admin
 from .auth import make_guard
+from .clusters import ClusterError, Member
 from .commands import Commands
 from .connection import Connection, Connections, Services
 from .core import BrokerCore
@@ -185,7 +186,9 @@ class Broker:
         self.devices.broker_started()
         self.announcer = start_announcer(self)
         self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
-                                     self.guard, self.log, self.stats)
+                                     self.guard, self.log, self.stats, Member, ClusterError)
+        if self.mqtt is not None:
+            self.status.extra_gauges.append(self.mqtt.gauges)
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,

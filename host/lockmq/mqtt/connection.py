@@ -24,28 +24,30 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.cli.command import command_args as cli_args   # the one text form of a command
-from lockmq.broker.clusters import ClusterError, Lease, Member
-from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Op
+from lockmq.protocol import ErrorCode
 from lockmq.security import SecurityError
 from lockmq.security.identity import owner_of
-from lockmq.security.principal import COMMAND_KINDS, KIND_NAMES
 from lockmq.store import InvalidRecord, NewRecord
 
 from . import codec as c
 from . import topics as t
 from .codec import reason as rc
-from .delivery import command_result, json_envelope, user_properties
+from .commands import CommandSender, submit_command
+from .delivery import json_envelope, user_properties
 from .rights import message_of, reason_of
 from .sessions import NEVER, Session, SubRecord
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # (types only: the broker builds this package, not the reverse)
+    from lockmq.broker.clusters import Lease, Member
+
     from .server import MqttServer
 
 #: packet ids 1..65535 (0 is not a packet id)
 _MAX_PID = 0xFFFF
 #: deliveries sent per pump before yielding to the loop (QoS 0 has no window)
 _PUMP_BATCH = 512
+#: QoS 1 deliveries leased per pull (a member with a large window takes its turn)
+_PULL_BATCH = 32
 
 
 class Joined:
@@ -53,7 +55,7 @@ class Joined:
 
     __slots__ = ("sub", "cluster", "member", "private")
 
-    def __init__(self, sub: "Sub", cluster: Any, member: Member, private: bool) -> None:
+    def __init__(self, sub: "Sub", cluster: Any, member: "Member", private: bool) -> None:
         self.sub = sub
         self.cluster = cluster
         self.member = member
@@ -70,59 +72,6 @@ class Sub:
         self.group = group
         self.filter = flt
         self.joined: dict[str, Joined] = {}
-
-
-class CommandSender:
-    """Stands in for a lockmq connection in the command path (``Commands.submit``):
-    the lock's result, or a refusal, goes back to the MQTT client as a PUBLISH."""
-
-    def __init__(self, conn: "MqttConnection", sn: str, kind: str, response_topic: str,
-                 correlation: bytes | None) -> None:
-        self.conn = conn
-        self.principal = conn.principal
-        self.sn = sn
-        self.kind = kind
-        self.response_topic = response_topic
-        self.correlation = correlation
-        #: set while ``submit`` runs if it refused the command: (reason, message)
-        self.refusal: tuple[int, str] | None = None
-
-    @property
-    def closed(self) -> bool:
-        """The MQTT connection is gone (the command path then drops the result)."""
-        return self.conn.closed
-
-    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
-        """The command's answer (COMMAND_RESULT)."""
-        if opcode == Op.COMMAND_RESULT:
-            res = CommandResult.decode(body)
-            self._reply(command_result(self.sn, self.kind, res.status, res.detail))
-
-    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
-        """Refused by the command path (caps, size, expiry)."""
-        name = _error_name(code)
-        self.refusal = (rc.QUOTA_EXCEEDED if name == "BUSY" else rc.IMPLEMENTATION_SPECIFIC,
-                        message)
-        self._reply(command_result(self.sn, self.kind, CommandStatus.REFUSED, message, name))
-
-    def refused(self, exc: SecurityError, opaque: int) -> None:
-        """Refused by the guard."""
-        self.refusal = (reason_of(exc), message_of(exc))
-        self._reply(command_result(self.sn, self.kind, CommandStatus.REFUSED, message_of(exc),
-                                   exc.code_name))
-
-    def _reply(self, payload: bytes) -> None:
-        props: dict[str, Any] = {"content_type": "application/json"}
-        if self.correlation is not None:
-            props["correlation_data"] = self.correlation
-        self.conn.send_direct(self.response_topic, payload, props)
-
-
-def _error_name(code: int) -> str:
-    for k, v in vars(ErrorCode).items():
-        if v == code and k.isupper():
-            return k
-    return str(code)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -161,6 +110,7 @@ class MqttConnection(asyncio.Protocol):
         self._producer_ok = False
         self._seq = 0
         self._qos2: set[int] = set()     # inbound QoS 2 packet ids stored, PUBREL awaited
+        self._topic_fields: dict[str, bytes] = {}   # lockmq topic -> its MQTT name encoded
 
     # -- transport ----------------------------------------------------------------------
 
@@ -430,6 +380,10 @@ class MqttConnection(asyncio.Protocol):
         except t.TopicError as exc:
             self._sub_refused(rec.filter, rc.TOPIC_FILTER_INVALID, str(exc))
             return rc.TOPIC_FILTER_INVALID
+        if group is None and flt.startswith(t.RESULT_PREFIX):
+            # command results go straight to the connection that sent the command
+            # (never stored): the subscription is granted and joins nothing
+            return 0
         old = self.subs.pop(rec.filter, None)
         if old is not None:   # the same filter again: it replaces the old one
             self._leave(old, forget=False)
@@ -491,15 +445,15 @@ class MqttConnection(asyncio.Protocol):
         new = name not in srv.core.cluster_owners
         try:
             cluster = srv.core.cluster(name, topic, srv.ordered, principal=self.principal)
-        except ClusterError as exc:
+        except srv.cluster_error as exc:
             code = rc.NOT_AUTHORIZED if exc.code == "FORBIDDEN" else (
                 rc.QUOTA_EXCEEDED if exc.code == "LIMIT_EXCEEDED" else rc.IMPLEMENTATION_SPECIFIC)
             return code, exc.message
         if private and new and fresh and not cluster.members:
             cluster.reset_to(srv.core.queue_end(topic))
         cap = self.recv_max
-        member = Member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
-                        self._wake, cap)
+        member = srv.new_member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
+                                self._wake, cap)
         j = Joined(sub, cluster, member, private)
         sub.joined[topic] = j
         if topic not in sub.rec.topics:
@@ -508,7 +462,7 @@ class MqttConnection(asyncio.Protocol):
         cluster.join(member)
         return None
 
-    def _wake(self, member: Member) -> None:   # replaced per member in _join
+    def _wake(self, member: "Member") -> None:   # replaced per member in _join
         pass
 
     def _on_unsubscribe(self, p: c.Unsubscribe) -> None:
@@ -541,27 +495,32 @@ class MqttConnection(asyncio.Protocol):
     # -- deliveries ---------------------------------------------------------------------
 
     def _pump(self, j: Joined) -> None:
-        """Lease what ``j``'s cluster has for us, while there is room."""
+        """Lease one batch of what ``j``'s cluster has for us, if there is room, and
+        come back for more on the next loop iteration: the other members the cluster
+        notified in the same wake get their batch first (members compete), and a
+        pull that comes back empty leaves the member waiting for the cluster's next
+        notify (``wants_notify``)."""
         if self.closed or j.sub.joined.get(j.cluster.topic) is not j:
             return
         qos = j.sub.rec.qos
-        sent = 0
-        while True:
-            room = (self.recv_max - len(self.inflight)) if qos else _PUMP_BATCH
-            if room <= 0 or self._paused or sent >= _PUMP_BATCH:
-                self._starved.add(j)
-                if sent >= _PUMP_BATCH:
-                    asyncio.get_running_loop().call_soon(self._pump_starved)
-                return
-            leases = j.cluster.pull(j.member, room)
-            if not leases:
-                self._starved.discard(j)
-                return
-            sent += len(leases)
-            for lease in leases:
-                self._deliver(j, lease, qos)
-            if not qos:
-                j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
+        room = min(self.recv_max - len(self.inflight), _PULL_BATCH) if qos else _PUMP_BATCH
+        if room <= 0 or self._paused:
+            self._starved.add(j)
+            return
+        self._starved.discard(j)
+        leases = j.cluster.pull(j.member, room)
+        if not leases:
+            return
+        out = bytearray()
+        for lease in leases:
+            data = self._deliver(j, lease, qos)
+            if data is not None:
+                out += data
+        self.server.stats.inc("mqtt_delivered", len(leases))
+        self.write(bytes(out))   # one write for the batch
+        if not qos:
+            j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
+        asyncio.get_running_loop().call_soon(self._pump, j)
 
     def _pump_starved(self) -> None:
         if not self._starved or self.closed:
@@ -570,7 +529,8 @@ class MqttConnection(asyncio.Protocol):
             self._starved.discard(j)
             self._pump(j)
 
-    def _deliver(self, j: Joined, lease: Lease, qos: int) -> None:
+    def _deliver(self, j: Joined, lease: "Lease", qos: int) -> bytes | None:
+        """The PUBLISH of one lease (None: it cannot be sent to this client)."""
         rec = lease.rec
         srv = self.server
         pid = 0
@@ -581,16 +541,20 @@ class MqttConnection(asyncio.Protocol):
             payload = json_envelope(rec, lease.deliveries)
         else:
             payload = rec.payload
-        props: dict[str, Any] = {}
+        props = None
         if self.version == c.V5:
-            props["user_property"] = user_properties(rec, lease.deliveries)
+            pr: dict[str, Any] = {"user_property": user_properties(rec, lease.deliveries)}
             if j.sub.rec.sub_id:
-                props["subscription_id"] = j.sub.rec.sub_id
-        pkt = c.Publish(t.to_mqtt(rec.topic), payload, qos, False, lease.deliveries > 1, pid,
-                        props)
-        data = pkt.encode(self.version)
+                pr["subscription_id"] = j.sub.rec.sub_id
+            props = c.encode_props(pr)
+        topic = self._topic_fields.get(rec.topic)
+        if topic is None:
+            if len(self._topic_fields) > 256:
+                self._topic_fields.clear()
+            topic = self._topic_fields[rec.topic] = c.encode_str(t.to_mqtt(rec.topic))
+        data = c.publish_bytes(topic, payload, qos, lease.deliveries > 1, pid, props)
         if self.client_max_packet and len(data) > self.client_max_packet:
-            # the client cannot take it: finish it as the spec says (not sent), and log
+            # the client cannot take it: not sent (as the spec says), nacked, logged
             srv.stats.inc("mqtt_too_large_for_client")
             srv.log("mqtt_too_large_for_client", client=self.client_id, size=len(data),
                     limit=self.client_max_packet, msg=rec.msg_id, level="warning")
@@ -598,9 +562,8 @@ class MqttConnection(asyncio.Protocol):
                 del self.inflight[pid]
                 j.cluster.nack(j.member, lease.wire, lease.deliveries, None,
                                "larger than the MQTT client's maximum packet size")
-            return
-        srv.stats.inc("mqtt_delivered")
-        self.write(data)
+            return None
+        return data
 
     def _take_pid(self) -> int:
         pid = self._next_pid
@@ -621,7 +584,7 @@ class MqttConnection(asyncio.Protocol):
             else:
                 j.cluster.ack(j.member, wire, delivery)
                 self.server.stats.inc("mqtt_acked")
-        except ClusterError:
+        except self.server.cluster_error:
             self.server.stats.inc("mqtt_late_acks")   # expired and leased again meanwhile
         j.cluster.settled(j.member)
         self._pump_starved()
@@ -754,30 +717,15 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_command(self, p: c.Publish) -> None:
         """``lockmq/command/<SN>/<kind>``: a downlink command (see docs/mqtt.md)."""
-        srv = self.server
-        sn, _, kind_name = p.topic[len(t.COMMAND_PREFIX):].partition("/")
         response = p.props.get("response_topic") or f"{t.RESULT_PREFIX}{self.client_id}"
         corr = p.props.get("correlation_data")
-        sender = CommandSender(self, sn, kind_name, response, corr)
-        kind = COMMAND_KINDS.get(kind_name)
-        if kind is None and kind_name.isdigit():
-            kind = int(kind_name)
-            kind_name = KIND_NAMES.get(kind, kind_name)
-        try:
-            if not sn or kind is None:
-                raise ValueError(f"write {t.COMMAND_PREFIX}<SN>/<kind>, kind one of "
-                                 f"{', '.join(COMMAND_KINDS)}")
-            args = command_args(kind_name, p.payload,
-                                p.props.get("content_type") == "application/octet-stream")
-        except ValueError as exc:
-            sender.send_error(int(ErrorCode.INVALID_ARGUMENT), str(exc), 0)
-            self._command_acked(p, sender)
-            return
-        expires_ms = 0
-        if "message_expiry" in p.props:
-            expires_ms = int(time.time() * 1000) + int(p.props["message_expiry"]) * 1000
-        srv.stats.inc("mqtt_commands")
-        srv.commands.submit(sender, 0, Command(sn, 0, expires_ms, kind, args))  # type: ignore[arg-type]
+        props: dict[str, Any] = {"content_type": "application/json"}
+        if corr is not None:
+            props["correlation_data"] = corr
+        sender = CommandSender(self.principal, lambda: self.closed,
+                               lambda payload: self.send_direct(response, payload, props))
+        self.server.stats.inc("mqtt_commands")
+        submit_command(self.server.commands, sender, p.topic[len(t.COMMAND_PREFIX):], p)
         self._command_acked(p, sender)
 
     def _command_acked(self, p: c.Publish, sender: CommandSender) -> None:
@@ -799,19 +747,3 @@ class MqttConnection(asyncio.Protocol):
             return
         self.send(c.Publish(name, payload, 0, False, False, 0,
                             props if self.version == c.V5 else {}))
-
-
-def command_args(kind_name: str, payload: bytes, raw: bool) -> bytes:
-    """A command's protocol arguments from an MQTT payload: ``raw`` (MQTT 5 content
-    type ``application/octet-stream``) as they are; else the text ``lockmq command``
-    takes (unlock: seconds, default 5; cards: hex ids; config: JSON; fw-update:
-    URL and SHA-256)."""
-    if raw:
-        return payload
-    text = payload.decode("utf-8", "replace").strip()
-    if kind_name == "unlock":
-        seconds = int(text) if text else 5
-        return cli_args("unlock", [], seconds)[1]
-    if kind_name == "config":
-        return cli_args("config", [text] if text else [], 0)[1]
-    return cli_args(kind_name, text.split(), 0)[1]
