@@ -131,3 +131,20 @@ def test_offline_lists_the_locks_gone_with_when_and_why(broker_process):
                for row in rows), out.stdout
     data = json.loads(lockmq("offline", "--broker", b.address, "--json").stdout)
     assert data["count"] == 3 and all(d["reason"] for d in data["devices"])
+
+
+def test_a_gateway_that_stops_cleanly_leaves_the_registry_at_once(tmp_path):
+    from tests.campus.helpers import RegistryProcess, gateway, names
+
+    reg = RegistryProcess(tmp_path / "reg", flags=["--evict-after", "600"])
+    with reg:
+        gw = gateway(tmp_path / "gw" / "data", reg.address, "gw-leaving")
+        deadline = time.monotonic() + 30
+        while names(reg.address) != ["gw-leaving"]:
+            assert time.monotonic() < deadline, "not registered"
+            time.sleep(0.05)
+        gw.stop()
+        assert any("registry_deregistered" in ln for ln in gw.lines), gw.log_tail()
+        # gone now, not after the registry's 600 s eviction
+        assert names(reg.address) == []
+        reg.wait_log(r"gateway_deregistered")
