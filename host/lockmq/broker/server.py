@@ -106,6 +106,7 @@ class Broker:
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
         self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
+        self.status.extra_gauges = self.replication.gauges
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()

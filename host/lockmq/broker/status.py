@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import dashboard
 from .metrics import MetricsEndpoint, disk_free_bytes
@@ -67,6 +67,9 @@ class StatusPage:
         self._refused_logged = 0.0
         self._refused_since_log = 0
         self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
+        #: more gauges for /metrics from the broker's parts (replication), name ->
+        #: (help, value); set by the broker
+        self.extra_gauges: Callable[[], dict[str, tuple[str, float]]] = dict
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",
@@ -207,6 +210,7 @@ class StatusPage:
         extra = {"status_connections": ("Status-page connections open now", self.active),
                  "store_disk_free_bytes": ("Free bytes on the file system of data_dir",
                                            self._disk_free())}
+        extra.update(self.extra_gauges())
         return stats, clusters, extra
 
     def _online(self) -> set[str]:
