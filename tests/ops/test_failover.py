@@ -1,7 +1,7 @@
 """Automatic failover with a fence, over real processes (docs/operators.md, "Standby
 gateway"): a sync primary with ``fence_after_s`` and a standby with
-``promote_after_s``. The primary is SIGKILLed, or SIGSTOPped and later resumed; the
-standby promotes itself; no acknowledged record is lost, and the old primary, once
+``promote_after_s``. The primary is SIGKILLed, SIGSTOPped and later resumed, or cut
+off from its standby by the network; the standby promotes itself; no acknowledged record is lost, and the old primary, once
 it runs again, acks nothing (fenced): never two primaries accepting writes."""
 
 from __future__ import annotations
@@ -116,5 +116,45 @@ def test_a_stopped_primary_that_comes_back_is_fenced_and_acks_nothing(tmp_path):
     finally:
         if primary.running():
             primary.proc.send_signal(signal.SIGCONT)
+        primary.kill()
+        standby.stop()
+
+
+def test_a_network_cut_between_the_pair_fences_the_primary_before_the_standby_serves(tmp_path):
+    """The split-brain case: the locks still reach the primary, the standby does not.
+    The standby promotes itself; the primary, cut off from it, was fenced first: it
+    acks nothing the standby does not have."""
+    from lockmq.testing.relay import CuttableRelay
+
+    primary = BrokerProcess(str(tmp_path / "p" / "data"), {
+        "broker": {"auth": "off"},
+        "replication": {"sync": True, "fence_after_s": FENCE_S}})
+    link = CuttableRelay(primary.port)
+    standby = BrokerProcess(str(tmp_path / "s" / "data"), {
+        "broker": {"auth": "off", "port": free_port()},
+        "replication": {"role": "standby", "primary": link.address,
+                        "promote_after_s": PROMOTE_S, "fetch_wait_ms": 200}}, start=False)
+    standby.start(ready=r"standby_following")
+    try:
+        wait_for(lambda: _status(primary.port)["in_sync"], "the standby in sync")
+        stop, threads, acked = _load(primary, 600)
+        link.cut()
+        standby.wait_log(r"standby_promoted.*unreachable", timeout=40)
+        standby.wait_log(r"broker_started", timeout=30)
+        primary.wait_log(r"replication_fenced")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert primary.running()   # alive and reachable by the locks, but fenced
+        lock = open_peer(primary.port, sn="LOCK-8", role=Role.LOCK)
+        try:
+            op = lock.next_opaque()
+            lock.raw(encode_frame(Op.PUBLISH, "LOCK-8", Publish("ev", 0, 0, b"cut").encode(), op))
+            assert lock.wait(op, timeout=15).opcode != Op.PUBLISH_ACK
+        finally:
+            lock.close()
+        _nothing_lost(standby, acked)
+    finally:
+        link.close()
         primary.kill()
         standby.stop()
