@@ -112,6 +112,7 @@ class Broker:
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
         self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
+        self.status.extra_gauges.append(self.replication.gauges)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
