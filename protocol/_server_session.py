@@ -31,7 +31,7 @@ _SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op
                       # transactional producers (SPEC "Transactional messages")
                       Op.TXN_PUBLISH, Op.TXN_END, Op.TXN_CHECK_ANSWER, Op.TXN_JOIN)
 CLIENT_REQUESTS = {
-    Role.LOCK: _COMMON + (Op.COMMAND_RESULT,),
+    Role.LOCK: _COMMON + (Op.COMMAND_RESULT, Op.FW_FETCH),
     Role.SERVICE: _SERVICE,
     Role.ADMIN: _SERVICE + (Op.ADMIN_REQUEST,),
 }

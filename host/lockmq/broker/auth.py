@@ -39,6 +39,9 @@ class OpenGuard:
     def __init__(self) -> None:
         self._cmd_ids: dict[str, int] = {}
 
+    def reopen_registries(self) -> None:
+        """No registry files."""
+
     def admit(self, peer_ip: str) -> None:
         """No connection limits."""
 

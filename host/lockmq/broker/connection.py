@@ -64,19 +64,18 @@ _ONEWAY = Flag.ONEWAY
 # The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
-# ... and each run of them to one topic queued for the store in one call (its twin
-# with a _speedups built before queue_run: the broker still starts, as the store does)
-_queue_run = getattr(accel.speedups, "queue_run", _py_queue_run)
+# ... and each run of them to one topic queued for the store in one call
+_queue_run = accel.speedups.queue_run if accel.COMPILED else _py_queue_run
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
-# ... and a sealed session's PUBLISH frames, their tags checked in C (None with a
-# _speedups built before it: the session's Python path opens them)
-_scan_sealed = getattr(accel.speedups, "scan_sealed_publishes", None)
-_mac_pads = getattr(accel.speedups, "mac_pads", None)
-_sealed_acks = getattr(accel.speedups, "sealed_publish_acks", None)
+# ... and a sealed session's PUBLISH frames, their tags checked there (None: the
+# session's Python path opens them)
+_scan_sealed = accel.speedups.scan_sealed_publishes if accel.COMPILED else None
+_mac_pads = accel.speedups.mac_pads if accel.COMPILED else None
+_sealed_acks = accel.speedups.sealed_publish_acks if accel.COMPILED else None
 # ... and a pull's MESSAGES body written in one buffer (None: the Python loop below)
-_encode_leases_c = getattr(accel.speedups, "encode_leases", None)
+_encode_leases_c = accel.speedups.encode_leases if accel.COMPILED else None
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
@@ -150,6 +149,8 @@ class Services:
     transactions: Any = None
     #: the one rights decision (admission.py); None: the guard's checks alone
     admission: Any = None
+    #: firmware bundles (firmware_bundles.py); None: FW_FETCH is not served
+    firmware: Any = None
 
 
 class Connection(asyncio.Protocol):
@@ -808,7 +809,7 @@ class Connection(asyncio.Protocol):
         the store did (:class:`Appended`), or why it was not stored (an
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
         c = self.services.stats.c
-        # The acks of a run of stored records are packed in one call (lockmq._speedups,
+        # The acks of a run of stored records are packed in one call (lockmq._core,
         # or protocol/_fast.py; with frame MACs on, sealed by protocol/_macfast.py).
         # Answers keep the order of the requests.
         data, frames, stored, dup, i = self._ack_run(batch, results, 0)
@@ -1072,7 +1073,14 @@ class Connection(asyncio.Protocol):
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        self.services.stats.c["messages_delivered"] += len(leases)
+        stats = self.services.stats
+        stats.c["messages_delivered"] += len(leases)
+        if leases:   # stored -> first delivery (not retries, not redeliveries)
+            now_us = self.services.core.clock.wall_ms() * 1000.0   # the store's clock
+            observe = stats.latency.publish_deliver.observe
+            for lease in leases:
+                if lease.deliveries == 1 and not lease.retries:
+                    observe((now_us - lease.rec.broker_ts_us) / 1e6)
         self.send_frame(Op.MESSAGES, encode_leases(sub_id, leases), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:
@@ -1208,6 +1216,10 @@ _HANDLERS = {
     Op.PUBLISH_AT: lambda c, f: c.services.scheduler.on_publish_at(c, f),
     Op.COMMAND_AT: lambda c, f: c.services.scheduler.on_command_at(c, f),
     Op.SCHEDULE_CANCEL: lambda c, f: c.services.scheduler.on_cancel(c, f),
+    # over-the-air updates (firmware_bundles.py)
+    Op.FW_FETCH: lambda c, f: (c.services.firmware.on_fetch(c, f) if c.services.firmware
+                               else c.send_error(ErrorCode.UNKNOWN_OPCODE, "no firmware bundles here",
+                                                 f.opaque)),
 }
 _HANDLERS.update(TXN_HANDLERS)   # transactional messages: TXN_PUBLISH, TXN_END, ...
 

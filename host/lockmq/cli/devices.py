@@ -265,10 +265,12 @@ def _show_online(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(devs, indent=2))
         return 0
-    print(f"{'SN':<24} {'PEER':<22} {'IDLE s':>7} {'QUEUED':>6} {'BATTERY':>7}")
+    print(f"{'SN':<24} {'PEER':<22} {'IDLE s':>7} {'QUEUED':>6} {'BATTERY':>7} "
+          f"{'FIRMWARE':<12} {'LAST UPDATE'}")
     for d in devs:
         batt = d.get("battery_pct")
         print(f"{d['sn']:<24} {d.get('peer', '?'):<22} {d.get('idle_s', 0):>7.1f} "
-              f"{d.get('queued', '-'):>6} {'-' if batt is None else f'{batt}%':>7}")
+              f"{d.get('queued', '-'):>6} {'-' if batt is None else f'{batt}%':>7} "
+              f"{d.get('fw', '-'):<12} {d.get('ota', '-')}")
     print(f"{resp.get('count', len(devs))} lock(s) online")
     return 0

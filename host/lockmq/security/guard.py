@@ -163,6 +163,9 @@ class BrokerGuard(Protocol):
     def close(self) -> None:
         """Release files."""
 
+    def reopen_registries(self) -> None:
+        """Open the registry files again (a reload)."""
+
 
 def _field(body: Any, *names: str) -> Any:
     """The first of ``names`` present in ``body`` (a dict or an object)."""
@@ -268,6 +271,15 @@ class Guard:
         """Close the registry files."""
         self.registry.close()
         self.tokens.close()
+
+    def reopen_registries(self) -> None:
+        """Open the device and token registries again (a broker reload): a file
+        restored or replaced on disk is the one read from now on."""
+        old = (self.registry, self.tokens)
+        self.registry = DeviceRegistry.open(self.cfg)
+        self.tokens = TokenStore(self.cfg.registry_path)
+        for store in old:
+            store.close()
 
     # -- the status page ---------------------------------------------------------
 

@@ -30,8 +30,8 @@ from typing import Iterable
 
 from lockmq import accel
 
-#: the compiled in-order loop of :meth:`DedupTable.add_many` (lockmq._speedups), or None
-_dedup_run = getattr(accel.speedups, "dedup_run", None)  # (None: an older build)
+#: the compiled in-order loop of :meth:`DedupTable.add_many` (lockmq._core), or None
+_dedup_run = accel.speedups.dedup_run if accel.COMPILED else None
 _ENTRY = struct.Struct("<BIHH")  # sn_len, hw, known, gaps_len (then sn, gaps bytes)
 #: SNs starting with this are the broker's (reserved: no client may publish under one).
 SYSTEM_SN_PREFIX = "$"
@@ -108,7 +108,7 @@ class DedupTable:
 
         A lock sending in order (``seq == hw + 1``, no gaps) takes a short path: a
         group commit adds hundreds of ids, one method call each was a measurable
-        part of the append cost. Compiled (``_speedups.dedup_run``), a run of one
+        part of the append cost. Compiled (``_core.dedup_run``), a run of one
         lock's in-order ids is one table update; otherwise an inline Python loop.
         """
         t = self._t
