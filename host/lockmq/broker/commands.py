@@ -6,6 +6,7 @@ Flow::
     broker  --COMMAND(target, broker cmd_id, expires_ms, kind, args, mac)--> lock
     lock    --COMMAND_RESULT(target, broker cmd_id, status, detail)--> broker
     broker  --COMMAND_RESULT(target, service cmd_id, status, detail)--> service
+                   (a service cmd_id of 0: the broker cmd_id, the one the lock logs)
                                           (RESPONSE flag, the service's opaque)
 
 The broker numbers commands per lock itself (the lock runs only a ``cmd_id`` higher
@@ -346,8 +347,10 @@ class Commands:
         if p is None:
             self.log("command_result_unknown", sn=sn, cmd_id=res.cmd_id, level="warning")
             return
+        took = time.monotonic() - p.sent_at
+        self.stats.latency.command_round_trip.observe(took)
         self.log("command_result", target=sn, cmd_id=res.cmd_id, status=res.status,
-              ms=int((time.monotonic() - p.sent_at) * 1000))
+                 ms=int(took * 1000))
         self._answer(p, res.status, res.detail)
 
     def _answer(self, p: Pending, status: int, detail: str) -> None:
@@ -358,8 +361,10 @@ class Commands:
             self.log("command_result_dropped", target=p.cmd.target,
                             reason="sender disconnected", status=status, level="warning")
             return
+        # a sender's cmd_id 0 asks the broker to number it: the answer then carries the
+        # id the lock ran and logged (`lockmq command` prints it), else the sender's own
         p.sender.send_frame(Op.COMMAND_RESULT, CommandResult(
-            p.cmd.target, p.cmd.cmd_id, status, detail[:1000]).encode(), p.opaque,
+            p.cmd.target, p.cmd.cmd_id or p.broker_id, status, detail[:1000]).encode(), p.opaque,
             Flag.RESPONSE)
 
     def connection_closed(self, conn: "Connection") -> None:

@@ -742,13 +742,22 @@ class BrokerCore:
     # -- admin views ----------------------------------------------------------------
 
     def topics_info(self) -> list[dict[str, Any]]:
-        """Every topic with its queue range and the clusters reading it."""
+        """Every topic with its queue range and the clusters reading it: open ones and
+        those only known from disk (no member since the start), as ``clusters`` lists
+        them."""
         assert self.store is not None
+        readers: dict[str, list[str]] = {t: [c.name for c in cs] for t, cs in self.by_topic.items()}
+        for name in self.store.clusters():
+            if name in self.clusters or name.startswith("$"):
+                continue
+            bound = self._bound_topic(name)
+            if bound:
+                readers.setdefault(bound, []).append(name)
         out = []
         for t in self.store.topics():
             out.append({"topic": t, "queue_start": self.store.queue_start(t),
                         "queue_end": self.store.queue_end(t), "system": t.startswith("$"),
-                        "clusters": [c.name for c in self.by_topic.get(t, ())]})
+                        "clusters": sorted(readers.get(t, ()))})
         return out
 
     def clusters_info(self) -> list[dict[str, Any]]:

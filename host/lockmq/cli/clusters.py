@@ -6,11 +6,12 @@
                                             members or "offline", lag, last activity
     lockmq clusters describe NAME           everything the broker knows about one cluster
     lockmq clusters reset NAME --to-earliest | --to-latest | --to-time ISO8601|MS
-                               | --to-offset N
+                               | --to-offset N | --shift-by N  [--dry-run]
                                             move its position (no member may be connected);
-                                            N is a queue offset of the cluster's topic, as
-                                            `clusters describe` (committed) and the
-                                            broker's log lines and errors name them
+                                            N of --to-offset is a queue offset of the
+                                            cluster's topic, as `clusters describe`
+                                            (committed) and the broker's log lines and
+                                            errors name them
     lockmq clusters delete NAME             forget it: position, owner, topic binding
     lockmq clusters NAME --delete           (the same, kept for old scripts)
 
@@ -56,6 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="reset: to queue offset N of the cluster's topic (the numbers "
                          "`clusters describe` shows as committed and queue_end; clamped "
                          "to the retained range)")
+    to.add_argument("--shift-by", metavar="N", type=int,
+                    help="reset: N messages forward (or back, negative) from the position")
+    p.add_argument("--dry-run", action="store_true",
+                   help="reset: print the position it would move to, change nothing")
     p.set_defaults(func=run)
 
 
@@ -139,6 +144,11 @@ def _describe(resp: dict, args: argparse.Namespace, name: str) -> int:
 
 
 def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.dry_run:
+        return {**_reset_args(argparse.Namespace(**{**vars(args), "dry_run": False})),
+                "dry_run": True}
+    if args.shift_by is not None:
+        return {"shift_by": args.shift_by}
     if args.to_earliest:
         return {"to": "earliest"}
     if args.to_latest:
@@ -147,7 +157,7 @@ def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
         return {"time_ms": args.to_time}
     if args.to_offset is not None:
         return {"to": args.to_offset}
-    raise ValueError("reset needs --to-earliest, --to-latest, --to-time or --to-offset")
+    raise ValueError("reset needs --to-earliest, --to-latest, --to-time, --to-offset or --shift-by")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,8 +190,9 @@ def _run_action(admin: Admin, args: argparse.Namespace, action: str, name: str |
         return 0
     if action == "reset":
         resp = admin.request("clusters.reset", cluster=name, **reset)
+        note = " (dry run: nothing changed)" if resp.get("dry_run") else ""
         print(f"cluster {resp['cluster']} on {resp['topic']}: position "
-              f"{resp['before']} -> {resp['after']}")
+              f"{resp['before']} -> {resp['after']}{note}")
         return 0
     req = {"cluster": name} if name else {}
     if action == "describe":

@@ -22,7 +22,7 @@ READ_SPAN = 256 * 1024
 NEIGHBOUR_WALK = 256
 
 #: compiled: a pread's records decoded in one call (None without the extension)
-_read_run = getattr(accel.speedups, "read_run", None)
+_read_run = accel.speedups.read_run if accel.COMPILED else None
 
 
 def read_topic(t: Topic, segments: SegmentList, log_end: int, queue_offset: int,

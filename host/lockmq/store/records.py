@@ -229,7 +229,7 @@ def _encode_records_c(records: list[NewRecord], broker_ts_us: int, max_record_by
 
 #: ``encode_records(records, broker_ts_us, max_record_bytes, known) -> (bytes per
 #: record, their total size, the topics not in known)``: :func:`encode_record` for a
-#: batch (the store's append), in one C call when ``lockmq._speedups`` is built;
+#: batch (the store's append), in one compiled call when ``lockmq._core`` is in use;
 #: raises the first record's :class:`InvalidRecord` like the loop it replaces.
 encode_records = _encode_records_py
 if accel.speedups is not None:

@@ -36,12 +36,12 @@ from .topic import Topic
 
 log = logging.getLogger("lockmq.store")
 
-#: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._speedups), or None
+#: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._core), or None
 _plan_run = accel.speedups.plan_run if accel.COMPILED else None
-#: the same over whole append calls of a batch (lockmq._speedups), or None
-_plan_calls = getattr(accel.speedups, "plan_calls", None)  # (None: an older build)
-#: the compiled file work of a one-segment commit (lockmq._speedups), or None
-_commit_write = getattr(accel.speedups, "commit_write", None)
+#: the same over whole append calls of a batch (lockmq._core), or None
+_plan_calls = accel.speedups.plan_calls if accel.COMPILED else None
+#: the compiled file work of a one-segment commit (lockmq._core), or None
+_commit_write = accel.speedups.commit_write if accel.COMPILED else None
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -217,8 +217,8 @@ class GroupCommit:
             if self._w_idle:
                 # one wake-up is enough: until the writer runs (it needs the GIL),
                 # later appends would each pay for a pure-Python notify(). (Waking it
-                # only after the loop iteration instead was measured and not kept:
-                # see _no_wakeup_preemption, and docs/performance.md "Eighth pass".)
+                # only after the loop iteration instead was measured and not kept: see
+                # _no_wakeup_preemption, and docs/performance.md "Measured and not kept".)
                 self._w_idle = False
                 self._cond.notify()
         return fut
