@@ -10,7 +10,7 @@ from lockmq.protocol._event import LockEvent
 from lockmq.protocol._lockbodies import heartbeat_body
 from lockapp import VERSION, log, config, atomic, hw as hwmod, backoff
 from lockapp.clock import Clock
-from lockapp.seqno import SeqNo
+from lockapp.seqno import SeqNo, CEILING
 from lockapp.oqueue import OQueue
 from lockapp.events import Lock
 from lockapp.link import Link
@@ -132,6 +132,10 @@ class App:
         # for this lock, so none is taken for a retransmission and dropped.
         q = self.q
         base = 1 if last_seq == _NO_SEQ else last_seq + 1
+        if base > CEILING:
+            # (a number that would leave too few before the end: not taken, SeqNo)
+            log.warn("seq floor_ignored broker_last=%d next=%d" % (last_seq, self.seq.next))
+            base = self.seq.next
         if len(q) and q.seq_at(0) < base:
             log.warn("sys seq renumbered from=%d to=%d n=%d" % (q.seq_at(0), base, len(q)))
             q.renumber(base)

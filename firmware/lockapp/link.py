@@ -173,8 +173,11 @@ class Link:
         # Frame MACs on plain TCP (TLS already protects the frames): asked for on
         # CONNECT; the session then seals and checks every frame (SPEC "Frame MACs").
         mac = bool(cfg.get("frame_mac")) and not cfg["tls"].get("enabled")
+        # The AUTH proof and the session key cover what CONNECT and CHALLENGE said (MAC
+        # flag, frame limit, the broker's id): a relay that changes either fails it.
         s = ClientSession(_ROLE_LOCK, app.sn, _AUTH_DEVICE_HMAC, app.key,
-                          app.client_name(), cfg["heartbeat_s"], self.max_frame, mac)
+                          app.client_name(), cfg["heartbeat_s"], self.max_frame, mac,
+                          cfg.get("broker_id") or "")
         self._sess = s
         inflight = {}          # opaque -> [seq, sent ticks]
         self._opaque = 100
@@ -197,8 +200,10 @@ class Link:
         app.clock.sync(ack.server_time_ms)
         if not app.seq.ok:
             app.confirm_seq(ack.last_seq)
-        elif ack.last_seq != _NO_SEQ:
-            app.seq.raise_floor(ack.last_seq + 1)
+        elif ack.last_seq != _NO_SEQ and not app.seq.broker_floor(ack.last_seq + 1):
+            # far ahead of our own numbers: not taken (SPEC 2, "Sequence numbers"); the
+            # broker stores what we send below it as new, never as a duplicate
+            log.warn("seq floor_ignored broker_last=%d next=%d" % (ack.last_seq, app.seq.next))
         hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
         self.up = True
         self.backoff.reset()
@@ -378,9 +383,9 @@ class Link:
         if op == _OP_PUBLISH_ACK:
             v = inflight.pop(f.opaque, None)
             if v is not None:
-                publish_ack_fields(f.body)     # a malformed ack ends the session
+                status = publish_ack_fields(f.body)[0]   # a malformed ack ends the session
                 app.q.ack(v[0])
-                log.info("evt acked seq=%d" % v[0])
+                log.info("evt acked seq=%d%s" % (v[0], " dup" if status else ""))
             return 0
         if op == _OP_FW_CHUNK:
             if app.ota is not None and app.ota.on_chunk(f.body):

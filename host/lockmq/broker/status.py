@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import dashboard
 from .metrics import MetricsEndpoint, disk_free_bytes
@@ -64,9 +64,12 @@ class StatusPage:
         self.server: asyncio.base_events.Server | None = None
         #: status connections open now (capped by ``status_max_connections``)
         self.active = 0
+        #: more ``/metrics`` gauges from the broker's parts (replication, the MQTT
+        #: bridge), each ``() -> {name: (help, value)}``; added by the broker
+        self.extra_gauges: list[Callable[[], dict[str, tuple[str, float]]]] = []
         self._refused_logged = 0.0
         self._refused_since_log = 0
-        self.metrics = MetricsEndpoint(self._metric_views)
+        self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",
@@ -207,6 +210,8 @@ class StatusPage:
         extra = {"status_connections": ("Status-page connections open now", self.active),
                  "store_disk_free_bytes": ("Free bytes on the file system of data_dir",
                                            self._disk_free())}
+        for more in self.extra_gauges:
+            extra.update(more())
         return stats, clusters, extra
 
     def _online(self) -> set[str]:

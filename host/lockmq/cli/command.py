@@ -30,6 +30,7 @@ that is offline.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import struct
 import sys
@@ -145,21 +146,21 @@ async def _not_connected(args: argparse.Namespace) -> str | None:
             f"until the lock connects (up to --expires)")
 
 
+#: how long a command may take before the CLI says why it is still waiting
+NOTE_AFTER_S = 1.0
+
+
 def _why_it_waits(args: argparse.Namespace) -> str:
-    """The note printed before a command sent with a token: the CLI did not ask
-    whether the lock is connected, so an answer may take up to ``--expires``."""
-    return (f"lockmq: {args.sn}: waiting up to {args.expires:g} s for the lock's answer "
-            f"(the broker holds a command while its lock is offline; with --token this "
-            f"command does not ask first whether the lock is connected; against a broker "
-            f"with auth off, which cannot tell an offline lock from a mistyped SN, leave "
-            f"out --token to fail at once)")
+    """The note printed when a lock has not answered within :data:`NOTE_AFTER_S`
+    (with a token the CLI did not ask first whether the lock is connected)."""
+    return (f"lockmq: {args.sn}: no answer yet; waiting up to {args.expires:g} s (a broker "
+            f"holds commands for offline locks; with auth off, leave out --token to fail "
+            f"at once when the lock is not connected)")
 
 
 async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
     when = when_kwargs(args, "not_before")
     if not when and not args.wait:
-        if args.token:
-            print(_why_it_waits(args), file=sys.stderr)
         missing = await _not_connected(args)
         if missing:
             return fail(missing)
@@ -171,7 +172,12 @@ async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
                                                   expires_in_s=args.expires, **when)
             print(f"{args.sn}: command scheduled, id {sid}")
             return 0
-        outcome = await producer.command(args.sn, kind, payload, expires_in_s=args.expires)
+        sent = asyncio.ensure_future(
+            producer.command(args.sn, kind, payload, expires_in_s=args.expires))
+        done, _ = await asyncio.wait({sent}, timeout=NOTE_AFTER_S)
+        if not done:   # a lock that answers at once gets no note
+            print(_why_it_waits(args), file=sys.stderr)
+        outcome = await sent
     finally:
         await producer.close()
     print(f"{outcome.target}: command {outcome.cmd_id} ok: {outcome.detail}")
