@@ -91,12 +91,46 @@ def test_qos2_publishes_are_stored_once_and_completed(mqtt_broker):
         s.sendall(c.Ack(c.PUBREL, 7).encode(c.V5))
         assert _next(s, dec) == c.Ack(c.PUBCOMP, 7)
         m = sub.inbox.get(timeout=10)
-        assert m.payload == b"once" and m.qos == 1   # delivered at QoS 1 at most
+        assert m.payload == b"once" and m.qos == 2   # and out at QoS 2: PUBREC acks it
         time.sleep(0.3)
         assert sub.inbox.empty()
         s.close()
     finally:
         sub.close()
+
+
+def test_retained_messages_go_to_new_subscriptions_and_survive_a_restart(tmp_path):
+    b = BrokerThread(str(tmp_path / "data"), **merge_tables(FAST_TIMERS, MQTT_ON)).start()
+    try:
+        port = b.broker.mqtt.port
+        pub = Client(port, v5=False, client_id="state")
+        for name, state in (("lock/state/A", b"online"), ("lock/state/B", b"offline")):
+            info = pub.c.publish(name, state, qos=1, retain=True)
+            info.wait_for_publish(10)
+        pub.close()
+    finally:
+        b.stop()
+    b = BrokerThread(str(tmp_path / "data"), **merge_tables(FAST_TIMERS, MQTT_ON)).start()
+    try:
+        port = b.broker.mqtt.port
+        sub = Client(port, v5=True, client_id="dash")
+        sub.subscribe("lock/state/+")
+        got = {m.topic: (m.payload, m.retain) for m in (sub.inbox.get(timeout=10),
+                                                       sub.inbox.get(timeout=10))}
+        assert got == {"lock/state/A": (b"online", True), "lock/state/B": (b"offline", True)}
+        clear = Client(port, v5=True, client_id="clear")
+        clear.c.publish("lock/state/B", b"", qos=1, retain=True).wait_for_publish(10)
+        clear.close()
+        late = Client(port, v5=False, client_id="late")
+        late.subscribe("lock/state/#")
+        m = late.inbox.get(timeout=10)
+        assert (m.topic, m.payload, m.retain) == ("lock/state/A", b"online", True)
+        time.sleep(0.3)
+        assert late.inbox.empty()   # B was cleared
+        sub.close()
+        late.close()
+    finally:
+        b.stop()
 
 
 def test_a_puback_reason_code_is_a_nack_then_a_dead_letter(tmp_path):

@@ -99,13 +99,15 @@ class MqttConnection(asyncio.Protocol):
         self.recv_max = s.max_inflight   # what we may have unacked towards the client
         self.client_max_packet = 0       # the client's Maximum Packet Size (0: none)
         #: packet id -> the lease it carries (QoS 1 deliveries awaiting PUBACK)
-        self.inflight: dict[int, tuple[Joined, int, int]] = {}
+        self.inflight: dict[int, tuple[Joined, int, int] | None] = {}   # None: retained
+        #: QoS 2 deliveries PUBREC'd and PUBREL'd, waiting for their PUBCOMP
+        self._released: set[int] = set()
         self._next_pid = 1
         self._starved: set[Joined] = set()   # stopped for want of room, not of work
         self._paused = False
         self._timer: asyncio.TimerHandle | None = None
         #: publishes of this read, stored together: (record, qos, packet id)
-        self._pubs: list[tuple[NewRecord, int, int]] = []
+        self._pubs: list[tuple[NewRecord, int, int, str | None]] = []
         self._topics_ok: set[str] = set()
         self._producer_ok = False
         self._seq = 0
@@ -264,8 +266,13 @@ class MqttConnection(asyncio.Protocol):
         elif pt == c.PUBREL:
             self._qos2.discard(p.packet_id)
             self.send(c.Ack(c.PUBCOMP, p.packet_id))
-        elif pt in (c.PUBREC, c.PUBCOMP):
-            raise c.ProtocolViolation("this server never sends QoS 2: no PUBREC/PUBCOMP due")
+        elif pt == c.PUBREC:
+            self._on_puback(p)           # the client has it: the lease is done
+            if p.reason < 0x80:
+                self._released.add(p.packet_id)
+                self.send(c.Ack(c.PUBREL, p.packet_id))
+        elif pt == c.PUBCOMP:
+            self._released.discard(p.packet_id)
         elif pt == c.CONNECT:
             raise c.ProtocolViolation("a second CONNECT")
         elif pt == c.AUTH:
@@ -334,7 +341,7 @@ class MqttConnection(asyncio.Protocol):
                                                                self._keepalive_check)
         props: dict[str, Any] = {}
         if p.version == c.V5:
-            props = {"retain_available": 0, "topic_alias_maximum": 0,
+            props = {"topic_alias_maximum": 0,
                      "receive_maximum": 0xFFFF, "maximum_packet_size": s.max_packet_bytes,
                      "wildcard_available": 1, "shared_available": 1,
                      "subscription_id_available": 1}
@@ -362,11 +369,19 @@ class MqttConnection(asyncio.Protocol):
             if not sid:
                 raise c.ProtocolViolation("Subscription Identifier 0")
         reasons = []
+        retained: list[SubRecord] = []
         for s in p.subscriptions:
-            rec = SubRecord(s.filter, min(s.qos, 1), sid)
-            reasons.append(self._subscribe(rec, resumed=False))
+            rec = SubRecord(s.filter, s.qos, sid)
+            existed = s.filter in self.subs
+            code = self._subscribe(rec, resumed=False)
+            reasons.append(code)
+            if code < 0x80 and not s.filter.startswith(t.SHARE_PREFIX) and \
+                    (s.retain_handling == 0 or (s.retain_handling == 1 and not existed)):
+                retained.append(rec)
         self.send(c.SubAck(p.packet_id, reasons))
         self.server.session_changed(self)
+        for rec in retained:
+            self._send_retained(rec)
 
     def _subscribe(self, rec: SubRecord, resumed: bool) -> int:
         """Join the clusters of one subscription; the SUBACK reason code."""
@@ -408,6 +423,27 @@ class MqttConnection(asyncio.Protocol):
             self.session.subs[rec.filter] = rec
         return code
 
+    def _send_retained(self, rec: SubRecord) -> None:
+        """The retained messages a new subscription matches (those it may read)."""
+        srv = self.server
+        out = bytearray()
+        for name, payload, qos in srv.retained.matching(rec.filter):
+            topic = t.to_lockmq(name)
+            try:
+                srv.rights.check_consume(self.principal, topic, t.private_cluster(
+                    owner_of(self.principal), self.client_id, rec.filter, topic))
+            except SecurityError:
+                continue
+            q = min(qos, rec.qos)
+            pid = 0
+            if q:
+                pid = self._take_pid()
+                self.inflight[pid] = None
+            props = {"subscription_id": rec.sub_id} if rec.sub_id else {}
+            out += c.Publish(name, payload, q, True, False, pid, props).encode(self.version)
+            srv.stats.inc("mqtt_retained_sent")
+        self.write(bytes(out))
+
     def _exact_ok(self, flt: str) -> bool:
         try:
             t.to_lockmq(flt)
@@ -436,7 +472,8 @@ class MqttConnection(asyncio.Protocol):
         gets what is published after it). Returns (reason, message) if refused."""
         srv = self.server
         private = sub.group is None
-        name = t.private_cluster(owner_of(self.principal), self.client_id, topic) if private \
+        name = t.private_cluster(owner_of(self.principal), self.client_id, sub.filter, topic) \
+            if private \
             else t.shared_cluster(sub.group or "", sub.filter, topic)
         try:
             srv.rights.check_consume(self.principal, topic, name)
@@ -481,8 +518,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _leave(self, sub: Sub, forget: bool) -> None:
         """Leave every cluster of ``sub``; ``forget``: delete its private clusters."""
-        for pid, (j, _w, _d) in list(self.inflight.items()):
-            if j.sub is sub:
+        for pid, got in list(self.inflight.items()):
+            if got is not None and got[0].sub is sub:
                 del self.inflight[pid]
         for j in sub.joined.values():
             self._starved.discard(j)
@@ -567,15 +604,17 @@ class MqttConnection(asyncio.Protocol):
 
     def _take_pid(self) -> int:
         pid = self._next_pid
-        while pid in self.inflight:
+        while pid in self.inflight or pid in self._released:
             pid = pid % _MAX_PID + 1
         self._next_pid = pid % _MAX_PID + 1
         return pid
 
     def _on_puback(self, p: c.Ack) -> None:
-        got = self.inflight.pop(p.packet_id, None)
-        if got is None:
+        if p.packet_id not in self.inflight:
             return   # a lease we gave up (expired, released): nothing to finish
+        got = self.inflight.pop(p.packet_id)
+        if got is None:
+            return   # a retained message: no lease
         j, wire, delivery = got
         try:
             if p.reason >= 0x80:
@@ -615,8 +654,6 @@ class MqttConnection(asyncio.Protocol):
         srv = self.server
         if "topic_alias" in p.props:
             raise c.MqttError(0x94, "topic aliases are not offered (Topic Alias Maximum 0)")
-        if p.retain and self.version == c.V5:
-            raise c.MqttError(0x9A, "retained messages are not offered (Retain Available 0)")
         if p.qos == 2 and p.packet_id in self._qos2:
             self.send(c.Ack(c.PUBREC, p.packet_id))   # a resend: stored already
             return
@@ -636,7 +673,7 @@ class MqttConnection(asyncio.Protocol):
         seq = self._seq
         self._seq = (seq + 1) & 0xFFFFFFFF
         rec = NewRecord(topic, self.producer_id, seq, int(time.time() * 1000), p.payload)
-        self._pubs.append((rec, p.qos, p.packet_id))
+        self._pubs.append((rec, p.qos, p.packet_id, p.topic if p.retain else None))
         if len(self._pubs) >= srv.max_publish_batch:
             self._submit_publishes()
 
@@ -661,17 +698,20 @@ class MqttConnection(asyncio.Protocol):
         if not pubs:
             return
         self._pubs = []
-        self.server.publisher.submit([r for r, _q, _p in pubs],
+        self.server.publisher.submit([x[0] for x in pubs],
                                      lambda res, pubs=pubs: self._stored(pubs, res))
 
-    def _stored(self, pubs: list[tuple[NewRecord, int, int]], results: list[Any]) -> None:
+    def _stored(self, pubs: list[tuple[NewRecord, int, int, str | None]],
+                results: list[Any]) -> None:
         """The store's answer: PUBACK (PUBREC) what is durable; refuse what is not."""
         srv = self.server
         out = bytearray()
-        for (rec, qos, pid), res in zip(pubs, results):
+        for (rec, qos, pid, retain), res in zip(pubs, results):
             ok = not isinstance(res, Exception)
             if ok:
                 srv.stats.inc("mqtt_publish_stored")
+                if retain is not None and not srv.retained.put(retain, rec.payload, qos):
+                    srv.stats.inc("mqtt_retained_refused")
             if not qos:
                 continue
             if ok:

@@ -22,6 +22,7 @@ from .codec import reason as rc
 from .bridge import Bridge
 from .connection import MqttConnection
 from .rights import Rights
+from .retained import RetainedStore
 from .sessions import Session, SessionStore, session_key
 from .webhooks import WebhookSink
 
@@ -48,6 +49,7 @@ class MqttServer:
         self.ordered = config.consumers.ordered_default
         self.max_publish_batch = config.broker.max_publish_batch
         self.sessions = SessionStore(config.broker.data_dir)
+        self.retained = RetainedStore(config.broker.data_dir)
         self.conns: set[MqttConnection] = set()
         #: the connection of each live session, by session key
         self.live: dict[str, MqttConnection] = {}
@@ -79,6 +81,7 @@ class MqttServer:
         if not s.enabled:
             return
         self.sessions.load()
+        self.retained.load()
         now = int(time.time() * 1000)
         for sess in self.sessions.sessions.values():
             if not sess.disconnected_ms:   # connected when the broker stopped
@@ -238,7 +241,7 @@ class MqttServer:
             if group is not None:
                 continue
             for topic in rec.topics:
-                name = t.private_cluster(s.owner, s.client_id, topic)
+                name = t.private_cluster(s.owner, s.client_id, rec.filter, topic)
                 c = self.core.clusters.get(name)
                 if c is None or not c.members:
                     self.core.forget_cluster(name)
