@@ -198,3 +198,28 @@ def test_filters_match_as_mqtt_says():
     assert t.matches("+/events", "lock/events") and not t.matches("+", "lock/events")
     assert not t.matches("#", "$devices") and t.matches("$devices", "$devices")
     assert t.matches("/+", "/x") and not t.matches("lock/+", "lock/a/b")
+
+
+def test_a_locks_online_state_is_a_retained_message(tmp_path):
+    from lockmq.protocol import Role
+    from lockmq.testing import open_peer
+
+    b = BrokerThread(str(tmp_path / "data"), **merge_tables(FAST_TIMERS, {
+        "mqtt": {"enabled": True, "port": -1, "topic_scan_ms": 50}})).start()
+    try:
+        port = b.broker.mqtt.port
+        lock = open_peer(b.port, sn="LOCK-ST1", role=Role.LOCK)
+        wait_for(lambda: b.call(lambda: b.broker.mqtt.device_states.states.get(
+            "lockmq/devices/LOCK-ST1")), "the online event followed", timeout=10)
+        dash = Client(port, v5=True, client_id="dash-st")
+        dash.subscribe("lockmq/devices/+")
+        m = dash.inbox.get(timeout=10)
+        assert m.topic == "lockmq/devices/LOCK-ST1" and m.retain
+        assert b'"state":"online"' in m.payload
+        lock.close()
+        m = dash.inbox.get(timeout=15)        # the change, as it happens
+        assert m.topic == "lockmq/devices/LOCK-ST1" and not m.retain
+        assert b'"state":"offline"' in m.payload
+        dash.close()
+    finally:
+        b.stop()

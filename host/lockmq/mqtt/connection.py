@@ -34,6 +34,7 @@ from . import topics as t
 from .codec import reason as rc
 from .commands import CommandSender, submit_command
 from .delivery import json_envelope, user_properties
+from .devicestate import PREFIX as DEVICES_PREFIX
 from .rights import message_of, reason_of
 from .sessions import NEVER, Session, SubRecord
 
@@ -93,6 +94,8 @@ class MqttConnection(asyncio.Protocol):
         self.client_id = ""
         self.session: Session | None = None
         self.subs: dict[str, Sub] = {}
+        #: subscriptions to lockmq/devices/... (lock states: no cluster)
+        self.state_subs: dict[str, SubRecord] = {}
         self.keepalive = 0
         self.last_seen = time.monotonic()
         self.will: c.Will | None = None
@@ -399,6 +402,21 @@ class MqttConnection(asyncio.Protocol):
             # command results go straight to the connection that sent the command
             # (never stored): the subscription is granted and joins nothing
             return 0
+        if group is None and flt.startswith(DEVICES_PREFIX):
+            # the locks' states (devicestate.py): the right to read the events topic
+            events = srv.device_states.topic
+            try:
+                srv.rights.check_consume(self.principal, events, t.private_cluster(
+                    owner_of(self.principal), self.client_id, flt, events))
+            except SecurityError as exc:
+                self._sub_refused(rec.filter, reason_of(exc), message_of(exc))
+                return reason_of(exc)
+            self.state_subs[flt] = rec
+            if self.session is not None:
+                self.session.subs[rec.filter] = rec
+            if not resumed:
+                self._send_states(rec, srv.device_states.matching(flt), retain=True)
+            return min(rec.qos, 1)
         old = self.subs.pop(rec.filter, None)
         if old is not None:   # the same filter again: it replaces the old one
             self._leave(old, forget=False)
@@ -422,6 +440,19 @@ class MqttConnection(asyncio.Protocol):
         if self.session is not None:
             self.session.subs[rec.filter] = rec
         return code
+
+    def _send_states(self, rec: SubRecord, states: Any, retain: bool) -> None:
+        """Lock states to a ``lockmq/devices/...`` subscription (QoS 0: a state is
+        replaced by the next, never queued)."""
+        out = bytearray()
+        for name, payload in states:
+            out += c.Publish(name, payload, 0, retain).encode(self.version)
+        self.write(bytes(out))
+
+    def device_states_changed(self, changed: list[tuple[str, bytes]]) -> None:
+        """Locks' states changed: to the subscriptions that match them."""
+        for flt, rec in self.state_subs.items():
+            self._send_states(rec, [x for x in changed if t.matches(flt, x[0])], retain=False)
 
     def _send_retained(self, rec: SubRecord) -> None:
         """The retained messages a new subscription matches (those it may read)."""
@@ -506,6 +537,11 @@ class MqttConnection(asyncio.Protocol):
         reasons = []
         for f in p.filters:
             sub = self.subs.pop(f, None)
+            if sub is None and self.state_subs.pop(f, None) is not None:
+                if self.session is not None:
+                    self.session.subs.pop(f, None)
+                reasons.append(0)
+                continue
             if sub is None:
                 reasons.append(0x11)   # no subscription existed
                 continue

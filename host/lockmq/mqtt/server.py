@@ -22,6 +22,7 @@ from .codec import reason as rc
 from .bridge import Bridge
 from .connection import MqttConnection
 from .rights import Rights
+from .devicestate import DeviceStates
 from .retained import RetainedStore
 from .sessions import Session, SessionStore, session_key
 from .webhooks import WebhookSink
@@ -50,6 +51,7 @@ class MqttServer:
         self.max_publish_batch = config.broker.max_publish_batch
         self.sessions = SessionStore(config.broker.data_dir)
         self.retained = RetainedStore(config.broker.data_dir)
+        self.device_states = DeviceStates(core, config.devices.events_topic)
         self.conns: set[MqttConnection] = set()
         #: the connection of each live session, by session key
         self.live: dict[str, MqttConnection] = {}
@@ -87,6 +89,7 @@ class MqttServer:
             if not sess.disconnected_ms:   # connected when the broker stopped
                 sess.disconnected_ms = now
         self._known_topics = set(self.core.topics())
+        self.device_states.follow()
         host = s.host or self.config.broker.host
         loop = asyncio.get_running_loop()
         for port, tls in ((s.port, False), (s.tls_port, True)):
@@ -166,6 +169,10 @@ class MqttServer:
                     for topic in new:
                         conn.join_new_topic(topic)
             self._expire_sessions()
+            changed = self.device_states.follow()
+            if changed:
+                for conn in list(self.live.values()):
+                    conn.device_states_changed(changed)
         except Exception as exc:  # noqa: BLE001 -- the timer must keep going
             self.log("mqtt_tick_failed", error=repr(exc), level="error")
         self._arm()
