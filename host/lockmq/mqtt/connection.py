@@ -112,6 +112,9 @@ class MqttConnection(asyncio.Protocol):
         #: publishes of this read, stored together: (record, qos, packet id)
         self._pubs: list[tuple[NewRecord, int, int, str | None]] = []
         self._topics_ok: set[str] = set()
+        #: publishes handed to the store and not answered yet (flow control)
+        self._pending_in = 0
+        self._reading_paused = False
         self._producer_ok = False
         self._seq = 0
         self._qos2: set[int] = set()     # inbound QoS 2 packet ids stored, PUBREL awaited
@@ -417,6 +420,12 @@ class MqttConnection(asyncio.Protocol):
             if not resumed:
                 self._send_states(rec, srv.device_states.matching(flt), retain=True)
             return min(rec.qos, 1)
+        cap = srv.config.consumers.max_subscriptions_per_connection
+        if rec.filter not in self.subs and len(self.subs) + len(self.state_subs) >= cap:
+            self._sub_refused(rec.filter, rc.QUOTA_EXCEEDED,
+                              f"this connection already holds {cap} subscriptions "
+                              "(consumers.max_subscriptions_per_connection)")
+            return rc.QUOTA_EXCEEDED
         old = self.subs.pop(rec.filter, None)
         if old is not None:   # the same filter again: it replaces the old one
             self._leave(old, forget=False)
@@ -734,6 +743,11 @@ class MqttConnection(asyncio.Protocol):
         if not pubs:
             return
         self._pubs = []
+        self._pending_in += len(pubs)
+        if self._pending_in > self.server.settings.max_inflight * 4 and not self._reading_paused \
+                and self.transport is not None:
+            self._reading_paused = True   # the store is behind: stop reading this client
+            self.transport.pause_reading()
         self.server.publisher.submit([x[0] for x in pubs],
                                      lambda res, pubs=pubs: self._stored(pubs, res))
 
@@ -741,6 +755,11 @@ class MqttConnection(asyncio.Protocol):
                 results: list[Any]) -> None:
         """The store's answer: PUBACK (PUBREC) what is durable; refuse what is not."""
         srv = self.server
+        self._pending_in -= len(pubs)
+        if self._reading_paused and self._pending_in <= srv.settings.max_inflight \
+                and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
         out = bytearray()
         for (rec, qos, pid, retain), res in zip(pubs, results):
             ok = not isinstance(res, Exception)
