@@ -11,7 +11,7 @@ import pytest
 from lockmq.security import Permissions
 from lockmq.testing import SecureBroker, wait_for
 
-from .helpers import MOSQUITTO_PUB, MOSQUITTO_SUB, MQTT_ON, Client, mqtt_port
+from .helpers import needs, MOSQUITTO_PUB, MOSQUITTO_SUB, MQTT_ON, Client, mqtt_port
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +42,13 @@ def test_a_wrong_token_is_refused_at_connect(secure, v5):
 
 @pytest.mark.parametrize("version", ["mqttv311", "5"])
 def test_mosquitto_clients_name_the_refusal(secure, version):
-    r = subprocess.run([MOSQUITTO_SUB, "-p", str(secure.mqtt_port), "-V", version,
+    r = subprocess.run([needs(MOSQUITTO_SUB), "-p", str(secure.mqtt_port), "-V", version,
                         "-t", "door/x", "-u", "reader", "-P", "wrong", "-C", "1", "-W", "5"],
                        capture_output=True, text=True, timeout=20)
     assert r.returncode != 0 and "bad user name or password" in (r.stderr + r.stdout).lower()
     if version != "5":
         return
-    r = subprocess.run([MOSQUITTO_PUB, "-p", str(secure.mqtt_port), "-V", "5", "-q", "1",
+    r = subprocess.run([needs(MOSQUITTO_PUB), "-p", str(secure.mqtt_port), "-V", "5", "-q", "1",
                         "-t", "door/events", "-m", "x", "-u", "reader",
                         "-P", secure.tok["reader"]], capture_output=True, text=True, timeout=20)
     out = (r.stderr + r.stdout).lower()   # mosquitto_pub warns with the reason and string

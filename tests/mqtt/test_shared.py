@@ -16,7 +16,7 @@ from lockmq.client import Consumer, Producer
 from lockmq.client.idempotency import idempotency_store
 from lockmq.testing import wait_for
 
-from .helpers import MOSQUITTO_SUB, Client, LineReader, user_props
+from .helpers import needs, MOSQUITTO_SUB, Client, LineReader, user_props
 
 N = 400
 TOPIC = "door.events"
@@ -94,7 +94,7 @@ def test_mqtt_and_lockmq_members_share_a_cluster_exactly_once(mqtt_broker, tmp_p
     lm.start()
     killed = subprocess.Popen([sys.executable, "-c", KILLED_MEMBER, str(port), db],
                               stdout=subprocess.PIPE, text=True)
-    sub = subprocess.Popen([MOSQUITTO_SUB, "-p", str(port), "-V", "mqttv311", "-q", "1",
+    sub = subprocess.Popen([needs(MOSQUITTO_SUB), "-p", str(port), "-V", "mqttv311", "-q", "1",
                             "-i", "member-mosq", "-t", SHARE],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = LineReader(sub)
