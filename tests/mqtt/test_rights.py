@@ -87,3 +87,31 @@ def test_a_publish_without_the_right_is_refused_with_its_reason_code(secure):
         assert _rc(w.pubacks[info.mid]) == 0
     finally:
         w.close()
+
+
+def test_mqtt_over_tls_with_a_token(tmp_path):
+    import re
+    import ssl
+
+    sb = SecureBroker(tmp_path, {"mqtt": {"enabled": True, "port": 0, "tls_port": -1}},
+                      tls=True, tokens={"reader": Permissions(consume=("door.*",))})
+    proc = sb.start()
+    try:
+        line = proc.wait_log(r"event=mqtt_started")
+        tls_port = int(re.search(r"\btls_port=(\d+)", line).group(1))
+        assert re.search(r"\bport=", line) is None   # no plain listener asked for
+        import paho.mqtt.client as mqtt
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="tls-1",
+                        protocol=mqtt.MQTTv5)
+        c.tls_set(sb.certs.ca_pem, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        c.username_pw_set("reader", sb.tok["reader"])
+        got = []
+        c.on_connect = lambda cl, u, f, rc, p: got.append(int(getattr(rc, "value", rc)))
+        c.connect("127.0.0.1", tls_port, 30)
+        c.loop_start()
+        wait_for(lambda: got, "the CONNACK over TLS")
+        assert got == [0]
+        c.disconnect()
+        c.loop_stop()
+    finally:
+        sb.close()
