@@ -193,6 +193,8 @@ class MqttServer:
         if old is not None and old is not conn:
             self.stats.inc("mqtt_takeovers")
             old.disconnect(rc.SESSION_TAKEN_OVER, "another connection took this session")
+            if old.session is not None and not old.session.expiry_s:
+                self._end_session(old.session)   # it ended with its connection
         saved = self.sessions.get(owner, client_id)
         if saved is not None and (clean or saved.expired(time.time() * 1000)):
             self._end_session(saved)
