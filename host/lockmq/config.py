@@ -781,7 +781,10 @@ def validate_config(cfg: Config, *, files: bool = True) -> None:
     values, ``[store]`` and ``[security]`` through their own classes, settings that
     contradict each other (TLS with ``auth = "off"``) and, with ``files``, that the
     files the settings name exist and load (TLS certificate and key, client CA, an
-    existing master key).
+    existing master key) and that the broker's paths work for whoever runs it (the
+    data directory can be created and written, the log file opened, an existing
+    master key and registry read: lockmq.preflight). Two listeners on one port are
+    refused either way.
     """
     try:
         cfg.validate()
@@ -794,8 +797,12 @@ def validate_config(cfg: Config, *, files: bool = True) -> None:
                         f'security.{key} is set but broker.auth = "off" serves plain TCP '
                         f"only and ignores it: remove it, or set auth = \"required\" to "
                         f"serve TLS", table="security", key=key)
+        from lockmq.preflight import check_paths, check_ports
+
+        check_ports(cfg)
         if files:
             security.check_files()
+            check_paths(cfg)
     except ConfigError:
         raise
     except ValueError as exc:
@@ -875,9 +882,32 @@ def default_toml() -> str:
             if f.name in docs:
                 lines.extend("# " + x for x in textwrap.wrap(docs[f.name], 86))
             lines.append(f"{f.name} = {_toml_value(getattr(getattr(cfg, name), f.name))}")
-    lines.append("\n[store]\n# see lockmq.store.StoreConfig: flush, segment_bytes, "
-                 "retention_ms, min_free_bytes ...")
-    lines.append("\n[security]\n# see docs/security.md")
+    from lockmq.replication.settings import ReplicationSettings
+    from lockmq.security.config import SecurityConfig
+    from lockmq.store.config import FOREVER, StoreConfig
+
+    # [store] and [security] take data_dir (and the security limits below) from
+    # [broker]: written there, they would override it, so they are named, not set.
+    from_broker = {"data_dir": "broker.data_dir", "max_connections": "broker.max_connections",
+                   "max_frame_bytes": "broker.max_frame",
+                   "auth_timeout_s": "broker.handshake_timeout_s",
+                   "max_buffered_bytes": "broker.max_conn_buffer_bytes"}
+    for name, cls in (("store", StoreConfig), ("security", SecurityConfig),
+                      ("replication", ReplicationSettings)):
+        lines.append(f"\n[{name}]")
+        docs = _attribute_docs(cls)
+        obj = cls()
+        for f in dataclasses.fields(cls):
+            if f.name in docs:
+                lines.extend("# " + x for x in textwrap.wrap(docs[f.name], 86))
+            if name != "replication" and f.name in from_broker:
+                lines.append(f"# {f.name}: from {from_broker[f.name]}")
+                continue
+            value = getattr(obj, f.name)
+            if value is None:   # no limit: TOML has no null, the store spells it -1
+                lines.append(f"# {f.name} = {FOREVER}  (the default: no limit)")
+            else:
+                lines.append(f"{f.name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 

@@ -64,11 +64,12 @@ class StatusPage:
         self.server: asyncio.base_events.Server | None = None
         #: status connections open now (capped by ``status_max_connections``)
         self.active = 0
-        #: more ``/metrics`` gauges, ``() -> {name: (help, value)}`` (the MQTT bridge's)
+        #: more ``/metrics`` gauges from the broker's parts (replication, the MQTT
+        #: bridge), each ``() -> {name: (help, value)}``; added by the broker
         self.extra_gauges: list[Callable[[], dict[str, tuple[str, float]]]] = []
         self._refused_logged = 0.0
         self._refused_since_log = 0
-        self.metrics = MetricsEndpoint(self._metric_views)
+        self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",

@@ -34,7 +34,8 @@ from lockmq.store.files import atomic_write, read_file
 from .table import GatewayTable, RegistryError
 
 #: the registry's ops (docs/operators.md, "The registry's ops")
-OPS = ("registry.heartbeat", "registry.list", "registry.lookup", "registry.register")
+OPS = ("registry.deregister", "registry.heartbeat", "registry.list", "registry.lookup",
+       "registry.register")
 
 #: frames the registry accepts (a lookup answer for 1000 gateways fits easily)
 MAX_FRAME = 1024 * 1024
@@ -234,6 +235,12 @@ class RegistryServer:
                          addresses=",".join(gw.addresses), role=gw.role, topics=len(gw.topics))
                 self._save()
             return {"ok": True, "evict_after_s": t.evict_after_s}
+        if op == "registry.deregister":   # a gateway stopping cleanly
+            found = t.deregister(args)
+            if found:
+                self.log("gateway_deregistered", name=args.get("name"))
+                self._save()
+            return {"ok": True, "found": found}
         if op == "registry.heartbeat":
             t.heartbeat(args)
             self.stats["heartbeats"] += 1

@@ -122,6 +122,10 @@ class GatewayTable:
         gw.last_seen_ms = self.clock.wall_ms()
         return gw
 
+    def deregister(self, args: dict[str, Any]) -> bool:
+        """Remove a gateway that stops cleanly; False when it was not registered."""
+        return self.gateways.pop(_name(args.get("name"), "name"), None) is not None
+
     def lookup(self, topic: str | None = None, building: str | None = None) -> list[dict[str, Any]]:
         """Gateways serving ``topic`` and/or in ``building`` (both None: all)."""
         now = self.clock.wall_ms()
