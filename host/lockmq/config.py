@@ -409,6 +409,8 @@ class MqttSection:
             adds sn, seq, msg_id and lock_ts_ms as user properties) or "json" (a JSON
             object with those fields and the payload in base64, for MQTT 3.1.1 clients).
         topic_scan_ms: how often wildcard subscriptions look for new topics.
+        max_connections: MQTT connections held at once (more are closed at once;
+            ``[security]`` limits per address apply too).
     """
 
     enabled: bool = False
@@ -422,6 +424,7 @@ class MqttSection:
     max_session_expiry_s: int = 7 * 24 * 3600
     envelope: str = "raw"
     topic_scan_ms: int = 1000
+    max_connections: int = 10_000
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``mqtt.*`` setting."""
@@ -429,7 +432,8 @@ class MqttSection:
             if not -1 <= getattr(self, name) <= 65535:
                 raise ValueError(f"mqtt.{name} must be a port, 0 (none) or -1 (any free port)")
         for name in ("max_packet_bytes", "max_inflight", "connect_timeout_s",
-                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms"):
+                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"mqtt.{name} must be positive")
         if self.envelope not in ("raw", "json"):

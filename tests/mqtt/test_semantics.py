@@ -223,3 +223,25 @@ def test_a_locks_online_state_is_a_retained_message(tmp_path):
         dash.close()
     finally:
         b.stop()
+
+
+def test_connections_over_the_cap_are_closed_at_once(tmp_path):
+    b = BrokerThread(str(tmp_path / "data"), **merge_tables(FAST_TIMERS, {
+        "mqtt": {"enabled": True, "port": -1, "max_connections": 1}})).start()
+    try:
+        port = b.broker.mqtt.port
+        s1, d1 = _raw(port, client_id="first")
+        assert _next(s1, d1).reason == 0
+        s2, d2 = _raw(port, client_id="second")
+        try:
+            assert _next(s2, d2) is None  # closed without a word: over the cap
+        except ConnectionResetError:      # (or reset: our CONNECT was still unread)
+            pass
+        s1.close()
+        s2.close()
+        wait_for(lambda: b.call(lambda: len(b.broker.mqtt.conns)) == 0, "the first gone")
+        s3, d3 = _raw(port, client_id="third")
+        assert _next(s3, d3).reason == 0
+        s3.close()
+    finally:
+        b.stop()

@@ -127,6 +127,14 @@ class MqttConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.peer_ip = str(peer[0])
         self.peer = f"{peer[0]}:{peer[1]}"
+        if len(self.server.conns) >= self.server.settings.max_connections:
+            self.server.stats.inc("mqtt_connections_refused")
+            self.server.log.limited("mqtt_connection_limit", peer=self.peer,
+                                    cap=self.server.settings.max_connections,
+                                    level="warning")
+            transport.close()
+            self.closed = True
+            return
         try:
             self.server.rights.admit(self.peer_ip)
             self.admitted = True
