@@ -530,7 +530,7 @@ class WebhooksSection:
         topics: lockmq topics whose records are POSTed.
         cluster: first part of the endpoints' cluster names.
         secret: HMAC-SHA256 key of the ``X-Lockmq-Signature`` header ("" = unsigned).
-        concurrency: POSTs in flight at once per endpoint (and topic).
+        concurrency: POSTs in flight at once per endpoint (all its topics together).
         timeout_s: a POST not answered within this is a failure (retried).
         ordered: per-lock order (a lock's next record waits for the previous one's 2xx).
         ca_file: CA bundle for https endpoints ("" = the system's).

@@ -384,8 +384,10 @@ class MqttConnection(asyncio.Protocol):
                 raise c.ProtocolViolation("Subscription Identifier 0")
         reasons = []
         retained: list[SubRecord] = []
+        ordered = any(k == "ordered" and v.lower() in ("1", "true", "yes")
+                      for k, v in p.props.get("user_property", ()))
         for s in p.subscriptions:
-            rec = SubRecord(s.filter, s.qos, sid)
+            rec = SubRecord(s.filter, s.qos, sid, ordered=ordered)
             existed = s.filter in self.subs
             code = self._subscribe(rec, resumed=False)
             reasons.append(code)
@@ -529,7 +531,8 @@ class MqttConnection(asyncio.Protocol):
             return reason_of(exc), message_of(exc)
         new = name not in srv.core.cluster_owners
         try:
-            cluster = srv.core.cluster(name, topic, srv.ordered, principal=self.principal)
+            cluster = srv.core.cluster(name, topic, srv.ordered or sub.rec.ordered,
+                                       principal=self.principal)
         except srv.cluster_error as exc:
             code = rc.NOT_AUTHORIZED if exc.code == "FORBIDDEN" else (
                 rc.QUOTA_EXCEEDED if exc.code == "LIMIT_EXCEEDED" else rc.IMPLEMENTATION_SPECIFIC)
