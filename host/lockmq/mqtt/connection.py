@@ -342,8 +342,7 @@ class MqttConnection(asyncio.Protocol):
             self.client_max_packet = int(p.props.get("maximum_packet_size", 0))
         else:
             expiry = 0 if p.clean_start else NEVER
-        if expiry != NEVER or p.version == c.V311:
-            expiry = min(expiry, s.max_session_expiry_s)
+        expiry = min(expiry, s.max_session_expiry_s)   # (MQTT 5 "never" too: CONNACK says)
         self.keepalive = min(p.keepalive, s.max_keepalive_s) if p.keepalive else 0
         present = srv.open_session(self, owner, cid, p.clean_start, expiry)
         self.connected = True

@@ -220,8 +220,7 @@ class MqttServer:
         """An MQTT 5 DISCONNECT changed the session expiry."""
         s = conn.session
         if s is not None:
-            s.expiry_s = min(expiry_s, self.settings.max_session_expiry_s) \
-                if expiry_s != 0xFFFFFFFF else expiry_s
+            s.expiry_s = min(expiry_s, self.settings.max_session_expiry_s)
 
     def session_closed(self, conn: MqttConnection) -> None:
         """``conn`` closed: its session waits for it (persistent) or ends."""
