@@ -538,6 +538,7 @@ class MqttConnection(asyncio.Protocol):
             return code, exc.message
         if private and new and fresh and not cluster.members:
             cluster.reset_to(srv.core.queue_end(topic))
+            srv.core.spawn(srv.core.save_positions())   # now, not at the next flush
         cap = self.recv_max
         member = srv.new_member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
                                 self._wake, cap)
