@@ -356,9 +356,9 @@ async def lean_connect(ep: Endpoint, make) -> LeanLock | None:  # type: ignore[n
     return None
 
 
-#: the compiled frame tag (``lockmq._speedups``), or None: MacLock's steady state
-_MAC_PADS = getattr(accel.speedups, "mac_pads", None)
-_FRAME_TAG = getattr(accel.speedups, "frame_tag", None)
+#: the compiled frame tag (``lockmq._core``), or None: MacLock's steady state
+_MAC_PADS = accel.speedups.mac_pads if accel.COMPILED else None
+_FRAME_TAG = accel.speedups.frame_tag if accel.COMPILED else None
 #: the first 9 bytes of every sealed PUBLISH_ACK (version, length 40, opcode, no SN,
 #: flags RESPONSE | MAC), and its size
 SEALED_ACK_SIZE = ACK_SIZE + 16
@@ -533,7 +533,7 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
             "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), **cpu}
 
 
-#: the protocol's one-frame reader: compiled when ``lockmq._speedups`` is (``lockmq.accel``)
+#: the protocol's one-frame reader: compiled when ``lockmq._core`` is in use (``lockmq.accel``)
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else _py_scan_frame
 
 

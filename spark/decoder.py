@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lockmq.store.records import FORMAT_VERSION as RECORD_FORMAT
-from lockmq.store.records import HEADER_SIZE, trailing_zeros
+from lockmq.store.records import HEADER, HEADER_SIZE, trailing_zeros
 
 from . import events
-from .arrays import at_every_byte
+from .arrays import at_every_byte, struct_dtype
 from .layout import MIN_LENGTH, record_ok
 
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
@@ -79,23 +79,10 @@ def projected(columns: tuple[str, ...] | None) -> tuple[pa.Schema, str]:
     return pa.schema([SCHEMA.field(n) for n in names]), ", ".join(f"{n} {_DDL_TYPES[n]}" for n in names)
 
 
-HDR_DTYPE = np.dtype(
-    [
-        ("length", "<u4"),
-        ("crc", "<u4"),
-        ("format", "u1"),
-        ("flags", "u1"),
-        ("topic_len", "<u2"),
-        ("sn_len", "u1"),
-        ("reserved", "u1"),
-        ("headers_len", "<u2"),
-        ("seq", "<u4"),
-        ("payload_len", "<u4"),
-        ("lock_ts_ms", "<u8"),
-        ("broker_ts_us", "<u8"),
-    ]
-)
-assert HDR_DTYPE.itemsize == HEADER_SIZE
+#: The record header as the store's codec lays it out (``lockmq.store.records.HEADER``:
+#: types, sizes and byte order from its struct format; only the names are ours).
+HDR_DTYPE = struct_dtype(HEADER, ("length", "crc", "format", "flags", "topic_len", "sn_len", "reserved",
+                                  "headers_len", "seq", "payload_len", "lock_ts_ms", "broker_ts_us"))
 _LEN_CRC = struct.Struct("<II")
 _LEN = struct.Struct("<I")
 #: Largest µs timestamp that fits a signed 64-bit value; larger ones become null.

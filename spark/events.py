@@ -11,13 +11,15 @@ nulls in these columns. Tests check this decoder against ``lockmq.protocol.LockE
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pyarrow as pa
 
 from lockmq.protocol import EventType, Method, Result
-from lockmq.protocol._event import EVENT_HEADER_SIZE
+from lockmq.protocol._event import _EVT, EVENT_HEADER_SIZE
 
-from .arrays import at_every_byte
+from .arrays import at_every_byte, struct_dtype
 
 UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -62,9 +64,10 @@ def _lookup(codes: np.ndarray, names: pa.Array, valid: np.ndarray) -> pa.Array:
     return pa.DictionaryArray.from_arrays(idx, names).cast(pa.string())
 
 
-#: The fixed part of a LockEvent, big-endian.
-EVENT_DTYPE = np.dtype([("event_type", "u1"), ("method", "u1"), ("result", "u1"), ("value", ">u2"),
-                        ("ts_ms", ">u8"), ("cred_len", "u1")])
+#: The fixed part of a LockEvent and its credential length byte, as the protocol's
+#: codec packs it (``lockmq.protocol._event._EVT``, then the ``pack8`` length).
+EVENT_DTYPE = struct_dtype(struct.Struct(_EVT + "B"), ("event_type", "method", "result", "value", "ts_ms",
+                                                        "cred_len"))
 assert EVENT_DTYPE.itemsize == EVENT_HEADER_SIZE + 1
 
 

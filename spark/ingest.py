@@ -2,33 +2,60 @@
 
     warehouse/
       events/date=YYYY-MM-DD/*.parquet      one row per message id (sn:seq)
-      duplicates/date=YYYY-MM-DD/*.parquet  every further copy seen (retransmissions,
-                                            overlapping exports, already-ingested ids)
+      duplicates/date=YYYY-MM-DD/*.parquet  every further copy of an id: another gateway
+                                            heard it, the lock sent it twice, or it is
+                                            already in events (never the same record twice)
       corrupt/*.parquet                      error rows (CRC mismatch ...) with raw bytes
-      _lockmq/state.json                     checkpoint: log position reached per log
+      _lockmq/                               progress, the writer's lock, staging
+                                             (:mod:`lockmq.spark.warehouse`)
 
-A run reads each log from its checkpointed position to its current end (both
-fixed on the driver before reading, so the run is deterministic), keeps the
-first copy of every message id (earliest broker time, then lowest offset) that
-is not already in ``events``, appends it, and only then moves the checkpoint. A
-rerun therefore reads nothing new; a run that died before its checkpoint is
-redone and the anti-join against ``events`` keeps it from adding anything twice.
-Timestamps are written as microseconds (TIMESTAMP_MICROS), dates are UTC dates
-of the broker time.
+A run takes the warehouse's lock, plans on the driver which bytes of which
+segments are new (progress is kept per segment identity, so a moved landing is
+not read again), then runs one Spark job over the planned partitions, two when some ids repeat:
+
+1. each task decodes its pieces once and writes every good row to Parquet itself
+   (pyarrow, dictionary-encoded, one file per date) -- no row crosses to the JVM --
+   returning the 64-bit message keys it wrote with their counts; Spark groups the
+   keys and joins them with the keys already in ``events``: the *flagged* keys
+   (more than one copy, or already stored) are usually none or few;
+2. only if there are some: each task takes the flagged rows out of its files and
+   hands them to Spark, which keeps the earliest copy of each id (broker time,
+   then gateway, offset) not yet in ``events`` and writes the others to
+   ``duplicates``.
+
+Everything goes to the run's staging folder; the commit moves it into the tables
+with the new progress (a crash leaves either nothing or a commit the next run
+finishes). Timestamps are microseconds, dates the UTC date of the broker time.
 """
 
 from __future__ import annotations
 
-import json
+import functools
+import math
 import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from . import plan as planner
+import numpy as np
 
-STATE_DIR = "_lockmq"
-STATE_FILE = "state.json"
+from . import ingest_tasks as tasks
+from . import plan as planner
+from .layout import list_segments
+from .warehouse import (
+    INDEX_STAGE,
+    SegmentWork,
+    WarehouseLock,
+    commit,
+    key_index,
+    load_state,  # noqa: F401  (re-exported: the checkpoint's reader)
+    progress_of,
+    recover,
+    segment_id,
+    staged_rows,
+    staging_dir,
+    STATE_VERSION,
+)
 
 
 @dataclass
@@ -42,44 +69,17 @@ class IngestResult:
     corrupt: int = 0
     missing_bytes: int = 0
     logs: int = 0
+    segments: int = 0
     seconds: float = 0.0
     offsets: dict[str, int] = field(default_factory=dict)
+    #: seconds per step (plan, keys, write, decide, commit): where the run's time went
+    steps: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for people."""
         return (f"ingest {self.run_id}: {self.logs} log(s), read {self.read} records, "
                 f"{self.new} new, {self.duplicates} duplicate(s), {self.corrupt} corrupt, "
                 f"{self.missing_bytes} bytes lost to retention, {self.seconds:.1f} s")
-
-
-def load_state(warehouse: str) -> dict:
-    """The checkpoint of a warehouse ({} if it has none)."""
-    path = os.path.join(warehouse, STATE_DIR, STATE_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return {}
-    if not isinstance(doc, dict):
-        raise ValueError(f"lockmq: {path} is not an ingest checkpoint")
-    return doc
-
-
-def save_state(warehouse: str, state: dict) -> None:
-    """Write the checkpoint atomically (temp file, fsync, rename)."""
-    d = os.path.join(warehouse, STATE_DIR)
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{STATE_FILE}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(d, STATE_FILE))
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _has_table(path: str) -> bool:
@@ -98,103 +98,177 @@ def _parquet_files(path: str) -> set[str]:
 
 
 def _rows_added(path: str, before: set[str]) -> int:
-    """Rows in the files this run added to the table at ``path`` (listed as ``before``
-    when it started writing): only the new files' footers are read, so the count
-    costs what the run wrote, not the size of the whole table."""
+    """Rows in the files added to the table at ``path`` since it was listed as ``before``."""
     import pyarrow.parquet as pq
 
     return sum(pq.read_metadata(f).num_rows for f in _parquet_files(path) - before)
 
 
-def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = None,
-           max_partition_bytes: int = planner.DEFAULT_MAX_PARTITION_BYTES) -> IngestResult:
-    """Ingest the logs under ``sources`` into ``warehouse`` (see the module docstring)."""
-    from pyspark import StorageLevel
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+def plan_work(logs: list[planner.Log], progress: dict[str, int]) -> list[SegmentWork]:
+    """The segments with bytes not yet ingested, one entry per segment identity.
 
+    The same segment found twice (a landing and its copy, an export and the live
+    data directory) is read once, from the copy that has the most of it.
+    """
+    best: dict[str, SegmentWork] = {}
+    for log in logs:
+        segs = log.segments()
+        for i, seg in enumerate(segs):
+            sid = segment_id(log.gateway_id, seg)
+            if sid is None:
+                continue
+            # the newest segment of a log may be live: only its complete records count
+            end = seg.size if i + 1 < len(segs) else planner.log_end(segs, log.directory) - seg.base
+            have = best.get(sid)
+            if have is None or end > have.end:
+                best[sid] = SegmentWork(log, seg, sid, progress.get(sid, 0), end)
+    return [w for w in best.values() if w.end > w.done]
+
+
+def _missing_bytes(logs: list[planner.Log], ends: dict[str, int]) -> int:
+    """Log positions of a gateway between what was ingested and its oldest segment now."""
+    first: dict[str, int] = {}
+    for log in logs:
+        segs = list_segments(log.directory)
+        if segs:
+            gw = log.gateway_id or ""
+            first[gw] = min(first.get(gw, segs[0].base), segs[0].base)
+    return sum(max(0, base - ends[gw]) for gw, base in first.items() if gw in ends)
+
+
+def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = None,
+           max_partition_bytes: int = planner.DEFAULT_MAX_PARTITION_BYTES, wait: float = 0.0) -> IngestResult:
+    """Ingest the logs under ``sources`` into ``warehouse`` (see the module docstring).
+
+    Raises :class:`~lockmq.spark.warehouse.WarehouseBusy` if another ingest is
+    writing to the warehouse (after waiting ``wait`` seconds for it).
+    """
     t0 = time.monotonic()
     warehouse = os.path.abspath(warehouse)
     os.makedirs(warehouse, exist_ok=True)
-    state = load_state(warehouse)
-    done: dict[str, int] = state.get("offsets", {})
-    logs = planner.discover(sources, gateway_id)
-    first = planner.earliest(logs)
-    start = {k: max(done.get(k, v), 0) for k, v in first.items()}
-    end = planner.latest(logs)
-    end = {k: max(v, start[k]) for k, v in end.items()}
-    _, missing = planner.pieces(logs, start, end)
-    res = IngestResult(run_id=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6],
-                       logs=len(logs), missing_bytes=missing, offsets=end)
-    if all(end[k] <= start[k] for k in end):
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+    with WarehouseLock(warehouse, run_id, wait):
+        state = recover(warehouse)
+        logs = planner.discover(sources, gateway_id)
+        progress = progress_of(state, logs)
+        ends: dict[str, int] = dict(state.get("ends", {}))
+        work = plan_work(logs, progress)
+        res = IngestResult(run_id=run_id, logs=len(logs), segments=len(work),
+                           missing_bytes=_missing_bytes(logs, ends))
+        res.steps["plan"] = time.monotonic() - t0
+        if work:
+            _run(spark, work, warehouse, run_id, max_partition_bytes, res)
+        for w in work:
+            progress[w.sid] = w.end
+            gw = w.log.gateway_id or ""
+            ends[gw] = max(ends.get(gw, 0), w.seg.base + w.end)
+        res.offsets = {w.sid: w.end for w in work}
         res.seconds = time.monotonic() - t0
-        return res
-    options = {"paths": ",".join(os.path.abspath(s) for s in sources),
-               "startingOffsets": json.dumps(start), "endingOffsets": json.dumps(end),
-               "maxPartitionBytes": str(max_partition_bytes),
-               "minPartitions": str(spark.sparkContext.defaultParallelism)}
-    if gateway_id:
-        options["gatewayId"] = gateway_id
-    # write date partitions without sorting the rows first (falls back to sorting
-    # past this many dates per task)
-    spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "64")
-    raw = spark.read.format("lockmq").options(**options).load()
-    # Pass 1 (ids only, decoded alone): the few message ids that need a decision -- seen more than
-    # once in this run, or already in `events` -- and the corrupt rows (null id).
-    # Only message_id crosses the shuffle, and nothing is cached: caching all 18
-    # decoded columns cost more than decoding the log a second time.
-    ids = (spark.read.format("lockmq").options(**options, columns="message_id,error").load()
-           .groupBy("message_id").agg(F.count(F.lit(1)).alias("_n"), F.count("error").alias("_bad")))
-    events_path = os.path.join(warehouse, "events")
-    if _has_table(events_path):
-        known = spark.read.parquet(events_path).select("message_id").distinct().withColumn("_known", F.lit(True))
-        ids = ids.join(known, "message_id", "left")
-    else:
-        ids = ids.withColumn("_known", F.lit(None).cast("boolean"))
-    # Materialised before anything is written: appending to `events` makes Spark
-    # refresh plans that read it, which would turn every new id into a known one.
-    flagged = (ids.filter(F.col("message_id").isNull() | (F.col("_n") > 1) | F.col("_known").isNotNull())
-               .select("message_id", "_n", "_bad", F.coalesce("_known", F.lit(False)).alias("_known"))
-               .localCheckpoint(eager=True))
-    bad_row = flagged.filter(F.col("message_id").isNull()).select("_bad").first()
-    res.corrupt = int(bad_row["_bad"]) if bad_row else 0
-    flagged = flagged.filter(F.col("message_id").isNotNull()).select("message_id", "_known")
-    n_flagged = flagged.count()
-    hint = F.broadcast(flagged) if n_flagged <= 2_000_000 else flagged
-    # Pass 2 (all columns): ids seen once and never before go straight to the writer;
-    # of the others, the earliest copy of an id not yet ingested is kept.
-    good = raw.filter(F.col("error").isNull()).drop("error").withColumn("date", F.to_date("broker_ts"))
-    plain = good.join(hint, "message_id", "left_anti")
-    w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
-    special = good.join(hint, "message_id", "inner").withColumn("_copy", F.row_number().over(w))
-    if n_flagged:
-        # the flagged copies are few: keep them for the duplicates table (no third decode)
-        special = special.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        winners = special.filter((F.col("_copy") == 1) & ~F.col("_known")).drop("_copy", "_known")
-        cols = [c for c in good.columns if c != "date"] + ["date"]
-        new = plain.select(cols).unionByName(winners.select(cols))
-        before = _parquet_files(events_path)
-        new.write.mode("append").partitionBy("date").parquet(events_path)
-        res.new = _rows_added(events_path, before)
-        if n_flagged:
-            dups = (special.filter((F.col("_copy") > 1) | F.col("_known"))
-                    .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested"))
-                                .otherwise(F.lit("repeated copy")))
-                    .withColumn("ingest_run", F.lit(res.run_id)).drop("_copy", "_known", "payload"))
-            dups_path = os.path.join(warehouse, "duplicates")
-            before = _parquet_files(dups_path)
-            dups.write.mode("append").partitionBy("date").parquet(dups_path)
-            res.duplicates = _rows_added(dups_path, before)
-    finally:
-        special.unpersist()
-    res.read = res.new + res.duplicates
-    if res.corrupt:
-        bad = raw.filter(F.col("error").isNotNull()).withColumn("ingest_run", F.lit(res.run_id))
-        bad.write.mode("append").parquet(os.path.join(warehouse, "corrupt"))
-    done.update(end)
-    runs = state.get("runs", [])[-99:]
-    res.seconds = time.monotonic() - t0
-    runs.append({k: v for k, v in asdict(res).items() if k != "offsets"})
-    save_state(warehouse, {"version": 1, "offsets": done, "runs": runs})
+        runs = state.get("runs", [])[-99:]
+        runs.append({k: v for k, v in asdict(res).items() if k not in ("offsets", "steps")})
+        new_state = {"version": STATE_VERSION, "segments": progress, "ends": ends, "runs": runs}
+        t1 = time.monotonic()
+        if work or state.get("version") != STATE_VERSION:
+            commit(warehouse, run_id, new_state)
+        res.steps["commit"] = time.monotonic() - t1
+        res.seconds = time.monotonic() - t0
     return res
+
+
+def _shuffle_partitions(spark, total_bytes: int) -> int:
+    """Slices of the key space for the key exchange (and partitions of Spark's shuffles):
+    the cores, more only past ~1 GiB of log per slice (a key is 8 bytes a record,
+    a tenth of the log)."""
+    cores = spark.sparkContext.defaultParallelism
+    return max(cores, math.ceil(total_bytes / (1 << 30)))
+
+
+def _index_events(spark, events_path: str, stage: str) -> str:
+    """Keys of every id already in ``events`` (a table written before the key index
+    existed), saved in the run's staging folder; the commit keeps it in the index."""
+    keys = (spark.read.parquet(events_path).select("sn", "seq").mapInArrow(tasks.known_key_task, "key BIGINT")
+            .toArrow().column("key").to_numpy())
+    d = os.path.join(stage, INDEX_STAGE)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "events.npy")
+    np.save(path, np.unique(keys.astype(np.int64)))
+    return path
+
+
+def _run(spark, work: list[SegmentWork], warehouse: str, run_id: str, max_partition_bytes: int,
+         res: IngestResult) -> None:
+    sc = spark.sparkContext
+    t0 = time.monotonic()
+    items = [planner.Piece(w.log.directory, w.log.gateway_id, w.seg.path, w.seg.base, w.done, w.end) for w in work]
+    parts = planner.pack(items, max_partition_bytes, sc.defaultParallelism)
+    # one row per planned task, made by the JVM (no Python stage to build it); the
+    # plan itself travels with the task function
+    desc = spark.range(0, len(parts), 1, len(parts))
+    old_shuffle = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(_shuffle_partitions(spark, sum(p.size for p in items))))
+    stage = staging_dir(warehouse, run_id)
+    events_path = os.path.join(warehouse, "events")
+    try:
+        # one decode: every good row written by the tasks, their message keys saved
+        desc.mapInArrow(functools.partial(tasks.write_task, plan=parts, stage=stage, run_id=run_id),
+                        tasks.WRITE_DDL).collect()
+        t1 = time.monotonic()
+        res.steps["decode+write"] = t1 - t0
+        known = _has_table(events_path)
+        index = key_index(warehouse)
+        if known and not index:
+            index = [_index_events(spark, events_path, stage)]  # a warehouse from before the index
+        keys_dir = os.path.join(stage, tasks.KEYS)
+        ranges = _shuffle_partitions(spark, sum(p.size for p in items))
+        flag = spark.range(0, ranges, 1, ranges).mapInArrow(functools.partial(
+            tasks.flag_task, run_files=[os.path.join(keys_dir, f"part-{t:05d}.npy") for t in range(len(parts))],
+            rep_files=[os.path.join(keys_dir, f"part-{t:05d}.rep.npy") for t in range(len(parts))],
+            index_files=index, ranges=ranges), "key BIGINT")
+        flagged = np.unique(flag.toArrow().column("key").to_numpy().astype(np.int64))
+        t2 = time.monotonic()
+        res.steps["keys"] = t2 - t1
+        if len(flagged):
+            # the few rows needing a decision leave the written files for Spark to rank
+            unsorted = os.path.join(stage, "unsorted")
+            os.replace(os.path.join(stage, "events"), unsorted)
+            bc = sc.broadcast(flagged)
+            try:
+                special = desc.mapInArrow(functools.partial(tasks.split_task, plan=parts, unsorted=unsorted,
+                                                            stage=stage, flagged=bc), tasks.EVENT_DDL).localCheckpoint(eager=True)
+                t3 = time.monotonic()
+                res.steps["split"] = t3 - t2
+                _decide(spark, special, events_path if known else None, stage, run_id)
+                res.steps["decide"] = time.monotonic() - t3
+            finally:
+                bc.unpersist()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", old_shuffle)
+    res.new = staged_rows(stage, "events")
+    res.duplicates = staged_rows(stage, "duplicates")
+    res.corrupt = staged_rows(stage, "corrupt")
+    res.read = res.new + res.duplicates
+
+
+def _decide(spark, special, events_path: str | None, stage: str, run_id: str) -> None:
+    """Rank the flagged rows: the earliest copy of an id not in ``events`` is new, the rest duplicates."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    special = special.withColumn("date", F.to_date("broker_ts"))
+    if events_path is not None:
+        ids = special.select("message_id").distinct()
+        known = (spark.read.parquet(events_path).select("message_id").join(ids, "message_id", "left_semi")
+                 .distinct().withColumn("_known", F.lit(True)))
+        special = special.join(known, "message_id", "left")
+    else:
+        special = special.withColumn("_known", F.lit(None).cast("boolean"))
+    w = Window.partitionBy("message_id").orderBy(F.col("broker_ts").asc_nulls_last(), "gateway_id", "offset")
+    ranked = (special.withColumn("_copy", F.row_number().over(w))
+              .withColumn("_known", F.coalesce("_known", F.lit(False))).localCheckpoint(eager=True))
+    cols = tasks.EVENT_SCHEMA.names + ["date"]
+    winners = ranked.filter((F.col("_copy") == 1) & ~F.col("_known")).select(cols)
+    winners.write.mode("append").partitionBy("date").parquet(os.path.join(stage, "events"))
+    dups = (ranked.filter((F.col("_copy") > 1) | F.col("_known"))
+            .withColumn("reason", F.when(F.col("_known"), F.lit("already ingested")).otherwise(F.lit("repeated copy")))
+            .withColumn("ingest_run", F.lit(run_id)).drop("_copy", "_known", "payload"))
+    dups.write.mode("append").partitionBy("date").parquet(os.path.join(stage, "duplicates"))

@@ -387,6 +387,176 @@ class TransactionsSection:
 
 
 @dataclass
+class MqttSection:
+    """The MQTT 3.1.1 / 5 listener for backends (``lockmq.mqtt``; docs/mqtt.md).
+
+    Attributes:
+        enabled: serve MQTT (off by default: the lockmq protocol is the only way in).
+        host: address to listen on ("" = ``[broker] host``).
+        port: plain-TCP MQTT port (1883 is MQTT's; -1 = any free port, logged as
+            ``port=`` in ``mqtt_started``; 0 = no plain listener). Tokens go over it
+            only from ``[security] allow_plain_tokens_from``, as on the main port.
+        tls_port: MQTT over TLS with the broker's ``[security] tls_cert``/``tls_key``
+            (8883 is MQTT's; -1 = any free port; 0 = none).
+        max_packet_bytes: largest MQTT packet accepted (refused before it is buffered).
+        max_inflight: QoS 1 deliveries waiting for their PUBACK on one connection (the
+            client's Receive Maximum may lower it).
+        connect_timeout_s: time a new connection has to send its CONNECT.
+        max_keepalive_s: largest keepalive granted (MQTT 5 Server Keep Alive).
+        max_session_expiry_s: longest a persistent session outlives its connection
+            (MQTT 3.1.1 clean session false: exactly this long).
+        envelope: what a delivered PUBLISH carries: "raw" (the record's payload; MQTT 5
+            adds sn, seq, msg_id and lock_ts_ms as user properties) or "json" (a JSON
+            object with those fields and the payload in base64, for MQTT 3.1.1 clients).
+        topic_scan_ms: how often wildcard subscriptions look for new topics.
+    """
+
+    enabled: bool = False
+    host: str = ""
+    port: int = 1883
+    tls_port: int = 0
+    max_packet_bytes: int = 1 << 20
+    max_inflight: int = 256
+    connect_timeout_s: float = 10.0
+    max_keepalive_s: int = 3600
+    max_session_expiry_s: int = 7 * 24 * 3600
+    envelope: str = "raw"
+    topic_scan_ms: int = 1000
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``mqtt.*`` setting."""
+        for name in ("port", "tls_port"):
+            if not -1 <= getattr(self, name) <= 65535:
+                raise ValueError(f"mqtt.{name} must be a port, 0 (none) or -1 (any free port)")
+        for name in ("max_packet_bytes", "max_inflight", "connect_timeout_s",
+                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"mqtt.{name} must be positive")
+        if self.envelope not in ("raw", "json"):
+            raise ValueError("mqtt.envelope must be 'raw' or 'json'")
+        if self.enabled and not self.port and not self.tls_port:
+            raise ValueError("mqtt.port and mqtt.tls_port are both 0: nothing to listen on")
+
+
+@dataclass
+class BridgeSection:
+    """A northbound bridge: chosen topics forwarded to an upstream MQTT broker (the
+    campus's or a cloud's) at least once, as a consumer cluster whose position is
+    persisted (``lockmq.mqtt.bridge``; docs/mqtt.md).
+
+    Attributes:
+        enabled: run the bridge.
+        upstream: ``host:port`` of the upstream MQTT broker.
+        topics: lockmq topics to forward (each read by the cluster ``<cluster>.<topic>``,
+            per-lock ordered: a lock's records reach the upstream in its order).
+        cluster: name of the bridge's consumer clusters (their positions are what the
+            bridge has forwarded and the upstream acknowledged).
+        remote_prefix: prepended to a record's MQTT topic name upstream
+            (``building-7/`` + ``lock/events``).
+        client_id: the bridge's MQTT client id upstream ("" = ``lockmq-bridge-<host>``).
+        username: user name upstream ("" = none).
+        password: password upstream ("" = none).
+        version: MQTT version spoken upstream: 4 (3.1.1) or 5.
+        tls: connect to the upstream with TLS (system CAs, or ``ca_file``).
+        ca_file: CA bundle for the upstream's certificate ("" = the system's).
+        envelope: "json" (the record's id fields with the payload in base64: what an
+            idempotent upstream consumer keys on) or "raw" (MQTT 5 carries the ids as
+            user properties).
+        max_inflight: records sent upstream and not yet acknowledged (PUBACK).
+        keepalive_s: MQTT keepalive upstream.
+        reconnect_min_s: first wait before reconnecting (doubles, with jitter).
+        reconnect_max_s: longest wait before reconnecting.
+        command_filter: an upstream topic filter whose PUBLISHes are commands for the
+            locks (their topic ends ``<SN>/<kind>``, as ``lockmq/command/<SN>/<kind>``)
+            ("" = none); they go through the same rights as any command, those of
+            ``command_token``.
+        command_token: the lockmq token whose rights upstream commands have.
+    """
+
+    enabled: bool = False
+    upstream: str = ""
+    topics: list[str] = field(default_factory=list)
+    cluster: str = "bridge"
+    remote_prefix: str = ""
+    client_id: str = ""
+    username: str = ""
+    password: str = ""
+    version: int = 5
+    tls: bool = False
+    ca_file: str = ""
+    envelope: str = "json"
+    max_inflight: int = 100
+    keepalive_s: int = 30
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    command_filter: str = ""
+    command_token: str = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``bridge.*`` setting."""
+        if not self.enabled:
+            return
+        host, sep, port = self.upstream.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("bridge.upstream must be host:port")
+        if not self.topics:
+            raise ValueError("bridge.topics must name at least one topic")
+        if self.version not in (4, 5):
+            raise ValueError("bridge.version must be 4 (MQTT 3.1.1) or 5")
+        if self.envelope not in ("raw", "json"):
+            raise ValueError("bridge.envelope must be 'raw' or 'json'")
+        if self.max_inflight <= 0 or self.keepalive_s <= 0 or self.reconnect_min_s <= 0 \
+                or self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("bridge: max_inflight, keepalive_s and reconnect_min_s must be "
+                             "positive, reconnect_max_s >= reconnect_min_s")
+        if self.command_filter and not self.command_token:
+            raise ValueError("bridge.command_filter needs bridge.command_token (whose rights "
+                             "upstream commands have)")
+
+
+@dataclass
+class WebhooksSection:
+    """Webhooks: each record of chosen topics POSTed to HTTP(S) endpoints, each
+    endpoint a consumer cluster (``lockmq.mqtt.webhooks``; docs/mqtt.md).
+
+    Attributes:
+        enabled: run the webhook sink.
+        endpoints: ``URL`` or ``NAME=URL`` per endpoint (the name goes into its
+            clusters' names: ``<cluster>.<name>.<topic>``; default a hash of the URL).
+        topics: lockmq topics whose records are POSTed.
+        cluster: first part of the endpoints' cluster names.
+        secret: HMAC-SHA256 key of the ``X-Lockmq-Signature`` header ("" = unsigned).
+        concurrency: POSTs in flight at once per endpoint (and topic).
+        timeout_s: a POST not answered within this is a failure (retried).
+        ordered: per-lock order (a lock's next record waits for the previous one's 2xx).
+        ca_file: CA bundle for https endpoints ("" = the system's).
+    """
+
+    enabled: bool = False
+    endpoints: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    cluster: str = "webhooks"
+    secret: str = ""
+    concurrency: int = 4
+    timeout_s: float = 10.0
+    ordered: bool = False
+    ca_file: str = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``webhooks.*`` setting."""
+        if not self.enabled:
+            return
+        if not self.endpoints or not self.topics:
+            raise ValueError("webhooks.endpoints and webhooks.topics must not be empty")
+        for e in self.endpoints:
+            url = e.partition("=")[2] if "=" in e and "://" not in e.partition("=")[0] else e
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"webhooks.endpoints: {e!r} is not an http(s) URL")
+        if self.concurrency <= 0 or self.timeout_s <= 0:
+            raise ValueError("webhooks.concurrency and webhooks.timeout_s must be positive")
+
+
+@dataclass
 class Config:
     """The whole broker configuration (one TOML file)."""
 
@@ -398,6 +568,9 @@ class Config:
     scheduled: ScheduledSection = field(default_factory=ScheduledSection)
     registry: RegistrySection = field(default_factory=RegistrySection)
     transactions: TransactionsSection = field(default_factory=TransactionsSection)
+    mqtt: MqttSection = field(default_factory=MqttSection)
+    bridge: BridgeSection = field(default_factory=BridgeSection)
+    webhooks: WebhooksSection = field(default_factory=WebhooksSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -477,6 +650,9 @@ class Config:
         if k.result_timeout_s <= 0:
             raise ValueError("commands.result_timeout_s must be positive")
         self.registry.validate()
+        self.mqtt.validate()
+        self.bridge.validate()
+        self.webhooks.validate()
 
     def store_config(self) -> Any:
         """The ``lockmq.store.StoreConfig`` of this broker (``data_dir`` from ``[broker]``)."""
@@ -519,6 +695,9 @@ _SECTIONS = {
     "scheduled": ScheduledSection,
     "registry": RegistrySection,
     "transactions": TransactionsSection,
+    "mqtt": MqttSection,
+    "bridge": BridgeSection,
+    "webhooks": WebhooksSection,
 }
 
 
@@ -585,7 +764,7 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security)"
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt|bridge|webhooks)"
                       r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``

@@ -53,13 +53,28 @@ class ExportResult:
     records: int = 0
     parquet_files: list[str] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)
+    #: the segment the broker is writing: left out (no ``include_active``), copied,
+    #: or already there unchanged since the last export
+    active: str = "left out"
+    #: complete records in the active segment (counted when it decides the message)
+    active_records: int = 0
 
     def summary(self) -> str:
-        """One line for people."""
-        if not self.exported:
-            return f"nothing new to export to {self.dest} ({self.skipped} segment(s) already there)"
-        return (f"exported {len(self.exported)} segment(s), {self.records} records, {self.bytes} bytes "
-                f"from gateway {self.gateway_id} to {self.dest}")
+        """What happened, and what to do when nothing did."""
+        if self.exported:
+            extra = " (the active segment's complete records included)" if self.active == "copied" else ""
+            return (f"exported {len(self.exported)} segment(s), {self.records} records, {self.bytes} bytes "
+                    f"from gateway {self.gateway_id} to {self.dest}{extra}")
+        there = f"{self.skipped} segment(s) already there"
+        if self.active == "unchanged":
+            return (f"nothing new to export to {self.dest}: {there}, the active segment unchanged "
+                    f"since the last export ({self.active_records} records)")
+        if self.active_records:
+            return (f"nothing new to export to {self.dest}: no closed segment that is not already there "
+                    f"({there}); the active segment, which the broker is still writing, holds "
+                    f"{self.active_records} record(s): pass --include-active to copy them now, or export "
+                    f"again once it is closed ([store] segment_ms)")
+        return f"nothing new to export to {self.dest} ({there})"
 
 
 def _identity(src: str, gateway_id: str | None) -> tuple[str, str]:
@@ -91,22 +106,36 @@ def _check_manifest(doc: dict, gateway: str, where: str) -> dict:
     return doc
 
 
-def _plan(src: str, manifest: dict, include_active: bool) -> tuple[list[tuple[Segment, bool]], int]:
+def _plan(src: str, manifest: dict, include_active: bool,
+          res: ExportResult) -> list[tuple[Segment, bytes | None]]:
+    """The segments to copy, each with its bytes when already read (the active one).
+
+    The active segment is compared by its complete records, not its file size
+    (the store preallocates it): unchanged since the last export, it is skipped."""
     segs = list_segments(src)
     if not segs:
         raise ExportError(f"{src} holds no commit-log segments ({SEGMENT_DIR}/*.log)")
-    todo = []
-    skipped = 0
+    todo: list[tuple[Segment, bytes | None]] = []
     for i, seg in enumerate(segs):
         active = i == len(segs) - 1
-        if active and not include_active:
-            continue
         have = manifest["segments"].get(os.path.basename(seg.path))
-        if have and (have["bytes"] == seg.size or (active and have["bytes"] >= seg.size)):
-            skipped += 1
+        if not active:
+            if have and have["bytes"] == seg.size:
+                res.skipped += 1
+            else:
+                todo.append((seg, None))
             continue
-        todo.append((seg, active))
-    return todo, skipped
+        data = _segment_bytes(seg, True) if include_active or not todo else None
+        if data is not None:
+            res.active_records = walk_boundaries(data, 0, len(data))[1]
+        if not include_active:
+            continue
+        if have and have["bytes"] >= len(data):
+            res.active = "unchanged"
+        elif data:
+            res.active = "copied"
+            todo.append((seg, data))
+    return todo
 
 
 def _stamp(clock: Clock) -> str:
@@ -162,10 +191,10 @@ def _export_dir(src: str, dest: str, broker: str, gateway: str, include_active: 
             manifest = _check_manifest(json.load(f), gateway, mpath)
     else:
         manifest = _new_manifest(broker, gateway)
-    todo, res.skipped = _plan(src, manifest, include_active)
+    todo = _plan(src, manifest, include_active, res)
     names = []
-    for seg, active in todo:
-        data = _segment_bytes(seg, active)
+    for seg, data in todo:
+        data = _segment_bytes(seg, False) if data is None else data
         name = os.path.basename(seg.path)
         _write_atomic(os.path.join(seg_dir, name), data)
         manifest["segments"][name] = _describe(data, seg, clock)
@@ -192,13 +221,13 @@ def _export_tar(src: str, dest: str, broker: str, gateway: str, include_active: 
                     found = m  # the last copy wins, as when extracting
             if found is not None:
                 manifest = _check_manifest(json.load(tf.extractfile(found)), gateway, f"{dest}:{MANIFEST}")
-    todo, res.skipped = _plan(src, manifest, include_active)
+    todo = _plan(src, manifest, include_active, res)
     if not todo:
         return
     names = []
     with tarfile.open(dest, "a:" if os.path.exists(dest) else "w:") as tf:
-        for seg, active in todo:
-            data = _segment_bytes(seg, active)
+        for seg, data in todo:
+            data = _segment_bytes(seg, False) if data is None else data
             name = os.path.basename(seg.path)
             info = tarfile.TarInfo(f"{SEGMENT_DIR}/{name}")
             info.size, info.mtime = len(data), int(time.time())

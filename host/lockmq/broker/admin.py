@@ -309,15 +309,16 @@ class Admin:
         recs = []
         for o in wanted:
             got = store.read(topic, o, 1)
-            if got and got[0].queue_offset == o:
-                recs.append(got[0])
+            if got and got[0].queue_offset == o and not (got[0].headers or {}).get("damaged"):
+                recs.append(got[0])   # (a damaged record's entry has nothing to replay)
         if not recs:
             raise AdminError("INVALID_ARGUMENT", f"no dead letters at those offsets of {topic}")
         now = int(time.time() * 1000)
         out = []
         for r in recs:
             h = dict(r.headers or {})
-            h.update({"due_ms": now, "retries": 0, "deliveries": 0,
+            # due now on the steady scale retry due times are judged on (lockmq.clock)
+            h.update({"due_ms": int(self.core.steady_ms()), "retries": 0, "deliveries": 0,
                       "reason": f"replayed from {topic}@{r.queue_offset}",
                       "replayed_ms": now})
             h["level"] = 0

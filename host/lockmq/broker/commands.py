@@ -6,6 +6,7 @@ Flow::
     broker  --COMMAND(target, broker cmd_id, expires_ms, kind, args, mac)--> lock
     lock    --COMMAND_RESULT(target, broker cmd_id, status, detail)--> broker
     broker  --COMMAND_RESULT(target, service cmd_id, status, detail)--> service
+                   (a service cmd_id of 0: the broker cmd_id, the one the lock logs)
                                           (RESPONSE flag, the service's opaque)
 
 The broker numbers commands per lock itself (the lock runs only a ``cmd_id`` higher
@@ -58,7 +59,7 @@ class Pending:
     """A command on its way to a lock."""
 
     __slots__ = ("sender", "opaque", "cmd", "broker_id", "sent_at", "received_ms", "lock_conn",
-                 "owner", "cost", "attempts", "done")
+                 "owner", "cost", "attempts", "done", "deadline")
 
     def __init__(self, sender: "Connection", opaque: int, cmd: Command, broker_id: int,
                  owner: str = "", cost: int = 0) -> None:
@@ -68,6 +69,9 @@ class Pending:
         self.broker_id = broker_id
         self.sent_at = 0.0
         self.received_ms = int(time.time() * 1000)
+        #: when it expires, on the monotonic clock: a step of the wall clock neither
+        #: expires a waiting command early nor keeps it past its time
+        self.deadline = time.monotonic() + (cmd.expires_ms - self.received_ms) / 1000
         self.lock_conn: "Connection | None" = None
         self.owner = owner          # whose caps it counts against
         self.cost = cost            # bytes it counts for (its frame to the lock)
@@ -299,10 +303,10 @@ class Commands:
         q = self.queued.pop(sn, None)
         if not q:
             return
-        now_ms = int(time.time() * 1000)
+        now = time.monotonic()
         for p in q:
             self.total -= 1
-            if p.cmd.expires_ms <= now_ms:
+            if p.deadline <= now:
                 self._answer(p, CommandStatus.OFFLINE, "the lock stayed offline until expiry")
                 continue
             self._forward(lock, p)
@@ -357,8 +361,10 @@ class Commands:
             self.log("command_result_dropped", target=p.cmd.target,
                             reason="sender disconnected", status=status, level="warning")
             return
+        # a sender's cmd_id 0 asks the broker to number it: the answer then carries the
+        # id the lock ran and logged (`lockmq command` prints it), else the sender's own
         p.sender.send_frame(Op.COMMAND_RESULT, CommandResult(
-            p.cmd.target, p.cmd.cmd_id, status, detail[:1000]).encode(), p.opaque,
+            p.cmd.target, p.cmd.cmd_id or p.broker_id, status, detail[:1000]).encode(), p.opaque,
             Flag.RESPONSE)
 
     def connection_closed(self, conn: "Connection") -> None:
@@ -399,12 +405,12 @@ class Commands:
 
     def sweep(self) -> None:
         """Answer commands whose expiry or result timeout passed."""
-        now_ms = int(time.time() * 1000)
+        now = time.monotonic()
         for sn in list(self.queued):
             q = self.queued[sn]
             keep = deque()
             for p in q:
-                if p.cmd.expires_ms <= now_ms:
+                if p.deadline <= now:
                     self.total -= 1
                     self._answer(p, CommandStatus.OFFLINE,
                                  "the lock stayed offline until the command expired")

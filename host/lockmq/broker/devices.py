@@ -32,6 +32,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .firmware_bundles import lock_firmware
 from lockmq.config import DevicesSection
 from lockmq.protocol import Disconnect, Op
 from lockmq.security import BrokerGuard, SecurityError
@@ -237,6 +238,9 @@ class Devices:
             d: dict[str, Any] = {"sn": sn, "peer": conn.peer,
                                  "since_ms": int(conn.connected_at * 1000),
                                  "idle_s": round(now - conn.last_seen, 3)}
+            connect = getattr(conn.session, "connect", None)   # what it said at CONNECT
+            if connect is not None:
+                d.update(lock_firmware(connect.client))
             if hb is not None:
                 d.update({"uptime_s": hb.uptime_s, "queued": hb.queued, "dropped": hb.dropped,
                           "battery_pct": None if hb.battery_pct == 255 else hb.battery_pct,

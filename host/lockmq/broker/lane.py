@@ -3,9 +3,9 @@
 At one record per read, a read entering Python (uvloop's callback, the read's bytes,
 the GIL, the connection's and the publish path's calls) cost the broker about as
 much as the kernel's work for it. So a connection in its steady state is handed to
-the compiled lane (``lockmq._speedups.Lane``): its transport stops reading and its
+the compiled lane (``lockmq._core.Lane``): its transport stops reading and its
 socket joins the lane's epoll set, which the loop watches as one fd. When that fd is
-readable, one :meth:`Lane._ready` reads every ready socket in C, stores the records
+readable, one :meth:`Lane._ready` reads every ready socket in compiled code, stores the records
 of all of them with one :meth:`PublishPath.submit`, and one ``answer`` call sends
 every ack of the group commit. Python runs per loop iteration, not per read.
 
@@ -66,8 +66,8 @@ from .publish import PublishPath
 if TYPE_CHECKING:   # (connection.py imports this module)
     from .connection import Connection, Connections
 
-#: the compiled lane, or None (pure Python, or a _speedups built before it)
-LANE_TYPE: Any = getattr(accel.speedups, "Lane", None)
+#: the compiled lane (lockmq._core.Lane), or None (pure Python)
+LANE_TYPE: Any = accel.speedups.Lane if accel.COMPILED else None
 #: records the lane reads in one poll at most (the rest stay ready for the next)
 POLL_RECORDS = 4096
 #: a store writer that has not read the lane for this long gives it back to the loop

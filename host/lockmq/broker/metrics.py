@@ -96,6 +96,8 @@ COUNTER_HELP: dict[str, str] = {
     "status_bad_requests": "Status-page requests that could not be parsed (400)",
     "retention_skipped": "Messages clusters skipped because retention deleted them unread",
     "clusters_expired": "Clusters expired after [clusters] offsets_retention_ms unused",
+    "clock_steps": "Steps of the wall clock the broker saw (durations it judges are on "
+                   "steady time and do not move)",
 }
 
 #: Broker counters exported under another name: ``store_batches`` would collide with
@@ -113,6 +115,8 @@ STORE_COUNTER_HELP: dict[str, str] = {
     "full": "Batches refused because the disk is full (min_free_bytes)",
     "skipped_records": "Records retention deleted before the slowest cluster read them",
     "time_rolls": "Segments closed by age (segment_ms) rather than size",
+    "damaged_records": "Records in quarantined damaged ranges of the log (never served)",
+    "damaged_ranges": "Quarantined damaged ranges of the log (lockmq store damage DIR)",
 }
 
 #: Per-cluster counters of live clusters (since the cluster was opened), as
@@ -130,6 +134,7 @@ CLUSTER_COUNTER_HELP: dict[str, str] = {
     "cluster_cap_hits": "Pulls limited by max_inflight_per_cluster",
     "unknown_lease": "ACK/NACK of a lease the cluster does not hold",
     "skipped": "Messages retention deleted before the cluster read them (it skipped them)",
+    "damaged_skipped": "Damaged records the cluster passed over (each has a $dlq entry)",
 }
 
 #: Per-cluster gauges from the ``clusters`` op (live and offline clusters alike).

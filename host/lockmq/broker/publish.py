@@ -13,7 +13,8 @@ STORAGE_FULL, SHUTTING_DOWN, a store failure). This module never sees a frame.
 
 The store answers through a callback (``append_then``), run on the loop in the same
 iteration the writer thread reports the group commit durable: no task and no
-future between the fsync and the producers' acks (see docs/performance.md).
+future between the fsync and the producers' acks (docs/performance.md, "Group commit and
+the store's answer").
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import asyncio
 import heapq
 from typing import TYPE_CHECKING, Any, Callable
 
+from lockmq.clock import steady_ms_of
 from lockmq.config import ScheduledSection
 from lockmq.protocol import Command, CommandResult, ErrorCode, Flag, Op, PublishAck
 from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
@@ -68,7 +69,7 @@ class Item:
     """One waiting scheduled publish (``kind`` "pub") or command ("cmd")."""
 
     __slots__ = ("id", "at_ms", "kind", "topic", "sn", "seq", "lock_ts_ms", "payload",
-                 "owner", "by", "admin", "q0", "busy", "stored_ms")
+                 "owner", "by", "admin", "q0", "busy", "stored_ms", "not_before")
 
     def __init__(self, id: int, at_ms: int, kind: str, topic: str, sn: str, seq: int,
                  lock_ts_ms: int, payload: bytes, owner: str, by: str = "",
@@ -87,6 +88,7 @@ class Item:
         self.q0 = q0                # the topic's queue end when scheduled (dedup bound)
         self.busy = False           # being delivered: no longer cancellable
         self.stored_ms = 0.0        # when its newest record was written (refresh)
+        self.not_before = 0.0       # steady time before which it never fires (0: at_ms)
 
     def view(self) -> dict[str, Any]:
         """The admin view of the item."""
@@ -156,6 +158,10 @@ class Scheduler:
         self._seq = SystemSeq()   # of SCHED_SN (resumed from the store at start)
         #: the clock's time at the timer's last look (tests wait for it to pass a time)
         self.looked_at_ms = 0.0
+        #: ``wall - steady`` at start: an item due at ``at_ms`` (wall) also waits for
+        #: steady time ``at_ms - offset``, so a forward step of the wall clock fires
+        #: nothing early (a backward one makes it late: it is tied to the wall clock)
+        self._offset0 = self.clock.wall_ms() - steady_ms_of(self.clock)
         self._refreshed_at = 0.0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -374,6 +380,7 @@ class Scheduler:
             self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(a))
         elif item is not None:
             item.stored_ms = self.clock.wall_ms()
+            item.not_before = item.at_ms - (item.stored_ms - steady_ms_of(self.clock))
             self._hold(item)
             heapq.heappush(self._heap, (item.at_ms, item.id))
             self.stats.inc("scheduled_accepted")
@@ -456,7 +463,11 @@ class Scheduler:
                     continue
                 wait_ms = self.cfg.max_sleep_ms
                 if self._heap:
-                    wait_ms = min(wait_ms, max(1.0, self._heap[0][0] - self.clock.wall_ms()))
+                    head = self.items.get(self._heap[0][1])
+                    early = 0.0 if head is None else \
+                        self._not_before(head) - steady_ms_of(self.clock)
+                    wait_ms = min(wait_ms, max(1.0, self._heap[0][0] - self.clock.wall_ms(),
+                                               early))
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), wait_ms / 1000.0)
@@ -475,13 +486,20 @@ class Scheduler:
         self.looked_at_ms = now
         heap, items = self._heap, self.items
         out: list[Item] = []
+        steady = steady_ms_of(self.clock)
         while heap and heap[0][0] <= now and len(out) < self.cfg.batch:
+            it = items.get(heap[0][1])
+            if it is not None and not it.busy and self._not_before(it) > steady:
+                break             # the wall clock stepped forward: not its time yet
             _, sid = heapq.heappop(heap)
             it = items.get(sid)
             if it is not None and not it.busy:
                 it.busy = True
                 out.append(it)
         return out
+
+    def _not_before(self, it: Item) -> float:
+        return it.not_before or it.at_ms - self._offset0
 
     async def _deliver(self, due: list[Item]) -> None:
         pubs = [it for it in due if it.kind == "pub"]

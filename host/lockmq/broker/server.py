@@ -28,13 +28,16 @@ from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
 from lockmq.registry.announce import Announcer, start_announcer
+from lockmq.mqtt import MqttServer, start_mqtt
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import reload_on_sighup, stop_on_signals
 from lockmq.replication.primary import attach_primary
 from lockmq.replication.standby import follow_if_standby
 
+from .firmware_bundles import FirmwareBundles
 from .admin import Admin
 from .auth import make_guard
+from .clusters import ClusterError, Member
 from .commands import Commands
 from .connection import Connection, Connections, Services
 from .core import BrokerCore
@@ -97,21 +100,25 @@ class Broker:
         #: steady publish reads below Python (lane.py); None without the compiled path
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
+        #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
+        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
+        self.admin.ops.update(self.firmware.ops())
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
                                  scheduler=self.scheduler, transactions=self.transactions,
-                                 lane=self.lane)
+                                 lane=self.lane, firmware=self.firmware)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
         self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
-        self.status.extra_gauges = self.replication.gauges
+        self.status.extra_gauges.append(self.replication.gauges)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
         self.announcer: Announcer | None = None   # [registry]: registers this gateway
+        self.mqtt: MqttServer | None = None        # [mqtt]: the MQTT listener (lockmq.mqtt)
         #: the TLS listeners' context (None without TLS); a reload loads a new
         #: certificate into it
         self.tls_context: ssl.SSLContext | None = None
@@ -179,6 +186,10 @@ class Broker:
         self.commands.start()
         self.devices.broker_started()
         self.announcer = start_announcer(self)
+        self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
+                                     self.guard, self.log, self.stats, Member, ClusterError)
+        if self.mqtt is not None:
+            self.status.extra_gauges.append(self.mqtt.gauges)
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
@@ -241,6 +252,8 @@ class Broker:
         for srv in self.servers:
             srv.close()
         await self.status.stop()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         if self.announcer is not None:
             await self.announcer.stop()
         await self.devices.stop()

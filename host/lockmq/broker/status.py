@@ -64,12 +64,12 @@ class StatusPage:
         self.server: asyncio.base_events.Server | None = None
         #: status connections open now (capped by ``status_max_connections``)
         self.active = 0
+        #: more ``/metrics`` gauges, ``() -> {name: (help, value)}`` (replication, the
+        #: MQTT bridge)
+        self.extra_gauges: list[Callable[[], dict[str, tuple[str, float]]]] = []
         self._refused_logged = 0.0
         self._refused_since_log = 0
         self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
-        #: more gauges for /metrics from the broker's parts (replication), name ->
-        #: (help, value); set by the broker
-        self.extra_gauges: Callable[[], dict[str, tuple[str, float]]] = dict
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",
@@ -210,7 +210,8 @@ class StatusPage:
         extra = {"status_connections": ("Status-page connections open now", self.active),
                  "store_disk_free_bytes": ("Free bytes on the file system of data_dir",
                                            self._disk_free())}
-        extra.update(self.extra_gauges())
+        for more in self.extra_gauges:
+            extra.update(more())
         return stats, clusters, extra
 
     def _online(self) -> set[str]:

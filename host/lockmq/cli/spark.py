@@ -12,13 +12,14 @@ Spark jobs over the broker's commit logs (PySpark >= 4.2 and Java 17 needed):
   lockmq spark ingest SRC [SRC ...] --warehouse DIR
       decode the logs under SRC (data directories, exports, folders of exports),
       drop repeated message ids (sn:seq, also against earlier runs), append to
-      DIR/events partitioned by date, move the checkpoint; a rerun adds nothing.
+      DIR/events partitioned by date, move the checkpoint; a rerun adds nothing,
+      a moved landing is recognised, a second ingest into DIR meanwhile fails.
   lockmq spark report --warehouse DIR [--out DIR]
       daily activity, failed-attempt bursts, offline periods, clock delay,
       sequence gaps; each a Parquet table plus one printed line.
 
 Runs on local[*] by default; --master (or spark-submit spark/ingest_job.py ...)
-for a cluster. See docs/spark.md.
+for a cluster; --conf k=v passes any Spark setting. See docs/spark.md.
 """
 
 
@@ -31,6 +32,8 @@ def register(subparsers: Any) -> None:
     ing.add_argument("sources", nargs="+", metavar="SRC")
     _common(ing)
     ing.add_argument("--gateway-id", help="gateway id for logs that carry none")
+    ing.add_argument("--wait", type=float, default=0.0, metavar="S",
+                     help="wait up to S seconds for another ingest into the warehouse (default: fail at once)")
     ing.set_defaults(func=run_ingest)
     rep = sub.add_parser("report", help="compute the operator reports")
     _common(rep)
@@ -49,6 +52,19 @@ def register(subparsers: Any) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warehouse", "-w", required=True, metavar="DIR", help="Parquet warehouse directory")
     p.add_argument("--master", help="Spark master (default local[*], or what spark-submit set)")
+    p.add_argument("--conf", action="append", default=[], metavar="K=V",
+                   help="a Spark setting, as spark-submit's --conf (repeatable)")
+
+
+def parse_conf(pairs: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` -> ``{k: v}``; raises ValueError naming a malformed pair."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf wants KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value
+    return out
 
 
 def run_ingest(args: argparse.Namespace) -> int:
@@ -57,16 +73,22 @@ def run_ingest(args: argparse.Namespace) -> int:
 
     from lockmq.spark.ingest import ingest
     from lockmq.spark.session import get_session, session_exists, stop_if_created
+    from lockmq.spark.warehouse import WarehouseBusy
 
     missing = [s for s in args.sources if not os.path.isdir(s)]
     if missing:
         print(f"lockmq spark ingest: no such directory: {', '.join(missing)}", file=sys.stderr)
         return 1
-    existed = session_exists()
-    spark = get_session("lockmq-ingest", master=args.master)
     try:
-        res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id)
-    except (FileNotFoundError, ValueError) as exc:
+        conf = parse_conf(args.conf)
+    except ValueError as exc:
+        print(f"lockmq spark ingest: {exc}", file=sys.stderr)
+        return 2
+    existed = session_exists()
+    spark = get_session("lockmq-ingest", master=args.master, conf=conf)
+    try:
+        res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id, wait=args.wait)
+    except (FileNotFoundError, ValueError, WarehouseBusy) as exc:
         print(f"lockmq spark ingest: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -85,6 +107,7 @@ def run_report(args: argparse.Namespace) -> int:
     settings = ReportSettings(args.burst_count, args.burst_window, args.offline_after, args.clock_tolerance)
     try:
         settings.validate()
+        conf = parse_conf(args.conf)
     except ValueError as exc:
         print(f"lockmq spark report: {exc}", file=sys.stderr)
         return 2
@@ -93,7 +116,7 @@ def run_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     existed = session_exists()
-    spark = get_session("lockmq-report", master=args.master)
+    spark = get_session("lockmq-report", master=args.master, conf=conf)
     try:
         run_reports(spark, args.warehouse, args.out, settings, args.only)
     except (FileNotFoundError, ValueError) as exc:
