@@ -1,16 +1,17 @@
 """Only what pyproject.toml cannot say: the wheel leaves out the HIL rig's own tests,
-and the optional C hot path.
+and the optional compiled core.
 
 ``hil/`` is both the ``lockmq.hil`` package and the folder of the rig's tests
 (``test_*.py``, ``conftest.py``); setuptools has no declarative way to drop modules
 of a listed package.
 
-``lockmq._speedups`` (``host/lockmq/_speedups.c``, issue #14) is built when a C
-compiler and the Python headers are there and skipped silently when not
-(``optional=True``): lockmq then runs its pure-Python hot path (``lockmq.accel``).
+``lockmq._core`` (the Rust crate in ``host/rust/``, issue #38) is built with cargo when
+a Rust toolchain is there and skipped when not (``optional=True``): lockmq then runs
+its pure-Python hot path (``lockmq.accel``). Always a release build: the core is the
+broker's hot path, and a debug build of it is slower than the Python it replaces.
 """
 
-from setuptools import Extension, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 
@@ -26,8 +27,14 @@ class build_py_without_tests(build_py):
         return [m for m in modules if not _is_test_module(m[1])]
 
 
-setup(
-    cmdclass={"build_py": build_py_without_tests},
-    ext_modules=[Extension("lockmq._speedups", ["host/lockmq/_speedups.c"], optional=True,
-                           extra_compile_args=["-O2", "-std=c99", "-Wall"])],
-)
+def _rust_extensions() -> dict:
+    try:
+        from setuptools_rust import Binding, RustExtension
+    except ImportError:   # (a build without setuptools-rust: pure Python)
+        return {}
+    return {"rust_extensions": [RustExtension(
+        "lockmq._core", path="host/rust/Cargo.toml", binding=Binding.PyO3,
+        features=["python"], optional=True, debug=False)]}
+
+
+setup(cmdclass={"build_py": build_py_without_tests}, **_rust_extensions())

@@ -297,7 +297,7 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="lockmq-bench-attack-")
     try:
         reg = DeviceRegistry.open(SecurityConfig(data_dir=os.path.join(root, "data")))
-        keys = reg.add_many([f"LOCK-{i:04d}" for i in range(args.locks)])
+        keys = reg.add_many([f"LOCK-{i:04d}" for i in range(args.locks)], mac=False)
         reg.close()
         broker = Broker(root, broker_cpu, args.loop)
         try:

@@ -39,7 +39,7 @@ LockEvent records, pinned with ``taskset`` to another core than the server):
 * ``before`` — with ``--baseline TREE``, the broker of another source tree (``git
   archive main | tar -x -C /tmp/base``), run alternately with this one;
 * ``pure`` — with ``--pure``, this broker with ``LOCKMQ_PURE_PYTHON=1`` (the
-  pure-Python hot path instead of ``lockmq._speedups``): the compiled path's ratio.
+  pure-Python hot path instead of ``lockmq._core``): the compiled path's ratio.
 
 ``cpu_us`` is each server's CPU time (user + system, all threads) per acknowledged
 record over the whole run (handshakes included): on a shared machine it moves far
@@ -117,8 +117,8 @@ C_FLOORS = {"c-ack": ["--mode", "ack"], "c-fsync": ["--mode", "fsync"],
 FLOORS = ("ack", "fsync", *C_FLOORS)
 #: the floors a run has unless ``--floors`` says otherwise: c-fsync-2w answered its
 #: question (a second fdatasync in flight moved sync-100 by ~6 %, docs/performance.md
-#: "Twelfth pass"), c-delay is for the sync figures (its "Fourteenth pass"); both run
-#: on request
+#: "Measured and not kept"), c-delay bounds the sync figures (docs/performance.md
+#: "What bounds each figure"); both run on request
 DEFAULT_FLOORS = tuple(f for f in FLOORS if f not in ("c-fsync-2w", "c-delay"))
 #: the compiled floor's executable, once built (``build_c_floor``)
 C_FLOOR_EXE: list[str] = []
@@ -205,7 +205,7 @@ def register_locks(data_dir: str, sns: list[str]) -> str:
 
     reg = DeviceRegistry.open(SecurityConfig(data_dir=data_dir))
     try:
-        keys = reg.add_many(sns)
+        keys = reg.add_many(sns, mac=False)   # (its locks speak without frame MACs)
     finally:
         reg.close()
     path = os.path.join(data_dir, "bench-keys.json")

@@ -1,13 +1,12 @@
 """The compiled lane's own time per record: plain frames against sealed ones.
 
-One socketpair in a ``lockmq._speedups.Lane``; ``--records`` PUBLISH frames of one
+One socketpair in a ``lockmq._core.Lane``; ``--records`` PUBLISH frames of one
 lock written to it, then timed: one ``poll`` (read, checks, records made) and one
 ``answer`` (acks packed and sent), as the broker's loop makes them per group commit.
-No broker, no store: what a record costs the loop thread in the lane's C, and what
-a frame MAC adds to it -- each PUBLISH's tag checked, each ack sealed -- with the
-CPU's SHA extensions and with portable C (``LOCKMQ_SHA256=portable``, each kind in
-a fresh interpreter: the block function is picked at import). Min / median / max
-over ``--runs`` runs of the best of ``--rounds``::
+No broker, no store: what a record costs the loop thread in the lane's compiled
+code, and what a frame MAC adds to it -- each PUBLISH's tag checked, each ack sealed
+(with the SHA-256 ``sha2`` picked for this CPU), each kind in a fresh interpreter.
+Min / median / max over ``--runs`` runs of the best of ``--rounds``::
 
     taskset -c 1 .venv/bin/python bench/lane_cost.py
 """
@@ -15,7 +14,6 @@ over ``--runs`` runs of the best of ``--rounds``::
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import subprocess
@@ -27,7 +25,7 @@ from machine import machine_info
 KEY = bytes(range(32))
 SN = "BENCH-000001"
 TOPIC = "lock.bench"
-KINDS = ("plain", "sealed", "sealed-portable")
+KINDS = ("plain", "sealed")
 
 
 def best_us_per_record(sealed: bool, records: int, rounds: int) -> float:
@@ -86,10 +84,8 @@ def main() -> None:
     figures: dict[str, list[float]] = {k: [] for k in KINDS}
     for _ in range(a.runs):   # (the kinds alternate, so drift hits each alike)
         for kind in KINDS:
-            env = dict(os.environ, LOCKMQ_SHA256="portable" if kind.endswith("portable")
-                       else "auto")
             out = subprocess.run([sys.executable, __file__, "--one", kind, "--records",
-                                  str(a.records), "--rounds", str(a.rounds)], env=env,
+                                  str(a.records), "--rounds", str(a.rounds)],
                                  capture_output=True, text=True, check=True).stdout
             figures[kind].append(float(out))
     from lockmq import accel

@@ -20,7 +20,8 @@ if sys.implementation.name != "micropython":
                           Publish, PublishAck, Command, CommandResult, encode_json, decode_json,
                           decode_body, BODY_TYPES)
     from ._event import LockEvent
-    from ._auth import auth_proof, command_mac, verify_auth_proof, verify_command
+    from ._auth import (auth_proof, command_mac, verify_auth_proof, verify_command,
+                        transcript_hash)
     from ._session import (ClientSession, SessionError, BROKER_PUSHES, CONNECTING, CHALLENGED,
                            ESTABLISHED, CLOSING)
 
@@ -53,6 +54,7 @@ if sys.implementation.name != "micropython":
         "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
         "decode_json", "decode_body", "BODY_TYPES", "LockEvent",
         "auth_proof", "command_mac", "verify_auth_proof", "verify_command", "session_key",
+        "transcript_hash",
         "frame_tag", "TAG_SIZE",
         "ServerSession", "ClientSession", "SessionError", "check_identity", "identity_problem",
         "IDENTITY_RULE", "error_frame", "CLIENT_REQUESTS", "BROKER_PUSHES",

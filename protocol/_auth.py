@@ -1,21 +1,50 @@
 # What a lock signs, and what a broker signs for a lock. Both are HMAC-SHA256
 # under the lock's per-device key, over domain-separated messages, so a proof
 # made for one purpose can never be replayed for another.
+#
+# The session transcript (SPEC 2, "The session transcript"): the AUTH proof and the
+# frame-MAC session key both cover a hash of everything the two ends agreed on --
+# the CONNECT's flags (MAC on/off), SN and whole body (role, keepalive, client,
+# protocol version, frame limit, any later field) and the CHALLENGE's whole body
+# (nonce, time, methods, the broker's id). A byte changed on the path in either
+# direction gives a proof the broker refuses and a key the lock's CONNECT_ACK check
+# refuses: nothing negotiated can be downgraded without the device key.
 import struct
+import hashlib
 
+from ._const import const
 from ._hmac import hmac_sha256, compare_digest
 
-AUTH_DOMAIN = b"lockmq-auth-v1"
+AUTH_DOMAIN = b"lockmq-auth-v2"
+TRANSCRIPT_DOMAIN = b"lockmq-transcript-v1"
 COMMAND_DOMAIN = b"lockmq-cmd-v1"
+_VERSION = const(1)    # protocol/_constants.py VERSION (test_lock_consts.py)
 
 
 def _b(sn):
     return sn.encode() if isinstance(sn, str) else bytes(sn)
 
 
-def auth_proof(key, nonce, cnonce, sn):
-    """The lock's answer to a CHALLENGE: HMAC(key, domain | nonce | cnonce | sn)."""
-    return hmac_sha256(key, AUTH_DOMAIN + bytes(nonce) + bytes(cnonce) + _b(sn))
+def transcript_hash(sn, connect_flags, connect_body, challenge_body):
+    """SHA-256 of the handshake as both ends saw it: "lockmq-transcript-v1" | version u8
+    | CONNECT flags u8 | sn_len u8 | sn | u16 len | CONNECT body | u16 len | CHALLENGE body."""
+    snb = _b(sn)
+    h = hashlib.sha256(TRANSCRIPT_DOMAIN)
+    h.update(struct.pack(">BBB", _VERSION, connect_flags & 0xFF, len(snb)))
+    h.update(snb)
+    h.update(struct.pack(">H", len(connect_body)))
+    h.update(bytes(connect_body))
+    h.update(struct.pack(">H", len(challenge_body)))
+    h.update(bytes(challenge_body))
+    return h.digest()
+
+
+def auth_proof(key, nonce, cnonce, sn, transcript):
+    """The lock's answer to a CHALLENGE:
+    HMAC(key, "lockmq-auth-v2" | nonce | cnonce | sn_len u8 | sn | transcript)."""
+    snb = _b(sn)
+    return hmac_sha256(key, AUTH_DOMAIN + bytes(nonce) + bytes(cnonce) + bytes((len(snb),)) + snb,
+                       bytes(transcript))
 
 
 def command_mac(key, sn, cmd_id, expires_ms, kind, args):
@@ -25,8 +54,8 @@ def command_mac(key, sn, cmd_id, expires_ms, kind, args):
                        args)
 
 
-def verify_auth_proof(key, nonce, cnonce, sn, proof):
-    return compare_digest(auth_proof(key, nonce, cnonce, sn), proof)
+def verify_auth_proof(key, nonce, cnonce, sn, transcript, proof):
+    return compare_digest(auth_proof(key, nonce, cnonce, sn, transcript), proof)
 
 
 def verify_command(key, sn, command):

@@ -7,8 +7,8 @@ import struct
 from ._constants import Op, VERSION, NONCE_SIZE, NO_SEQ
 from ._codec import Reader, pack8, pack16
 from ._errors import BadBody
-from ._lockbodies import (PUBLISH_HEAD, check_nonce, connect_body, challenge_fields, auth_body,
-                          connect_ack_fields, heartbeat_body, error_fields, publish_body,
+from ._lockbodies import (PUBLISH_HEAD, check_nonce, connect_body, challenge_body,
+                          challenge_fields, auth_body, connect_ack_fields, heartbeat_body, error_fields, publish_body,
                           publish_ack_fields, command_fields, command_result_body)
 
 __all__ = []
@@ -58,17 +58,18 @@ class Connect(_Body):
 
 
 class Challenge(_Body):
-    """Broker -> peer: a fresh single-use nonce to sign."""
-    __slots__ = ("nonce", "server_time_ms", "methods")
+    """Broker -> peer: a fresh single-use nonce to sign, and the broker's id (optional)."""
+    __slots__ = ("nonce", "server_time_ms", "methods", "broker_id")
     OPCODE = Op.CHALLENGE
 
-    def __init__(self, nonce, server_time_ms, methods=3):
+    def __init__(self, nonce, server_time_ms, methods=3, broker_id=""):
         self.nonce = check_nonce(nonce, "nonce")
         self.server_time_ms = server_time_ms
         self.methods = methods
+        self.broker_id = broker_id
 
     def encode(self):
-        return self.nonce + struct.pack(">QB", self.server_time_ms, self.methods)
+        return challenge_body(self.nonce, self.server_time_ms, self.methods, self.broker_id)
 
     @staticmethod
     def decode(body):

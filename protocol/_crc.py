@@ -2,7 +2,7 @@
 # The lock computes it from a 256-entry table with small-int arithmetic only
 # (no heap allocation per byte on a 32-bit MicroPython); the host uses the standard
 # library's binascii.crc_hqx (the same CRC with init 0xFFFF, in C; every supported
-# CPython has it), or the compiled lockmq._speedups one where it is built (use()).
+# CPython has it), or the compiled lockmq._core one where it is in use (use()).
 # The shared vectors prove they give the same answer (the tests also hold them
 # against crcmod, an independent implementation).
 

@@ -96,7 +96,7 @@ def publish_acks(batch, results, start):
     per publish of ``batch``, a list of ``(opaque, oneway, record)``), up to the
     first result that is not one (an exception: the caller answers it):
     ``(bytes, frames, stored, duplicates, next index)``. ONEWAY publishes are counted
-    but not answered. The reference of ``lockmq._speedups.publish_acks``."""
+    but not answered. The reference of ``lockmq._core.publish_acks``."""
     return ack_run(batch, results, start, publish_ack_frame)
 
 
@@ -129,7 +129,7 @@ def queue_run(pubs, start, limit, record_type, queue, records):
     lock_ts_ms, payload)`` appended to ``records`` and ``(opaque, False, record)`` to
     ``queue``. Returns ``(stop, size)``: where the run ended (``start`` when
     ``pubs[start]`` is ONEWAY) and the records' buffer cost (payload length + 64
-    each). The reference of ``lockmq._speedups.queue_run``."""
+    each). The reference of ``lockmq._core.queue_run``."""
     if start < 0 or start > len(pubs):
         raise ValueError("start out of range")
     i = start
@@ -161,7 +161,7 @@ def scan_publishes(buf, pos, max_frame, sn, limit):
     the position after them: ``(list, pos)``. It stops before anything else -- a
     partial or bad frame, another opcode, a frame MAC, an SN other than ``sn`` or
     empty, a bad PUBLISH body -- which the caller's decoder then handles (and raises
-    about). The pure-Python reference of ``lockmq._speedups.scan_publishes``: the
+    about). The pure-Python reference of ``lockmq._core.scan_publishes``: the
     decoder and :func:`publish_fields`, one frame at a time."""
     dec = FrameDecoder(max_frame)
     dec.feed(bytes(buf[pos:]))
@@ -196,7 +196,7 @@ def take_publishes(decoder, sn, limit, scan):
 
 def take_sealed_publishes(decoder, sess, limit, scan, pads):
     """:func:`take_publishes` for a session with frame MACs: ``scan`` is
-    ``lockmq._speedups.scan_sealed_publishes`` (the tags checked in C from ``pads``, its
+    ``lockmq._core.scan_sealed_publishes`` (the tags checked in C from ``pads``, its
     ``mac_pads`` of the session key), and the session counts the frames it took as
     opened (``rx``). What it stops at -- another request, a bad tag, a partial frame --
     is left to the session's own path, which refuses a bad tag with BAD_MAC."""
@@ -230,7 +230,7 @@ def scan_frame(buf, pos, max_frame, known):
     ``buf[pos:]`` whose opcode is in ``known``, or None for anything else (too few
     bytes, a bad header, length, CRC or SN, an unknown opcode): the caller's decoder
     then reads it and raises the protocol's own error. The pure-Python reference of
-    ``lockmq._speedups.scan_frame``: the decoder, for one frame."""
+    ``lockmq._core.scan_frame``: the decoder, for one frame."""
     dec = FrameDecoder(max_frame, known)
     dec.feed(bytes(buf[pos:]))
     total = dec.buffered()

@@ -31,13 +31,23 @@ def connect_body(role, keepalive_s, client, proto_max, max_frame):
     return out
 
 
+def challenge_body(nonce, server_time_ms, methods, broker_id=""):
+    """CHALLENGE: nonce (16) | server_time_ms u64 | methods u8 [| broker_id str8]."""
+    out = check_nonce(nonce, "nonce") + struct.pack(">QB", server_time_ms, methods)
+    if broker_id:
+        out += pack8(broker_id, "broker_id")
+    return out
+
+
 def challenge_fields(body):
-    """CHALLENGE -> (nonce, server_time_ms, methods)."""
+    """CHALLENGE -> (nonce, server_time_ms, methods, broker_id); ``broker_id`` is the
+    optional trailing str8 ("" when absent)."""
     r = Reader(body, "CHALLENGE")
     nonce = bytes(r.take(_NONCE_SIZE))
     server_time_ms, methods = r.unpack(">QB", 9)
+    broker_id = r.str8() if r.pos < len(body) else ""
     r.end()
-    return nonce, server_time_ms, methods
+    return nonce, server_time_ms, methods, broker_id
 
 
 def auth_body(method, cnonce, proof):

@@ -11,7 +11,7 @@ from ._hmac import hmac_sha256, compare_digest
 _FLAG_MAC = const(4)
 _E_BAD_MAC = const(17)
 
-SESSION_DOMAIN = b"lockmq-session-v1"
+SESSION_DOMAIN = b"lockmq-session-v2"
 TAG_SIZE = 16          # HMAC-SHA256 cut to 128 bits
 TO_BROKER = 0          # direction byte: client -> broker
 TO_CLIENT = 1          # broker -> client (a frame reflected back fails)
@@ -21,9 +21,12 @@ def _b(sn):
     return sn.encode() if isinstance(sn, str) else bytes(sn)
 
 
-def session_key(key, nonce, cnonce, sn):
-    """The session's frame-MAC key: HMAC(key, "lockmq-session-v1" | nonce | cnonce | sn)."""
-    return hmac_sha256(key, SESSION_DOMAIN + bytes(nonce) + bytes(cnonce) + _b(sn))
+def session_key(key, nonce, cnonce, sn, transcript):
+    """The session's frame-MAC key: HMAC(key, "lockmq-session-v2" | nonce | cnonce |
+    sn_len u8 | sn | transcript) -- bound to what the handshake agreed (_auth.py)."""
+    snb = _b(sn)
+    return hmac_sha256(key, SESSION_DOMAIN + bytes(nonce) + bytes(cnonce) + bytes((len(snb),)) + snb,
+                       bytes(transcript))
 
 
 def frame_tag(skey, direction, counter, opcode, sn, flags, opaque, body):

@@ -100,7 +100,7 @@ def sealed_publish_acks(sess, batch, results, start):
     ``sess.seal(Op.PUBLISH_ACK, "", PublishAck(status, offset).encode(), opaque,
     Flag.RESPONSE)`` would (the session's counter advanced once per ack), in one call:
     ``(bytes, frames, stored, duplicates, next index)``. The reference of
-    ``lockmq._speedups.sealed_publish_acks``, which the broker uses when it is built."""
+    ``lockmq._core.sealed_publish_acks``, which the broker uses when it is built."""
     def sealed_ack(status, offset, opaque):
         return seal(sess, Op.PUBLISH_ACK, "", _ACK_BODY.pack(status, offset), opaque,
                     Flag.RESPONSE)

@@ -9,7 +9,8 @@ from ._mac import TO_CLIENT
 from ._errors import ProtocolError
 from ._frame import encode_frame
 from ._bodies import Connect, Auth, ErrorReply
-from ._lockbodies import check_nonce
+from ._lockbodies import check_nonce, challenge_body
+from ._auth import transcript_hash
 from ._session import (_Session, SessionError, CONNECTING, CHALLENGED, ESTABLISHED, CLOSING,
                        fatal_error)
 from ._identity import check_identity
@@ -30,7 +31,7 @@ _SERVICE = _COMMON + (Op.SUBSCRIBE, Op.UNSUBSCRIBE, Op.PULL, Op.ACK, Op.NACK, Op
                       # transactional producers (SPEC "Transactional messages")
                       Op.TXN_PUBLISH, Op.TXN_END, Op.TXN_CHECK_ANSWER, Op.TXN_JOIN)
 CLIENT_REQUESTS = {
-    Role.LOCK: _COMMON + (Op.COMMAND_RESULT,),
+    Role.LOCK: _COMMON + (Op.COMMAND_RESULT, Op.FW_FETCH),
     Role.SERVICE: _SERVICE,
     Role.ADMIN: _SERVICE + (Op.ADMIN_REQUEST,),
 }
@@ -132,10 +133,16 @@ class ServerSession(_Session):
     def unknown_opcode(self, exc):
         """The decoder skipped a frame with an unknown opcode (``exc``): the error to
         answer. Fatal before the handshake is done (an unauthenticated peer gets one
-        answer, never a stream of them); after it, the frame is just refused."""
+        answer, never a stream of them), and in a session with frame MACs (a frame
+        whose tag cannot be checked is a session violation: BAD_MAC, no tagged answer);
+        otherwise the frame is just refused."""
         if self.state != ESTABLISHED:
             self.state = CLOSING
             return fatal_error("%s before authentication" % exc.message, ErrorCode.NOT_AUTHENTICATED)
+        if self.mac_key is not None:
+            self.state = CLOSING
+            return fatal_error("%s in a session with frame MACs: its tag cannot be checked"
+                               % exc.message, ErrorCode.BAD_MAC)
         return SessionError(exc.message, exc.code, False)
 
     def receive(self, frame):
@@ -194,6 +201,8 @@ class ServerSession(_Session):
             self.role = c.role
             self.name = sn
             self.mac_wanted = bool(frame.flags & Flag.MAC)
+            self._cflags = frame.flags      # the transcript covers them as received
+            self._cbody = bytes(frame.body)
             self.state = CHALLENGED
             return frame
         if self.auth is not None or not self.nonce:
@@ -210,9 +219,15 @@ class ServerSession(_Session):
             raise fatal_error("frame MACs need a device key (AUTH method 1)", ErrorCode.INVALID_ARGUMENT)
         return frame
 
-    def challenge(self, nonce, server_time_ms, opaque, methods=3):
-        """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random)."""
+    def challenge(self, nonce, server_time_ms, opaque, methods=3, broker_id=""):
+        """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random;
+        ``broker_id``: this broker's name, sent when set). Fixes :attr:`transcript`, which
+        the AUTH's proof and the session key must cover (``lockmq.protocol._auth``)."""
         self.nonce = nonce = check_nonce(nonce, "nonce")
+        body = challenge_body(nonce, server_time_ms, methods, broker_id)
+        self.transcript = transcript_hash(self.name, self._cflags, self._cbody, body)
+        if broker_id:
+            return encode_frame(Op.CHALLENGE, "", body, opaque, Flag.RESPONSE)
         return _with_crc(_CHALLENGE_FRAME(VERSION, _CHALLENGE_LEN, Op.CHALLENGE, 0, Flag.RESPONSE,
                                           opaque, nonce, server_time_ms, methods))
 
@@ -220,7 +235,8 @@ class ServerSession(_Session):
         """Authentication succeeded as ``role`` / ``name`` (the broker's decision, which
         may differ from the claim): return the CONNECT_ACK ``ack`` to send.
 
-        ``mac_key``: the session key (``session_key(device key, nonce, cnonce, sn)``),
+        ``mac_key``: the session key (``session_key(device key, nonce, cnonce, sn,
+        transcript)``),
         needed when the lock asked for frame MACs; the CONNECT_ACK is then the first
         tagged frame, which also proves to the lock that the broker knows its key.
         ``mac_required`` (the broker's policy on plain TCP): a lock that did not ask

@@ -14,7 +14,7 @@ from ._errors import ProtocolError
 from ._frame import encode_frame, op_name
 from ._lockbodies import (connect_body, challenge_fields, auth_body, connect_ack_fields,
                           error_fields)
-from ._auth import auth_proof
+from ._auth import auth_proof, transcript_hash
 
 if sys.implementation.name == "micropython":
     from ._lockbodies import LockAck as _Ack     # a lock holds no body classes (_lockbodies.py)
@@ -23,6 +23,7 @@ else:
 
 # protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
 _AUTH_DEVICE_HMAC = const(1)
+_E_AUTH_FAILED = const(11)
 _E_UNEXPECTED_FRAME = const(7)
 _E_BAD_MAC = const(17)
 _FLAG_RESPONSE = const(2)
@@ -84,6 +85,9 @@ class _Session:
         self.nonce = b""       # the broker's challenge nonce
         self.cnonce = b""      # the client's nonce
         self.mac_key = None    # frame-MAC session key once MACs are on (_mac.py)
+        self.transcript = b""  # hash of what the handshake agreed (_auth.transcript_hash)
+        self._cflags = 0       # the CONNECT's flags and body, as sent / received
+        self._cbody = b""
         self.tx = 0            # frames sealed / opened so far: the tags' counters
         self.rx = 0
 
@@ -122,11 +126,16 @@ class ClientSession(_Session):
 
     ``mac=True`` (a lock with its device key, on plain TCP) asks for frame MACs:
     the broker must confirm with a tagged CONNECT_ACK, else the session fails
-    (BAD_MAC) -- an on-path attacker cannot strip the request.
+    (BAD_MAC) -- an on-path attacker cannot strip the request. The AUTH proof and the
+    session key cover the session transcript (the CONNECT and the CHALLENGE as this
+    side saw them), so any byte an on-path party changes fails the handshake.
+
+    ``broker_id``: the broker this client expects; a CHALLENGE naming another (or
+    none) is refused before any proof is sent (AUTH_FAILED, fatal). Empty: not pinned.
     """
 
     def __init__(self, role, name, method, secret, client="", keepalive_s=30, max_frame=0,
-                 mac=False):
+                 mac=False, broker_id=""):
         _Session.__init__(self)
         self.mac = bool(mac) and method == _AUTH_DEVICE_HMAC
         self.role = role
@@ -136,15 +145,16 @@ class ClientSession(_Session):
         self.client = client
         self.keepalive_s = keepalive_s
         self.max_frame = max_frame     # the largest frame we can receive (0: not stated)
+        self.broker_id = broker_id or ""
         self.ack = None
 
     def connect_frame(self, opaque=1):
         """The CONNECT that starts the session."""
         self.state = CONNECTING
-        return encode_frame(_OP_CONNECT, self.name,
-                            connect_body(self.role, self.keepalive_s, self.client, _VERSION,
-                                         self.max_frame), opaque,
-                            _FLAG_MAC if self.mac else 0)
+        self._cflags = _FLAG_MAC if self.mac else 0
+        self._cbody = connect_body(self.role, self.keepalive_s, self.client, _VERSION,
+                                   self.max_frame)
+        return encode_frame(_OP_CONNECT, self.name, self._cbody, opaque, self._cflags)
 
     def receive(self, frame, cnonce=None, opaque=2):
         """Check one broker frame; during the handshake return what to send next.
@@ -164,20 +174,27 @@ class ClientSession(_Session):
             if op != _OP_CHALLENGE:
                 self.state = CLOSING
                 raise fatal_error("expected CHALLENGE, got %s" % op_name(op), _E_UNEXPECTED_FRAME)
-            nonce = challenge_fields(frame.body)[0]
+            fields = challenge_fields(frame.body)
+            nonce = fields[0]
             if cnonce is None:
                 raise ProtocolError("a client nonce is needed to answer a CHALLENGE")
+            if self.broker_id and fields[3] != self.broker_id:
+                self.state = CLOSING
+                raise fatal_error("the broker says it is %r, not %r: no proof sent" % (
+                    fields[3], self.broker_id), _E_AUTH_FAILED)
             self.nonce = nonce
             self.cnonce = bytes(cnonce)
+            self.transcript = th = transcript_hash(self.name, self._cflags, self._cbody,
+                                                   frame.body)
             if self.method == _AUTH_DEVICE_HMAC:
-                proof = auth_proof(self.secret, nonce, self.cnonce, self.name)
+                proof = auth_proof(self.secret, nonce, self.cnonce, self.name, th)
             else:
                 proof = self.secret
             self.state = CHALLENGED
             if self.mac:
                 # the key is known now: requests pipelined behind the AUTH are sealed
                 from ._mac import session_key
-                self.mac_key = session_key(self.secret, nonce, self.cnonce, self.name)
+                self.mac_key = session_key(self.secret, nonce, self.cnonce, self.name, th)
             return encode_frame(_OP_AUTH, self.name, auth_body(self.method, self.cnonce, proof),
                                 opaque)
         if state == CHALLENGED:

@@ -20,6 +20,7 @@ def defaults():
         "topic": "lock.events",
         "tls": {"enabled": False, "ca": "ca.der", "server_hostname": ""},
         "frame_mac": True,      # on plain TCP, ask for a MAC on every frame (TLS: not needed)
+        "broker_id": "",        # the broker's [security] broker_id: no proof to any other
         "hw": "auto",
         "unlock_s": 5,
         "door_open_alarm_s": 60,
@@ -31,6 +32,7 @@ def defaults():
         "io_timeout_ms": 10000,
         "window": 1,
         "wdt_ms": 30000,
+        "ota_trial_s": 300,     # an updated app must hold a session within this, or rolls back
     }
 
 class ConfigError(ValueError):

@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM end a long-running command (or service) cleanly."""
+"""Ctrl-C and SIGTERM end a long-running command (or service) cleanly; SIGHUP asks
+a service to reload its configuration."""
 
 from __future__ import annotations
 
@@ -17,3 +18,14 @@ def stop_on_signals() -> asyncio.Event:
         except (NotImplementedError, RuntimeError):
             pass
     return stop
+
+
+def reload_on_sighup() -> asyncio.Event:
+    """An event set on SIGHUP (``systemctl reload``), which would otherwise end the
+    process: the service reloads its configuration when it sees it set."""
+    requested = asyncio.Event()
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, requested.set)
+    except (NotImplementedError, RuntimeError, AttributeError):
+        pass
+    return requested

@@ -23,7 +23,7 @@ import pytest
 
 from lockmq.protocol import (VERSION, Auth, AuthMethod, Command, CommandKind, CommandResult,
                              CommandStatus, Connect, ErrorCode, ErrorReply, Flag, Op, Role,
-                             auth_proof, decode_body, encode_json)
+                             auth_proof, decode_body, encode_json, transcript_hash)
 from lockmq.security import Permissions
 from lockmq.testing import Lock, Peer, Refused, SecureBroker, set_config, wait_for
 from lockmq.testing.lock import build_flash
@@ -62,10 +62,12 @@ class Env(SecureBroker):
         """A lock speaking the protocol by hand, stating ``max_frame`` in CONNECT."""
         w = Peer(self.port, sn)
         self.wires.append(w)
-        ch = w.request(Op.CONNECT, Connect(Role.LOCK, 30, "advtest", VERSION, max_frame).encode())
+        connect = Connect(Role.LOCK, 30, "advtest", VERSION, max_frame).encode()
+        ch = w.request(Op.CONNECT, connect)
         cnonce = os.urandom(16)
+        th = transcript_hash(sn, 0, connect, ch.encode())
         w.request(Op.AUTH, Auth(AuthMethod.DEVICE_HMAC, cnonce,
-                                auth_proof(self.keys[sn], ch.nonce, cnonce, sn)).encode())
+                                auth_proof(self.keys[sn], ch.nonce, cnonce, sn, th)).encode())
         return w
 
     def firmware_lock(self, sn: str) -> Any:

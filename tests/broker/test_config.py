@@ -53,7 +53,17 @@ def test_unknown_store_setting_is_named():
 def test_print_config_round_trips(tmp_path):
     f = tmp_path / "d.toml"
     f.write_text(default_toml())
-    assert load_config(str(f)).to_dict() == Config().to_dict()
+    # --print-config now writes [store], [security] and [replication] in full (issue
+    # 35): the file gives the same effective settings as no file at all
+    loaded, default = load_config(str(f)), Config()
+    plain = ("store", "security", "replication")
+    assert {k: v for k, v in loaded.to_dict().items() if k not in plain} == \
+        {k: v for k, v in default.to_dict().items() if k not in plain}
+    assert loaded.store_config() == default.store_config()
+    assert loaded.security_config() == default.security_config()
+    from lockmq.replication.settings import ReplicationSettings
+    assert ReplicationSettings.from_table(loaded.replication) == \
+        ReplicationSettings.from_table(default.replication)
     out = subprocess.run([LOCKMQ, "broker", "--print-config"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "[consumers]" in out.stdout

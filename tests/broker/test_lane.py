@@ -1,4 +1,4 @@
-"""The compiled lane (``lockmq._speedups.Lane``, issue #14) on real sockets: what it
+"""The compiled lane (``lockmq._core.Lane``, issue #14) on real sockets: what it
 takes from a lock's socket, what it gives back to the Python path, and the acks it
 sends. The broker's use of it is in ``test_lane_broker.py``."""
 
@@ -22,8 +22,10 @@ from lockmq.protocol._mac import TO_BROKER, TO_CLIENT
 from lockmq.protocol._session import _Session
 from lockmq.store import Appended, NewRecord
 
-pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._speedups not built")
-mac_pads = getattr(accel.speedups, "mac_pads", None)
+from ..protocol.helpers import FUZZ
+
+pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._core not built")
+mac_pads = accel.speedups.mac_pads if accel.COMPILED else None
 
 SN = "lock-7"
 TOPIC = "door-events"
@@ -340,7 +342,7 @@ def _damage(at_most: int) -> st.SearchStrategy:
 _cuts = st.lists(st.integers(1, 90), min_size=1, max_size=8)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.lists(_frame, max_size=10), _damage(3), _cuts)
 def test_the_lane_takes_what_the_python_paths_scanner_takes(
         frames: list[bytes], damage: list[tuple[int, int]], cuts: list[int]) -> None:
@@ -511,7 +513,7 @@ _sealed_item = st.one_of(_sealed_publish, _sealed_publish, _sealed_publish,
                          st.tuples(st.just("raw"), _frame))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200 * FUZZ, deadline=None)
 @given(st.lists(_sealed_item, max_size=10), _damage(2), _cuts)
 def test_a_sealed_slot_takes_what_the_sealed_scanner_takes(
         items: list[tuple], damage: list[tuple[int, int]], cuts: list[int]) -> None:

@@ -1,5 +1,5 @@
 """A real broker with its compiled lane (issue #14): locks in their steady state are
-read and acked by ``lockmq._speedups.Lane``, and everything else -- a heartbeat, a
+read and acked by ``lockmq._core.Lane``, and everything else -- a heartbeat, a
 command, a bad frame, a hang-up, a shutdown, a lock that does not read -- still goes
 as the Python path answers it, nothing lost and nothing stored twice."""
 
@@ -20,7 +20,7 @@ from lockmq.security import Permissions
 from lockmq.protocol._frame import encode_frame
 from lockmq.testing import BrokerThread, Peer, SecureBroker, drain, open_peer, wait_for
 
-pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._speedups not built")
+pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._core not built")
 
 SN = "LOCK-L1"
 TOPIC = "door-events"

@@ -67,10 +67,13 @@ def test_every_family_has_help_and_type_and_every_series_appears_once(broker):
     assert text.count("# HELP ") == text.count("# TYPE ") == len(families)
     for fam in families:
         assert fam.documentation, fam.name
-        assert fam.type in ("counter", "gauge"), fam.name
+        # (issue 35: latency histograms, and prometheus_client's process_*, python_*
+        # collectors beside the broker's own lockmq_* families)
+        assert fam.type in ("counter", "gauge", "histogram"), fam.name
         if fam.type == "counter":
             assert all(s.name.endswith("_total") for s in fam.samples), fam.name
-        assert fam.name.startswith("lockmq_")
+        assert fam.name.startswith(("lockmq_", "process_", "python_")), fam.name
+    assert m_has_histograms(text)
 
     m = samples(text)
     assert m["lockmq_publish_stored_total"] == 5
@@ -87,6 +90,15 @@ def test_every_family_has_help_and_type_and_every_series_appears_once(broker):
                   "commands_refused_cap"):
         assert m[f"lockmq_{never}_total"] == 0, never
     assert m["lockmq_store_skipped_records_total"] == 0
+
+
+def m_has_histograms(text: str) -> bool:
+    """The three latency histograms, with the publishes and deliveries above counted."""
+    m = samples(text)
+    return (m["lockmq_publish_ack_seconds_count"] == 5
+            and m['lockmq_publish_ack_seconds_bucket{le="+Inf"}'] == 5
+            and m["lockmq_publish_deliver_seconds_count"] == 2
+            and "lockmq_command_round_trip_seconds_count" in m)
 
 
 def test_a_cluster_without_members_keeps_its_backlog_after_a_restart(make_broker, tmp_path):

@@ -8,6 +8,8 @@ import asyncio
 import io
 from typing import Any
 
+import pytest
+
 from lockmq.broker.core import BROKER_SN, BrokerCore
 from lockmq.broker.logs import EventLog, Stats
 from lockmq.broker.publish import PublishPath, PublishRefused
@@ -195,33 +197,37 @@ def test_publish_path_answers_every_submitter_and_refuses_only_the_bad_record(tm
     asyncio.run(run())
 
 
-def test_a_compiled_module_built_before_queue_run_still_runs_the_broker() -> None:
-    """``lockmq._speedups`` is a build product a tree can keep from before a pull: one
-    without ``queue_run`` (the functions of an earlier build only) must leave the
-    broker importable, with the publish runs queued by the pure-Python twin -- as the
-    store takes its newer compiled functions (before: AttributeError at import)."""
+@pytest.mark.parametrize("stale", ["api", "missing"])
+def test_a_stale_compiled_core_runs_the_whole_process_in_pure_python(stale: str) -> None:
+    """``lockmq._core`` is a build product a tree can keep from before a pull. One of
+    another interface version, or one that lacks a function this tree calls, is not
+    used at all (``lockmq.accel``'s one check at import): every layer then runs pure
+    Python, never a mix (before issue #38 each call site took what it found, function
+    by function, and one process could run any mix)."""
     import subprocess
     import sys
-
-    import pytest
 
     from lockmq import accel
 
     if not accel.COMPILED:
-        pytest.skip(f"needs the compiled module ({accel.DESCRIPTION})")
+        pytest.skip(f"needs the compiled core ({accel.DESCRIPTION})")
     code = (
         "import sys, types\n"
-        "import lockmq, lockmq._speedups as built\n"
-        "older = types.ModuleType('lockmq._speedups')\n"
-        "for name in ('scan_publishes', 'scan_frame', 'encode_records', 'publish_acks',\n"
-        "             'plan_run', 'crc16', 'crc32'):\n"
-        "    setattr(older, name, getattr(built, name))\n"
-        "sys.modules['lockmq._speedups'] = lockmq._speedups = older\n"
+        "import lockmq, lockmq._core as built\n"
+        "older = types.ModuleType('lockmq._core')\n"
+        "older.__dict__.update({k: v for k, v in vars(built).items() if not k.startswith('__')})\n"
+        f"if {stale!r} == 'api':\n"
+        "    older.API = built.API + 1\n"
+        "else:\n"
+        "    del older.queue_run\n"
+        "sys.modules['lockmq._core'] = lockmq._core = older\n"
         "from lockmq import accel\n"
-        "from lockmq.broker import connection\n"
+        "from lockmq.broker import connection, lane\n"
         "from lockmq.protocol import _fast\n"
-        "assert accel.COMPILED and connection._scan_publishes is built.scan_publishes\n"
-        "assert connection._queue_run is _fast.queue_run\n"
+        "from lockmq.store import reads, writer\n"
+        "assert not accel.COMPILED and 'stale build' in accel.DESCRIPTION, accel.DESCRIPTION\n"
+        "assert connection._scan_publishes is None and connection._queue_run is _fast.queue_run\n"
+        "assert writer._plan_run is None and reads._read_run is None and lane.LANE_TYPE is None\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)

@@ -49,7 +49,7 @@ _plain = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 0xFFFF),
 @given(st.lists(_plain, max_size=20), st.sampled_from(["", "headers", "empty headers",
                                                         "retries", "too long", "delivery"]))
 def test_the_compiled_encoder_writes_the_python_ones_bytes(items, odd):
-    """``_speedups.encode_leases`` writes every batch without headers or retries as the
+    """``_core.encode_leases`` writes every batch without headers or retries as the
     Python loop does, and leaves every other one (None) to it."""
     from lockmq.broker import connection
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lockmq.cli import main
 from lockmq.client.cliargs import parse_time_ms
 
@@ -33,6 +35,13 @@ def test_cluster_lifecycle_from_the_cli(broker, capsys):
     assert "position 10 -> 0" in capsys.readouterr().out
     assert main(["clusters", *b, "reset", "readers", "--to-time", str(2**41)]) == 0
     assert "position 0 -> 10" in capsys.readouterr().out
+    assert main(["clusters", *b, "reset", "readers", "--to-offset", "4"]) == 0
+    assert "position 10 -> 4" in capsys.readouterr().out
+    assert main(["clusters", *b, "reset", "readers", "--to-offset", "99"]) == 0  # clamped
+    assert "position 4 -> 10" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["clusters", *b, "reset", "readers", "--to-offset", "-1"])
+    assert "queue offset" in capsys.readouterr().err
 
     assert main(["clusters", *b, "delete", "readers"]) == 0
     assert "cluster readers deleted" in capsys.readouterr().out

@@ -77,15 +77,25 @@ def test_command_to_an_unknown_lock_with_auth_off_fails_at_once(broker, online_l
 
 def test_with_a_token_and_auth_off_the_cli_says_why_it_waits(broker, capsys):
     """With --token the CLI cannot ask whether the lock is connected (the admin request
-    would be refused at an auth-required broker): it says at once that it waits up to
-    --expires and how to fail fast instead (before, it sat silent until expiry)."""
+    would be refused at an auth-required broker): when no answer came within a second
+    it says that it waits up to --expires and how to fail fast instead (before, it sat
+    silent until expiry). (Issue 35: the note used to come at once, 300 characters,
+    even for a lock that answered in milliseconds; now only after NOTE_AFTER_S.)"""
     rc = main(["command", "--broker", broker.address, "--token", "any-token", "GHOST-4",
-               "reboot", "--expires", "0.3"])
+               "reboot", "--expires", "2.5"])
     err = capsys.readouterr().err
     assert rc == 1
     note, *rest = err.splitlines()
-    assert "GHOST-4: waiting up to 0.3 s" in note and "leave out --token" in note
+    assert "GHOST-4: no answer yet; waiting up to 2.5 s" in note and "leave out --token" in note
     assert rest and "GHOST-4" in rest[-1]   # then the broker's answer: offline
+
+
+def test_a_lock_that_answers_at_once_gets_no_note(broker, online_locks, capsys):
+    rc = main(["command", "--broker", broker.address, "--token", "any-token", "SIM-000001",
+               "reboot", "--expires", "20"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "no answer yet" not in err
 
 
 @pytest.mark.parametrize("when", [["--wait"], ["--delay", "3600"]])

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from lockmq.protocol import (Auth, Challenge, Command, CommandResult, Connect, ConnectAck,
                              ErrorCode, ErrorReply, Flag, FrameDecoder, Heartbeat, LockEvent,
                              NO_SEQ, Op, Publish, PublishAck, command_mac, encode_frame,
-                             verify_auth_proof)
+                             transcript_hash, verify_auth_proof)
 
 
 class MiniBroker:
@@ -163,11 +163,14 @@ class MiniBroker:
             Connect.decode(f.body)
             sn = f.sn
             nonce = os.urandom(16)
-            send(Op.CHALLENGE, Challenge(nonce, int(time.time() * 1000)).encode(), f.opaque)
+            challenge = Challenge(nonce, int(time.time() * 1000)).encode()
+            transcript = transcript_hash(sn, f.flags, f.body, challenge)
+            send(Op.CHALLENGE, challenge, f.opaque)
             f = await frame()
             auth = Auth.decode(f.body)
             key = self.keys.get(sn)
-            if key is None or not verify_auth_proof(key, nonce, auth.cnonce, sn, auth.proof):
+            if key is None or not verify_auth_proof(key, nonce, auth.cnonce, sn, transcript,
+                                                    auth.proof):
                 self.auth_failures += 1
                 send(Op.ERROR, ErrorReply(ErrorCode.AUTH_FAILED, "authentication failed").encode(), f.opaque)
                 await w.drain()

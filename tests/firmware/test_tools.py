@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,7 @@ def _monitor(port: str, *args: str) -> tuple[int, str]:
     return p.returncode, p.stdout.decode(errors="replace")
 
 
-def test_deploy_update_keeps_state_then_monitor(built, tmp_path, pty_board):
+def test_deploy_update_keeps_state_then_monitor(built, tmp_path, pty_board, capsys):
     board, port, proc = pty_board
     rc, out = _monitor(port, "--send", "status", "--until", r"^I sys status q=0 ", "--timeout", "20")
     assert rc == 0, out
@@ -166,16 +167,118 @@ def test_deploy_update_keeps_state_then_monitor(built, tmp_path, pty_board):
     shutil.copytree(built, new)
     set_config(new, brokers=[["127.0.0.1", 6999]])
     (board / "lib/lockapp/stale.mpy").write_bytes(b"old module")
-    assert lockmq_main(["firmware", "deploy", "--port", port, "--dir", str(new), "--reset", "soft"]) == 0
+    for reset in ("soft", "hard"):       # hard: the unix port has no machine.reset: soft after it
+        assert lockmq_main(["firmware", "deploy", "--port", port, "--dir", str(new), "--reset", reset]) == 0
+        said = capsys.readouterr().out
+        assert "copied and verified" in said and f"app started: fw={lockmq.__version__}" in said, said
+        # started: the new app answers (before this issue it sat at the REPL)
+        rc, out = _monitor(port, "--send", "status", "--until", r"^I sys status ", "--timeout", "20")
+        assert rc == 0 and "I sys status q=2 next_seq=" in out, out     # the queue survived the update
     assert json.loads((board / "config.json").read_text())["brokers"] == [["127.0.0.1", 6999]]
     assert not (board / "lib/lockapp/stale.mpy").exists()           # old code removed
     assert (board / "lib/lockapp/app.mpy").read_bytes() == (new / "lib/lockapp/app.mpy").read_bytes()
-    assert (board / "queue.dat").read_bytes() == queue_before       # the offline queue kept
+    assert not any((board / n).exists() for n in ("lib.new", "lib.old", "main.py.new", "config.json.new"))
     os.kill(proc.pid, signal.SIGUSR1)                                # power cycle: the new app boots
     rc, out = _monitor(port, "--until", r"^I net connecting broker=127.0.0.1:6999$", "--timeout", "20")
     assert rc == 0, out
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_deploy_whose_copy_does_not_verify_leaves_the_old_app_running(built, tmp_path, pty_board,
+                                                                       monkeypatch, capsys):
+    """The board received something else than the folder (here: the host's expected
+    digest of one file is changed, as a corrupted transfer would look): nothing is
+    swapped, the copy is removed and the old app is started again."""
+    from lockmq.firmware_tools import deploy as deploy_mod
+
+    board, port, _ = pty_board
+    lib_before = _tree(board / "lib")
+    real = deploy_mod.local_digests
+
+    def corrupted(folder, config=True):
+        d = real(folder, config)
+        d["lib.new/lockapp/link.mpy"] = "00" * 32
+        return d
+
+    monkeypatch.setattr(deploy_mod, "local_digests", corrupted)
+    new = tmp_path / "new"
+    shutil.copytree(built, new)
+    set_config(new, brokers=[["127.0.0.1", 6999]])
+    assert lockmq_main(["firmware", "deploy", "--port", port, "--dir", str(new)]) == 1
+    err = capsys.readouterr().err
+    assert "copy failed, nothing swapped: 1 file(s) differ on the board: lib.new/lockapp/link.mpy" in err
+    assert "the old app runs again" in err, err
+    assert _tree(board / "lib") == lib_before and not (board / "lib.new").exists()
+    assert json.loads((board / "config.json").read_text())["brokers"] != [["127.0.0.1", 6999]]
     rc, out = _monitor(port, "--send", "status", "--until", r"^I sys status ", "--timeout", "20")
-    assert rc == 0 and "I sys status q=2 next_seq=" in out, out     # the queue survived the update
+    assert rc == 0, out
+
+
+def test_deploy_cut_mid_copy_leaves_the_old_app(built, tmp_path):
+    """The serial link is lost in the middle of the copy (a cable pulled): the board's
+    app is untouched and boots at the next power-up; the next deploy cleans up."""
+    pytest.importorskip("serial")
+    from lockmq.hil.proxy import FaultProxy
+
+    board = tmp_path / "flash"
+    shutil.copytree(built, board)
+    lib_before = _tree(board / "lib")
+    proc = subprocess.Popen([sys.executable, "-m", "lockmq.hil.vboard", str(board), "--tcp", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        line = proc.stdout.readline().decode()
+        assert line.startswith("vboard ready socket://127.0.0.1:"), line
+        vport = int(line.split()[2].rsplit(":", 1)[1])
+        with FaultProxy(("127.0.0.1", vport)) as proxy:
+            url = f"socket://127.0.0.1:{proxy.port}"
+            rc, out = _monitor(url, "--send", "status", "--until", r"^I sys status ", "--timeout", "20")
+            assert rc == 0, out
+            new = tmp_path / "new"
+            shutil.copytree(built, new)
+
+            def cut_when_half_copied() -> None:        # by progress on the board, not by time
+                while proc.poll() is None:
+                    if len(list((board / "lib.new").rglob("*.mpy"))) >= 8:
+                        proxy.cut()
+                        return
+                    time.sleep(0.01)
+
+            import threading
+
+            watcher = threading.Thread(target=cut_when_half_copied, daemon=True)
+            watcher.start()
+            p = subprocess.run([sys.executable, "-c", "from lockmq.cli import main; raise SystemExit(main())",
+                                "firmware", "deploy", "--port", url,
+                                "--dir", str(new), "--boot-timeout", "3"],
+                               capture_output=True, text=True, timeout=600)
+            watcher.join(5)
+            assert p.returncode == 1, p.stdout + p.stderr
+            assert "copy failed, nothing swapped" in p.stderr
+            assert _tree(board / "lib") == lib_before         # the running app untouched
+            proxy.restore()
+            os.kill(proc.pid, signal.SIGUSR1)                 # power cycle: the old app boots
+            rc, out = _monitor(url, "--send", "status", "--until", r"^I sys status ", "--timeout", "20")
+            assert rc == 0, out
+            assert lockmq_main(["firmware", "deploy", "--port", url, "--dir", str(new)]) == 0
+            assert not (board / "lib.new").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def test_a_deploy_cut_between_its_renames_boots_the_old_app(built, tmp_path, lock_factory):
+    """The one instant where the board has no lib/: lib.old and lib.new, as a power
+    cut after the first rename leaves them. The boot file puts lib.old back."""
+    board = tmp_path / "flash"
+    shutil.copytree(built, board)
+    (board / "lib").rename(board / "lib.old")
+    shutil.copytree(built / "lib", board / "lib.new")
+    lk = lock_factory(board)
+    lk.expect(r"^I sys ready$")
+    assert (board / "lib").is_dir() and not (board / "lib.old").exists()
 
 
 def test_deploy_refuses_a_folder_that_is_not_built(tmp_path, capsys):

@@ -258,7 +258,7 @@ def test_the_floors_answer_the_lean_lock_and_store_before_acking(kind, tmp_path,
 
 @pytest.mark.parametrize("scanner", ["compiled", "pure"])
 def test_the_storm_lock_reads_one_whole_answer_like_the_decoder(scanner, monkeypatch):
-    if scanner == "pure":   # the protocol's pure-Python scan_frame (no _speedups)
+    if scanner == "pure":   # the protocol's pure-Python scan_frame (no compiled core)
         monkeypatch.setattr(loadgen, "_scan_frame", py_scan_frame)
     elif not accel.COMPILED:
         pytest.skip(f"the hot path is {accel.DESCRIPTION}")

@@ -9,6 +9,7 @@ no system site-packages.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ import lockmq
 ROOT = Path(__file__).resolve().parents[2]
 #: Not part of a source distribution: local state, caches, earlier builds.
 _ANYWHERE = shutil.ignore_patterns(".git", ".venv", "*.egg-info", "__pycache__",
-                                   ".pytest_cache", ".hypothesis")
+                                   ".pytest_cache", ".hypothesis", "target", "*.so")
 #: Build output and local state at the top; dist/ keeps its tracked files (the
 #: systemd unit, shipped as lockmq/systemd) and loses only built wheels and sdists.
 _AT_TOP = {"build", "data", "out"}
@@ -40,8 +41,11 @@ def LOCAL(folder: str, names: list[str]) -> set[str]:
 
 
 KEY = "ab" * 32
-#: a C compiler here: the builds include lockmq._speedups (setup.py: optional=True)
-CC = shutil.which("cc") or shutil.which("gcc")
+#: a Rust toolchain here: the builds include lockmq._core (setup.py: optional=True)
+CARGO = shutil.which("cargo")
+#: the checkout's own cargo build folder: the copies' builds reuse what it compiled
+#: (the crate's dependencies), so a build here takes seconds, not minutes
+_CARGO_ENV = dict(os.environ, CARGO_TARGET_DIR=str(ROOT / "host/rust/target"))
 
 
 def _run(*argv: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -54,7 +58,7 @@ def _run(*argv: str | Path, env: dict[str, str] | None = None, cwd: Path | None 
 
 
 def _pip(*args: str | Path) -> None:
-    _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args)
+    _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args, env=_CARGO_ENV)
 
 
 def _venv(path: Path) -> Path:
@@ -102,7 +106,10 @@ def test_wheel_holds_the_package_and_the_firmware_app_but_no_tests(wheel):
     assert {"lockmq/__init__.py", "lockmq/protocol/_codec.py", "lockmq/hil/plugin.py",
             "lockmq/spark/ingest.py", "lockmq/firmware_tools/app/main.py",
             "lockmq/firmware_tools/app/lockapp/app.py", "lockmq/systemd/lockmq.service",
-            "lockmq/systemd/lockmq.sysusers", "lockmq/systemd/lockmq.toml"} <= set(names)
+            "lockmq/systemd/lockmq.sysusers", "lockmq/systemd/lockmq.toml",
+            # the monitoring files of dist/ (docs/operators.md)
+            "lockmq/systemd/prometheus/lockmq.rules.yml",
+            "lockmq/systemd/grafana/lockmq-dashboard.json"} <= set(names)
     # One top-level package, and the one version (lockmq.__version__) in the metadata.
     assert {n.split("/")[0] for n in names} == {"lockmq", f"lockmq-{lockmq.__version__}.dist-info"}
 
@@ -112,10 +119,10 @@ def test_cli_help_and_version_from_the_wheel(installed):
     out = _run(installed / "bin" / "lockmq", "--help", env=env, cwd=installed).stdout
     assert "firmware" in out and "broker" in out
     version_line = _run(installed / "bin" / "lockmq", "--version", env=env, cwd=installed).stdout
-    # built here: with a C compiler the hot path is the compiled one, else pure Python
-    # (and the compiled one names the SHA-256 of the frame MACs it found on this CPU)
-    hot = r"compiled \(lockmq\._speedups, SHA-256 (sha-ni|portable)\)" if CC else \
-        r"pure Python \(lockmq\._speedups is not built\)"
+    # built here: with a Rust toolchain the hot path is the compiled one, else pure
+    # Python (and the compiled one names the SHA-256 of the frame MACs on this CPU)
+    hot = r"compiled \(lockmq\._core, SHA-256 (sha-ni|armv8-sha2|portable)\)" if CARGO else \
+        r"pure Python \(lockmq\._core is not built\)"
     assert re.fullmatch(rf"lockmq {re.escape(lockmq.__version__)} \(hot path: {hot}\)\n",
                         version_line), version_line
     pure = _run(installed / "bin" / "lockmq", "--version", env=dict(env, LOCKMQ_PURE_PYTHON="1"),
@@ -123,6 +130,25 @@ def test_cli_help_and_version_from_the_wheel(installed):
     assert pure == f"lockmq {lockmq.__version__} (hot path: pure Python (LOCKMQ_PURE_PYTHON is set))\n"
     unit = _run(installed / "bin" / "lockmq", "systemd-unit", env=env, cwd=installed).stdout
     assert f"ExecStart={installed}/bin/lockmq broker --config " in unit
+
+
+def test_a_build_without_a_rust_toolchain_installs_and_runs_pure_python(source, tmp_path):
+    """No cargo on PATH: the wheel builds all the same, without lockmq._core, and the
+    installed lockmq says it runs pure Python (setup.py: the core is optional)."""
+    clean = tmp_path / "src"   # (not ``source``: its build/ holds the other builds' core)
+    shutil.copytree(ROOT, clean, symlinks=True, ignore=LOCAL)
+    dist = tmp_path / "dist"
+    no_cargo = [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "cargo").exists()]
+    _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "wheel", "--no-deps",
+         "--no-build-isolation", "--no-index", "-w", dist, clean,
+         env=dict(os.environ, PATH=os.pathsep.join(no_cargo)))
+    (whl,) = dist.glob("lockmq-*.whl")
+    assert not [n for n in zipfile.ZipFile(whl).namelist() if n.endswith(".so")]
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python", _venv(venv),
+         "install", "--no-deps", "--no-index", whl)
+    out = _run(venv / "bin" / "lockmq", "--version", env=_bare_env(venv), cwd=tmp_path).stdout
+    assert out == f"lockmq {lockmq.__version__} (hot path: pure Python (lockmq._core is not built))\n"
 
 
 def test_firmware_build_from_the_wheel(installed, tmp_path):
@@ -187,10 +213,10 @@ def test_editable_install_is_a_plain_path_entry_that_a_lockmq_folder_cannot_shad
              "print(lockmq.__version__, lockmq.protocol.__file__)")
     out = _run(venv / "bin" / "python", "-c", probe, lib.parent, env=_bare_env(venv), cwd=tmp_path).stdout
     assert out.split() == [lockmq.__version__, str(source / "host/lockmq/protocol/__init__.py")]
-    if CC:   # the compiled hot path is built in place, where the path entry finds it
-        probe = "import lockmq._speedups as s; print(s.__file__)"
+    if CARGO:   # the compiled core is built in place, where the path entry finds it
+        probe = "import lockmq._core as s; print(s.__file__)"
         out = _run(venv / "bin" / "python", "-c", probe, env=_bare_env(venv), cwd=tmp_path).stdout
-        assert out.startswith(str(source / "host/lockmq/_speedups"))
+        assert out.startswith(str(source / "host/lockmq/_core"))
 
 
 def test_wheel_holds_every_package_of_the_source_tree(wheel, source):

@@ -40,6 +40,9 @@ def test_unit_has_the_hardening_options_and_agrees_with_the_example_config():
     config = "/etc/lockmq/broker.toml"
     assert one["ExecStartPre"].endswith(f"broker --config {config} --check-config")
     assert one["ExecStart"].endswith(f"broker --config {config}")
+    # systemctl reload: the new file is checked, then SIGHUP reloads it (tests/ops)
+    assert opts["ExecReload"][0].endswith(f"broker --config {config} --check-config")
+    assert opts["ExecReload"][1] == "/bin/kill -HUP $MAINPID"
     # the data dir of the example config is the one place the unit lets it write
     data_dir = tomllib.loads((DIST / "lockmq.toml").read_text())["broker"]["data_dir"]
     assert data_dir in one["ReadWritePaths"].split()

@@ -50,7 +50,10 @@ def main() -> None:
     nonce = bytes(range(16))
     cnonce = bytes(range(16, 32))
     key = bytes.fromhex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
-    proof = p.auth_proof(key, nonce, cnonce, SN)
+    # the session transcript of the vectors' "connect" and "challenge" frames below
+    transcript = p.transcript_hash(SN, 0, p.Connect(p.Role.LOCK, 30, "lockapp/0.1").encode(),
+                                   p.Challenge(nonce, TS, 3).encode())
+    proof = p.auth_proof(key, nonce, cnonce, SN, transcript)
     cmd = p.Command(SN, 7, TS + 60_000, p.CommandKind.UNLOCK, struct.pack(">H", 5))
     cmd.mac = p.command_mac(key, SN, cmd.cmd_id, cmd.expires_ms, cmd.kind, cmd.args)
     msg = p.Message(1041, 1, SN, 42, TS, TS * 1000 + 250, "lock.events", event.encode())
@@ -184,7 +187,8 @@ def main() -> None:
         {"key_hex": "aa" * 131,
          "msg_hex": b"Test Using Larger Than Block-Size Key - Hash Key First".hex(),
          "mac_hex": "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
-        {"key_hex": key.hex(), "msg_hex": (b"lockmq-auth-v1" + nonce + cnonce + SN.encode()).hex(),
+        {"key_hex": key.hex(), "msg_hex": (b"lockmq-auth-v2" + nonce + cnonce + bytes([len(SN)])
+                                           + SN.encode() + transcript).hex(),
          "mac_hex": proof.hex()},
     ]
     events = [{"hex": e.encode().hex(), "fields": fields_of(e)} for e in (event, denied)]
@@ -194,7 +198,8 @@ def main() -> None:
            "crc16": crc, "hmac_sha256": hmac, "frames": frames, "events": events,
            "invalid_frames": invalid, "invalid_bodies": bad_bodies,
            "auth": {"key_hex": key.hex(), "nonce_hex": nonce.hex(), "cnonce_hex": cnonce.hex(),
-                    "sn": SN, "proof_hex": proof.hex()},
+                    "sn": SN, "transcript_hex": transcript.hex(), "proof_hex": proof.hex()},
+           "transcript": transcript_vectors(key, nonce, cnonce),
            "frame_mac": mac, "host_frames": host_frames,
            "host_invalid_bodies": host_bad_bodies}
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
@@ -215,10 +220,10 @@ def frame_mac_vectors(key: bytes, nonce: bytes, cnonce: bytes, event) -> dict:
     lock = p.ClientSession(p.Role.LOCK, SN, p.AuthMethod.DEVICE_HMAC, key, "lockapp/0.1", 30,
                            mac=True)
     broker = ServerSession()
-    skey = p.session_key(key, nonce, cnonce, SN)
     connect = lock.connect_frame(1)
     broker.receive(one(connect))
     challenge = broker.challenge(nonce, TS, 1)
+    skey = p.session_key(key, nonce, cnonce, SN, broker.transcript)
     auth = lock.receive(one(challenge), cnonce)
     broker.receive(one(auth))
     ack = broker.accept(p.Role.LOCK, SN, p.ConnectAck(30, 4096, TS, p.NO_SEQ, 9), 2, mac_key=skey)
@@ -234,6 +239,7 @@ def frame_mac_vectors(key: bytes, nonce: bytes, cnonce: bytes, event) -> dict:
     tampered[-2:] = struct.pack(">H", p.crc16(bytes(tampered[:-2])))
     untagged = p.encode_frame(p.Op.PUBLISH, SN, p.Publish("lock.events", 2, TS, event.encode()).encode(), 102)
     return {
+        "transcript_hex": broker.transcript.hex(),
         "session_key_hex": skey.hex(),
         # in wire order; "to": which side receives it
         "frames": [{"name": n, "to": to, "hex": d.hex()} for n, to, d in (
@@ -245,6 +251,53 @@ def frame_mac_vectors(key: bytes, nonce: bytes, cnonce: bytes, event) -> dict:
         "refused": [{"name": "tampered_publish_crc_fixed", "hex": bytes(tampered).hex()},
                     {"name": "replayed_publish", "hex": pub1.hex()},
                     {"name": "untagged_publish", "hex": untagged.hex()}],
+    }
+
+
+def transcript_vectors(key: bytes, nonce: bytes, cnonce: bytes) -> dict:
+    """SPEC 2 "The session transcript": a lock's MAC session with a broker that names
+    itself, and what an on-path relay's changes do. Each "altered" case is the same
+    handshake with one thing the relay changed on its way (the MAC flag cleared, the
+    frame limit lowered, another client, another broker id, the nonce): the lock's
+    proof and session key no longer match the broker's view."""
+    connect_body = p.Connect(p.Role.LOCK, 30, "lockapp/0.3", p.VERSION, 4096).encode()
+    challenge_body = p.Challenge(nonce, TS, 1, "gw-north").encode()
+    flags = p.Flag.MAC
+
+    def case(name, sn=SN, fl=flags, cb=connect_body, chb=challenge_body):
+        # an altered case carries only what differs from the agreed one (a lock's
+        # heap loads the whole file)
+        out = {"name": name}
+        if sn != SN:
+            out["sn"] = sn
+        if fl != flags or name == "agreed":
+            out["connect_flags"] = fl
+        if cb != connect_body or name == "agreed":
+            out["connect_body_hex"] = cb.hex()
+        if chb != challenge_body or name == "agreed":
+            out["challenge_body_hex"] = chb.hex()
+        if name == "agreed":
+            th = p.transcript_hash(sn, fl, cb, chb)
+            out.update(sn=sn, transcript_hex=th.hex(),
+                       proof_hex=p.auth_proof(key, nonce, cnonce, sn, th).hex(),
+                       session_key_hex=p.session_key(key, nonce, cnonce, sn, th).hex())
+        return out
+
+    return {
+        "key_hex": key.hex(), "nonce_hex": nonce.hex(), "cnonce_hex": cnonce.hex(),
+        "agreed": case("agreed"),
+        "altered": [
+            case("mac_flag_cleared", fl=0),
+            case("frame_limit_lowered", cb=p.Connect(p.Role.LOCK, 30, "lockapp/0.3", p.VERSION,
+                                                     512).encode()),
+            case("client_changed", cb=p.Connect(p.Role.LOCK, 30, "lockapp/0.2", p.VERSION,
+                                                4096).encode()),
+            case("proto_max_changed", cb=p.Connect(p.Role.LOCK, 30, "lockapp/0.3", 2,
+                                                   4096).encode()),
+            case("broker_id_changed", chb=p.Challenge(nonce, TS, 1, "gw-evil").encode()),
+            case("broker_id_dropped", chb=p.Challenge(nonce, TS, 1).encode()),
+            case("methods_changed", chb=p.Challenge(nonce, TS, 3, "gw-north").encode()),
+        ],
     }
 
 

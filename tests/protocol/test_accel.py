@@ -1,4 +1,4 @@
-"""The compiled hot path (``lockmq._speedups``) against the pure-Python code it mirrors.
+"""The compiled hot path (``lockmq._core``) against the pure-Python code it mirrors.
 
 Every test runs on both paths (``impl``: ``pure`` and ``compiled``; the compiled one is
 skipped, with the reason, when the extension was not built) and most compare the
@@ -25,7 +25,7 @@ from lockmq.store import records
 from lockmq.store.errors import InvalidRecord
 from lockmq.store.records import Appended, NewRecord
 
-from .helpers import NOT_BUILT, SPEEDUPS
+from .helpers import FUZZ, NOT_BUILT, SPEEDUPS
 
 VECTORS = json.loads((Path(p.__file__).parent / "vectors.json").read_text())
 SN = "LK-0001"
@@ -78,7 +78,7 @@ def test_crc_vectors(impl: SimpleNamespace) -> None:
     assert impl.crc32(b"123456789") == 0xCBF43926
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200 * FUZZ, deadline=None)
 @given(st.binary(max_size=300), st.integers(0, 0xFFFF), st.integers(0, 0xFFFFFFFF))
 @NOT_BUILT
 def test_c_checksums_are_the_standard_librarys(data: bytes, c16: int, c32: int) -> None:
@@ -131,7 +131,7 @@ _frame = st.one_of(
 _damage = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400 * FUZZ, deadline=None)
 @given(st.lists(_frame, max_size=12), _damage, st.integers(0, 40),
        st.sampled_from([p.MIN_FRAME, 64, 300, MAX]), st.integers(0, 20))
 @NOT_BUILT
@@ -148,7 +148,7 @@ def test_c_scanner_answers_as_the_pure_one(frames: list[bytes], damage: list[tup
                 _fast.scan_publishes(data, start, max_frame, SN, limit)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.binary(max_size=200), st.integers(0, 250), st.integers(0, 2**40))
 @NOT_BUILT
 def test_c_scanner_survives_any_bytes(data: bytes, pos: int, max_frame: int) -> None:
@@ -187,7 +187,7 @@ def _read_all(dec: p.FrameDecoder, scan, frame_scan=None) -> list:
             out.append(("frame", f.opcode, f.sn, f.flags, f.opaque, f.body))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.lists(_frame, max_size=10), _damage, st.integers(1, 60))
 def test_bad_input_raises_the_same_errors_with_the_scanners(frames: list[bytes],
                                                            damage: list[tuple[int, int]],
@@ -280,7 +280,7 @@ def test_scan_frame_leaves_the_unusual_to_the_decoder(impl: SimpleNamespace) -> 
     assert impl.scan_frame(connect, len(connect) + 5, MAX, OP_NAMES) is None
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400 * FUZZ, deadline=None)
 @given(st.lists(_frame, max_size=6), _damage, st.integers(0, 40),
        st.sampled_from([p.MIN_FRAME, 64, 300, MAX]), st.integers(0, 30),
        st.sampled_from([OP_NAMES, {p.Op.PUBLISH: "PUBLISH"}, {}]))
@@ -301,7 +301,7 @@ def test_c_frame_reader_answers_as_the_pure_one(frames: list[bytes],
             want[:5] == _decoded(buf[start:], max_frame, known)[:5]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.binary(max_size=200), st.integers(0, 250), st.integers(0, 2**40))
 @NOT_BUILT
 def test_c_frame_reader_survives_any_bytes(data: bytes, pos: int, max_frame: int) -> None:
@@ -442,7 +442,7 @@ def _encode(impl: SimpleNamespace, recs: list, ts: int, maxrec: int, known: dict
         return ("InvalidRecord", str(exc))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.lists(_record, max_size=8), st.integers(0, 2**62), st.sampled_from([100, 400, 10**6]),
        st.booleans())
 @NOT_BUILT
@@ -481,6 +481,6 @@ def test_the_environment_variable_forces_the_pure_path() -> None:
     assert forced == "False pure Python (LOCKMQ_PURE_PYTHON is set)\n"
     default = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                              env=env, check=True).stdout
-    assert default == (f"True compiled (lockmq._speedups, SHA-256 {SPEEDUPS.SHA256})\n"
+    assert default == (f"True compiled (lockmq._core, SHA-256 {SPEEDUPS.SHA256})\n"
                        if SPEEDUPS is not None else
-                       "False pure Python (lockmq._speedups is not built)\n")
+                       "False pure Python (lockmq._core is not built)\n")

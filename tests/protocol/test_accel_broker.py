@@ -3,7 +3,7 @@
 One read carrying publishes, a ONEWAY publish, a heartbeat, a duplicate, a refused
 topic, another producer's SN and finally a broken PUBLISH body must get the same
 answers, in the same order, whichever path decodes it (``impl``); the compiled one is
-skipped, with the reason, when ``lockmq._speedups`` was not built.
+skipped, with the reason, when ``lockmq._core`` was not built.
 """
 from __future__ import annotations
 

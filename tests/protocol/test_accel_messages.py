@@ -1,4 +1,4 @@
-"""The consumer client's compiled MESSAGES scan (``_speedups.messages_fields``) reads a
+"""The consumer client's compiled MESSAGES scan (``_core.messages_fields``) reads a
 body as the protocol's decoder does: the same fields for every body the decoder takes,
 None for every body it refuses (so the client falls back to it and raises its
 ``BadBody``), and the client's messages are the same on both paths."""
@@ -12,7 +12,7 @@ from lockmq.client import message as client_message
 from lockmq.client.message import Message, messages_from_body
 from lockmq.protocol import _fast
 
-from .helpers import NOT_BUILT, SPEEDUPS
+from .helpers import FUZZ, NOT_BUILT, SPEEDUPS
 
 _message = st.builds(p.Message, st.integers(0, 2**64 - 1), st.integers(0, 0xFFFF),
                      st.sampled_from(["LK-0001", "BENCH-000001", "a" * 64, "é"]),
@@ -39,7 +39,7 @@ def scanned(body: bytes, cap: int = _fast._CACHE_MAX) -> tuple | None:
     return None if got is None else (got[0], got[1])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.lists(_message, max_size=8), _damage, st.integers(0, 40),
        st.booleans())
 @NOT_BUILT
@@ -55,7 +55,7 @@ def test_the_scan_reads_what_the_decoder_reads(sub_id: int, messages: list, dama
         assert scanned(data) == decoded_fields(bytes(data))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.binary(max_size=200))
 @NOT_BUILT
 def test_the_scan_survives_any_bytes(data: bytes) -> None:
@@ -86,7 +86,7 @@ def test_names_are_decoded_once_and_the_cache_is_bounded() -> None:
 def path(request, monkeypatch):  # type: ignore[no-untyped-def]
     if request.param == "compiled":
         if client_message._FIELDS is None:
-            pytest.skip("lockmq._speedups is not built (or LOCKMQ_PURE_PYTHON is set)")
+            pytest.skip("lockmq._core is not built (or LOCKMQ_PURE_PYTHON is set)")
     else:
         monkeypatch.setattr(client_message, "_FIELDS", None)
     return request.param

@@ -1,11 +1,11 @@
 """The store writer's compiled parts against their Python ones: its loop
-(``_speedups.plan_run``), its one-call commit (``commit_write``) and the dedup
+(``_core.plan_run``), its one-call commit (``commit_write``) and the dedup
 table's in-order adds (``dedup_run``).
 
 The same appends -- several topics, producers, duplicates, sequences out of order,
 system ids, small segments that roll -- must give the same results, the same log
 and the same reads with the compiled parts and without them (the compiled variant
-is skipped, with the reason, when ``lockmq._speedups`` was not built).
+is skipped, with the reason, when ``lockmq._core`` was not built).
 """
 from __future__ import annotations
 
@@ -179,12 +179,12 @@ def test_commit_write_writes_every_part_and_reports_os_errors(tmp_path) -> None:
 
 _SHORT_WRITE = """
 import os, resource, signal, sys
-from lockmq import _speedups
+from lockmq import _core
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # past the limit: EFBIG, not a signal
 resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
 try:
-    _speedups.commit_write([], fd, [b"a" * 60, b"b" * 60], 0, True)
+    _core.commit_write([], fd, [b"a" * 60, b"b" * 60], 0, True)
 except OSError as exc:
     print(exc.errno)
 else:

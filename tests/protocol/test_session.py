@@ -48,8 +48,9 @@ def test_a_client_and_a_server_session_complete_the_handshake() -> None:
     auth = _pipe(client.receive(_pipe(server.challenge(os.urandom(16), 5, connect.opaque)),
                                 os.urandom(16), 2))
     server.receive(auth)
+    assert server.transcript == client.transcript and len(server.transcript) == 32
     assert verify_auth_proof(key, server.nonce, server.auth.cnonce, "LOCK-0001",
-                             server.auth.proof)
+                             server.transcript, server.auth.proof)
     ack = ConnectAck(30, 4096, 5, 41, 7)
     assert client.receive(_pipe(server.accept(Role.LOCK, "LOCK-0001", ack, auth.opaque))) is None
     assert client.ack == ack

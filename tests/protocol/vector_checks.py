@@ -1,5 +1,6 @@
 # Checks of protocol/vectors.json that run unchanged under CPython (pytest,
 # test_vectors.py) and MicroPython (mpy_vectors.py). MicroPython subset only.
+import gc
 import json
 import sys
 from binascii import unhexlify
@@ -59,6 +60,9 @@ def run(path, crc_functions=None):
     """Check every vector; returns (passed, [failure messages])."""
     with open(path) as fh:
         v = json.load(fh)
+    # (the host-only sections are checked by host_vector_checks: not held in a lock's heap)
+    v.pop("host_frames", None)
+    v.pop("host_invalid_bodies", None)
     crc_functions = crc_functions or [crc16_table, p.crc16]
     passed = 0
     failures = []
@@ -71,7 +75,8 @@ def run(path, crc_functions=None):
                         "hmac %s" % c["mac_hex"][:16])
     a = v["auth"]
     passed += check(p.verify_auth_proof(_h(a["key_hex"]), _h(a["nonce_hex"]), _h(a["cnonce_hex"]),
-                                        a["sn"], _h(a["proof_hex"])), "auth proof")
+                                        a["sn"], _h(a["transcript_hex"]), _h(a["proof_hex"])),
+                    "auth proof")
     parts = []             # joined once: += would copy the growing stream every frame
     for f in v["frames"]:
         n, data, fr = check_frame(f, check)
@@ -99,8 +104,68 @@ def run(path, crc_functions=None):
                         "invalid frame %s: %s" % (bad["name"], _expect_error(decode_bad, bad["error"], bad["code"])))
     for bad in v["invalid_bodies"]:
         passed += check_invalid_body(bad, check)
+    frames = dict((f["name"], f) for f in v["frames"])
+    passed += check(p.transcript_hash(a["sn"], 0, _h(frames["connect"]["body_hex"]),
+                                      _h(frames["challenge"]["body_hex"]))
+                    == _h(a["transcript_hex"]), "auth transcript of the connect/challenge frames")
+    frames = None
+    for section in ("frames", "events", "invalid_frames", "invalid_bodies", "crc16",
+                    "hmac_sha256"):
+        v.pop(section)      # checked: room for the session modules on a lock-sized heap
+    gc.collect()
     passed += _check_frame_macs(v["frame_mac"], a, check)
+    passed += _check_transcript(v["transcript"], check)
     return passed, failures
+
+
+def _check_transcript(t, check):
+    # SPEC 2 "The session transcript": every case's hash, proof and key from its parts;
+    # then the lock's own ClientSession, fed the agreed CHALLENGE, proves exactly that
+    # transcript, and every altered view gives another proof and another key.
+    passed = 0
+    key, nonce, cnonce = _h(t["key_hex"]), _h(t["nonce_hex"]), _h(t["cnonce_hex"])
+    from lockmq.protocol import _mac
+    g = t["agreed"]
+
+    def view(c):
+        # (an altered case holds only what the relay changed)
+        sn = c.get("sn", g["sn"])
+        th = p.transcript_hash(sn, c.get("connect_flags", g["connect_flags"]),
+                               _h(c.get("connect_body_hex", g["connect_body_hex"])),
+                               _h(c.get("challenge_body_hex", g["challenge_body_hex"])))
+        return th, p.auth_proof(key, nonce, cnonce, sn, th), _mac.session_key(key, nonce, cnonce,
+                                                                              sn, th)
+
+    th, proof, skey = view(g)
+    passed += check(th == _h(g["transcript_hex"]) and proof == _h(g["proof_hex"])
+                    and skey == _h(g["session_key_hex"]), "transcript: hash, proof, key")
+    for c in t["altered"]:
+        th2, proof2, skey2 = view(c)
+        passed += check(th2 != th and proof2 != proof and skey2 != skey,
+                        "transcript %s: changes the proof and the key" % c["name"])
+    challenge = p.encode_frame(p.Op.CHALLENGE, "", _h(g["challenge_body_hex"]), 1, p.Flag.RESPONSE)
+    for pinned in ("", "gw-north"):
+        lock = p.ClientSession(p.Role.LOCK, g["sn"], p.AuthMethod.DEVICE_HMAC, key,
+                               "lockapp/0.3", 30, 4096, True, pinned)
+        connect = _one(lock.connect_frame(1))
+        passed += check(connect.flags == g["connect_flags"]
+                        and connect.body == _h(g["connect_body_hex"]),
+                        "transcript: the lock's CONNECT is the agreed one")
+        auth = p.Auth.decode(_one(lock.receive(_one(challenge), cnonce)).body)
+        passed += check(lock.transcript == _h(g["transcript_hex"])
+                        and auth.proof == _h(g["proof_hex"])
+                        and lock.mac_key == _h(g["session_key_hex"]),
+                        "transcript: the lock proves the agreed transcript (pinned %r)" % pinned)
+    other = [c for c in t["altered"] if c["name"] == "broker_id_changed"][0]
+    gc.collect()
+    lock = p.ClientSession(p.Role.LOCK, g["sn"], p.AuthMethod.DEVICE_HMAC, key,
+                           "lockapp/0.3", 30, 4096, True, "gw-north")
+    lock.connect_frame(1)
+    evil = p.encode_frame(p.Op.CHALLENGE, "", _h(other["challenge_body_hex"]), 1, p.Flag.RESPONSE)
+    err = _expect_error(lambda: lock.receive(_one(evil), cnonce), "SessionError", 11)
+    passed += check(err is None and lock.state == p.CLOSING,
+                    "transcript: a lock pinned to gw-north sends no proof to gw-evil: %s" % err)
+    return passed
 
 
 def checker(failures):
@@ -166,7 +231,7 @@ def _check_frame_macs(m, a, check):
     # broker's side by tag recomputation (ServerSession is not loaded on a lock).
     passed = 0
     key, nonce, cnonce, sn = _h(a["key_hex"]), _h(a["nonce_hex"]), _h(a["cnonce_hex"]), a["sn"]
-    skey = _mac.session_key(key, nonce, cnonce, sn)
+    skey = _mac.session_key(key, nonce, cnonce, sn, _h(m["transcript_hex"]))
     passed += check(skey == _h(m["session_key_hex"]), "frame mac: session key")
     fr = {f["name"]: _h(f["hex"]) for f in m["frames"]}
     lock = p.ClientSession(p.Role.LOCK, sn, p.AuthMethod.DEVICE_HMAC, key, "lockapp/0.1", 30, mac=True)

@@ -220,7 +220,7 @@ def test_oversized_frame_is_refused_before_buffering(env):
 
 def test_disabled_lock_is_refused_at_its_next_connect(env):
     broker, reg, keys, _ = env
-    reg.add("LOCK-X")
+    reg.add("LOCK-X", mac=False)
     key = reg.rekey("LOCK-X")
     w = Peer(broker.port, "LOCK-X")
     w.auth_lock(key)

@@ -86,6 +86,8 @@ def build_board(root: Path, sn: str, port: int, data_dir: str, tls_ca: str | Non
             "--data-dir", data_dir]
     if tls_ca:
         argv += ["--tls-ca", tls_ca, "--server-hostname", "gw.local"]
+    if not frame_mac:
+        argv.append("--no-mac")     # (provisioned as firmware without MACs)
     assert run_cli(*argv) == 0
     doc = json.loads(prov.read_text())
     tls = doc.get("tls", {})

@@ -32,7 +32,7 @@ def valid_stream(key: bytes = b"k" * 32, sn: str = "FUZZ-1") -> bytes:
     cn = os.urandom(16)
     return (encode_frame(Op.CONNECT, sn, Connect(Role.LOCK, 30, "fw").encode(), 1)
             + encode_frame(Op.AUTH, sn, Auth(AuthMethod.DEVICE_HMAC, cn,
-                                             auth_proof(key, b"n" * 16, cn, sn)).encode(), 2)
+                                             auth_proof(key, b"n" * 16, cn, sn, b"t" * 32)).encode(), 2)
             + encode_frame(Op.PUBLISH, sn, Publish("lock.events", 1, 0, b"x" * 24).encode(), 3)
             + encode_frame(Op.PUBLISH, sn, Publish("lock.events", 2, 0, b"y" * 24).encode(), 4))
 

@@ -21,7 +21,9 @@ from lockmq.security.keys import device_proof
 
 def lock_auth(key: bytes, sn: str, nonce: bytes, cnonce: bytes | None = None) -> Auth:
     cnonce = cnonce or os.urandom(16)
-    return Auth(AuthMethod.DEVICE_HMAC, cnonce, auth_proof(key, nonce, cnonce, sn))
+    # (over an empty transcript: Guard.authenticate's default; the broker always passes
+    # its session's, tests/adversarial/test_transcript.py)
+    return Auth(AuthMethod.DEVICE_HMAC, cnonce, auth_proof(key, nonce, cnonce, sn, b""))
 
 
 def token_auth(token: str) -> Auth:
@@ -30,7 +32,9 @@ def token_auth(token: str) -> Auth:
 
 def test_host_proof_equals_protocol_proof():
     key, nonce, cnonce = os.urandom(32), os.urandom(16), os.urandom(16)
-    assert device_proof(key, nonce, cnonce, "SN-1") == auth_proof(key, nonce, cnonce, "SN-1")
+    th = os.urandom(32)
+    assert device_proof(key, nonce, cnonce, "SN-1", th) == auth_proof(key, nonce, cnonce, "SN-1", th)
+    assert device_proof(key, nonce, cnonce, "SN-1", th) != auth_proof(key, nonce, cnonce, "SN-1", b"")
 
 
 def test_lock_authenticates_and_is_bound(guard):

@@ -1,4 +1,4 @@
-"""The consumer read's compiled decoding (``_speedups.read_run``, used by
+"""The consumer read's compiled decoding (``_core.read_run``, used by
 ``store/reads.py decode_entries``) reads what ``decode_record`` reads: the same
 records from any run of index entries, and the same ``CorruptRecord`` -- raised by
 decode_record itself, where the compiled loop stops -- for damaged bytes, a record of
@@ -16,8 +16,10 @@ from lockmq.store import NewRecord, reads
 from lockmq.store.errors import CorruptRecord
 from lockmq.store.records import encode_record
 
-COMPILED = getattr(accel.speedups, "read_run", None)
-NOT_BUILT = pytest.mark.skipif(COMPILED is None, reason="lockmq._speedups is not built "
+from ..protocol.helpers import FUZZ
+
+COMPILED = accel.speedups.read_run if accel.COMPILED else None
+NOT_BUILT = pytest.mark.skipif(COMPILED is None, reason="lockmq._core is not built "
                                "(or LOCKMQ_PURE_PYTHON is set): pure path only")
 TOPIC = "lock.events"
 
@@ -44,7 +46,7 @@ def decoded(data: bytes, base: int, entries: list, i: int, j: int,
     return out, err
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * FUZZ, deadline=None)
 @given(st.lists(_record, min_size=1, max_size=10), st.integers(0, 2**40),
        st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
        st.integers(0, 30), st.booleans(), st.data())

@@ -20,10 +20,10 @@ def _in_writer() -> bool:
 
 
 #: the writer's two ways of doing a commit's file work: os.pwrite/os.fdatasync calls
-#: (Python) and one _speedups.commit_write call (compiled), where faults are injected
+#: (Python) and one _core.commit_write call (compiled), where faults are injected
 #: into that call instead (it does not go through the os module)
 PATHS = ["python", pytest.param("compiled", marks=pytest.mark.skipif(
-    not accel.COMPILED, reason=f"lockmq._speedups not in use: {accel.DESCRIPTION}"))]
+    not accel.COMPILED, reason=f"lockmq._core not in use: {accel.DESCRIPTION}"))]
 
 
 def _commit_path(monkeypatch, path: str, fault):

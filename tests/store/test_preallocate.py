@@ -18,7 +18,7 @@ from .helpers import config, payload_for, rec, run
 
 KiB = 1024
 PATHS = ["python", pytest.param("compiled", marks=pytest.mark.skipif(
-    not accel.COMPILED, reason=f"lockmq._speedups not in use: {accel.DESCRIPTION}"))]
+    not accel.COMPILED, reason=f"lockmq._core not in use: {accel.DESCRIPTION}"))]
 
 
 def _files(data_dir) -> list[tuple[int, bytes]]:

@@ -70,7 +70,11 @@ def crash_image(_crash_image_once, tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_path, seed):
+def test_random_tail_damage_is_cut_only_at_the_active_end(crash_image, tmp_path, seed):
+    """Damage after the checkpoint: a torn end of the active segment is cut; damage
+    anywhere else is quarantined and every intact record after it is kept, at its
+    queue offset (issue 34: one flipped byte in a closed segment cut everything
+    after it before)."""
     image0, cp_end, acked, end = crash_image
     image = tmp_path / f"img{seed}"
     shutil.copytree(image0, image)
@@ -81,12 +85,14 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
     kind = rnd.choice(["truncate", "flip", "zeros", "garbage"])
     p = rnd.randrange(cp_end, end)
     path, fpos = _file_and_pos(image, p)
+    hit = (p, p + 1)   # commit-log bytes the damage touches
     if kind == "truncate":
         with open(path, "r+b") as f:
             f.truncate(fpos)
         for b in bases:  # a crash loses whole later segments too
             if b > p:
                 os.unlink(os.path.join(seg_dir, segment_name(b)))
+        hit = (p, 1 << 62)
     elif kind == "flip":
         with open(path, "r+b") as f:
             f.seek(fpos)
@@ -99,48 +105,58 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
         with open(path, "r+b") as f:
             f.seek(fpos)
             f.write(bytes(min(n, size - fpos)))
+        hit = (p, p + min(n, size - fpos))
     else:  # garbage where the preallocated zeros were
         with open(last, "r+b") as f:
             f.seek(end - bases[-1])
             f.write(rnd.randbytes(rnd.randint(1, 200)))
-        p = end
-    # records that end at or before the damage point survive; none after it
+        hit = (end, end)
     offsets = sorted(acked)
     sizes = {}
     for (o1, *_), (o2, *_) in zip(offsets, offsets[1:]):
         sizes[o1] = o2 - o1
     sizes[offsets[-1][0]] = end - offsets[-1][0]
-    if kind == "truncate":
-        keep = [r for r in offsets if r[0] + sizes[r[0]] <= p]
-    elif kind in ("flip", "zeros"):
-        keep = [r for r in offsets if r[0] + sizes[r[0]] <= p]
-    else:
-        keep = offsets
-    cut_at = keep[-1][0] + sizes[keep[-1][0]] if keep else 0
-    # what recovery reports cut: the damaged bytes up to the preallocated zeros (a
-    # last record zeroed whole reads as never written: nothing is cut)
+    qoff = {}
+    for topic in ("a", "b"):
+        for q, r in enumerate(r for r in offsets if r[1] == topic):
+            qoff[r[0]] = q
+    damaged = [r for r in offsets if r[0] < hit[1] and r[0] + sizes[r[0]] > hit[0]]
+    intact = [r for r in offsets if r not in damaged]
     remaining = list_segments(seg_dir)
-    with open(os.path.join(seg_dir, segment_name(remaining[-1])), "rb") as f:
-        end_after_damage = max(cut_at, remaining[-1] + len(f.read().rstrip(b"\0")))
+    active = remaining[-1]
+    # torn: the damage reaches the end of the active segment's records
+    torn = damaged and damaged[0][0] >= active and not any(
+        r[0] > damaged[0][0] for r in intact)
+    keep = intact
+    cut_at = damaged[0][0] if torn else end
+    with open(os.path.join(seg_dir, segment_name(active)), "rb") as f:
+        end_after_damage = max(cut_at, active + len(f.read().rstrip(b"\0")))
 
     async def check():
         s = Store.open(config(image, segment_bytes=SEG))
         rep = s.recovery
         assert not rep.full_scan and rep.scanned_from == cp_end
-        assert s.log_end == cut_at
-        assert rep.bytes_cut == end_after_damage - cut_at
-        assert (rep.bytes_cut > 0) == (rep.records_cut > 0)
+        if kind == "garbage":
+            assert s.log_end == end and rep.bytes_cut == end_after_damage - end
+        elif torn:
+            assert s.log_end == cut_at and not rep.damage
+            assert rep.bytes_cut == end_after_damage - cut_at
+            assert (rep.bytes_cut > 0) == (rep.records_cut > 0)
+        else:
+            assert s.log_end == end and rep.bytes_cut == 0
+            assert rep.damage and rep.damage[0].start <= damaged[0][0]
+            assert rep.damage[-1].end >= damaged[-1][0] + sizes[damaged[-1][0]]
         for topic in ("a", "b"):
             want = [r for r in keep if r[1] == topic]
             got = s.read(topic, 0, 1000)
             assert [(g.offset, g.sn, g.seq) for g in got] == [(w[0], w[2], w[3]) for w in want]
-            assert [g.queue_offset for g in got] == list(range(len(want)))
+            # queue offsets do not move: a damaged record keeps its own
+            assert [g.queue_offset for g in got] == [qoff[w[0]] for w in want]
             for g in got:
                 assert g.payload == payload_for(g.sn, g.seq, len(g.payload))
-            assert s.queue_end(topic) == len(want)
         kept_ids = {(r[2], r[3]) for r in keep}
         lost = [r for r in offsets if (r[2], r[3]) not in kept_ids]
-        # a cut record is new again (the lock will resend it); a kept one is a duplicate
+        # a lost record is new again (the lock will resend it); a kept one is a duplicate
         probe = [rec(r[1], r[2], r[3]) for r in lost[:3]] + [rec(keep[-1][1], keep[-1][2],
                                                                  keep[-1][3])]
         res = await s.append(probe)
@@ -148,7 +164,7 @@ def test_random_tail_corruption_is_cut_and_the_rest_recovered(crash_image, tmp_p
         await s.close()
     run(check())
     rep = check_dir(str(image))
-    assert rep.ok, rep.problems
+    assert rep.ok == (torn or kind == "garbage" or not damaged), rep.problems
 
 
 def test_recovery_reads_only_the_tail(crash_image):
@@ -209,8 +225,12 @@ def test_empty_and_fresh_directories(data_dir):
     s.close_sync()
 
 
-def test_lost_tail_of_a_closed_segment_cuts_everything_after_it(crash_image):
-    image, cp_end, acked, _log_end = crash_image
+@pytest.mark.parametrize("rebuild", ["checkpoint", "no-checkpoint", "no-index"])
+def test_lost_tail_of_a_closed_segment_is_quarantined_and_the_rest_kept(crash_image, rebuild):
+    """A closed segment that lost its end: the missing bytes are damage, every later
+    segment stays, and the lost records keep their queue offsets -- from the index,
+    or (rebuilding without one) from the next segment's queue start."""
+    image, cp_end, acked, log_end = crash_image
     seg_dir = os.path.join(image, "message.log")
     bases = list_segments(seg_dir)
     assert len(bases) >= 3 and bases[-2] > cp_end
@@ -219,16 +239,32 @@ def test_lost_tail_of_a_closed_segment_cuts_everything_after_it(crash_image):
     boundary = inside[len(inside) // 2]  # drop the second half of the segment, cleanly
     with open(os.path.join(seg_dir, segment_name(victim)), "r+b") as f:
         f.truncate(boundary - victim)
+    if rebuild != "checkpoint":
+        os.unlink(os.path.join(image, "checkpoint"))
+    if rebuild == "no-index":
+        for t in ("a", "b"):
+            os.unlink(os.path.join(image, f"offset-{t}.log"))
     s = Store.open(config(image, segment_bytes=SEG))
     rep = s.recovery
-    assert s.log_end == boundary and "starts at" in rep.cut_reason
-    assert rep.bytes_cut > 0 and rep.records_cut > 0
-    assert list_segments(seg_dir) == bases[:-1]
-    kept = sorted((o, sn, seq) for o, _t, sn, seq in acked if o < boundary)
-    got = sorted((g.offset, g.sn, g.seq) for t in ("a", "b") for g in s.read(t, 0, 1000))
-    assert got == kept
+    assert s.log_end == log_end and not rep.bytes_cut
+    assert list_segments(seg_dir) == bases
+    [d] = rep.damage
+    assert (d.start, d.end, d.segment) == (boundary, bases[-1], victim)
+    lost = [(o, t) for o, t, _sn, _seq in acked if boundary <= o < bases[-1]]
+    assert d.records == len(lost) == sum(len(q) for q in d.topics.values())
+    for topic in ("a", "b"):
+        mine = sorted(o for o, t, *_ in acked if t == topic)
+        want = [(q, o) for q, o in enumerate(mine) if not boundary <= o < bases[-1]]
+        got = s.read(topic, 0, 1000)
+        assert [(g.queue_offset, g.offset) for g in got] == want
+        assert sorted(d.topics.get(topic, [])) == [q for q, o in enumerate(mine)
+                                                   if boundary <= o < bases[-1]]
     s.close_sync()
-    assert check_dir(str(image)).ok
+    rep = check_dir(str(image))
+    assert not rep.ok and any("missing" in p for p in rep.problems)
+    s = Store.open(config(image, segment_bytes=SEG))   # the damage list survives
+    assert [x.start for x in s.damage] == [boundary] and not s.recovery.damage
+    s.close_sync()
 
 
 def test_an_idle_store_checkpoints_so_a_crash_rereads_nothing(data_dir, tmp_path):

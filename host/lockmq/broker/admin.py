@@ -76,6 +76,7 @@ class Admin:
             "topics": self.topics,
             "clusters": self.clusters,
             "devices": self.devices,
+            "devices.offline": self.devices_offline,
             "connections": self.connections,
             "commands": self.commands,
             "config": self.config,
@@ -162,6 +163,14 @@ class Admin:
         d = self.online_devices.info(_str(args, "sn") if "sn" in args else None)
         return {"ok": True, "count": len(d), "devices": d}
 
+    def devices_offline(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``devices.offline``: locks that went offline since the broker started and
+        have not come back, longest gone first (``sn``, ``last_seen_ms``,
+        ``offline_s``, ``reason``)."""
+        d = self.online_devices.offline_info()
+        return {"ok": True, "count": len(d), "devices": d[:MAX_LIST],
+                "truncated": len(d) > MAX_LIST}
+
     def connections(self, args: dict[str, Any]) -> dict[str, Any]:
         """``connections``: every open connection."""
         conns = [c.info() for c in list(self.connections.by_id.values())[:MAX_LIST]]
@@ -179,8 +188,9 @@ class Admin:
 
     async def clusters_reset(self, args: dict[str, Any]) -> dict[str, Any]:
         """``clusters.reset`` {cluster, to: "earliest" | "latest" | queue offset,
-        or time_ms}: move a cluster's position (replay a topic, or skip a backlog).
-        The cluster must have no members connected."""
+        or time_ms, or shift_by (+/- messages from its position); dry_run: answer
+        what it would do and change nothing}: move a cluster's position (replay a
+        topic, or skip a backlog). The cluster must have no members connected."""
         name = _str(args, "cluster")
         core = self.core
         store = core.store
@@ -197,7 +207,13 @@ class Admin:
             if name not in store.clusters() or not saved:
                 raise AdminError("INVALID_ARGUMENT", f"no cluster {name!r}")
             topic = next(iter(saved))
-        if "time_ms" in args:
+        before = live.main.committed if live is not None else \
+            store.load_positions(name).get(topic, 0)
+        if "shift_by" in args:   # kafka-consumer-groups --shift-by: relative to now
+            shift = _int(args, "shift_by", 0, -(1 << 62))
+            target = min(max(before + shift, store.queue_start(topic)),
+                         store.queue_end(topic))
+        elif "time_ms" in args:
             target = store.queue_offset_at_time(topic, _int(args, "time_ms", 0))
         else:
             to = args.get("to")
@@ -211,8 +227,9 @@ class Admin:
                 raise AdminError("INVALID_ARGUMENT",
                                  'to must be "earliest", "latest" or a queue offset '
                                  '(or give time_ms)')
-        before = live.main.committed if live is not None else \
-            store.load_positions(name).get(topic, 0)
+        if args.get("dry_run") is True:   # what the reset would do, nothing changed
+            return {"ok": True, "cluster": name, "topic": topic, "before": before,
+                    "after": target, "dry_run": True}
         if live is not None:
             live.reset_to(target)
         await store.save_positions(name, {topic: target})
@@ -292,15 +309,16 @@ class Admin:
         recs = []
         for o in wanted:
             got = store.read(topic, o, 1)
-            if got and got[0].queue_offset == o:
-                recs.append(got[0])
+            if got and got[0].queue_offset == o and not (got[0].headers or {}).get("damaged"):
+                recs.append(got[0])   # (a damaged record's entry has nothing to replay)
         if not recs:
             raise AdminError("INVALID_ARGUMENT", f"no dead letters at those offsets of {topic}")
         now = int(time.time() * 1000)
         out = []
         for r in recs:
             h = dict(r.headers or {})
-            h.update({"due_ms": now, "retries": 0, "deliveries": 0,
+            # due now on the steady scale retry due times are judged on (lockmq.clock)
+            h.update({"due_ms": int(self.core.steady_ms()), "retries": 0, "deliveries": 0,
                       "reason": f"replayed from {topic}@{r.queue_offset}",
                       "replayed_ms": now})
             h["level"] = 0

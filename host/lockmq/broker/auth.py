@@ -33,9 +33,14 @@ class OpenGuard:
     preauth_max_frame = HARD_MAX_FRAME
     #: No frame MACs required (there are no device keys).
     lock_frames_need_mac = False
+    #: No broker id in CHALLENGE.
+    broker_id = ""
 
     def __init__(self) -> None:
         self._cmd_ids: dict[str, int] = {}
+
+    def reopen_registries(self) -> None:
+        """No registry files."""
 
     def admit(self, peer_ip: str) -> None:
         """No connection limits."""
@@ -56,7 +61,7 @@ class OpenGuard:
                            reason="auth_timeout")
 
     def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
-                     *, tls: bool = False) -> Principal:
+                     *, tls: bool = False, transcript: bytes = b"") -> Principal:
         """Accept any claim: device method -> lock ``claimed_sn``; else admin."""
         if getattr(auth_body, "method", None) == AuthMethod.DEVICE_HMAC and claimed_sn:
             return Principal(name=claimed_sn, kind="lock", lock_topics=("*",), peer_ip=peer_ip,
@@ -137,6 +142,22 @@ class OpenGuard:
     def status(self) -> dict[str, Any]:
         """No security counters."""
         return {}
+
+    def standing(self, principal: Principal) -> str:
+        """Nobody is ever revoked with auth off."""
+        return ""
+
+    def authorize_status(self, view: str, authorization: str) -> str:
+        """With auth off the status page is open."""
+        return ""
+
+    def security_version(self) -> int:
+        """No registry: never changes."""
+        return 0
+
+    def revocations(self, since: float) -> tuple[set[str], list[tuple[str, bool, int]]]:
+        """Nothing revoked."""
+        return set(), []
 
     def close(self) -> None:
         """Nothing to close."""

@@ -88,7 +88,15 @@ class ClusterHost(Protocol):
         """Write one structured log line."""
 
     def wall_ms(self) -> float:
-        """Wall time on the broker's clock (lockmq.clock): a cluster's last activity."""
+        """Wall time on the broker's clock (lockmq.clock)."""
+
+    def steady_ms(self) -> float:
+        """Steady time on the broker's clock (lockmq.clock: never jumps with the wall
+        clock): a cluster's last activity (expiry) and retry due times."""
+
+    def damage_at(self, topic: str, queue_offset: int) -> Any:
+        """The store's quarantined damage holding that record (None: not damaged):
+        a queue offset :meth:`read` passed over was damaged, not deleted."""
 
 
 @dataclass
@@ -313,10 +321,12 @@ class Cluster:
         self.stats = {"delivered": 0, "acked": 0, "nacked": 0, "redelivered": 0,
                       "released": 0, "retried": 0, "dead_lettered": 0,
                       "member_cap_hits": 0, "cluster_cap_hits": 0, "unknown_lease": 0,
-                      "skipped": 0}
+                      "skipped": 0, "damaged_skipped": 0}
         #: when a member was last connected or a position last moved (broker clock):
         #: what ``[clusters] offsets_retention_ms`` counts from; saved with positions
-        self.last_active_ms = host.wall_ms()
+        #: steady time (lockmq.clock): what expiry and retry due times are judged on
+        self.steady_ms: Callable[[], float] = getattr(host, "steady_ms", host.wall_ms)
+        self.last_active_ms = self.steady_ms()
         self.activity_dirty = False
 
     # -- membership -----------------------------------------------------------------
@@ -352,7 +362,7 @@ class Cluster:
 
     def touch(self) -> None:
         """The cluster is in use now (a member joined, left, acked or nacked)."""
-        self.last_active_ms = self.host.wall_ms()
+        self.last_active_ms = self.steady_ms()
         self.activity_dirty = True
 
     def skip_to_start(self, queue_start: Callable[[str], int]) -> int:
@@ -472,7 +482,10 @@ class Cluster:
             n = min(room, max(want - len(self.ready), 1), self.s.max_pull)
             recs = self.host.read(self.topic, src.next, n)
             if not recs:
-                break
+                # everything up to the end may be damaged: pass it, or stay (retention)
+                if not self._pass_damage(src, src.next, end):
+                    break
+                continue
             first = recs[0].queue_offset
             if (not self.ordered and first == src.next
                     and recs[-1].queue_offset == first + len(recs) - 1):
@@ -482,10 +495,39 @@ class Cluster:
                 continue
             for rec in recs:
                 if rec.queue_offset > src.next:
+                    self._pass_damage(src, src.next, rec.queue_offset)
                     src.skip_to(rec.queue_offset)
                 src.next = rec.queue_offset + 1
                 self._enqueue(Lease(src, rec.queue_offset, rec))
         self.capped = False
+
+    def _pass_damage(self, src: Source, lo: int, hi: int) -> bool:
+        """The store passed over queue offsets ``[lo, hi)`` of ``src``: if they are
+        damaged records (not retention's), skip them -- logged, counted and written
+        to the dead-letter topic as a payload-less entry naming them -- so the
+        cluster goes on with the next intact record. True if it skipped."""
+        damage_at = getattr(self.host, "damage_at", None)
+        d = damage_at(src.topic, lo) if damage_at is not None and hi > lo else None
+        if d is None:
+            return False
+        n = hi - lo
+        self.stats["damaged_skipped"] += n
+        what = d.describe() if hasattr(d, "describe") else str(d)
+        self.host.log("cluster_skipped_damaged", cluster=self.name, topic=src.topic,
+                      queue_offset=lo, count=n, damage=what, level="error")
+        h = {"cluster": self.name, "reason": "damaged record skipped", "damaged": True,
+             "orig_topic": src.topic, "orig_queue_offset": lo, "count": n,
+             "damage": what, "dead_ms": int(time.time() * 1000)}
+        self.host.spawn(self._write_damage_entry(NewRecord(self.dlq_topic, "", 0, 0, b"", h)))
+        src.skip_to(hi)
+        return True
+
+    async def _write_damage_entry(self, rec: NewRecord) -> None:
+        try:
+            await self.host.append_system([rec])
+        except Exception as exc:  # noqa: BLE001 -- the log line and counter remain
+            self.host.log("system_write_failed", cluster=self.name, what="damage entry",
+                          error=repr(exc), level="warning")
 
     def retry_topic(self, level: int) -> str:
         """The retry topic of ``level``: ``$retry.<cluster>.<level>``."""
@@ -517,7 +559,7 @@ class Cluster:
         (a small read-ahead is kept), so memory does not grow with the retry backlog.
         """
         moved = False
-        now_wall = time.time() * 1000.0
+        now_wall = self.steady_ms()   # due times are steady (a clock step holds none)
         room = self.s.max_retry_held
         for level, src in self.retry_sources.items():
             ahead = self.retry_ahead[level]
@@ -527,9 +569,12 @@ class Cluster:
                         break
                     recs = self.host.read(src.topic, src.next, RETRY_READ_AHEAD)
                     if not recs:
+                        if self._pass_damage(src, src.next, self.host.queue_end(src.topic)):
+                            continue
                         break
                     for rec in recs:
                         if rec.queue_offset > src.next:
+                            self._pass_damage(src, src.next, rec.queue_offset)
                             src.skip_to(rec.queue_offset)
                         src.next = rec.queue_offset + 1
                         ahead.append(self._retry_view(rec, level, src))
@@ -718,7 +763,7 @@ class Cluster:
 
     def _write_retry(self, lease: Lease, level: int, delay_ms: float, reason: str) -> None:
         h = self._orig_headers(lease)
-        h["due_ms"] = int(time.time() * 1000 + delay_ms)
+        h["due_ms"] = int(self.steady_ms() + delay_ms)
         h["reason"] = reason
         h["level"] = level
         self._retry_source(level)

@@ -64,19 +64,18 @@ _ONEWAY = Flag.ONEWAY
 # The compiled hot path (lockmq.accel): a read's PUBLISH frames scanned in one call,
 # a store answer's acks packed in one; None / the pure-Python twin otherwise.
 _scan_publishes = accel.speedups.scan_publishes if accel.COMPILED else None
-# ... and each run of them to one topic queued for the store in one call (its twin
-# with a _speedups built before queue_run: the broker still starts, as the store does)
-_queue_run = getattr(accel.speedups, "queue_run", _py_queue_run)
+# ... and each run of them to one topic queued for the store in one call
+_queue_run = accel.speedups.queue_run if accel.COMPILED else _py_queue_run
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
 # ... and any other whole, valid frame (the handshake's CONNECT and AUTH) read in one
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else None
-# ... and a sealed session's PUBLISH frames, their tags checked in C (None with a
-# _speedups built before it: the session's Python path opens them)
-_scan_sealed = getattr(accel.speedups, "scan_sealed_publishes", None)
-_mac_pads = getattr(accel.speedups, "mac_pads", None)
-_sealed_acks = getattr(accel.speedups, "sealed_publish_acks", None)
+# ... and a sealed session's PUBLISH frames, their tags checked there (None: the
+# session's Python path opens them)
+_scan_sealed = accel.speedups.scan_sealed_publishes if accel.COMPILED else None
+_mac_pads = accel.speedups.mac_pads if accel.COMPILED else None
+_sealed_acks = accel.speedups.sealed_publish_acks if accel.COMPILED else None
 # ... and a pull's MESSAGES body written in one buffer (None: the Python loop below)
-_encode_leases_c = getattr(accel.speedups, "encode_leases", None)
+_encode_leases_c = accel.speedups.encode_leases if accel.COMPILED else None
 #: at most this many publishes scanned per call (bounds the tuples made at once)
 SCAN_LIMIT = 1024
 _conn_ids = iter(range(1, 1 << 62))
@@ -148,6 +147,10 @@ class Services:
     lane: Any = None
     #: transactional messages (transactions.py); None: TXN_* frames are not served
     transactions: Any = None
+    #: the one rights decision (admission.py); None: the guard's checks alone
+    admission: Any = None
+    #: firmware bundles (firmware_bundles.py); None: FW_FETCH is not served
+    firmware: Any = None
 
 
 class Connection(asyncio.Protocol):
@@ -564,7 +567,8 @@ class Connection(asyncio.Protocol):
         self.peer_max_frame = self.session.connect.max_frame
         self.nonce = nonce = self.services.guard.challenge()
         self._answer_handshake(self.session.challenge(nonce, int(time.time() * 1000),
-                                                      frame.opaque))
+                                                      frame.opaque,
+                                                      broker_id=self.services.guard.broker_id))
 
     def _answer_handshake(self, data: bytes) -> None:
         """Queue a CHALLENGE or CONNECT_ACK: written with whatever else this read
@@ -579,7 +583,7 @@ class Connection(asyncio.Protocol):
         auth = self.session.auth
         try:
             principal = b.guard.authenticate(self.claimed_sn, auth, self.nonce, self.peer_ip,
-                                             tls=self.tls)
+                                             tls=self.tls, transcript=self.session.transcript)
         except SecurityError as exc:   # AuthFailed and friends
             b.stats.inc("handshakes_failed")
             b.log("auth_failed", conn=self.id, peer=self.peer, sn=self.claimed_sn,
@@ -602,9 +606,23 @@ class Connection(asyncio.Protocol):
                          int(time.time() * 1000), last_seq, self.id & 0xFFFFFFFF)
         role = Role.ADMIN if principal.permissions.replicate \
             else _ROLE_OF_KIND.get(principal.kind, Role.SERVICE)   # (a standby: replica.*)
-        self._answer_handshake(self.session.accept(
-            role, principal.name, ack, frame.opaque, mac_key=principal.session_key,
-            mac_required=not self.tls and b.guard.lock_frames_need_mac))
+        # a lock provisioned for MACs never goes without them on plain TCP
+        # (SPEC 2 "Per-device policy"); "optional" covers only locks registered without
+        mac_required = not self.tls and (b.guard.lock_frames_need_mac or principal.need_mac)
+        if is_lock and not self.tls and not self.session.mac_wanted and not mac_required \
+                and b.guard.auth_mode != "off":
+            b.log("lock_without_mac", conn=self.id, peer=self.peer, sn=principal.name,
+                  level="warning", note="registered without a MAC policy; frames on plain "
+                  "TCP are not integrity-protected (lockmq devices policy --mac)")
+        try:
+            answer = self.session.accept(role, principal.name, ack, frame.opaque,
+                                         mac_key=principal.session_key, mac_required=mac_required)
+        except SessionError:
+            b.stats.inc("handshakes_failed")
+            b.log("auth_failed", conn=self.id, peer=self.peer, sn=principal.name,
+                  reason="mac_required", level="warning")
+            raise
+        self._answer_handshake(answer)
         if b.log.level <= _DEBUG:   # (a line per lock only at DEBUG: skip its fields)
             b.log("connect", conn=self.id, peer=self.peer, sn=principal.name,
                   kind=principal.kind, level="debug")
@@ -712,7 +730,7 @@ class Connection(asyncio.Protocol):
             self._topics_ok.add(topic)
         try:
             # (the frame's SN was bound to the principal by the session already)
-            b.guard.check_publish(self.principal, topic, n=1)
+            (b.admission or b.guard).check_publish(self.principal, topic, n=1)
         except SecurityError as exc:
             self._pub_refused(exc, oneway, opaque)
             return
@@ -791,7 +809,7 @@ class Connection(asyncio.Protocol):
         the store did (:class:`Appended`), or why it was not stored (an
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
         c = self.services.stats.c
-        # The acks of a run of stored records are packed in one call (lockmq._speedups,
+        # The acks of a run of stored records are packed in one call (lockmq._core,
         # or protocol/_fast.py; with frame MACs on, sealed by protocol/_macfast.py).
         # Answers keep the order of the requests.
         data, frames, stored, dup, i = self._ack_run(batch, results, 0)
@@ -1055,7 +1073,14 @@ class Connection(asyncio.Protocol):
         self.send_frame(Op.NOTIFY, Notify(member.member_id, avail).encode())
 
     def _send_messages(self, sub_id: int, leases: list[Lease], opaque: int) -> None:
-        self.services.stats.c["messages_delivered"] += len(leases)
+        stats = self.services.stats
+        stats.c["messages_delivered"] += len(leases)
+        if leases:   # stored -> first delivery (not retries, not redeliveries)
+            now_us = self.services.core.clock.wall_ms() * 1000.0   # the store's clock
+            observe = stats.latency.publish_deliver.observe
+            for lease in leases:
+                if lease.deliveries == 1 and not lease.retries:
+                    observe((now_us - lease.rec.broker_ts_us) / 1e6)
         self.send_frame(Op.MESSAGES, encode_leases(sub_id, leases), opaque, _RESP)
 
     def _on_ack(self, frame: Any) -> None:
@@ -1111,7 +1136,8 @@ class Connection(asyncio.Protocol):
         req = decode_json(frame.body)
         self.services.stats.c["admin_requests"] += 1
         try:
-            self.services.guard.check_admin(self.principal, str(req.get("op", "")))
+            b = self.services
+            (b.admission or b.guard).check_admin(self.principal, str(req.get("op", "")))
         except SecurityError as exc:
             self.send_frame(Op.ADMIN_RESPONSE, encode_json(
                 {"ok": False, "error": "FORBIDDEN",
@@ -1190,6 +1216,10 @@ _HANDLERS = {
     Op.PUBLISH_AT: lambda c, f: c.services.scheduler.on_publish_at(c, f),
     Op.COMMAND_AT: lambda c, f: c.services.scheduler.on_command_at(c, f),
     Op.SCHEDULE_CANCEL: lambda c, f: c.services.scheduler.on_cancel(c, f),
+    # over-the-air updates (firmware_bundles.py)
+    Op.FW_FETCH: lambda c, f: (c.services.firmware.on_fetch(c, f) if c.services.firmware
+                               else c.send_error(ErrorCode.UNKNOWN_OPCODE, "no firmware bundles here",
+                                                 f.opaque)),
 }
 _HANDLERS.update(TXN_HANDLERS)   # transactional messages: TXN_PUBLISH, TXN_END, ...
 

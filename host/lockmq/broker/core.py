@@ -10,13 +10,16 @@ connection; the timers run through ``periodic.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 from functools import partial
 from typing import Any, Awaitable, Callable
 
-from lockmq.clock import SYSTEM_CLOCK, Clock
+from lockmq.clock import SYSTEM_CLOCK, Clock, SystemClock, steady_ms_of
 from lockmq.config import Config
 from lockmq.security.identity import owner_of
-from lockmq.store import Appended, InvalidRecord, NewRecord, Store, StoreClosed, StoredRecord
+from lockmq.store import (Appended, InvalidRecord, NewRecord, Store, StoreClosed, StoredRecord,
+                          StoreFull)
+from lockmq.store.names import CLOCK
 from lockmq.store.records import validate_cluster, validate_topic
 from lockmq.store.writer import Then
 
@@ -34,6 +37,10 @@ MAX_SEQ = 0xFFFFFFFF
 #: System records wait at most this long for a client append to ride along with
 #: (then a timer stores them): their consumers see them this much later at most.
 SYSTEM_FLUSH_S = 0.005
+#: how often the clock timer looks for a wall-clock step, and every how many looks it
+#: saves steady time (data_dir/clock)
+CLOCK_CHECK_S = 1.0
+CLOCK_SAVE_EVERY = 10
 
 #: ``released(None)`` once records may be acknowledged, ``released(error)`` if never
 Released = Callable[[BaseException | None], None]
@@ -91,8 +98,9 @@ class BrokerCore:
     def __init__(self, config: Config, log: EventLog, stats: Stats,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
-        #: the time of the store, cluster activity and expiry (lockmq.clock)
-        self.clock = clock
+        #: the time of the store, cluster activity and expiry (lockmq.clock); a broker
+        #: on the system clock gets its own, whose steady time it saves and restores
+        self.clock = SystemClock() if clock is SYSTEM_CLOCK else clock
         self.log = log
         self.stats = stats
         self.store: Store | None = None
@@ -123,6 +131,8 @@ class BrokerCore:
         #: and answered (sync replication installs "until the standby has it":
         #: lockmq.replication.primary); None: answer once durable
         self.after_durable: AfterDurable | None = None
+        self._clock_path = ""
+        self._clock_ticks = 0
         #: every cluster with a positions file (live or not) -> its owner ("" for
         #: files from before owners were saved: the next subscriber claims it)
         self.cluster_owners: dict[str, str] = {}
@@ -131,12 +141,25 @@ class BrokerCore:
 
     def open(self) -> None:
         """Open the store (runs crash recovery) and start the timers."""
-        store = Store.open(self.config.store_config(), self.clock)
+        scfg = self.config.store_config()
+        self._clock_path = os.path.join(os.path.abspath(os.fspath(scfg.data_dir)), CLOCK)
+        if os.path.isdir(os.path.dirname(self._clock_path)):
+            how = self.clock.restore(self._clock_path)   # type: ignore[attr-defined]
+            self.log("clock_restored", how=how,
+                     steady_minus_wall_ms=int(self.steady_ms() - self.clock.wall_ms()))
+        store = Store.open(scfg, self.clock)
         self.store = store
         rep = store.recovery
+        for what in store.positions_report:
+            self.log("positions_restored" if "restored" in what else "positions_damaged",
+                     detail=what, level="error" if "RESTARTS" in what else "warning")
+        for d in store.damage:
+            self.log("store_damage", detail=d.describe(), found=d.found, level="error")
         self.log("store_open", data_dir=store.data_dir, log_end=store.log_end,
                  topics=len(store.topics()), recovered_bytes_cut=rep.bytes_cut,
                  recovered_records_cut=rep.records_cut,
+                 damaged_ranges=store.stats["damaged_ranges"],
+                 damaged_records=store.stats["damaged_records"],
                  recovery_s=round(rep.seconds, 3))
         self._seq = SystemSeq.after_last(store, BROKER_SN)
         for name in self._disk_clusters():
@@ -150,7 +173,36 @@ class BrokerCore:
                            self.save_positions, self.log),
             start_periodic("lockmq-retention", cfg.broker.retention_interval_s,
                            self.enforce_retention, self.log),
+            start_periodic("lockmq-clock", CLOCK_CHECK_S, self.check_clock, self.log),
         ]
+        self._save_clock()
+
+    def check_clock(self) -> None:
+        """The clock timer: log and count a step of the wall clock (it changes no
+        decision: every judged duration is on steady time), and save steady time now
+        and then so that a restart continues it."""
+        check = getattr(self.clock, "check_step", None)
+        delta = check() if check is not None else None
+        if delta is not None:
+            self.stats.inc("clock_steps")
+            self.log("clock_step", step_ms=int(delta),
+                     direction="forward" if delta > 0 else "back",
+                     wall_ms=int(self.clock.wall_ms()), steady_ms=int(self.steady_ms()),
+                     note="durations (retention, expiry, retries) are judged on steady "
+                          "time: nothing is deleted or held because of it",
+                     level="warning")
+        self._clock_ticks += 1
+        if delta is not None or self._clock_ticks % CLOCK_SAVE_EVERY == 0:
+            self._save_clock()
+
+    def _save_clock(self) -> None:
+        save = getattr(self.clock, "save", None)
+        if save is None or not self._clock_path:
+            return
+        try:
+            save(self._clock_path)
+        except OSError as exc:
+            self.log("clock_save_failed", error=repr(exc), level="warning")
 
     async def close(self) -> None:
         """Save positions, wait for background writes and close the store."""
@@ -164,6 +216,7 @@ class BrokerCore:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self.config.broker.shutdown_grace_s)
         await self.save_positions(force=True)
+        self._save_clock()
         if self.store is not None:
             await self.store.close()
             self.log("store_closed")
@@ -250,6 +303,12 @@ class BrokerCore:
                                         store.queue_start(topic), keep)
         return store.read(topic, queue_offset, max_count)
 
+    def damage_at(self, topic: str, queue_offset: int) -> Any:
+        """The store's quarantined damage holding ``topic``'s record at
+        ``queue_offset`` (None: not damaged)."""
+        assert self.store is not None
+        return self.store.damage_at(topic, queue_offset)
+
     def queue_end(self, topic: str) -> int:
         """One past the last durable queue offset of ``topic``."""
         assert self.store is not None
@@ -287,6 +346,11 @@ class BrokerCore:
     def wall_ms(self) -> float:
         """Wall time on the broker's clock."""
         return self.clock.wall_ms()
+
+    def steady_ms(self) -> float:
+        """Steady time on the broker's clock (never jumps: lockmq.clock): the scale of
+        cluster activity, expiry and retry due times."""
+        return steady_ms_of(self.clock)
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` in the background; it is awaited (bounded) at shutdown."""
@@ -477,7 +541,11 @@ class BrokerCore:
                     if t.startswith(prefix) and t not in positions:
                         start[t] = store.queue_end(t)
             claim_owner = meta.get("owner") or owner
-            store.claim_cluster(name, claim_owner, topic, start)
+            try:
+                store.claim_cluster(name, claim_owner, topic, start)
+            except StoreFull as exc:   # nothing was created: the consumer may retry
+                raise ClusterError("STORAGE_FULL", f"cannot create cluster {name!r}: the "
+                                   f"broker's disk is full ({exc})") from None
             self.cluster_owners[name] = claim_owner
             positions = store.load_positions(name)
             self.log("cluster_claimed", cluster=name, topic=topic, owner=claim_owner,
@@ -647,7 +715,7 @@ class BrokerCore:
         store = self.store
         assert store is not None
         limit = self.config.clusters.offsets_retention()
-        now = self.clock.wall_ms()
+        now = self.steady_ms()   # a wall-clock step expires nothing
         expired = []
         for name in self._disk_clusters():
             c = self.clusters.get(name)
@@ -674,13 +742,22 @@ class BrokerCore:
     # -- admin views ----------------------------------------------------------------
 
     def topics_info(self) -> list[dict[str, Any]]:
-        """Every topic with its queue range and the clusters reading it."""
+        """Every topic with its queue range and the clusters reading it: open ones and
+        those only known from disk (no member since the start), as ``clusters`` lists
+        them."""
         assert self.store is not None
+        readers: dict[str, list[str]] = {t: [c.name for c in cs] for t, cs in self.by_topic.items()}
+        for name in self.store.clusters():
+            if name in self.clusters or name.startswith("$"):
+                continue
+            bound = self._bound_topic(name)
+            if bound:
+                readers.setdefault(bound, []).append(name)
         out = []
         for t in self.store.topics():
             out.append({"topic": t, "queue_start": self.store.queue_start(t),
                         "queue_end": self.store.queue_end(t), "system": t.startswith("$"),
-                        "clusters": [c.name for c in self.by_topic.get(t, ())]})
+                        "clusters": sorted(readers.get(t, ()))})
         return out
 
     def clusters_info(self) -> list[dict[str, Any]]:

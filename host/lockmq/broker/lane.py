@@ -3,9 +3,9 @@
 At one record per read, a read entering Python (uvloop's callback, the read's bytes,
 the GIL, the connection's and the publish path's calls) cost the broker about as
 much as the kernel's work for it. So a connection in its steady state is handed to
-the compiled lane (``lockmq._speedups.Lane``): its transport stops reading and its
+the compiled lane (``lockmq._core.Lane``): its transport stops reading and its
 socket joins the lane's epoll set, which the loop watches as one fd. When that fd is
-readable, one :meth:`Lane._ready` reads every ready socket in C, stores the records
+readable, one :meth:`Lane._ready` reads every ready socket in compiled code, stores the records
 of all of them with one :meth:`PublishPath.submit`, and one ``answer`` call sends
 every ack of the group commit. Python runs per loop iteration, not per read.
 
@@ -66,8 +66,8 @@ from .publish import PublishPath
 if TYPE_CHECKING:   # (connection.py imports this module)
     from .connection import Connection, Connections
 
-#: the compiled lane, or None (pure Python, or a _speedups built before it)
-LANE_TYPE: Any = getattr(accel.speedups, "Lane", None)
+#: the compiled lane (lockmq._core.Lane), or None (pure Python)
+LANE_TYPE: Any = accel.speedups.Lane if accel.COMPILED else None
 #: records the lane reads in one poll at most (the rest stay ready for the next)
 POLL_RECORDS = 4096
 #: a store writer that has not read the lane for this long gives it back to the loop
@@ -242,7 +242,8 @@ class Lane:
                 self._read_on_writer += len(records)
                 try:
                     self.publisher.sink.append_known_then(
-                        records, partial(self._answer_read, plan, nbytes, frames))
+                        records, partial(self._answer_read, plan, nbytes, frames,
+                                         self._writer_read_at))
                 except Exception:  # noqa: BLE001 -- busy, closing, a new topic: the loop's
                     self._read_on_writer -= len(records)
                     self._writer_reads = False
@@ -274,10 +275,12 @@ class Lane:
         self.publisher.submit_now(records, partial(self._answer, plan))
         self._watch()
 
-    def _answer_read(self, plan: Any, nbytes: int, frames: int,
+    def _answer_read(self, plan: Any, nbytes: int, frames: int, t0: float,
                      results: list | None, exc: BaseException | None) -> None:
-        """The store's answer to a poll of the writer thread (on the loop)."""
+        """The store's answer to a poll of the writer thread at ``t0`` (on the loop)."""
         self.stats.c["lane_writer_reads"] += 1
+        if results is not None:
+            self.stats.latency.publish_ack.observe(time.monotonic() - t0, len(results))
         self._count_read(nbytes, frames)
         self._answer(plan, results if results is not None
                      else self.publisher.refusals(exc, len(plan)))

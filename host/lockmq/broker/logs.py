@@ -16,6 +16,7 @@ owner-only (the lines name SNs and peers).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -23,6 +24,8 @@ import os
 import sys
 import time
 from typing import Any, TextIO
+
+from .latency import Latencies
 
 _LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 #: seconds between two lines of one :meth:`EventLog.limited` key
@@ -34,6 +37,12 @@ def _kv(value: Any) -> str:
     if not s or any(c in s for c in ' "=\n\t'):
         return json.dumps(s)
     return s
+
+
+def iso_stamp(ts: float) -> str:
+    """``ts`` (Unix seconds) as ISO 8601 UTC with milliseconds: the one timestamp
+    format of every log line, kv and JSON alike (``2026-12-01T20:30:46.249Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
 
 class EventFormatter(logging.Formatter):
@@ -48,11 +57,11 @@ class EventFormatter(logging.Formatter):
         level = getattr(record, "event_level", record.levelname.lower())
         fields: dict[str, Any] = getattr(record, "event_fields", {})
         event = record.getMessage()
+        stamp = iso_stamp(ts)
         if self.fmt == "json":
-            rec = {"ts": round(ts, 6), "level": level, "event": event}
+            rec = {"ts": stamp, "level": level, "event": event}
             rec.update(fields)
             return json.dumps(rec, default=str)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
         return " ".join([f"ts={stamp}", f"level={level}", f"event={event}"]
                         + [f"{k}={_kv(v)}" for k, v in fields.items() if v is not None])
 
@@ -92,10 +101,28 @@ class EventLog:
         self.level = _LEVELS.get(level.upper(), 20)
         self.fmt = fmt
         self.logger = logging.Logger("lockmq.events", self.level)
+        self.log_file = log_file
+        self._stream = stream
         handler = make_handler(log_file, stream)
         handler.setFormatter(EventFormatter(fmt))
         self.logger.addHandler(handler)
         self._budget: dict[str, list[float]] = {}   # limited(): key -> [last line, left out]
+
+    def reconfigure(self, level: str, fmt: str, log_file: str) -> None:
+        """Apply new ``log_level`` / ``log_format`` / ``log_file`` (a reload): the
+        handler is replaced only when the destination changed."""
+        handler = make_handler(log_file, self._stream) if log_file != self.log_file else None
+        self.level = _LEVELS.get(level.upper(), 20)
+        self.logger.setLevel(self.level)
+        self.fmt = fmt
+        if handler is not None:   # opened first: a file that cannot be opened changes nothing
+            for old in list(self.logger.handlers):
+                self.logger.removeHandler(old)
+                old.close()
+            self.logger.addHandler(handler)
+            self.log_file = log_file
+        for h in self.logger.handlers:
+            h.setFormatter(EventFormatter(fmt))
 
     def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
         """Log ``event`` with ``fields`` at ``level`` (debug/info/warning/error)."""
@@ -140,9 +167,36 @@ class EventLogHandler(logging.Handler):
             level = "warning" if record.levelno >= logging.WARNING else "info"
             if record.levelno >= logging.ERROR:
                 level = "error"
-            self.log(self.event, level=level, message=record.getMessage())
+            message, fields = _without_reprs(record)
+            self.log(self.event, level=level, message=message, **fields)
         except Exception:  # noqa: BLE001 -- logging must never break the broker
             pass
+
+
+def _without_reprs(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
+    """The record's message with each dataclass argument (the store's
+    ``RecoveryReport``) named by its class, and that argument's fields as fields of
+    the line: a log line carries keys, never a Python repr."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    if not any(dataclasses.is_dataclass(a) and not isinstance(a, type) for a in args):
+        return record.getMessage(), {}
+    fields: dict[str, Any] = {}
+    shown = []
+    for arg in args:
+        if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+            for f in dataclasses.fields(arg):
+                value = getattr(arg, f.name)
+                if isinstance(value, float):
+                    value = round(value, 6)
+                elif isinstance(value, (list, tuple)):
+                    value = "; ".join(map(str, value)) or None
+                # (never the line's own keys: EventLog's ``level`` and ``event``)
+                fields[f.name if f.name not in ("level", "event", "message")
+                       else "field_" + f.name] = value
+            shown.append(type(arg).__name__)
+        else:
+            shown.append(arg)
+    return str(record.msg) % tuple(shown), fields
 
 
 class Stats:
@@ -159,12 +213,15 @@ class Stats:
         "commands_received", "commands_forwarded", "commands_results", "commands_expired",
         "commands_refused", "admin_requests", "reads_paused", "errors_sent",
         "system_records", "lane_joins", "lane_bails", "lane_writer_reads",
-        "lane_writer_stalls",
+        "lane_writer_stalls", "fw_bundles_released", "fw_chunks_sent", "fw_bytes_sent",
+        "fw_fetch_refused",
     )
 
     def __init__(self) -> None:
         self.c: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
         self.started = time.time()
+        #: the latency histograms (publish->ack, publish->deliver, command round trip)
+        self.latency = Latencies()
 
     def inc(self, name: str, n: int = 1) -> None:
         """Add ``n`` to counter ``name``."""

@@ -18,10 +18,14 @@ import re
 import shutil
 from typing import Any, Callable, Iterator
 
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+from .latency import Latencies
 
 PREFIX = "lockmq_"
 
@@ -92,6 +96,8 @@ COUNTER_HELP: dict[str, str] = {
     "status_bad_requests": "Status-page requests that could not be parsed (400)",
     "retention_skipped": "Messages clusters skipped because retention deleted them unread",
     "clusters_expired": "Clusters expired after [clusters] offsets_retention_ms unused",
+    "clock_steps": "Steps of the wall clock the broker saw (durations it judges are on "
+                   "steady time and do not move)",
 }
 
 #: Broker counters exported under another name: ``store_batches`` would collide with
@@ -109,6 +115,8 @@ STORE_COUNTER_HELP: dict[str, str] = {
     "full": "Batches refused because the disk is full (min_free_bytes)",
     "skipped_records": "Records retention deleted before the slowest cluster read them",
     "time_rolls": "Segments closed by age (segment_ms) rather than size",
+    "damaged_records": "Records in quarantined damaged ranges of the log (never served)",
+    "damaged_ranges": "Quarantined damaged ranges of the log (lockmq store damage DIR)",
 }
 
 #: Per-cluster counters of live clusters (since the cluster was opened), as
@@ -126,6 +134,7 @@ CLUSTER_COUNTER_HELP: dict[str, str] = {
     "cluster_cap_hits": "Pulls limited by max_inflight_per_cluster",
     "unknown_lease": "ACK/NACK of a lease the cluster does not hold",
     "skipped": "Messages retention deleted before the cluster read them (it skipped them)",
+    "damaged_skipped": "Damaged records the cluster passed over (each has a $dlq entry)",
 }
 
 #: Per-cluster gauges from the ``clusters`` op (live and offline clusters alike).
@@ -150,16 +159,22 @@ class BrokerCollector(Collector):
 
     ``views`` returns ``(stats, clusters, extra_gauges)``: the ``stats`` admin
     op's answer, the ``clusters`` op's list, and gauges only the caller knows
-    (status-page connections, free disk) as ``name -> (help, value)``."""
+    (status-page connections, free disk) as ``name -> (help, value)``.
+    ``latency``: the broker's histograms (lockmq.broker.latency), when it has them."""
 
     def __init__(self, views: Callable[[], tuple[dict[str, Any], list[dict[str, Any]],
-                                                 dict[str, tuple[str, float]]]]) -> None:
+                                                 dict[str, tuple[str, float]]]],
+                 latency: Latencies | None = None) -> None:
         self.views = views
+        self.latency = latency
 
     def collect(self) -> Iterator[Metric]:
         """Every family, each name once (prometheus_client calls this per scrape)."""
         stats, clusters, extra = self.views()
+        yield _build_info()
         yield from _broker_gauges(stats, extra)
+        if self.latency is not None:
+            yield from _histograms(self.latency)
         yield from _counters("", stats["broker"], COUNTER_HELP, COUNTER_RENAMES)
         yield from _counters("store_", stats.get("store", {}), STORE_COUNTER_HELP,
                              {"store_full": "full"})
@@ -173,7 +188,8 @@ def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
 
 def _broker_gauges(stats: dict[str, Any],
                    extra: dict[str, tuple[str, float]]) -> Iterator[Metric]:
-    yield _gauge("uptime_s", "Seconds since the broker started", stats["broker"]["uptime_s"])
+    yield _gauge("uptime_seconds", "Seconds since the broker started",
+                 stats["broker"]["uptime_s"])
     yield _gauge("connections", "Protocol connections open now", stats["connections"])
     yield _gauge("max_connections", "Protocol connections the broker accepts at most",
                  stats["max_connections"])
@@ -201,6 +217,9 @@ def _broker_gauges(stats: dict[str, Any],
 def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
               renames: dict[str, str]) -> Iterator[Metric]:
     named = {renames.get(key, key): value for key, value in values.items()}
+    for name in [n for n in named if n.endswith("_ms")]:
+        # Prometheus counts time in seconds (promtool refuses abbreviated units)
+        named[name[:-3] + "_seconds"] = named.pop(name) / 1000.0
     for name in helps:
         # every known counter from the first scrape, at 0 until it counts: an alert on
         # increase(...) must see the first event, and a series that appears only with
@@ -211,6 +230,27 @@ def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
             continue
         help_text = helps.get(name, f"lockmq counter {prefix}{name}")
         yield CounterMetricFamily(PREFIX + prefix + name, help_text, value=value)
+
+
+def _build_info() -> Metric:
+    """``lockmq_build_info{version, python, hot_path} 1`` (Prometheus' build_info habit)."""
+    import platform
+
+    from lockmq import __version__
+    from lockmq.accel import COMPILED
+
+    fam = GaugeMetricFamily(PREFIX + "build_info", "lockmq build: version, Python, and "
+                            "whether the compiled hot path runs (value is 1)",
+                            labels=["version", "python", "hot_path"])
+    fam.add_metric([__version__, platform.python_version(),
+                    "compiled" if COMPILED else "python"], 1)
+    return fam
+
+
+def _histograms(latency: Latencies) -> Iterator[Metric]:
+    for name, hist in latency.items():
+        yield HistogramMetricFamily(f"{PREFIX}{name}_seconds", latency.HELP[name],
+                                    buckets=hist.buckets(), sum_value=hist.sum)
 
 
 def _cluster_families(clusters: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -263,12 +303,17 @@ def disk_free_bytes(path: str) -> float:
 
 
 class MetricsEndpoint:
-    """A registry of its own holding one :class:`BrokerCollector`."""
+    """A registry of its own holding one :class:`BrokerCollector` and
+    prometheus_client's process, platform and GC collectors (``process_*``,
+    ``python_info``, ``python_gc_*``: the process the broker runs in)."""
 
     def __init__(self, views: Callable[[], tuple[dict[str, Any], list[dict[str, Any]],
-                                                 dict[str, tuple[str, float]]]]) -> None:
+                                                 dict[str, tuple[str, float]]]],
+                 latency: Latencies | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(views))
+        self.registry.register(BrokerCollector(views, latency))
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
 
     def render(self, accept: str = "") -> tuple[str, bytes]:
         """(content type, body) of a scrape now, in the format the scraper's

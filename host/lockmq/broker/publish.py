@@ -13,7 +13,8 @@ STORAGE_FULL, SHUTTING_DOWN, a store failure). This module never sees a frame.
 
 The store answers through a callback (``append_then``), run on the loop in the same
 iteration the writer thread reports the group commit durable: no task and no
-future between the fsync and the producers' acks (see docs/performance.md).
+future between the fsync and the producers' acks (docs/performance.md, "Group commit and
+the store's answer").
 """
 
 from __future__ import annotations
@@ -123,12 +124,21 @@ class PublishPath:
         # the store calls back on the loop as soon as the group commit is durable:
         # no task, no future hop (one loop iteration from fsync to the acks' write)
         try:
-            self.sink.append_then(records, partial(self._answer, groups, records))
+            self.sink.append_then(records, partial(self._durable, time.monotonic(), groups,
+                                                   records))
         except InvalidRecord:
             # one bad record refuses the whole call: store them one by one
             asyncio.ensure_future(self._one_by_one(groups, records))
         except Exception as exc:  # noqa: BLE001 -- refused before queuing (busy, closed)
             self._answer(groups, records, None, exc)
+
+    def _durable(self, t0: float, groups: list[tuple[list[NewRecord], Done]],
+                 records: list[NewRecord], res: Results | None,
+                 exc: BaseException | None) -> None:
+        """The store's answer to a flush handed over at ``t0``: timed, then answered."""
+        if res is not None:
+            self.stats.latency.publish_ack.observe(time.monotonic() - t0, len(records))
+        self._answer(groups, records, res, exc)
 
     def _answer(self, groups: list[tuple[list[NewRecord], Done]], records: list[NewRecord],
                 res: Results | None, exc: BaseException | None) -> None:

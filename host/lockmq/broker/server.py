@@ -16,23 +16,29 @@ import asyncio
 import gc
 import logging
 import socket
+import sqlite3
+import ssl
 import sys
 from functools import partial
 from typing import Callable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
-from lockmq.config import Config
+from lockmq.config import Config, ConfigError
 from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
 from lockmq.registry.announce import Announcer, start_announcer
+from lockmq.mqtt import MqttServer, start_mqtt
 from lockmq.rlimits import raise_nofile_limit
-from lockmq.signals import stop_on_signals
+from lockmq.signals import reload_on_sighup, stop_on_signals
 from lockmq.replication.primary import attach_primary
 from lockmq.replication.standby import follow_if_standby
 
+from .firmware_bundles import FirmwareBundles
 from .admin import Admin
+from .admission import Admission
 from .auth import make_guard
+from .clusters import ClusterError, Member
 from .commands import Commands
 from .connection import Connection, Connections, Services
 from .core import BrokerCore
@@ -40,6 +46,7 @@ from .devices import Devices
 from .lane import Lane
 from .logs import EventLog, EventLogHandler, Stats
 from .publish import PublishPath
+from .reload import apply_live, plan
 from .scheduler import Scheduler
 from .status import StatusPage
 from .transactions import Transactions
@@ -77,8 +84,12 @@ class Broker:
         self.conns = self.connections.by_id
         self.devices = Devices(config.devices, stats, log, self.guard,
                                self.core.publish_system, self.connections)
+        #: the one rights decision where a message or command takes effect, and the
+        #: watcher that ends a revoked principal's sessions and pending work
+        self.admission = Admission(self.guard, stats, log, self.connections,
+                                   reserve_pct=config.commands.admin_reserve_pct)
         self.commands = Commands(config.commands, stats, log, self.guard,
-                                 self.devices.online_lock)
+                                 self.devices.online_lock, admission=self.admission)
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections, self.listening_sockets)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
@@ -94,20 +105,33 @@ class Broker:
         #: steady publish reads below Python (lane.py); None without the compiled path
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
+        #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
+        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
+        self.admin.ops.update(self.firmware.ops())
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
                                  scheduler=self.scheduler, transactions=self.transactions,
-                                 lane=self.lane)
-        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
+                                 lane=self.lane, firmware=self.firmware,
+                                 admission=self.admission)
+        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices,
+                                 authorize=self.guard.authorize_status)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
         self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
+        self.status.extra_gauges.append(self.replication.gauges)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
         self.announcer: Announcer | None = None   # [registry]: registers this gateway
+        self.mqtt: MqttServer | None = None        # [mqtt]: the MQTT listener (lockmq.mqtt)
+        #: the TLS listeners' context (None without TLS); a reload loads a new
+        #: certificate into it
+        self.tls_context: ssl.SSLContext | None = None
+        #: connections the open-file limit allows (set at start)
+        self.fd_limit = 0
+        self.reloads = 0
 
     @property
     def max_connections(self) -> int:
@@ -129,7 +153,7 @@ class Broker:
         """Open the store, listen, and log how many connections the broker can hold."""
         cfg = self.config.broker
         soft, hard = raise_nofile_limit()
-        fd_limit = max(16, soft - FD_RESERVE)
+        fd_limit = self.fd_limit = max(16, soft - FD_RESERVE)
         self.connections.limit = min(cfg.max_connections, fd_limit) if cfg.max_connections \
             else fd_limit
         self._store_log = EventLogHandler(self.log, "store_log")
@@ -140,7 +164,7 @@ class Broker:
         self.transactions.start()   # pending half messages rebuilt from the log
         await self.scheduler.start()
         loop = asyncio.get_running_loop()
-        ctx = self.guard.tls_context()
+        ctx = self.tls_context = self.guard.tls_context()
         services = self.services
         for lst in self.guard.listeners(cfg.port):
             tls = bool(lst["tls"]) and ctx is not None
@@ -167,8 +191,13 @@ class Broker:
             self.lane.start(loop)
         self.devices.start()
         self.commands.start()
+        self.admission.start()
         self.devices.broker_started()
         self.announcer = start_announcer(self)
+        self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
+                                     self.guard, self.log, self.stats, Member, ClusterError)
+        if self.mqtt is not None:
+            self.status.extra_gauges.append(self.mqtt.gauges)
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
@@ -181,6 +210,42 @@ class Broker:
         if smax is not None and smax < cfg.backlog:
             self.log("backlog_capped", asked=cfg.backlog, somaxconn=smax, level="warning",
                      hint="raise net.core.somaxconn for connection storms")
+
+    def reload(self, load: Callable[[], Config]) -> bool:
+        """Read the configuration again (SIGHUP) and apply what can change live
+        (lockmq.broker.reload); the rest is logged as ``needs_restart``. A new
+        configuration the validator refuses, or whose certificate does not load,
+        changes nothing: the broker goes on with the one it has. True if applied."""
+        if self.closing:
+            return False
+        try:
+            new = load()
+            sec = new.security
+            changes = plan(self.config, new)
+            tls_live = self.tls_context is not None and bool(sec.get("tls_cert"))
+            certificate = sec.get("tls_cert") if tls_live else None
+            if not tls_live:   # TLS turned on or off needs new listeners
+                moved = [k for k in changes.live if k.startswith("security.")]
+                changes.live = [k for k in changes.live if k not in moved]
+                changes.needs_restart = sorted(changes.needs_restart + moved)
+            else:   # the new pair must load before the running context is touched
+                ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+                    sec["tls_cert"], sec.get("tls_key") or None)
+            apply_live(self, new, changes)
+        except (OSError, ValueError, ssl.SSLError, sqlite3.Error) as exc:
+            error = str(exc) if isinstance(exc, ConfigError) else \
+                f"{type(exc).__name__}: {exc}"
+            self.log("config_reload_refused", level="error", error=error,
+                     hint="the broker keeps running on its previous configuration")
+            return False
+        self.reloads += 1
+        self.log("config_reloaded", level="warning" if changes.needs_restart else "info",
+                 changed=",".join(changes.live) or "-",
+                 needs_restart=",".join(changes.needs_restart) or None,
+                 connections=len(self.conns), certificate_reloaded=certificate,
+                 hint="restart the broker to apply needs_restart"
+                 if changes.needs_restart else None)
+        return True
 
     async def stop(self) -> None:
         """Graceful shutdown: stop accepting, answer in-flight writes, flush, close."""
@@ -195,10 +260,13 @@ class Broker:
         for srv in self.servers:
             srv.close()
         await self.status.stop()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         if self.announcer is not None:
             await self.announcer.stop()
         await self.devices.stop()
         await self.commands.stop()
+        await self.admission.stop()
         await self.scheduler.stop()
         await self.transactions.stop()
         # locks go offline with the broker (consumers of $devices see it)
@@ -259,11 +327,15 @@ def _tune_gc() -> None:
 
 
 async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
-                tune_gc: bool = False) -> None:
-    """Run a broker until SIGTERM or SIGINT, then shut down gracefully.
+                tune_gc: bool = False, reload: Callable[[], Config] | None = None) -> None:
+    """Run a broker until SIGTERM or SIGINT, then shut down gracefully; SIGHUP
+    reloads the configuration with ``reload()`` (:meth:`Broker.reload`; without
+    ``reload`` it is logged and ignored).
 
     ``tune_gc`` (set by :func:`run`, which owns the process) applies :func:`_tune_gc`
     once the broker has started."""
+    # SIGHUP's default is to end the process: handled before anything else.
+    reloads = reload_on_sighup()
     if not await follow_if_standby(config):   # a standby follows until promoted
         return
     # Handlers first: systemd may send SIGTERM as soon as the port accepts connections.
@@ -279,13 +351,30 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
         ready(broker)
     if tune_gc:
         _tune_gc()
+    reloader = asyncio.ensure_future(_reload_on_request(broker, reloads, reload))
     await stop.wait()
+    reloader.cancel()
     broker.log("signal", action="shutdown")
     await broker.stop()
 
 
-def run(config: Config) -> int:
-    """Run the broker in this process (uvloop when installed); returns an exit code."""
+async def _reload_on_request(broker: Broker, requested: asyncio.Event,
+                             load: Callable[[], Config] | None) -> None:
+    """Reload each time SIGHUP set ``requested`` (one reload for a burst of them)."""
+    while True:
+        await requested.wait()
+        requested.clear()
+        if load is None:
+            broker.log("signal", action="reload_unavailable", level="warning",
+                       hint="this broker was started without a configuration to re-read")
+            continue
+        broker.log("signal", action="reload")
+        broker.reload(load)
+
+
+def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
+    """Run the broker in this process (uvloop when installed); returns an exit code.
+    ``reload`` reads the configuration again on SIGHUP (see :func:`serve`)."""
     try:
         import uvloop  # type: ignore[import-not-found]
     except ImportError:
@@ -293,12 +382,12 @@ def run(config: Config) -> int:
     try:
         if uvloop is not None:
             if sys.version_info >= (3, 12):
-                uvloop.run(serve(config, tune_gc=True))
+                uvloop.run(serve(config, tune_gc=True, reload=reload))
             else:
                 uvloop.install()
-                asyncio.run(serve(config, tune_gc=True))
+                asyncio.run(serve(config, tune_gc=True, reload=reload))
         else:
-            asyncio.run(serve(config, tune_gc=True))
+            asyncio.run(serve(config, tune_gc=True, reload=reload))
     except KeyboardInterrupt:
         return 130
     except (OSError, StoreLocked) as exc:

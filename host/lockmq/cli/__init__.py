@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 import lockmq
@@ -30,12 +31,15 @@ GROUPS: list[str] = [
     "broker",
     "standby",
     "devices",
+    "offline",
     "tokens",
     "certs",
     "systemd",
     "export",
     "spark",
     "registry",
+    "completion",
+    "manpage",
 ]
 
 
@@ -86,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `lockmq ... | head`: the reader left; what is left to print goes nowhere
+        # (and Python's own flush at exit must not raise again)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141   # 128 + SIGPIPE, as a shell reports a command killed by it
 
 
 if __name__ == "__main__":

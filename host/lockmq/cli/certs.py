@@ -9,7 +9,7 @@ certificate expires (825 days), or to add a name:
     lockmq certs renew ./tls [--host gateway.local --ip 192.168.1.10]
 
 writes a new server.pem and server.key signed by the same CA (the locks trust the
-CA, so none is reflashed); restart the broker to serve it. Then set in the broker
+CA, so none is reflashed); `systemctl reload lockmq` (SIGHUP) serves it. Then set in the broker
 config::
 
     [security]
@@ -77,12 +77,31 @@ def cmd_renew(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     hosts, ips = server_names(cert)
-    print(f"{'server_pem':<11} {files.server_pem}")
-    print(f"{'server_key':<11} {files.server_key}")
+    print(f"{'server_pem':<11} {files.server_pem} ({_owner_mode(files.server_pem)})")
+    print(f"{'server_key':<11} {files.server_key} ({_owner_mode(files.server_key)})")
     print(f"server certificate names: {', '.join(hosts + ips)}; valid until "
           f"{cert.not_valid_after_utc:%Y-%m-%d}; CA unchanged ({files.ca_pem})")
-    print("restart the broker to serve it")
+    print("reload the broker to serve it (systemctl reload lockmq, or SIGHUP)")
     return 0
+
+
+def _owner_mode(path: str) -> str:
+    """``owner:group 0640`` of ``path`` (renew keeps those of the file it replaces)."""
+    import grp
+    import os
+    import pwd
+    import stat
+
+    st = os.stat(path)
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{owner}:{group} {stat.S_IMODE(st.st_mode):04o}"
 
 
 def cmd_der(args: argparse.Namespace) -> int:

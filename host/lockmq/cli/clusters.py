@@ -6,7 +6,12 @@
                                             members or "offline", lag, last activity
     lockmq clusters describe NAME           everything the broker knows about one cluster
     lockmq clusters reset NAME --to-earliest | --to-latest | --to-time ISO8601|MS
-                                            move its position (no member may be connected)
+                               | --to-offset N | --shift-by N  [--dry-run]
+                                            move its position (no member may be connected);
+                                            N of --to-offset is a queue offset of the
+                                            cluster's topic, as `clusters describe`
+                                            (committed) and the broker's log lines and
+                                            errors name them
     lockmq clusters delete NAME             forget it: position, owner, topic binding
     lockmq clusters NAME --delete           (the same, kept for old scripts)
 
@@ -48,7 +53,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     to.add_argument("--to-time", metavar="ISO8601|MS", type=time_arg("--to-time"),
                     help="reset: to the first message stored at or after this time "
                          f"({TIME_FORMS}: 2025-01-31T08:00:00Z; or ms since the epoch)")
+    to.add_argument("--to-offset", metavar="N", type=_queue_offset,
+                    help="reset: to queue offset N of the cluster's topic (the numbers "
+                         "`clusters describe` shows as committed and queue_end; clamped "
+                         "to the retained range)")
+    to.add_argument("--shift-by", metavar="N", type=int,
+                    help="reset: N messages forward (or back, negative) from the position")
+    p.add_argument("--dry-run", action="store_true",
+                   help="reset: print the position it would move to, change nothing")
     p.set_defaults(func=run)
+
+
+def _queue_offset(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--to-offset needs a queue offset (an integer "
+                                         f">= 0), not {text!r}")
+    return n
 
 
 def _ago(ms: Any) -> str:
@@ -120,13 +144,21 @@ def _describe(resp: dict, args: argparse.Namespace, name: str) -> int:
 
 
 def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.dry_run:
+        return {**_reset_args(argparse.Namespace(**{**vars(args), "dry_run": False})),
+                "dry_run": True}
+    if args.shift_by is not None:
+        return {"shift_by": args.shift_by}
     if args.to_earliest:
         return {"to": "earliest"}
     if args.to_latest:
         return {"to": "latest"}
     if args.to_time is not None:
         return {"time_ms": args.to_time}
-    raise ValueError("reset needs --to-earliest, --to-latest or --to-time")
+    if args.to_offset is not None:
+        return {"to": args.to_offset}
+    raise ValueError("reset needs --to-earliest, --to-latest, --to-time, --to-offset or "
+                     "--shift-by")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,8 +191,9 @@ def _run_action(admin: Admin, args: argparse.Namespace, action: str, name: str |
         return 0
     if action == "reset":
         resp = admin.request("clusters.reset", cluster=name, **reset)
+        note = " (dry run: nothing changed)" if resp.get("dry_run") else ""
         print(f"cluster {resp['cluster']} on {resp['topic']}: position "
-              f"{resp['before']} -> {resp['after']}")
+              f"{resp['before']} -> {resp['after']}{note}")
         return 0
     req = {"cluster": name} if name else {}
     if action == "describe":

@@ -9,6 +9,7 @@ lock), signs it with the lock's key, holds it while the lock is offline (up to
     lockmq command LK-0A1B2C3D config '{"heartbeat_s": 60}'
     lockmq command LK-0A1B2C3D config --network '{"brokers": [["10.0.0.2", 6843]]}'
     lockmq command LK-0A1B2C3D reboot
+    lockmq command LK-0A1B2C3D fw-update 0.2.0 41234 9f86d081...   # `lockmq firmware release`
 
 Each kind needs its own right in the token (``--command 'KINDS:SN_GLOB'``, see
 ``lockmq tokens``). A config that changes where the lock connects (``brokers``,
@@ -29,6 +30,7 @@ that is offline.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import struct
 import sys
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("kind", choices=KINDS)
     p.add_argument("values", nargs="*",
                    help="cards: credential ids in hex; config: a JSON object; "
-                        "fw-update: URL and SHA-256")
+                        "fw-update: VERSION SIZE SHA256 of a released bundle")
     p.add_argument("--seconds", type=int, default=5, help="unlock: how long (default 5)")
     p.add_argument("--network", action="store_true",
                    help="config: the change redirects the lock (brokers, tls); needs the "
@@ -91,9 +93,18 @@ def command_args(kind: str, values: list[str], seconds: int,
         return CommandKind.CONFIG, json.dumps(settings).encode()
     if kind == "reboot":
         return CommandKind.REBOOT, b""
-    if len(values) != 2:
-        raise ValueError("fw-update takes a URL and a SHA-256")
-    return CommandKind.FW_UPDATE, json.dumps({"url": values[0], "sha256": values[1]}).encode()
+    return CommandKind.FW_UPDATE, fw_update_args(values)
+
+
+def fw_update_args(values: list[str]) -> bytes:
+    """FW_UPDATE's args from ``VERSION SIZE SHA256`` (what `lockmq firmware release`
+    prints): the bundle the lock fetches from the broker over its own link."""
+    if len(values) != 3 or not values[1].isdigit():
+        raise ValueError("fw-update takes VERSION SIZE SHA256 (printed by `lockmq firmware release`)")
+    sha = values[2].lower()
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise ValueError("fw-update: SHA256 must be 64 hex digits")
+    return json.dumps({"version": values[0], "size": int(values[1]), "sha256": sha}).encode()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,21 +146,21 @@ async def _not_connected(args: argparse.Namespace) -> str | None:
             f"until the lock connects (up to --expires)")
 
 
+#: how long a command may take before the CLI says why it is still waiting
+NOTE_AFTER_S = 1.0
+
+
 def _why_it_waits(args: argparse.Namespace) -> str:
-    """The note printed before a command sent with a token: the CLI did not ask
-    whether the lock is connected, so an answer may take up to ``--expires``."""
-    return (f"lockmq: {args.sn}: waiting up to {args.expires:g} s for the lock's answer "
-            f"(the broker holds a command while its lock is offline; with --token this "
-            f"command does not ask first whether the lock is connected; against a broker "
-            f"with auth off, which cannot tell an offline lock from a mistyped SN, leave "
-            f"out --token to fail at once)")
+    """The note printed when a lock has not answered within :data:`NOTE_AFTER_S`
+    (with a token the CLI did not ask first whether the lock is connected)."""
+    return (f"lockmq: {args.sn}: no answer yet; waiting up to {args.expires:g} s (a broker "
+            f"holds commands for offline locks; with auth off, leave out --token to fail "
+            f"at once when the lock is not connected)")
 
 
 async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
     when = when_kwargs(args, "not_before")
     if not when and not args.wait:
-        if args.token:
-            print(_why_it_waits(args), file=sys.stderr)
         missing = await _not_connected(args)
         if missing:
             return fail(missing)
@@ -161,7 +172,12 @@ async def _send(args: argparse.Namespace, kind: int, payload: bytes) -> int:
                                                   expires_in_s=args.expires, **when)
             print(f"{args.sn}: command scheduled, id {sid}")
             return 0
-        outcome = await producer.command(args.sn, kind, payload, expires_in_s=args.expires)
+        sent = asyncio.ensure_future(
+            producer.command(args.sn, kind, payload, expires_in_s=args.expires))
+        done, _ = await asyncio.wait({sent}, timeout=NOTE_AFTER_S)
+        if not done:   # a lock that answers at once gets no note
+            print(_why_it_waits(args), file=sys.stderr)
+        outcome = await sent
     finally:
         await producer.close()
     print(f"{outcome.target}: command {outcome.cmd_id} ok: {outcome.detail}")

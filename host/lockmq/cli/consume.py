@@ -67,10 +67,14 @@ def run(args: argparse.Namespace) -> int:
         loop.close()
 
 
+class _OverCount(Exception):
+    """A message fetched after ``--count`` were claimed: nacked, so it is not lost."""
+
+
 async def _consume(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    counts = {"handled": 0, "failed": 0, "duplicates": 0}
+    counts = {"handled": 0, "failed": 0, "duplicates": 0, "claimed": 0}
     rng = random.Random()
     lock = threading.Lock()
     idem = idempotency_store(args.idempotency, scope=args.cluster) if args.idempotency else None
@@ -89,9 +93,18 @@ async def _consume(args: argparse.Namespace) -> int:
                   f"{render_payload(msg.payload, args.format)}", flush=True)
 
     def handle(msg: Message) -> None:
+        if args.count:
+            # workers run in parallel: claim one of the --count slots first; a message
+            # past them is given back (nacked at once) for another run or member
+            with lock:
+                if counts["claimed"] >= args.count:
+                    raise _OverCount("past --count: given back")
+                counts["claimed"] += 1
         if args.fail_rate and rng.random() < args.fail_rate:
             with lock:
                 counts["failed"] += 1
+                if args.count:
+                    counts["claimed"] -= 1   # not handled: its slot is free again
             show(msg, "(failing on purpose: nack)")
             raise RuntimeError("failed on purpose (--fail-rate)")
         if idem is not None:
@@ -99,6 +112,7 @@ async def _consume(args: argparse.Namespace) -> int:
                 if tx.duplicate:
                     with lock:
                         counts["duplicates"] += 1
+                        counts["claimed"] -= 1   # not handled: its slot is free again
                     show(msg, "(duplicate: already processed)")
                     return
         with lock:
@@ -108,9 +122,14 @@ async def _consume(args: argparse.Namespace) -> int:
         if args.count and n >= args.count:
             loop.call_soon_threadsafe(stop.set)
 
-    opts = dict(topic=args.topic, cluster=args.cluster, handler=handle,
-                min_workers=args.min_workers, max_workers=args.max_workers,
-                batch=args.batch, ordered=args.ordered, token=args.token)
+    opts: dict[str, object] = dict(
+        topic=args.topic, cluster=args.cluster, handler=handle,
+        min_workers=args.min_workers, max_workers=args.max_workers,
+        batch=args.batch, ordered=args.ordered, token=args.token)
+    if args.count:   # fetch no more than --count asks for (no prefetch beyond it)
+        opts.update(batch=max(1, min(args.batch, args.count)), prefetch=0,
+                    max_workers=max(1, min(args.max_workers, args.count)),
+                    min_workers=max(1, min(args.min_workers, args.count)), nack_delay_ms=1)
     c = AsyncCampusConsumer(args.registry, registry_token=args.registry_token,
                             registry_insecure=args.insecure, **opts) \
         if args.registry \

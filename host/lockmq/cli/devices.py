@@ -8,6 +8,11 @@ secret, stores it (wrapped) in the broker's registry and writes the provisioning
 config (firmware/README.md's config.json shape) that ``lockmq firmware build``
 puts on the board. The file holds the secret: it is written 0600; delete it once
 the board is flashed.
+
+What the lock can do is fixed here, not by what it later sends (SPEC 2, "Per-device
+policy"): a lock is registered for frame MACs unless ``--no-mac`` (firmware that
+cannot), and for TLS only with ``--tls`` (implied by ``--tls-ca``). The broker never
+accepts it without them; ``lockmq devices policy SN`` changes that later.
 """
 
 from __future__ import annotations
@@ -33,9 +38,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a = dsub.add_parser("add", help="register lock(s) and write provisioning config(s)")
     a.add_argument("sn", nargs="+", help="lock serial number(s)")
     a.add_argument("--note", default="", help="free text kept with the device")
+    a.add_argument("--no-mac", dest="mac", action="store_false",
+                   help="firmware that cannot do frame MACs: accepted without them on plain "
+                        "TCP while [security] lock_frame_mac = \"optional\" (logged at "
+                        "every connect); default: MACs required")
+    a.add_argument("--tls", action="store_true",
+                   help="the lock connects over TLS only: refused on plain TCP (implied "
+                        "by --tls-ca)")
     _provision_options(a)
     add_registry_options(a)
     a.set_defaults(func=cmd_add)
+
+    pol = dsub.add_parser("policy", help="change what a lock must use (frame MACs, TLS)")
+    pol.add_argument("sn")
+    pol.add_argument("--mac", dest="mac", action="store_true", default=None,
+                     help="require frame MACs on plain TCP")
+    pol.add_argument("--no-mac", dest="mac", action="store_false",
+                     help="accept it without frame MACs (lock_frame_mac = \"optional\")")
+    pol.add_argument("--tls", dest="tls", action="store_true", default=None,
+                     help="require TLS")
+    pol.add_argument("--no-tls", dest="tls", action="store_false", help="allow plain TCP")
+    add_registry_options(pol)
+    pol.set_defaults(func=cmd_policy)
 
     ls = dsub.add_parser("list", help="list registered locks")
     ls.add_argument("--pattern", help="only SNs matching this glob")
@@ -43,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_registry_options(ls)
     ls.set_defaults(func=cmd_list)
 
-    for name, helptext, func in (("disable", "refuse the lock at its next connect", cmd_disable),
+    for name, helptext, func in (("disable", "refuse the lock (its live session ends at once)",
+                                  cmd_disable),
                                  ("enable", "allow a disabled lock again", cmd_enable),
                                  ("remove", "forget the lock entirely", cmd_remove),
                                  ("show", "one lock's registry row", cmd_show)):
@@ -74,6 +99,8 @@ def _provision_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", metavar="CA.DER",
                    help="enable TLS on the lock with this CA (DER, from `lockmq certs init`)")
     p.add_argument("--server-hostname", default="", help="name in the broker's certificate")
+    p.add_argument("--broker-id", default="",
+                   help="the broker's [security] broker_id: the lock refuses any other")
     p.add_argument("--show-key", action="store_true",
                    help="also print the key (hex) on stdout")
 
@@ -100,6 +127,10 @@ def _write_docs(args: argparse.Namespace, keys: dict[str, bytes]) -> None:
     if args.tls_ca:
         extra["tls"] = {"enabled": True, "ca": os.path.basename(args.tls_ca),
                         "server_hostname": args.server_hostname}
+    if getattr(args, "mac", True) is False:
+        extra["frame_mac"] = False
+    if args.broker_id:
+        extra["broker_id"] = args.broker_id
     many = len(keys) > 1
     for sn, key in keys.items():
         if args.out and (many or os.path.isdir(args.out)):
@@ -118,7 +149,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     """Register locks; write their provisioning configs."""
     reg = _registry(args)
     try:
-        keys = reg.add_many(args.sn, note=args.note)
+        keys = reg.add_many(args.sn, note=args.note, mac=args.mac,
+                            tls=bool(args.tls or args.tls_ca))
     except (DeviceExists, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -142,6 +174,28 @@ def cmd_rekey(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    """Change a lock's required transport protections (from its next connect)."""
+    reg = _registry(args)
+    try:
+        reg.set_policy(args.sn, mac=args.mac, tls=args.tls)
+        info = reg.get(args.sn)
+    except UnknownDevice:
+        print(f"error: no device {args.sn}", file=sys.stderr)
+        return 1
+    finally:
+        reg.close()
+    print(f"{args.sn}: {_policy(info)}")
+    return 0
+
+
+def _policy(d: Any) -> str:
+    """A row's policy as a short word: what the broker requires of that lock."""
+    if d.need_tls:
+        return "tls"
+    return "mac" if d.need_mac else "none"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the registry."""
     reg = _registry(args)
@@ -151,10 +205,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         reg.close()
     return print_rows(
         rows, args.json,
-        f"{'SN':<24} {'STATE':<9} {'KEY':>4} {'LAST CMD':>8}  {'UPDATED (UTC)':<16}  NOTE",
+        f"{'SN':<24} {'STATE':<9} {'KEY':>4} {'NEEDS':<5} {'LAST CMD':>8}  "
+        f"{'UPDATED (UTC)':<16}  NOTE",
         lambda d: (f"{d.sn:<24} {'enabled' if d.enabled else 'DISABLED':<9} "
-                   f"v{d.key_version:<3} {d.last_command_id:>8}  {when(d.updated_at):<16}  "
-                   f"{d.note}"),
+                   f"v{d.key_version:<3} {_policy(d):<5} {d.last_command_id:>8}  "
+                   f"{when(d.updated_at):<16}  {d.note}"),
         "device")
 
 
@@ -168,8 +223,8 @@ def _simple(args: argparse.Namespace, op: str) -> int:
             print(f"{args.sn}: removed")
         else:
             reg.set_enabled(args.sn, op == "enable")
-            print(f"{args.sn}: {op}d" + ("; refused from its next connect" if op == "disable"
-                                        else ""))
+            print(f"{args.sn}: {op}d" + ("; a running broker ends its session within a "
+                                         "second" if op == "disable" else ""))
     except UnknownDevice:
         print(f"error: no device {args.sn}", file=sys.stderr)
         return 1
@@ -210,10 +265,12 @@ def _show_online(args: argparse.Namespace, resp: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(devs, indent=2))
         return 0
-    print(f"{'SN':<24} {'PEER':<22} {'IDLE s':>7} {'QUEUED':>6} {'BATTERY':>7}")
+    print(f"{'SN':<24} {'PEER':<22} {'IDLE s':>7} {'QUEUED':>6} {'BATTERY':>7} "
+          f"{'FIRMWARE':<12} {'LAST UPDATE'}")
     for d in devs:
         batt = d.get("battery_pct")
         print(f"{d['sn']:<24} {d.get('peer', '?'):<22} {d.get('idle_s', 0):>7.1f} "
-              f"{d.get('queued', '-'):>6} {'-' if batt is None else f'{batt}%':>7}")
+              f"{d.get('queued', '-'):>6} {'-' if batt is None else f'{batt}%':>7} "
+              f"{d.get('fw', '-'):<12} {d.get('ota', '-')}")
     print(f"{resp.get('count', len(devs))} lock(s) online")
     return 0

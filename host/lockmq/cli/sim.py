@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(p)
+    for action in p._actions:   # a lock talks to one broker: no primary,standby list
+        if action.dest == "broker":
+            action.metavar = "HOST:PORT"
+            action.help = ("the broker HOST:PORT the simulated locks connect to (one "
+                           "broker; env LOCKMQ_BROKER)")
     p.add_argument("--locks", type=int, default=10, help="how many locks (default %(default)s)")
     p.add_argument("--topic", default=DEFAULT_TOPIC, help="topic (default %(default)s)")
     p.add_argument("--events", type=int, default=10,
@@ -71,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
             cfg.keys.update(register_locks(cfg, args.register))
     except (OSError, ValueError) as exc:
         return fail(f"device keys: {exc}")
+    if args.keys and not args.register:
+        problem = _keys_problem(cfg, args.keys)
+        if problem:
+            return fail(problem, 2)
     try:
         endpoint = endpoint_from_args(args)
     except LockmqError as exc:
@@ -93,6 +102,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"sim: {cfg.locks - stats.connected} locks never connected, "
               f"{stats.sent - stats.acked} records unacknowledged", file=sys.stderr)
     return 0 if ok else 1
+
+
+def _keys_problem(cfg: SimConfig, source: str) -> str:
+    """Why ``--keys`` cannot authenticate the simulated SNs (no keys, or none for
+    them: every lock would be refused and the run would show ``connected 0``)."""
+    if not cfg.keys:
+        return (f"--keys {source}: no device keys there (a JSON {{SN: hex key}} or the "
+                "*.json files of `lockmq devices add --out DIR`)")
+    sns = [cfg.sn(i) for i in range(cfg.locks)]
+    without = [sn for sn in sns if sn not in cfg.keys]
+    if without:   # said at once: a broker with auth on refuses them (connected 0)
+        have = sorted(cfg.keys)
+        print(f"sim: {len(without)} of {len(sns)} SNs have no key in --keys {source} "
+              f"(first: {without[0]}; it has {', '.join(have[:3])}"
+              f"{' ...' if len(have) > 3 else ''}): a broker with auth on refuses them; "
+              "match them with --sn-prefix/--first, or use --register DATA_DIR",
+              file=sys.stderr)
+    return ""
 
 
 async def _run(cfg: SimConfig, endpoint: Endpoint, args: argparse.Namespace) -> SimStats:

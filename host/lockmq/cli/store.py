@@ -1,4 +1,5 @@
-"""`lockmq store check|dump DIR` (offline tools for the data directory) and
+"""`lockmq store check|dump|damage DIR`, `lockmq store salvage DIR OFFSET --out F`
+(offline tools for the data directory) and
 `lockmq store backup DEST` / `lockmq store restore SRC DATA_DIR` (online backup)."""
 
 from __future__ import annotations
@@ -64,8 +65,14 @@ def _dump(args: argparse.Namespace) -> int:
     since_us = None if args.since is None else args.since * 1000
     until_us = None if args.until is None else args.until * 1000
     shown = 0
+    damaged: list[str] = []
+
+    def on_damage(lo: int, hi: int, why: str) -> None:
+        damaged.append(f"[{lo}, {hi})")
+        print(f"DAMAGED: bytes [{lo}, {hi}): {why} (skipped; `lockmq store damage` and "
+              "`lockmq store check` say more)", file=sys.stderr)
     try:
-        for rec in iter_records(args.dir):
+        for rec in iter_records(args.dir, on_damage=on_damage):
             if args.topic is not None and rec.topic != args.topic:
                 continue
             if args.sn is not None and rec.sn != args.sn:
@@ -105,6 +112,60 @@ def _dump(args: argparse.Namespace) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    return 1 if damaged else 0
+
+
+def _damage(args: argparse.Namespace) -> int:
+    """List the quarantined ranges (the broker's ``damage`` file)."""
+    from lockmq.store.damage import load_items
+    if not os.path.isdir(os.path.join(args.dir, "message.log")):
+        print(f"error: {args.dir} is not a lockmq data directory", file=sys.stderr)
+        return 2
+    items = load_items(args.dir)
+    for d in items:
+        if args.json:
+            print(json.dumps(vars(d), sort_keys=True))
+        else:
+            print(d.describe() + f" [found by {d.found}]")
+    if not args.json:
+        lost = sum(max(d.records, d.queue_offsets()) for d in items)
+        print(f"{len(items)} quarantined ranges, {lost} records" if items
+              else "no quarantined damage (run `lockmq store check` to look for new damage)")
+    return 1 if items else 0
+
+
+def _salvage(args: argparse.Namespace) -> int:
+    """Copy one quarantined range's bytes out (and show what still decodes in them)."""
+    from lockmq.store.damage import load_items
+    from lockmq.store.names import SEGMENT_DIR, segment_name
+    from lockmq.store.records import HEADER, HEADER_SIZE
+    found = [d for d in load_items(args.dir) if d.start <= args.offset < d.end]
+    if not found:
+        print(f"error: no quarantined range holds offset {args.offset} "
+              "(see `lockmq store damage DIR`)", file=sys.stderr)
+        return 2
+    d = found[0]
+    path = os.path.join(args.dir, SEGMENT_DIR, segment_name(d.segment))
+    try:
+        with open(path, "rb") as f:
+            f.seek(d.start - d.segment)
+            data = f.read(d.end - d.start)
+    except FileNotFoundError:
+        print(f"error: segment {d.segment} is gone (retention, or it was lost)",
+              file=sys.stderr)
+        return 1
+    with open(args.out, "wb") as f:
+        f.write(data)
+    print(f"{len(data)} bytes of [{d.start}, {d.end}) written to {args.out}"
+          + ("" if len(data) == d.end - d.start else
+             f" ({d.end - d.start - len(data)} bytes are missing from the disk)"))
+    if len(data) >= HEADER_SIZE:   # what the (unverified) first header says
+        (length, _c, _f, _fl, tlen, slen, _r, _h, seq, _p, _l, bts) = HEADER.unpack_from(data)
+        body = data[HEADER_SIZE:HEADER_SIZE + tlen + slen]
+        print(f"first header, unverified: length {length}, topic "
+              f"{body[:tlen].decode('ascii', 'replace')!r}, sn "
+              f"{body[tlen:].decode('ascii', 'replace')!r}, seq {seq}, broker time "
+              f"{_iso_us(bts) if 0 < bts < 1 << 62 else bts}")
     return 0
 
 
@@ -170,6 +231,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c = sub.add_parser("check", help="verify every checksum; exit 1 on corruption")
     c.add_argument("dir", help="data directory (the one holding message.log/)")
     c.set_defaults(func=_check)
+    q = sub.add_parser("damage", help="list the quarantined damaged ranges (exit 1 if any)")
+    q.add_argument("dir", help="data directory (the one holding message.log/)")
+    q.add_argument("--json", action="store_true", help="one JSON object per range")
+    q.set_defaults(func=_damage)
+    v = sub.add_parser("salvage", help="copy the bytes of a quarantined range to a file")
+    v.add_argument("dir", help="data directory (the one holding message.log/)")
+    v.add_argument("offset", type=int, help="a commit-log offset inside the range")
+    v.add_argument("--out", required=True, help="file to write the raw bytes to")
+    v.set_defaults(func=_salvage)
     d = sub.add_parser("dump", help="print records, oldest first")
     d.add_argument("dir", help="data directory (the one holding message.log/)")
     d.add_argument("--topic", help="only this topic")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 
 from lockmq.protocol import ConnectAck, Disconnect, Flag, Op
@@ -26,9 +27,13 @@ log = logging.getLogger("lockmq.client")
 
 def default_client_id(name: str) -> str:
     """``name-host-pid-random``: unique per process, so sequence numbers starting at
-    0 again after a restart never collide with an earlier run's message ids."""
+    0 again after a restart never collide with an earlier run's message ids. Characters
+    an id may not hold (a cluster name's ``$``, ``%``) become ``-``: an id the caller
+    never chose must never be the reason a connect is refused."""
     host = socket.gethostname().split(".")[0][:16]
-    return f"{name[:20]}-{host}-{os.getpid()}-{os.urandom(3).hex()}"
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", name[:20]).lstrip("._-") or "client"
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", host) or "host"
+    return f"{base}-{host}-{os.getpid()}-{os.urandom(3).hex()}"
 
 
 class SessionClient:
@@ -101,8 +106,12 @@ class SessionClient:
                     raise
                 delay = max(self.backoff.next_delay(),
                             getattr(exc, "retry_after_ms", 0) / 1000)
-                if loop.time() + delay > deadline:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
                     raise
+                # the last wait is cut to the deadline, and one more try made there:
+                # connect_retry_s=4 keeps trying for 4 s, not until the backoff says
+                delay = min(delay, remaining)
                 # the first one on stderr (logging's last resort), the rest at INFO
                 log.log(logging.WARNING if self.connect_attempts == 1 else logging.INFO,
                         "broker %s:%d not reachable yet (%s); retrying for up to %g s",

@@ -46,7 +46,7 @@ from lockmq.protocol import (
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
 from .autoscale import Autoscaler
-from .errors import ConnectionLost, LockmqError
+from .errors import ClientClosed, ConnectionLost, LockmqError
 from .inbox import Inbox
 from .message import Message, messages_from_body
 from .session import Credentials, Endpoint, error_from_body
@@ -111,6 +111,10 @@ class AsyncConsumer(SessionClient):
         long_poll_ms: int = 1000,
         backlog_poll_s: float = 1.0,
     ) -> None:
+        from lockmq.store.records import validate_cluster, validate_topic
+
+        validate_topic(topic)       # ValueError naming the topic or the cluster, here,
+        validate_cluster(cluster)   # not a refusal of a client id nobody gave
         super().__init__(endpoint, client_id=consumer_id or default_client_id(cluster),
                          role=Role.SERVICE, credentials=credentials, token=token,
                          reconnect=reconnect)
@@ -148,16 +152,23 @@ class AsyncConsumer(SessionClient):
         self._ack_flush_scheduled = False
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopping = False
+        self._start_task: asyncio.Task | None = None
         self.stats = {"received": 0, "acked": 0, "nacked": 0, "dropped_leases": 0,
                       "ack_errors": 0, "pulls": 0, "notifies": 0}
 
     # -- public -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Connect, join the cluster and start the workers (returns at once after)."""
+        if self._stopping:
+            raise ClientClosed("consumer is stopped")
         if not self._is_coro and self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 self.autoscaler.max_workers, thread_name_prefix=f"lockmq-{self.cluster}")
-        await self.connect()
+        self._start_task = asyncio.current_task()
+        try:
+            await self.connect()
+        finally:
+            self._start_task = None
         for _ in range(self._target_workers):
             self._start_worker()
         self._spawn(self._scale_loop())
@@ -182,6 +193,12 @@ class AsyncConsumer(SessionClient):
         if self.closing:
             return
         self._stopping = True
+        start = self._start_task
+        if start is not None and start is not asyncio.current_task():
+            # still connecting (maybe retrying an absent broker): give that up first,
+            # so no session opens after this stop
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
         self._want_more.set()
         self._inbox.clear()
         deadline = time.monotonic() + drain_timeout_s

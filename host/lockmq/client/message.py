@@ -12,7 +12,7 @@ from lockmq.protocol import Messages
 from lockmq.protocol._fast import _CACHE_MAX, _texts
 
 #: compiled: a MESSAGES body's messages as field tuples (None without the extension)
-_FIELDS = getattr(accel.speedups, "messages_fields", None)
+_FIELDS = accel.speedups.messages_fields if accel.COMPILED else None
 
 
 @dataclass
@@ -89,7 +89,7 @@ def messages_from_body(body: bytes, sub_id: int, generation: int) -> list[Messag
     """The messages of a MESSAGES body as a handler gets them, leased to subscription
     ``sub_id`` of connection ``generation``.
 
-    Compiled (``_speedups.messages_fields``), the body's fields come as one tuple per
+    Compiled (``_core.messages_fields``), the body's fields come as one tuple per
     message and each :class:`Message` is made from its tuple: no protocol object in
     between. A body the compiled scan does not take (a bad one) goes through the
     protocol's decoder, which raises its ``BadBody``."""

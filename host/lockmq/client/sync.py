@@ -11,13 +11,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from typing import Any, Callable, Coroutine, TypeVar
 
 from .consumer import AsyncConsumer, Handler
+from .errors import ClientClosed
 from .producer import AsyncProducer, CommandOutcome, SendResult
 from .session import Endpoint
 
 T = TypeVar("T")
+
+#: what Consumer.stop() allows beyond its drain timeout (unsubscribe, close)
+_STOP_GRACE_S = 5.0
+#: how often a blocking call waiting on the loop checks that the loop still runs
+_POLL_S = 0.5
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -47,8 +54,33 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result."""
-        return self.submit(coro).result(timeout)
+        """Run ``coro`` on the loop and wait for its result (up to ``timeout``).
+
+        Raises :class:`ClientClosed` when the loop stops before ``coro`` finished (a
+        future left on a stopped loop never resolves: waiting on it would hang).
+        """
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking client call from its own event-loop thread "
+                               "would wait forever")
+        try:
+            fut = self.submit(coro)
+        except RuntimeError:   # the loop is closed
+            coro.close()
+            raise ClientClosed("client is closed") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _POLL_S if deadline is None else deadline - time.monotonic()
+            wait = min(_POLL_S, max(0.0, left))
+            try:
+                return fut.result(wait)
+            except concurrent.futures.TimeoutError:
+                if not self._thread.is_alive() or not self.loop.is_running():
+                    fut.cancel()
+                    raise ClientClosed("client is closed (its event loop stopped)") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    fut.cancel()
+                    raise
 
     def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run a plain function on the loop thread and return its result."""
@@ -59,12 +91,15 @@ class _LoopThread:
         return self.run(wrapper(), timeout)
 
     def stop(self) -> None:
-        """Stop the loop and join the thread (idempotent)."""
-        if self.loop.is_running():
+        """Stop the loop and join the thread (idempotent, from any thread)."""
+        try:
             self.loop.call_soon_threadsafe(self.loop.stop)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(10)
-        if not self.loop.is_running() and not self.loop.is_closed():
+        except RuntimeError:   # already closed
+            return
+        if threading.current_thread() is self._thread:
+            return   # the loop stops after this callback; nobody joins its own thread
+        self._thread.join(10)
+        if not self._thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
 
 
@@ -197,11 +232,21 @@ class Consumer:
         self._lt = _LoopThread(thread_name)
         self._stop = threading.Event()
         self._started = False
+        # stop() may come from several threads at once (run()'s own finally and the
+        # caller's): one of them stops the consumer and the loop, the others wait
+        # for that. Two stops racing once left one waiting on a stopped loop forever.
+        self._stop_lock = threading.Lock()
+        self._stopping = False
+        self._stopped = threading.Event()
 
         async def build() -> Any:
             return make()
 
-        self._c: AsyncConsumer = self._lt.run(build())
+        try:
+            self._c: AsyncConsumer = self._lt.run(build())
+        except BaseException:   # a bad argument: no loop thread left behind
+            self._lt.stop()
+            raise
 
     @property
     def stats(self) -> dict[str, int]:
@@ -219,28 +264,53 @@ class Consumer:
         return self._c
 
     def start(self) -> None:
-        """Connect, join the cluster, start consuming in the background."""
-        self._lt.run(self._c.start())
+        """Connect, join the cluster, start consuming in the background.
+
+        Raises :class:`ClientClosed` when :meth:`stop` was called first (or while
+        connecting)."""
+        if self._stop.is_set():
+            raise ClientClosed("consumer is stopped")
+        try:
+            self._lt.run(self._c.start())
+        except concurrent.futures.CancelledError:
+            raise ClientClosed("consumer stopped while connecting") from None
         self._started = True
 
     def run(self, duration_s: float | None = None) -> None:
         """Start and block until :meth:`stop` or ``duration_s`` seconds."""
-        if not self._started:
-            self.start()
         try:
+            if not self._started:
+                self.start()
             self._stop.wait(duration_s)
+        except ClientClosed:
+            if not self._stop.is_set():
+                raise   # closed by something else than stop()
         finally:
             self.stop()
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:
-        """Finish the messages being handled, leave the cluster, stop the loop."""
+        """Finish the messages being handled (up to ``drain_timeout_s``), leave the
+        cluster, stop the loop. Safe from any thread and more than once: a second
+        caller waits for the first to finish. From a handler running on the loop
+        (an async handler) it starts the stop and returns."""
         self._stop.set()
-        if self._lt.loop.is_closed():
+        with self._stop_lock:
+            first, self._stopping = not self._stopping, True
+        if not first:
+            self._stopped.wait(drain_timeout_s + _STOP_GRACE_S)
+            return
+        if threading.current_thread() is self._lt._thread:
+            # Blocking here would stop the loop under our own feet: let it run the stop.
+            task = self._lt.loop.create_task(self._c.stop(drain_timeout_s))
+            task.add_done_callback(lambda _t: (self._lt.stop(), self._stopped.set()))
             return
         try:
-            self._lt.run(self._c.stop(drain_timeout_s))
+            self._lt.run(self._c.stop(drain_timeout_s), drain_timeout_s + _STOP_GRACE_S)
+        except (ClientClosed, concurrent.futures.TimeoutError):
+            pass   # the loop is gone or the stop hung: stop the loop regardless
         finally:
             self._lt.stop()
+            self._stopped.set()
 
     def __enter__(self) -> "Consumer":
         self.start()

@@ -1,19 +1,55 @@
-"""Copy a flash folder onto a board already running MicroPython, with mpremote."""
+"""Install a flash folder on a board already running MicroPython, so that no instant
+of the copy can leave it without a working app.
+
+Three mpremote runs over the board's raw REPL, then the app is started:
+
+1. **copy** the new code beside the running one (``lib.new/``, ``main.py.new``,
+   ``config.json.new``) and **verify** it: the board hashes every file it received
+   (SHA-256) and the digests must equal the folder's. Any failure removes the copy
+   and restarts the old app, untouched;
+2. **swap**: ``lockboot`` and ``main.py.new`` over their old files (atomic renames on
+   LittleFS; ``lockboot`` first: the new ``main.py`` imports it), then
+   ``lib`` -> ``lib.old``, ``lib.new`` -> ``lib``, then ``lib.old`` removed. A power
+   cut between the two ``lib`` renames leaves ``lib.old`` and no ``lib``: the boot file
+   (``firmware/main.py``) renames it back and boots the old app;
+3. **start**: ``hard`` runs ``machine.reset()``; ``soft`` (and a board that is still at
+   its REPL after the reset, like the unix port, which has no ``machine.reset``) leaves
+   the raw REPL (Ctrl-B) and soft-reboots at the friendly REPL (Ctrl-D), which runs
+   ``main.py``. Then the board's log must show ``I sys boot fw=...`` within
+   ``boot_timeout`` seconds, or the deploy fails saying so.
+
+The app's state files (queue, sequence numbers, command ids, cards) are never copied
+or touched: queued events survive an update.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
 from .build import BuildError
 
 #: Files the app writes at run time: never overwritten by a deploy.
-STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.bin")
+STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.bin", "fatal.dat")
 
-# Removes /lib on the board (old modules must not linger), tolerating its absence.
-_RM_LIB = (
+RESETS = ("hard", "soft", "none")
+
+_HELPERS = (
     "import os\n"
+    "def _has(p):\n"
+    " try:\n"
+    "  os.stat(p)\n"
+    "  return True\n"
+    " except OSError:\n"
+    "  return False\n"
     "def _rm(p):\n"
     " try:\n"
     "  m=os.stat(p)[0]\n"
@@ -25,30 +61,201 @@ _RM_LIB = (
     "  os.rmdir(p)\n"
     " else:\n"
     "  os.remove(p)\n"
-    "_rm('lib')\n"
 )
 
+# A copy left by an earlier, interrupted deploy is removed first.
+_CLEAN = _HELPERS + ("for p in ('lib.new','main.py.new','config.json.new','lockboot.mpy.new',"
+                      "'lockboot.py.new'):\n _rm(p)\n")
 
-def mpremote_argv(port: str, folder: str | Path, *, config: bool = True,
-                  reset: str = "hard") -> list[str]:
-    """One mpremote invocation (commands chained with ``+``) that installs ``folder``."""
+# Prints one line: DIGESTS {relative path: sha256 hex} of what the board received.
+_VERIFY = _HELPERS + (
+    "import hashlib,binascii\n"
+    "_d={}\n"
+    "def _h(p):\n"
+    " h=hashlib.sha256()\n"
+    " f=open(p,'rb')\n"
+    " while True:\n"
+    "  b=f.read(512)\n"
+    "  if not b:\n"
+    "   break\n"
+    "  h.update(b)\n"
+    " f.close()\n"
+    " return binascii.hexlify(h.digest()).decode()\n"
+    "def _walk(p):\n"
+    " for n in os.listdir(p):\n"
+    "  q=p+'/'+n\n"
+    "  if os.stat(q)[0]&0x4000:\n"
+    "   _walk(q)\n"
+    "  else:\n"
+    "   _d[q]=_h(q)\n"
+    "_walk('lib.new')\n"
+    "for p in ('main.py.new','config.json.new','lockboot.mpy.new','lockboot.py.new'):\n"
+    " if _has(p):\n"
+    "  _d[p]=_h(p)\n"
+    "print('DIGESTS',_d)\n"
+)
+
+# The swap (module docstring). An update under way over the air is abandoned: the
+# app it would install is replaced by this one.
+_SWAP = _HELPERS + (
+    "for p in ('ota.dat','ota.bin'):\n"
+    " _rm(p)\n"
+    "_rm('lib.old')\n"
+    "for p in ('lockboot.mpy','lockboot.py','main.py','config.json'):\n"
+    " if _has(p+'.new'):\n"
+    "  os.rename(p+'.new',p)\n"
+    "if _has('lib'):\n"
+    " os.rename('lib','lib.old')\n"
+    "os.rename('lib.new','lib')\n"
+    "_rm('lib.old')\n"
+    "print('SWAPPED')\n"
+)
+
+_BOOT_LINE = re.compile(rb"I sys boot fw=(\S+)")
+
+
+class DeployError(Exception):
+    """The deploy failed; the message says at which step and what the board runs."""
+
+
+def local_digests(folder: str | Path, config: bool = True) -> dict[str, str]:
+    """What the board must hold after the copy: ``{board path: sha256 hex}``."""
+    root = Path(folder)
+    out = {}
+    for p in sorted((root / "lib").rglob("*")):
+        if p.is_file():
+            out["lib.new/" + p.relative_to(root / "lib").as_posix()] = _sha(p)
+    out["main.py.new"] = _sha(root / "main.py")
+    for boot in root.glob("lockboot.*"):
+        out[boot.name + ".new"] = _sha(boot)
+    if config and (root / "config.json").is_file():
+        out["config.json.new"] = _sha(root / "config.json")
+    return out
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def check_folder(folder: str | Path, reset: str = "hard") -> Path:
+    """The flash folder, or :class:`BuildError` saying why it cannot be deployed."""
     root = Path(folder)
     if not (root / "main.py").is_file() or not (root / "lib").is_dir():
         raise BuildError(f"{root} is not a flash folder (no main.py / lib/): run `lockmq firmware build`")
-    if reset not in ("hard", "soft", "none"):
+    if reset not in RESETS:
         raise BuildError("--reset must be hard, soft or none")
-    argv = [sys.executable, "-m", "mpremote", "connect", port, "exec", _RM_LIB,
-            "+", "fs", "cp", "-r", str(root / "lib"), ":lib",
-            "+", "fs", "cp", str(root / "main.py"), ":main.py"]
-    if config and (root / "config.json").is_file():
-        argv += ["+", "fs", "cp", str(root / "config.json"), ":config.json"]
-    if reset == "hard":
-        argv += ["+", "reset"]
-    elif reset == "soft":
-        argv += ["+", "soft-reset"]
-    return argv
+    return root
 
 
-def deploy(port: str, folder: str | Path, **kw) -> int:
-    """Run mpremote; returns its exit status."""
-    return subprocess.call(mpremote_argv(port, folder, **kw))
+def copy_argv(port: str, stage: Path, config: bool) -> list[str]:
+    """Step 1's mpremote run: clean, copy beside the running app, print the digests."""
+    argv = [sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN,
+            "+", "fs", "cp", "-r", str(stage / "lib.new"), ":lib.new",
+            "+", "fs", "cp", str(stage / "main.py"), ":main.py.new"]
+    for boot in sorted(stage.glob("lockboot.*")):
+        argv += ["+", "fs", "cp", str(boot), f":{boot.name}.new"]
+    if config:
+        argv += ["+", "fs", "cp", str(stage / "config.json"), ":config.json.new"]
+    return argv + ["+", "exec", _VERIFY]
+
+
+def board_digests(output: str) -> dict[str, str] | None:
+    """The ``DIGESTS {...}`` line of step 1's output, or None."""
+    for line in output.splitlines():
+        if line.startswith("DIGESTS "):
+            text = line[len("DIGESTS "):].replace("'", '"')
+            try:
+                return json.loads(text)
+            except ValueError:
+                return None
+    return None
+
+
+def _mpremote(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(argv, 124, e.stdout or "", (e.stderr or "") + " (timed out)")
+
+
+def start_app(port: str, reset: str, boot_timeout: float, baud: int = 115200) -> str:
+    """Start the app after the swap (module docstring, step 3); returns the version in
+    its boot line. Raises :class:`DeployError` when the board does not boot it."""
+    import serial
+
+    ser = serial.serial_for_url(port, baudrate=baud, timeout=0.2, do_not_open=True)
+    try:
+        ser.dtr = ser.rts = False      # opening must not hold a dev board in reset
+    except (OSError, ValueError):
+        pass                           # (a pty or socket:// has no such lines)
+    ser.open()
+    buf = b""
+    try:
+        if reset == "hard":
+            ser.write(b"\r\x03\x03\x02import machine\r\nmachine.reset()\r\n")
+            nudge = time.monotonic() + 3.0     # still at the REPL then: no machine.reset
+        else:
+            ser.write(b"\r\x03\x03\x02\x04")
+            nudge = None
+        end = time.monotonic() + boot_timeout
+        while time.monotonic() < end:
+            buf += ser.read(4096)
+            m = _BOOT_LINE.search(buf)
+            if m:
+                return m.group(1).decode(errors="replace")
+            if nudge is not None and (time.monotonic() > nudge or b"Error" in buf):
+                ser.write(b"\x02\x04")        # friendly REPL, soft reboot: runs main.py
+                nudge = None
+            buf = buf[-4096:]
+    finally:
+        ser.close()
+    raise DeployError(f"the app did not start: no 'I sys boot' line within {boot_timeout:g} s "
+                      f"(last output: {buf[-300:].decode(errors='replace')!r})")
+
+
+def deploy(port: str, folder: str | Path, *, config: bool = True, reset: str = "hard",
+           boot_timeout: float = 30.0, step_timeout: float = 300.0,
+           say: Callable[[str], None] = print) -> str | None:
+    """Install ``folder`` on the board at ``port`` (module docstring). Returns the
+    version the board booted (None with ``reset="none"``: not started). Raises
+    :class:`DeployError`; after a failed copy the old app has been restarted."""
+    root = check_folder(folder, reset)
+    config = config and (root / "config.json").is_file()
+    want = local_digests(root, config)
+    with tempfile.TemporaryDirectory(prefix="lockmq-deploy-") as tmp:
+        stage = Path(tmp)
+        shutil.copytree(root / "lib", stage / "lib.new")
+        shutil.copyfile(root / "main.py", stage / "main.py")
+        for boot in root.glob("lockboot.*"):
+            shutil.copyfile(boot, stage / boot.name)
+        if config:
+            shutil.copyfile(root / "config.json", stage / "config.json")
+        proc = _mpremote(copy_argv(port, stage, config), step_timeout)
+    got = board_digests(proc.stdout)
+    if proc.returncode != 0 or got != want:
+        if proc.returncode != 0:
+            why = f"mpremote exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"
+        elif got is None:
+            why = "the board printed no digests"
+        else:
+            bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+            why = f"{len(bad)} file(s) differ on the board: {', '.join(bad[:5])}"
+        _mpremote([sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN], 60)
+        try:
+            fw = start_app(port, "soft", boot_timeout)
+            state = f"the old app runs again (fw={fw})"
+        except Exception as e:  # noqa: BLE001 -- the board may be unreachable
+            state = f"the old app is in place but was not restarted ({e})"
+        raise DeployError(f"copy failed, nothing swapped: {why}; {state}")
+    say(f"copied and verified {len(want)} files")
+    proc = _mpremote([sys.executable, "-m", "mpremote", "connect", port, "exec", _SWAP], 120)
+    if proc.returncode != 0 or "SWAPPED" not in proc.stdout:
+        raise DeployError(f"the swap did not finish ({(proc.stderr or proc.stdout).strip()[-300:]}); "
+                          "at its next boot the board runs the old app or the new one, whole")
+    say("swapped")
+    if reset == "none":
+        say("not started (--reset none): the board is at its REPL; Ctrl-D there runs main.py")
+        return None
+    fw = start_app(port, reset, boot_timeout)
+    say(f"app started: fw={fw}")
+    return fw

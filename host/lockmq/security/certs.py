@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import stat
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -40,15 +41,25 @@ def _name(cn: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def _write(path: str, data: bytes, mode: int = 0o644) -> None:
+def _write(path: str, data: bytes, mode: int = 0o644, keep: bool = False) -> None:
     """Write ``path`` whole or not at all: a temporary file, fsync, rename (a broker
-    restarted meanwhile never reads half a key)."""
+    restarted meanwhile never reads half a key).
+
+    ``keep``: a file replaced keeps its owner, group and mode (a key an operator made
+    ``root:lockmq 0640`` for the broker's user stays readable by it); ``mode`` is for
+    a new file."""
+    old = os.stat(path) if keep and os.path.exists(path) else None
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # created owner-only: the key is never readable by others, not even for a moment
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+    if old is not None:
+        if (old.st_uid, old.st_gid) != (os.getuid(), os.getgid()):
+            os.chown(tmp, old.st_uid, old.st_gid)   # root renewing the service's files
+        mode = stat.S_IMODE(old.st_mode)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
 
@@ -171,6 +182,6 @@ def renew_server(out_dir: str, hosts: list[str] | None = None, ips: list[str] | 
         with open(files.server_pem, "rb") as fh:
             hosts, ips = server_names(x509.load_pem_x509_certificate(fh.read()))
     cert, key = make_server_cert(ca_cert, ca_key, list(hosts or []), list(ips or []), days)
-    _write(files.server_key, _key_pem(key), 0o600)
-    _write(files.server_pem, cert.public_bytes(serialization.Encoding.PEM))
+    _write(files.server_key, _key_pem(key), 0o600, keep=True)
+    _write(files.server_pem, cert.public_bytes(serialization.Encoding.PEM), keep=True)
     return files, cert

@@ -70,13 +70,25 @@ class SecurityConfig:
             port, logged as ``tls_port=`` in ``broker_started``).
         tls_client_ca: PEM CA to require client certificates (empty = not required).
         plain_port_enabled: keep a plain-TCP listener for locks without TLS.
+        status_token_required: the status page's views that name locks, clusters or
+            topics (``/``, ``/summary``, ``/stats``, ``/devices``, ``/clusters``,
+            ``/topics``, ``/commands``, ``/history``) answer only a request with
+            ``Authorization: Bearer <admin token>`` (401 otherwise). ``/health`` is
+            always open.
+        metrics_token_required: ``/metrics`` needs a token too (any valid one).
         max_producer_ids_per_principal: producer ids (PUBLISH SNs) one token name
             owns at most; claiming one more forgets its least recently used one
             (see lockmq.security.identity).
         lock_frame_mac: frame MACs for locks on plain TCP (SPEC "Frame MACs"):
-            ``"optional"`` (default: a lock that asks gets them; older firmware
-            still connects) or ``"required"`` (a lock on plain TCP that does not
-            ask is refused with BAD_MAC). Over TLS they are never required.
+            ``"optional"`` (default) applies only to locks registered without a MAC
+            policy (``lockmq devices add --no-mac``, or rows older than the policy),
+            each such session logged ``lock_without_mac``; a lock provisioned for MACs
+            (the default) is refused without them whatever this says. ``"required"``:
+            every lock on plain TCP must use them. Over TLS they are never required.
+        broker_id: this broker's name, sent in CHALLENGE and covered by every lock's
+            proof (SPEC 2 "The session transcript"); a lock configured with a
+            ``broker_id`` refuses any other broker before it sends a proof. Empty:
+            not sent.
     """
 
     data_dir: str = "./data"
@@ -108,8 +120,11 @@ class SecurityConfig:
     tls_port: int = 6843
     tls_client_ca: str = ""
     plain_port_enabled: bool = True
+    status_token_required: bool = True
+    metrics_token_required: bool = False
     max_producer_ids_per_principal: int = 1024
     lock_frame_mac: str = "optional"
+    broker_id: str = ""
 
     @property
     def registry_path(self) -> str:
@@ -125,6 +140,11 @@ class SecurityConfig:
         """Raise ``ValueError`` naming the first setting out of range."""
         if self.lock_frame_mac not in ("optional", "required"):
             raise ValueError('security.lock_frame_mac must be "optional" or "required"')
+        if self.broker_id:
+            from lockmq.protocol import identity_problem
+            problem = identity_problem(self.broker_id)
+            if problem:
+                raise ValueError(f"security.broker_id: {problem}")
         for name in ("max_connections", "lock_message_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"security.{name} must be >= 0")

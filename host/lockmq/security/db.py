@@ -28,7 +28,12 @@ CREATE TABLE IF NOT EXISTS devices (
     note            TEXT NOT NULL DEFAULT '',
     created_at      REAL NOT NULL,
     updated_at      REAL NOT NULL,
-    last_command_id INTEGER NOT NULL DEFAULT 0
+    last_command_id INTEGER NOT NULL DEFAULT 0,
+    -- what the lock was provisioned to do (SPEC 2 "Per-device policy"): 1 = never
+    -- accepted without it on plain TCP (frame MACs) / at all (TLS). 0 for rows
+    -- written before the policy existed (lock_frame_mac = "optional" applies to them).
+    need_mac        INTEGER NOT NULL DEFAULT 0,
+    need_tls        INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS tokens (
     id          TEXT PRIMARY KEY,
@@ -66,6 +71,7 @@ def connect(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA busy_timeout=5000")
     conn.executescript(_SCHEMA)
+    _add_columns(conn)
     row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     if row is None:
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
@@ -75,6 +81,24 @@ def connect(path: str) -> sqlite3.Connection:
         raise ValueError(f"{path}: registry schema {row[0]} is newer than this lockmq "
                          f"({SCHEMA_VERSION})")
     return conn
+
+
+#: columns added after a table was first released: (table, column, declaration)
+_ADDED_COLUMNS = (("devices", "need_mac", "INTEGER NOT NULL DEFAULT 0"),
+                  ("devices", "need_tls", "INTEGER NOT NULL DEFAULT 0"))
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Bring a registry written by an older lockmq up to this schema (adds columns
+    with their defaults; existing rows keep their meaning)."""
+    for table, column, decl in _ADDED_COLUMNS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            except sqlite3.OperationalError as exc:   # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 def snapshot(conn: sqlite3.Connection) -> bytes:

@@ -66,6 +66,10 @@ class BrokerGuard(Protocol):
     def lock_frames_need_mac(self) -> bool:
         """Locks on plain TCP must ask for frame MACs (``lock_frame_mac = "required"``)."""
 
+    @property
+    def broker_id(self) -> str:
+        """This broker's name for the CHALLENGE ("" = none sent)."""
+
     def admit(self, peer_ip: str) -> None:
         """Count a new connection in, or raise (a connection limit)."""
 
@@ -82,8 +86,9 @@ class BrokerGuard(Protocol):
         """Count a handshake that took too long; the error to send."""
 
     def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
-                     *, tls: bool = False) -> Principal:
-        """The principal an AUTH answer proves, or raise."""
+                     *, tls: bool = False, transcript: bytes = b"") -> Principal:
+        """The principal an AUTH answer proves (a device proof covering the session
+        ``transcript``), or raise."""
 
     def check_frame_sn(self, principal: Principal, sn: Any) -> None:
         """A frame's SN must be the principal's (counted when it is not)."""
@@ -141,8 +146,25 @@ class BrokerGuard(Protocol):
     def status(self) -> dict[str, Any]:
         """Counters and gauges for the metrics."""
 
+    def standing(self, principal: Principal) -> str:
+        """Why ``principal`` may no longer act, read from the registry now ("" if it
+        still may): a revoked or expired token, a disabled, removed or re-keyed lock."""
+
+    def authorize_status(self, view: str, authorization: str) -> str:
+        """May an HTTP request with header ``Authorization: authorization`` read the
+        status page's ``view`` (``"metrics"`` or ``"views"``)? "" if so, else why not."""
+
+    def security_version(self) -> int:
+        """A number that changes when the registry file was written by another process."""
+
+    def revocations(self, since: float) -> tuple[set[str], list[tuple[str, bool, int]]]:
+        """``(ids of tokens not active, devices changed since since)``."""
+
     def close(self) -> None:
         """Release files."""
+
+    def reopen_registries(self) -> None:
+        """Open the registry files again (a reload)."""
 
 
 def _field(body: Any, *names: str) -> Any:
@@ -250,6 +272,67 @@ class Guard:
         self.registry.close()
         self.tokens.close()
 
+    def reopen_registries(self) -> None:
+        """Open the device and token registries again (a broker reload): a file
+        restored or replaced on disk is the one read from now on."""
+        old = (self.registry, self.tokens)
+        self.registry = DeviceRegistry.open(self.cfg)
+        self.tokens = TokenStore(self.cfg.registry_path)
+        for store in old:
+            store.close()
+
+    # -- the status page ---------------------------------------------------------
+
+    def authorize_status(self, view: str, authorization: str) -> str:
+        """``[security] status_token_required`` / ``metrics_token_required``: the
+        named views need an admin token, ``/metrics`` (when protected) any valid one,
+        as ``Authorization: Bearer <token>``. A loopback bind is not access control."""
+        need = self.cfg.metrics_token_required if view == "metrics" \
+            else self.cfg.status_token_required
+        if not need:
+            return ""
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "a token is needed (Authorization: Bearer <token>)"
+        try:
+            info = self.tokens.verify(token.strip(), now=self.wall())
+        except TokenError as exc:
+            audit.record(self.metrics, "status_refused", exc.reason)
+            return "token refused"
+        if view != "metrics" and not info.permissions.admin:
+            audit.record(self.metrics, "status_refused", "not_admin")
+            return "an admin token is needed"
+        return ""
+
+    # -- standing now (lockmq.broker.admission) ------------------------------------
+
+    def standing(self, principal: Principal) -> str:
+        """Why ``principal`` may no longer act ("" if it still may), from the registry
+        as it is now: a deferred item (scheduled, transactional, held command) takes
+        effect only for a principal that still stands."""
+        if principal.kind == LOCK:
+            enabled, version = self.registry.standing(principal.name)
+            if not enabled:
+                return "lock disabled or removed"
+            if principal.key_version and version != principal.key_version:
+                return "lock re-keyed"
+            return ""
+        if not principal.token_id:
+            return ""
+        info = self.tokens.get(principal.token_id)
+        if info is None:
+            return "token unknown"
+        state = info.state(self.wall())
+        return "" if state == "active" else f"token {state}"
+
+    def security_version(self) -> int:
+        """The registry file's ``data_version`` (moves on every outside commit)."""
+        return self.registry.data_version()
+
+    def revocations(self, since: float) -> tuple[set[str], list[tuple[str, bool, int]]]:
+        """Tokens not active now, and the devices written at or after ``since``."""
+        return self.tokens.not_active(self.wall()), self.registry.changed_since(since)
+
     # -- settings the broker enforces ---------------------------------------------
 
     #: What ``[broker] auth`` is, as the broker logs it: a Guard always authenticates.
@@ -275,6 +358,11 @@ class Guard:
     def lock_frames_need_mac(self) -> bool:
         """``lock_frame_mac = "required"``: locks on plain TCP must ask for frame MACs."""
         return self.cfg.lock_frame_mac == "required"
+
+    @property
+    def broker_id(self) -> str:
+        """``[security] broker_id``: sent in CHALLENGE, covered by the lock's proof."""
+        return self.cfg.broker_id
 
     @property
     def max_buffered_bytes(self) -> int:
@@ -319,8 +407,12 @@ class Guard:
     # -- authentication -------------------------------------------------------------
 
     def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
-                     *, tls: bool = False) -> Principal:
+                     *, tls: bool = False, transcript: bytes = b"") -> Principal:
         """Check an AUTH answer to the challenge ``nonce``; return the Principal.
+
+        ``transcript``: the session's ``ServerSession.transcript`` (the broker always
+        passes it): a device proof must cover it, so a CONNECT or CHALLENGE changed on
+        the path (a stripped MAC flag, a lowered frame limit) fails here.
 
         ``auth_body`` is the decoded AUTH body (dict or object) with ``method``
         (device/token), and ``cnonce`` + ``proof`` (device) or ``token`` (token).
@@ -337,7 +429,8 @@ class Guard:
         try:
             nonce_problem = self.nonces.consume(nonce) if nonce else "no_nonce"
             if method == METHOD_DEVICE:
-                principal = self._auth_device(sn, auth_body, bytes(nonce or b""), nonce_problem)
+                principal = self._auth_device(sn, auth_body, bytes(nonce or b""), nonce_problem,
+                                              bytes(transcript), tls)
             elif method == METHOD_TOKEN:
                 principal = self._auth_token(sn, auth_body, peer_ip, tls, nonce_problem)
             else:
@@ -384,15 +477,19 @@ class Guard:
                      method=method, tls=tls)
         return exc
 
-    def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str) -> Principal:
+    def _auth_device(self, sn: str, body: Any, nonce: bytes, nonce_problem: str,
+                     transcript: bytes = b"", tls: bool = False) -> Principal:
         if type(body) is Auth:   # the broker's decoded AUTH: both fields bytes already
             cnonce, proof = body.cnonce, body.proof
         else:
             cnonce = bytes(_field(body, "cnonce", "client_nonce") or b"")
             proof = bytes(_field(body, "proof", "mac") or b"")
-        key, state = self.registry.lookup(sn) if valid_sn(sn) else (None, "unknown")
+        key, state, need_mac, need_tls, key_version = (
+            self.registry.lookup_policy(sn) if valid_sn(sn)
+            else (None, "unknown", False, False, 0))
         # Compute the MAC whether or not the SN exists: same work, same answer.
-        want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"))
+        want = keys.device_proof(key or _DUMMY_KEY, nonce, cnonce, sn.encode("ascii", "replace"),
+                                 transcript)
         good = keys.equal(want, proof)
         if nonce_problem or self._used_proofs.get(proof):
             raise Replayed(f"device {sn}: {nonce_problem or 'proof already used'}",
@@ -404,13 +501,18 @@ class Guard:
             reason = "device_disabled" if state == "disabled" else "unknown_sn"
             raise AuthFailed(f"device {sn}: {reason}", reason=reason)
         if not good:
-            raise AuthFailed(f"device {sn}: wrong proof (wrong key or replayed answer)",
-                             reason="bad_proof")
+            raise AuthFailed(f"device {sn}: wrong proof (wrong key, a replayed answer, or a "
+                             "CONNECT/CHALLENGE changed on the path)", reason="bad_proof")
+        if need_tls and not tls:
+            # provisioned for TLS: plain TCP is a downgrade, whatever the lock sent
+            raise AuthFailed(f"device {sn}: provisioned for TLS, connected over plain TCP",
+                             reason="tls_required")
         self._used_proofs.put(proof, True)
         return Principal(name=sn, kind=LOCK,
                          lock_topics=tuple(p.replace("{sn}", sn) for p in self.cfg.lock_topics),
                          session_nonce=nonce, client_nonce=cnonce,
-                         session_key=keys.session_key(key, nonce, cnonce, sn))
+                         session_key=keys.session_key(key, nonce, cnonce, sn, transcript),
+                         need_mac=need_mac, key_version=key_version)
 
     def _auth_token(self, sn: str, body: Any, peer_ip: str, tls: bool,
                     nonce_problem: str) -> Principal:

@@ -16,8 +16,8 @@ import hmac
 import os
 import secrets
 
-AUTH_LABEL = b"lockmq-auth-v1"
-SESSION_LABEL = b"lockmq-session-v1"
+AUTH_LABEL = b"lockmq-auth-v2"
+SESSION_LABEL = b"lockmq-session-v2"
 KEY_BYTES = 32
 NONCE_BYTES = 16
 _WRAP_VERSION = b"\x01"
@@ -47,14 +47,24 @@ def sn_bytes(sn: str | bytes) -> bytes:
     return sn if isinstance(sn, bytes) else sn.encode("ascii")
 
 
-def device_proof(key: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes) -> bytes:
-    """The lock's answer to a challenge: HMAC(key, "lockmq-auth-v1"|nonce|cnonce|sn)."""
-    return hmac_sha256(key, AUTH_LABEL + nonce + cnonce + sn_bytes(sn))
+def _bound(label: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes,
+           transcript: bytes) -> bytes:
+    snb = sn_bytes(sn)
+    return label + bytes(nonce) + bytes(cnonce) + bytes((len(snb),)) + snb + bytes(transcript)
 
 
-def session_key(key: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes) -> bytes:
-    """A per-session key both sides can derive after a successful challenge."""
-    return hmac_sha256(key, SESSION_LABEL + nonce + cnonce + sn_bytes(sn))
+def device_proof(key: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes,
+                 transcript: bytes) -> bytes:
+    """The lock's answer to a challenge: HMAC(key, "lockmq-auth-v2" | nonce | cnonce |
+    sn_len | sn | transcript), the transcript being the handshake's hash
+    (``lockmq.protocol.transcript_hash``; SPEC 2 "The session transcript")."""
+    return hmac_sha256(key, _bound(AUTH_LABEL, nonce, cnonce, sn, transcript))
+
+
+def session_key(key: bytes, nonce: bytes, cnonce: bytes, sn: str | bytes,
+                transcript: bytes) -> bytes:
+    """The frame-MAC key of one session, bound to its transcript like the proof."""
+    return hmac_sha256(key, _bound(SESSION_LABEL, nonce, cnonce, sn, transcript))
 
 
 def equal(a: bytes, b: bytes) -> bool:

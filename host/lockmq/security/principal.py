@@ -184,6 +184,11 @@ class Principal:
     session_nonce: bytes = b""
     client_nonce: bytes = b""
     session_key: bytes = field(default=b"", repr=False)
+    #: provisioned for frame MACs (registry ``need_mac``): on plain TCP the session
+    #: is refused without them (SPEC 2 "Per-device policy")
+    need_mac: bool = False
+    #: the lock's key version when it authenticated: a re-key ends the session
+    key_version: int = 0
     peer_ip: str = ""
     tls: bool = False
     token_name: str = ""

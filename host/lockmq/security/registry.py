@@ -43,6 +43,10 @@ class DeviceInfo:
     created_at: float
     updated_at: float
     last_command_id: int
+    #: provisioned for frame MACs: refused on plain TCP without them
+    need_mac: bool = False
+    #: provisioned for TLS: refused on plain TCP
+    need_tls: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``lockmq devices list --json``."""
@@ -91,11 +95,17 @@ class DeviceRegistry:
 
     # -- provisioning ------------------------------------------------------------
 
-    def add(self, sn: str, note: str = "") -> bytes:
-        """Register ``sn`` with a fresh key and return the key (shown once)."""
-        return self.add_many([sn], note=note)[sn]
+    def add(self, sn: str, note: str = "", *, mac: bool = True, tls: bool = False) -> bytes:
+        """Register ``sn`` with a fresh key and return the key (shown once).
 
-    def add_many(self, sns: Iterable[str], note: str = "") -> dict[str, bytes]:
+        ``mac`` / ``tls``: what the lock can do, fixed here (SPEC 2 "Per-device
+        policy"): a lock provisioned for frame MACs is never accepted on plain TCP
+        without them, one provisioned for TLS never on plain TCP, whatever its CONNECT
+        says. MACs are the default; ``mac=False`` only for firmware that cannot."""
+        return self.add_many([sn], note=note, mac=mac, tls=tls)[sn]
+
+    def add_many(self, sns: Iterable[str], note: str = "", *, mac: bool = True,
+                 tls: bool = False) -> dict[str, bytes]:
         """Register many SNs in one transaction (tests, benchmarks, fleet imports)."""
         now = time.time()
         out: dict[str, bytes] = {}
@@ -104,13 +114,14 @@ class DeviceRegistry:
             check_sn(sn)
             key = keys.new_device_key()
             out[sn] = key
-            rows.append((sn, keys.wrap_key(self._master, sn, key), note, now, now))
+            rows.append((sn, keys.wrap_key(self._master, sn, key), note, now, now,
+                         int(bool(mac)), int(bool(tls))))
         try:
             with self._tx():
                 self._check_free([r[0] for r in rows])
                 self._db.executemany(
-                    "INSERT INTO devices(sn, wrapped_key, note, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?)", rows)
+                    "INSERT INTO devices(sn, wrapped_key, note, created_at, updated_at, "
+                    "need_mac, need_tls) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as exc:
             raise DeviceExists(f"device already registered ({exc})") from None
         return out
@@ -147,6 +158,28 @@ class DeviceRegistry:
             raise UnknownDevice(sn)
         return key
 
+    def set_policy(self, sn: str, *, mac: bool | None = None, tls: bool | None = None) -> None:
+        """Change what ``sn`` is required to use (an operator's decision, never a
+        lock's): ``mac`` frame MACs on plain TCP, ``tls`` TLS only."""
+        sets, args = [], []
+        for column, value in (("need_mac", mac), ("need_tls", tls)):
+            if value is not None:
+                sets.append(f"{column}=?")
+                args.append(int(bool(value)))
+        if not sets:
+            return
+        with self._tx():
+            cur = self._db.execute(f"UPDATE devices SET {', '.join(sets)}, updated_at=? "
+                                   "WHERE sn=?", (*args, time.time(), sn))
+        if cur.rowcount != 1:
+            raise UnknownDevice(sn)
+
+    def policy(self, sn: str) -> tuple[bool, bool]:
+        """``(need_mac, need_tls)`` of ``sn`` ((False, False) when unknown)."""
+        row = self._db.execute("SELECT need_mac, need_tls FROM devices WHERE sn=?",
+                               (sn,)).fetchone()
+        return (False, False) if row is None else (bool(row[0]), bool(row[1]))
+
     def set_enabled(self, sn: str, enabled: bool) -> None:
         """Enable or disable ``sn``; a disabled lock cannot authenticate."""
         with self._tx():
@@ -178,15 +211,37 @@ class DeviceRegistry:
         Does the same decryption work in every case (a dummy one when there is no
         usable key), so the time taken does not say whether ``sn`` exists.
         """
-        row = self._db.execute("SELECT wrapped_key, enabled FROM devices WHERE sn=?",
+        return self.lookup_policy(sn)[:2]  # type: ignore[return-value]
+
+    def standing(self, sn: str) -> tuple[bool, int]:
+        """``(enabled, key_version)`` of ``sn`` now ((False, 0) when unknown)."""
+        row = self._db.execute("SELECT enabled, key_version FROM devices WHERE sn=?",
                                (sn,)).fetchone()
+        return (False, 0) if row is None else (bool(row[0]), int(row[1]))
+
+    def changed_since(self, t: float) -> list[tuple[str, bool, int]]:
+        """``(sn, enabled, key_version)`` of every device updated at or after ``t``."""
+        return [(r[0], bool(r[1]), int(r[2])) for r in self._db.execute(
+            "SELECT sn, enabled, key_version FROM devices WHERE updated_at >= ?", (t,))]
+
+    def data_version(self) -> int:
+        """SQLite's ``data_version``: changes when another connection (``lockmq
+        devices``/``lockmq tokens``) commits to the file -- a cheap "look again"."""
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    def lookup_policy(self, sn: str) -> tuple[bytes | None, str, bool, bool, int]:
+        """:meth:`lookup` plus the device's ``need_mac``, ``need_tls`` and
+        ``key_version`` (one query)."""
+        row = self._db.execute("SELECT wrapped_key, enabled, need_mac, need_tls, key_version "
+                               "FROM devices WHERE sn=?", (sn,)).fetchone()
         if row is not None and row[1]:
-            return keys.unwrap_key(self._master, sn, row[0]), "enabled"
+            return (keys.unwrap_key(self._master, sn, row[0]), "enabled", bool(row[2]),
+                    bool(row[3]), int(row[4]))
         try:
             keys.unwrap_key(self._master, sn, self._dummy_blob())
         except ValueError:
             pass
-        return None, "unknown" if row is None else "disabled"
+        return None, "unknown" if row is None else "disabled", False, False, 0
 
     def exists(self, sn: str) -> bool:
         """Whether ``sn`` is registered (enabled or not)."""
@@ -256,8 +311,8 @@ class DeviceRegistry:
     def get(self, sn: str) -> DeviceInfo:
         """The row of ``sn``; ``UnknownDevice`` if absent."""
         row = self._db.execute(
-            "SELECT sn, enabled, key_version, note, created_at, updated_at, last_command_id "
-            "FROM devices WHERE sn=?", (sn,)).fetchone()
+            "SELECT sn, enabled, key_version, note, created_at, updated_at, last_command_id, "
+            "need_mac, need_tls FROM devices WHERE sn=?", (sn,)).fetchone()
         if row is None:
             raise UnknownDevice(sn)
         return _info(row)
@@ -265,7 +320,7 @@ class DeviceRegistry:
     def list(self, pattern: str | None = None) -> list[DeviceInfo]:
         """All devices (optionally those whose SN matches a SQL GLOB), by SN."""
         sql = ("SELECT sn, enabled, key_version, note, created_at, updated_at, "
-               "last_command_id FROM devices")
+               "last_command_id, need_mac, need_tls FROM devices")
         args: tuple[Any, ...] = ()
         if pattern:
             sql += " WHERE sn GLOB ?"
@@ -322,7 +377,7 @@ class _Tx:
 def _info(row: tuple[Any, ...]) -> DeviceInfo:
     return DeviceInfo(sn=row[0], enabled=bool(row[1]), key_version=int(row[2]), note=row[3],
                       created_at=float(row[4]), updated_at=float(row[5]),
-                      last_command_id=int(row[6]))
+                      last_command_id=int(row[6]), need_mac=bool(row[7]), need_tls=bool(row[8]))
 
 
 def provisioning_config(sn: str, key: bytes, **extra: Any) -> dict[str, Any]:

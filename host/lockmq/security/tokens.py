@@ -118,6 +118,26 @@ class TokenStore:
             raise TokenError(f"token_{state}", f"token {tid} ({info.name}) is {state}")
         return info
 
+    def get(self, tid: str) -> TokenInfo | None:
+        """The row of token ``tid`` (any state), or None: what the broker re-reads when
+        a deferred item takes effect (``lockmq.broker.admission``)."""
+        row = self._db.execute("SELECT id, name, perms, created_at, expires_at, revoked_at "
+                               "FROM tokens WHERE id=?", (tid,)).fetchone()
+        return None if row is None else _info(row)
+
+    def active_by_name(self, name: str, now: float | None = None) -> list[TokenInfo]:
+        """The active tokens named ``name`` (items stored before token ids were kept)."""
+        rows = self._db.execute("SELECT id, name, perms, created_at, expires_at, revoked_at "
+                                "FROM tokens WHERE name=?", (name,)).fetchall()
+        return [i for i in map(_info, rows) if i.state(now) == "active"]
+
+    def not_active(self, now: float | None = None) -> set[str]:
+        """Ids of every revoked or expired token."""
+        now = time.time() if now is None else now
+        return {r[0] for r in self._db.execute(
+            "SELECT id FROM tokens WHERE revoked_at IS NOT NULL OR "
+            "(expires_at IS NOT NULL AND expires_at <= ?)", (now,))}
+
     def revoke(self, tid: str, now: float | None = None) -> bool:
         """Revoke token ``tid`` (or every token of a name); False if none was active."""
         now = time.time() if now is None else now

@@ -7,7 +7,10 @@ sequences just below it it knows about (``known``, at most ``window``) and a bit
 * ``seq > hw``: new;  ``seq == hw``: duplicate;
 * ``hw - known <= seq < hw``: duplicate unless its gap bit is set;
 * ``hw - window <= seq < hw - known``: never seen by this table: new;
-* ``seq < hw - window``: too old to track: counted as a duplicate.
+* ``seq < hw - window``: too old to track: new (stored). The broker never answers
+  DUPLICATE for a record it cannot show it stored (SPEC 2, "Sequence numbers"): a
+  lock's records below a poisoned or far-ahead ``hw`` are stored, not acked and lost;
+  a true repeat that old is left to the consumers' idempotency (message id).
 
 A lock sending in order costs one small tuple ``(hw, known, 0)``. SNs are kept in
 least-recently-written order and the oldest is forgotten beyond ``max_sns``.
@@ -27,8 +30,8 @@ from typing import Iterable
 
 from lockmq import accel
 
-#: the compiled in-order loop of :meth:`DedupTable.add_many` (lockmq._speedups), or None
-_dedup_run = getattr(accel.speedups, "dedup_run", None)  # (None: an older build)
+#: the compiled in-order loop of :meth:`DedupTable.add_many` (lockmq._core), or None
+_dedup_run = accel.speedups.dedup_run if accel.COMPILED else None
 _ENTRY = struct.Struct("<BIHH")  # sn_len, hw, known, gaps_len (then sn, gaps bytes)
 #: SNs starting with this are the broker's (reserved: no client may publish under one).
 SYSTEM_SN_PREFIX = "$"
@@ -60,9 +63,7 @@ class DedupTable:
         if seq >= hw:
             return seq == hw
         d = hw - seq
-        if d > self.window:
-            return True
-        if d > known:
+        if d > known:          # (beyond the window too: not known to be stored)
             return False
         return not (gaps >> (d - 1)) & 1
 
@@ -107,7 +108,7 @@ class DedupTable:
 
         A lock sending in order (``seq == hw + 1``, no gaps) takes a short path: a
         group commit adds hundreds of ids, one method call each was a measurable
-        part of the append cost. Compiled (``_speedups.dedup_run``), a run of one
+        part of the append cost. Compiled (``_core.dedup_run``), a run of one
         lock's in-order ids is one table update; otherwise an inline Python loop.
         """
         t = self._t

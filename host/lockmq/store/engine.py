@@ -15,22 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
+import threading
+import time
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
-from lockmq.clock import SYSTEM_CLOCK, Clock
+from lockmq.clock import SYSTEM_CLOCK, Clock, steady_ms_of
 
 from . import reads, retention
 from .config import StoreConfig
+from .damage import Damage, DamageMap
 from .dedup import DedupTable
-from .errors import StoreClosed, StoreFailed, StoreLocked, TopicNotOpen
+from .errors import (CorruptRecord, StoreClosed, StoreFailed, StoreFull, StoreLocked,
+                     TopicNotOpen)
 from .files import DIR_MODE, FILE_MODE, create_file, secure_data_dir
 from .index import TopicIndex
-from .names import LOCK, SEGMENT_DIR, index_file_name, positions_files
-from .positions import PositionsFile
+from .files import atomic_write
+from .names import LOCK, REINDEX, SEGMENT_DIR, index_file_name, positions_files
+from .positions import PositionsFile, load_copy, save_copy
 from .recovery import RecoveryReport, recover
 from .records import (Appended, NewRecord, StoredRecord, encode_records, validate_cluster,
                       validate_topic)
@@ -44,6 +50,10 @@ log = logging.getLogger("lockmq.store")
 #: at open, an index with more dead entries (before the log start) than this is
 #: rewritten without them
 REBASE_DEAD_ENTRIES = 1_000_000
+#: the second copy of the positions (positions.copy) is rewritten at most this often
+#: by position saves (at once by claims, deletes and close): what a lost positions
+#: file can cost in redeliveries
+POSITIONS_COPY_S = 5.0
 
 
 class Store:
@@ -62,7 +72,8 @@ class Store:
     def __init__(self, config: StoreConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         config.validate()
         self.config = config
-        #: the time of record timestamps, segment ages and retention (lockmq.clock)
+        #: the time of record timestamps (wall), segment ages and retention (steady:
+        #: a step of the wall clock ages nothing; lockmq.clock)
         self.clock = clock
         self.data_dir = os.path.abspath(os.fspath(config.data_dir))
         self.seg_dir = os.path.join(self.data_dir, SEGMENT_DIR)
@@ -80,10 +91,23 @@ class Store:
         #: counters: records stored, duplicates dropped, batches (group commits), log
         #: bytes, fsyncs, checkpoints, batches refused with StoreFull, records that
         #: retention deleted before the slowest cluster read them, segments closed by
-        #: age (``segment_ms``)
+        #: age (``segment_ms``), damaged records quarantined (at open and since),
+        #: quarantined ranges
         self.stats: dict[str, int] = dict.fromkeys(
             ("records", "duplicates", "batches", "bytes", "fsyncs", "checkpoints",
-             "store_full", "skipped_records", "time_rolls"), 0)
+             "store_full", "skipped_records", "time_rolls", "damaged_records",
+             "damaged_ranges"), 0)
+        #: quarantined commit-log ranges (damage.py): never served
+        self._damage = DamageMap(self.data_dir)
+        #: the second copy of every cluster's positions, and when it was last written
+        self._copy: dict[str, dict] = {}
+        self._copy_lock = threading.Lock()
+        self._copy_t = 0.0
+        self._copy_dirty = False
+        #: what opening found wrong with positions files (also logged)
+        self.positions_report: list[str] = []
+        #: topics whose index a read found wrong beyond repair: rebuilt at the next open
+        self.reindex: set[str] = set()
         #: what crash recovery did when the store was opened
         self.recovery = RecoveryReport()
 
@@ -115,8 +139,10 @@ class Store:
             os.close(self._lock_fd)
             raise StoreLocked(f"{self.data_dir} is in use by another process") from None
         try:
-            segments, indexes, rep = recover(self.data_dir, self._dedup)
+            segments, indexes, rep, damage = recover(self.data_dir, self._dedup)
             self.recovery = rep
+            self._damage = damage
+            self._count_damage()
             self._segments = segments
             self._end = rep.log_end
             for name, idx in sorted(indexes.items()):
@@ -133,12 +159,134 @@ class Store:
                 self._writer.checkpoint_now()
             except OSError as exc:  # e.g. a full disk: the store can still serve reads
                 log.warning("store: checkpoint after recovery failed: %r", exc)
+            self._check_positions()
         except BaseException:
             self._release()
             raise
-        if rep.bytes_cut or rep.full_scan or rep.scanned_records:
+        if rep.bytes_cut or rep.full_scan or rep.scanned_records or rep.damage:
             log.info("store %s recovered: %s", self.data_dir, rep)
+        if damage:
+            log.error("store %s: %d damaged ranges are quarantined (%d records; "
+                      "`lockmq store damage %s` lists them): %s", self.data_dir, len(damage),
+                      self.stats["damaged_records"], self.data_dir,
+                      " | ".join(d.describe() for d in damage.items[:5]))
         return self
+
+    def _check_positions(self) -> None:
+        """At open: every cluster's positions file against the second copy
+        (``positions.copy``). A missing or damaged file is restored from the copy (a
+        few acknowledged messages may come again: the copy lags by at most
+        :data:`POSITIONS_COPY_S`); one with no copy to restore from is set aside as
+        ``.damaged`` and its cluster restarts from nothing -- both loudly."""
+        copy = load_copy(self.data_dir)
+        have_copy = copy is not None
+        copy = copy or {}
+        found = dict(positions_files(self.data_dir))
+        report = self.positions_report
+        for cluster, name in found.items():
+            try:
+                validate_cluster(cluster)
+            except ValueError:
+                continue
+            pf = self._positions_file(cluster)
+            saved = copy.get(cluster)
+            if pf.state in ("ok", "torn"):
+                if saved is None or saved["gen"] <= pf.gen:
+                    copy[cluster] = pf.snapshot()
+                else:   # the file lost saves the copy has (a file rolled back)
+                    pf.restore(saved)
+                    report.append(f"cluster {cluster!r}: its positions file is behind the "
+                                  f"copy (save {pf.gen} < {saved['gen']}): restored from "
+                                  "the copy")
+                continue
+            if pf.state == "damaged":
+                report.append(f"cluster {cluster!r}: {pf.damaged_bytes} bytes of its "
+                              f"positions file are damaged; its latest intact save "
+                              f"({pf.gen}) is used")
+                if saved is not None and saved["gen"] > pf.gen:
+                    pf.restore(saved)
+                else:
+                    pf.save({})
+                copy[cluster] = pf.snapshot()
+                continue
+            # unreadable: nothing intact in it
+            path = os.path.join(self.data_dir, name)
+            os.replace(path, path + ".damaged")
+            pf.close()
+            self._positions.pop(cluster, None)
+            if saved is not None:
+                pf = self._positions_file(cluster)
+                pf.restore(saved)
+                report.append(f"cluster {cluster!r}: its positions file is unreadable (kept "
+                              f"as {name}.damaged): restored from the copy (save "
+                              f"{saved['gen']}); messages acknowledged after that save "
+                              "are delivered again")
+            else:
+                copy.pop(cluster, None)
+                report.append(f"cluster {cluster!r}: its positions file is unreadable (kept "
+                              f"as {name}.damaged) and there is no copy: the cluster "
+                              "RESTARTS FROM NOTHING (from the earliest record, or the "
+                              "latest if the broker starts clusters there) and its owner "
+                              "is forgotten")
+        for cluster, saved in list(copy.items()):
+            if cluster in found:
+                continue
+            try:
+                validate_cluster(cluster)
+            except ValueError:
+                copy.pop(cluster)
+                continue
+            pf = self._positions_file(cluster)
+            pf.restore(saved)
+            report.append(f"cluster {cluster!r}: its positions file was missing: restored "
+                          f"from the copy (save {saved['gen']}); messages acknowledged "
+                          "after that save are delivered again")
+        if found and not have_copy:
+            report.append("positions.copy was missing or damaged: written again")
+        with self._copy_lock:
+            self._copy = copy
+        if report or (found and not have_copy):
+            try:
+                self._write_copy()
+            except OSError as exc:
+                log.warning("store: writing positions.copy failed: %r", exc)
+        for line in report:
+            (log.error if "RESTARTS" in line else log.warning)("store %s: %s",
+                                                              self.data_dir, line)
+
+    def _write_copy(self) -> None:
+        with self._copy_lock:
+            snap = {k: dict(v) for k, v in self._copy.items()}
+            self._copy_t = time.monotonic()
+            self._copy_dirty = False
+        save_copy(self.data_dir, snap)
+
+    def _copy_after_save(self, cluster: str, pf: PositionsFile, force: bool) -> None:
+        """Record a save in the second copy; write the copy if it is due (or now)."""
+        with self._copy_lock:
+            self._copy[cluster] = pf.snapshot()
+            self._copy_dirty = True
+            due = force or time.monotonic() - self._copy_t >= POSITIONS_COPY_S
+        if due:
+            self._write_copy()
+
+    def _count_damage(self) -> None:
+        self.stats["damaged_ranges"] = len(self._damage)
+        self.stats["damaged_records"] = sum(max(d.records, d.queue_offsets())
+                                            for d in self._damage.items)
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Every quarantined range (found by recovery or by a read), oldest first."""
+        return list(self._damage.items)
+
+    def damage_at(self, topic: str, queue_offset: int) -> Damage | None:
+        """The quarantined range holding ``topic``'s record at ``queue_offset`` (None:
+        not known to be damaged)."""
+        t = self._topics.get(topic)
+        if t is None or not self._damage or not t.index.base <= queue_offset < t.index.end:
+            return None
+        return self._damage.at(t.index.entry(queue_offset)[0])
 
     @contextmanager
     def writes_held(self) -> Iterator[None]:
@@ -184,6 +332,11 @@ class Store:
         self._release()
 
     def _release(self) -> None:
+        if self._copy_dirty and self._lock_fd >= 0:
+            try:
+                self._write_copy()
+            except OSError as exc:
+                log.warning("store: writing positions.copy at close failed: %r", exc)
         for t in self._topics.values():
             t.index.close()
         for p in self._positions.values():
@@ -270,13 +423,16 @@ class Store:
 
     def _first_write_ms(self, seg: Segment, log_end: int) -> float | None:
         """When the first record of ``seg`` was stored (None if it is empty): the age
-        ``segment_ms`` counts from, read back from the record's broker timestamp."""
+        ``segment_ms`` counts from, read back from the record's broker timestamp (a
+        wall time: never later than steady time now, so a wall clock that was ahead
+        cannot hold the roll back)."""
         if log_end <= seg.base:
             return None
         try:
-            return reads.read_at(self._segments, log_end, seg.base).broker_ts_us / 1000
+            ms = reads.read_at(self._segments, log_end, seg.base).broker_ts_us / 1000
         except Exception:  # noqa: BLE001 -- unreadable: age it from the file instead
-            return seg.mtime_ms()
+            ms = seg.mtime_ms()
+        return min(ms, steady_ms_of(self.clock))
 
     async def roll_if_old(self) -> bool:
         """Close the active segment if it is older than ``segment_ms`` and holds
@@ -334,8 +490,11 @@ class Store:
 
         Only durable records (``sync``; written ones in ``async``) are returned.
         An offset before :meth:`queue_start` (deleted by retention) reads from the
-        first retained record; check ``queue_offset`` of the results. Raises
-        :class:`CorruptRecord` if a record fails its checksum.
+        first retained record; check ``queue_offset`` of the results. A damaged
+        record is never returned: it is passed over (its queue offset is missing from
+        the results, as retention's are) and quarantined if it was not yet
+        (:attr:`damage`, :meth:`damage_at`); so an empty result before
+        :meth:`queue_end` means that everything up to there is damaged.
         """
         t = self._topics.get(topic)
         if t is None or max_count <= 0:
@@ -345,7 +504,47 @@ class Store:
         n = min(max_count, t.end - queue_offset)
         if n <= 0:
             return []
-        return reads.read_topic(t, self._segments, self._end, queue_offset, n)
+        segs, end = self._segments, self._end
+        if self._damage:
+            lo = t.index.entry(queue_offset)[0]
+            off, size, _s = t.index.entry(queue_offset + n - 1)
+            if self._damage.overlaps(lo, off + size):
+                return reads.read_topic_checked(t, segs, end, queue_offset, n, self._damage,
+                                                self._read_damage)
+        try:
+            return reads.read_topic(t, segs, end, queue_offset, n)
+        except (CorruptRecord, OSError, ValueError):   # (a wrong index entry: ValueError)
+            return reads.read_topic_checked(t, segs, end, queue_offset, n, self._damage,
+                                            self._read_damage)
+
+    def _read_damage(self, topic: str, queue_offset: int, lo: int, hi: int, why: str,
+                     in_log: bool) -> None:
+        """A read passed a damaged record: quarantine ``[lo, hi)`` if it is new (saved,
+        logged, counted). A wrong index entry (``in_log`` False) is logged only."""
+        if not in_log:
+            log.error("store: index of %r, queue offset %d: %s", topic, queue_offset, why)
+            if "unusable" in why and topic not in self.reindex:
+                self.reindex.add(topic)   # the next open rebuilds it from the log
+                try:
+                    atomic_write(os.path.join(self.data_dir, REINDEX),
+                                 json.dumps(sorted(self.reindex)).encode())
+                except OSError as exc:
+                    log.error("store: saving the reindex list failed: %r", exc)
+            return
+        if not why or self._damage.at(lo) is not None:
+            return
+        seg = self._segments[self._segments.index_of(lo)]
+        d = Damage(lo, max(hi, lo + 1), seg.base, why or "unreadable", 1,
+                   {topic: [queue_offset]}, acked="yes", found="read",
+                   found_ms=int(self.clock.wall_ms()))
+        self._damage.add(d)
+        self._count_damage()
+        try:
+            self._damage.save()
+        except OSError as exc:
+            log.error("store: saving the damage list failed: %r", exc)
+        log.error("store: a read found a damaged record, quarantined (the records around it "
+                  "are served): %s", d.describe())
 
     def scan(self, topic: str, queue_offset: int = 0,
              chunk: int = 1000) -> Iterator[StoredRecord]:
@@ -428,9 +627,17 @@ class Store:
         pf = self._positions_file(cluster)
         if self._pos_exec is None:
             self._pos_exec = ThreadPoolExecutor(1, thread_name_prefix="lockmq-positions")
-        await asyncio.get_running_loop().run_in_executor(self._pos_exec, pf.save,
-                                                         dict(positions), None,
+        await asyncio.get_running_loop().run_in_executor(self._pos_exec, self._save_pf,
+                                                         cluster, pf, dict(positions),
                                                          dict(counters or {}))
+
+    def _save_pf(self, cluster: str, pf: PositionsFile, positions: dict[str, int],
+                 counters: dict[str, int]) -> None:
+        pf.save(positions, None, counters)
+        try:
+            self._copy_after_save(cluster, pf, False)
+        except OSError as exc:   # the file itself is saved; the copy catches up later
+            log.warning("store: writing positions.copy failed: %r", exc)
 
     def cluster_counters(self, cluster: str) -> dict[str, int]:
         """The cluster's saved counters: ``last_active_ms`` (when a member was last
@@ -459,8 +666,18 @@ class Store:
         """Record (durably, before returning: blocking, one fsync) that ``cluster``
         belongs to ``owner`` and reads ``topic``, with its starting ``positions``.
         Called when a cluster is created, so ownership survives a crash."""
-        self._positions_file(cluster).save(dict(positions or {}),
-                                           {"owner": owner, "topic": topic})
+        pf = self._positions_file(cluster)
+        try:
+            pf.save(dict(positions or {}), {"owner": owner, "topic": topic})
+        except StoreFull:
+            if not pf.exists:   # nothing of the cluster is left behind
+                pf.close()
+                self._positions.pop(cluster, None)
+            raise
+        try:
+            self._copy_after_save(cluster, pf, True)
+        except OSError as exc:
+            log.warning("store: writing positions.copy failed: %r", exc)
 
     def delete_cluster(self, cluster: str) -> bool:
         """Forget ``cluster``: remove its positions file (owner, topic, positions,
@@ -468,6 +685,10 @@ class Store:
         False if it had none."""
         pf = self._positions_file(cluster)
         existed = pf.exists
+        with self._copy_lock:   # the copy first: a crash between must not bring it back
+            had = self._copy.pop(cluster, None) is not None
+        if had:
+            self._write_copy()
         pf.delete()
         pf.close()
         self._positions.pop(cluster, None)
@@ -489,12 +710,19 @@ class Store:
         the deleted records at or above it are counted in the report's
         ``skipped_records`` and in ``stats["skipped_records"]``. The active segment
         is never deleted. Runs on the caller's thread (unlink is cheap); call it
-        every minute or so. ``now_ms`` defaults to the store's clock.
+        every minute or so. ``now_ms`` defaults to the store clock's steady time
+        (the scale segment ages are kept in: a wall-clock step deletes nothing).
         """
-        now = self.clock.wall_ms() if now_ms is None else now_ms
+        now = steady_ms_of(self.clock) if now_ms is None else now_ms
         rep = retention.enforce(self.config, self._segments, self._topics, self._end,
                                 needed or {}, now)
         self.stats["skipped_records"] += sum(rep.skipped_records.values())
+        if rep.deleted_segments and self._damage:
+            before = len(self._damage)
+            self._damage.forget_before(self._segments.start)
+            if len(self._damage) != before:
+                self._count_damage()
+                self._damage.save()
         return rep
 
 

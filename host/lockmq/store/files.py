@@ -105,14 +105,21 @@ def atomic_write(path: str, data: bytes, sync_dir: bool = True) -> None:
     tmp = path + ".tmp"
     fd = create_file(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:   # no half-written debris (a full disk: the next try starts clean)
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     if sync_dir:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 

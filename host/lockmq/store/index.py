@@ -90,7 +90,7 @@ class TopicIndex:
 
     def wrote(self, first_qoff: int, n: int) -> None:
         """Count ``n`` entries written from ``first_qoff`` on by someone else (the
-        writer's one-call commit, :func:`lockmq._speedups.commit_write`)."""
+        writer's one-call commit, :func:`lockmq._core.commit_write`)."""
         self.count = max(self.count, first_qoff - self.base + n)
 
     def truncate(self, end_qoff: int) -> None:

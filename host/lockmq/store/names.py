@@ -4,8 +4,12 @@
 
     <data_dir>/LOCK                      flock: one process at a time
     <data_dir>/checkpoint                where recovery may start
+    <data_dir>/damage                    quarantined damaged log ranges (damage.py)
+    <data_dir>/clock                     the broker's steady time (lockmq.clock)
     <data_dir>/offset-<topic>.log        one index per topic
     <data_dir>/consume-<cluster>.log     one positions file per consumer cluster
+    <data_dir>/positions.copy            a second copy of every cluster's positions
+    <data_dir>/reindex                   topics whose index a read found beyond repair
     <data_dir>/message.log/<base:020d>.log     a commit-log segment
     <data_dir>/message.log/<base:020d>.qstart  its queue-start sidecar
     *.tmp                                half-written atomic replacements
@@ -23,6 +27,10 @@ SEGMENT_DIR = "message.log"
 SEGMENT_SUFFIX = ".log"
 QSTART_SUFFIX = ".qstart"
 CHECKPOINT = "checkpoint"
+DAMAGE = "damage"
+POSITIONS_COPY = "positions.copy"
+REINDEX = "reindex"
+CLOCK = "clock"
 LOCK = "LOCK"
 TMP_SUFFIX = ".tmp"
 _BASE_DIGITS = 20

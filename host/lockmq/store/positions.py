@@ -15,6 +15,7 @@ are optional: files written before they existed have none of them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -22,9 +23,12 @@ import threading
 import zlib
 from typing import Any
 
-from .files import atomic_write, fsync_dir
-from .names import positions_file_name
+from .errors import StoreFull
+from .files import atomic_write, fsync_dir, read_file, seal, unseal
+from .names import POSITIONS_COPY, positions_file_name
 from .records import validate_cluster
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 _HEAD = struct.Struct("<II")
 #: What a snapshot may carry besides the positions.
@@ -50,27 +54,82 @@ def parse(data: bytes) -> tuple[int, dict[str, int], int]:
     return gen, positions, good
 
 
+def _frame_at(data: bytes, pos: int) -> tuple[dict[str, Any], int] | None:
+    """The snapshot at ``data[pos:]`` and where it ends, or None if it is not one."""
+    if pos + _HEAD.size > len(data):
+        return None
+    length, crc = _HEAD.unpack_from(data, pos)
+    body = data[pos + _HEAD.size:pos + _HEAD.size + length]
+    if len(body) != length or zlib.crc32(body) != crc:
+        return None
+    try:
+        obj = json.loads(body)
+        snap = {"gen": int(obj["gen"]),
+                "positions": {str(k): int(v) for k, v in obj["positions"].items()},
+                "meta": {k: str(obj[k]) for k in META_KEYS if isinstance(obj.get(k), str)},
+                "counters": {k: int((obj.get("counters") or {})[k]) for k in COUNTER_KEYS
+                             if k in (obj.get("counters") or {})}}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return snap, pos + _HEAD.size + length
+
+
+def parse_full(data: bytes) -> tuple[dict[str, Any] | None, int, int]:
+    """``(latest snapshot or None, valid_end, damaged_bytes)`` of a positions file.
+
+    Snapshots are read in order; past a damaged one the next intact one is searched
+    for (a JSON body starts with ``{``), so a flipped byte in the middle costs no
+    later save. ``valid_end`` is where the last intact snapshot ends (what follows is
+    a torn save); ``damaged_bytes`` counts the unreadable bytes before it."""
+    pos, best, good, damaged = 0, None, 0, 0
+    while pos + _HEAD.size <= len(data):
+        got = _frame_at(data, pos)
+        if got is not None:
+            snap, nxt = got
+            if best is None or snap["gen"] >= best["gen"]:
+                best = snap
+            damaged += pos - good
+            pos = good = nxt
+            continue
+        nxt = data.find(b"{", pos + _HEAD.size + 1)
+        while nxt >= 0 and _frame_at(data, nxt - _HEAD.size) is None:
+            nxt = data.find(b"{", nxt + 1)
+        if nxt < 0:
+            break
+        pos = nxt - _HEAD.size
+    return best, good, damaged
+
+
 def parse_meta(data: bytes) -> tuple[int, dict[str, int], dict[str, str], dict[str, int], int]:
     """Return ``(gen, positions, meta, counters, valid_bytes)`` of the last good
     snapshot; ``meta`` holds ``owner`` and ``topic``, ``counters`` the
     :data:`COUNTER_KEYS`, when the snapshot has them."""
-    pos, gen, positions, meta, counters, good = 0, 0, {}, {}, {}, 0
-    while pos + _HEAD.size <= len(data):
-        length, crc = _HEAD.unpack_from(data, pos)
-        body = data[pos + _HEAD.size:pos + _HEAD.size + length]
-        if len(body) != length or zlib.crc32(body) != crc:
-            break
-        try:
-            obj = json.loads(body)
-            gen, positions = int(obj["gen"]), {str(k): int(v) for k, v in obj["positions"].items()}
-            meta = {k: str(obj[k]) for k in META_KEYS if isinstance(obj.get(k), str)}
-            saved = obj.get("counters") or {}
-            counters = {k: int(saved[k]) for k in COUNTER_KEYS if k in saved}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            break
-        pos += _HEAD.size + length
-        good = pos
-    return gen, positions, meta, counters, good
+    snap, good, _damaged = parse_full(data)
+    if snap is None:
+        return 0, {}, {}, {}, good
+    return snap["gen"], snap["positions"], snap["meta"], snap["counters"], good
+
+
+def load_copy(data_dir: str) -> dict[str, dict[str, Any]] | None:
+    """The second copy of every cluster's positions (``positions.copy``): ``{cluster:
+    {"gen", "positions", "meta", "counters"}}``; None if missing or damaged."""
+    blob = read_file(os.path.join(data_dir, POSITIONS_COPY))
+    data = None if blob is None else unseal(blob)
+    if data is None:
+        return None
+    try:
+        raw = json.loads(data)
+        return {str(k): {"gen": int(v["gen"]), "positions": dict(v["positions"]),
+                         "meta": dict(v.get("meta") or {}),
+                         "counters": dict(v.get("counters") or {})} for k, v in raw.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save_copy(data_dir: str, copy: dict[str, dict[str, Any]]) -> None:
+    """Write the second copy durably (atomic replace)."""
+    body = json.dumps(copy, sort_keys=True, separators=(",", ":")).encode()
+    atomic_write(os.path.join(data_dir, POSITIONS_COPY), seal(body))
 
 
 class PositionsFile:
@@ -87,14 +146,43 @@ class PositionsFile:
         except FileNotFoundError:
             data = b""
         self.exists = bool(data)
-        self.gen, self.positions, self.meta, self.counters, good = parse_meta(data)
+        snap, good, damaged = parse_full(data)
+        #: what the file was like when opened: "missing", "ok", "torn" (a save cut
+        #: short at its end), "damaged" (unreadable bytes before a good snapshot) or
+        #: "unreadable" (no good snapshot at all)
+        self.state = "missing" if not data else "unreadable" if snap is None else \
+            "damaged" if damaged else "torn" if good != len(data) else "ok"
+        self.damaged_bytes = damaged if snap is not None else len(data)
+        if snap is None:
+            self.gen, self.positions, self.meta, self.counters = 0, {}, {}, {}
+        else:
+            self.gen, self.positions = snap["gen"], snap["positions"]
+            self.meta, self.counters = snap["meta"], snap["counters"]
         self._size = good
         self._fd = -1
-        if good != len(data):
+        if self.state == "torn":
             # drop a torn last snapshot so that new ones append after a good one
             with open(self.path, "r+b") as f:
                 f.truncate(good)
                 os.fsync(f.fileno())
+        elif self.state == "damaged":
+            self._size = 0   # the next save rewrites the file with its latest state only
+
+    def snapshot(self) -> dict[str, Any]:
+        """The saved state, for the second copy."""
+        with self._lock:
+            return {"gen": self.gen, "positions": dict(self.positions),
+                    "meta": dict(self.meta), "counters": dict(self.counters)}
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Write ``snap`` (from the second copy) as the file's state."""
+        with self._lock:
+            self.gen = int(snap["gen"]) - 1
+            self.positions, self.meta, self.counters = {}, {}, {}
+            self._size = 0
+        self.save({str(k): int(v) for k, v in snap["positions"].items()},
+                  {k: v for k, v in snap["meta"].items() if k in META_KEYS},
+                  {k: int(v) for k, v in snap["counters"].items() if k in COUNTER_KEYS})
 
     def load(self) -> dict[str, int]:
         """The last saved positions (a copy)."""
@@ -123,16 +211,22 @@ class PositionsFile:
                 new_counters[k] = n
             gen = self.gen + 1
             frame = _frame(gen, merged, new_meta, new_counters)
-            if self._size + len(frame) > self.compact_bytes or self._size == 0:
-                self._close_fd()
-                atomic_write(self.path, frame)
-                self._size = len(frame)
-            else:
-                if self._fd < 0:
-                    self._fd = os.open(self.path, os.O_WRONLY)
-                os.pwrite(self._fd, frame, self._size)
-                os.fdatasync(self._fd)
-                self._size += len(frame)
+            try:
+                if self._size + len(frame) > self.compact_bytes or self._size == 0:
+                    self._close_fd()
+                    atomic_write(self.path, frame)
+                    self._size = len(frame)
+                else:
+                    if self._fd < 0:
+                        self._fd = os.open(self.path, os.O_WRONLY)
+                    os.pwrite(self._fd, frame, self._size)
+                    os.fdatasync(self._fd)
+                    self._size += len(frame)
+            except OSError as exc:
+                if exc.errno in _NO_SPACE:   # the saved state is the previous one
+                    raise StoreFull(f"cannot save the positions of {self.path}: "
+                                    f"disk full ({exc})") from exc
+                raise
             self.gen, self.positions, self.meta = gen, merged, new_meta
             self.counters = new_counters
             self.exists = True

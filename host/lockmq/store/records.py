@@ -229,7 +229,7 @@ def _encode_records_c(records: list[NewRecord], broker_ts_us: int, max_record_by
 
 #: ``encode_records(records, broker_ts_us, max_record_bytes, known) -> (bytes per
 #: record, their total size, the topics not in known)``: :func:`encode_record` for a
-#: batch (the store's append), in one C call when ``lockmq._speedups`` is built;
+#: batch (the store's append), in one compiled call when ``lockmq._core`` is in use;
 #: raises the first record's :class:`InvalidRecord` like the loop it replaces.
 encode_records = _encode_records_py
 if accel.speedups is not None:
@@ -266,6 +266,42 @@ def check_record(buf: bytes | memoryview, pos: int, end: int) -> str | None:
     if HEADER_SIZE + tlen + slen + hlen + plen != 4 + length:
         return "field lengths do not add up"
     return None
+
+
+def next_valid(buf: Any, pos: int, end: int) -> int | None:
+    """Where the first whole, valid record after a bad one at ``buf[pos:]`` starts
+    (``None``: none before ``end``): how a reader gets past damage without losing
+    the intact records after it. ``buf`` is a bytes-like object with ``find``
+    (bytes, mmap).
+
+    Every position whose format byte is right is checked like :func:`check_record`
+    (a false match would need a CRC-32 collision), in order. The bad record's own
+    length, when it leads to a valid record, bounds the search (a damaged payload
+    leaves its framing intact); it is not taken on trust, since the length may be
+    the damaged field."""
+    limit = end
+    shortcut = None
+    if end - pos >= HEADER_SIZE:
+        length = HEADER.unpack_from(buf, pos)[0]
+        nxt = pos + 4 + length
+        if length >= HEADER_SIZE - 4 and nxt < end and check_record(buf, nxt, end) is None:
+            shortcut = limit = nxt
+    unpack = HEADER.unpack_from
+    fmt_byte = bytes([FORMAT_VERSION])
+    c = pos + 1
+    while True:
+        f = buf.find(fmt_byte, c + 8, limit + 8)
+        if f < 0 or f - 8 >= limit:
+            return shortcut
+        c = f - 8
+        if end - c < HEADER_SIZE:
+            return shortcut
+        (length, crc, _fmt, _fl, tlen, slen, res, hlen, _s, plen, _l, _b) = unpack(buf, c)
+        if (res == 0 and length >= HEADER_SIZE - 4 and c + 4 + length <= end
+                and HEADER_SIZE + tlen + slen + hlen + plen == 4 + length
+                and zlib.crc32(buf[c + 8:c + 4 + length]) == crc):
+            return c
+        c += 1
 
 
 def trailing_zeros(buf: bytes | memoryview, pos: int, end: int) -> int:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from lockmq import accel
-from lockmq.clock import SYSTEM_CLOCK, Clock
+from lockmq.clock import SYSTEM_CLOCK, Clock, steady_ms_of
 
 from . import checkpoint as ckpt
 from .config import StoreConfig
@@ -36,12 +36,12 @@ from .topic import Topic
 
 log = logging.getLogger("lockmq.store")
 
-#: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._speedups), or None
+#: the compiled per-record loop of :meth:`GroupCommit._plan` (lockmq._core), or None
 _plan_run = accel.speedups.plan_run if accel.COMPILED else None
-#: the same over whole append calls of a batch (lockmq._speedups), or None
-_plan_calls = getattr(accel.speedups, "plan_calls", None)  # (None: an older build)
-#: the compiled file work of a one-segment commit (lockmq._speedups), or None
-_commit_write = getattr(accel.speedups, "commit_write", None)
+#: the same over whole append calls of a batch (lockmq._core), or None
+_plan_calls = accel.speedups.plan_calls if accel.COMPILED else None
+#: the compiled file work of a one-segment commit (lockmq._core), or None
+_commit_write = accel.speedups.commit_write if accel.COMPILED else None
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -146,7 +146,7 @@ class GroupCommit:
         #: and of its last write: its age for ``segment_ms`` and, once closed, for
         #: retention (the closed file's mtime is set to it)
         self._active_first_ms = active_first_ms
-        self._active_last_ms = clock.wall_ms() if active_first_ms is None \
+        self._active_last_ms = steady_ms_of(clock) if active_first_ms is None \
             else segments.active.mtime_ms()
         self.data_dir = data_dir
         self._segments = segments
@@ -217,8 +217,8 @@ class GroupCommit:
             if self._w_idle:
                 # one wake-up is enough: until the writer runs (it needs the GIL),
                 # later appends would each pay for a pure-Python notify(). (Waking it
-                # only after the loop iteration instead was measured and not kept:
-                # see _no_wakeup_preemption, and docs/performance.md "Eighth pass".)
+                # only after the loop iteration instead was measured and not kept: see
+                # _no_wakeup_preemption, and docs/performance.md "Measured and not kept".)
                 self._w_idle = False
                 self._cond.notify()
         return fut
@@ -236,7 +236,7 @@ class GroupCommit:
         first = self._active_first_ms
         if self._segment_ms is None or first is None:
             return False
-        now = self.clock.wall_ms() if now_ms is None else now_ms
+        now = steady_ms_of(self.clock) if now_ms is None else now_ms
         return now - first >= self._segment_ms
 
     def _start(self) -> None:
@@ -457,7 +457,8 @@ class GroupCommit:
         pos = self._w_end
         active_base = self._active.base
         # the roll rules: size, and age (``segment_ms``: the limit drops to ``pos``)
-        plan.now_ms = self.clock.wall_ms()
+        # steady time (lockmq.clock): segment ages must not jump with the wall clock
+        plan.now_ms = steady_ms_of(self.clock)
         time_roll = self.roll_due(plan.now_ms) and pos > active_base
         seg_limit = pos if time_roll else active_base + seg_bytes
         # the first chunk goes to the active segment; dropped below if it stays empty

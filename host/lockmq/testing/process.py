@@ -162,10 +162,11 @@ class BrokerProcess:
     def _learn_ports(self, line: str) -> None:
         """The ports the broker bound, from its start line (``port=``, and on a
         ``broker_started`` line ``status_port=`` and ``tls_port=``, ``None`` = none)."""
-        self.port = int(re.search(r"\bport=(\d+)", line).group(1))
-        if "event=broker_started" in line:
-            status = re.search(r"\bstatus_port=(\d+)", line)
-            tls = re.search(r"\btls_port=(\d+)", line)
+        # (kv ``port=1``, or JSON ``"port": 1`` with log_format = "json")
+        self.port = int(re.search(r'\bport"?[=:] ?(\d+)', line).group(1))
+        if re.search(r'event"?[=:] ?"?(broker_started|standby_following)', line):
+            status = re.search(r'\bstatus_port"?[=:] ?(\d+)', line)
+            tls = re.search(r'\btls_port"?[=:] ?(\d+)', line)
             self.status_port = int(status.group(1)) if status else 0
             self.tls_port = int(tls.group(1)) if tls else None
 
