@@ -59,6 +59,7 @@ from lockmq.protocol import (
     transcript_hash,
     VERSION,
 )
+from lockmq.security.keys import device_proof
 from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
 from lockmq.protocol._fast import publish_ack_frame, scan_frame as _py_scan_frame
 
@@ -67,6 +68,7 @@ from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ i
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
+#: the CONNECT body of a bench lock (its proof covers it: SPEC 2 "The session transcript")
 #: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
 KEYS: dict[str, bytes] = {}
 #: ``--tls-ca``: the TLS context the publish scenario's locks connect with (else empty)
@@ -310,9 +312,10 @@ class LeanLock(Windowed):
                 elif op == Op.CHALLENGE:
                     ch = Challenge.decode(f.body)
                     cn = os.urandom(16)
-                    # (the proof covers the handshake as sent: SPEC 2 "The session transcript")
-                    proof = auth_proof(KEYS.get(self.sn, KEY), ch.nonce, cn, self.snb,
-                                       transcript_hash(self.snb, 0, LEAN_CONNECT, f.body))
+                    # the proof covers the handshake as sent and received (SPEC 2,
+                    # "The session transcript")
+                    th = transcript_hash(self.snb, 0, LEAN_CONNECT, f.body)
+                    proof = device_proof(KEYS.get(self.sn, KEY), ch.nonce, cn, self.snb, th)
                     self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
                 elif op == Op.CONNECT_ACK:
                     self.on_ready(self)
@@ -601,8 +604,8 @@ class StormLock(asyncio.Protocol):
         elif op == Op.CHALLENGE:
             nonce = body[:16]
             cn = os.urandom(16)
-            proof = auth_proof(KEYS.get(self.sn, KEY), nonce, cn, self.snb,
-                               transcript_hash(self.snb, 0, storm.connect_body, body))
+            th = transcript_hash(self.snb, 0, storm.connect_body, body)
+            proof = device_proof(KEYS.get(self.sn, KEY), nonce, cn, self.snb, th)
             # the record goes in the AUTH's write, as the firmware sends its queued
             # events (SPEC 2, "Pipelined requests"): its ack follows the CONNECT_ACK
             self.body = storm.tp + struct.pack(">IQ", 0, int(time.time() * 1000)) + storm.payload

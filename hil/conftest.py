@@ -1,8 +1,8 @@
 """The HIL rig's options and fixtures come from the ``lockmq-hil`` pytest plugin
 (:mod:`lockmq.hil.plugin`, registered by lockmq's ``pytest11`` entry point).
 
-Run with ``pytest hil`` (virtual boards), ``pytest hil --target serial:/dev/ttyUSB0``
-or ``pytest hil --target qemu --qemu-path ...``; see hil/README.md.
+Run with ``pytest hil`` (virtual boards), ``pytest hil --hil-target serial:/dev/ttyUSB0``
+or ``pytest hil --hil-target qemu --hil-qemu-path ...``; see hil/README.md.
 """
 
 import pytest

@@ -5,10 +5,10 @@ point, so any pytest run where lockmq is installed has these options and fixture
 (``-p no:lockmq-hil`` turns it off). It loads without the firmware extra: targets
 that need a missing tool skip and name it. Options::
 
-    --target virtual | serial:PORT | qemu
-    --qemu-path PATH  --qemu-machine esp32|microbit  --qemu-firmware FILE
-    --hil-interpreter mpy64,mpy32-frozen  --mpy-src DIR
-    --heapsize 160K  --baud 115200  --power-cut-cmd CMD  --board-broker-host HOST
+    --hil-target virtual | serial:PORT | qemu
+    --hil-qemu-path PATH  --hil-qemu-machine esp32|microbit  --hil-qemu-firmware FILE
+    --hil-interpreter mpy64,mpy32-frozen  --hil-mpy-src DIR
+    --hil-heapsize 160K  --hil-baud 115200  --hil-power-cut-cmd CMD  --hil-board-broker-host HOST
 
 Fixtures: ``hil_target`` (the :class:`TargetSpec`), ``board_factory`` (make DUTs
 on the chosen target; they are closed after the test and their output is attached
@@ -32,6 +32,7 @@ from lockmq.testing.micropython import (INTERPRETERS, Interpreter, get_interpret
 
 from .firmware import TEMPLATE_KEY, TEMPLATE_SN, build, firmware_available, make_flash
 from .lock import Lock
+from .ports import PortRange
 from .proxy import FaultProxy
 from .target import TargetSpec, TargetUnavailable
 
@@ -41,36 +42,39 @@ _BROKERS_KEY = pytest.StashKey[list]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hil", "lockmq hardware-in-the-loop rig")
-    g.addoption("--target", default="virtual",
+    g.addoption("--hil-target", default="virtual",
                 help="virtual (default), serial:PORT (pyserial URL: /dev/ttyUSB0, socket://h:p, "
                      "rfc2217://h:p) or qemu")
-    g.addoption("--qemu-path", default=None, help="QEMU binary (Espressif's qemu-system-xtensa for esp32)")
-    g.addoption("--qemu-machine", default="esp32", choices=["esp32", "microbit"],
+    g.addoption("--hil-qemu-path", default=None, help="QEMU binary (Espressif's qemu-system-xtensa for esp32)")
+    g.addoption("--hil-qemu-machine", default="esp32", choices=["esp32", "microbit"],
                 help="QEMU machine: esp32 (Espressif's fork) or microbit (Debian's qemu-system-arm)")
-    g.addoption("--qemu-firmware", default=None,
+    g.addoption("--hil-qemu-firmware", default=None,
                 help="esp32: MicroPython firmware .bin merged into the flash image; microbit: .hex")
-    g.addoption("--heapsize", default="160K",
+    g.addoption("--hil-heapsize", default="160K",
                 help="virtual boards: micropython -X heapsize= (the scenarios test behaviour; the app's heap figure is measured by bench/bench_firmware.py)")
-    g.addoption("--baud", type=int, default=115200, help="serial target baud rate")
-    g.addoption("--power-cut-cmd", default=None,
+    g.addoption("--hil-baud", type=int, default=115200, help="serial target baud rate")
+    g.addoption("--hil-power-cut-cmd", default=None,
                 help="serial target: shell command that cuts power and restores it "
                      "({off} = seconds off), e.g. a uhubctl or relay command")
-    g.addoption("--flash-template", default=None,
+    g.addoption("--hil-flash-template", default=None,
                 help="use this flash folder (from `lockmq firmware build`) instead of building one")
     g.addoption("--hil-interpreter", default=",".join(INTERPRETERS),
                 help="virtual boards: the interpreters the lock tests run on, comma-separated: "
-                     "mpy64 (64-bit unix port, app as .mpy in lib/, --heapsize) and mpy32-frozen "
+                     "mpy64 (64-bit unix port, app as .mpy in lib/, --hil-heapsize) and mpy32-frozen "
                      "(32-bit, app frozen in as on an ESP32 image, 64K heap; built once and cached). "
                      "Default: both")
-    g.addoption("--mpy-src", default=None, metavar="DIR",
+    g.addoption("--hil-mpy-src", default=None, metavar="DIR",
                 help="build the mpy32-frozen interpreter from this MicroPython source tree "
                      "(default: the shared toolchain's build-micropython32.sh)")
-    g.addoption("--board-broker-host", default="127.0.0.1",
+    g.addoption("--hil-ports", default=None, metavar="LO-HI",
+                help="listen only on ports from this range (the rig's broker, its status page, "
+                     "fault proxies); default: any free port")
+    g.addoption("--hil-board-broker-host", default="127.0.0.1",
                 help="address the board uses to reach the rig's broker (a LAN address for a real board)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "hil: hardware-in-the-loop test (runs on the --target board)")
+    config.addinivalue_line("markers", "hil: hardware-in-the-loop test (runs on the --hil-target board)")
     # pyserial's rfc2217 client still calls Thread.setDaemon/setName.
     config.addinivalue_line("filterwarnings", "ignore:.*(setDaemon|setName).*:DeprecationWarning")
     config.addinivalue_line("markers", "virtual_only: needs many boards or host access to the flash; "
@@ -78,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    target = config.getoption("--target")
+    target = config.getoption("--hil-target")
     if target != "virtual":
         return f"hil target: {target}"
     return f"hil target: virtual ({config.getoption('--hil-interpreter')})"
@@ -98,7 +102,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # (the rig's lock_factory, not another folder's fixture of the same name)
     names = metafunc.fixturenames
     if "lock_factory" in names and "hil_interpreter" in names \
-            and metafunc.config.getoption("--target") == "virtual":
+            and metafunc.config.getoption("--hil-target") == "virtual":
         metafunc.parametrize("hil_interpreter", _interpreter_names(metafunc.config),
                              indirect=True, scope="session")
 
@@ -111,7 +115,7 @@ def hil_interpreter(request: pytest.FixtureRequest, hil_target: TargetSpec) -> I
     if hil_target.kind != "virtual":
         return None
     name = getattr(request, "param", None) or _interpreter_names(request.config)[0]
-    mpy_src = request.config.getoption("--mpy-src")
+    mpy_src = request.config.getoption("--hil-mpy-src")
     why = interpreter_unavailable(name, mpy_src)
     if why:
         pytest.skip(f"{name}: {why}")
@@ -123,21 +127,21 @@ def hil_target(pytestconfig: pytest.Config) -> TargetSpec:
     """The target this run drives."""
     opt = pytestconfig.getoption
     return TargetSpec.parse(
-        opt("--target"),
-        baudrate=opt("--baud"),
-        power_cut_cmd=opt("--power-cut-cmd"),
-        qemu_path=opt("--qemu-path"),
-        qemu_machine=opt("--qemu-machine"),
-        qemu_firmware=opt("--qemu-firmware"),
-        heapsize=opt("--heapsize"),
-        board_broker_host=opt("--board-broker-host"),
+        opt("--hil-target"),
+        baudrate=opt("--hil-baud"),
+        power_cut_cmd=opt("--hil-power-cut-cmd"),
+        qemu_path=opt("--hil-qemu-path"),
+        qemu_machine=opt("--hil-qemu-machine"),
+        qemu_firmware=opt("--hil-qemu-firmware"),
+        heapsize=opt("--hil-heapsize"),
+        board_broker_host=opt("--hil-board-broker-host"),
     )
 
 
 @pytest.fixture(autouse=True)
 def _virtual_only(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("virtual_only") and request.config.getoption("--target") != "virtual":
-        pytest.skip(f"needs the virtual target (running on {request.config.getoption('--target')})")
+    if request.node.get_closest_marker("virtual_only") and request.config.getoption("--hil-target") != "virtual":
+        pytest.skip(f"needs the virtual target (running on {request.config.getoption('--hil-target')})")
 
 
 BoardFactory = Callable[..., Dut]
@@ -159,7 +163,7 @@ def board_factory(request: pytest.FixtureRequest, hil_target: TargetSpec, tmp_pa
         if len(duts) >= hil_target.max_boards:
             pytest.skip(f"{hil_target.label} has {hil_target.max_boards} board(s); this test needs more")
         try:
-            board = hil_target.make_board(name, flash_dir, heapsize, micropython)
+            board = hil_target.make_board(name, flash_dir, heapsize, micropython, index=len(duts))
         except TargetUnavailable as exc:
             pytest.skip(str(exc))
         dut = Dut(board, name=name, log_path=tmp_path / f"{name}.log", default_timeout=default_timeout)
@@ -175,12 +179,12 @@ def board_factory(request: pytest.FixtureRequest, hil_target: TargetSpec, tmp_pa
 
 
 @pytest.fixture
-def fault_proxy_factory() -> Iterator[Callable[[tuple[str, int]], FaultProxy]]:
+def fault_proxy_factory(hil_ports: PortRange) -> Iterator[Callable[[tuple[str, int]], FaultProxy]]:
     """``make((host, port)) -> FaultProxy`` (started; closed after the test)."""
     proxies: list[FaultProxy] = []
 
     def make(upstream: tuple[str, int]) -> FaultProxy:
-        p = FaultProxy(upstream).start()
+        p = FaultProxy(upstream, port=hil_ports.take() if hil_ports.bounds else 0).start()
         proxies.append(p)
         return p
 
@@ -217,7 +221,7 @@ def firmware_template(tmp_path_factory: pytest.TempPathFactory, pytestconfig: py
                       hil_interpreter: Interpreter | None) -> Path:
     """One flash folder built with ``lockmq firmware build`` (copied for every lock);
     ``--frozen`` (no lib/) for an interpreter with the app frozen in."""
-    given = pytestconfig.getoption("--flash-template")
+    given = pytestconfig.getoption("--hil-flash-template")
     if given:
         return Path(given)
     why = firmware_available()
@@ -230,14 +234,28 @@ def firmware_template(tmp_path_factory: pytest.TempPathFactory, pytestconfig: py
     return build(work / "template")
 
 
+@pytest.fixture(scope="session")
+def hil_ports(pytestconfig: pytest.Config) -> PortRange:
+    """Where the rig listens (``--hil-ports``)."""
+    try:
+        return PortRange(pytestconfig.getoption("--hil-ports"))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 @pytest.fixture
-def broker(request: pytest.FixtureRequest, tmp_path: Path, hil_target: TargetSpec) -> Iterator[BrokerProcess]:
+def broker(request: pytest.FixtureRequest, tmp_path: Path, hil_target: TargetSpec,
+           hil_ports: PortRange) -> Iterator[BrokerProcess]:
     """A running ``lockmq broker`` (auth required, durable acks) for this test;
     its log is attached to the report when the test fails."""
     why = broker_available()
     if why:
         pytest.skip(why)
-    b = BrokerProcess(tmp_path / "broker", host=hil_target.board_broker_host)
+    host = hil_target.board_broker_host
+    ports = hil_ports
+    b = BrokerProcess(tmp_path / "broker", port=ports.take(host), host=host,
+                      tables={"broker": {"status_port": ports.take("127.0.0.1")}}
+                      if ports.bounds else None)
     request.node.stash.setdefault(_BROKERS_KEY, []).append(b)
     b.start()
     try:
@@ -276,7 +294,7 @@ def lock_factory(board_factory: BoardFactory, hil_target: TargetSpec, firmware_t
         flash = make_flash(firmware_template, tmp_path / "boards" / sn, sn, key, brokers,
                            **{**TEST_SETTINGS, **settings})
         if hil_interpreter is not None:  # the virtual target
-            # the 64-bit port at --heapsize; the frozen 32-bit one at its ESP32-like heap
+            # the 64-bit port at --hil-heapsize; the frozen 32-bit one at its ESP32-like heap
             heap = heapsize or (hil_interpreter.heap if hil_interpreter.frozen else None)
             return Lock(board_factory(sn, flash, heap, micropython=hil_interpreter.exe), sn, key, flash)
         if hil_target.kind == "qemu":

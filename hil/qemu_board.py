@@ -50,7 +50,7 @@ def find_qemu(machine: str, path: str | None = None) -> str | None:
     if path:
         return path if os.access(path, os.X_OK) else shutil.which(path)
     if machine == "esp32":
-        return None  # Espressif's fork must be given explicitly (--qemu-path)
+        return None  # Espressif's fork must be given explicitly (--hil-qemu-path)
     return shutil.which("qemu-system-arm")
 
 

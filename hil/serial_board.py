@@ -9,7 +9,7 @@ boots the app rather than the ROM loader (esptool's "hard reset"). Elsewhere the
 board is soft-rebooted through its REPL (Ctrl-C, Ctrl-B, Ctrl-D), which reruns
 ``main.py`` on MicroPython.
 
-Power cut: a shell command given by the test engineer (``--power-cut-cmd``, e.g.
+Power cut: a shell command given by the test engineer (``--hil-power-cut-cmd``, e.g.
 a USB hub port or relay switched by ``uhubctl``) runs with ``{off}`` replaced by
 the off time; without one, the RTS chip reset stands in where wired, and
 ``can_power_cut`` is False otherwise (power-cut scenarios then skip).
@@ -140,7 +140,7 @@ class SerialBoard(Board):
             ser.rts = False
         else:
             raise NotImplementedError(
-                f"{self.name}: no way to cut power (give --power-cut-cmd or use a USB-UART)"
+                f"{self.name}: no way to cut power (give --hil-power-cut-cmd or use a USB-UART)"
             )
 
     def close(self) -> None:

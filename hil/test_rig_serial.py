@@ -115,7 +115,7 @@ def test_mpremote_works_unmodified(served: Served, tmp_path: Path) -> None:
 
 
 def test_lock_firmware_deployed_and_online_over_the_serial_path(tmp_path: Path, firmware_template: Path) -> None:
-    """The --target serial path end to end: deploy through the raw REPL, boot, connect."""
+    """The --hil-target serial path end to end: deploy through the raw REPL, boot, connect."""
     from lockmq.hil.broker import BrokerProcess, broker_available
     from lockmq.hil.firmware import firmware_available, make_flash
     from lockmq.hil.lock import Lock

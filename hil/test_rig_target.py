@@ -27,10 +27,10 @@ def test_parse_targets() -> None:
 
 def test_qemu_esp32_without_a_binary_says_why() -> None:
     spec = TargetSpec.parse("qemu")
-    with pytest.raises(TargetUnavailable, match="qemu-system-xtensa.*--qemu-path"):
+    with pytest.raises(TargetUnavailable, match="qemu-system-xtensa.*--hil-qemu-path"):
         spec.check()
     spec = TargetSpec.parse("qemu", qemu_path="/bin/true")
-    with pytest.raises(TargetUnavailable, match="--qemu-firmware"):
+    with pytest.raises(TargetUnavailable, match="--hil-qemu-firmware"):
         spec.check()
 
 
@@ -52,3 +52,22 @@ def test_esp32_flash_image_layout(tmp_path: Path) -> None:
     fs.mount()
     assert fs.open("main.py", "r").read() == "import lockapp.app\n"
     assert fs.open("lib/x.mpy", "rb").read() == b"M\x06"
+
+
+def test_several_serial_boards_by_port_serial_number_or_location() -> None:
+    pytest.importorskip("serial")
+    from serial.tools.list_ports_common import ListPortInfo
+
+    from lockmq.hil.target import TargetSpec, TargetUnavailable, resolve_port
+
+    spec = TargetSpec.parse("serial:/dev/ttyUSB0,sn=A1B2,loc=1-1.3")
+    assert spec.ports == ("/dev/ttyUSB0", "sn=A1B2", "loc=1-1.3") and spec.max_boards == 3
+    assert spec.port == "/dev/ttyUSB0" and spec.label == "serial:/dev/ttyUSB0,sn=A1B2,loc=1-1.3"
+    a, b = ListPortInfo("/dev/ttyUSB0"), ListPortInfo("/dev/ttyACM1")
+    a.serial_number, a.location = "A1B2", "1-1.2"
+    b.serial_number, b.location = "ZZ99", "1-1.3"
+    assert resolve_port("sn=A1B2", [a, b]) == "/dev/ttyUSB0"
+    assert resolve_port("loc=1-1.3", [a, b]) == "/dev/ttyACM1"
+    assert resolve_port("socket://127.0.0.1:7000", [a, b]) == "socket://127.0.0.1:7000"
+    with pytest.raises(TargetUnavailable, match=r"no serial port with sn=NOPE; ports here: /dev/ttyUSB0 \(sn=A1B2"):
+        resolve_port("sn=NOPE", [a, b])

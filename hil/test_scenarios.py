@@ -1,6 +1,6 @@
 """End-to-end scenarios: the real lock firmware against a real ``lockmq broker``.
 
-Each runs on the target given by ``--target`` (virtual boards by default). The
+Each runs on the target given by ``--hil-target`` (virtual boards by default). The
 broker's log is read back with ``lockmq.store`` after it stops, and compared with
 what the lock said it queued: every event exactly once, in sequence order.
 """
@@ -172,7 +172,7 @@ def test_reflashed_board_never_reuses_sequence_numbers(broker: BrokerProcess, lo
 def test_power_cut_at_random_instants(broker: BrokerProcess, lock_factory: LockFactory,
                                       hil_target) -> None:
     if not hil_target.can_power_cut:
-        pytest.skip(f"{hil_target.label} has no power control: give --power-cut-cmd")
+        pytest.skip(f"{hil_target.label} has no power control: give --hil-power-cut-cmd")
     seed = random.randrange(1 << 30)
     rnd = random.Random(seed)
     print(f"power-cut instants from random seed {seed}")  # shown with a failure

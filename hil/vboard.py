@@ -6,8 +6,8 @@
 
 The board behaves like a MicroPython board on a UART: ``mpremote connect
 /tmp/lock1.tty ...`` works unmodified (soft reboots respawn the interpreter), and
-so does the rig's ``--target serial:/tmp/lock1.tty`` or ``serial:socket://...``.
-SIGUSR1 cuts the board's power and powers it on again (what ``--power-cut-cmd
+so does the rig's ``--hil-target serial:/tmp/lock1.tty`` or ``serial:socket://...``.
+SIGUSR1 cuts the board's power and powers it on again (what ``--hil-power-cut-cmd
 "kill -USR1 PID"`` uses); SIGTERM/SIGINT stop the server. Over RFC 2217 the modem
 lines are wired like an ESP32 dev board's auto-reset circuit: RTS asserted with
 DTR not asserted holds the board in reset (EN low), releasing it boots the board

@@ -50,6 +50,9 @@ class Op:
     COMMAND_RESULT = 0x31
     COMMAND_AT = 0x32         # a command that enters the command path at not_before_ms
     COMMAND_SCHEDULED = 0x33  # -> COMMAND_AT accepted: its schedule id
+    # firmware update over the lock's own link (protocol/_firmware.py; SPEC "Firmware bundles")
+    FW_FETCH = 0x34           # lock -> broker: a piece of a released bundle -> FW_CHUNK
+    FW_CHUNK = 0x35           # broker -> lock: that piece (RESPONSE)
     ADMIN_REQUEST = 0x100
     ADMIN_RESPONSE = 0x101
 
@@ -157,7 +160,8 @@ class CommandKind:
     CARDS_SET = 2     # args: count u16, then credential bytes8 each
     CONFIG = 3        # args: UTF-8 JSON object of settings
     REBOOT = 4        # args: empty
-    FW_UPDATE = 5     # args: UTF-8 JSON {"url": ..., "sha256": ...}
+    FW_UPDATE = 5     # args: UTF-8 JSON {"version": ..., "size": ..., "sha256": ...}
+                      # (a bundle released to the broker; fetched with FW_FETCH)
 
 
 class CommandStatus:

@@ -41,11 +41,13 @@ import numpy as np
 
 from . import ingest_tasks as tasks
 from . import plan as planner
-from .layout import list_segments
+from .layout import list_segments, read_identity
 from .warehouse import (
+    INDEX_STAGE,
     SegmentWork,
     WarehouseLock,
     commit,
+    key_index,
     load_state,  # noqa: F401  (re-exported: the checkpoint's reader)
     progress_of,
     recover,
@@ -111,12 +113,18 @@ def plan_work(logs: list[planner.Log], progress: dict[str, int]) -> list[Segment
     best: dict[str, SegmentWork] = {}
     for log in logs:
         segs = log.segments()
+        exported = read_identity(log.directory).get("segments", {})
         for i, seg in enumerate(segs):
             sid = segment_id(log.gateway_id, seg)
             if sid is None:
                 continue
             # the newest segment of a log may be live: only its complete records count
-            end = seg.size if i + 1 < len(segs) else planner.log_end(segs, log.directory) - seg.base
+            # (an export's manifest says how many bytes of complete records it copied)
+            copied = exported.get(os.path.basename(seg.path), {}).get("bytes") if isinstance(exported, dict) else None
+            if i + 1 < len(segs) or copied == seg.size:
+                end = seg.size
+            else:
+                end = planner.log_end(segs, log.directory) - seg.base
             have = best.get(sid)
             if have is None or end > have.end:
                 best[sid] = SegmentWork(log, seg, sid, progress.get(sid, 0), end)
@@ -174,50 +182,69 @@ def ingest(spark, sources: list[str], warehouse: str, gateway_id: str | None = N
 
 
 def _shuffle_partitions(spark, total_bytes: int) -> int:
-    """Shuffle partitions for the key shuffle: the cores, more only past ~1 GiB of log per core
-    (the shuffle carries 16 bytes per record, a fifth of the log)."""
+    """Slices of the key space for the key exchange (and partitions of Spark's shuffles):
+    the cores, more only past ~1 GiB of log per slice (a key is 8 bytes a record,
+    a tenth of the log)."""
     cores = spark.sparkContext.defaultParallelism
     return max(cores, math.ceil(total_bytes / (1 << 30)))
 
 
+def _index_events(spark, events_path: str, stage: str) -> str:
+    """Keys of every id already in ``events`` (a table written before the key index
+    existed), saved in the run's staging folder; the commit keeps it in the index."""
+    keys = (spark.read.parquet(events_path).select("sn", "seq").mapInArrow(tasks.known_key_task, "key BIGINT")
+            .toArrow().column("key").to_numpy())
+    d = os.path.join(stage, INDEX_STAGE)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "events.npy")
+    np.save(path, np.unique(keys.astype(np.int64)))
+    return path
+
+
 def _run(spark, work: list[SegmentWork], warehouse: str, run_id: str, max_partition_bytes: int,
          res: IngestResult) -> None:
-    from pyspark.sql import functions as F
-
     sc = spark.sparkContext
     t0 = time.monotonic()
     items = [planner.Piece(w.log.directory, w.log.gateway_id, w.seg.path, w.seg.base, w.done, w.end) for w in work]
     parts = planner.pack(items, max_partition_bytes, sc.defaultParallelism)
-    desc = spark.createDataFrame(
-        sc.parallelize([(i, tasks.encode_pieces(p)) for i, p in enumerate(parts)], len(parts)), tasks.TASK_DDL)
+    # one row per planned task, made by the JVM (no Python stage to build it); the
+    # plan itself travels with the task function
+    desc = spark.range(0, len(parts), 1, len(parts))
     old_shuffle = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", str(_shuffle_partitions(spark, sum(p.size for p in items))))
     stage = staging_dir(warehouse, run_id)
     events_path = os.path.join(warehouse, "events")
     try:
-        # one decode: every good row written by the tasks, their message keys counted
-        counts = (desc.mapInArrow(functools.partial(tasks.write_task, stage=stage, run_id=run_id), tasks.KEY_DDL)
-                  .groupBy("key").agg(F.sum("n").alias("n")))
-        flag = counts.filter(F.col("n") > 1).select("key")
-        known = _has_table(events_path)
-        if known:
-            known_keys = spark.read.parquet(events_path).select("sn", "seq").mapInArrow(tasks.known_key_task, "key BIGINT")
-            flag = flag.unionByName(counts.join(known_keys, "key", "left_semi").select("key"))
-        flagged = np.unique(flag.distinct().toArrow().column("key").to_numpy().astype(np.int64))
+        # one decode: every good row written by the tasks, their message keys saved
+        desc.mapInArrow(functools.partial(tasks.write_task, plan=parts, stage=stage, run_id=run_id),
+                        tasks.WRITE_DDL).collect()
         t1 = time.monotonic()
-        res.steps["decode+write+keys"] = t1 - t0
+        res.steps["decode+write"] = t1 - t0
+        known = _has_table(events_path)
+        index = key_index(warehouse)
+        if known and not index:
+            index = [_index_events(spark, events_path, stage)]  # a warehouse from before the index
+        keys_dir = os.path.join(stage, tasks.KEYS)
+        ranges = _shuffle_partitions(spark, sum(p.size for p in items))
+        flag = spark.range(0, ranges, 1, ranges).mapInArrow(functools.partial(
+            tasks.flag_task, run_files=[os.path.join(keys_dir, f"part-{t:05d}.npy") for t in range(len(parts))],
+            rep_files=[os.path.join(keys_dir, f"part-{t:05d}.rep.npy") for t in range(len(parts))],
+            index_files=index, ranges=ranges), "key BIGINT")
+        flagged = np.unique(flag.toArrow().column("key").to_numpy().astype(np.int64))
+        t2 = time.monotonic()
+        res.steps["keys"] = t2 - t1
         if len(flagged):
             # the few rows needing a decision leave the written files for Spark to rank
             unsorted = os.path.join(stage, "unsorted")
             os.replace(os.path.join(stage, "events"), unsorted)
             bc = sc.broadcast(flagged)
             try:
-                special = desc.mapInArrow(functools.partial(tasks.split_task, unsorted=unsorted, stage=stage,
-                                                            flagged=bc), tasks.EVENT_DDL).localCheckpoint(eager=True)
-                t2 = time.monotonic()
-                res.steps["split"] = t2 - t1
+                special = desc.mapInArrow(functools.partial(tasks.split_task, plan=parts, unsorted=unsorted,
+                                                            stage=stage, flagged=bc), tasks.EVENT_DDL).localCheckpoint(eager=True)
+                t3 = time.monotonic()
+                res.steps["split"] = t3 - t2
                 _decide(spark, special, events_path if known else None, stage, run_id)
-                res.steps["decide"] = time.monotonic() - t2
+                res.steps["decide"] = time.monotonic() - t3
             finally:
                 bc.unpersist()
     finally:

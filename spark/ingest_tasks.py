@@ -17,7 +17,6 @@ rename, so a retried or speculative task rewrites the same file, never adds one.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from typing import Iterator
@@ -31,9 +30,11 @@ from .decoder import SCHEMA, decode_file, projected
 from .keys import message_keys
 from .plan import Piece
 
-#: Column of the descriptor rows: the task number and its pieces as JSON.
-TASK_DDL = "task INT, pieces STRING"
 KEY_DDL = "key BIGINT, n BIGINT"
+#: What a writing task returns to the JVM: just how many rows and keys it wrote.
+WRITE_DDL = "task INT, keys BIGINT"
+#: Key files: the run's (``stage/keys``) and the warehouse's index of stored ids.
+KEYS = "keys"
 #: ``events`` as written (the source's columns without ``error``; ``date`` is the folder).
 EVENT_SCHEMA = pa.schema([f for f in SCHEMA if f.name != "error"])
 EVENT_DDL = projected(tuple(EVENT_SCHEMA.names))[1]
@@ -42,19 +43,19 @@ CORRUPT_SCHEMA = SCHEMA.append(pa.field("ingest_run", pa.string()))
 NULL_DATE = "__HIVE_DEFAULT_PARTITION__"
 
 
-def encode_pieces(pieces: list[Piece]) -> str:
-    """A task's pieces as JSON (its descriptor row)."""
-    return json.dumps([[p.log, p.gateway_id, p.path, p.base, p.start, p.end] for p in pieces])
+#: Parquet dictionary encoding for the columns with few distinct values (gateways,
+#: topics, locks, event codes); the others (offsets, ids, times, payloads) are
+#: nearly unique, and trying a dictionary on them cost a third of the write.
+DICTIONARY_COLUMNS = ["gateway_id", "topic", "sn", "flags", "headers", "event_type", "method", "result",
+                      "value", "credential_id", "reason", "ingest_run"]
 
 
-def _pieces(text: str) -> list[Piece]:
-    return [Piece(*p) for p in json.loads(text)]
-
-
-def _tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, list[Piece]]]:
+def _tasks(batches: Iterator[pa.RecordBatch], plan: list[list[Piece]]) -> Iterator[tuple[int, list[Piece]]]:
+    """The tasks of this Spark partition: rows of ``spark.range(len(plan))``, each the
+    index of its pieces in ``plan`` (shipped with the function, a few bytes a piece)."""
     for b in batches:
-        for task, text in zip(b.column("task").to_pylist(), b.column("pieces").to_pylist()):
-            yield task, _pieces(text)
+        for task in b.column("id").to_pylist():
+            yield task, plan[task]
 
 
 def _decode(pieces: list[Piece], schema: pa.Schema, batch_records: int) -> Iterator[pa.RecordBatch]:
@@ -85,7 +86,9 @@ class _DateFiles:
             os.makedirs(d, exist_ok=True)
             final = os.path.join(d, f"part-{self.task:05d}.parquet")
             tmp = os.path.join(d, f".part-{self.task:05d}.{uuid.uuid4().hex[:8]}.tmp")
-            got = self.open[date or ""] = (pq.ParquetWriter(tmp, self.schema, compression="snappy"), tmp, final)
+            writer = pq.ParquetWriter(tmp, self.schema, compression="snappy",
+                                      use_dictionary=[c for c in DICTIONARY_COLUMNS if c in self.schema.names])
+            got = self.open[date or ""] = (writer, tmp, final)
         got[0].write_table(table)
 
     def close(self, keep: bool = True) -> None:
@@ -118,17 +121,29 @@ def _in_sorted(keys: np.ndarray, flagged: np.ndarray) -> np.ndarray:
     return flagged[i] == keys
 
 
-def _key_counts(parts: list[np.ndarray]) -> Iterator[pa.RecordBatch]:
-    if parts:
-        keys, counts = np.unique(np.concatenate(parts), return_counts=True)
-        yield pa.RecordBatch.from_arrays([pa.array(keys), pa.array(counts.astype(np.int64))], names=["key", "n"])
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+    os.replace(tmp, path)
 
 
-def write_task(batches: Iterator[pa.RecordBatch], stage: str, run_id: str,
+def _save_keys(stage: str, task: int, parts: list[np.ndarray]) -> int:
+    """The task's message keys, sorted and distinct, as ``stage/keys/part-N.npy``; the
+    ones it met more than once also as ``part-N.rep.npy``. Returns how many."""
+    keys, counts = np.unique(np.concatenate(parts) if parts else np.zeros(0, np.int64), return_counts=True)
+    d = os.path.join(stage, KEYS)
+    os.makedirs(d, exist_ok=True)
+    _save_npy(os.path.join(d, f"part-{task:05d}.npy"), keys.astype(np.int64))
+    _save_npy(os.path.join(d, f"part-{task:05d}.rep.npy"), keys[counts > 1].astype(np.int64))
+    return len(keys)
+
+
+def write_task(batches: Iterator[pa.RecordBatch], plan: list[list[Piece]], stage: str, run_id: str,
                batch_records: int = 131072) -> Iterator[pa.RecordBatch]:
     """The one decode: every good row to ``stage/events`` (a file per date), error rows
-    to ``stage/corrupt``; yields ``(key, copies)`` of the message ids written."""
-    for task, pieces in _tasks(batches):
+    to ``stage/corrupt``, the message keys to ``stage/keys``; yields ``(task, keys)``."""
+    for task, pieces in _tasks(batches, plan):
         events = _DateFiles(os.path.join(stage, "events"), task, EVENT_SCHEMA)
         corrupt = _DateFiles(os.path.join(stage, "corrupt"), task, CORRUPT_SCHEMA)
         keys: list[np.ndarray] = []
@@ -150,7 +165,45 @@ def write_task(batches: Iterator[pa.RecordBatch], stage: str, run_id: str,
         finally:
             events.close(ok)
             corrupt.close(ok)
-        yield from _key_counts(keys)
+        n = _save_keys(stage, task, keys)
+        yield pa.RecordBatch.from_arrays([pa.array([task], pa.int32()), pa.array([n], pa.int64())],
+                                         names=["task", "keys"])
+
+
+def key_range(k: int, ranges: int) -> tuple[int, int]:
+    """The ``k``-th of ``ranges`` equal slices of the int64 key space, ``[lo, hi)``
+    (keys are hashes, so every slice holds about as many)."""
+    lo = -(1 << 63) + (k * (1 << 64)) // ranges
+    hi = -(1 << 63) + ((k + 1) * (1 << 64)) // ranges
+    return lo, hi
+
+
+def _slice(path: str, lo: int, hi: int) -> np.ndarray:
+    keys = np.load(path, mmap_mode="r")
+    i, j = np.searchsorted(keys, [lo, hi]) if hi < (1 << 63) else (np.searchsorted(keys, lo), len(keys))
+    return np.asarray(keys[i:j])
+
+
+def flag_task(batches: Iterator[pa.RecordBatch], run_files: list[str], rep_files: list[str],
+              index_files: list[str], ranges: int) -> Iterator[pa.RecordBatch]:
+    """The keys of one slice of the key space that need a decision: met more than once
+    in this run (in one task or in two), or already in the warehouse's key index.
+
+    The exchange goes through the shared staging folder, not the JVM: each task
+    reads its slice of every sorted key file (a binary search, then one read).
+    """
+    for b in batches:
+        for k in b.column("id").to_pylist():
+            lo, hi = key_range(k, ranges)
+            run = [_slice(f, lo, hi) for f in run_files]
+            keys, counts = np.unique(np.concatenate(run) if run else np.zeros(0, np.int64), return_counts=True)
+            flagged = [keys[counts > 1]] + [_slice(f, lo, hi) for f in rep_files]
+            for f in index_files:
+                known = _slice(f, lo, hi)
+                if len(known) and len(keys):
+                    flagged.append(keys[_in_sorted(keys, known)])
+            out = np.unique(np.concatenate(flagged))
+            yield pa.RecordBatch.from_arrays([pa.array(out, pa.int64())], names=["key"])
 
 
 def unflagged_files(folder: str, task: int) -> list[str]:
@@ -163,7 +216,8 @@ def unflagged_files(folder: str, task: int) -> list[str]:
     return sorted(out)
 
 
-def split_task(batches: Iterator[pa.RecordBatch], unsorted: str, stage: str, flagged) -> Iterator[pa.RecordBatch]:
+def split_task(batches: Iterator[pa.RecordBatch], plan: list[list[Piece]], unsorted: str, stage: str,
+               flagged) -> Iterator[pa.RecordBatch]:
     """Only when some ids need a decision: move each of the task's files from
     ``unsorted`` to ``stage/events``, without the flagged rows, which are yielded.
 
@@ -171,7 +225,7 @@ def split_task(batches: Iterator[pa.RecordBatch], unsorted: str, stage: str, fla
     kept until the run ends, so a retried task redoes the same work).
     """
     fl = flagged.value if hasattr(flagged, "value") else flagged
-    for task, _ in _tasks(batches):
+    for task, _ in _tasks(batches, plan):
         for rel in unflagged_files(unsorted, task):
             src, dst = os.path.join(unsorted, rel), os.path.join(stage, "events", rel)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -186,5 +240,6 @@ def split_task(batches: Iterator[pa.RecordBatch], unsorted: str, stage: str, fla
             yield from table.filter(pa.array(special)).to_batches()
             keep = table.filter(pa.array(~special))
             tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{uuid.uuid4().hex[:8]}.tmp")
-            pq.write_table(keep, tmp, compression="snappy")
+            pq.write_table(keep, tmp, compression="snappy",
+                           use_dictionary=[c for c in DICTIONARY_COLUMNS if c in keep.schema.names])
             os.replace(tmp, dst)

@@ -35,6 +35,10 @@ STATE_DIR = "_lockmq"
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 STAGING = "staging"
+#: the index of stored message keys (sorted .npy files, one per task of every run)
+KEYS_DIR = "keys"
+#: where a run stages index files built from ``events`` itself (an older warehouse)
+INDEX_STAGE = "index"
 STATE_VERSION = 2
 _LEN_CRC = struct.Struct("<II")
 
@@ -197,6 +201,29 @@ def staged_rows(stage: str, table: str) -> int:
                for f in _staged_files(stage) if f.split(os.sep, 1)[0] == table)
 
 
+def key_index(warehouse: str) -> list[str]:
+    """The files of the warehouse's key index: a superset of the keys of ``events``."""
+    d = os.path.join(state_dir(warehouse), KEYS_DIR)
+    try:
+        return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".npy") and not n.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def _key_moves(warehouse: str, stage: str, run_id: str) -> list[list[str]]:
+    """The run's key files (not the ``.rep`` ones) into the index."""
+    moves = []
+    for sub in ("keys", INDEX_STAGE):
+        d = os.path.join(stage, sub)
+        if not os.path.isdir(d):
+            continue
+        for n in sorted(os.listdir(d)):
+            if n.endswith(".npy") and not n.endswith(".rep.npy") and not n.startswith("."):
+                moves.append([os.path.relpath(os.path.join(d, n), warehouse),
+                              os.path.join(STATE_DIR, KEYS_DIR, f"{run_id}-{sub}-{n}")])
+    return moves
+
+
 def _apply_moves(warehouse: str, moves: list[list[str]]) -> None:
     dirs = set()
     for src, dst in moves:
@@ -218,6 +245,7 @@ def commit(warehouse: str, run_id: str, state: dict) -> None:
         head, name = os.path.split(rest)
         moves.append([os.path.relpath(os.path.join(stage, rel), warehouse),
                       os.path.join(table, head, f"{run_id}-{name}")])
+    moves += _key_moves(warehouse, stage, run_id)
     save_state(warehouse, {**state, "commit": {"run": run_id, "moves": moves}})
     _apply_moves(warehouse, moves)
     save_state(warehouse, state)

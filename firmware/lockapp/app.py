@@ -55,6 +55,12 @@ class App:
         except ValueError:
             n = 1                   # written, then damaged: at least one fatal reboot
         self.fatal_count = n
+        # An update over the air under way (ota.dat): its code is loaded only then;
+        # the last update's state is said at CONNECT ("lockapp/<ver>;ota=<st>...").
+        self.ota = None
+        self.client_note = ""
+        if atomic.size("ota.dat") >= 0:
+            self._load_ota()
         self.lock = Lock(self)
         self.link = Link(self)
         self.peak = 0
@@ -100,6 +106,25 @@ class App:
         finally:
             sys.modules.pop("lockapp.commands", None)
             del lockapp.commands
+
+    def _load_ota(self):
+        from lockapp import ota
+        s = ota.state()
+        self.client_note = ota.note(s)
+        if s and s.get("st") in ("fetch", "staged", "trial"):
+            self.ota = ota.Ota(self, s)
+
+    def begin_update(self, cmd_id, args):
+        # A verified FW_UPDATE command: fetch the bundle it names (lockapp/ota.py).
+        from lockapp import ota
+        v, size, sha = ota.check_args(args)
+        if self.ota is None:
+            self.ota = ota.Ota(self, ota.state())
+        return self.ota.begin(cmd_id, v, size, sha)
+
+    def client_name(self):
+        # CONNECT's client: the running version, and the last update's state
+        return "lockapp/" + VERSION + self.client_note
 
     def confirm_seq(self, last_seq):
         # First CONNECT_ACK with provisional numbers (fresh file system or damaged
@@ -163,6 +188,18 @@ class App:
                 self.hw.reset()
             self.stop("reboot")
 
+    def reset(self, reason):
+        # A board reset: main.py runs again (an update is switched or reverted there).
+        # The simulator ends the process with status 3, which the rig's virtual board
+        # takes for a reset and boots again.
+        try:
+            log.info("sys reboot reason=" + reason)
+        finally:
+            if self.hw.name != "sim":
+                time.sleep_ms(100)
+                self.hw.reset()
+            self.stop("reset")
+
     def stop(self, reason):
         self.stop_reason = reason
         self._stop.set()
@@ -208,6 +245,8 @@ class App:
                  asyncio.create_task(self.guard("link", self.link.run()))]
         self.hw.start(self._input, self.guard)
         log.info("sys ready")
+        if self.ota is not None:
+            self.ota.started()
         await self._stop.wait()
         for t in tasks:
             t.cancel()
@@ -233,5 +272,7 @@ def run():
         reason = asyncio.run(app.main())
         asyncio.new_event_loop()
         app = None
+        if reason == "reset":
+            sys.exit(3)
         if reason != "reboot":
             sys.exit(0)

@@ -66,7 +66,7 @@ class Commands:
         if status == _S_OK:
             self._persist(cmd_id, status)
             try:
-                detail = self._run(kind, args)
+                detail = self._run(kind, args, cmd_id)
             except Exception as e:
                 status, detail = _S_FAILED, str(e)
                 self._persist(cmd_id, status)
@@ -107,13 +107,16 @@ class Commands:
                     return _S_REFUSED, "network_unmarked"
             elif k == _K_REBOOT:
                 pass
+            elif k == _K_FW_UPDATE:
+                from lockapp.ota import check_args
+                check_args(a)
             else:
                 return _S_UNSUPPORTED, "unsupported"
         except (ValueError, IndexError) as e:
             return _S_FAILED, "bad args: %s" % e
         return _S_OK, ""
 
-    def _run(self, k, args):
+    def _run(self, k, args, cmd_id=0):
         app = self.app
         if k == _K_UNLOCK:
             seconds = struct.unpack(">H", args)[0]
@@ -129,4 +132,6 @@ class Commands:
         if k == _K_REBOOT:
             app.reboot_pending = True
             return "rebooting"
+        if k == _K_FW_UPDATE:
+            return app.begin_update(cmd_id, args)
         return ""

@@ -32,6 +32,7 @@ def defaults():
         "io_timeout_ms": 10000,
         "window": 1,
         "wdt_ms": 30000,
+        "ota_trial_s": 300,     # an updated app must hold a session within this, or rolls back
     }
 
 class ConfigError(ValueError):

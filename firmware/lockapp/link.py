@@ -21,7 +21,7 @@ from lockmq.protocol._lockbodies import (error_fields, publish_body, publish_ack
                                          command_result_body)
 from lockmq.protocol._errors import ProtocolError
 from lockmq.protocol._session import ClientSession, SessionError
-from lockapp import log, VERSION
+from lockapp import log
 from lockapp.backoff import Backoff
 
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
@@ -41,6 +41,7 @@ _OP_COMMAND = const(0x30)
 _OP_COMMAND_RESULT = const(0x31)
 _OP_DISCONNECT = const(0x06)
 _OP_ERROR = const(0x0F)
+_OP_FW_CHUNK = const(0x35)
 _OP_HEARTBEAT = const(0x05)
 _OP_PUBLISH = const(0x10)
 _OP_PUBLISH_ACK = const(0x11)
@@ -57,6 +58,16 @@ class LinkError(Exception):
     # A link failure: args = (short reason without spaces, retry-after ms).
     # (MicroPython exception instances take no attributes: everything is in args.)
     pass
+
+
+def within(v, lo, hi):
+    # A number the network gave, bounded by this lock's own limits (SPEC 2: a lock
+    # trusts no number it is given).
+    if v < lo:
+        return lo
+    if v > hi:
+        return hi
+    return v
 
 
 def retry_after_of(e):
@@ -175,11 +186,13 @@ class Link:
         # The AUTH proof and the session key cover what CONNECT and CHALLENGE said (MAC
         # flag, frame limit, the broker's id): a relay that changes either fails it.
         s = ClientSession(_ROLE_LOCK, app.sn, _AUTH_DEVICE_HMAC, app.key,
-                          "lockapp/" + VERSION, cfg["heartbeat_s"], self.max_frame, mac,
+                          app.client_name(), cfg["heartbeat_s"], self.max_frame, mac,
                           cfg.get("broker_id") or "")
         self._sess = s
         inflight = {}          # opaque -> [seq, sent ticks]
         self._opaque = 100
+        if app.ota is not None:
+            app.ota.opaque = 0     # a fetch of the last session is not answered on this one
         try:
             await self._write(s.connect_frame(1))
             auth = s.receive(await self._read_frame(tmo), os.urandom(16))
@@ -201,7 +214,9 @@ class Link:
             # far ahead of our own numbers: not taken (SPEC 2, "Sequence numbers"); the
             # broker stores what we send below it as new, never as a duplicate
             log.warn("seq floor_ignored broker_last=%d next=%d" % (ack.last_seq, app.seq.next))
-        hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
+        # the broker's heartbeat interval, never longer than ours (it also sets how long
+        # a silent broker keeps this lock waiting: 2.5 intervals)
+        hb_ms = within(ack.heartbeat_s or cfg["heartbeat_s"], 1, cfg["heartbeat_s"]) * 1000
         self.up = True
         self.backoff.reset()
         log.info("net connected broker=%s:%d%s" % (host, port, " mac=1" if mac else ""))
@@ -273,6 +288,8 @@ class Link:
         pause_until = None     # ticks: BUSY said wait
         last_rx = time.ticks_ms()
         last_hb = time.ticks_ms()
+        if app.ota is not None and app.ota.on_trial():
+            last_hb = time.ticks_add(last_hb, -hb_ms)   # an update on trial heartbeats at once
         dead_ms = hb_ms * 5 // 2
         self._err = None
         rx = asyncio.create_task(self._rx_loop())
@@ -290,13 +307,21 @@ class Link:
                     if pause:
                         pause_until = time.ticks_add(now, pause)
                 if app.reboot_pending:
-                    app.reboot("cmd")
+                    if app.reboot_pending == "ota":
+                        app.reset("ota")        # main.py switches to the staged update
+                    else:
+                        app.reboot("cmd")
                     return
                 # 2. publish the queue in order, up to `window` unacked
                 if pause_until is not None and time.ticks_diff(pause_until, now) <= 0:
                     pause_until = None
                 if pause_until is None:
                     out = self._publishes(inflight, now)
+                    if out:
+                        await self._write(out)
+                # 2b. an update being fetched: its next piece (lockapp/ota.py)
+                if app.ota is not None:
+                    out = app.ota.request(self._sess.seal, app.sn, self.max_frame, now, tmo)
                     if out:
                         await self._write(out)
                 # 3. heartbeat
@@ -374,15 +399,23 @@ class Link:
                 app.q.ack(v[0])
                 log.info("evt acked seq=%d%s" % (v[0], " dup" if status else ""))
             return 0
+        if op == _OP_FW_CHUNK:
+            if app.ota is not None and app.ota.on_chunk(f.body):
+                app.reboot_pending = "ota"
+            return 0
         if op == _OP_ERROR:
             code, _, retry_after_ms = error_fields(f.body)
+            ota = app.ota
+            if ota is not None and ota.opaque and f.opaque == ota.opaque:
+                ota.on_error(code, retry_after_ms)      # the bundle's fetch refused
+                return 0
             v = inflight.pop(f.opaque, None) if f.flags & _FLAG_RESPONSE else None
             if v is None or code == _E_BAD_MAC:
                 # BAD_MAC: the frame was altered on the path, not refused for what it
                 # says -- keep the event queued; it goes again on a new session
                 raise LinkError("error%d" % code, retry_after_ms)
             if code in _RETRY_CODES:
-                ms = retry_after_ms or 1000
+                ms = within(retry_after_ms or 1000, 1, app.cfg["backoff_max_ms"])
                 log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], code))
                 return ms
             # Refused for good (malformed, forbidden...): drop it, counted, logged.
@@ -394,6 +427,9 @@ class Link:
             await self._send(_OP_COMMAND_RESULT,
                              command_result_body(app.sn, cmd_id, status, detail[:200]),
                              f.opaque, _FLAG_RESPONSE)
+            return 0
+        if op == _OP_HEARTBEAT and app.ota is not None:
+            app.ota.session_ok()        # the broker answered: an update on trial is kept
             return 0
         if op == _OP_DISCONNECT:
             raise LinkError("disconnect")

@@ -256,9 +256,10 @@ class CommandsSection:
         max_pending_bytes_per_sender: bytes one token may have waiting.
         max_pending_total: commands waiting in the whole broker.
         max_pending_bytes_total: bytes of commands waiting in the whole broker.
-        admin_reserve_pct: share of the two broker-wide caps that only admin
+        admin_reserve_pct: share of every broker-wide cap (waiting commands here,
+            scheduled items and bytes, undecided transactions) that only admin
             principals may use, so that services together cannot crowd out an
-            admin's unlock.
+            admin's unlock (``lockmq.broker.admission.Admission.share``).
         lock_max_frame_default: the frame limit assumed for a lock that has not
             stated one in CONNECT (older firmware, or not seen since the broker
             started): the firmware's 4 KiB. A command whose frame would be larger is
@@ -292,7 +293,9 @@ class ScheduledSection:
             beyond it a new one gets LIMIT_EXCEEDED.
         max_total: scheduled items waiting in the whole broker (LIMIT_EXCEEDED).
         max_bytes_total: payload bytes held for waiting items (they are kept in
-            memory to be written on time; LIMIT_EXCEEDED).
+            memory to be written on time; LIMIT_EXCEEDED). Non-admins share all but
+            ``commands.admin_reserve_pct`` of it (and of ``max_total``).
+        max_bytes_per_principal: payload bytes one token may have waiting.
         max_horizon_s: how far ahead a deliver-at / not-before time may be
             (INVALID_ARGUMENT); keep it below the store's retention.
         max_sleep_ms: longest the timer sleeps between looks at the clock (it wakes
@@ -306,6 +309,7 @@ class ScheduledSection:
     max_per_principal: int = 10_000
     max_total: int = 200_000
     max_bytes_total: int = 256 * 1024 * 1024
+    max_bytes_per_principal: int = 32 * 1024 * 1024
     max_horizon_s: float = 40 * 24 * 3600.0
     max_sleep_ms: int = 1000
     batch: int = 2000
@@ -330,7 +334,9 @@ class RegistrySection:
         heartbeat_s: seconds between heartbeats (RocketMQ: 30; the registry evicts
             a gateway silent for its ``--evict-after``, 120 s by default).
         insecure: send ``token`` over plain TCP to a registry that is not on this
-            host (the registry has no TLS listener yet; use a trusted network).
+            host (use TLS instead: ``tls_ca``).
+        tls_ca: reach the registries over TLS, verified against this CA (a registry
+            run with ``--tls-cert/--tls-key``).
     """
 
     addresses: list[str] = field(default_factory=list)
@@ -342,6 +348,7 @@ class RegistrySection:
     max_topics: int = 1000
     heartbeat_s: float = 30.0
     insecure: bool = False
+    tls_ca: str = ""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``registry.*`` setting."""
@@ -409,6 +416,8 @@ class MqttSection:
             adds sn, seq, msg_id and lock_ts_ms as user properties) or "json" (a JSON
             object with those fields and the payload in base64, for MQTT 3.1.1 clients).
         topic_scan_ms: how often wildcard subscriptions look for new topics.
+        max_connections: MQTT connections held at once (more are closed at once;
+            ``[security]`` limits per address apply too).
     """
 
     enabled: bool = False
@@ -422,6 +431,7 @@ class MqttSection:
     max_session_expiry_s: int = 7 * 24 * 3600
     envelope: str = "raw"
     topic_scan_ms: int = 1000
+    max_connections: int = 10_000
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``mqtt.*`` setting."""
@@ -429,13 +439,132 @@ class MqttSection:
             if not -1 <= getattr(self, name) <= 65535:
                 raise ValueError(f"mqtt.{name} must be a port, 0 (none) or -1 (any free port)")
         for name in ("max_packet_bytes", "max_inflight", "connect_timeout_s",
-                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms"):
+                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"mqtt.{name} must be positive")
         if self.envelope not in ("raw", "json"):
             raise ValueError("mqtt.envelope must be 'raw' or 'json'")
         if self.enabled and not self.port and not self.tls_port:
             raise ValueError("mqtt.port and mqtt.tls_port are both 0: nothing to listen on")
+
+
+@dataclass
+class BridgeSection:
+    """A northbound bridge: chosen topics forwarded to an upstream MQTT broker (the
+    campus's or a cloud's) at least once, as a consumer cluster whose position is
+    persisted (``lockmq.mqtt.bridge``; docs/mqtt.md).
+
+    Attributes:
+        enabled: run the bridge.
+        upstream: ``host:port`` of the upstream MQTT broker.
+        topics: lockmq topics to forward (each read by the cluster ``<cluster>.<topic>``,
+            per-lock ordered: a lock's records reach the upstream in its order).
+        cluster: name of the bridge's consumer clusters (their positions are what the
+            bridge has forwarded and the upstream acknowledged).
+        remote_prefix: prepended to a record's MQTT topic name upstream
+            (``building-7/`` + ``lock/events``).
+        client_id: the bridge's MQTT client id upstream ("" = ``lockmq-bridge-<host>``).
+        username: user name upstream ("" = none).
+        password: password upstream ("" = none).
+        version: MQTT version spoken upstream: 4 (3.1.1) or 5.
+        tls: connect to the upstream with TLS (system CAs, or ``ca_file``).
+        ca_file: CA bundle for the upstream's certificate ("" = the system's).
+        envelope: "json" (the record's id fields with the payload in base64: what an
+            idempotent upstream consumer keys on) or "raw" (MQTT 5 carries the ids as
+            user properties).
+        max_inflight: records sent upstream and not yet acknowledged (PUBACK).
+        keepalive_s: MQTT keepalive upstream.
+        reconnect_min_s: first wait before reconnecting (doubles, with jitter).
+        reconnect_max_s: longest wait before reconnecting.
+        command_filter: an upstream topic filter whose PUBLISHes are commands for the
+            locks (their topic ends ``<SN>/<kind>``, as ``lockmq/command/<SN>/<kind>``)
+            ("" = none); they go through the same rights as any command, those of
+            ``command_token``.
+        command_token: the lockmq token whose rights upstream commands have.
+    """
+
+    enabled: bool = False
+    upstream: str = ""
+    topics: list[str] = field(default_factory=list)
+    cluster: str = "bridge"
+    remote_prefix: str = ""
+    client_id: str = ""
+    username: str = ""
+    password: str = ""
+    version: int = 5
+    tls: bool = False
+    ca_file: str = ""
+    envelope: str = "json"
+    max_inflight: int = 100
+    keepalive_s: int = 30
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    command_filter: str = ""
+    command_token: str = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``bridge.*`` setting."""
+        if not self.enabled:
+            return
+        host, sep, port = self.upstream.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("bridge.upstream must be host:port")
+        if not self.topics:
+            raise ValueError("bridge.topics must name at least one topic")
+        if self.version not in (4, 5):
+            raise ValueError("bridge.version must be 4 (MQTT 3.1.1) or 5")
+        if self.envelope not in ("raw", "json"):
+            raise ValueError("bridge.envelope must be 'raw' or 'json'")
+        if self.max_inflight <= 0 or self.keepalive_s <= 0 or self.reconnect_min_s <= 0 \
+                or self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("bridge: max_inflight, keepalive_s and reconnect_min_s must be "
+                             "positive, reconnect_max_s >= reconnect_min_s")
+        if self.command_filter and not self.command_token:
+            raise ValueError("bridge.command_filter needs bridge.command_token (whose rights "
+                             "upstream commands have)")
+
+
+@dataclass
+class WebhooksSection:
+    """Webhooks: each record of chosen topics POSTed to HTTP(S) endpoints, each
+    endpoint a consumer cluster (``lockmq.mqtt.webhooks``; docs/mqtt.md).
+
+    Attributes:
+        enabled: run the webhook sink.
+        endpoints: ``URL`` or ``NAME=URL`` per endpoint (the name goes into its
+            clusters' names: ``<cluster>.<name>.<topic>``; default a hash of the URL).
+        topics: lockmq topics whose records are POSTed.
+        cluster: first part of the endpoints' cluster names.
+        secret: HMAC-SHA256 key of the ``X-Lockmq-Signature`` header ("" = unsigned).
+        concurrency: POSTs in flight at once per endpoint (all its topics together).
+        timeout_s: a POST not answered within this is a failure (retried).
+        ordered: per-lock order (a lock's next record waits for the previous one's 2xx).
+        ca_file: CA bundle for https endpoints ("" = the system's).
+    """
+
+    enabled: bool = False
+    endpoints: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    cluster: str = "webhooks"
+    secret: str = ""
+    concurrency: int = 4
+    timeout_s: float = 10.0
+    ordered: bool = False
+    ca_file: str = ""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming a bad ``webhooks.*`` setting."""
+        if not self.enabled:
+            return
+        if not self.endpoints or not self.topics:
+            raise ValueError("webhooks.endpoints and webhooks.topics must not be empty")
+        for e in self.endpoints:
+            url = e.partition("=")[2] if "=" in e and "://" not in e.partition("=")[0] else e
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"webhooks.endpoints: {e!r} is not an http(s) URL")
+        if self.concurrency <= 0 or self.timeout_s <= 0:
+            raise ValueError("webhooks.concurrency and webhooks.timeout_s must be positive")
 
 
 @dataclass
@@ -451,6 +580,8 @@ class Config:
     registry: RegistrySection = field(default_factory=RegistrySection)
     transactions: TransactionsSection = field(default_factory=TransactionsSection)
     mqtt: MqttSection = field(default_factory=MqttSection)
+    bridge: BridgeSection = field(default_factory=BridgeSection)
+    webhooks: WebhooksSection = field(default_factory=WebhooksSection)
     #: Keys of the ``[store]`` table, passed to ``lockmq.store.StoreConfig``.
     store: dict[str, Any] = field(default_factory=dict)
     #: Keys of the ``[security]`` table, passed to ``lockmq.security``.
@@ -531,6 +662,8 @@ class Config:
             raise ValueError("commands.result_timeout_s must be positive")
         self.registry.validate()
         self.mqtt.validate()
+        self.bridge.validate()
+        self.webhooks.validate()
 
     def store_config(self) -> Any:
         """The ``lockmq.store.StoreConfig`` of this broker (``data_dir`` from ``[broker]``)."""
@@ -574,6 +707,8 @@ _SECTIONS = {
     "registry": RegistrySection,
     "transactions": TransactionsSection,
     "mqtt": MqttSection,
+    "bridge": BridgeSection,
+    "webhooks": WebhooksSection,
 }
 
 
@@ -640,7 +775,7 @@ def config_from_dict(data: dict[str, Any], *, check_files: bool = False) -> Conf
 
 
 #: ``table.key`` in a validation message: what a ConfigError names.
-_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt)"
+_SETTING = re.compile(r"\b(broker|devices|consumers|clusters|commands|scheduled|transactions|replication|registry|store|security|mqtt|bridge|webhooks)"
                       r"\.([a-z0-9_]+)")
 
 #: ``[security]`` settings that only the security Guard uses: with ``auth = "off"``

@@ -118,8 +118,17 @@ def test_reboot_command(lock, broker):
     lock.expect(r"^I sys reboot reason=cmd$")
     lock.expect(r"^I sys boot ")
     lock.expect(r"^I net connected")
-    res = broker.send_command(SN, 2, CommandKind.FW_UPDATE, b"{}").result(10)
-    assert res.status == CommandStatus.UNSUPPORTED
+
+
+def test_fw_update_with_bad_args_fails_and_changes_nothing(lock, broker):
+    """(Until #39 FW_UPDATE was answered UNSUPPORTED; it is an update now: hil/test_ota.py.)
+    Arguments that name no bundle are refused before anything is written."""
+    res = broker.send_command(SN, 1, CommandKind.FW_UPDATE, b"{}").result(10)
+    assert res.status == CommandStatus.FAILED and "version" in res.detail
+    bad = json.dumps({"version": "2.0", "size": 10, "sha256": "zz" * 32}).encode()
+    res = broker.send_command(SN, 2, CommandKind.FW_UPDATE, bad).result(10)
+    assert res.status == CommandStatus.FAILED
+    assert not (lock.folder / "ota.dat").exists() and not (lock.folder / "lib.new").exists()
 
 
 def test_command_arriving_with_the_connect_ack_runs_at_once(flash, lock_factory):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import threading
 import time
@@ -115,3 +116,35 @@ def test_clusters_reset_shift_by_and_dry_run_and_topics_lists_offline_clusters(b
     assert topics.returncode == 0, topics.stderr
     row = next(ln for ln in topics.stdout.splitlines() if ln.startswith("shifted"))
     assert row.split()[-1] == "sh", topics.stdout
+
+
+def test_offline_lists_the_locks_gone_with_when_and_why(broker_process):
+    b = broker_process
+    r = lockmq("sim", "--broker", b.address, "--locks", "3", "--events", "1", "--rate", "0",
+               "-q", "--sn-prefix", "GONE-")
+    assert r.returncode == 0, r.stderr
+    out = lockmq("offline", "--broker", b.address)
+    assert out.returncode == 0, out.stderr
+    rows = [ln.split() for ln in out.stdout.splitlines()[1:]]
+    assert sorted(row[0] for row in rows) == ["GONE-000001", "GONE-000002", "GONE-000003"]
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", row[1]) and row[-1]
+               for row in rows), out.stdout
+    data = json.loads(lockmq("offline", "--broker", b.address, "--json").stdout)
+    assert data["count"] == 3 and all(d["reason"] for d in data["devices"])
+
+
+def test_a_gateway_that_stops_cleanly_leaves_the_registry_at_once(tmp_path):
+    from tests.campus.helpers import RegistryProcess, gateway, names
+
+    reg = RegistryProcess(tmp_path / "reg", flags=["--evict-after", "600"])
+    with reg:
+        gw = gateway(tmp_path / "gw" / "data", reg.address, "gw-leaving")
+        deadline = time.monotonic() + 30
+        while names(reg.address) != ["gw-leaving"]:
+            assert time.monotonic() < deadline, "not registered"
+            time.sleep(0.05)
+        gw.stop()
+        assert any("registry_deregistered" in ln for ln in gw.lines), gw.log_tail()
+        # gone now, not after the registry's 600 s eviction
+        assert names(reg.address) == []
+        reg.wait_log(r"gateway_deregistered")

@@ -82,13 +82,20 @@ def test_dump_filters(filled, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 30
 
 
-def test_dump_stops_at_corruption(filled, capsys):
+def test_dump_skips_damage_and_says_so(filled, capsys):
+    """(issue 34: dump used to stop at the first damaged record; the intact ones after
+    it are printed now)"""
+    assert cli(["store", "dump", filled]) == 0
+    before = capsys.readouterr().out.splitlines()
     seg = os.path.join(filled, "message.log", "00000000000000000000.log")
     with open(seg, "r+b") as f:
         f.seek(300)
         f.write(b"\xff\xff")
     assert cli(["store", "dump", filled]) == 1
-    assert "CORRUPT" in capsys.readouterr().err
+    out = capsys.readouterr()
+    assert "DAMAGED: bytes [" in out.err
+    after = out.out.splitlines()
+    assert after[-1] == before[-1] and 0 < len(before) - len(after) <= 2
 
 
 def test_bad_time_is_a_usage_error(filled):

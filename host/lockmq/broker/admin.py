@@ -76,6 +76,7 @@ class Admin:
             "topics": self.topics,
             "clusters": self.clusters,
             "devices": self.devices,
+            "devices.offline": self.devices_offline,
             "connections": self.connections,
             "commands": self.commands,
             "config": self.config,
@@ -161,6 +162,14 @@ class Admin:
         """``devices`` [sn]: locks online now, or only lock ``sn`` (none when offline)."""
         d = self.online_devices.info(_str(args, "sn") if "sn" in args else None)
         return {"ok": True, "count": len(d), "devices": d}
+
+    def devices_offline(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``devices.offline``: locks that went offline since the broker started and
+        have not come back, longest gone first (``sn``, ``last_seen_ms``,
+        ``offline_s``, ``reason``)."""
+        d = self.online_devices.offline_info()
+        return {"ok": True, "count": len(d), "devices": d[:MAX_LIST],
+                "truncated": len(d) > MAX_LIST}
 
     def connections(self, args: dict[str, Any]) -> dict[str, Any]:
         """``connections``: every open connection."""

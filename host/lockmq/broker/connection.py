@@ -147,6 +147,10 @@ class Services:
     lane: Any = None
     #: transactional messages (transactions.py); None: TXN_* frames are not served
     transactions: Any = None
+    #: the one rights decision (admission.py); None: the guard's checks alone
+    admission: Any = None
+    #: firmware bundles (firmware_bundles.py); None: FW_FETCH is not served
+    firmware: Any = None
 
 
 class Connection(asyncio.Protocol):
@@ -726,7 +730,7 @@ class Connection(asyncio.Protocol):
             self._topics_ok.add(topic)
         try:
             # (the frame's SN was bound to the principal by the session already)
-            b.guard.check_publish(self.principal, topic, n=1)
+            (b.admission or b.guard).check_publish(self.principal, topic, n=1)
         except SecurityError as exc:
             self._pub_refused(exc, oneway, opaque)
             return
@@ -1132,7 +1136,8 @@ class Connection(asyncio.Protocol):
         req = decode_json(frame.body)
         self.services.stats.c["admin_requests"] += 1
         try:
-            self.services.guard.check_admin(self.principal, str(req.get("op", "")))
+            b = self.services
+            (b.admission or b.guard).check_admin(self.principal, str(req.get("op", "")))
         except SecurityError as exc:
             self.send_frame(Op.ADMIN_RESPONSE, encode_json(
                 {"ok": False, "error": "FORBIDDEN",
@@ -1211,6 +1216,10 @@ _HANDLERS = {
     Op.PUBLISH_AT: lambda c, f: c.services.scheduler.on_publish_at(c, f),
     Op.COMMAND_AT: lambda c, f: c.services.scheduler.on_command_at(c, f),
     Op.SCHEDULE_CANCEL: lambda c, f: c.services.scheduler.on_cancel(c, f),
+    # over-the-air updates (firmware_bundles.py)
+    Op.FW_FETCH: lambda c, f: (c.services.firmware.on_fetch(c, f) if c.services.firmware
+                               else c.send_error(ErrorCode.UNKNOWN_OPCODE, "no firmware bundles here",
+                                                 f.opaque)),
 }
 _HANDLERS.update(TXN_HANDLERS)   # transactional messages: TXN_PUBLISH, TXN_END, ...
 

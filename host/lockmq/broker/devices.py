@@ -32,6 +32,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .firmware_bundles import lock_firmware
 from lockmq.config import DevicesSection
 from lockmq.protocol import Disconnect, Op
 from lockmq.security import BrokerGuard, SecurityError
@@ -65,6 +66,10 @@ def event_json(sn: str, event: str, ts_ms: int, peer: str, reason: str = "") -> 
     return ('%s"ts_ms":%d,"peer":%s%s' % (head, ts_ms, _json_str(peer), tail)).encode()
 
 
+#: locks remembered as offline (with their last-seen time) at most
+MAX_GONE = 100_000
+
+
 class Devices:
     """The locks online now, keyed by SN (one connection per SN)."""
 
@@ -78,6 +83,9 @@ class Devices:
         #: every open connection (the silence sweep closes any of them)
         self.connections = connections
         self.online_by_sn: dict[str, "Connection"] = {}
+        #: locks that went offline since the broker started: SN -> (wall time, reason),
+        #: the oldest first; at most MAX_GONE (an SN flood must not grow it forever)
+        self.gone: dict[str, tuple[float, str]] = {}
         self._task: asyncio.Task[Any] | None = None
         #: heartbeat records: at most one per lock per slot of this many seconds
         self.record_gap_s = cfg.heartbeat_record_gap_s or cfg.heartbeat_s
@@ -120,6 +128,7 @@ class Devices:
                                                         "this SN").encode())
             old.close("replaced")
         self.online_by_sn[sn] = conn
+        self.gone.pop(sn, None)
         conn.is_device = True
         self.stats.inc("devices_online_events")
         self._event(sn, "online", conn.peer)
@@ -143,6 +152,11 @@ class Devices:
         else:
             self.stats.inc("devices_offline_events")
             reason = reason or "disconnected"
+        if sn not in self.online_by_sn:   # (not when a new connection replaced it)
+            self.gone.pop(sn, None)
+            self.gone[sn] = (time.time(), reason)
+            if len(self.gone) > MAX_GONE:
+                del self.gone[next(iter(self.gone))]
         self._event(sn, event, conn.peer, reason)
 
     def evict_silent(self) -> None:
@@ -203,6 +217,13 @@ class Devices:
         """The connection of lock ``sn`` if it is online now."""
         return self.online_by_sn.get(sn)
 
+    def offline_info(self) -> list[dict[str, Any]]:
+        """The ``devices.offline`` admin op: locks that went offline since the broker
+        started and are not back, longest gone first, with when and why."""
+        now = time.time()
+        return [{"sn": sn, "last_seen_ms": int(t * 1000), "offline_s": round(now - t, 1),
+                 "reason": reason} for sn, (t, reason) in self.gone.items()]
+
     def info(self, sn: str | None = None) -> list[dict[str, Any]]:
         """The ``devices`` admin op: locks online now (only lock ``sn`` when given)."""
         out = []
@@ -217,6 +238,9 @@ class Devices:
             d: dict[str, Any] = {"sn": sn, "peer": conn.peer,
                                  "since_ms": int(conn.connected_at * 1000),
                                  "idle_s": round(now - conn.last_seen, 3)}
+            connect = getattr(conn.session, "connect", None)   # what it said at CONNECT
+            if connect is not None:
+                d.update(lock_firmware(connect.client))
             if hb is not None:
                 d.update({"uptime_s": hb.uptime_s, "queued": hb.queued, "dropped": hb.dropped,
                           "battery_pct": None if hb.battery_pct == 255 else hb.battery_pct,

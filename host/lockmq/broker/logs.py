@@ -213,7 +213,8 @@ class Stats:
         "commands_received", "commands_forwarded", "commands_results", "commands_expired",
         "commands_refused", "admin_requests", "reads_paused", "errors_sent",
         "system_records", "lane_joins", "lane_bails", "lane_writer_reads",
-        "lane_writer_stalls",
+        "lane_writer_stalls", "fw_bundles_released", "fw_chunks_sent", "fw_bytes_sent",
+        "fw_fetch_refused",
     )
 
     def __init__(self) -> None:

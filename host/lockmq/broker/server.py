@@ -34,8 +34,11 @@ from lockmq.signals import reload_on_sighup, stop_on_signals
 from lockmq.replication.primary import attach_primary
 from lockmq.replication.standby import follow_if_standby
 
+from .firmware_bundles import FirmwareBundles
 from .admin import Admin
+from .admission import Admission
 from .auth import make_guard
+from .clusters import ClusterError, Member
 from .commands import Commands
 from .connection import Connection, Connections, Services
 from .core import BrokerCore
@@ -81,8 +84,12 @@ class Broker:
         self.conns = self.connections.by_id
         self.devices = Devices(config.devices, stats, log, self.guard,
                                self.core.publish_system, self.connections)
+        #: the one rights decision where a message or command takes effect, and the
+        #: watcher that ends a revoked principal's sessions and pending work
+        self.admission = Admission(self.guard, stats, log, self.connections,
+                                   reserve_pct=config.commands.admin_reserve_pct)
         self.commands = Commands(config.commands, stats, log, self.guard,
-                                 self.devices.online_lock)
+                                 self.devices.online_lock, admission=self.admission)
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections, self.listening_sockets)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
@@ -98,15 +105,21 @@ class Broker:
         #: steady publish reads below Python (lane.py); None without the compiled path
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
+        #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
+        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
+        self.admin.ops.update(self.firmware.ops())
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
                                  scheduler=self.scheduler, transactions=self.transactions,
-                                 lane=self.lane)
-        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
+                                 lane=self.lane, firmware=self.firmware,
+                                 admission=self.admission)
+        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices,
+                                 authorize=self.guard.authorize_status)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
         self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
+        self.status.extra_gauges.append(self.replication.gauges)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
@@ -178,10 +191,13 @@ class Broker:
             self.lane.start(loop)
         self.devices.start()
         self.commands.start()
+        self.admission.start()
         self.devices.broker_started()
         self.announcer = start_announcer(self)
         self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
-                                     self.guard, self.log, self.stats)
+                                     self.guard, self.log, self.stats, Member, ClusterError)
+        if self.mqtt is not None:
+            self.status.extra_gauges.append(self.mqtt.gauges)
         smax = _somaxconn()
         self.log("broker_started", host=cfg.host, port=self.port, tls_port=self.tls_port or None,
                  status_port=self.status_port or None, data_dir=cfg.data_dir,
@@ -250,6 +266,7 @@ class Broker:
             await self.announcer.stop()
         await self.devices.stop()
         await self.commands.stop()
+        await self.admission.stop()
         await self.scheduler.stop()
         await self.transactions.stop()
         # locks go offline with the broker (consumers of $devices see it)

@@ -31,12 +31,15 @@ GROUPS: list[str] = [
     "broker",
     "standby",
     "devices",
+    "offline",
     "tokens",
     "certs",
     "systemd",
     "export",
     "spark",
     "registry",
+    "completion",
+    "manpage",
 ]
 
 

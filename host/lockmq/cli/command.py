@@ -9,6 +9,7 @@ lock), signs it with the lock's key, holds it while the lock is offline (up to
     lockmq command LK-0A1B2C3D config '{"heartbeat_s": 60}'
     lockmq command LK-0A1B2C3D config --network '{"brokers": [["10.0.0.2", 6843]]}'
     lockmq command LK-0A1B2C3D reboot
+    lockmq command LK-0A1B2C3D fw-update 0.2.0 41234 9f86d081...   # `lockmq firmware release`
 
 Each kind needs its own right in the token (``--command 'KINDS:SN_GLOB'``, see
 ``lockmq tokens``). A config that changes where the lock connects (``brokers``,
@@ -53,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("kind", choices=KINDS)
     p.add_argument("values", nargs="*",
                    help="cards: credential ids in hex; config: a JSON object; "
-                        "fw-update: URL and SHA-256")
+                        "fw-update: VERSION SIZE SHA256 of a released bundle")
     p.add_argument("--seconds", type=int, default=5, help="unlock: how long (default 5)")
     p.add_argument("--network", action="store_true",
                    help="config: the change redirects the lock (brokers, tls); needs the "
@@ -92,9 +93,18 @@ def command_args(kind: str, values: list[str], seconds: int,
         return CommandKind.CONFIG, json.dumps(settings).encode()
     if kind == "reboot":
         return CommandKind.REBOOT, b""
-    if len(values) != 2:
-        raise ValueError("fw-update takes a URL and a SHA-256")
-    return CommandKind.FW_UPDATE, json.dumps({"url": values[0], "sha256": values[1]}).encode()
+    return CommandKind.FW_UPDATE, fw_update_args(values)
+
+
+def fw_update_args(values: list[str]) -> bytes:
+    """FW_UPDATE's args from ``VERSION SIZE SHA256`` (what `lockmq firmware release`
+    prints): the bundle the lock fetches from the broker over its own link."""
+    if len(values) != 3 or not values[1].isdigit():
+        raise ValueError("fw-update takes VERSION SIZE SHA256 (printed by `lockmq firmware release`)")
+    sha = values[2].lower()
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise ValueError("fw-update: SHA256 must be 64 hex digits")
+    return json.dumps({"version": values[0], "size": int(values[1]), "sha256": sha}).encode()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -108,6 +108,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--cache", metavar="DIR", help="cache folder (default ~/.cache/lockmq/mpy32)")
     i.set_defaults(func=_interpreter)
 
+    g = fw.add_parser("image", help="build a MicroPython ESP32 firmware .bin with the app frozen "
+                                    "in (needs a MicroPython checkout and ESP-IDF)")
+    g.add_argument("--out", required=True, help="the firmware .bin to write")
+    g.add_argument("--micropython-src", metavar="DIR", help="a MicroPython git checkout")
+    g.add_argument("--board", default="ESP32_GENERIC", help="MicroPython board (default ESP32_GENERIC)")
+    g.add_argument("--manifest-dir", metavar="DIR", help="where the manifest goes (default: OUT.frozen)")
+    g.add_argument("--check", action="store_true", help="only say what is missing (exit 0 when nothing)")
+    g.set_defaults(func=_image)
+
+    _register_fleet(fw)
+
+
+def _register_fleet(fw: argparse._SubParsersAction) -> None:
+    """``release`` and ``rollout``: over-the-air updates through a broker."""
+    from lockmq.client.cliargs import add_connection_args
+
+    r = fw.add_parser("release", help="publish a firmware bundle to the broker (for fw-update)")
+    add_connection_args(r)
+    r.add_argument("--version", help="the bundle's version (default: this lockmq's); the "
+                                     "updated lock reports it at CONNECT")
+    r.add_argument("--bundle", metavar="FILE", help="release this bundle file instead of "
+                                                    "building one from this install's app")
+    r.add_argument("--out", metavar="FILE", help="also write the bundle to FILE")
+    r.set_defaults(func=_release)
+
+    o = fw.add_parser("rollout", help="update a share of the fleet to a released bundle")
+    add_connection_args(o)
+    o.add_argument("--version", required=True, help="a released bundle's version (fw.list)")
+    who = o.add_mutually_exclusive_group(required=True)
+    who.add_argument("--sn", action="append", help="a lock to update (repeat)")
+    who.add_argument("--percent", type=float, help="this share of the locks online now "
+                                                   "(the same locks for the same share)")
+    o.add_argument("--halt-after", type=int, default=1,
+                   help="stop sending when this many locks failed (default 1)")
+    o.add_argument("--wave", type=int, default=10, help="locks updated at once (default 10)")
+    o.add_argument("--deadline", type=float, default=600.0,
+                   help="seconds a lock has to report the update's outcome (default 600)")
+    o.add_argument("--expires", type=float, default=300.0,
+                   help="the command's expiry for a lock that is offline (default 300)")
+    o.set_defaults(func=_rollout)
+
 
 def _fail(e: Exception) -> int:
     print(f"lockmq firmware: {e}", file=sys.stderr)
@@ -258,4 +299,111 @@ def _interpreter(a: argparse.Namespace) -> int:
     except Unix32Unavailable as e:
         return _fail(e)
     print(exe)
+    return 0
+
+
+def _release(a: argparse.Namespace) -> int:
+    from lockmq.client import AsyncAdmin, LockmqError
+    from lockmq.client.cliargs import endpoint_from_args
+    from lockmq.client.sync import new_event_loop
+    from lockmq.firmware_tools.bundle import build_bundle, info, unpack
+    from lockmq.firmware_tools.fleet import release
+
+    import lockmq
+
+    try:
+        if a.bundle:
+            data = open(a.bundle, "rb").read()
+            unpack(data)
+        else:
+            data = build_bundle(a.version or lockmq.__version__)
+    except (BuildError, OSError) as e:
+        return _fail(e)
+    meta = info(data)
+    if a.out:
+        with open(a.out, "wb") as f:
+            f.write(data)
+
+    async def run() -> None:
+        async with AsyncAdmin(endpoint_from_args(a), token=a.token) as admin:
+            await release(admin, data, meta)
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(run())
+    except (LockmqError, OSError, RuntimeError) as e:
+        print(f"lockmq firmware release: {e}", file=sys.stderr)
+        return 1
+    finally:
+        loop.close()
+    print(f"released {meta.version} {meta.size} {meta.sha256}")
+    print(f"  one lock: lockmq command SN fw-update {meta.version} {meta.size} {meta.sha256}")
+    print(f"  a fleet:  lockmq firmware rollout --version {meta.version} --percent 10")
+    return 0
+
+
+def _rollout(a: argparse.Namespace) -> int:
+    from lockmq.client import AsyncAdmin, AsyncProducer, LockmqError
+    from lockmq.client.cliargs import endpoint_from_args
+    from lockmq.client.sync import new_event_loop
+    from lockmq.firmware_tools.bundle import BundleInfo
+    from lockmq.firmware_tools.fleet import pick, rollout
+
+    async def run() -> int:
+        async with AsyncAdmin(endpoint_from_args(a), token=a.token) as admin:
+            found = (await admin.request("fw.list", version=a.version)).get("bundles", [])
+            if not found:
+                print(f"lockmq firmware rollout: no released bundle {a.version!r} "
+                      f"(lockmq firmware release --version {a.version})", file=sys.stderr)
+                return 2
+            b = found[0]
+            meta = BundleInfo(b["version"], b["size"], b["sha256"])
+            if a.sn:
+                sns = sorted(set(a.sn))
+            else:
+                online = [d["sn"] for d in (await admin.request("devices")).get("devices", [])]
+                sns = pick(online, a.percent)
+            print(f"rollout {meta.version} ({meta.sha256[:12]}) to {len(sns)} lock(s), "
+                  f"halt after {a.halt_after} failure(s)")
+            producer = AsyncProducer(endpoint_from_args(a), token=a.token, name="cli-rollout")
+            await producer.connect()
+            try:
+                r = await rollout(producer, admin, meta, sns, halt_after=a.halt_after,
+                                  wave=a.wave, deadline_s=a.deadline, expires_s=a.expires)
+            finally:
+                await producer.close()
+        counts: dict[str, int] = {}
+        for sn, st in sorted(r.status.items()):
+            print(f"{sn:<24} {st}")
+            key = st.split(":")[0]
+            counts[key] = counts.get(key, 0) + 1
+        print(("HALTED: " if r.halted else "done: ")
+              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        return 1 if r.failures or r.halted else 0
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(run())
+    except (LockmqError, OSError) as e:
+        print(f"lockmq firmware rollout: {e}", file=sys.stderr)
+        return 1
+    finally:
+        loop.close()
+
+
+def _image(a: argparse.Namespace) -> int:
+    from lockmq.firmware_tools.image import build_image, missing
+
+    if a.check:
+        lacking = missing(a.micropython_src, a.board)
+        for item in lacking:
+            print(f"missing: {item}")
+        if not lacking:
+            print("everything the ESP32 image build needs is here")
+        return 2 if lacking else 0
+    try:
+        out = build_image(a.out, a.micropython_src, a.manifest_dir or a.out + ".frozen", a.board)
+    except BuildError as e:
+        return _fail(e)
+    print(f"firmware image {out}: flash it with lockmq firmware flash --firmware {out} ...")
     return 0

@@ -65,8 +65,14 @@ def _dump(args: argparse.Namespace) -> int:
     since_us = None if args.since is None else args.since * 1000
     until_us = None if args.until is None else args.until * 1000
     shown = 0
+    damaged: list[str] = []
+
+    def on_damage(lo: int, hi: int, why: str) -> None:
+        damaged.append(f"[{lo}, {hi})")
+        print(f"DAMAGED: bytes [{lo}, {hi}): {why} (skipped; `lockmq store damage` and "
+              "`lockmq store check` say more)", file=sys.stderr)
     try:
-        for rec in iter_records(args.dir):
+        for rec in iter_records(args.dir, on_damage=on_damage):
             if args.topic is not None and rec.topic != args.topic:
                 continue
             if args.sn is not None and rec.sn != args.sn:
@@ -106,7 +112,7 @@ def _dump(args: argparse.Namespace) -> int:
         return 1
     except BrokenPipeError:
         return 0
-    return 0
+    return 1 if damaged else 0
 
 
 def _damage(args: argparse.Namespace) -> int:

@@ -151,10 +151,11 @@ def _copy_package(src_dir: Path, dst_dir: Path, pkg: str, source: bool, mpy_cros
     return [t for _, t in jobs]
 
 
-def _write_version(lockapp_dir: Path, source: bool, mpy_cross: str | None) -> None:
-    """``lockapp/_version``: the one version (``lockmq.__version__``), which the app
-    logs at boot and sends in CONNECT; the source tree's app says "dev"."""
-    text = f'VERSION = "{lockmq.__version__}"\n'
+def _write_version(lockapp_dir: Path, source: bool, mpy_cross: str | None,
+                   version: str | None = None) -> None:
+    """``lockapp/_version``: the one version (``lockmq.__version__``, or a bundle's
+    own), which the app logs at boot and sends in CONNECT; the source tree's app says "dev"."""
+    text = f'VERSION = "{version or lockmq.__version__}"\n'
     if source:
         (lockapp_dir / "_version.py").write_text(text)
         return
@@ -197,7 +198,7 @@ def ca_der(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
-def write_modules(lib: Path, source: bool) -> None:
+def write_modules(lib: Path, source: bool, version: str | None = None) -> None:
     """The board's Python packages under ``lib``: ``lockmq/protocol`` (the lock's
     modules only: :mod:`.targets`) and ``lockapp`` (with its ``_version``), as ``.py``
     (``source``) or ``.mpy``."""
@@ -209,7 +210,20 @@ def write_modules(lib: Path, source: bool) -> None:
     _copy_package(protocol_src(), lib / "lockmq" / "protocol", "lockmq/protocol", source, mpy_cross,
                   lock_modules(protocol_src()))
     _copy_package(firmware_src() / "lockapp", lib / "lockapp", "lockapp", source, mpy_cross)
-    _write_version(lib / "lockapp", source, mpy_cross)
+    _write_version(lib / "lockapp", source, mpy_cross, version)
+
+
+def write_boot_module(out: Path, source: bool) -> Path:
+    """``lockboot`` beside ``main.py`` (outside ``lib/``: an update never replaces it),
+    ``.mpy`` (``.py`` with ``source``): the boot half of an update (firmware/lockboot.py)."""
+    for old in out.glob("lockboot.*"):
+        old.unlink()
+    src = firmware_src() / "lockboot.py"
+    if source:
+        shutil.copyfile(src, out / "lockboot.py")
+        return out / "lockboot.py"
+    _compile(find_mpy_cross(), src, out / "lockboot.mpy", "lockboot.py")
+    return out / "lockboot.mpy"
 
 
 def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
@@ -240,6 +254,7 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     else:
         write_modules(out / "lib", source)
     shutil.copyfile(firmware_src() / "main.py", out / "main.py")
+    write_boot_module(out, source)
     _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
     if der is not None:
         _write_atomic(out / config.tls_ca, der)

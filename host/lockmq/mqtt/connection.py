@@ -24,28 +24,31 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.cli.command import command_args as cli_args   # the one text form of a command
-from lockmq.broker.clusters import ClusterError, Lease, Member
-from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Op
+from lockmq.protocol import ErrorCode
 from lockmq.security import SecurityError
 from lockmq.security.identity import owner_of
-from lockmq.security.principal import COMMAND_KINDS, KIND_NAMES
 from lockmq.store import InvalidRecord, NewRecord
 
 from . import codec as c
 from . import topics as t
 from .codec import reason as rc
-from .delivery import command_result, json_envelope, user_properties
+from .commands import CommandSender, submit_command
+from .delivery import json_envelope, user_properties
+from .devicestate import PREFIX as DEVICES_PREFIX
 from .rights import message_of, reason_of
 from .sessions import NEVER, Session, SubRecord
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # (types only: the broker builds this package, not the reverse)
+    from lockmq.broker.clusters import Lease, Member
+
     from .server import MqttServer
 
 #: packet ids 1..65535 (0 is not a packet id)
 _MAX_PID = 0xFFFF
 #: deliveries sent per pump before yielding to the loop (QoS 0 has no window)
 _PUMP_BATCH = 512
+#: QoS 1 deliveries leased per pull (a member with a large window takes its turn)
+_PULL_BATCH = 32
 
 
 class Joined:
@@ -53,7 +56,7 @@ class Joined:
 
     __slots__ = ("sub", "cluster", "member", "private")
 
-    def __init__(self, sub: "Sub", cluster: Any, member: Member, private: bool) -> None:
+    def __init__(self, sub: "Sub", cluster: Any, member: "Member", private: bool) -> None:
         self.sub = sub
         self.cluster = cluster
         self.member = member
@@ -70,59 +73,6 @@ class Sub:
         self.group = group
         self.filter = flt
         self.joined: dict[str, Joined] = {}
-
-
-class CommandSender:
-    """Stands in for a lockmq connection in the command path (``Commands.submit``):
-    the lock's result, or a refusal, goes back to the MQTT client as a PUBLISH."""
-
-    def __init__(self, conn: "MqttConnection", sn: str, kind: str, response_topic: str,
-                 correlation: bytes | None) -> None:
-        self.conn = conn
-        self.principal = conn.principal
-        self.sn = sn
-        self.kind = kind
-        self.response_topic = response_topic
-        self.correlation = correlation
-        #: set while ``submit`` runs if it refused the command: (reason, message)
-        self.refusal: tuple[int, str] | None = None
-
-    @property
-    def closed(self) -> bool:
-        """The MQTT connection is gone (the command path then drops the result)."""
-        return self.conn.closed
-
-    def send_frame(self, opcode: int, body: bytes, opaque: int = 0, flags: int = 0) -> None:
-        """The command's answer (COMMAND_RESULT)."""
-        if opcode == Op.COMMAND_RESULT:
-            res = CommandResult.decode(body)
-            self._reply(command_result(self.sn, self.kind, res.status, res.detail))
-
-    def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0) -> None:
-        """Refused by the command path (caps, size, expiry)."""
-        name = _error_name(code)
-        self.refusal = (rc.QUOTA_EXCEEDED if name == "BUSY" else rc.IMPLEMENTATION_SPECIFIC,
-                        message)
-        self._reply(command_result(self.sn, self.kind, CommandStatus.REFUSED, message, name))
-
-    def refused(self, exc: SecurityError, opaque: int) -> None:
-        """Refused by the guard."""
-        self.refusal = (reason_of(exc), message_of(exc))
-        self._reply(command_result(self.sn, self.kind, CommandStatus.REFUSED, message_of(exc),
-                                   exc.code_name))
-
-    def _reply(self, payload: bytes) -> None:
-        props: dict[str, Any] = {"content_type": "application/json"}
-        if self.correlation is not None:
-            props["correlation_data"] = self.correlation
-        self.conn.send_direct(self.response_topic, payload, props)
-
-
-def _error_name(code: int) -> str:
-    for k, v in vars(ErrorCode).items():
-        if v == code and k.isupper():
-            return k
-    return str(code)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -144,23 +94,31 @@ class MqttConnection(asyncio.Protocol):
         self.client_id = ""
         self.session: Session | None = None
         self.subs: dict[str, Sub] = {}
+        #: subscriptions to lockmq/devices/... (lock states: no cluster)
+        self.state_subs: dict[str, SubRecord] = {}
         self.keepalive = 0
         self.last_seen = time.monotonic()
         self.will: c.Will | None = None
         self.recv_max = s.max_inflight   # what we may have unacked towards the client
         self.client_max_packet = 0       # the client's Maximum Packet Size (0: none)
         #: packet id -> the lease it carries (QoS 1 deliveries awaiting PUBACK)
-        self.inflight: dict[int, tuple[Joined, int, int]] = {}
+        self.inflight: dict[int, tuple[Joined, int, int] | None] = {}   # None: retained
+        #: QoS 2 deliveries PUBREC'd and PUBREL'd, waiting for their PUBCOMP
+        self._released: set[int] = set()
         self._next_pid = 1
         self._starved: set[Joined] = set()   # stopped for want of room, not of work
         self._paused = False
         self._timer: asyncio.TimerHandle | None = None
         #: publishes of this read, stored together: (record, qos, packet id)
-        self._pubs: list[tuple[NewRecord, int, int]] = []
+        self._pubs: list[tuple[NewRecord, int, int, str | None]] = []
         self._topics_ok: set[str] = set()
+        #: publishes handed to the store and not answered yet (flow control)
+        self._pending_in = 0
+        self._reading_paused = False
         self._producer_ok = False
         self._seq = 0
         self._qos2: set[int] = set()     # inbound QoS 2 packet ids stored, PUBREL awaited
+        self._topic_fields: dict[str, bytes] = {}   # lockmq topic -> its MQTT name encoded
 
     # -- transport ----------------------------------------------------------------------
 
@@ -169,6 +127,14 @@ class MqttConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.peer_ip = str(peer[0])
         self.peer = f"{peer[0]}:{peer[1]}"
+        if len(self.server.conns) >= self.server.settings.max_connections:
+            self.server.stats.inc("mqtt_connections_refused")
+            self.server.log.limited("mqtt_connection_limit", peer=self.peer,
+                                    cap=self.server.settings.max_connections,
+                                    level="warning")
+            transport.close()
+            self.closed = True
+            return
         try:
             self.server.rights.admit(self.peer_ip)
             self.admitted = True
@@ -314,8 +280,13 @@ class MqttConnection(asyncio.Protocol):
         elif pt == c.PUBREL:
             self._qos2.discard(p.packet_id)
             self.send(c.Ack(c.PUBCOMP, p.packet_id))
-        elif pt in (c.PUBREC, c.PUBCOMP):
-            raise c.ProtocolViolation("this server never sends QoS 2: no PUBREC/PUBCOMP due")
+        elif pt == c.PUBREC:
+            self._on_puback(p)           # the client has it: the lease is done
+            if p.reason < 0x80:
+                self._released.add(p.packet_id)
+                self.send(c.Ack(c.PUBREL, p.packet_id))
+        elif pt == c.PUBCOMP:
+            self._released.discard(p.packet_id)
         elif pt == c.CONNECT:
             raise c.ProtocolViolation("a second CONNECT")
         elif pt == c.AUTH:
@@ -371,8 +342,7 @@ class MqttConnection(asyncio.Protocol):
             self.client_max_packet = int(p.props.get("maximum_packet_size", 0))
         else:
             expiry = 0 if p.clean_start else NEVER
-        if expiry != NEVER or p.version == c.V311:
-            expiry = min(expiry, s.max_session_expiry_s)
+        expiry = min(expiry, s.max_session_expiry_s)   # (MQTT 5 "never" too: CONNACK says)
         self.keepalive = min(p.keepalive, s.max_keepalive_s) if p.keepalive else 0
         present = srv.open_session(self, owner, cid, p.clean_start, expiry)
         self.connected = True
@@ -384,7 +354,7 @@ class MqttConnection(asyncio.Protocol):
                                                                self._keepalive_check)
         props: dict[str, Any] = {}
         if p.version == c.V5:
-            props = {"retain_available": 0, "topic_alias_maximum": 0,
+            props = {"topic_alias_maximum": 0,
                      "receive_maximum": 0xFFFF, "maximum_packet_size": s.max_packet_bytes,
                      "wildcard_available": 1, "shared_available": 1,
                      "subscription_id_available": 1}
@@ -412,11 +382,21 @@ class MqttConnection(asyncio.Protocol):
             if not sid:
                 raise c.ProtocolViolation("Subscription Identifier 0")
         reasons = []
+        retained: list[SubRecord] = []
+        ordered = any(k == "ordered" and v.lower() in ("1", "true", "yes")
+                      for k, v in p.props.get("user_property", ()))
         for s in p.subscriptions:
-            rec = SubRecord(s.filter, min(s.qos, 1), sid)
-            reasons.append(self._subscribe(rec, resumed=False))
+            rec = SubRecord(s.filter, s.qos, sid, ordered=ordered)
+            existed = s.filter in self.subs
+            code = self._subscribe(rec, resumed=False)
+            reasons.append(code)
+            if code < 0x80 and not s.filter.startswith(t.SHARE_PREFIX) and \
+                    (s.retain_handling == 0 or (s.retain_handling == 1 and not existed)):
+                retained.append(rec)
         self.send(c.SubAck(p.packet_id, reasons))
         self.server.session_changed(self)
+        for rec in retained:
+            self._send_retained(rec)
 
     def _subscribe(self, rec: SubRecord, resumed: bool) -> int:
         """Join the clusters of one subscription; the SUBACK reason code."""
@@ -430,6 +410,31 @@ class MqttConnection(asyncio.Protocol):
         except t.TopicError as exc:
             self._sub_refused(rec.filter, rc.TOPIC_FILTER_INVALID, str(exc))
             return rc.TOPIC_FILTER_INVALID
+        if group is None and flt.startswith(t.RESULT_PREFIX):
+            # command results go straight to the connection that sent the command
+            # (never stored): the subscription is granted and joins nothing
+            return 0
+        if group is None and flt.startswith(DEVICES_PREFIX):
+            # the locks' states (devicestate.py): the right to read the events topic
+            events = srv.device_states.topic
+            try:
+                srv.rights.check_consume(self.principal, events, t.private_cluster(
+                    owner_of(self.principal), self.client_id, flt, events))
+            except SecurityError as exc:
+                self._sub_refused(rec.filter, reason_of(exc), message_of(exc))
+                return reason_of(exc)
+            self.state_subs[flt] = rec
+            if self.session is not None:
+                self.session.subs[rec.filter] = rec
+            if not resumed:
+                self._send_states(rec, srv.device_states.matching(flt), retain=True)
+            return min(rec.qos, 1)
+        cap = srv.config.consumers.max_subscriptions_per_connection
+        if rec.filter not in self.subs and len(self.subs) + len(self.state_subs) >= cap:
+            self._sub_refused(rec.filter, rc.QUOTA_EXCEEDED,
+                              f"this connection already holds {cap} subscriptions "
+                              "(consumers.max_subscriptions_per_connection)")
+            return rc.QUOTA_EXCEEDED
         old = self.subs.pop(rec.filter, None)
         if old is not None:   # the same filter again: it replaces the old one
             self._leave(old, forget=False)
@@ -453,6 +458,40 @@ class MqttConnection(asyncio.Protocol):
         if self.session is not None:
             self.session.subs[rec.filter] = rec
         return code
+
+    def _send_states(self, rec: SubRecord, states: Any, retain: bool) -> None:
+        """Lock states to a ``lockmq/devices/...`` subscription (QoS 0: a state is
+        replaced by the next, never queued)."""
+        out = bytearray()
+        for name, payload in states:
+            out += c.Publish(name, payload, 0, retain).encode(self.version)
+        self.write(bytes(out))
+
+    def device_states_changed(self, changed: list[tuple[str, bytes]]) -> None:
+        """Locks' states changed: to the subscriptions that match them."""
+        for flt, rec in self.state_subs.items():
+            self._send_states(rec, [x for x in changed if t.matches(flt, x[0])], retain=False)
+
+    def _send_retained(self, rec: SubRecord) -> None:
+        """The retained messages a new subscription matches (those it may read)."""
+        srv = self.server
+        out = bytearray()
+        for name, payload, qos in srv.retained.matching(rec.filter):
+            topic = t.to_lockmq(name)
+            try:
+                srv.rights.check_consume(self.principal, topic, t.private_cluster(
+                    owner_of(self.principal), self.client_id, rec.filter, topic))
+            except SecurityError:
+                continue
+            q = min(qos, rec.qos)
+            pid = 0
+            if q:
+                pid = self._take_pid()
+                self.inflight[pid] = None
+            props = {"subscription_id": rec.sub_id} if rec.sub_id else {}
+            out += c.Publish(name, payload, q, True, False, pid, props).encode(self.version)
+            srv.stats.inc("mqtt_retained_sent")
+        self.write(bytes(out))
 
     def _exact_ok(self, flt: str) -> bool:
         try:
@@ -482,7 +521,8 @@ class MqttConnection(asyncio.Protocol):
         gets what is published after it). Returns (reason, message) if refused."""
         srv = self.server
         private = sub.group is None
-        name = t.private_cluster(owner_of(self.principal), self.client_id, topic) if private \
+        name = t.private_cluster(owner_of(self.principal), self.client_id, sub.filter, topic) \
+            if private \
             else t.shared_cluster(sub.group or "", sub.filter, topic)
         try:
             srv.rights.check_consume(self.principal, topic, name)
@@ -490,16 +530,18 @@ class MqttConnection(asyncio.Protocol):
             return reason_of(exc), message_of(exc)
         new = name not in srv.core.cluster_owners
         try:
-            cluster = srv.core.cluster(name, topic, srv.ordered, principal=self.principal)
-        except ClusterError as exc:
+            cluster = srv.core.cluster(name, topic, srv.ordered or sub.rec.ordered,
+                                       principal=self.principal)
+        except srv.cluster_error as exc:
             code = rc.NOT_AUTHORIZED if exc.code == "FORBIDDEN" else (
                 rc.QUOTA_EXCEEDED if exc.code == "LIMIT_EXCEEDED" else rc.IMPLEMENTATION_SPECIFIC)
             return code, exc.message
         if private and new and fresh and not cluster.members:
             cluster.reset_to(srv.core.queue_end(topic))
+            srv.core.spawn(srv.core.save_positions())   # now, not at the next flush
         cap = self.recv_max
-        member = Member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
-                        self._wake, cap)
+        member = srv.new_member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
+                                self._wake, cap)
         j = Joined(sub, cluster, member, private)
         sub.joined[topic] = j
         if topic not in sub.rec.topics:
@@ -508,13 +550,18 @@ class MqttConnection(asyncio.Protocol):
         cluster.join(member)
         return None
 
-    def _wake(self, member: Member) -> None:   # replaced per member in _join
+    def _wake(self, member: "Member") -> None:   # replaced per member in _join
         pass
 
     def _on_unsubscribe(self, p: c.Unsubscribe) -> None:
         reasons = []
         for f in p.filters:
             sub = self.subs.pop(f, None)
+            if sub is None and self.state_subs.pop(f, None) is not None:
+                if self.session is not None:
+                    self.session.subs.pop(f, None)
+                reasons.append(0)
+                continue
             if sub is None:
                 reasons.append(0x11)   # no subscription existed
                 continue
@@ -527,8 +574,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _leave(self, sub: Sub, forget: bool) -> None:
         """Leave every cluster of ``sub``; ``forget``: delete its private clusters."""
-        for pid, (j, _w, _d) in list(self.inflight.items()):
-            if j.sub is sub:
+        for pid, got in list(self.inflight.items()):
+            if got is not None and got[0].sub is sub:
                 del self.inflight[pid]
         for j in sub.joined.values():
             self._starved.discard(j)
@@ -541,27 +588,32 @@ class MqttConnection(asyncio.Protocol):
     # -- deliveries ---------------------------------------------------------------------
 
     def _pump(self, j: Joined) -> None:
-        """Lease what ``j``'s cluster has for us, while there is room."""
+        """Lease one batch of what ``j``'s cluster has for us, if there is room, and
+        come back for more on the next loop iteration: the other members the cluster
+        notified in the same wake get their batch first (members compete), and a
+        pull that comes back empty leaves the member waiting for the cluster's next
+        notify (``wants_notify``)."""
         if self.closed or j.sub.joined.get(j.cluster.topic) is not j:
             return
         qos = j.sub.rec.qos
-        sent = 0
-        while True:
-            room = (self.recv_max - len(self.inflight)) if qos else _PUMP_BATCH
-            if room <= 0 or self._paused or sent >= _PUMP_BATCH:
-                self._starved.add(j)
-                if sent >= _PUMP_BATCH:
-                    asyncio.get_running_loop().call_soon(self._pump_starved)
-                return
-            leases = j.cluster.pull(j.member, room)
-            if not leases:
-                self._starved.discard(j)
-                return
-            sent += len(leases)
-            for lease in leases:
-                self._deliver(j, lease, qos)
-            if not qos:
-                j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
+        room = min(self.recv_max - len(self.inflight), _PULL_BATCH) if qos else _PUMP_BATCH
+        if room <= 0 or self._paused:
+            self._starved.add(j)
+            return
+        self._starved.discard(j)
+        leases = j.cluster.pull(j.member, room)
+        if not leases:
+            return
+        out = bytearray()
+        for lease in leases:
+            data = self._deliver(j, lease, qos)
+            if data is not None:
+                out += data
+        self.server.stats.inc("mqtt_delivered", len(leases))
+        self.write(bytes(out))   # one write for the batch
+        if not qos:
+            j.cluster.ack_many(j.member, [(x.wire, x.deliveries) for x in leases])
+        asyncio.get_running_loop().call_soon(self._pump, j)
 
     def _pump_starved(self) -> None:
         if not self._starved or self.closed:
@@ -570,7 +622,8 @@ class MqttConnection(asyncio.Protocol):
             self._starved.discard(j)
             self._pump(j)
 
-    def _deliver(self, j: Joined, lease: Lease, qos: int) -> None:
+    def _deliver(self, j: Joined, lease: "Lease", qos: int) -> bytes | None:
+        """The PUBLISH of one lease (None: it cannot be sent to this client)."""
         rec = lease.rec
         srv = self.server
         pid = 0
@@ -581,16 +634,20 @@ class MqttConnection(asyncio.Protocol):
             payload = json_envelope(rec, lease.deliveries)
         else:
             payload = rec.payload
-        props: dict[str, Any] = {}
+        props = None
         if self.version == c.V5:
-            props["user_property"] = user_properties(rec, lease.deliveries)
+            pr: dict[str, Any] = {"user_property": user_properties(rec, lease.deliveries)}
             if j.sub.rec.sub_id:
-                props["subscription_id"] = j.sub.rec.sub_id
-        pkt = c.Publish(t.to_mqtt(rec.topic), payload, qos, False, lease.deliveries > 1, pid,
-                        props)
-        data = pkt.encode(self.version)
+                pr["subscription_id"] = j.sub.rec.sub_id
+            props = c.encode_props(pr)
+        topic = self._topic_fields.get(rec.topic)
+        if topic is None:
+            if len(self._topic_fields) > 256:
+                self._topic_fields.clear()
+            topic = self._topic_fields[rec.topic] = c.encode_str(t.to_mqtt(rec.topic))
+        data = c.publish_bytes(topic, payload, qos, lease.deliveries > 1, pid, props)
         if self.client_max_packet and len(data) > self.client_max_packet:
-            # the client cannot take it: finish it as the spec says (not sent), and log
+            # the client cannot take it: not sent (as the spec says), nacked, logged
             srv.stats.inc("mqtt_too_large_for_client")
             srv.log("mqtt_too_large_for_client", client=self.client_id, size=len(data),
                     limit=self.client_max_packet, msg=rec.msg_id, level="warning")
@@ -598,21 +655,22 @@ class MqttConnection(asyncio.Protocol):
                 del self.inflight[pid]
                 j.cluster.nack(j.member, lease.wire, lease.deliveries, None,
                                "larger than the MQTT client's maximum packet size")
-            return
-        srv.stats.inc("mqtt_delivered")
-        self.write(data)
+            return None
+        return data
 
     def _take_pid(self) -> int:
         pid = self._next_pid
-        while pid in self.inflight:
+        while pid in self.inflight or pid in self._released:
             pid = pid % _MAX_PID + 1
         self._next_pid = pid % _MAX_PID + 1
         return pid
 
     def _on_puback(self, p: c.Ack) -> None:
-        got = self.inflight.pop(p.packet_id, None)
-        if got is None:
+        if p.packet_id not in self.inflight:
             return   # a lease we gave up (expired, released): nothing to finish
+        got = self.inflight.pop(p.packet_id)
+        if got is None:
+            return   # a retained message: no lease
         j, wire, delivery = got
         try:
             if p.reason >= 0x80:
@@ -621,7 +679,7 @@ class MqttConnection(asyncio.Protocol):
             else:
                 j.cluster.ack(j.member, wire, delivery)
                 self.server.stats.inc("mqtt_acked")
-        except ClusterError:
+        except self.server.cluster_error:
             self.server.stats.inc("mqtt_late_acks")   # expired and leased again meanwhile
         j.cluster.settled(j.member)
         self._pump_starved()
@@ -652,8 +710,6 @@ class MqttConnection(asyncio.Protocol):
         srv = self.server
         if "topic_alias" in p.props:
             raise c.MqttError(0x94, "topic aliases are not offered (Topic Alias Maximum 0)")
-        if p.retain and self.version == c.V5:
-            raise c.MqttError(0x9A, "retained messages are not offered (Retain Available 0)")
         if p.qos == 2 and p.packet_id in self._qos2:
             self.send(c.Ack(c.PUBREC, p.packet_id))   # a resend: stored already
             return
@@ -673,7 +729,7 @@ class MqttConnection(asyncio.Protocol):
         seq = self._seq
         self._seq = (seq + 1) & 0xFFFFFFFF
         rec = NewRecord(topic, self.producer_id, seq, int(time.time() * 1000), p.payload)
-        self._pubs.append((rec, p.qos, p.packet_id))
+        self._pubs.append((rec, p.qos, p.packet_id, p.topic if p.retain else None))
         if len(self._pubs) >= srv.max_publish_batch:
             self._submit_publishes()
 
@@ -698,17 +754,30 @@ class MqttConnection(asyncio.Protocol):
         if not pubs:
             return
         self._pubs = []
-        self.server.publisher.submit([r for r, _q, _p in pubs],
+        self._pending_in += len(pubs)
+        if self._pending_in > self.server.settings.max_inflight * 4 and not self._reading_paused \
+                and self.transport is not None:
+            self._reading_paused = True   # the store is behind: stop reading this client
+            self.transport.pause_reading()
+        self.server.publisher.submit([x[0] for x in pubs],
                                      lambda res, pubs=pubs: self._stored(pubs, res))
 
-    def _stored(self, pubs: list[tuple[NewRecord, int, int]], results: list[Any]) -> None:
+    def _stored(self, pubs: list[tuple[NewRecord, int, int, str | None]],
+                results: list[Any]) -> None:
         """The store's answer: PUBACK (PUBREC) what is durable; refuse what is not."""
         srv = self.server
+        self._pending_in -= len(pubs)
+        if self._reading_paused and self._pending_in <= srv.settings.max_inflight \
+                and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
         out = bytearray()
-        for (rec, qos, pid), res in zip(pubs, results):
+        for (rec, qos, pid, retain), res in zip(pubs, results):
             ok = not isinstance(res, Exception)
             if ok:
                 srv.stats.inc("mqtt_publish_stored")
+                if retain is not None and not srv.retained.put(retain, rec.payload, qos):
+                    srv.stats.inc("mqtt_retained_refused")
             if not qos:
                 continue
             if ok:
@@ -754,30 +823,15 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_command(self, p: c.Publish) -> None:
         """``lockmq/command/<SN>/<kind>``: a downlink command (see docs/mqtt.md)."""
-        srv = self.server
-        sn, _, kind_name = p.topic[len(t.COMMAND_PREFIX):].partition("/")
         response = p.props.get("response_topic") or f"{t.RESULT_PREFIX}{self.client_id}"
         corr = p.props.get("correlation_data")
-        sender = CommandSender(self, sn, kind_name, response, corr)
-        kind = COMMAND_KINDS.get(kind_name)
-        if kind is None and kind_name.isdigit():
-            kind = int(kind_name)
-            kind_name = KIND_NAMES.get(kind, kind_name)
-        try:
-            if not sn or kind is None:
-                raise ValueError(f"write {t.COMMAND_PREFIX}<SN>/<kind>, kind one of "
-                                 f"{', '.join(COMMAND_KINDS)}")
-            args = command_args(kind_name, p.payload,
-                                p.props.get("content_type") == "application/octet-stream")
-        except ValueError as exc:
-            sender.send_error(int(ErrorCode.INVALID_ARGUMENT), str(exc), 0)
-            self._command_acked(p, sender)
-            return
-        expires_ms = 0
-        if "message_expiry" in p.props:
-            expires_ms = int(time.time() * 1000) + int(p.props["message_expiry"]) * 1000
-        srv.stats.inc("mqtt_commands")
-        srv.commands.submit(sender, 0, Command(sn, 0, expires_ms, kind, args))  # type: ignore[arg-type]
+        props: dict[str, Any] = {"content_type": "application/json"}
+        if corr is not None:
+            props["correlation_data"] = corr
+        sender = CommandSender(self.principal, lambda: self.closed,
+                               lambda payload: self.send_direct(response, payload, props))
+        self.server.stats.inc("mqtt_commands")
+        submit_command(self.server.commands, sender, p.topic[len(t.COMMAND_PREFIX):], p)
         self._command_acked(p, sender)
 
     def _command_acked(self, p: c.Publish, sender: CommandSender) -> None:
@@ -799,19 +853,3 @@ class MqttConnection(asyncio.Protocol):
             return
         self.send(c.Publish(name, payload, 0, False, False, 0,
                             props if self.version == c.V5 else {}))
-
-
-def command_args(kind_name: str, payload: bytes, raw: bool) -> bytes:
-    """A command's protocol arguments from an MQTT payload: ``raw`` (MQTT 5 content
-    type ``application/octet-stream``) as they are; else the text ``lockmq command``
-    takes (unlock: seconds, default 5; cards: hex ids; config: JSON; fw-update:
-    URL and SHA-256)."""
-    if raw:
-        return payload
-    text = payload.decode("utf-8", "replace").strip()
-    if kind_name == "unlock":
-        seconds = int(text) if text else 5
-        return cli_args("unlock", [], seconds)[1]
-    if kind_name == "config":
-        return cli_args("config", [text] if text else [], 0)[1]
-    return cli_args(kind_name, text.split(), 0)[1]

@@ -13,34 +13,45 @@ import secrets
 import socket
 import time
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from lockmq.config import ANY_FREE_PORT, Config, MqttSection
 
 from . import topics as t
 from .codec import reason as rc
+from .bridge import Bridge
 from .connection import MqttConnection
 from .rights import Rights
+from .devicestate import DeviceStates
+from .retained import RetainedStore
 from .sessions import Session, SessionStore, session_key
+from .webhooks import WebhookSink
 
 
 class MqttServer:
     """The MQTT side of one broker (see the module docstring)."""
 
     def __init__(self, config: Config, core: Any, publisher: Any, commands: Any, guard: Any,
-                 log: Any, stats: Any) -> None:
+                 log: Any, stats: Any, new_member: Callable[..., Any],
+                 cluster_error: type[Exception]) -> None:
         self.config = config
+        #: the broker's cluster Member class, and the error its clusters raise (handed
+        #: in by the broker: this package never imports lockmq.broker)
+        self.new_member = new_member
+        self.cluster_error = cluster_error
         self.settings: MqttSection = config.mqtt
         self.core = core
         self.publisher = publisher
         self.commands = commands
-        self.rights = Rights(guard)
+        self.rights = Rights(guard, getattr(commands, "admission", None))
         self.guard = guard
         self.log = log
         self.stats = stats
         self.ordered = config.consumers.ordered_default
         self.max_publish_batch = config.broker.max_publish_batch
         self.sessions = SessionStore(config.broker.data_dir)
+        self.retained = RetainedStore(config.broker.data_dir)
+        self.device_states = DeviceStates(core, config.devices.events_topic)
         self.conns: set[MqttConnection] = set()
         #: the connection of each live session, by session key
         self.live: dict[str, MqttConnection] = {}
@@ -50,18 +61,35 @@ class MqttServer:
         self._known_topics: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
+        #: the northbound bridge (``[bridge] enabled``), or None
+        self.bridge: Bridge | None = None
+        #: the webhook sink (``[webhooks] enabled``), or None
+        self.webhooks: WebhookSink | None = None
 
     # -- life cycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the sessions and listen (plain and/or TLS, as configured)."""
+        """Start the bridge if configured, load the sessions and listen (plain and/or
+        TLS) if ``[mqtt] enabled``."""
+        if self.config.bridge.enabled:
+            self.bridge = Bridge(self.config.bridge, self.core, self.log, self.stats,
+                                 self.new_member, self.commands, self.rights)
+            self.bridge.start()
+        if self.config.webhooks.enabled:
+            self.webhooks = WebhookSink(self.config.webhooks, self.core, self.log, self.stats,
+                                        self.new_member, self.cluster_error)
+            self.webhooks.start()
         s = self.settings
+        if not s.enabled:
+            return
         self.sessions.load()
+        self.retained.load()
         now = int(time.time() * 1000)
         for sess in self.sessions.sessions.values():
             if not sess.disconnected_ms:   # connected when the broker stopped
                 sess.disconnected_ms = now
         self._known_topics = set(self.core.topics())
+        self.device_states.follow()
         host = s.host or self.config.broker.host
         loop = asyncio.get_running_loop()
         for port, tls in ((s.port, False), (s.tls_port, True)):
@@ -90,9 +118,23 @@ class MqttServer:
         self.log("mqtt_started", port=self.port or None, tls_port=self.tls_port or None,
                  sessions=len(self.sessions.sessions), envelope=s.envelope)
 
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """``/metrics`` gauges: connections, sessions, the bridge's state."""
+        out = {"mqtt_connections": ("MQTT connections open now", float(len(self.conns))),
+               "mqtt_sessions": ("MQTT sessions kept (live or waiting for their client)",
+                                 float(len(self.sessions.sessions) + sum(
+                                     1 for k in self.live if k not in self.sessions.sessions)))}
+        if self.bridge is not None:
+            out.update(self.bridge.gauges())
+        return out
+
     async def stop(self) -> None:
         """Stop listening, tell every client the server is going away, save sessions."""
         self._closing = True
+        if self.bridge is not None:
+            await self.bridge.stop()
+        if self.webhooks is not None:
+            await self.webhooks.stop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -127,6 +169,10 @@ class MqttServer:
                     for topic in new:
                         conn.join_new_topic(topic)
             self._expire_sessions()
+            changed = self.device_states.follow()
+            if changed:
+                for conn in list(self.live.values()):
+                    conn.device_states_changed(changed)
         except Exception as exc:  # noqa: BLE001 -- the timer must keep going
             self.log("mqtt_tick_failed", error=repr(exc), level="error")
         self._arm()
@@ -147,6 +193,8 @@ class MqttServer:
         if old is not None and old is not conn:
             self.stats.inc("mqtt_takeovers")
             old.disconnect(rc.SESSION_TAKEN_OVER, "another connection took this session")
+            if old.session is not None and not old.session.expiry_s:
+                self._end_session(old.session)   # it ended with its connection
         saved = self.sessions.get(owner, client_id)
         if saved is not None and (clean or saved.expired(time.time() * 1000)):
             self._end_session(saved)
@@ -172,8 +220,7 @@ class MqttServer:
         """An MQTT 5 DISCONNECT changed the session expiry."""
         s = conn.session
         if s is not None:
-            s.expiry_s = min(expiry_s, self.settings.max_session_expiry_s) \
-                if expiry_s != 0xFFFFFFFF else expiry_s
+            s.expiry_s = min(expiry_s, self.settings.max_session_expiry_s)
 
     def session_closed(self, conn: MqttConnection) -> None:
         """``conn`` closed: its session waits for it (persistent) or ends."""
@@ -202,7 +249,7 @@ class MqttServer:
             if group is not None:
                 continue
             for topic in rec.topics:
-                name = t.private_cluster(s.owner, s.client_id, topic)
+                name = t.private_cluster(s.owner, s.client_id, rec.filter, topic)
                 c = self.core.clusters.get(name)
                 if c is None or not c.members:
                     self.core.forget_cluster(name)
@@ -215,10 +262,14 @@ class MqttServer:
 
 
 async def start_mqtt(config: Config, core: Any, publisher: Any, commands: Any, guard: Any,
-                     log: Any, stats: Any) -> MqttServer | None:
-    """The broker's hook: the MQTT listener started if ``[mqtt] enabled``, else None."""
-    if not config.mqtt.enabled:
+                     log: Any, stats: Any, new_member: Callable[..., Any],
+                     cluster_error: type[Exception]) -> MqttServer | None:
+    """The broker's hook: the MQTT listener (``[mqtt] enabled``), the bridge
+    (``[bridge] enabled``) and the webhooks (``[webhooks] enabled``) started; None
+    when none is on."""
+    if not (config.mqtt.enabled or config.bridge.enabled or config.webhooks.enabled):
         return None
-    srv = MqttServer(config, core, publisher, commands, guard, log, stats)
+    srv = MqttServer(config, core, publisher, commands, guard, log, stats, new_member,
+                     cluster_error)
     await srv.start()
     return srv

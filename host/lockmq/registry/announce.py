@@ -20,6 +20,9 @@ from lockmq.client.errors import AdminError, AuthError, LockmqError
 
 from .client import registry_addresses, registry_endpoint
 
+#: how long a stopping gateway gives each registry to take its deregistration
+DEREGISTER_TIMEOUT_S = 2.0
+
 
 def advertised_address(host: str, port: int, advertise: str = "") -> str:
     """``advertise`` or ``host:port`` (a wildcard host becomes this machine's name)."""
@@ -49,16 +52,38 @@ class Announcer:
             self.tasks.append(asyncio.ensure_future(self._run(address)))
 
     async def stop(self) -> None:
-        """Stop heartbeating (the registry evicts the gateway after its timeout)."""
+        """Stop heartbeating and deregister from every registry (a clean stop: clients
+        looking the topic up stop getting this gateway at once, not only after the
+        registry's eviction timeout, which still covers a crash)."""
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.tasks:
+            name = self.info()["name"]
+            await asyncio.gather(*(self._deregister(a, name) for a in
+                                   registry_addresses(self.settings.addresses)))
+
+    async def _deregister(self, address: str, name: str) -> None:
+        admin = AsyncAdmin(registry_endpoint(address, self.settings.insecure),
+                           token=self.settings.token or None, timeout_s=DEREGISTER_TIMEOUT_S,
+                           client_id=_client_id(name))
+        try:
+            await asyncio.wait_for(admin.connect(), DEREGISTER_TIMEOUT_S)
+            await admin.request("registry.deregister", name=name)
+            self.log("registry_deregistered", registry=address, name=name)
+        except (LockmqError, OSError, asyncio.TimeoutError) as exc:
+            self.log("registry_deregister_failed", level="warning", registry=address,
+                     error=str(exc) or type(exc).__name__,
+                     hint="the registry evicts the gateway after its timeout")
+        finally:
+            await admin.close()
 
     async def _run(self, address: str) -> None:
         backoff = Backoff(0.5, max(1.0, self.settings.heartbeat_s))
         down = False
         while True:
-            admin = AsyncAdmin(registry_endpoint(address, self.settings.insecure), token=self.settings.token or None,
+            admin = AsyncAdmin(registry_endpoint(address, self.settings.insecure,
+                                                 getattr(self.settings, "tls_ca", "") or None), token=self.settings.token or None,
                                timeout_s=10.0,
                                client_id=_client_id(self.info()["name"]))
             try:

@@ -25,6 +25,8 @@ from .settings import ReplicationSettings
 POSITIONS_EVERY_S = 0.2
 #: most clusters one answer carries (the rest follow in the next ones)
 MAX_CLUSTERS = 1000
+#: a standby silent this long beyond its long-poll wait counts as not connected
+STANDBY_SILENT_S = 5.0
 
 
 def whole_records(data: bytes) -> int:
@@ -63,6 +65,8 @@ class ReplicaSource:
         self._stopping = False
         #: serves ``replica.security`` (set by :func:`attach_primary`)
         self.registry: RegistrySource | None = None
+        #: ``replication_fenced`` logged for this outage (again after in sync)
+        self._fence_logged = False
 
     # -- the store side -------------------------------------------------------------
 
@@ -70,11 +74,37 @@ class ReplicaSource:
         """New records are readable: wake parked fetches."""
         self._data.set()
 
+    def fenced(self) -> bool:
+        """With ``fence_after_s``: the primary may not ack (its standby is not in
+        sync, or has been silent for ``fence_after_s``: it may be promoting itself)."""
+        after = self.settings.fence_after_s
+        if not after or self._stopping:
+            return False
+        return not self.in_sync or time.monotonic() - self.last_fetch >= after
+
+    def _fence_error(self) -> BaseException:
+        from lockmq.store import StoreClosed   # (the broker imports this module)
+
+        if not self._fence_logged:
+            self._fence_logged = True
+            self.stats.inc("replication_fences")
+            self.log("replication_fenced", level="error", acked=self.acked,
+                     standby_seen_s_ago=round(time.monotonic() - self.last_fetch, 1)
+                     if self.last_fetch else None,
+                     hint="publishes are refused until the standby follows in sync again "
+                          "(it may have been promoted: then this broker must not serve)")
+        return StoreClosed("fenced: this primary's standby is not following in sync "
+                           "(it may have been promoted); try the next broker")
+
     def after_durable(self, end: int, released: Released) -> None:
         """``core.after_durable`` in sync mode, for every write through the core (the
         publish path's and the broker's own): ``released(None)`` once the standby
         acknowledged ``end`` -- at once when it already has or replication is not in
-        sync (async, degraded, not caught up yet)."""
+        sync (async, degraded, not caught up yet). A fenced primary
+        (``fence_after_s``) answers an error instead: nothing it holds is acked."""
+        if self.fenced():
+            released(self._fence_error())
+            return
         if self.acked >= end or not self.in_sync or self._stopping:
             released(None)
             return
@@ -83,8 +113,8 @@ class ReplicaSource:
             self._arm_watchdog()
 
     def _arm_watchdog(self) -> None:
-        self._watchdog = asyncio.get_running_loop().call_later(
-            self.settings.sync_timeout_s / 4, self._check_standby)
+        every = self.settings.fence_after_s or self.settings.sync_timeout_s
+        self._watchdog = asyncio.get_running_loop().call_later(every / 4, self._check_standby)
 
     def _check_standby(self) -> None:
         """Degrade to async if the standby has been silent for ``sync_timeout_s``."""
@@ -92,6 +122,17 @@ class ReplicaSource:
         if not self._waiters:
             return
         silent = time.monotonic() - self.last_fetch
+        if self.settings.fence_after_s:   # fenced: never degrade, refuse what waits
+            if self.fenced():
+                self.in_sync = False
+                error = self._fence_error()
+                waiters, self._waiters = self._waiters, []
+                loop = asyncio.get_running_loop()
+                for _end, released in waiters:
+                    loop.call_soon(released, error)
+                return
+            self._arm_watchdog()
+            return
         if silent >= self.settings.sync_timeout_s:
             self._stop_holding("replication_degraded", 1,
                                "acks no longer wait for the standby: a primary crash now "
@@ -154,6 +195,7 @@ class ReplicaSource:
         if self.settings.sync and not self.in_sync and not self._stopping \
                 and self.acked >= store.log_end:
             self.in_sync = True
+            self._fence_logged = False
             self.log("replication_in_sync", acked=self.acked,
                      level="info" if first else "warning")
 
@@ -188,7 +230,9 @@ class ReplicaSource:
                 await asyncio.wait_for(self._data.wait(), wait_ms / 1000)
             except asyncio.TimeoutError:
                 pass
-        out: dict[str, Any] = {"ok": True, "log_end": store.log_end, "in_sync": self.in_sync}
+        out: dict[str, Any] = {"ok": True, "log_end": store.log_end, "in_sync": self.in_sync,
+                               # a self-promoting standby needs to know it is fenced
+                               "fence_after_s": self.settings.fence_after_s}
         out.update(self._chunk(start, max_bytes))
         now = time.monotonic()
         if now - self._positions_sent >= POSITIONS_EVERY_S:
@@ -231,6 +275,35 @@ class ReplicaSource:
                 "in_sync": self.in_sync, "waiting": len(self._waiters), "acked": self.acked, "log_end": store.log_end,
                 "lag_bytes": store.log_end - self.acked if self.acked >= 0 else None,
                 "standby_seen_s_ago": round(time.monotonic() - seen, 3) if seen else None}
+
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The primary's replication state for ``/metrics`` (``lockmq_replication_*``)."""
+        store = self.core.store
+        log_end = store.log_end if store is not None else 0
+        seen = time.monotonic() - self.last_fetch if self.last_fetch else -1.0
+        live = 0 <= seen < self.settings.fetch_wait_ms / 1000 + STANDBY_SILENT_S
+        out = {
+            "replication_primary": ("1: this broker serves as the primary (a standby "
+                                    "exports its own lockmq_replication_* gauges)", 1),
+            "replication_sync": ("1 when acks wait for the standby ([replication] sync)",
+                                 1 if self.settings.sync else 0),
+            "replication_in_sync": ("1 while acks wait for the standby (sync, caught up, "
+                                    "not degraded)", 1 if self.in_sync else 0),
+            "replication_standby_connected": ("1 while a standby fetches (seen within "
+                                              "fetch_wait_ms + 5 s)", 1 if live else 0),
+            "replication_standby_last_fetch_seconds": (
+                "Seconds since the standby's last fetch (-1: none since the start)", seen),
+            "replication_log_end_bytes": ("Commit-log offset written here", log_end),
+            "replication_fenced": ("1 while this primary refuses writes: fence_after_s is "
+                                   "set and its standby is not following in sync",
+                                   1 if self.fenced() else 0),
+        }
+        if self.acked >= 0:
+            out["replication_lag_bytes"] = ("Commit-log bytes the standby does not have "
+                                            "yet (what a crash here would lose without "
+                                            "sync)", max(0, log_end - self.acked))
+        return out
 
 
 def attach_primary(broker: Any) -> ReplicaSource:

@@ -9,6 +9,10 @@ from typing import Any
 from lockmq.config import _apply
 
 
+#: a self-promoting standby waits at least this much longer than the primary's fence
+FENCE_MARGIN_S = 2.0
+
+
 @dataclass
 class ReplicationSettings:
     """Attributes:
@@ -22,8 +26,18 @@ class ReplicationSettings:
             degrades to async (and says so in its log and metrics).
         promote_after_s: a standby promotes itself after the primary has been
             unreachable this long; 0 (default) = never: only ``lockmq standby
-            promote`` does, because a primary that is merely cut off from its standby
-            would otherwise go on acking beside a second primary (split brain).
+            promote`` does. Safe only against a fenced primary (``fence_after_s``):
+            the standby then promotes itself only if the primary it followed is
+            fenced, it was in sync, and ``promote_after_s`` is at least the
+            primary's ``fence_after_s`` + 2 s; without a fence a primary merely cut
+            off from its standby would go on acking beside a second primary (split
+            brain), and the standby says so in its log.
+        fence_after_s: primary only, needs ``sync = true``: the primary acks writes
+            only while its standby follows in sync; before the standby has caught up
+            and once it has been silent this long, publishes are answered
+            SHUTTING_DOWN ("fenced") instead of acked, and never degrade to async.
+            A standby that promotes itself (``promote_after_s``) therefore never
+            serves beside a primary that still acks. 0 (default) = no fence.
         fetch_max_bytes: most log bytes one fetch answer carries.
         fetch_wait_ms: how long the primary holds a fetch that finds nothing new.
         registry_every_s: standby only: how often it asks for the primary's security
@@ -36,6 +50,7 @@ class ReplicationSettings:
     sync: bool = False
     sync_timeout_s: float = 5.0
     promote_after_s: float = 0.0
+    fence_after_s: float = 0.0
     fetch_max_bytes: int = 1 << 20
     fetch_wait_ms: int = 500
     registry_every_s: float = 1.0
@@ -56,6 +71,11 @@ class ReplicationSettings:
             raise ValueError("replication.primary (host:port) is required for a standby")
         if self.registry_every_s <= 0:
             raise ValueError("replication.registry_every_s must be positive")
+        if self.fence_after_s < 0:
+            raise ValueError("replication.fence_after_s must be >= 0 (0 = no fence)")
+        if self.fence_after_s and not self.sync:
+            raise ValueError("replication.fence_after_s needs replication.sync = true (a "
+                             "fence guards acks that wait for the standby)")
         if self.sync_timeout_s <= 0 or self.promote_after_s < 0:
             raise ValueError("replication.sync_timeout_s must be positive and "
                              "replication.promote_after_s >= 0")

@@ -24,7 +24,7 @@ from lockmq.store.files import create_file, fsync_dir
 from .logcopy import LogCopy, LogMismatch
 from .registry_copy import MasterKeyMismatch, RegistryCopy
 from .refuser import open_refuser
-from .settings import ReplicationSettings
+from .settings import FENCE_MARGIN_S, ReplicationSettings
 
 #: dropped into the data directory by ``lockmq standby promote``
 PROMOTE = "PROMOTE"
@@ -60,18 +60,54 @@ class Follower:
         self._registry_due = 0.0
         self._admin: Any = None
         self._unreachable_since: float | None = None
+        #: when the primary last answered a fetch (the fence's clock starts there)
+        self._last_ok: float | None = None
+        #: the primary's ``fence_after_s`` from its last answer (0: not fenced)
+        self.primary_fence_s = 0.0
+        #: the primary said in_sync in an answer since this standby started
+        self.was_in_sync = False
+        self.primary_log_end = 0
         self.promote_reason = ""
+        self._unsafe_logged = False
+        #: the standby's status page port (0: none), set before :meth:`run`
+        self.status_port = 0
+
+    def auto_promote_safe(self) -> str:
+        """Why promoting by ``promote_after_s`` could serve beside a primary that still
+        acks, or "" when it cannot: the primary is fenced, this standby was in sync,
+        and the wait is longer than the fence by FENCE_MARGIN_S."""
+        if not self.primary_fence_s:
+            return "the primary has no fence ([replication] fence_after_s on the primary)"
+        if not self.was_in_sync:
+            return "this standby has not been in sync with the primary since it started"
+        if self.settings.promote_after_s < self.primary_fence_s + FENCE_MARGIN_S:
+            return (f"promote_after_s {self.settings.promote_after_s:g} is not at least the "
+                    f"primary's fence_after_s {self.primary_fence_s:g} + {FENCE_MARGIN_S:g} s")
+        return ""
 
     def _promotion_due(self) -> bool:
         if os.path.exists(os.path.join(self.data_dir, PROMOTE)):
             self.promote_reason = "requested"
             return True
         after = self.settings.promote_after_s
-        if after and self._unreachable_since is not None \
-                and time.monotonic() - self._unreachable_since >= after:
-            self.promote_reason = f"primary unreachable for {after} s"
-            return True
-        return False
+        if not after or self._unreachable_since is None:
+            return False
+        since = self._last_ok if self._last_ok is not None else self._unreachable_since
+        if time.monotonic() - since < after:
+            return False
+        unsafe = self.auto_promote_safe()
+        if unsafe and self.primary_fence_s:
+            # a fenced primary but not safe to take over (not in sync, too short a
+            # wait): waiting is the safe side; `lockmq standby promote` still works
+            if not self._unsafe_logged:
+                self._unsafe_logged = True
+                self.log("standby_not_promoting", level="error", reason=unsafe,
+                         hint="promote by hand (lockmq standby promote) once the "
+                              "primary is known to be down")
+            return False
+        self.promote_reason = f"primary unreachable for {after} s" + (
+            "" if not unsafe else " (unfenced primary: split brain possible)")
+        return True
 
     async def _connect(self) -> Any:
         from lockmq.client.admin import AsyncAdmin
@@ -105,6 +141,11 @@ class Follower:
         resp = await self._admin.request("replica.fetch", **{
             "from": self.copy.end, "max_bytes": self.settings.fetch_max_bytes,
             "wait_ms": self.settings.fetch_wait_ms})
+        self._last_ok = time.monotonic()
+        self.primary_fence_s = float(resp.get("fence_after_s") or 0)
+        self.primary_log_end = int(resp.get("log_end") or 0)
+        if resp.get("in_sync"):
+            self.was_in_sync = True
         data = base64.b64decode(resp.get("data") or "")
         if data:
             self.copy.append(int(resp["base"]), data, resp.get("qstart"))
@@ -135,7 +176,8 @@ class Follower:
     async def run(self, stop: asyncio.Event) -> bool:
         """Follow until promoted (True) or ``stop`` is set (False)."""
         self.log("standby_following", primary=self.settings.primary, log_end=self.copy.end,
-                 port=self.config.broker.port, data_dir=self.data_dir)
+                 port=self.config.broker.port, status_port=self.status_port or None,
+                 data_dir=self.data_dir, promote_after_s=self.settings.promote_after_s or None)
         try:
             while not stop.is_set():
                 if self._promotion_due():
@@ -204,9 +246,16 @@ async def follow_if_standby(config: Config) -> bool:
         counts: dict[str, int] = {}
         refuser = await open_refuser(b.host, b.port, settings.primary, counts) \
             if b.port else None
+        from .standby_status import StandbyStatus
+
+        status = StandbyStatus(follower) if b.status_port else None
         try:
+            if status is not None:   # -1: any free port, named in standby_following
+                follower.status_port = await status.start(b.status_host, max(b.status_port, 0))
             followed = await follower.run(stop_on_signals())
         finally:
+            if status is not None:
+                await status.stop()
             if refuser is not None:
                 refuser.close()
                 await refuser.wait_closed()

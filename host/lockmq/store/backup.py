@@ -46,8 +46,9 @@ from dataclasses import asdict, dataclass, field
 from .config import StoreConfig
 from .engine import Store
 from .files import atomic_write, create_file, fsync_dir, make_dir
-from .names import (CHECKPOINT, LOCK, SEGMENT_DIR, TMP_SUFFIX, index_topic, list_segments,
-                    positions_cluster, qstart_name, segment_name)
+from .names import (CHECKPOINT, CLOCK, DAMAGE, LOCK, POSITIONS_COPY, REINDEX, SEGMENT_DIR,
+                    TMP_SUFFIX, index_topic, list_segments, positions_cluster, qstart_name,
+                    segment_name)
 
 #: The file that marks a complete backup (written last).
 MANIFEST = "lockmq-backup.json"
@@ -58,6 +59,9 @@ MANIFEST_FORMAT = 1
 _SKIP_SUFFIXES = (TMP_SUFFIX, "-wal", "-shm", "-journal")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _CHUNK = 1 << 20
+#: the store's small state files besides positions, checkpoint and indexes: copied
+#: with them (a backup of a damaged store keeps its quarantine list)
+_STATE_FILES = (POSITIONS_COPY, DAMAGE, REINDEX, CLOCK)
 
 
 class BackupError(Exception):
@@ -232,7 +236,8 @@ def backup(data_dir: str, dest: str) -> BackupReport:
     names = sorted(os.listdir(src))
     positions = [n for n in names if positions_cluster(n) is not None]
     indexes = [n for n in names if index_topic(n) is not None]
-    store_files = set(positions) | set(indexes) | {CHECKPOINT, LOCK, SEGMENT_DIR, MANIFEST}
+    store_files = set(positions) | set(indexes) | {CHECKPOINT, LOCK, SEGMENT_DIR, MANIFEST} \
+        | set(_STATE_FILES)
     # (1) side files: the security registry (SQLite, online backup API), master key, ...
     for name in names:
         path = os.path.join(src, name)
@@ -242,7 +247,7 @@ def backup(data_dir: str, dest: str) -> BackupReport:
         copied(copy(path, os.path.join(dest, name)))
         rep.side_files.append(name)
     # (2) positions, (3) checkpoint, (4) indexes: in this order (module docstring)
-    for name in positions + [CHECKPOINT] + indexes:
+    for name in positions + [n for n in _STATE_FILES if n in names] + [CHECKPOINT] + indexes:
         try:
             copied(_copy_file(os.path.join(src, name), os.path.join(dest, name)))
         except FileNotFoundError:   # a cluster deleted meanwhile; no checkpoint yet
@@ -316,7 +321,7 @@ def restore(src: str, data_dir: str) -> BackupReport:
             rep.bytes += _copy_file(path, os.path.join(work, sub, name))
             rep.files += 1
             if not sub and positions_cluster(name) is None and index_topic(name) is None \
-                    and name != CHECKPOINT:
+                    and name != CHECKPOINT and name not in _STATE_FILES:
                 rep.side_files.append(name)
         fsync_dir(os.path.join(work, sub))
     _recover_copy(work, rep)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -33,7 +34,8 @@ from .errors import (CorruptRecord, StoreClosed, StoreFailed, StoreFull, StoreLo
                      TopicNotOpen)
 from .files import DIR_MODE, FILE_MODE, create_file, secure_data_dir
 from .index import TopicIndex
-from .names import LOCK, SEGMENT_DIR, index_file_name, positions_files
+from .files import atomic_write
+from .names import LOCK, REINDEX, SEGMENT_DIR, index_file_name, positions_files
 from .positions import PositionsFile, load_copy, save_copy
 from .recovery import RecoveryReport, recover
 from .records import (Appended, NewRecord, StoredRecord, encode_records, validate_cluster,
@@ -101,8 +103,11 @@ class Store:
         self._copy: dict[str, dict] = {}
         self._copy_lock = threading.Lock()
         self._copy_t = 0.0
+        self._copy_dirty = False
         #: what opening found wrong with positions files (also logged)
         self.positions_report: list[str] = []
+        #: topics whose index a read found wrong beyond repair: rebuilt at the next open
+        self.reindex: set[str] = set()
         #: what crash recovery did when the store was opened
         self.recovery = RecoveryReport()
 
@@ -240,10 +245,11 @@ class Store:
             report.append("positions.copy was missing or damaged: written again")
         with self._copy_lock:
             self._copy = copy
-        try:
-            self._write_copy()
-        except OSError as exc:
-            log.warning("store: writing positions.copy failed: %r", exc)
+        if report or (found and not have_copy):
+            try:
+                self._write_copy()
+            except OSError as exc:
+                log.warning("store: writing positions.copy failed: %r", exc)
         for line in report:
             (log.error if "RESTARTS" in line else log.warning)("store %s: %s",
                                                               self.data_dir, line)
@@ -252,12 +258,14 @@ class Store:
         with self._copy_lock:
             snap = {k: dict(v) for k, v in self._copy.items()}
             self._copy_t = time.monotonic()
+            self._copy_dirty = False
         save_copy(self.data_dir, snap)
 
     def _copy_after_save(self, cluster: str, pf: PositionsFile, force: bool) -> None:
         """Record a save in the second copy; write the copy if it is due (or now)."""
         with self._copy_lock:
             self._copy[cluster] = pf.snapshot()
+            self._copy_dirty = True
             due = force or time.monotonic() - self._copy_t >= POSITIONS_COPY_S
         if due:
             self._write_copy()
@@ -324,7 +332,7 @@ class Store:
         self._release()
 
     def _release(self) -> None:
-        if self._copy and self._lock_fd >= 0:
+        if self._copy_dirty and self._lock_fd >= 0:
             try:
                 self._write_copy()
             except OSError as exc:
@@ -505,22 +513,28 @@ class Store:
                                                 self._read_damage)
         try:
             return reads.read_topic(t, segs, end, queue_offset, n)
-        except CorruptRecord:
+        except (CorruptRecord, OSError, ValueError):   # (a wrong index entry: ValueError)
             return reads.read_topic_checked(t, segs, end, queue_offset, n, self._damage,
                                             self._read_damage)
 
-    def _read_damage(self, topic: str, queue_offset: int, offset: int, size: int, why: str,
+    def _read_damage(self, topic: str, queue_offset: int, lo: int, hi: int, why: str,
                      in_log: bool) -> None:
-        """A read passed a damaged record: quarantine it if it is new (saved, logged,
-        counted). A wrong index entry (``in_log`` False) is logged only."""
+        """A read passed a damaged record: quarantine ``[lo, hi)`` if it is new (saved,
+        logged, counted). A wrong index entry (``in_log`` False) is logged only."""
         if not in_log:
-            log.error("store: index of %r, queue offset %d: %s (not served)", topic,
-                      queue_offset, why)
+            log.error("store: index of %r, queue offset %d: %s", topic, queue_offset, why)
+            if "unusable" in why and topic not in self.reindex:
+                self.reindex.add(topic)   # the next open rebuilds it from the log
+                try:
+                    atomic_write(os.path.join(self.data_dir, REINDEX),
+                                 json.dumps(sorted(self.reindex)).encode())
+                except OSError as exc:
+                    log.error("store: saving the reindex list failed: %r", exc)
             return
-        if not why or self._damage.at(offset) is not None:
+        if not why or self._damage.at(lo) is not None:
             return
-        seg = self._segments[self._segments.index_of(offset)]
-        d = Damage(offset, offset + max(size, 1), seg.base, why or "unreadable", 1,
+        seg = self._segments[self._segments.index_of(lo)]
+        d = Damage(lo, max(hi, lo + 1), seg.base, why or "unreadable", 1,
                    {topic: [queue_offset]}, acked="yes", found="read",
                    found_ms=int(self.clock.wall_ms()))
         self._damage.add(d)

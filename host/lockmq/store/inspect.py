@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from array import array
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import checkpoint as ckpt
 from .errors import CorruptRecord
@@ -223,21 +223,36 @@ def check_dir(data_dir: str) -> CheckReport:
     return rep
 
 
-def iter_records(data_dir: str, start_offset: int = 0) -> Iterator[StoredRecord]:
+def iter_records(data_dir: str, start_offset: int = 0,
+                 on_damage: "Callable[[int, int, str], None] | None" = None
+                 ) -> Iterator[StoredRecord]:
     """Yield every record of the commit log from ``start_offset`` in log order
-    (queue_offset -1). Raises :class:`~lockmq.store.CorruptRecord` where the log is
-    unreadable."""
+    (queue_offset -1). Where the log is unreadable: raise
+    :class:`~lockmq.store.CorruptRecord`, or with ``on_damage``, call
+    ``on_damage(start, end, why)`` for the damaged range and go on with the next
+    intact record."""
     segs = _segments(data_dir)
     for i, seg in enumerate(segs):
         base = seg.base
-        if i + 1 < len(segs) and segs[i + 1].base <= start_offset:
+        last = i == len(segs) - 1
+        if not last and segs[i + 1].base <= start_offset:
             continue
         with seg.mapped() as (mm, size):
             if mm is None:
                 continue
+            if not last:
+                size = min(size, segs[i + 1].base - base)
             pos = max(0, start_offset - base)
-            for rv in scan(mm, pos, size):
-                yield decode_record(mm[rv.pos:rv.pos + rv.size], 0, base + rv.pos)
-                pos = rv.pos + rv.size
-            if pos < size and not (i == len(segs) - 1 and trailing_zeros(mm, pos, size) == pos):
-                raise CorruptRecord(f"offset {base + pos}: {check_record(mm, pos, size)}")
+            while pos < size:
+                for rv in scan(mm, pos, size):
+                    yield decode_record(mm[rv.pos:rv.pos + rv.size], 0, base + rv.pos)
+                    pos = rv.pos + rv.size
+                if pos >= size or (last and trailing_zeros(mm, pos, size) == pos):
+                    break
+                why = check_record(mm, pos, size) or "unreadable record"
+                if on_damage is None:
+                    raise CorruptRecord(f"offset {base + pos}: {why}")
+                nxt = next_valid(mm, pos, size)
+                hi = size if nxt is None else nxt
+                on_damage(base + pos, base + hi, why)
+                pos = hi

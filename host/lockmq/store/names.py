@@ -9,6 +9,7 @@
     <data_dir>/offset-<topic>.log        one index per topic
     <data_dir>/consume-<cluster>.log     one positions file per consumer cluster
     <data_dir>/positions.copy            a second copy of every cluster's positions
+    <data_dir>/reindex                   topics whose index a read found beyond repair
     <data_dir>/message.log/<base:020d>.log     a commit-log segment
     <data_dir>/message.log/<base:020d>.qstart  its queue-start sidecar
     *.tmp                                half-written atomic replacements
@@ -28,6 +29,7 @@ QSTART_SUFFIX = ".qstart"
 CHECKPOINT = "checkpoint"
 DAMAGE = "damage"
 POSITIONS_COPY = "positions.copy"
+REINDEX = "reindex"
 CLOCK = "clock"
 LOCK = "LOCK"
 TMP_SUFFIX = ".tmp"

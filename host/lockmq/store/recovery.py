@@ -19,6 +19,7 @@ in the same way.
 
 from __future__ import annotations
 
+import json
 import logging
 import mmap
 import os
@@ -31,7 +32,7 @@ from .dedup import DedupTable
 from .files import fsync_dir
 from .index import ENTRY, IndexError_, TopicIndex
 from .damage import Damage, DamageMap
-from .names import SEGMENT_DIR, TMP_SUFFIX, index_file_name, index_files
+from .names import REINDEX, SEGMENT_DIR, TMP_SUFFIX, index_file_name, index_files
 from .records import (HEADER, HEADER_SIZE, InvalidRecord, check_record, next_valid,
                       trailing_zeros, validate_topic)
 from .segment import Segment, SegmentList
@@ -301,15 +302,34 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
     damage.forget_before(segs.start)
     known = len(damage)
 
-    # open every index file
+    # open every index file (but those a read found wrong: rebuilt)
+    reindex = _load_reindex(data_dir)
     indexes: dict[str, TopicIndex] = {}
     bad_index = False
     for topic, name in index_files(data_dir).items():
+        if topic in reindex:
+            rep.notes.append(f"index of {topic!r} was found wrong by a read; rebuilding")
+            os.unlink(os.path.join(data_dir, name))
+            bad_index = True
+            continue
         try:
             indexes[topic] = TopicIndex.open(os.path.join(data_dir, name))
         except IndexError_ as exc:
             rep.notes.append(f"index of {topic!r} unusable ({exc}); rebuilding")
             os.unlink(os.path.join(data_dir, name))
+            bad_index = True
+
+    # an index header is not checksummed: its base can be no later than the queue
+    # start of the first segment (rebasing drops dead entries up to there, no further)
+    first_qs = segs.first.read_qstart() if bases[0] > 0 else {}
+    for topic, idx in list(indexes.items()):
+        if first_qs is not None and idx.base > first_qs.get(topic, 0):
+            rep.notes.append(f"index of {topic!r} starts at queue offset {idx.base}, after "
+                             f"the log's first ({first_qs.get(topic, 0)}): its header is "
+                             "damaged; rebuilding")
+            idx.close()
+            os.unlink(idx.path)
+            del indexes[topic]
             bad_index = True
 
     cp = ckpt.load(data_dir)
@@ -399,7 +419,8 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
                 log_end = base + (cut if cut is not None else max(size if mm is None else
                                                                   limit, 0))
         if closed_end is not None and size < closed_end:
-            _lost(rec, j, base + max(size, start), base + closed_end, closed=True)
+            # (bytes before ``start`` are trusted by the checkpoint: lost all the same)
+            _lost(rec, j, base + size, base + closed_end, closed=True)
         if not last:
             rec.realign(segs[j + 1].read_qstart(), f"at the start of segment {bases[j + 1]}")
     if cut is not None:
@@ -445,10 +466,22 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
         idx.sync()
     if len(damage) != known or rep.damage:
         damage.save()
+    if reindex:
+        os.unlink(os.path.join(data_dir, REINDEX))
     fsync_dir(data_dir)
     rep.log_end = log_end
     rep.seconds = time.monotonic() - t0
     return segs, indexes, rep, damage
+
+
+def _load_reindex(data_dir: str) -> set[str]:
+    try:
+        with open(os.path.join(data_dir, REINDEX), "rb") as f:
+            return {str(t) for t in json.loads(f.read())}
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError, TypeError):
+        return {t for t in index_files(data_dir)}   # unreadable: rebuild them all
 
 
 def _check_closed_size(rec: _Recovery, j: int, scanned: bool = False) -> int:

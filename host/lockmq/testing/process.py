@@ -164,7 +164,7 @@ class BrokerProcess:
         ``broker_started`` line ``status_port=`` and ``tls_port=``, ``None`` = none)."""
         # (kv ``port=1``, or JSON ``"port": 1`` with log_format = "json")
         self.port = int(re.search(r'\bport"?[=:] ?(\d+)', line).group(1))
-        if re.search(r'event"?[=:] ?"?broker_started', line):
+        if re.search(r'event"?[=:] ?"?(broker_started|standby_following)', line):
             status = re.search(r'\bstatus_port"?[=:] ?(\d+)', line)
             tls = re.search(r'\btls_port"?[=:] ?(\d+)', line)
             self.status_port = int(status.group(1)) if status else 0

@@ -16,7 +16,9 @@ from ._errors import (MalformedPacket, MqttError, PacketTooLarge, ProtocolViolat
 from ._packets import (AUTH, CONNACK, CONNECT, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBCOMP,
                        PUBLISH, PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE, V5,
                        V311, Ack, AuthPacket, ConnAck, Connect, Disconnect, Packet, Ping,
-                       Publish, SubAck, Subscribe, Subscription, UnsubAck, Unsubscribe, Will)
+                       Publish, SubAck, Subscribe, Subscription, UnsubAck, Unsubscribe, Will,
+                       publish_bytes)
+from ._wire import encode_props, encode_str
 from . import _errors as reason
 
 __all__ = [
@@ -26,4 +28,5 @@ __all__ = [
     "PUBLISH", "PUBREC", "PUBREL", "SUBACK", "SUBSCRIBE", "UNSUBACK", "UNSUBSCRIBE", "V5",
     "V311", "Ack", "AuthPacket", "ConnAck", "Connect", "Disconnect", "Packet", "Ping",
     "Publish", "SubAck", "Subscribe", "Subscription", "UnsubAck", "Unsubscribe", "Will",
+    "publish_bytes", "encode_props", "encode_str",
 ]
