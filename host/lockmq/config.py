@@ -256,9 +256,10 @@ class CommandsSection:
         max_pending_bytes_per_sender: bytes one token may have waiting.
         max_pending_total: commands waiting in the whole broker.
         max_pending_bytes_total: bytes of commands waiting in the whole broker.
-        admin_reserve_pct: share of the two broker-wide caps that only admin
+        admin_reserve_pct: share of every broker-wide cap (waiting commands here,
+            scheduled items and bytes, undecided transactions) that only admin
             principals may use, so that services together cannot crowd out an
-            admin's unlock.
+            admin's unlock (``lockmq.broker.admission.Admission.share``).
         lock_max_frame_default: the frame limit assumed for a lock that has not
             stated one in CONNECT (older firmware, or not seen since the broker
             started): the firmware's 4 KiB. A command whose frame would be larger is
@@ -292,7 +293,9 @@ class ScheduledSection:
             beyond it a new one gets LIMIT_EXCEEDED.
         max_total: scheduled items waiting in the whole broker (LIMIT_EXCEEDED).
         max_bytes_total: payload bytes held for waiting items (they are kept in
-            memory to be written on time; LIMIT_EXCEEDED).
+            memory to be written on time; LIMIT_EXCEEDED). Non-admins share all but
+            ``commands.admin_reserve_pct`` of it (and of ``max_total``).
+        max_bytes_per_principal: payload bytes one token may have waiting.
         max_horizon_s: how far ahead a deliver-at / not-before time may be
             (INVALID_ARGUMENT); keep it below the store's retention.
         max_sleep_ms: longest the timer sleeps between looks at the clock (it wakes
@@ -306,6 +309,7 @@ class ScheduledSection:
     max_per_principal: int = 10_000
     max_total: int = 200_000
     max_bytes_total: int = 256 * 1024 * 1024
+    max_bytes_per_principal: int = 32 * 1024 * 1024
     max_horizon_s: float = 40 * 24 * 3600.0
     max_sleep_ms: int = 1000
     batch: int = 2000
@@ -330,7 +334,9 @@ class RegistrySection:
         heartbeat_s: seconds between heartbeats (RocketMQ: 30; the registry evicts
             a gateway silent for its ``--evict-after``, 120 s by default).
         insecure: send ``token`` over plain TCP to a registry that is not on this
-            host (the registry has no TLS listener yet; use a trusted network).
+            host (use TLS instead: ``tls_ca``).
+        tls_ca: reach the registries over TLS, verified against this CA (a registry
+            run with ``--tls-cert/--tls-key``).
     """
 
     addresses: list[str] = field(default_factory=list)
@@ -342,6 +348,7 @@ class RegistrySection:
     max_topics: int = 1000
     heartbeat_s: float = 30.0
     insecure: bool = False
+    tls_ca: str = ""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``registry.*`` setting."""
@@ -409,6 +416,8 @@ class MqttSection:
             adds sn, seq, msg_id and lock_ts_ms as user properties) or "json" (a JSON
             object with those fields and the payload in base64, for MQTT 3.1.1 clients).
         topic_scan_ms: how often wildcard subscriptions look for new topics.
+        max_connections: MQTT connections held at once (more are closed at once;
+            ``[security]`` limits per address apply too).
     """
 
     enabled: bool = False
@@ -422,6 +431,7 @@ class MqttSection:
     max_session_expiry_s: int = 7 * 24 * 3600
     envelope: str = "raw"
     topic_scan_ms: int = 1000
+    max_connections: int = 10_000
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``mqtt.*`` setting."""
@@ -429,7 +439,8 @@ class MqttSection:
             if not -1 <= getattr(self, name) <= 65535:
                 raise ValueError(f"mqtt.{name} must be a port, 0 (none) or -1 (any free port)")
         for name in ("max_packet_bytes", "max_inflight", "connect_timeout_s",
-                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms"):
+                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"mqtt.{name} must be positive")
         if self.envelope not in ("raw", "json"):
@@ -526,7 +537,7 @@ class WebhooksSection:
         topics: lockmq topics whose records are POSTed.
         cluster: first part of the endpoints' cluster names.
         secret: HMAC-SHA256 key of the ``X-Lockmq-Signature`` header ("" = unsigned).
-        concurrency: POSTs in flight at once per endpoint (and topic).
+        concurrency: POSTs in flight at once per endpoint (all its topics together).
         timeout_s: a POST not answered within this is a failure (retried).
         ordered: per-lock order (a lock's next record waits for the previous one's 2xx).
         ca_file: CA bundle for https endpoints ("" = the system's).

@@ -23,6 +23,15 @@ MOSQUITTO_RR = "/usr/bin/mosquitto_rr"
 MQTT_ON = {"mqtt": {"enabled": True, "port": -1}}
 
 
+def needs(binary: str) -> str:
+    """``binary`` if it is installed, else skip the test saying which package has it
+    (scripts/system-deps.sh installs it)."""
+    import os
+    if not os.path.exists(binary):
+        pytest.skip(f"{binary} is not installed (Debian: mosquitto-clients)")
+    return binary
+
+
 def mqtt_port(proc: BrokerProcess, start: int = 0) -> int:
     """The MQTT port a broker process bound (its ``mqtt_started`` line)."""
     line = proc.wait_log(r"event=mqtt_started", start=start)

@@ -15,7 +15,7 @@ from lockmq.security import Permissions
 from lockmq.testing import Lock, SecureBroker, require_micropython, wait_for
 from lockmq.testing.lock import build_flash
 
-from .helpers import MOSQUITTO_RR, MQTT_ON, Client, mqtt_port
+from .helpers import needs, MOSQUITTO_RR, MQTT_ON, Client, mqtt_port
 
 SN = "LOCKMQTT1"
 
@@ -39,7 +39,7 @@ def gateway(tmp_path_factory):
 
 
 def test_a_remote_unlock_from_mosquitto_rr_reaches_the_firmware(gateway):
-    r = subprocess.run([MOSQUITTO_RR, "-p", str(gateway.mqtt_port), "-V", "5",
+    r = subprocess.run([needs(MOSQUITTO_RR), "-p", str(gateway.mqtt_port), "-V", "5",
                         "-u", "opener", "-P", gateway.tok["opener"],
                         "-t", f"lockmq/command/{SN}/unlock", "-e", "lockmq/result/rr-1",
                         "-i", "rr-1", "-m", "2", "-W", "30"],
