@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import hmac
 import json
 import os
 import random
@@ -36,6 +34,7 @@ from lockmq.rlimits import raise_nofile_limit
 from lockmq.protocol import (
     Ack,
     Auth,
+    auth_proof,
     AuthMethod,
     Challenge,
     ClientSession,
@@ -57,8 +56,10 @@ from lockmq.protocol import (
     Role,
     Subscribe,
     SubscribeAck,
+    transcript_hash,
     VERSION,
 )
+from lockmq.security.keys import device_proof
 from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
 from lockmq.protocol._fast import publish_ack_frame, scan_frame as _py_scan_frame
 
@@ -67,6 +68,7 @@ from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ i
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
+#: the CONNECT body of a bench lock (its proof covers it: SPEC 2 "The session transcript")
 #: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
 KEYS: dict[str, bytes] = {}
 #: ``--tls-ca``: the TLS context the publish scenario's locks connect with (else empty)
@@ -136,6 +138,8 @@ async def connect_all(ep: Endpoint, sns: list[str], parallel: int = 256) -> list
     return out
 
 
+#: the CONNECT body of a lean or storm lock (its AUTH proof covers it: the transcript)
+LEAN_CONNECT = Connect(Role.LOCK, 30, "bench").encode()
 #: the DISCONNECT body every bench connection says goodbye with
 BYE = Disconnect(0, "bench done").encode()
 
@@ -251,7 +255,7 @@ class LeanLock(Windowed):
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         self.transport = transport
         self.t_connect = time.monotonic()
-        transport.write(encode_frame(Op.CONNECT, self.snb, Connect(Role.LOCK, 30, "bench").encode(), 1))
+        transport.write(encode_frame(Op.CONNECT, self.snb, LEAN_CONNECT, 1))
 
     def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
         self.transport = None
@@ -308,8 +312,10 @@ class LeanLock(Windowed):
                 elif op == Op.CHALLENGE:
                     ch = Challenge.decode(f.body)
                     cn = os.urandom(16)
-                    proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + ch.nonce + cn + self.snb,
-                                     hashlib.sha256).digest()
+                    # the proof covers the handshake as sent and received (SPEC 2,
+                    # "The session transcript")
+                    th = transcript_hash(self.snb, 0, LEAN_CONNECT, f.body)
+                    proof = device_proof(KEYS.get(self.sn, KEY), ch.nonce, cn, self.snb, th)
                     self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
                 elif op == Op.CONNECT_ACK:
                     self.on_ready(self)
@@ -598,8 +604,8 @@ class StormLock(asyncio.Protocol):
         elif op == Op.CHALLENGE:
             nonce = body[:16]
             cn = os.urandom(16)
-            proof = hmac.new(KEYS.get(self.sn, KEY), b"lockmq-auth-v1" + nonce + cn + self.snb,
-                             hashlib.sha256).digest()
+            th = transcript_hash(self.snb, 0, storm.connect_body, body)
+            proof = device_proof(KEYS.get(self.sn, KEY), nonce, cn, self.snb, th)
             # the record goes in the AUTH's write, as the firmware sends its queued
             # events (SPEC 2, "Pipelined requests"): its ack follows the CONNECT_ACK
             self.body = storm.tp + struct.pack(">IQ", 0, int(time.time() * 1000)) + storm.payload
@@ -620,7 +626,7 @@ class Storm:
         self.locks = locks
         self.tp = struct.pack(">B", len(topic)) + topic.encode()
         self.payload = record(random.Random(2))
-        self.connect_body = Connect(Role.LOCK, 30, "bench").encode()
+        self.connect_body = LEAN_CONNECT
         self.lat: list[float] = []
         self.failed = 0
         self.busy = 0

@@ -133,10 +133,16 @@ class ServerSession(_Session):
     def unknown_opcode(self, exc):
         """The decoder skipped a frame with an unknown opcode (``exc``): the error to
         answer. Fatal before the handshake is done (an unauthenticated peer gets one
-        answer, never a stream of them); after it, the frame is just refused."""
+        answer, never a stream of them), and in a session with frame MACs (a frame
+        whose tag cannot be checked is a session violation: BAD_MAC, no tagged answer);
+        otherwise the frame is just refused."""
         if self.state != ESTABLISHED:
             self.state = CLOSING
             return fatal_error("%s before authentication" % exc.message, ErrorCode.NOT_AUTHENTICATED)
+        if self.mac_key is not None:
+            self.state = CLOSING
+            return fatal_error("%s in a session with frame MACs: its tag cannot be checked"
+                               % exc.message, ErrorCode.BAD_MAC)
         return SessionError(exc.message, exc.code, False)
 
     def receive(self, frame):

@@ -23,12 +23,18 @@ class Backoff:
         return min(cap, self.max_ms)
 
     def next_ms(self, floor_ms=0):
-        # Delay for the next attempt; floor_ms (a broker's retry-after) is honoured.
+        # Delay for the next attempt; floor_ms (a broker's retry-after) is honoured up
+        # to max_ms: a number from the network never keeps the lock away longer than
+        # its own limit (one forged ERROR said 2^32-1 ms: 49.7 days offline).
         cap = self.cap_ms()
         self.attempt += 1
+        if floor_ms > self.max_ms:
+            floor_ms = self.max_ms
         d = self.min_ms + self._rand(cap - self.min_ms + 1)
         if d < floor_ms:
             d = floor_ms + self._rand(self.min_ms + 1)
+            if d > self.max_ms:
+                d = self.max_ms
         return d
 
     def reset(self):

@@ -60,6 +60,16 @@ class LinkError(Exception):
     pass
 
 
+def within(v, lo, hi):
+    # A number the network gave, bounded by this lock's own limits (SPEC 2: a lock
+    # trusts no number it is given).
+    if v < lo:
+        return lo
+    if v > hi:
+        return hi
+    return v
+
+
 def retry_after_of(e):
     if isinstance(e, LinkError) and len(e.args) > 1:
         return e.args[1]
@@ -204,7 +214,9 @@ class Link:
             # far ahead of our own numbers: not taken (SPEC 2, "Sequence numbers"); the
             # broker stores what we send below it as new, never as a duplicate
             log.warn("seq floor_ignored broker_last=%d next=%d" % (ack.last_seq, app.seq.next))
-        hb_ms = (ack.heartbeat_s or cfg["heartbeat_s"]) * 1000
+        # the broker's heartbeat interval, never longer than ours (it also sets how long
+        # a silent broker keeps this lock waiting: 2.5 intervals)
+        hb_ms = within(ack.heartbeat_s or cfg["heartbeat_s"], 1, cfg["heartbeat_s"]) * 1000
         self.up = True
         self.backoff.reset()
         log.info("net connected broker=%s:%d%s" % (host, port, " mac=1" if mac else ""))
@@ -403,7 +415,7 @@ class Link:
                 # says -- keep the event queued; it goes again on a new session
                 raise LinkError("error%d" % code, retry_after_ms)
             if code in _RETRY_CODES:
-                ms = retry_after_ms or 1000
+                ms = within(retry_after_ms or 1000, 1, app.cfg["backoff_max_ms"])
                 log.warn("evt busy retry_ms=%d seq=%d code=%d" % (ms, v[0], code))
                 return ms
             # Refused for good (malformed, forbidden...): drop it, counted, logged.

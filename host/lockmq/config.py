@@ -256,9 +256,10 @@ class CommandsSection:
         max_pending_bytes_per_sender: bytes one token may have waiting.
         max_pending_total: commands waiting in the whole broker.
         max_pending_bytes_total: bytes of commands waiting in the whole broker.
-        admin_reserve_pct: share of the two broker-wide caps that only admin
+        admin_reserve_pct: share of every broker-wide cap (waiting commands here,
+            scheduled items and bytes, undecided transactions) that only admin
             principals may use, so that services together cannot crowd out an
-            admin's unlock.
+            admin's unlock (``lockmq.broker.admission.Admission.share``).
         lock_max_frame_default: the frame limit assumed for a lock that has not
             stated one in CONNECT (older firmware, or not seen since the broker
             started): the firmware's 4 KiB. A command whose frame would be larger is
@@ -292,7 +293,9 @@ class ScheduledSection:
             beyond it a new one gets LIMIT_EXCEEDED.
         max_total: scheduled items waiting in the whole broker (LIMIT_EXCEEDED).
         max_bytes_total: payload bytes held for waiting items (they are kept in
-            memory to be written on time; LIMIT_EXCEEDED).
+            memory to be written on time; LIMIT_EXCEEDED). Non-admins share all but
+            ``commands.admin_reserve_pct`` of it (and of ``max_total``).
+        max_bytes_per_principal: payload bytes one token may have waiting.
         max_horizon_s: how far ahead a deliver-at / not-before time may be
             (INVALID_ARGUMENT); keep it below the store's retention.
         max_sleep_ms: longest the timer sleeps between looks at the clock (it wakes
@@ -306,6 +309,7 @@ class ScheduledSection:
     max_per_principal: int = 10_000
     max_total: int = 200_000
     max_bytes_total: int = 256 * 1024 * 1024
+    max_bytes_per_principal: int = 32 * 1024 * 1024
     max_horizon_s: float = 40 * 24 * 3600.0
     max_sleep_ms: int = 1000
     batch: int = 2000
@@ -330,7 +334,9 @@ class RegistrySection:
         heartbeat_s: seconds between heartbeats (RocketMQ: 30; the registry evicts
             a gateway silent for its ``--evict-after``, 120 s by default).
         insecure: send ``token`` over plain TCP to a registry that is not on this
-            host (the registry has no TLS listener yet; use a trusted network).
+            host (use TLS instead: ``tls_ca``).
+        tls_ca: reach the registries over TLS, verified against this CA (a registry
+            run with ``--tls-cert/--tls-key``).
     """
 
     addresses: list[str] = field(default_factory=list)
@@ -342,6 +348,7 @@ class RegistrySection:
     max_topics: int = 1000
     heartbeat_s: float = 30.0
     insecure: bool = False
+    tls_ca: str = ""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``registry.*`` setting."""

@@ -36,13 +36,26 @@ pytestmark = pytest.mark.timeout(240)
 
 # -- helpers (module-local: no conftest in tests/adversarial) -----------------------------
 
-def _http(port: int, path: str) -> bytes:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as r:
+def _http(port: int, path: str, token: str = "") -> bytes:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    with urllib.request.urlopen(req, timeout=15) as r:
         return r.read()
 
 
+def _view(broker: BrokerProcess, path: str) -> bytes:
+    """A status-page view that names locks or topics: it needs an admin token."""
+    from lockmq.security import Permissions, TokenStore
+    store = TokenStore(SecurityConfig(data_dir=broker.data_dir).registry_path)
+    try:
+        token = store.create("status-reader", Permissions(admin=True), ttl_s=600)[0]
+    finally:
+        store.close()
+    return _http(broker.status_port, path, token)
+
+
 def _topic_end(broker: BrokerProcess, topic: str) -> int:
-    for t in json.loads(_http(broker.status_port, "/topics"))["topics"]:
+    for t in json.loads(_view(broker, "/topics"))["topics"]:
         if t["topic"] == topic:
             return t["queue_end"]
     return 0
@@ -160,7 +173,7 @@ def test_wrong_key_flood_cannot_lock_out_the_real_lock(tmp_path, brokers, locks)
     lock.expect(r"^I evt acked seq=2$", timeout=30)
     assert not lock.grep(r"^W net down|auth failed")
     assert len(lock.grep(r"^I net connected")) == 1        # one connection, never dropped
-    assert [d["sn"] for d in json.loads(_http(broker.status_port, "/devices"))["devices"]] \
+    assert [d["sn"] for d in json.loads(_view(broker, "/devices"))["devices"]] \
         == ["FW-7"]
 
 
@@ -323,7 +336,7 @@ def test_status_page_deadline_and_connection_cap(tmp_path, brokers):
     # the legitimate reader is served again, and the page counts what happened
     m = broker.metrics()
     assert m["lockmq_status_timeouts_total"] >= 4 and m["lockmq_status_refused_total"] >= 1
-    assert json.loads(_http(sp, "/stats"))["auth"] == "required"
+    assert json.loads(_view(broker, "/stats"))["auth"] == "required"
 
 
 # -- item 15: owner-only files, also under umask 0 and for an old data dir ------------------------

@@ -24,7 +24,8 @@ class RegistryProcess(BrokerProcess):
         self.tokens_path = self.workdir / "registry.tokens"
         self.tokens_path.write_text(f"# accepted tokens\n{token}\n" if token else "")
         self.flags = ["--host", "127.0.0.1", "--state", str(self.workdir / "registry.json"),
-                      *(["--tokens", str(self.tokens_path)] if token else []), *(flags or [])]
+                      *(["--tokens", str(self.tokens_path)] if token else ["--no-auth"]),
+                      *(flags or [])]
         self.port = 0   # bound by the registry, read from registry_started (kept on restart)
         self._init_log(self.workdir / "registry.log")
         self.start()

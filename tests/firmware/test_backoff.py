@@ -63,3 +63,15 @@ print(reason_of(asyncio.TimeoutError()), reason_of(LinkError("silent")), reason_
 """, tmp_path)
     assert out.splitlines() == ["['timeout', 'timeout', 'timeout', 'refused', 'reset', 'oserror5']",
                                 "timeout silent bug_KeyError"]
+
+
+def test_a_retry_hint_from_the_network_is_bounded_by_the_locks_own_maximum(run_app, tmp_path):
+    """One forged ERROR(BUSY, retry_after_ms = 2^32-1) made a lock wait 49.7 days."""
+    out = run_app("""
+from lockapp.backoff import Backoff
+b = Backoff(500, 8000)
+print([b.next_ms(floor_ms=0xFFFFFFFF) for _ in range(5)], b.next_ms(floor_ms=7000))
+""", tmp_path)
+    hinted, near = out.rsplit("]", 1)
+    assert all(d == 8000 for d in eval(hinted + "]"))   # capped at backoff_max_ms
+    assert 7000 <= int(near) <= 8000

@@ -15,9 +15,12 @@ from lockmq.security.tls import client_context
 from lockmq.testing import BrokerProcess, Peer, SecureBroker, raises
 
 
-def _status_title(port: int) -> str:
-    """The title of the status page on ``port`` (``lockmq broker :<main port>``)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/summary", timeout=10) as r:
+def _status_title(port: int, token: str = "") -> str:
+    """The title of the status page on ``port`` (``lockmq broker :<main port>``); with
+    auth required its views need an admin token (docs/security.md, "The three lows")."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/summary",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
         return r.read().decode().split("  uptime")[0]
 
 
@@ -46,8 +49,9 @@ def test_brokers_started_at_once_each_get_and_report_their_own_ports(tmp_path):
         ports = [b.port for b in brokers] + [b.status_port for b in brokers] \
             + [s.tls_port for s in secure]
         assert all(p and p > 0 for p in ports) and len(set(ports)) == len(ports), ports
-        for b in brokers:   # each status page is its own broker's (the title names its port)
-            assert _status_title(b.status_port).endswith(f":{b.port}")
+        tokens = [""] * len(plain) + [s.tok["ops"] for s in secure]
+        for b, tok in zip(brokers, tokens):   # each status page is its broker's (title: port)
+            assert _status_title(b.status_port, tok).endswith(f":{b.port}")
         for s in secure:    # each TLS port serves TLS, with this broker's tokens
             tls = client_context(cadata=open(s.certs.ca_der, "rb").read())
             with Peer(s.tls_port, "", tls=tls, server_hostname="gw.local") as svc:
@@ -61,13 +65,13 @@ def test_brokers_started_at_once_each_get_and_report_their_own_ports(tmp_path):
 
 
 def test_a_restart_keeps_the_main_and_tls_ports_and_finds_the_status_page(tmp_path):
-    env = SecureBroker(tmp_path, tls=True)
+    env = SecureBroker(tmp_path, tls=True, tokens={"ops": Permissions(admin=True)})
     try:
         broker = env.start()
         port, tls_port = broker.port, env.tls_port
         broker.restart()
         assert (broker.port, env.tls_port) == (port, tls_port)
-        assert _status_title(broker.status_port).endswith(f":{port}")
+        assert _status_title(broker.status_port, env.tok["ops"]).endswith(f":{port}")
         assert "lockmq_" in "".join(broker.metrics())
         broker.stop()                     # a new process from SecureBroker: the same ports
         again = env.start()

@@ -43,6 +43,7 @@ from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Fl
 from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.commands import command_frame_size
 
+from .admission import Admission
 from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 
@@ -123,11 +124,16 @@ class Commands:
     """Queues, forwards and matches downlink commands (see the module docstring)."""
 
     def __init__(self, cfg: CommandsSection, stats: Stats, log: EventLog, guard: BrokerGuard,
-                 online_lock: Callable[[str], "Connection | None"]) -> None:
+                 online_lock: Callable[[str], "Connection | None"],
+                 admission: Admission | None = None) -> None:
         self.cfg = cfg
         self.stats = stats
         self.log = log
         self.guard = guard
+        #: the one rights decision, at submit and again at each send to the lock
+        self.admission = admission or Admission(guard, stats, log,
+                                                reserve_pct=cfg.admin_reserve_pct)
+        self.admission.on_revoked(self.cancel_principal)
         #: the connection of lock SN if it is online now (``Devices.online_lock``)
         self.online_lock = online_lock
         self.queued: dict[str, deque[Pending]] = {}
@@ -150,17 +156,17 @@ class Commands:
         """Stop the sweep."""
         await stop_task(self._task)
 
-    def submit(self, sender: "Connection", opaque: int, cmd: Command,
-               checked: bool = False) -> None:
-        """A service's COMMAND: check, queue, forward if the lock is online.
-        ``checked``: the rights were checked already (a scheduled command, when it
-        was scheduled: ``scheduler.py``)."""
+    def submit(self, sender: "Connection", opaque: int, cmd: Command) -> None:
+        """A service's COMMAND (or one the broker issues for someone: a scheduled or
+        committed command, whose sender is a DetachedSender): check, queue, forward if
+        the lock is online. The rights are those of the sender *now* (a detached
+        sender's principal is re-read from the registry: ``Admission``)."""
         cfg = self.cfg
         self.stats.inc("commands_received")
         principal = sender.principal
         try:
-            if not checked:
-                self.guard.check_command(principal, cmd.target, cmd.kind, cmd.args)
+            self.admission.check_command(principal, cmd.target, cmd.kind, cmd.args,
+                                         fresh=isinstance(sender, DetachedSender))
         except SecurityError as exc:
             self.stats.inc("commands_refused")
             sender.refused(exc, opaque)
@@ -186,8 +192,7 @@ class Commands:
                          target=cmd.target, size=size, limit=limit)
             return
         owner = _owner(principal)
-        over = self._over_cap(owner, bool(getattr(principal, "is_admin", False)), cmd.target,
-                              size)
+        over = self._over_cap(owner, principal, cmd.target, size)
         if over is not None:
             setting, detail, fits_ever = over
             if fits_ever:
@@ -220,13 +225,13 @@ class Commands:
             else self.lock_limits.get(sn, 0)
         return (n, True) if n else (self.cfg.lock_max_frame_default, False)
 
-    def _over_cap(self, owner: str, admin: bool, sn: str,
+    def _over_cap(self, owner: str, principal: Any, sn: str,
                   cost: int) -> tuple[str, str, bool] | None:
         """The first cap a new command would exceed: ``(setting, detail, could fit
         once others are answered)``, or None."""
         cfg = self.cfg
-        # services share all but admin_reserve_pct of the per-lock and global caps
-        share = 100 if admin else 100 - cfg.admin_reserve_pct
+        # services share all but the admins' reserve of the per-lock and global caps
+        share = self.admission.share
         oc, ob = self.by_owner.get(owner, (0, 0))
         lc, lb = self.by_lock.get(sn, (0, 0))
         checks = (
@@ -234,15 +239,15 @@ class Commands:
              f"this sender (token) has {oc} commands waiting"),
             ("max_pending_bytes_per_sender", ob + cost, cfg.max_pending_bytes_per_sender,
              f"this sender (token) has {ob} bytes of commands waiting"),
-            ("max_pending_per_lock", lc + 1, max(1, cfg.max_pending_per_lock * share // 100),
+            ("max_pending_per_lock", lc + 1, share(cfg.max_pending_per_lock, principal),
              f"{lc} commands are waiting for lock {sn!r}"),
             ("max_pending_bytes_per_lock", lb + cost,
-             cfg.max_pending_bytes_per_lock * share // 100,
+             share(cfg.max_pending_bytes_per_lock, principal),
              f"{lb} bytes of commands are waiting for lock {sn!r}"),
-            ("max_pending_total", self.held + 1, cfg.max_pending_total * share // 100,
+            ("max_pending_total", self.held + 1, share(cfg.max_pending_total, principal),
              f"{self.held} commands are waiting in the broker"),
             ("max_pending_bytes_total", self.held_bytes + cost,
-             cfg.max_pending_bytes_total * share // 100,
+             share(cfg.max_pending_bytes_total, principal),
              f"{self.held_bytes} bytes of commands are waiting in the broker"),
         )
         for setting, _want, cap, detail in checks:   # too big even for an empty queue?
@@ -321,6 +326,14 @@ class Commands:
             self.stats.inc("commands_refused_too_large")
             self._answer(p, CommandStatus.FAILED, f"command frame of {p.cost} bytes is over the "
                                                   f"{limit}-byte frame limit the lock states now")
+            return
+        # Its sender must still stand now: the command may have waited for the lock, or
+        # be a resend after a reconnect; a revoked sender's command never goes out.
+        try:
+            self.admission.check_standing(p.sender.principal, "command")
+        except SecurityError as exc:
+            self.stats.inc("commands_refused")
+            self._answer(p, CommandStatus.REFUSED, f"not sent: {exc}")
             return
         try:
             if not p.broker_id:
@@ -402,6 +415,30 @@ class Commands:
         now_online = self.online_lock(sn)
         if now_online is not None and now_online is not conn and now_online.established:
             self._forward_all(now_online)
+
+    def cancel_principal(self, matches: Callable[[Any], bool], why: str) -> int:
+        """Cancel the commands waiting for their lock whose sender ``matches``
+        (revoked: ``Admission``); each is answered REFUSED and logged. Returns how many.
+        A command to a lock that stops standing is refused when it would be sent."""
+        n = 0
+        for sn in list(self.queued):
+            q = self.queued[sn]
+            keep: deque[Pending] = deque()
+            for p in q:
+                if matches(p.sender.principal):
+                    self.total -= 1
+                    n += 1
+                    self.log("command_cancelled", target=sn, kind=p.cmd.kind,
+                             sender=getattr(p.sender.principal, "name", "?"), why=why,
+                             level="warning")
+                    self._answer(p, CommandStatus.REFUSED, f"cancelled: {why}")
+                else:
+                    keep.append(p)
+            if keep:
+                self.queued[sn] = keep
+            else:
+                del self.queued[sn]
+        return n
 
     def sweep(self) -> None:
         """Answer commands whose expiry or result timeout passed."""

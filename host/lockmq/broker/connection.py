@@ -147,6 +147,8 @@ class Services:
     lane: Any = None
     #: transactional messages (transactions.py); None: TXN_* frames are not served
     transactions: Any = None
+    #: the one rights decision (admission.py); None: the guard's checks alone
+    admission: Any = None
     #: firmware bundles (firmware_bundles.py); None: FW_FETCH is not served
     firmware: Any = None
 
@@ -728,7 +730,7 @@ class Connection(asyncio.Protocol):
             self._topics_ok.add(topic)
         try:
             # (the frame's SN was bound to the principal by the session already)
-            b.guard.check_publish(self.principal, topic, n=1)
+            (b.admission or b.guard).check_publish(self.principal, topic, n=1)
         except SecurityError as exc:
             self._pub_refused(exc, oneway, opaque)
             return
@@ -1134,7 +1136,8 @@ class Connection(asyncio.Protocol):
         req = decode_json(frame.body)
         self.services.stats.c["admin_requests"] += 1
         try:
-            self.services.guard.check_admin(self.principal, str(req.get("op", "")))
+            b = self.services
+            (b.admission or b.guard).check_admin(self.principal, str(req.get("op", "")))
         except SecurityError as exc:
             self.send_frame(Op.ADMIN_RESPONSE, encode_json(
                 {"ok": False, "error": "FORBIDDEN",

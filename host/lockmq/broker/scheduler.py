@@ -14,16 +14,23 @@ from ``$scheduled`` on start. One task sleeps until the earliest due time (at mo
   each due item's topic is scanned from a bound (its queue end when it was
   scheduled, and past the last marked offset) for its ``scheduled_id``, and those
   found are only marked -- so an item is written once;
-* commands: hands the command to the command path (``Commands.submit``, rights were
-  checked when it was scheduled) and then marks it done: at least once.
+* commands: hands the command to the command path (``Commands.submit``) and then
+  marks it done: at least once.
+
+Rights are checked twice, by the one ``Admission``: when an item is scheduled, and
+again when it takes effect, against its principal's token as it is *then* (the ``tok``
+header): an item whose token was revoked or expired meanwhile is not delivered but
+cancelled (``done`` with ``why = revoked``), logged ``scheduled_cancelled`` and shown
+by ``scheduled.list`` (``recent_cancelled``). A revocation seen by the admission's
+watcher cancels its principal's waiting items at once.
 
 Cancel (SCHEDULE_CANCEL or the admin op ``scheduled.cancel``) appends a ``done``
 op with ``why = cancelled``. Records of ``$scheduled``:
 
 =========  ======================================================================
-``pub``    producer's (sn, seq), payload; headers ``t, at, topic, owner, q0``
+``pub``    producer's (sn, seq), payload; headers ``t, at, topic, owner, q0, tok``
 ``cmd``    ``$scheduled`` id; payload = COMMAND body; headers ``t, at, owner, by,
-           admin``
+           admin, tok``
 ``done``   ``$scheduled`` id; headers ``t, why, ids, q`` (topic -> last offset)
 =========  ======================================================================
 """
@@ -38,10 +45,11 @@ from lockmq.clock import steady_ms_of
 from lockmq.config import ScheduledSection
 from lockmq.protocol import Command, CommandResult, ErrorCode, Flag, Op, PublishAck
 from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
-from lockmq.security import BrokerGuard, Permissions, Principal, SecurityError
+from lockmq.security import BrokerGuard, Principal, SecurityError
 from lockmq.security.principal import ADMIN, SERVICE
 from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic
 
+from .admission import Admission
 from .commands import Commands, DetachedSender
 from .core import MAX_SEQ, BrokerCore, SystemSeq
 from .logs import EventLog, Stats
@@ -69,11 +77,11 @@ class Item:
     """One waiting scheduled publish (``kind`` "pub") or command ("cmd")."""
 
     __slots__ = ("id", "at_ms", "kind", "topic", "sn", "seq", "lock_ts_ms", "payload",
-                 "owner", "by", "admin", "q0", "busy", "stored_ms", "not_before")
+                 "owner", "by", "admin", "q0", "busy", "stored_ms", "tok", "not_before")
 
     def __init__(self, id: int, at_ms: int, kind: str, topic: str, sn: str, seq: int,
                  lock_ts_ms: int, payload: bytes, owner: str, by: str = "",
-                 admin: bool = False, q0: int = 0) -> None:
+                 admin: bool = False, q0: int = 0, tok: str = "") -> None:
         self.id = id
         self.at_ms = at_ms
         self.kind = kind
@@ -88,7 +96,13 @@ class Item:
         self.q0 = q0                # the topic's queue end when scheduled (dedup bound)
         self.busy = False           # being delivered: no longer cancellable
         self.stored_ms = 0.0        # when its newest record was written (refresh)
+        self.tok = tok              # the token id it was scheduled with ("" before 0.4)
         self.not_before = 0.0       # steady time before which it never fires (0: at_ms)
+
+    def principal(self) -> Principal:
+        """Who scheduled it, as far as the item knows (for matching a revocation)."""
+        return Principal(name=self.by or self.owner, kind=ADMIN if self.admin else SERVICE,
+                         token_id=self.tok, token_name=self.owner)
 
     def view(self) -> dict[str, Any]:
         """The admin view of the item."""
@@ -132,13 +146,18 @@ class Scheduler:
 
     def __init__(self, cfg: ScheduledSection, core: BrokerCore, publisher: PublishPath,
                  commands: Commands, guard: BrokerGuard, stats: Stats, log: EventLog,
-                 closing: Callable[[], bool]) -> None:
+                 closing: Callable[[], bool], admission: Admission | None = None) -> None:
         self.cfg = cfg
         self.core = core
         self.clock = core.clock
         self.publisher = publisher
         self.commands = commands
         self.guard = guard
+        #: the one rights decision (the command path's, so both see one revocation book)
+        self.admission = admission or commands.admission
+        self.admission.on_revoked(self.cancel_principal)
+        #: items cancelled because their principal was revoked (``scheduled.list``)
+        self.cancelled: dict[int, dict[str, Any]] = {}
         self.stats = stats
         self.log = log
         self.closing = closing
@@ -148,6 +167,7 @@ class Scheduler:
         self.pub_ids: dict[tuple[str, int], int] = {}
         self._heap: list[tuple[int, int]] = []          # (at_ms, id); stale ids skipped
         self.by_owner: dict[str, int] = {}              # waiting + being stored
+        self.bytes_by_owner: dict[str, int] = {}        # ... their payload bytes
         self.held = 0
         self.held_bytes = 0
         self.last_q: dict[str, int] = {}                # topic -> last offset marked
@@ -207,11 +227,11 @@ class Scheduler:
             if t == "pub":
                 it = Item(sid, int(h["at"]), "pub", str(h["topic"]), str(h.get("sn", r.sn)),
                           int(h.get("seq", r.seq)), r.lock_ts_ms, bytes(r.payload),
-                          str(h["owner"]), q0=int(h.get("q0", 0)))
+                          str(h["owner"]), q0=int(h.get("q0", 0)), tok=str(h.get("tok", "")))
             elif t == "cmd":
                 it = Item(sid, int(h["at"]), "cmd", Command.decode(r.payload).target,
                           r.sn, r.seq, 0, bytes(r.payload), str(h["owner"]),
-                          str(h.get("by", "")), bool(h.get("admin")))
+                          str(h.get("by", "")), bool(h.get("admin")), tok=str(h.get("tok", "")))
             if t in ("pub", "cmd"):
                 it.stored_ms = r.broker_ts_us / 1000
                 self._hold(it)
@@ -262,7 +282,7 @@ class Scheduler:
             validate_topic(p.topic)
             if p.topic.startswith("$"):
                 raise InvalidRecord("scheduled messages go to client topics, not $ topics")
-            self.guard.check_publish(principal, p.topic, n=1)
+            self.admission.check_publish(principal, p.topic, n=1)
             if sn != conn._producer_ok:   # once per connection and id, as for PUBLISH
                 self.guard.check_producer_id(principal, sn)
                 conn._producer_ok = sn
@@ -275,18 +295,20 @@ class Scheduler:
             self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(exc))
             return
         owner = owner_of(principal)
-        if not self._admit(conn, frame, oneway, owner, p.deliver_at_ms, len(p.payload)):
+        if not self._admit(conn, frame, oneway, owner, p.deliver_at_ms, len(p.payload),
+                           principal):
             return
+        tok = getattr(principal, "token_id", "")
         rec = NewRecord(TOPIC, sn, p.seq, p.lock_ts_ms, p.payload, {
             "t": "pub", "at": p.deliver_at_ms, "topic": p.topic, "owner": owner,
-            "q0": self.core.queue_end(p.topic)})
+            "q0": self.core.queue_end(p.topic), "tok": tok})
 
         def stored(results: list[Any]) -> None:
             a = results[0]
             item = None
             if not isinstance(a, Exception) and not a.duplicate:
                 item = Item(a.queue_offset, p.deliver_at_ms, "pub", p.topic, sn, p.seq,
-                            p.lock_ts_ms, p.payload, owner, q0=rec.headers["q0"])
+                            p.lock_ts_ms, p.payload, owner, q0=rec.headers["q0"], tok=tok)
             self._stored(conn, frame, oneway, owner, len(p.payload), a, item)
             if item is not None and not oneway:
                 conn.send_frame(Op.PUBLISH_ACK, PublishAck(PublishAck.STORED, item.id).encode(),
@@ -305,7 +327,7 @@ class Scheduler:
         c = CommandAt.decode(frame.body)
         principal = conn.principal
         try:
-            self.guard.check_command(principal, c.target, c.kind, c.args)
+            self.admission.check_command(principal, c.target, c.kind, c.args)
         except SecurityError as exc:
             self.stats.inc("scheduled_refused")
             conn.refused(exc, frame.opaque)
@@ -316,19 +338,20 @@ class Scheduler:
             return
         owner = owner_of(principal)
         body = Command(c.target, c.cmd_id, c.expires_ms, c.kind, c.args).encode()
-        if not self._admit(conn, frame, False, owner, c.not_before_ms, len(body)):
+        if not self._admit(conn, frame, False, owner, c.not_before_ms, len(body), principal):
             return
         admin = bool(getattr(principal, "is_admin", False))
+        tok = getattr(principal, "token_id", "")
         rec = NewRecord(TOPIC, SCHED_SN, self._seq.take(), 0, body, {
             "t": "cmd", "at": c.not_before_ms, "owner": owner, "by": principal.name,
-            "admin": admin})
+            "admin": admin, "tok": tok})
 
         def stored(results: list[Any]) -> None:
             a = results[0]
             item = None
             if not isinstance(a, Exception):
                 item = Item(a.queue_offset, c.not_before_ms, "cmd", c.target, SCHED_SN, rec.seq,
-                            0, body, owner, principal.name, admin)
+                            0, body, owner, principal.name, admin, tok=tok)
             self._stored(conn, frame, False, owner, len(body), a, item)
             if item is not None:
                 conn.send_frame(Op.COMMAND_SCHEDULED,
@@ -338,8 +361,10 @@ class Scheduler:
         self.publisher.submit([rec], stored)
 
     def _admit(self, conn: "Connection", frame: Any, oneway: bool, owner: str, at_ms: int,
-               size: int) -> bool:
-        """Horizon and caps; on success the item is counted in (until stored or not)."""
+               size: int, principal: Any = None) -> bool:
+        """Horizon and caps -- per principal, and of the broker-wide caps only what is
+        not the admins' reserve for anyone else (``Admission.share``); on success the
+        item is counted in (until stored or not)."""
         cfg = self.cfg
         if self.closing():
             self._refuse(conn, frame, oneway, ErrorCode.SHUTTING_DOWN,
@@ -351,14 +376,21 @@ class Scheduler:
                          f"{cfg.max_horizon_s:g} s ahead")
             return False
         n = self.by_owner.get(owner, 0)
+        nb = self.bytes_by_owner.get(owner, 0)
+        share = self.admission.share
+        admin = bool(getattr(principal, "is_admin", False))
         over = None
         if n + 1 > cfg.max_per_principal:
             over = f"{owner!r} has {n} scheduled items waiting (scheduled.max_per_principal)"
-        elif self.held + 1 > cfg.max_total:
-            over = f"{self.held} scheduled items are waiting (scheduled.max_total)"
-        elif self.held_bytes + size > cfg.max_bytes_total:
+        elif not admin and nb + size > cfg.max_bytes_per_principal:
+            over = f"{owner!r} has {nb} bytes of scheduled items waiting " \
+                   f"(scheduled.max_bytes_per_principal)"
+        elif self.held + 1 > share(cfg.max_total, principal):
+            over = f"{self.held} scheduled items are waiting (scheduled.max_total" \
+                   f"{'' if admin else ', less the admins reserve'})"
+        elif self.held_bytes + size > share(cfg.max_bytes_total, principal):
             over = f"{self.held_bytes} bytes of scheduled items are waiting " \
-                   f"(scheduled.max_bytes_total)"
+                   f"(scheduled.max_bytes_total{'' if admin else ', less the admins reserve'})"
         if over is not None:
             self.stats.inc("scheduled_refused_cap")
             self._refuse(conn, frame, oneway, ErrorCode.LIMIT_EXCEEDED,
@@ -395,6 +427,7 @@ class Scheduler:
 
     def _count_in(self, owner: str, size: int) -> None:
         self.by_owner[owner] = self.by_owner.get(owner, 0) + 1
+        self.bytes_by_owner[owner] = self.bytes_by_owner.get(owner, 0) + size
         self.held += 1
         self.held_bytes += size
 
@@ -402,8 +435,10 @@ class Scheduler:
         n = self.by_owner.get(owner, 0) - 1
         if n > 0:
             self.by_owner[owner] = n
+            self.bytes_by_owner[owner] = self.bytes_by_owner.get(owner, 0) - size
         else:
             self.by_owner.pop(owner, None)
+            self.bytes_by_owner.pop(owner, None)
         self.held -= 1
         self.held_bytes -= size
 
@@ -502,6 +537,20 @@ class Scheduler:
         return it.not_before or it.at_ms - self._offset0
 
     async def _deliver(self, due: list[Item]) -> None:
+        # The rights of each item's principal as they are now: a revoked one's items
+        # are cancelled here, never delivered.
+        refused = [it for it in due if self._refused_now(it)]
+        if refused:
+            try:
+                await self._cancel_items(refused, "revoked")
+            except BaseException:
+                for it in due:            # nothing written: due again at the next look
+                    it.busy = False
+                    heapq.heappush(self._heap, (it.at_ms, it.id))
+                raise
+            due = [it for it in due if it not in refused]
+            if not due:
+                return
         pubs = [it for it in due if it.kind == "pub"]
         q: dict[str, int] = {}
         try:
@@ -538,14 +587,59 @@ class Scheduler:
         # summed lateness: lateness_ms_total / (delivered + commands_due) is the mean
         self.stats.inc("scheduled_lateness_ms", int(sum(max(0.0, now - it.at_ms) for it in due)))
 
+    def _refused_now(self, it: Item) -> bool:
+        """Whether ``it``'s principal may no longer do what it scheduled (logged)."""
+        principal = self.admission.principal_of(it.tok, it.owner, it.by or it.owner, it.admin)
+        try:
+            if it.kind == "pub":
+                self.admission.check_publish(principal, it.topic, n=1, fresh=True)
+            else:
+                c = Command.decode(it.payload)
+                self.admission.check_command(principal, c.target, c.kind, c.args, fresh=True)
+        except SecurityError as exc:
+            self.log("scheduled_cancelled", id=it.id, kind=it.kind, target=it.topic,
+                     owner=it.owner, why=exc.reason, detail=str(exc), level="warning")
+            return True
+        return False
+
+    def cancel_principal(self, matches: Callable[[Any], bool], why: str) -> int:
+        """The admission's watcher saw ``why`` (a revocation): cancel every waiting item
+        of the principals ``matches`` picks. Returns how many (written in the
+        background: a ``done`` op with ``why = revoked``)."""
+        mine = [it for it in self.items.values() if not it.busy and matches(it.principal())]
+        if not mine:
+            return 0
+        for it in mine:
+            it.busy = True
+            self.log("scheduled_cancelled", id=it.id, kind=it.kind, target=it.topic,
+                     owner=it.owner, why="revoked", detail=why, level="warning")
+
+        async def run() -> None:
+            try:
+                await self._cancel_items(mine, "revoked")
+            except Exception:   # not written: they are refused at their time instead
+                for it in mine:
+                    it.busy = False
+                raise
+        asyncio.get_running_loop().create_task(run())
+        return len(mine)
+
+    async def _cancel_items(self, items: list[Item], why: str) -> None:
+        """Mark ``items`` done (``why``), keep them for ``scheduled.list``."""
+        await self._mark(items, why, {})
+        for it in items:
+            _remember(self.cancelled, it.id, {"id": it.id, "kind": it.kind,
+                                              "target": it.topic, "owner": it.owner,
+                                              "at_ms": it.at_ms, "why": why}, RECENT_RESULTS)
+        self.stats.inc("scheduled_cancelled_revoked", len(items))
+
     def _submit_command(self, it: Item) -> None:
         c = Command.decode(it.payload)
-        # who scheduled it, with the rights checked when it was scheduled (``checked``)
-        principal = Principal(name=it.by, kind=ADMIN if it.admin else SERVICE,
-                              permissions=Permissions(admin=it.admin), token_name=it.owner)
+        # who scheduled it, its rights re-read now: the command path checks them again
+        principal = self.admission.principal_of(it.tok, it.owner, it.by, it.admin)
         sender = ScheduledSender(it, principal, self._command_done)
         _remember(self.sent, it.id, it.at_ms, MAX_SENT)
-        self.commands.submit(sender, 0, c, checked=True)   # type: ignore[arg-type]
+        self.commands.submit(sender, 0, c)   # type: ignore[arg-type]
 
     def _command_done(self, it: Item, status: int, detail: str) -> None:
         self.sent.pop(it.id, None)
@@ -571,7 +665,8 @@ class Scheduler:
             return False
         recs = []
         for it in old:
-            h: dict[str, Any] = {"t": it.kind, "at": it.at_ms, "owner": it.owner, "id": it.id}
+            h: dict[str, Any] = {"t": it.kind, "at": it.at_ms, "owner": it.owner, "id": it.id,
+                                 "tok": it.tok}
             if it.kind == "pub":
                 h.update(topic=it.topic, q0=it.q0, sn=it.sn, seq=it.seq)
             else:
@@ -620,7 +715,8 @@ class Scheduler:
         shown = heapq.nsmallest(limit, its, key=lambda it: (it.at_ms, it.id))
         return {"ok": True, "waiting": len(self.items), "bytes": self.held_bytes,
                 "by_owner": dict(self.by_owner), "items": [it.view() for it in shown],
-                "recent_command_results": list(self.recent.values())}
+                "recent_command_results": list(self.recent.values()),
+                "recent_cancelled": list(self.cancelled.values())}
 
     def result_op(self, args: dict[str, Any]) -> dict[str, Any]:
         """Admin ``scheduled.result`` {id}: what became of scheduled item ``id`` --

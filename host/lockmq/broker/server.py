@@ -36,6 +36,7 @@ from lockmq.replication.standby import follow_if_standby
 
 from .firmware_bundles import FirmwareBundles
 from .admin import Admin
+from .admission import Admission
 from .auth import make_guard
 from .clusters import ClusterError, Member
 from .commands import Commands
@@ -83,8 +84,12 @@ class Broker:
         self.conns = self.connections.by_id
         self.devices = Devices(config.devices, stats, log, self.guard,
                                self.core.publish_system, self.connections)
+        #: the one rights decision where a message or command takes effect, and the
+        #: watcher that ends a revoked principal's sessions and pending work
+        self.admission = Admission(self.guard, stats, log, self.connections,
+                                   reserve_pct=config.commands.admin_reserve_pct)
         self.commands = Commands(config.commands, stats, log, self.guard,
-                                 self.devices.online_lock)
+                                 self.devices.online_lock, admission=self.admission)
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
                            self.commands, self.connections, self.listening_sockets)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
@@ -106,8 +111,10 @@ class Broker:
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
                                  scheduler=self.scheduler, transactions=self.transactions,
-                                 lane=self.lane, firmware=self.firmware)
-        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices)
+                                 lane=self.lane, firmware=self.firmware,
+                                 admission=self.admission)
+        self.status = StatusPage(config.broker, stats, log, self.admin, self.devices,
+                                 authorize=self.guard.authorize_status)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
@@ -184,6 +191,7 @@ class Broker:
             self.lane.start(loop)
         self.devices.start()
         self.commands.start()
+        self.admission.start()
         self.devices.broker_started()
         self.announcer = start_announcer(self)
         self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
@@ -258,6 +266,7 @@ class Broker:
             await self.announcer.stop()
         await self.devices.stop()
         await self.commands.stop()
+        await self.admission.stop()
         await self.scheduler.stop()
         await self.transactions.stop()
         # locks go offline with the broker (consumers of $devices see it)

@@ -7,6 +7,11 @@ text summary); ``GET /summary`` the text summary for people and scripts;
 ``GET /metrics`` Prometheus exposition (``metrics.py``); ``GET /health`` ``ok``.
 Read-only; no framework.
 
+Access (issue 33): every view that names locks, clusters or topics asks the guard
+(``authorize_status``): with auth required it needs ``Authorization: Bearer <admin
+token>`` (``[security] status_token_required``), ``/metrics`` a valid token when
+``metrics_token_required``; otherwise ``401``. ``/health`` is always open.
+
 Bounded (issue 10 item 14): a request must be read, answered and written within
 ``[broker] status_request_timeout_s`` in all -- a header trickled every few seconds
 used to keep a connection open for ever -- else it gets ``408`` and is closed; at
@@ -53,8 +58,11 @@ class StatusPage:
     """The HTTP listener; see the module docstring."""
 
     def __init__(self, settings: "BrokerSection", stats: "Stats", log: "EventLog",
-                 admin: "Admin", devices: "Devices") -> None:
+                 admin: "Admin", devices: "Devices",
+                 authorize: "Callable[[str, str], str] | None" = None) -> None:
         self.settings = settings
+        #: the guard's ``authorize_status`` (None: every view is open)
+        self.authorize = authorize
         self.stats = stats
         self.log = log
         self.admin = admin
@@ -64,8 +72,8 @@ class StatusPage:
         self.server: asyncio.base_events.Server | None = None
         #: status connections open now (capped by ``status_max_connections``)
         self.active = 0
-        #: more ``/metrics`` gauges from the broker's parts (replication, the MQTT
-        #: bridge), each ``() -> {name: (help, value)}``; added by the broker
+        #: more ``/metrics`` gauges, ``() -> {name: (help, value)}`` (replication, the
+        #: MQTT bridge)
         self.extra_gauges: list[Callable[[], dict[str, tuple[str, float]]]] = []
         self._refused_logged = 0.0
         self._refused_since_log = 0
@@ -73,7 +81,7 @@ class StatusPage:
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
         for name in ("status_requests", "status_timeouts", "status_refused",
-                     "status_bad_requests"):
+                     "status_bad_requests", "status_unauthorized"):
             stats.c.setdefault(name, 0)
 
     async def start(self, host: str, port: int) -> int:
@@ -140,18 +148,31 @@ class StatusPage:
         b = self
         try:
             line = await reader.readline()
-            accept = ""
-            for _ in range(MAX_HEADER_LINES + 1):   # only Accept matters
+            accept = authorization = ""
+            for _ in range(MAX_HEADER_LINES + 1):   # only Accept and Authorization matter
                 h = await reader.readline()
                 if h in (b"\r\n", b"\n", b""):
                     break
                 if h[:7].lower() == b"accept:":
                     accept = h[7:].decode("latin-1").strip().lower()
+                elif h[:14].lower() == b"authorization:":
+                    authorization = h[14:].decode("latin-1").strip()
             else:
                 raise _BadRequest("too many header lines")
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
             b.stats.c["status_requests"] += 1
+            why = self._refusal(path.split("?")[0], authorization)
+            if why:
+                b.stats.c["status_unauthorized"] += 1
+                b.log.limited("status_unauthorized", "status_unauthorized", path=path[:100],
+                              why=why, level="warning")
+                state["answered"] = True
+                writer.write(self._response("401 Unauthorized", "text/plain",
+                                            why.encode() + b"\n",
+                                            'WWW-Authenticate: Bearer realm="lockmq"\r\n'))
+                await writer.drain()
+                return
             status, ctype, body = self.render(path.split("?")[0], accept)
         except (_BadRequest, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
             b.stats.c["status_bad_requests"] += 1
@@ -170,6 +191,12 @@ class StatusPage:
                      max_connections=self.settings.status_max_connections, level="warning")
             self._refused_logged = now
             self._refused_since_log = 0
+
+    def _refusal(self, path: str, authorization: str) -> str:
+        """Why this request may not read ``path`` ("" if it may)."""
+        if path == "/health" or self.authorize is None:
+            return ""
+        return self.authorize("metrics" if path == "/metrics" else "views", authorization)
 
     def render(self, path: str, accept: str = "") -> tuple[str, str, bytes]:
         """(status, content type, body) of ``path``; ``accept`` is the request's

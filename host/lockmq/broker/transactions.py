@@ -13,6 +13,12 @@ for ``check_after_s`` is checked back (TXN_CHECK) with a connection of its produ
 group and principal, every ``check_interval_s``, at most ``max_checks`` times; then
 ``on_check_limit`` decides, and the log says so.
 
+Rights are decided by the broker's one ``Admission``: when the half is stored, and
+again when a commit takes effect, against the storing principal's token as it is
+then (``tok`` header): a commit of a principal revoked meanwhile is written as a
+rollback (``by = revoked``), and a revocation rolls back its pending transactions at
+once; ``txn.list`` shows them (``recent_revoked``).
+
 Connections call the four ``on_*`` handlers (see :data:`TXN_HANDLERS`); nothing here
 imports the connection module.
 """
@@ -34,6 +40,7 @@ from lockmq.security import BrokerGuard, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
+from .admission import Admission
 from .commands import DetachedSender
 from .core import BrokerCore, SystemSeq
 from .logs import EventLog, Stats
@@ -79,6 +86,13 @@ class Pending:
     next_check: float = 0.0   # monotonic
     ending: bool = False      # a commit/rollback is being written
     principal: Any = None     # who stored it (in memory only: a command's sender)
+    tok: str = ""             # the token id it was stored with ("" before 0.4)
+
+    def owner_principal(self) -> Any:
+        """Who stored it, as far as the record knows (to match a revocation)."""
+        from lockmq.security import Principal
+        return Principal(name=self.owner, kind="service", token_id=self.tok,
+                         token_name=self.owner)
 
     def info(self) -> dict[str, Any]:
         """The admin view (``txn.list``)."""
@@ -100,11 +114,18 @@ class Transactions:
     """The broker's transactions: pending half messages, their ends and check-backs."""
 
     def __init__(self, config: TransactionsSection, core: BrokerCore, guard: BrokerGuard,
-                 stats: Stats, log: EventLog, commands: Any = None) -> None:
+                 stats: Stats, log: EventLog, commands: Any = None,
+                 admission: Admission | None = None) -> None:
         self.cfg = config
         self.commands = commands   # broker/commands.py: where committed commands go
         self.core = core
         self.guard = guard
+        #: the one rights decision (the command path's when there is one)
+        self.admission = admission or getattr(commands, "admission", None) \
+            or Admission(guard, stats, log)
+        self.admission.on_revoked(self.cancel_principal)
+        #: transactions rolled back because their principal was revoked (``txn.list``)
+        self.revoked: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self.stats = stats
         self.log = log
         self.pending: dict[int, Pending] = {}
@@ -148,7 +169,7 @@ class Transactions:
                 continue
             p = Pending(r.offset, str(h["topic"]), str(h["sn"]), h["seq"], r.lock_ts_ms,
                         r.payload, str(h["group"]), str(h["principal"]),
-                        r.broker_ts_us // 1000)
+                        r.broker_ts_us // 1000, tok=str(h.get("tok", "")))
             age_s = max(0.0, (now_ms - p.stored_ms) / 1000)
             p.next_check = time.monotonic() + max(0.0, self.cfg.check_after_s - age_s)
             self._add(p)
@@ -201,9 +222,9 @@ class Transactions:
             validate_topic(body.topic)
             if body.topic == COMMAND_TOPIC:   # the rights of the command it carries
                 cmd = Command.decode(body.payload)
-                self.guard.check_command(principal, cmd.target, cmd.kind, cmd.args)
+                self.admission.check_command(principal, cmd.target, cmd.kind, cmd.args)
             else:
-                self.guard.check_publish(principal, body.topic, n=1)
+                self.admission.check_publish(principal, body.topic, n=1)
             self.guard.check_producer_id(principal, sn)
             self.join(conn, body.group)
         except (InvalidRecord, ProtocolError) as exc:   # a bad topic or command body
@@ -223,8 +244,9 @@ class Transactions:
             return
         c = self.cfg
         owner = owner_of(principal)
+        # per principal, and of the broker-wide cap all but the admins' reserve
         if self._per_owner[owner] >= c.max_pending_per_principal \
-                or len(self.pending) >= c.max_pending_total:
+                or len(self.pending) >= self.admission.share(c.max_pending_total, principal):
             self.stats.inc("txn_limit_exceeded")
             self.log.limited("txn_limit_exceeded", principal=owner,
                              pending=self._per_owner[owner], level="warning")
@@ -235,7 +257,7 @@ class Transactions:
                             frame.opaque)
             return
         headers = {"topic": body.topic, "sn": sn, "seq": body.seq, "group": body.group,
-                   "principal": owner}
+                   "principal": owner, "tok": getattr(principal, "token_id", "")}
         half = NewRecord(HALF_TOPIC, TXN_SN, self._seq.take(), body.lock_ts_ms, body.payload,
                          headers)
         self.core.spawn(self._store_half(conn, frame.opaque, half, body, sn))
@@ -251,6 +273,7 @@ class Transactions:
                     body.group, owner_of(conn.principal), int(self.core.wall_ms()))
         p.next_check = time.monotonic() + self.cfg.check_after_s
         p.principal = conn.principal
+        p.tok = str(half.headers.get("tok", "")) if half.headers else ""
         self._add(p)
         self.stats.inc("txn_half_stored")
         conn.send_frame(Op.TXN_PUBLISH_ACK, PublishAck(PublishAck.STORED, p.txn_id).encode(),
@@ -306,7 +329,12 @@ class Transactions:
                 if opaque is not None:
                     conn.send_error(ErrorCode.BUSY, f"transaction not ended: {exc}", opaque, 100)
                 return
-            if opaque is not None:
+            if opaque is None:
+                return
+            if outcome == TxnOutcome.COMMIT and txn_id in self.revoked:
+                conn.send_error(ErrorCode.FORBIDDEN, "not committed: rolled back, the "
+                                "credential that stored it was revoked", opaque)
+            else:
                 conn.send_frame(Op.OK, b"", opaque, _RESP)
         self.core.spawn(run())
 
@@ -336,6 +364,13 @@ class Transactions:
         is pending again after restart; its next commit is then taken as a duplicate
         of the stored record and delivers nothing new."""
         p.ending = True   # (callers set it before spawning this, too)
+        if outcome == TxnOutcome.COMMIT and p.topic != COMMAND_TOPIC:
+            # the storing principal's rights as they are now (a command's: the command
+            # path checks them when it issues it)
+            why = self._refused_now(p)
+            if why:
+                outcome, by = TxnOutcome.ROLLBACK, "revoked"
+                self._note_revoked(p, why)
         try:
             op = NewRecord(OP_TOPIC, TXN_SN, self._seq.take(), 0, b"",
                            {"txn_id": p.txn_id, "outcome": outcome, "by": by})
@@ -353,6 +388,38 @@ class Transactions:
         self.log("txn_end", txn_id=p.txn_id, outcome=name, by=by, topic=p.topic,
                  msg_id=f"{p.sn}:{p.seq}", checks=p.checks,
                  level="warning" if by == "check_limit" else "debug")
+
+    def _refused_now(self, p: Pending) -> str:
+        """Why ``p``'s message may not be committed now ("" if it may)."""
+        a = self.admission
+        principal = a.principal_of(p.tok, p.owner, p.owner, False) if p.tok else p.principal
+        if principal is None:     # (after a restart, stored before token ids were kept)
+            principal = a.principal_of("", p.owner, p.owner, False)
+        try:
+            a.check_publish(principal, p.topic, n=1, fresh=True)
+        except SecurityError as exc:
+            return str(exc)
+        return ""
+
+    def _note_revoked(self, p: Pending, why: str) -> None:
+        self.revoked[p.txn_id] = {"txn_id": p.txn_id, "topic": p.topic, "principal": p.owner,
+                                  "msg_id": f"{p.sn}:{p.seq}", "why": why[:200]}
+        while len(self.revoked) > 200:
+            self.revoked.popitem(last=False)
+        self.stats.inc("txn_rolled_back_revoked")
+        self.log("txn_revoked", txn_id=p.txn_id, topic=p.topic, principal=p.owner,
+                 why=why[:200], level="warning")
+
+    def cancel_principal(self, matches: Callable[[Any], bool], why: str) -> int:
+        """A revocation (``Admission``): roll back the pending transactions of the
+        principals ``matches`` picks (in the background). Returns how many."""
+        mine = [p for p in self.pending.values() if not p.ending and (
+            matches(p.owner_principal()) or (p.principal is not None and matches(p.principal)))]
+        for p in mine:
+            p.ending = True
+            self._note_revoked(p, why)
+            self.core.spawn(self.end(p, TxnOutcome.ROLLBACK, "revoked"))
+        return len(mine)
 
     def _issue_command(self, p: Pending) -> None:
         """A committed transactional command goes the normal command path (rights,
@@ -428,7 +495,8 @@ class Transactions:
             return {"ok": False, "error": "INVALID_ARGUMENT",
                     "message": "limit must be an integer in [1, 10000]"}
         items = sorted(self.pending.values(), key=lambda p: p.txn_id)[:limit]
-        return {"ok": True, "count": len(self.pending), "transactions": [p.info() for p in items]}
+        return {"ok": True, "count": len(self.pending), "transactions": [p.info() for p in items],
+                "recent_revoked": list(self.revoked.values())}
 
     def admin_resolve(self, args: dict[str, Any]) -> Any:
         """``txn.resolve``: ``{"txn_id": N, "outcome": "commit"|"rollback"}``."""

@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_registry_options(ls)
     ls.set_defaults(func=cmd_list)
 
-    for name, helptext, func in (("disable", "refuse the lock at its next connect", cmd_disable),
+    for name, helptext, func in (("disable", "refuse the lock (its live session ends at once)",
+                                  cmd_disable),
                                  ("enable", "allow a disabled lock again", cmd_enable),
                                  ("remove", "forget the lock entirely", cmd_remove),
                                  ("show", "one lock's registry row", cmd_show)):
@@ -222,8 +223,8 @@ def _simple(args: argparse.Namespace, op: str) -> int:
             print(f"{args.sn}: removed")
         else:
             reg.set_enabled(args.sn, op == "enable")
-            print(f"{args.sn}: {op}d" + ("; refused from its next connect" if op == "disable"
-                                        else ""))
+            print(f"{args.sn}: {op}d" + ("; a running broker ends its session within a "
+                                         "second" if op == "disable" else ""))
     except UnknownDevice:
         print(f"error: no device {args.sn}", file=sys.stderr)
         return 1

@@ -29,8 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="0.0.0.0", help="listen address (default %(default)s)")
     p.add_argument("--port", type=int, default=6900, help="listen port (default %(default)s)")
     p.add_argument("--tokens", metavar="FILE", default=None,
-                   help="accepted tokens, one a line; without it every peer is trusted "
-                        "(development only)")
+                   help="accepted tokens, one a line, each optionally followed by the "
+                        "gateway names it owns (required unless --no-auth)")
+    p.add_argument("--tls-cert", metavar="PEM", default="",
+                   help="serve TLS with this certificate (and --tls-key): tokens never "
+                        "cross the network in clear")
+    p.add_argument("--tls-key", metavar="PEM", default="")
+    p.add_argument("--no-auth", action="store_true",
+                   help="trust every peer, names have no owner (development only)")
     p.add_argument("--state", metavar="FILE", default="",
                    help="where the table is saved, so a restarted registry answers at once")
     p.add_argument("--evict-after", type=float, default=120.0, metavar="SECONDS",
@@ -59,10 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the registry until SIGTERM / SIGINT."""
-    from lockmq.registry.server import RegistryServer, load_tokens
+    from lockmq.registry.server import RegistryServer, load_token_names
 
+    if not args.tokens and not args.no_auth:
+        return fail("the registry authenticates its peers: give --tokens FILE (one token a "
+                    "line), or --no-auth for development")
     try:
-        tokens = load_tokens(args.tokens) if args.tokens else None
+        tokens = load_token_names(args.tokens) if args.tokens else None
     except OSError as exc:
         return fail(f"cannot read --tokens: {exc}")
     if args.evict_after <= 0 or args.sweep <= 0 or args.max_gateways <= 0 \
@@ -72,8 +81,20 @@ def serve(args: argparse.Namespace) -> int:
     if tokens is None:
         log("auth_off", level="warning", note="no --tokens: every peer is trusted")
 
+    ctx = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            return fail("--tls-cert and --tls-key go together")
+        import ssl
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            return fail(f"cannot load --tls-cert/--tls-key: {exc}")
+
     async def main() -> None:
-        server = RegistryServer(host=args.host, port=args.port, tokens=tokens,
+        server = RegistryServer(host=args.host, port=args.port, tokens=tokens, ssl=ctx,
+                                allow_anonymous=args.no_auth,
                                 state_file=args.state, evict_after_s=args.evict_after,
                                 sweep_s=args.sweep, max_gateways=args.max_gateways,
                                 max_topics=args.max_topics, log=log)

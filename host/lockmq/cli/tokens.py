@@ -190,5 +190,6 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     if not ok:
         print(f"error: no active token {args.id}", file=sys.stderr)
         return 1
-    print(f"{args.id}: revoked; refused from its next connect")
+    print(f"{args.id}: revoked; a running broker ends its sessions and cancels what it "
+          "left waiting (scheduled items, transactions, held commands) within a second")
     return 0

@@ -10,6 +10,13 @@ be reached is retried on the next lookup.
 Message ids are global (producer id + sequence), so the idempotency helper gives
 exactly-once effects across gateways as on one: pass ``idempotency.wrap(fn)`` as the
 handler (see docs/consumers.md).
+
+Who is who (docs/security.md, "The campus registry"): with ``gateway_tls_ca`` every
+gateway is reached over TLS at its registered ``tls_port`` and must present a
+certificate for its *registered name* from that CA, so an entry pointing a name at
+another broker -- or a made-up name -- fails before the consumer's token is sent or a
+record is read. Without it, a consumer that has a token joins no gateway (its token
+would go to whatever the registry says) unless ``insecure_gateways=True``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from .consumer import AsyncConsumer, Handler
 from .errors import LockmqError
+from .session import Endpoint
 from .sync import Consumer
 
 log = logging.getLogger("lockmq.client.campus")
@@ -37,6 +45,10 @@ class AsyncCampusConsumer:
         building: only gateways of this building.
         lookup_every_s: how often the registry is asked again.
         registry_insecure: allow the registry token in clear to a remote registry.
+        gateway_tls_ca: the campus CA (PEM or DER): each gateway is verified as the
+            one registered under its name (TLS, certificate for that name).
+        registry_tls_ca: reach the registry over TLS, verified against this CA.
+        insecure_gateways: send ``token`` to gateways that cannot be verified.
         **consumer_kwargs: passed to every :class:`AsyncConsumer` (workers, batch ...).
     """
 
@@ -44,7 +56,8 @@ class AsyncCampusConsumer:
                  handler: Handler, token: str | None = None,
                  registry_token: str | None = None, building: str | None = None,
                  lookup_every_s: float = 10.0, registry_insecure: bool = False,
-                 **consumer_kwargs: Any) -> None:
+                 gateway_tls_ca: str | None = None, insecure_gateways: bool = False,
+                 registry_tls_ca: str | None = None, **consumer_kwargs: Any) -> None:
         self.registry = registry
         self.topic = topic
         self.cluster = cluster
@@ -54,7 +67,12 @@ class AsyncCampusConsumer:
         self.building = building
         self.lookup_every_s = lookup_every_s
         self.registry_insecure = registry_insecure
+        self.gateway_tls_ca = gateway_tls_ca
+        self.registry_tls_ca = registry_tls_ca
+        self.insecure_gateways = insecure_gateways
         self.consumer_kwargs = consumer_kwargs
+        #: gateways listed but not joined because they could not be verified
+        self.unverified = 0
         #: the running consumers, by gateway name
         self.consumers: dict[str, AsyncConsumer] = {}
         self._addresses: dict[str, str] = {}
@@ -76,7 +94,8 @@ class AsyncCampusConsumer:
     @property
     def stats(self) -> dict[str, int]:
         """The consumers' counters, summed (and ``gateways``, ``lookups``)."""
-        total: dict[str, int] = {"gateways": len(self.consumers), "lookups": self.lookups}
+        total: dict[str, int] = {"gateways": len(self.consumers), "lookups": self.lookups,
+                                 "unverified": self.unverified}
         for c in self.consumers.values():
             for k, v in c.stats.items():
                 total[k] = total.get(k, 0) + v
@@ -114,7 +133,8 @@ class AsyncCampusConsumer:
         try:
             found = await lookup(self.registry, topic=self.topic, building=self.building,
                                  token=self.registry_token,
-                                 insecure=self.registry_insecure)
+                                 insecure=self.registry_insecure,
+                                 tls_ca=self.registry_tls_ca)
         except (LockmqError, OSError, asyncio.TimeoutError) as exc:
             self.lookup_errors += 1
             if raise_errors:
@@ -124,15 +144,41 @@ class AsyncCampusConsumer:
             return
         self.lookups += 1
         # a standby follows its primary's log: consuming it too would deliver twice
-        listed = {g["name"]: ",".join(g["addresses"]) for g in found
-                  if g.get("addresses") and g.get("role") != "standby"}
+        rows = {g["name"]: g for g in found
+                if g.get("addresses") and g.get("role") != "standby"}
+        listed = {name: ",".join(g["addresses"]) + f"|tls={g.get('tls_port') or 0}"
+                  for name, g in rows.items()}
         for name in [n for n in self.consumers if listed.get(n) != self._addresses.get(n)]:
             self._leave(name)   # evicted, or moved to another address
-        for name, address in listed.items():
+        for name, key in listed.items():
             if name not in self.consumers:
-                await self._join(name, address)
+                await self._join(name, rows[name], key)
 
-    async def _join(self, name: str, address: str) -> None:
+    def _endpoints(self, name: str, row: dict[str, Any]) -> str | list[Endpoint] | None:
+        """Where to reach gateway ``name`` so that it is the one registered (None:
+        it cannot be verified, and this consumer would send it its token)."""
+        addresses = row["addresses"]
+        if self.gateway_tls_ca:
+            port = row.get("tls_port") or 0
+            if not port:
+                return None
+            from lockmq.security.tls import client_context
+            ctx = client_context(self.gateway_tls_ca)
+            return [Endpoint(Endpoint.parse(a).host, port, ssl=ctx, server_hostname=name)
+                    for a in addresses]
+        if self.token and not self.insecure_gateways:
+            return None
+        return ",".join(addresses)
+
+    async def _join(self, name: str, row: dict[str, Any], key: str) -> None:
+        address = self._endpoints(name, row)
+        if address is None:
+            self.unverified += 1
+            log.warning("gateway %s (%s) not joined: it cannot be verified as the gateway "
+                        "registered under that name (give gateway_tls_ca; without it a "
+                        "token is sent to unverified gateways only with insecure_gateways)",
+                        name, ",".join(row["addresses"]))
+            return
         consumer = AsyncConsumer(address, topic=self.topic, cluster=self.cluster,
                                  handler=self.handler, token=self.token, **self.consumer_kwargs)
         consumer.endpoint.connect_retry_s = 0.0   # an unreachable gateway: next lookup
@@ -144,8 +190,8 @@ class AsyncCampusConsumer:
             await consumer.stop(0)
             return
         self.consumers[name] = consumer
-        self._addresses[name] = address
-        log.info("joined gateway %s (%s) for %s/%s", name, address, self.topic, self.cluster)
+        self._addresses[name] = key
+        log.info("joined gateway %s (%s) for %s/%s", name, key, self.topic, self.cluster)
 
     def _leave(self, name: str) -> None:
         consumer = self.consumers.pop(name)

@@ -7,7 +7,8 @@ Two ways to prove who we are:
 
 * a **token** (services, operators): ``Credentials.token("id.secret")``;
 * a **device key** (locks): ``Credentials.device(key)``; the proof is
-  ``HMAC-SHA256(key, b"lockmq-auth-v1" + nonce + cnonce + sn)``.
+  ``HMAC-SHA256(key, b"lockmq-auth-v2" + nonce + cnonce + sn_len + sn + transcript)``
+  (SPEC 2, "The session transcript").
 
 With no credentials the client still answers a challenge (with an empty token),
 which a broker running ``auth = "off"`` accepts.

@@ -43,8 +43,11 @@ def message_of(exc: SecurityError) -> str:
 class Rights:
     """What the MQTT listener asks of security (see the module docstring)."""
 
-    def __init__(self, guard: BrokerGuard) -> None:
+    def __init__(self, guard: BrokerGuard, admission: Any = None) -> None:
         self.guard = guard
+        #: the broker's one admission decision (``broker/admission.py``): publishes and
+        #: commands go through it, so a revoked token's rights end here too
+        self.admission = admission or guard
 
     def admit(self, peer_ip: str) -> None:
         """Count a new connection in (the guard's connection limits)."""
@@ -66,7 +69,7 @@ class Rights:
 
     def check_publish(self, principal: Any, topic: str) -> None:
         """May ``principal`` publish to ``topic``?"""
-        self.guard.check_publish(principal, topic, n=1)
+        self.admission.check_publish(principal, topic, n=1)
 
     def check_producer_id(self, principal: Any, producer_id: str) -> None:
         """May ``principal`` publish under ``producer_id`` (its MQTT client id)?"""
@@ -79,4 +82,4 @@ class Rights:
     def check_command(self, principal: Any, sn: str, kind: int, args: bytes) -> None:
         """May ``principal`` send a command of ``kind`` to lock ``sn``? (The command
         path checks again when it takes the command: both are the guard's rule.)"""
-        self.guard.check_command(principal, sn, kind, args)
+        self.admission.check_command(principal, sn, kind, args)

@@ -43,7 +43,7 @@ class MqttServer:
         self.core = core
         self.publisher = publisher
         self.commands = commands
-        self.rights = Rights(guard)
+        self.rights = Rights(guard, getattr(commands, "admission", None))
         self.guard = guard
         self.log = log
         self.stats = stats

@@ -82,7 +82,8 @@ class Announcer:
         backoff = Backoff(0.5, max(1.0, self.settings.heartbeat_s))
         down = False
         while True:
-            admin = AsyncAdmin(registry_endpoint(address, self.settings.insecure), token=self.settings.token or None,
+            admin = AsyncAdmin(registry_endpoint(address, self.settings.insecure,
+                                                 getattr(self.settings, "tls_ca", "") or None), token=self.settings.token or None,
                                timeout_s=10.0,
                                client_id=_client_id(self.info()["name"]))
             try:

@@ -12,12 +12,17 @@ from lockmq.client.session import Endpoint
 CONNECT_TIMEOUT_S = 5.0
 
 
-def registry_endpoint(address: str, insecure: bool = False) -> Endpoint:
+def registry_endpoint(address: str, insecure: bool = False,
+                      tls_ca: str | None = None) -> Endpoint:
     """``host:port`` of a registry, tried once (no 30 s first-connect retry).
 
-    ``insecure``: allow the token in clear to a non-loopback registry (the registry
-    has no TLS listener yet)."""
+    ``tls_ca``: reach it over TLS, its certificate verified against this CA (PEM or
+    DER) for the address's host. ``insecure``: allow the token in clear to a
+    non-loopback registry without TLS."""
     ep = Endpoint.parse(address)
+    if tls_ca:
+        from lockmq.security.tls import client_context
+        ep.ssl = client_context(tls_ca)
     ep.insecure = insecure
     ep.connect_retry_s = 0.0
     ep.connect_timeout_s = CONNECT_TIMEOUT_S
@@ -35,7 +40,7 @@ def registry_addresses(registry: str | list[str]) -> list[str]:
 
 async def registry_request(registry: str | list[str], op: str, *, token: str | None = None,
                            timeout_s: float = 10.0, insecure: bool = False,
-                           **args: Any) -> dict[str, Any]:
+                           tls_ca: str | None = None, **args: Any) -> dict[str, Any]:
     """Run ``op`` on the first registry that answers.
 
     An :class:`AdminError` (the registry refused the request) is raised at once; a
@@ -44,7 +49,8 @@ async def registry_request(registry: str | list[str], op: str, *, token: str | N
     """
     last: Exception | None = None
     for address in registry_addresses(registry):
-        admin = AsyncAdmin(registry_endpoint(address, insecure), token=token, timeout_s=timeout_s)
+        admin = AsyncAdmin(registry_endpoint(address, insecure, tls_ca), token=token,
+                           timeout_s=timeout_s)
         try:
             await admin.connect()
             return await admin.request(op, **args)
@@ -60,8 +66,8 @@ async def registry_request(registry: str | list[str], op: str, *, token: str | N
 
 async def lookup(registry: str | list[str], *, topic: str | None = None,
                  building: str | None = None, token: str | None = None,
-                 insecure: bool = False) -> list[dict[str, Any]]:
+                 insecure: bool = False, tls_ca: str | None = None) -> list[dict[str, Any]]:
     """The gateways serving ``topic`` (and/or in ``building``)."""
     args = {k: v for k, v in (("topic", topic), ("building", building)) if v is not None}
     return (await registry_request(registry, "registry.lookup", token=token,
-                                   insecure=insecure, **args))["gateways"]
+                                   insecure=insecure, tls_ca=tls_ca, **args))["gateways"]

@@ -12,11 +12,20 @@ ServerSession) and then send ``ADMIN_REQUEST`` JSON ops:
 A sweep every ``sweep_s`` evicts gateways silent for ``evict_after_s``. The table
 is saved (atomically, fsynced) to ``state_file`` when it changes shape (a gateway
 added or removed), not on every heartbeat.
+
+Who is who (docs/security.md, "The campus registry"): a registry authenticates every
+peer (tokens are required; ``allow_anonymous`` is for development and says so in the
+log), and a gateway name belongs to one credential -- the first that registered it,
+or the one a tokens-file line names (``TOKEN gw-north gw-south``: that token owns
+those names from the start and may register no others). A register or heartbeat of
+a name by another credential is refused (FORBIDDEN), logged ``gateway_name_refused``
+and counted; the owners survive evictions and restarts (the state file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import os
@@ -49,32 +58,65 @@ MAX_CONNECTIONS = 1024
 
 
 def load_tokens(path: str) -> list[bytes]:
-    """The accepted tokens: one ``id.secret`` a line, ``#`` comments."""
+    """The accepted tokens: one ``id.secret`` a line (optionally followed by the
+    gateway names it owns: :func:`load_token_names`), ``#`` comments."""
+    return list(load_token_names(path))
+
+
+def load_token_names(path: str) -> dict[bytes, tuple[str, ...]]:
+    """Token -> the gateway names an admin provisioned for it (empty: any name it
+    registers first), from a tokens file: ``TOKEN [NAME ...]`` a line."""
+    out: dict[bytes, tuple[str, ...]] = {}
     with open(path, encoding="utf-8") as fh:
-        lines = [ln.split("#", 1)[0].strip() for ln in fh]
-    return [ln.encode() for ln in lines if ln]
+        for ln in fh:
+            words = ln.split("#", 1)[0].split()
+            if words:
+                out[words[0].encode()] = tuple(words[1:])
+    return out
+
+
+def fingerprint(token: bytes) -> str:
+    """What the registry keeps of a credential to name an owner (never the token)."""
+    return hashlib.sha256(b"lockmq-registry-owner-v1" + bytes(token)).hexdigest()[:32]
 
 
 class RegistryServer:
     """One registry. ``await start()``, then ``await stop()``.
 
-    ``tokens``: accepted tokens (None: no authentication, for tests and development).
+    ``tokens``: accepted tokens, or a map token -> the gateway names provisioned for
+    it (:func:`load_token_names`). None is refused unless ``allow_anonymous`` (tests
+    and development: every peer is trusted and names have no owners).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
-                 tokens: list[bytes] | None = None, state_file: str = "",
+                 tokens: list[bytes] | dict[bytes, tuple[str, ...]] | None = None,
+                 state_file: str = "",
                  clock: Clock = SYSTEM_CLOCK, evict_after_s: float = 120.0,
                  sweep_s: float = 5.0, max_gateways: int = 1000, max_topics: int = 1000,
-                 log: EventLog | None = None) -> None:
+                 log: EventLog | None = None, allow_anonymous: bool = False,
+                 ssl: Any = None) -> None:
+        if tokens is None and not allow_anonymous:
+            raise ValueError("a registry authenticates its peers: give it tokens (lockmq "
+                             "registry --tokens FILE), or allow_anonymous for development")
         self.host, self.port = host, port
-        self.tokens = tokens
+        #: a server ``ssl.SSLContext`` (``lockmq registry --tls-cert/--tls-key``): tokens
+        #: then never cross the network in clear; None: plain TCP
+        self.ssl = ssl
+        names = tokens if isinstance(tokens, dict) else dict.fromkeys(tokens or (), ())
+        self.tokens: list[bytes] | None = None if tokens is None else list(names)
+        #: credential fingerprint -> the names provisioned for it (only those)
+        self.pinned: dict[str, tuple[str, ...]] = {fingerprint(t): n for t, n in names.items()
+                                                   if n}
         self.state_file = state_file
         self.clock = clock
         self.sweep_s = sweep_s
         self.table = GatewayTable(clock, evict_after_s, max_gateways, max_topics)
+        for cred, pinned in self.pinned.items():
+            for name in pinned:
+                self.table.owners[name] = cred     # provisioned: before any state file
         self.log = log or EventLog()
         self.stats = {"connections": 0, "auth_failed": 0, "registers": 0, "heartbeats": 0,
-                      "lookups": 0, "evicted": 0, "refused": 0}
+                      "lookups": 0, "evicted": 0, "refused": 0, "names_refused": 0}
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
         self._open = 0
@@ -90,11 +132,14 @@ class RegistryServer:
                 except ValueError:
                     self.log("registry_state_unreadable", level="warning", file=self.state_file)
         self._server = await asyncio.start_server(self._serve, self.host, self.port,
-                                                  limit=MAX_FRAME)
+                                                  limit=MAX_FRAME, ssl=self.ssl,
+                                                  ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                                                  if self.ssl else None)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.ensure_future(self._sweep_loop())
         self.log("registry_started", host=self.host, port=self.port,
                  auth="token" if self.tokens is not None else "off",
+                 transport="tls" if self.ssl else "PLAIN-TCP",
                  gateways=len(self.table.gateways), evict_after_s=self.table.evict_after_s)
 
     async def stop(self) -> None:
@@ -136,6 +181,7 @@ class RegistryServer:
         self._open += 1
         self.stats["connections"] += 1
         session, decoder = ServerSession(), FrameDecoder(MAX_FRAME)
+        cred: list[str | None] = [None]   # the peer's credential once authenticated
         try:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
             while True:
@@ -150,12 +196,12 @@ class RegistryServer:
                         was = session.state
                         session.receive(frame)
                         if was == ESTABLISHED:
-                            out = self._request(session, frame)
+                            out = self._request(session, frame, cred[0], peer)
                         elif frame.opcode == Op.CONNECT:
                             out = session.challenge(os.urandom(NONCE_SIZE),
                                                     int(time.time() * 1000), frame.opaque)
                         elif frame.opcode == Op.AUTH:
-                            out = self._auth(session, frame, peer)
+                            out = self._auth(session, frame, peer, cred)
                         else:
                             return   # DISCONNECT before authentication
                     except SessionError as exc:
@@ -182,7 +228,8 @@ class RegistryServer:
             self._open -= 1
             writer.close()
 
-    def _auth(self, session: ServerSession, frame: Any, peer: Any) -> bytes:
+    def _auth(self, session: ServerSession, frame: Any, peer: Any,
+              cred: list[str | None]) -> bytes:
         auth = session.auth
         name = frame.sn or "anonymous"   # the session checks every later frame's SN
         if self.tokens is not None:
@@ -193,10 +240,12 @@ class RegistryServer:
                 self.log("auth_failed", peer=str(peer), sn=name, level="warning")
                 return session.refuse(ErrorCode.AUTH_FAILED, "authentication failed",
                                       frame.opaque)
+            cred[0] = fingerprint(auth.proof)
         ack = ConnectAck(HEARTBEAT_S, MAX_FRAME, int(time.time() * 1000), NO_SEQ, 0)
         return session.accept(Role.ADMIN, name, ack, frame.opaque)
 
-    def _request(self, session: ServerSession, frame: Any) -> bytes | None:
+    def _request(self, session: ServerSession, frame: Any, cred: str | None = None,
+                 peer: Any = None) -> bytes | None:
         op = frame.opcode
         if op == Op.DISCONNECT:
             return None
@@ -211,9 +260,13 @@ class RegistryServer:
                                frame.opaque)
         try:
             req = decode_json(frame.body)
-            reply = self.handle(str(req.get("op", "")), req.get("args") or {})
+            reply = self.handle(str(req.get("op", "")), req.get("args") or {}, cred)
         except RegistryError as exc:
             self.stats["refused"] += 1
+            if exc.code == "FORBIDDEN":
+                self.stats["names_refused"] += 1
+                self.log.limited("gateway_name_refused", "gateway_name_refused",
+                                 peer=str(peer), message=exc.message, level="warning")
             reply = {"ok": False, "error": exc.code, "message": exc.message}
         except (ValueError, AttributeError) as exc:
             reply = {"ok": False, "error": "INVALID_ARGUMENT", "message": str(exc)}
@@ -221,14 +274,20 @@ class RegistryServer:
                             Flag.RESPONSE)
 
     # -- the ops --------------------------------------------------------------------------
-    def handle(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run one ``registry.*`` op; RegistryError for a refused one."""
+    def handle(self, op: str, args: dict[str, Any], cred: str | None = None) -> dict[str, Any]:
+        """Run one ``registry.*`` op for the credential ``cred`` (its fingerprint;
+        None with ``allow_anonymous``); RegistryError for a refused one."""
         if not isinstance(args, dict):
             raise RegistryError("INVALID_ARGUMENT", "args must be an object")
         t = self.table
+        if op in ("registry.register", "registry.heartbeat"):
+            pinned = self.pinned.get(cred or "")
+            if pinned and args.get("name") not in pinned:
+                raise RegistryError("FORBIDDEN", f"this credential may register only "
+                                    f"{', '.join(pinned)} (its line in the tokens file)")
         if op == "registry.register":
             new = args.get("name") not in t.gateways
-            gw = t.register(args)
+            gw = t.register(args, cred)
             self.stats["registers"] += 1
             if new:
                 self.log("gateway_registered", name=gw.name, building=gw.building,
@@ -242,7 +301,7 @@ class RegistryServer:
                 self._save()
             return {"ok": True, "found": found}
         if op == "registry.heartbeat":
-            t.heartbeat(args)
+            t.heartbeat(args, cred)
             self.stats["heartbeats"] += 1
             return {"ok": True}
         if op == "registry.lookup":

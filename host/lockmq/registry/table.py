@@ -75,6 +75,21 @@ class GatewayTable:
         self.max_topics = max_topics
         self.max_addresses = max_addresses
         self.gateways: dict[str, Gateway] = {}
+        #: gateway name -> the credential (fingerprint) that owns it: the first that
+        #: registered it, or the one an admin provisioned. Kept after an eviction (a
+        #: name never falls free for whoever registers next) and in the state file.
+        self.owners: dict[str, str] = {}
+
+    def check_owner(self, name: str, cred: str | None) -> None:
+        """``cred`` may speak for gateway ``name`` (None: an unauthenticated registry
+        in development mode: no owners); else RegistryError FORBIDDEN."""
+        if cred is None:
+            return
+        owner = self.owners.get(name)
+        if owner is not None and owner != cred:
+            raise RegistryError("FORBIDDEN", f"gateway name {name!r} belongs to another "
+                                "credential (the first that registered it, or the one an "
+                                "admin provisioned for it)")
 
     def _topics(self, value: Any) -> list[str]:
         if not isinstance(value, list):
@@ -84,9 +99,11 @@ class GatewayTable:
                                 f"{self.max_topics} per gateway (registry --max-topics)")
         return sorted({_name(t, "a topic") for t in value})
 
-    def register(self, args: dict[str, Any]) -> Gateway:
-        """Add or replace a gateway from ``registry.register`` arguments."""
+    def register(self, args: dict[str, Any], cred: str | None = None) -> Gateway:
+        """Add or replace a gateway from ``registry.register`` arguments, for the
+        credential ``cred`` (its owner: see :meth:`check_owner`)."""
         name = _name(args.get("name"), "name")
+        self.check_owner(name, cred)
         addresses = args.get("addresses") or ([args["address"]] if args.get("address") else [])
         if not isinstance(addresses, list) or not addresses \
                 or len(addresses) > self.max_addresses:
@@ -109,11 +126,14 @@ class GatewayTable:
         gw = Gateway(name, building, addresses, tls_port, topics, role,
                      old.registered_ms if old else now, now)
         self.gateways[name] = gw
+        if cred is not None:
+            self.owners.setdefault(name, cred)
         return gw
 
-    def heartbeat(self, args: dict[str, Any]) -> Gateway:
+    def heartbeat(self, args: dict[str, Any], cred: str | None = None) -> Gateway:
         """Mark a gateway alive (and update its topics when given)."""
         name = _name(args.get("name"), "name")
+        self.check_owner(name, cred)
         gw = self.gateways.get(name)
         if gw is None:   # evicted, or the registry restarted: the gateway registers again
             raise RegistryError("UNKNOWN_GATEWAY", f"gateway {name!r} is not registered")
@@ -141,13 +161,23 @@ class GatewayTable:
             del self.gateways[name]
         return gone
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """The table as JSON-able rows (for the state file)."""
-        return [gw.row() for gw in self.gateways.values()]
+    def snapshot(self) -> dict[str, Any]:
+        """The table as JSON-able data (for the state file): the gateways' rows and
+        the names' owners."""
+        return {"gateways": [gw.row() for gw in self.gateways.values()],
+                "owners": dict(self.owners)}
 
-    def restore(self, rows: list[dict[str, Any]]) -> None:
-        """Load rows saved by :meth:`snapshot`; each gets a fresh eviction window
-        (the registry was down, not the gateway)."""
+    def restore(self, data: Any) -> None:
+        """Load what :meth:`snapshot` saved (or the bare row list of older registries);
+        each gateway gets a fresh eviction window (the registry was down, not it)."""
+        rows = data
+        if isinstance(data, dict):
+            rows = data.get("gateways") or []
+            owners = data.get("owners") or {}
+            if isinstance(owners, dict):
+                for name, cred in owners.items():
+                    if isinstance(name, str) and isinstance(cred, str):
+                        self.owners.setdefault(name, cred)
         now = self.clock.wall_ms()
         for row in rows[: self.max_gateways]:
             try:

@@ -70,6 +70,12 @@ class SecurityConfig:
             port, logged as ``tls_port=`` in ``broker_started``).
         tls_client_ca: PEM CA to require client certificates (empty = not required).
         plain_port_enabled: keep a plain-TCP listener for locks without TLS.
+        status_token_required: the status page's views that name locks, clusters or
+            topics (``/``, ``/summary``, ``/stats``, ``/devices``, ``/clusters``,
+            ``/topics``, ``/commands``, ``/history``) answer only a request with
+            ``Authorization: Bearer <admin token>`` (401 otherwise). ``/health`` is
+            always open.
+        metrics_token_required: ``/metrics`` needs a token too (any valid one).
         max_producer_ids_per_principal: producer ids (PUBLISH SNs) one token name
             owns at most; claiming one more forgets its least recently used one
             (see lockmq.security.identity).
@@ -114,6 +120,8 @@ class SecurityConfig:
     tls_port: int = 6843
     tls_client_ca: str = ""
     plain_port_enabled: bool = True
+    status_token_required: bool = True
+    metrics_token_required: bool = False
     max_producer_ids_per_principal: int = 1024
     lock_frame_mac: str = "optional"
     broker_id: str = ""

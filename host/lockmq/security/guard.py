@@ -86,8 +86,9 @@ class BrokerGuard(Protocol):
         """Count a handshake that took too long; the error to send."""
 
     def authenticate(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
-                     *, tls: bool = False) -> Principal:
-        """The principal an AUTH answer proves, or raise."""
+                     *, tls: bool = False, transcript: bytes = b"") -> Principal:
+        """The principal an AUTH answer proves (a device proof covering the session
+        ``transcript``), or raise."""
 
     def check_frame_sn(self, principal: Principal, sn: Any) -> None:
         """A frame's SN must be the principal's (counted when it is not)."""
@@ -148,6 +149,10 @@ class BrokerGuard(Protocol):
     def standing(self, principal: Principal) -> str:
         """Why ``principal`` may no longer act, read from the registry now ("" if it
         still may): a revoked or expired token, a disabled, removed or re-keyed lock."""
+
+    def authorize_status(self, view: str, authorization: str) -> str:
+        """May an HTTP request with header ``Authorization: authorization`` read the
+        status page's ``view`` (``"metrics"`` or ``"views"``)? "" if so, else why not."""
 
     def security_version(self) -> int:
         """A number that changes when the registry file was written by another process."""
@@ -275,6 +280,29 @@ class Guard:
         self.tokens = TokenStore(self.cfg.registry_path)
         for store in old:
             store.close()
+
+    # -- the status page ---------------------------------------------------------
+
+    def authorize_status(self, view: str, authorization: str) -> str:
+        """``[security] status_token_required`` / ``metrics_token_required``: the
+        named views need an admin token, ``/metrics`` (when protected) any valid one,
+        as ``Authorization: Bearer <token>``. A loopback bind is not access control."""
+        need = self.cfg.metrics_token_required if view == "metrics" \
+            else self.cfg.status_token_required
+        if not need:
+            return ""
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "a token is needed (Authorization: Bearer <token>)"
+        try:
+            info = self.tokens.verify(token.strip(), now=self.wall())
+        except TokenError as exc:
+            audit.record(self.metrics, "status_refused", exc.reason)
+            return "token refused"
+        if view != "metrics" and not info.permissions.admin:
+            audit.record(self.metrics, "status_refused", "not_admin")
+            return "an admin token is needed"
+        return ""
 
     # -- standing now (lockmq.broker.admission) ------------------------------------
 

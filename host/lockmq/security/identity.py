@@ -35,7 +35,12 @@ RESERVED_PREFIX = "$"
 #: The producer ids the broker writes its own records under.
 BROKER_IDS = frozenset({"$broker"})
 #: System topics only the broker writes (plus the configured devices topics).
-INTERNAL_TOPICS = frozenset({"$devices", "$heartbeats"})
+INTERNAL_TOPICS = frozenset({"$devices", "$heartbeats",
+                             # the scheduler's items and op records (broker/scheduler.py)
+                             "$scheduled",
+                             # a transaction's command half (broker/transactions.py): only
+                             # through TXN_PUBLISH, never a direct publish
+                             "$command"})
 #: Prefixes of broker-internal topics: retry queues, dead letters, anything ``$broker``.
 INTERNAL_TOPIC_PREFIXES = ("$retry.", "$dlq.", "$broker", "$sys.")
 
