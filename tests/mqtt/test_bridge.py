@@ -62,7 +62,8 @@ class Mosquitto:
             self.proc.wait(15)
 
 
-def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_path):
+@pytest.mark.parametrize("version", [4, 5], ids=["v3.1.1", "v5"])
+def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_path, version):
     mosq = Mosquitto(tmp_path / "mosquitto")
     proxy = FaultProxy(("127.0.0.1", mosq.port)).start()
     upstream = Client(mosq.port, v5=False, client_id="cloud-sub", clean=False)
@@ -75,7 +76,7 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
         proc = BrokerProcess(str(tmp_path / "data"), {
             "broker": {"auth": "off"},
             "bridge": {"enabled": True, "upstream": "127.0.0.1:%d" % proxy.address[1],
-                       "topics": ["lock.events"], "remote_prefix": "gw7/", "version": 4,
+                       "topics": ["lock.events"], "remote_prefix": "gw7/", "version": version,
                        "keepalive_s": 2, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}})
         prods = {sn: Producer(proc.address, producer_id=sn) for sn in LOCKS}
 
@@ -127,22 +128,34 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
         mosq.stop()
 
 
-def test_commands_from_the_upstream_go_through_the_command_path(tmp_path):
+@pytest.mark.parametrize("version", [4, 5], ids=["v3.1.1", "v5"])
+def test_commands_from_the_upstream_go_through_the_command_path(tmp_path, version):
     mosq = Mosquitto(tmp_path / "mosquitto")
     proc = BrokerProcess(str(tmp_path / "data"), {
         "broker": {"auth": "off"}, "commands": {"default_expiry_s": 1.0},
         "bridge": {"enabled": True, "upstream": f"127.0.0.1:{mosq.port}",
-                   "topics": ["lock.events"], "version": 4,
+                   "topics": ["lock.events"], "version": version,
                    "command_filter": "gw7/command/+/+", "command_token": "ops"}})
-    cloud = Client(mosq.port, v5=False, client_id="cloud-ops")
+    cloud = Client(mosq.port, v5=version == 5, client_id="cloud-ops")
     try:
         proc.wait_log(r"event=bridge_up")
-        assert cloud.subscribe("gw7/command/LOCK-X/unlock/result")[0] == 1
+        reply = "gw7/replies/ops" if version == 5 else "gw7/command/LOCK-X/unlock/result"
+        assert int(getattr(r := cloud.subscribe(reply)[0], "value", r)) == 1
         time.sleep(0.5)   # (the bridge's own SUBSCRIBE is in place)
-        cloud.c.publish("gw7/command/LOCK-X/unlock", b"2", qos=1)
-        res = json.loads(cloud.inbox.get(timeout=30).payload)
+        props = None
+        if version == 5:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+            props = Properties(PacketTypes.PUBLISH)
+            props.ResponseTopic = reply
+            props.CorrelationData = b"c-7"
+        cloud.c.publish("gw7/command/LOCK-X/unlock", b"2", qos=1, properties=props)
+        m = cloud.inbox.get(timeout=30)
+        res = json.loads(m.payload)
         # no lock LOCK-X is connected: the command path holds it until it expires
         assert res["sn"] == "LOCK-X" and res["kind"] == "unlock" and res["status"] == "OFFLINE"
+        if version == 5:
+            assert m.properties.CorrelationData == b"c-7"
         assert proc.metrics()["lockmq_bridge_commands_total"] == 1
     finally:
         cloud.close()
