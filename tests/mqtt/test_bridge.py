@@ -70,13 +70,20 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
     got: list = []
     proc = None
     try:
-        assert upstream.subscribe("gw7/lock/events")[0] == 1
-        threading.Thread(target=lambda: [got.append(json.loads(upstream.inbox.get().payload))
-                                         for _ in iter(int, 1)], daemon=True).start()
+        assert upstream.subscribe("gw7/lock/events/+")[0] == 1
+        topics: list = []
+
+        def collect() -> None:
+            while True:
+                m = upstream.inbox.get()
+                r = json.loads(m.payload)
+                topics.append((m.topic, r))
+                got.append(r)
+        threading.Thread(target=collect, daemon=True).start()
         proc = BrokerProcess(str(tmp_path / "data"), {
             "broker": {"auth": "off"},
             "bridge": {"enabled": True, "upstream": "127.0.0.1:%d" % proxy.address[1],
-                       "topics": ["lock.events"], "remote_prefix": "gw7/", "version": version,
+                       "topics": ["lock.events"], "remote_prefix": "gw7/", "version": version, "per_lock_topics": True,
                        "keepalive_s": 2, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}})
         prods = {sn: Producer(proc.address, producer_id=sn) for sn in LOCKS}
 
@@ -113,6 +120,7 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
                  "every record upstream", timeout=60)
         for p in prods.values():
             p.close()
+        assert all(topic == f"gw7/lock/events/{r['sn']}" for topic, r in topics)
         for sn in LOCKS:
             mine = [r["seq"] for r in got if r["sn"] == sn]
             first = list(dict.fromkeys(mine))   # QoS 1: a record may come twice, in order
