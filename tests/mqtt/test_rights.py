@@ -115,3 +115,19 @@ def test_mqtt_over_tls_with_a_token(tmp_path):
         c.loop_stop()
     finally:
         sb.close()
+
+
+def test_the_listener_shows_in_metrics(secure):
+    bad = Client(secure.mqtt_port, v5=True, username="reader", password="wrong")
+    bad.wait_connack()
+    bad.close()
+    c = Client(secure.mqtt_port, v5=True, username="reader", password=secure.tok["reader"])
+    try:
+        info = c.c.publish("door/events", b"x", qos=1)
+        wait_for(lambda: c.pubacks.get(info.mid), "the refusal")
+        m = secure.broker.metrics()
+        assert m["lockmq_mqtt_connections"] >= 1 and "lockmq_mqtt_sessions" in m
+        assert m["lockmq_mqtt_connect_refused_total"] >= 1
+        assert m["lockmq_mqtt_publish_refused_total"] >= 1
+    finally:
+        c.close()
