@@ -9,14 +9,14 @@ import subprocess
 import pytest
 
 from lockmq.security import Permissions
-from lockmq.testing import SecureBroker, wait_for
+from lockmq.testing import SecureBroker, merge_tables, wait_for
 
 from .helpers import needs, MOSQUITTO_PUB, MOSQUITTO_SUB, MQTT_ON, Client, mqtt_port
 
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
-    sb = SecureBroker(tmp_path_factory.mktemp("secure"), MQTT_ON, tokens={
+    sb = SecureBroker(tmp_path_factory.mktemp("secure"), merge_tables(MQTT_ON), tokens={
         "reader": Permissions(consume=("door.*",)),
         "writer": Permissions(publish=("door.*",)),
         "nobody": Permissions()})
@@ -131,3 +131,24 @@ def test_the_listener_shows_in_metrics(secure):
         assert m["lockmq_mqtt_publish_refused_total"] >= 1
     finally:
         c.close()
+
+
+def test_a_revoked_token_ends_its_mqtt_session_at_once(tmp_path):
+    sb = SecureBroker(tmp_path, merge_tables(MQTT_ON), tokens={"temp": Permissions(consume=("door.*",))})
+    proc = sb.start()
+    try:
+        port = mqtt_port(proc)
+        c = Client(port, v5=True, client_id="temp-1", username="temp",
+                   password=sb.tok["temp"])
+        assert int(getattr(r := c.wait_connack()[1], "value", r)) == 0
+        tid = sb.tok["temp"].split("_")[1]
+        assert sb.tokens.revoke(tid)
+        rc = c.disconnects.get(timeout=15)        # the broker ends it: 0x87
+        assert int(getattr(rc, "value", rc)) == 0x87
+        c.close()
+        again = Client(port, v5=True, client_id="temp-2", username="temp",
+                       password=sb.tok["temp"])
+        assert int(getattr(r := again.wait_connack()[1], "value", r)) == 0x86
+        again.close()
+    finally:
+        sb.close()
