@@ -219,12 +219,13 @@ def main() -> int:
     ap.add_argument("--server-core", default="0")
     ap.add_argument("--client-core", default="1")
     ap.add_argument("--skip-lock-path", action="store_true")
+    ap.add_argument("--skip-mqtt", action="store_true", help="only the lock path")
     a = ap.parse_args()
     print(machine_info())
     root = tempfile.mkdtemp(prefix="bench-mqtt-")
     res: dict[str, list[dict[str, float]]] = {"lockmq": [], "mosquitto": []}
     have_mosq = peer_binary("mosquitto") is not None
-    for r in range(a.runs):
+    for r in range(0 if a.skip_mqtt else a.runs):
         proc, _port, mport = start_lockmq(f"{root}/l{r}", a.server_core, True)
         try:
             res["lockmq"].append(run_pubsub(a.client_core, mport, a.messages, a.window))
@@ -236,9 +237,10 @@ def main() -> int:
                 res["mosquitto"].append(run_pubsub(a.client_core, mp, a.messages, a.window))
             finally:
                 stop(mproc)
-    print(f"mqtt QoS 1 publish->deliver, {a.messages} msgs, window {a.window}, "
-          f"{a.runs} runs (min / median / max):")
-    for name, rows in res.items():
+    if not a.skip_mqtt:
+        print(f"mqtt QoS 1 publish->deliver, {a.messages} msgs, window {a.window}, "
+              f"{a.runs} runs (min / median / max):")
+    for name, rows in res.items() if not a.skip_mqtt else ():
         if not rows:
             print(f"  {name:10s} skipped (not installed)")
             continue

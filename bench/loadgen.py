@@ -55,8 +55,8 @@ from lockmq.protocol import (
     Role,
     Subscribe,
     SubscribeAck,
-    VERSION,
     transcript_hash,
+    VERSION,
 )
 from lockmq.security.keys import device_proof
 from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
@@ -67,8 +67,6 @@ from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ i
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
-#: the CONNECT body of a bench lock (its proof covers it: SPEC 2 "The session transcript")
-_LOCK_CONNECT = Connect(Role.LOCK, 30, "bench").encode()
 #: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
 KEYS: dict[str, bytes] = {}
 #: ``--tls-ca``: the TLS context the publish scenario's locks connect with (else empty)
@@ -138,6 +136,8 @@ async def connect_all(ep: Endpoint, sns: list[str], parallel: int = 256) -> list
     return out
 
 
+#: the CONNECT body of a lean or storm lock (its AUTH proof covers it: the transcript)
+LEAN_CONNECT = Connect(Role.LOCK, 30, "bench").encode()
 #: the DISCONNECT body every bench connection says goodbye with
 BYE = Disconnect(0, "bench done").encode()
 
@@ -253,7 +253,7 @@ class LeanLock(Windowed):
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         self.transport = transport
         self.t_connect = time.monotonic()
-        transport.write(encode_frame(Op.CONNECT, self.snb, _LOCK_CONNECT, 1))
+        transport.write(encode_frame(Op.CONNECT, self.snb, LEAN_CONNECT, 1))
 
     def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
         self.transport = None
@@ -312,7 +312,7 @@ class LeanLock(Windowed):
                     cn = os.urandom(16)
                     # the proof covers the handshake as sent and received (SPEC 2,
                     # "The session transcript")
-                    th = transcript_hash(self.snb, 0, _LOCK_CONNECT, f.body)
+                    th = transcript_hash(self.snb, 0, LEAN_CONNECT, f.body)
                     proof = device_proof(KEYS.get(self.sn, KEY), ch.nonce, cn, self.snb, th)
                     self.out.append(encode_frame(Op.AUTH, self.snb, Auth(1, cn, proof).encode(), 2))
                 elif op == Op.CONNECT_ACK:
@@ -624,7 +624,7 @@ class Storm:
         self.locks = locks
         self.tp = struct.pack(">B", len(topic)) + topic.encode()
         self.payload = record(random.Random(2))
-        self.connect_body = Connect(Role.LOCK, 30, "bench").encode()
+        self.connect_body = LEAN_CONNECT
         self.lat: list[float] = []
         self.failed = 0
         self.busy = 0

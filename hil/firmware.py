@@ -73,8 +73,8 @@ def write_config(flash: Path, **changes: Any) -> None:
 
 
 def code_files(flash: Path) -> list[Path]:
-    """What a deploy copies to a board: main.py, lib/**, config.json (no state files)."""
-    files = [flash / "main.py", flash / "config.json"]
+    """What a deploy copies to a board: lockboot, main.py, lib/**, config.json (no state files)."""
+    files = sorted(flash.glob("lockboot.*")) + [flash / "main.py", flash / "config.json"]
     files += sorted(p for p in (flash / "lib").rglob("*") if p.is_file())
     if (flash / "cards.bin").exists():
         files.append(flash / "cards.bin")

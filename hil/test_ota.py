@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +25,15 @@ FLEET = 20
 STAGE_S = {"fetch": 0.15, "verify": 0.04, "switch": 0.1, "trial": 0.03}
 #: A short trial for the scenarios (a lock's default is 300 s): heartbeat 5 s + room.
 TRIAL_S = 30
+
+
+@pytest.fixture
+def heap(hil_interpreter) -> str | None:
+    """The heap of this test's locks. A frozen 32-bit board runs its update from lib/ as
+    .mpy (the image keeps the first app), which needs more heap than the frozen app: at
+    the frozen boards' 64K the updated app cannot hold a session and is rolled back
+    (crash_MemoryError; docs/firmware.md). 96K is the .mpy app's room here."""
+    return "96K" if hil_interpreter is not None and hil_interpreter.frozen else None
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -63,13 +71,13 @@ def devices(broker: BrokerProcess) -> dict[str, dict]:
     return {d["sn"]: d for d in json.loads(p.stdout)}
 
 
-def broken_bundle(template: Path, out: Path, version: str) -> Path:
+def broken_bundle(out: Path, version: str) -> Path:
     """A bundle whose app raises at import (a bad build that passed its digest)."""
-    from lockmq.firmware_tools.build import find_mpy_cross
+    from lockmq.firmware_tools.build import find_mpy_cross, write_modules
     from lockmq.firmware_tools.bundle import from_lib
 
     lib = out.parent / "broken-lib"
-    shutil.copytree(template / "lib", lib)
+    write_modules(lib, source=False)
     src = out.parent / "app.py"
     src.write_text('raise RuntimeError("a bad build")\n')
     subprocess.run([find_mpy_cross(), "-march=xtensawin", "-s", "lockapp/app.py",
@@ -82,17 +90,13 @@ def broken_bundle(template: Path, out: Path, version: str) -> Path:
     return out
 
 
-def _needs_lib(firmware_template: Path) -> None:
-    if not (firmware_template / "lib").is_dir():
-        pytest.skip("the template has no lib/ (a frozen template: bundles are built from lib/)")
-
-
-def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, firmware_template) -> None:
+def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, heap) -> None:
     """FLEET locks, each with events queued, updated by one rollout: every lock boots
     the new version, confirms it, and delivers its events exactly once."""
     sns = [f"OTA{i:04d}" for i in range(FLEET)]
     keys = broker.provision(sns)
-    locks = [lock_factory(sn, keys[sn], [broker.address], ota_trial_s=TRIAL_S) for sn in sns]
+    locks = [lock_factory(sn, keys[sn], [broker.address], heapsize=heap, ota_trial_s=TRIAL_S)
+             for sn in sns]
     for lock in locks:
         lock.wait_ready()
         lock.wait_online(timeout=120)
@@ -115,10 +119,11 @@ def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, firmware_te
         assert_exactly_once_in_order(lock, stored_seqs(broker, lock.sn), expect_count=2)
 
 
-def test_a_bundle_that_does_not_match_its_digest_is_refused(broker: BrokerProcess, lock_factory) -> None:
+def test_a_bundle_that_does_not_match_its_digest_is_refused(broker: BrokerProcess, lock_factory,
+                                                            heap) -> None:
     """The bytes the broker serves are not the ones the signed command names (a
     damaged or substituted file): the lock refuses them and keeps its app."""
-    lock = online_lock(broker, lock_factory, "OTABAD01", ota_trial_s=TRIAL_S)
+    lock = online_lock(broker, lock_factory, "OTABAD01", heapsize=heap, ota_trial_s=TRIAL_S)
     old = re.search(rb"I sys boot fw=(\S+)", lock.full_log().encode()).group(1).decode()
     bundle = release(broker, "9.2.0-tampered")
     stored = Path(broker.data_dir) / "firmware" / f"{bundle[2]}.bin"
@@ -140,18 +145,18 @@ def test_a_bundle_that_does_not_match_its_digest_is_refused(broker: BrokerProces
 
 
 def test_an_app_that_crashes_at_boot_is_rolled_back_and_the_rollout_halts(
-        broker: BrokerProcess, lock_factory, firmware_template, tmp_path) -> None:
+        broker: BrokerProcess, lock_factory, tmp_path, heap) -> None:
     """A bundle whose app raises at import: the first lock boots it, main.py puts the
     old app back and the lock says why at CONNECT; the rollout (halt after 1 failure,
     one lock per wave) stops before the other locks get it."""
-    _needs_lib(firmware_template)
     sns = ["OTACRSH1", "OTACRSH2", "OTACRSH3"]
     keys = broker.provision(sns)
-    locks = [lock_factory(sn, keys[sn], [broker.address], ota_trial_s=TRIAL_S) for sn in sns]
+    locks = [lock_factory(sn, keys[sn], [broker.address], heapsize=heap, ota_trial_s=TRIAL_S)
+             for sn in sns]
     for lock in locks:
         lock.wait_online(timeout=60)
     old = re.search(rb"I sys boot fw=(\S+)", locks[0].full_log().encode()).group(1).decode()
-    bundle = release(broker, "", broken_bundle(firmware_template, tmp_path / "broken.lkb", "9.3.0-broken"))
+    bundle = release(broker, "", broken_bundle(tmp_path / "broken.lkb", "9.3.0-broken"))
     p = _cli("firmware", "rollout", *_admin(broker), "--version", bundle[0], "--wave", "1",
              "--halt-after", "1", "--deadline", "120", *[a for sn in sns for a in ("--sn", sn)],
              timeout=300)
@@ -170,7 +175,7 @@ def test_an_app_that_crashes_at_boot_is_rolled_back_and_the_rollout_halts(
 
 @pytest.mark.parametrize("stage", ["fetch", "verify", "switch", "trial"])
 def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory, hil_target,
-                                            stage: str) -> None:
+                                            stage: str, heap) -> None:
     """A power cut at a random instant (seed printed) of one stage of an update: the
     lock always boots an app (the old or the new one, whole), the update completes,
     and the events queued before it are stored exactly once."""
@@ -180,7 +185,7 @@ def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory,
     rnd = random.Random(seed)
     print(f"{stage}: power-cut instant from random seed {seed}")
     sn = f"OTAPC{stage[:3].upper()}"
-    lock = online_lock(broker, lock_factory, sn, ota_trial_s=TRIAL_S)
+    lock = online_lock(broker, lock_factory, sn, heapsize=heap, ota_trial_s=TRIAL_S)
     lock.events("unlock", 5)
     bundle = release(broker, f"9.4.0-{stage}")
     send_update(broker, sn, bundle)

@@ -24,6 +24,8 @@ EVENT_TOPIC = "lock.events"
 HEARTBEAT_TOPIC = "$heartbeats"
 DEVICES_TOPIC = "$devices"
 BROKER_SN = "$broker"
+#: the locks' sequence block (firmware/lockapp/config.py ``seq_block``)
+SEQ_BLOCK = 64
 
 
 class GenRecord(NamedTuple):
@@ -113,9 +115,15 @@ def fleet(n_locks: int = 12, hours: float = 6.0, start_ms: int = 1_767_225_600_0
             out.append((tm * 1000 + 500, GenRecord(DEVICES_TOPIC, BROKER_SN, 0, tm,
                                                    tm * 1000 + 500, json.dumps(body).encode())))
         seq = 0
+        # every 12th lock from the 8th: the short disconnect was a power cut, and it
+        # resumes at the end of its reserved sequence block (firmware seqno.py)
+        power_cut = cut[1] if i % 12 == 7 else None
         for k, (tm, etype, res) in enumerate(times):
             if i % 6 == 4 and k % 17 == 9:
                 seq += 1  # a lost record: a gap in the lock's sequence
+            if power_cut is not None and tm >= power_cut:
+                seq = (seq // SEQ_BLOCK + 1) * SEQ_BLOCK
+                power_cut = None
             method = Method.CARD if etype in (EventType.UNLOCK, EventType.FAILED_ATTEMPT) else Method.NONE
             cred = rng.randrange(1 << 40).to_bytes(8, "big") if method == Method.CARD else b""
             lock_ms = tm + skew_ms(i)

@@ -41,7 +41,7 @@ import numpy as np
 
 from . import ingest_tasks as tasks
 from . import plan as planner
-from .layout import list_segments
+from .layout import list_segments, read_identity
 from .warehouse import (
     INDEX_STAGE,
     SegmentWork,
@@ -113,12 +113,18 @@ def plan_work(logs: list[planner.Log], progress: dict[str, int]) -> list[Segment
     best: dict[str, SegmentWork] = {}
     for log in logs:
         segs = log.segments()
+        exported = read_identity(log.directory).get("segments", {})
         for i, seg in enumerate(segs):
             sid = segment_id(log.gateway_id, seg)
             if sid is None:
                 continue
             # the newest segment of a log may be live: only its complete records count
-            end = seg.size if i + 1 < len(segs) else planner.log_end(segs, log.directory) - seg.base
+            # (an export's manifest says how many bytes of complete records it copied)
+            copied = exported.get(os.path.basename(seg.path), {}).get("bytes") if isinstance(exported, dict) else None
+            if i + 1 < len(segs) or copied == seg.size:
+                end = seg.size
+            else:
+                end = planner.log_end(segs, log.directory) - seg.base
             have = best.get(sid)
             if have is None or end > have.end:
                 best[sid] = SegmentWork(log, seg, sid, progress.get(sid, 0), end)

@@ -19,9 +19,13 @@ a short summary. Definitions (docs/spark.md has the table schemas):
 - ``clock_delay``: per lock, broker time minus lock time in ms: count, min, p50,
   p95, p99 (exact, linear interpolation), max; ``clock_off`` when ``|p50|`` exceeds
   the tolerance (the lock's clock is wrong, not the network slow).
-- ``seq_gaps`` (one row per hole in a lock's sequence numbers) and
-  ``seq_summary`` (per lock: first/last seq, received, missing, duplicates seen
-  by ingest). A lock is an SN that sent at least one LockEvent: system SNs
+- ``seq_gaps`` (one row per hole in a lock's sequence numbers: records lost) and
+  ``seq_summary`` (per lock: first/last seq, received, missing, skipped,
+  duplicates seen by ingest). A lock reserves its sequence numbers in blocks
+  (firmware ``seq_block``) and after a power cut resumes at the end of the block it
+  had reserved: a jump of at most ``seq_block`` across a reconnect (a ``$devices``
+  ``online`` event between the two records) is that skip, counted as ``skipped``,
+  not as missing. A lock is an SN that sent at least one LockEvent: system SNs
   (``$...``) and service producers (``lockmq produce``, billing services ...,
   whose payloads are no LockEvents) are left out.
 """
@@ -42,11 +46,16 @@ class ReportSettings:
     burst_window_s: float = 120.0
     offline_after_s: float = 120.0
     clock_tolerance_s: float = 30.0
+    #: the locks' sequence block (firmware/lockapp/config.py ``seq_block``; a test
+    #: holds the two equal); 0: every jump is a gap
+    seq_block: int = 64
 
     def validate(self) -> None:
         """Raise ``ValueError`` for a setting out of range."""
         if self.burst_count < 2:
             raise ValueError("burst_count must be at least 2")
+        if self.seq_block < 0:
+            raise ValueError("seq_block must be >= 0")
         for name in ("burst_window_s", "offline_after_s", "clock_tolerance_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -197,28 +206,50 @@ def _lock_records(spark, warehouse: str):
     return ev.join(locks, "sn", "left_semi")
 
 
-def seq_gaps(spark, warehouse: str, s: ReportSettings):
-    """One row per hole in a lock's sequence numbers."""
+def _seq_jumps(spark, warehouse: str, s: ReportSettings):
+    """Every jump of a lock's sequence numbers, ``skipped`` when it is the block a
+    power cut left unused: at most ``seq_block`` numbers, across a reconnect."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    ev = _lock_records(spark, warehouse).select("sn", "seq").distinct()
+    ev = _lock_records(spark, warehouse).groupBy("sn", "seq").agg(F.min("broker_ts").alias("t"))
     w = Window.partitionBy("sn").orderBy("seq")
-    return (ev.withColumn("after_seq", F.lag("seq").over(w))
-            .filter(F.col("seq") - F.col("after_seq") > 1)
-            .select("sn", "after_seq", F.col("seq").alias("next_seq"),
-                    (F.col("seq") - F.col("after_seq") - 1).alias("missing"))
-            .orderBy("sn", "after_seq"))
+    jumps = (ev.withColumn("after_seq", F.lag("seq").over(w)).withColumn("_after_t", F.lag("t").over(w))
+             .filter(F.col("seq") - F.col("after_seq") > 1)
+             .select("sn", "after_seq", F.col("seq").alias("next_seq"),
+                     (F.col("seq") - F.col("after_seq") - 1).alias("missing"), "_after_t", F.col("t").alias("_next_t")))
+    text = F.col("payload").cast("string")
+    online = (_events(spark, warehouse).filter(F.col("topic") == "$devices")
+              .filter(F.get_json_object(text, "$.event") == "online")
+              .select(F.get_json_object(text, "$.sn").alias("_sn"), F.col("broker_ts").alias("_on")))
+    across = (jumps.join(online, (jumps.sn == online._sn) & (online._on > jumps._after_t)
+                         & (online._on <= jumps._next_t), "left_semi")
+              .select("sn", "after_seq", F.lit(True).alias("_reconnect")))
+    return (jumps.join(across, ["sn", "after_seq"], "left")
+            .withColumn("skipped", F.coalesce("_reconnect", F.lit(False)) & (F.col("missing") <= s.seq_block))
+            .drop("_after_t", "_next_t", "_reconnect"))
+
+
+def seq_gaps(spark, warehouse: str, s: ReportSettings):
+    """One row per hole in a lock's sequence numbers (not the skips of its block reservation)."""
+    from pyspark.sql import functions as F
+
+    return (_seq_jumps(spark, warehouse, s).filter(~F.col("skipped"))
+            .select("sn", "after_seq", "next_seq", "missing").orderBy("sn", "after_seq"))
 
 
 def seq_summary(spark, warehouse: str, s: ReportSettings):
-    """Per lock: first and last seq, records received, missing, duplicate copies seen."""
+    """Per lock: first and last seq, records received, missing, skipped (block
+    reservation after a power cut), duplicate copies seen."""
     from pyspark.sql import functions as F
 
     ev = _lock_records(spark, warehouse)
+    skipped = (_seq_jumps(spark, warehouse, s).filter("skipped").groupBy("sn")
+               .agg(F.sum("missing").alias("skipped")))
     out = (ev.groupBy("sn").agg(F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
                                 F.countDistinct("seq").alias("received"))
-           .withColumn("missing", F.col("last_seq") - F.col("first_seq") + 1 - F.col("received")))
+           .join(skipped, "sn", "left").withColumn("skipped", F.coalesce("skipped", F.lit(0)).cast("long"))
+           .withColumn("missing", F.col("last_seq") - F.col("first_seq") + 1 - F.col("received") - F.col("skipped")))
     dpath = os.path.join(warehouse, "duplicates")
     if os.path.isdir(dpath) and any(n.startswith("date=") for n in os.listdir(dpath)):
         dups = (spark.read.parquet(dpath).join(ev.select("sn").distinct(), "sn", "left_semi")
@@ -226,7 +257,8 @@ def seq_summary(spark, warehouse: str, s: ReportSettings):
         out = out.join(dups, "sn", "left")
     else:
         out = out.withColumn("duplicates", F.lit(None).cast("long"))
-    return out.withColumn("duplicates", F.coalesce("duplicates", F.lit(0)).cast("long")).orderBy("sn")
+    return (out.withColumn("duplicates", F.coalesce("duplicates", F.lit(0)).cast("long"))
+            .select("sn", "first_seq", "last_seq", "received", "missing", "skipped", "duplicates").orderBy("sn"))
 
 
 REPORTS = {
@@ -262,8 +294,10 @@ def _summary(name: str, df) -> str:
         r = df.agg(F.count(F.lit(1)), F.countDistinct("sn"), F.sum("missing")).first()
         return f"{r[0]} gap(s) at {r[1]} lock(s), {r[2] or 0} sequence number(s) missing"
     if name == "seq_summary":
-        r = df.agg(F.count(F.lit(1)), F.sum("received"), F.sum("missing"), F.sum("duplicates")).first()
-        return f"{r[0]} lock(s): {r[1] or 0} received, {r[2] or 0} missing, {r[3] or 0} duplicate copies"
+        r = df.agg(F.count(F.lit(1)), F.sum("received"), F.sum("missing"), F.sum("duplicates"),
+                   F.sum("skipped")).first()
+        return (f"{r[0]} lock(s): {r[1] or 0} received, {r[2] or 0} missing, {r[3] or 0} duplicate copies, "
+                f"{r[4] or 0} skipped after power cuts (block reservation)")
     return ""
 
 

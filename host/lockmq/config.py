@@ -416,6 +416,8 @@ class MqttSection:
             adds sn, seq, msg_id and lock_ts_ms as user properties) or "json" (a JSON
             object with those fields and the payload in base64, for MQTT 3.1.1 clients).
         topic_scan_ms: how often wildcard subscriptions look for new topics.
+        max_connections: MQTT connections held at once (more are closed at once;
+            ``[security]`` limits per address apply too).
     """
 
     enabled: bool = False
@@ -429,6 +431,7 @@ class MqttSection:
     max_session_expiry_s: int = 7 * 24 * 3600
     envelope: str = "raw"
     topic_scan_ms: int = 1000
+    max_connections: int = 10_000
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming a bad ``mqtt.*`` setting."""
@@ -436,7 +439,8 @@ class MqttSection:
             if not -1 <= getattr(self, name) <= 65535:
                 raise ValueError(f"mqtt.{name} must be a port, 0 (none) or -1 (any free port)")
         for name in ("max_packet_bytes", "max_inflight", "connect_timeout_s",
-                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms"):
+                     "max_keepalive_s", "max_session_expiry_s", "topic_scan_ms",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"mqtt.{name} must be positive")
         if self.envelope not in ("raw", "json"):
@@ -460,6 +464,8 @@ class BridgeSection:
             bridge has forwarded and the upstream acknowledged).
         remote_prefix: prepended to a record's MQTT topic name upstream
             (``building-7/`` + ``lock/events``).
+        per_lock_topics: append the record's SN as a last level upstream
+            (``building-7/lock/events/LOCK-0042``: per-device rules and filters).
         client_id: the bridge's MQTT client id upstream ("" = ``lockmq-bridge-<host>``).
         username: user name upstream ("" = none).
         password: password upstream ("" = none).
@@ -485,6 +491,7 @@ class BridgeSection:
     topics: list[str] = field(default_factory=list)
     cluster: str = "bridge"
     remote_prefix: str = ""
+    per_lock_topics: bool = False
     client_id: str = ""
     username: str = ""
     password: str = ""
@@ -533,7 +540,7 @@ class WebhooksSection:
         topics: lockmq topics whose records are POSTed.
         cluster: first part of the endpoints' cluster names.
         secret: HMAC-SHA256 key of the ``X-Lockmq-Signature`` header ("" = unsigned).
-        concurrency: POSTs in flight at once per endpoint (and topic).
+        concurrency: POSTs in flight at once per endpoint (all its topics together).
         timeout_s: a POST not answered within this is a failure (retried).
         ordered: per-lock order (a lock's next record waits for the previous one's 2xx).
         ca_file: CA bundle for https endpoints ("" = the system's).

@@ -302,7 +302,10 @@ def test_item11_a_cluster_belongs_to_its_creator(env):
     cons = e.service(billing, "billing-1")
     sub = subscribe(cons, "orders.events", "billing")
     positions = e.data / "consume-billing.log"
-    wait_for(positions.exists, "the cluster's positions file")
+    # the claim, then the positions timer's save of the member's activity (the join):
+    # only after both is the file quiet, so the refusals below can be seen to leave it
+    wait_for(lambda: positions.exists() and b'"counters"' in positions.read_bytes(),
+             "the cluster's positions file with its activity")
     before = positions.read_bytes()
 
     # the attack: bind "billing" to another topic / join it from another principal

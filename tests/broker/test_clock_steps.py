@@ -110,3 +110,47 @@ def test_one_hour_back_holds_no_retry(tmp_path, faketime):
         assert b.stop() == 0
     finally:
         b.kill()
+
+
+def test_a_scheduled_message_never_fires_early_on_a_forward_step(tmp_path):
+    """Tied to the wall clock (a user asked for a time) but never early: after the
+    wall clock jumps past its time, it still waits for its steady due time."""
+    from lockmq.clock import ManualClock
+    from lockmq.testing import BrokerThread, wait_for
+
+    from ..scheduled.helpers import consume, publish_at
+
+    t0 = 1_800_000_000_000.0
+    clock = ManualClock(t0)
+    with BrokerThread(str(tmp_path / "d"), clock=clock,
+                      scheduled={"max_sleep_ms": 20}) as b, open_peer(b.port) as p:
+        publish_at(p, "door.reminders", 1, t0 + 60_000, b"still open?")
+        clock.step(2 * 3600_000)                       # NTP: two hours forward at once
+        sched = b.broker.scheduler
+        wait_for(lambda: sched.looked_at_ms >= t0 + 2 * 3600_000, "the timer to look")
+        core = b.broker.core
+        assert "door.reminders" not in core.topics() or core.queue_end("door.reminders") == 0
+        clock.advance(60_000)                          # its minute really passed
+        [m] = consume(p, "door.reminders", 1)
+        assert m.payload == b"still open?"
+
+
+def test_a_backward_step_does_not_hold_a_waiting_items_refresh(tmp_path):
+    """The refresh that keeps a waiting item's record from retention runs on steady
+    time: a wall clock stepped days back does not postpone it (the item could
+    otherwise vanish with its segment)."""
+    from lockmq.clock import ManualClock
+    from lockmq.testing import BrokerThread, wait_for
+
+    from ..scheduled.helpers import publish_at
+
+    t0 = 1_800_000_000_000.0
+    clock = ManualClock(t0)
+    with BrokerThread(str(tmp_path / "d"), clock=clock,
+                      scheduled={"max_sleep_ms": 20, "refresh_after_s": 10.0}) as b, \
+            open_peer(b.port) as p:
+        publish_at(p, "later", 1, t0 + 30 * 86400_000, b"in a month")
+        clock.step(-2 * 86400_000)                     # two days back
+        clock.advance(11_000)                          # the refresh age really passed
+        wait_for(lambda: b.broker.stats.c.get("scheduled_refreshed", 0) >= 1,
+                 "the waiting item's refresh")

@@ -25,7 +25,7 @@ from lockmq.store import Appended, NewRecord
 from ..protocol.helpers import FUZZ
 
 pytestmark = pytest.mark.skipif(LANE_TYPE is None, reason="lockmq._core not built")
-mac_pads = getattr(accel.speedups, "mac_pads", None)
+mac_pads = accel.speedups.mac_pads if accel.COMPILED else None
 
 SN = "lock-7"
 TOPIC = "door-events"

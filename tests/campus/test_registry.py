@@ -183,5 +183,6 @@ def test_an_unknown_op_gets_the_same_answer_from_the_registry_and_a_broker(tmp_p
     with BrokerThread(str(tmp_path / "gw")) as broker:
         registry, gateway_ = asyncio.run(refusals(broker.port))
     assert registry.error == gateway_.error == "INVALID_ARGUMENT"
-    assert "unknown op 'registry.nope'; ops: registry.deregister, registry.heartbeat, registry.list" in str(registry)
+    assert ("unknown op 'registry.nope'; ops: registry.deregister, registry.heartbeat, "
+            "registry.list") in str(registry)
     assert "unknown op 'nope'; ops: " in str(gateway_)

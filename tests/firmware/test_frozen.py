@@ -28,7 +28,7 @@ def test_frozen_build_writes_a_manifest_and_a_folder_without_lib(tmp_path):
     assert _build(out) == 0                      # an .mpy board first ...
     assert (out / "lib" / "lockapp" / "app.mpy").exists()
     assert _build(out, "--frozen", "--no-image") == 0   # ... rebuilt frozen: no lib/ left to shadow the image
-    assert [str(p) for p in folder_files(out)] == ["cards.bin", "config.json", "main.py"]
+    assert [str(p) for p in folder_files(out)] == ["cards.bin", "config.json", "lockboot.mpy", "main.py"]
 
     man = tmp_path / "LOCKF1.frozen"
     text = (man / "manifest.py").read_text()
@@ -52,7 +52,7 @@ def test_frozen_image_holds_no_code(tmp_path):
                   lookahead_size=32)
     fs.context.buffer = bytearray((tmp_path / "L.lfs").read_bytes())
     fs.mount()
-    assert sorted(fs.listdir("/")) == ["cards.bin", "config.json", "main.py"]
+    assert sorted(fs.listdir("/")) == ["cards.bin", "config.json", "lockboot.mpy", "main.py"]
     assert (tmp_path / "m" / "manifest.py").exists()
 
 

@@ -20,7 +20,17 @@ from lockmq.testing import BrokerProcess, wait_for  # noqa: E402
 MOSQUITTO_SUB = "/usr/bin/mosquitto_sub"
 MOSQUITTO_PUB = "/usr/bin/mosquitto_pub"
 MOSQUITTO_RR = "/usr/bin/mosquitto_rr"
+#: the listener on a free port (pass a copy, merge_tables(MQTT_ON), to whatever keeps it)
 MQTT_ON = {"mqtt": {"enabled": True, "port": -1}}
+
+
+def needs(binary: str) -> str:
+    """``binary`` if it is installed, else skip the test saying which package has it
+    (scripts/system-deps.sh installs it)."""
+    import os
+    if not os.path.exists(binary):
+        pytest.skip(f"{binary} is not installed (Debian: mosquitto-clients)")
+    return binary
 
 
 def mqtt_port(proc: BrokerProcess, start: int = 0) -> int:

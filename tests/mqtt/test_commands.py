@@ -12,10 +12,10 @@ import subprocess
 import pytest
 
 from lockmq.security import Permissions
-from lockmq.testing import Lock, SecureBroker, require_micropython, wait_for
+from lockmq.testing import Lock, SecureBroker, merge_tables, require_micropython, wait_for
 from lockmq.testing.lock import build_flash
 
-from .helpers import MOSQUITTO_RR, MQTT_ON, Client, mqtt_port
+from .helpers import needs, MOSQUITTO_RR, MQTT_ON, Client, mqtt_port
 
 SN = "LOCKMQTT1"
 
@@ -24,7 +24,7 @@ SN = "LOCKMQTT1"
 def gateway(tmp_path_factory):
     require_micropython()
     root = tmp_path_factory.mktemp("cmd")
-    sb = SecureBroker(root, MQTT_ON, locks=[SN], tokens={
+    sb = SecureBroker(root, merge_tables(MQTT_ON), locks=[SN], tokens={
         "opener": Permissions(command=(f"unlock:{SN}",)), "viewer": Permissions()})
     proc = sb.start()
     sb.mqtt_port = mqtt_port(proc)
@@ -39,7 +39,7 @@ def gateway(tmp_path_factory):
 
 
 def test_a_remote_unlock_from_mosquitto_rr_reaches_the_firmware(gateway):
-    r = subprocess.run([MOSQUITTO_RR, "-p", str(gateway.mqtt_port), "-V", "5",
+    r = subprocess.run([needs(MOSQUITTO_RR), "-p", str(gateway.mqtt_port), "-V", "5",
                         "-u", "opener", "-P", gateway.tok["opener"],
                         "-t", f"lockmq/command/{SN}/unlock", "-e", "lockmq/result/rr-1",
                         "-i", "rr-1", "-m", "2", "-W", "30"],

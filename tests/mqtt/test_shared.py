@@ -16,7 +16,7 @@ from lockmq.client import Consumer, Producer
 from lockmq.client.idempotency import idempotency_store
 from lockmq.testing import wait_for
 
-from .helpers import MOSQUITTO_SUB, Client, LineReader, user_props
+from .helpers import needs, MOSQUITTO_SUB, Client, LineReader, user_props
 
 N = 400
 TOPIC = "door.events"
@@ -94,7 +94,7 @@ def test_mqtt_and_lockmq_members_share_a_cluster_exactly_once(mqtt_broker, tmp_p
     lm.start()
     killed = subprocess.Popen([sys.executable, "-c", KILLED_MEMBER, str(port), db],
                               stdout=subprocess.PIPE, text=True)
-    sub = subprocess.Popen([MOSQUITTO_SUB, "-p", str(port), "-V", "mqttv311", "-q", "1",
+    sub = subprocess.Popen([needs(MOSQUITTO_SUB), "-p", str(port), "-V", "mqttv311", "-q", "1",
                             "-i", "member-mosq", "-t", SHARE],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = LineReader(sub)
@@ -176,3 +176,43 @@ def test_a_plain_subscription_is_a_private_cluster_with_the_record_id(mqtt_broke
     finally:
         a.close()
         b.close()
+
+
+def test_an_mqtt5_member_can_ask_for_per_lock_order(mqtt_broker):
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    port = mqtt_broker.broker.mqtt.port
+    members = [Client(port, v5=True, client_id=f"ord-{i}", manual_ack=True) for i in range(2)]
+    try:
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.UserProperty = ("ordered", "true")
+        for m in members:
+            m.c.subscribe("$share/ordered/door/events", 1, properties=props)
+            m.subacks.get(timeout=10)
+        cl = mqtt_broker.call(lambda: mqtt_broker.broker.core.clusters["ordered"])
+        assert cl.ordered
+        prods = [Producer(mqtt_broker.address, producer_id=f"LOCK-{k}") for k in range(3)]
+        for i in range(10):
+            for p in prods:
+                p.send_async(TOPIC, b"%d" % i)
+        seen: dict[str, list[int]] = {}
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < 30:   # ack in arrival order, alternating members
+            assert time.monotonic() < deadline, f"{got} of 30 delivered: {seen}"
+            for m in members:
+                try:
+                    msg = m.inbox.get(timeout=0.05)
+                except Exception:  # noqa: BLE001 -- queue.Empty
+                    continue
+                sn = user_props(msg)["sn"]
+                seen.setdefault(sn, []).append(int(msg.payload))
+                m.ack(msg)
+                got += 1
+        assert all(v == list(range(10)) for v in seen.values()) and len(seen) == 3
+        for p in prods:
+            p.close()
+    finally:
+        for m in members:
+            m.close()

@@ -180,20 +180,48 @@ def test_clock_delay(reported, fleet_records):
 def test_sequence_gaps_and_duplicates(reported, fleet_records):
     _, tables, _, _ = reported
     seqs = defaultdict(set)
+    first_t: dict = {}
     for r in fleet_records:
         if not r.sn.startswith("$"):
             seqs[r.sn].add(r.seq)
-    want_gaps = []
+            first_t[(r.sn, r.seq)] = min(first_t.get((r.sn, r.seq), r.broker_ts_us), r.broker_ts_us)
+    online = defaultdict(list)
+    for r in fleet_records:
+        if r.topic == generate.DEVICES_TOPIC and json.loads(r.payload)["event"] == "online":
+            online[json.loads(r.payload)["sn"]].append(r.broker_ts_us)
+    want_gaps, skipped = [], defaultdict(int)
     for sn, s in seqs.items():
         s = sorted(s)
-        want_gaps += [(sn, a, b, b - a - 1) for a, b in zip(s, s[1:]) if b - a > 1]
+        for a, b in zip(s, s[1:]):
+            if b - a <= 1:
+                continue
+            # the lock's block reservation: resumed past the unused rest after a reconnect
+            if b - a - 1 <= generate.SEQ_BLOCK and any(first_t[(sn, a)] < t <= first_t[(sn, b)] for t in online[sn]):
+                skipped[sn] += b - a - 1
+            else:
+                want_gaps.append((sn, a, b, b - a - 1))
     got = sorted((g.sn, g.after_seq, g.next_seq, g.missing) for g in tables["seq_gaps"])
     assert got == sorted(want_gaps) and want_gaps
+    assert skipped[generate.lock_sn(7)] > 0  # the power cut of the generated fleet
     # duplicates: the lock records of the copied segments, counted per lock
     dup_sns = reported[3]
     for row in tables["seq_summary"]:
         s = sorted(seqs[row.sn])
         assert (row.first_seq, row.last_seq, row.received) == (s[0], s[-1], len(s))
-        assert row.missing == s[-1] - s[0] + 1 - len(s)
+        assert row.skipped == skipped[row.sn]
+        assert row.missing == s[-1] - s[0] + 1 - len(s) - skipped[row.sn]
         assert row.duplicates == dup_sns.get(row.sn, 0)
     assert {r.sn for r in tables["seq_summary"]} == set(seqs)
+
+
+def test_seq_block_is_the_firmwares():
+    """The reports' and the generator's block size is the firmware's default ``seq_block``."""
+    import re
+
+    from lockmq.spark.reports import ReportSettings
+
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "firmware", "lockapp", "config.py")
+    if not os.path.exists(cfg):
+        pytest.skip("no firmware sources next to the tests")
+    block = int(re.search(r'"seq_block":\s*(\d+)', open(cfg).read())[1])
+    assert ReportSettings().seq_block == generate.SEQ_BLOCK == block

@@ -18,7 +18,7 @@ from lockmq.store.records import encode_record
 
 from ..protocol.helpers import FUZZ
 
-COMPILED = getattr(accel.speedups, "read_run", None)
+COMPILED = accel.speedups.read_run if accel.COMPILED else None
 NOT_BUILT = pytest.mark.skipif(COMPILED is None, reason="lockmq._core is not built "
                                "(or LOCKMQ_PURE_PYTHON is set): pure path only")
 TOPIC = "lock.events"

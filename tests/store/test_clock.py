@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 from lockmq.clock import STEP_MS, ManualClock, SystemClock
 from lockmq.store import Store
@@ -15,17 +16,23 @@ def test_steady_time_continues_across_a_restart_on_the_same_boot(tmp_path):
     a = SystemClock()
     a.save(path)
     saved = json.loads(open(path, "rb").read()[:-4])
-    # the wall clock "was stepped a week forward" while the broker was down
-    blob = json.dumps(dict(saved, wall_ms=saved["wall_ms"])).encode()
     b = SystemClock()
-    how = b.restore(path)
-    assert "same boot" in how
+    assert "same boot" in b.restore(path)
     assert abs(b.steady_ms() - a.steady_ms()) < 1000
+    # saved "a week ahead" (the wall clock was a week behind when it was written, or
+    # stepped back while the broker was down): the same boot continues the saved time
+    week = 7 * 86400_000
+    body = json.dumps(dict(saved, steady_ms=saved["steady_ms"] + week)).encode()
+    with open(path, "wb") as f:
+        f.write(body + zlib.crc32(body).to_bytes(4, "little"))
+    c = SystemClock()
+    c.restore(path)
+    assert c.steady_ms() - c.wall_ms() > week - 1000
     # a damaged file is ignored: steady time starts at the wall clock
     with open(path, "wb") as f:
-        f.write(blob + b"xxxx")
-    c = SystemClock()
-    assert "no saved" in c.restore(path)
+        f.write(body + b"xxxx")
+    d = SystemClock()
+    assert "no saved" in d.restore(path)
 
 
 def test_a_step_is_seen_once_and_moves_no_steady_time():

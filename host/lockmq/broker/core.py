@@ -158,6 +158,8 @@ class BrokerCore:
         self.log("store_open", data_dir=store.data_dir, log_end=store.log_end,
                  topics=len(store.topics()), recovered_bytes_cut=rep.bytes_cut,
                  recovered_records_cut=rep.records_cut,
+                 damaged_ranges=store.stats["damaged_ranges"],
+                 damaged_records=store.stats["damaged_records"],
                  recovery_s=round(rep.seconds, 3))
         self._seq = SystemSeq.after_last(store, BROKER_SN)
         for name in self._disk_clusters():

@@ -233,7 +233,9 @@ class Scheduler:
                           r.sn, r.seq, 0, bytes(r.payload), str(h["owner"]),
                           str(h.get("by", "")), bool(h.get("admin")), tok=str(h.get("tok", "")))
             if t in ("pub", "cmd"):
-                it.stored_ms = r.broker_ts_us / 1000
+                # (steady time, the scale of the refresh; a record dated by a wall
+                # clock that was ahead must not hold its refresh back)
+                it.stored_ms = min(r.broker_ts_us / 1000, steady_ms_of(self.clock))
                 self._hold(it)
             elif t == "done":
                 for i in h.get("ids", ()):
@@ -411,8 +413,8 @@ class Scheduler:
         elif isinstance(a, Exception):
             self._refuse(conn, frame, oneway, ErrorCode.INVALID_ARGUMENT, str(a))
         elif item is not None:
-            item.stored_ms = self.clock.wall_ms()
-            item.not_before = item.at_ms - (item.stored_ms - steady_ms_of(self.clock))
+            item.stored_ms = steady_ms_of(self.clock)
+            item.not_before = item.at_ms - (self.clock.wall_ms() - item.stored_ms)
             self._hold(item)
             heapq.heappush(self._heap, (item.at_ms, item.id))
             self.stats.inc("scheduled_accepted")
@@ -653,8 +655,10 @@ class Scheduler:
     async def _refresh(self) -> bool:
         """Write items stored more than ``refresh_after_s`` ago again (same id), so that
         retention, which deletes the oldest segments first, never takes the record of a
-        waiting item (a ``done`` op is always newer than what it marks). True if any."""
-        now = self.clock.wall_ms()
+        waiting item (a ``done`` op is always newer than what it marks). True if any.
+        Judged on steady time: a step of the wall clock neither holds it back nor
+        makes it due (retention ages on steady time too)."""
+        now = steady_ms_of(self.clock)
         if now - self._refreshed_at < 1000:
             return False
         self._refreshed_at = now

@@ -72,8 +72,8 @@ class StatusPage:
         self.server: asyncio.base_events.Server | None = None
         #: status connections open now (capped by ``status_max_connections``)
         self.active = 0
-        #: more ``/metrics`` gauges from the broker's parts (replication, the MQTT
-        #: bridge), each ``() -> {name: (help, value)}``; added by the broker
+        #: more ``/metrics`` gauges, ``() -> {name: (help, value)}`` (replication, the
+        #: MQTT bridge)
         self.extra_gauges: list[Callable[[], dict[str, tuple[str, float]]]] = []
         self._refused_logged = 0.0
         self._refused_since_log = 0

@@ -157,7 +157,8 @@ def _reset_args(args: argparse.Namespace) -> dict[str, Any]:
         return {"time_ms": args.to_time}
     if args.to_offset is not None:
         return {"to": args.to_offset}
-    raise ValueError("reset needs --to-earliest, --to-latest, --to-time, --to-offset or --shift-by")
+    raise ValueError("reset needs --to-earliest, --to-latest, --to-time, --to-offset or "
+                     "--shift-by")
 
 
 def run(args: argparse.Namespace) -> int:

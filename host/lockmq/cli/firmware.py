@@ -108,6 +108,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--cache", metavar="DIR", help="cache folder (default ~/.cache/lockmq/mpy32)")
     i.set_defaults(func=_interpreter)
 
+    g = fw.add_parser("image", help="build a MicroPython ESP32 firmware .bin with the app frozen "
+                                    "in (needs a MicroPython checkout and ESP-IDF)")
+    g.add_argument("--out", required=True, help="the firmware .bin to write")
+    g.add_argument("--micropython-src", metavar="DIR", help="a MicroPython git checkout")
+    g.add_argument("--board", default="ESP32_GENERIC", help="MicroPython board (default ESP32_GENERIC)")
+    g.add_argument("--manifest-dir", metavar="DIR", help="where the manifest goes (default: OUT.frozen)")
+    g.add_argument("--check", action="store_true", help="only say what is missing (exit 0 when nothing)")
+    g.set_defaults(func=_image)
+
     _register_fleet(fw)
 
 
@@ -380,3 +389,21 @@ def _rollout(a: argparse.Namespace) -> int:
         return 1
     finally:
         loop.close()
+
+
+def _image(a: argparse.Namespace) -> int:
+    from lockmq.firmware_tools.image import build_image, missing
+
+    if a.check:
+        lacking = missing(a.micropython_src, a.board)
+        for item in lacking:
+            print(f"missing: {item}")
+        if not lacking:
+            print("everything the ESP32 image build needs is here")
+        return 2 if lacking else 0
+    try:
+        out = build_image(a.out, a.micropython_src, a.manifest_dir or a.out + ".frozen", a.board)
+    except BuildError as e:
+        return _fail(e)
+    print(f"firmware image {out}: flash it with lockmq firmware flash --firmware {out} ...")
+    return 0

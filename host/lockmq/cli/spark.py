@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
                      help="silence that counts as offline, s (120: the broker's eviction time)")
     rep.add_argument("--clock-tolerance", type=float, default=30.0, metavar="S",
                      help="median lock-to-broker delay above which a lock's clock is off, s (30)")
+    rep.add_argument("--seq-block", type=int, default=64, metavar="N",
+                     help="the locks' sequence block (firmware seq_block, 64): a jump of at most N "
+                          "across a reconnect is a power cut's skip, not lost records (0: count every jump)")
     rep.set_defaults(func=run_report)
     p.set_defaults(func=lambda _args: (p.print_help(), 2)[1])
 
@@ -104,7 +107,8 @@ def run_report(args: argparse.Namespace) -> int:
 
     import os
 
-    settings = ReportSettings(args.burst_count, args.burst_window, args.offline_after, args.clock_tolerance)
+    settings = ReportSettings(args.burst_count, args.burst_window, args.offline_after, args.clock_tolerance,
+                              args.seq_block)
     try:
         settings.validate()
         conf = parse_conf(args.conf)

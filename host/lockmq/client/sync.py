@@ -70,7 +70,8 @@ class _LoopThread:
             raise ClientClosed("client is closed") from None
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
+            left = _POLL_S if deadline is None else deadline - time.monotonic()
+            wait = min(_POLL_S, max(0.0, left))
             try:
                 return fut.result(wait)
             except concurrent.futures.TimeoutError:

@@ -213,6 +213,19 @@ def write_modules(lib: Path, source: bool, version: str | None = None) -> None:
     _write_version(lib / "lockapp", source, mpy_cross, version)
 
 
+def write_boot_module(out: Path, source: bool) -> Path:
+    """``lockboot`` beside ``main.py`` (outside ``lib/``: an update never replaces it),
+    ``.mpy`` (``.py`` with ``source``): the boot half of an update (firmware/lockboot.py)."""
+    for old in out.glob("lockboot.*"):
+        old.unlink()
+    src = firmware_src() / "lockboot.py"
+    if source:
+        shutil.copyfile(src, out / "lockboot.py")
+        return out / "lockboot.py"
+    _compile(find_mpy_cross(), src, out / "lockboot.mpy", "lockboot.py")
+    return out / "lockboot.mpy"
+
+
 def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: bool = False,
                  cards: list[str] | None = None, clean: bool = True,
                  tls_ca_file: str | os.PathLike[str] | None = None,
@@ -241,6 +254,7 @@ def build_folder(out: str | os.PathLike[str], config: DeviceConfig, *, source: b
     else:
         write_modules(out / "lib", source)
     shutil.copyfile(firmware_src() / "main.py", out / "main.py")
+    write_boot_module(out, source)
     _write_atomic(out / "config.json", json.dumps(config.to_json(), indent=1).encode())
     if der is not None:
         _write_atomic(out / config.tls_ca, der)

@@ -7,7 +7,8 @@ Three mpremote runs over the board's raw REPL, then the app is started:
    ``config.json.new``) and **verify** it: the board hashes every file it received
    (SHA-256) and the digests must equal the folder's. Any failure removes the copy
    and restarts the old app, untouched;
-2. **swap**: ``main.py.new`` over ``main.py`` (an atomic rename on LittleFS), then
+2. **swap**: ``lockboot`` and ``main.py.new`` over their old files (atomic renames on
+   LittleFS; ``lockboot`` first: the new ``main.py`` imports it), then
    ``lib`` -> ``lib.old``, ``lib.new`` -> ``lib``, then ``lib.old`` removed. A power
    cut between the two ``lib`` renames leaves ``lib.old`` and no ``lib``: the boot file
    (``firmware/main.py``) renames it back and boots the old app;
@@ -63,7 +64,8 @@ _HELPERS = (
 )
 
 # A copy left by an earlier, interrupted deploy is removed first.
-_CLEAN = _HELPERS + "for p in ('lib.new','main.py.new','config.json.new'):\n _rm(p)\n"
+_CLEAN = _HELPERS + ("for p in ('lib.new','main.py.new','config.json.new','lockboot.mpy.new',"
+                      "'lockboot.py.new'):\n _rm(p)\n")
 
 # Prints one line: DIGESTS {relative path: sha256 hex} of what the board received.
 _VERIFY = _HELPERS + (
@@ -87,7 +89,7 @@ _VERIFY = _HELPERS + (
     "  else:\n"
     "   _d[q]=_h(q)\n"
     "_walk('lib.new')\n"
-    "for p in ('main.py.new','config.json.new'):\n"
+    "for p in ('main.py.new','config.json.new','lockboot.mpy.new','lockboot.py.new'):\n"
     " if _has(p):\n"
     "  _d[p]=_h(p)\n"
     "print('DIGESTS',_d)\n"
@@ -99,7 +101,7 @@ _SWAP = _HELPERS + (
     "for p in ('ota.dat','ota.bin'):\n"
     " _rm(p)\n"
     "_rm('lib.old')\n"
-    "for p in ('main.py','config.json'):\n"
+    "for p in ('lockboot.mpy','lockboot.py','main.py','config.json'):\n"
     " if _has(p+'.new'):\n"
     "  os.rename(p+'.new',p)\n"
     "if _has('lib'):\n"
@@ -124,6 +126,8 @@ def local_digests(folder: str | Path, config: bool = True) -> dict[str, str]:
         if p.is_file():
             out["lib.new/" + p.relative_to(root / "lib").as_posix()] = _sha(p)
     out["main.py.new"] = _sha(root / "main.py")
+    for boot in root.glob("lockboot.*"):
+        out[boot.name + ".new"] = _sha(boot)
     if config and (root / "config.json").is_file():
         out["config.json.new"] = _sha(root / "config.json")
     return out
@@ -148,6 +152,8 @@ def copy_argv(port: str, stage: Path, config: bool) -> list[str]:
     argv = [sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN,
             "+", "fs", "cp", "-r", str(stage / "lib.new"), ":lib.new",
             "+", "fs", "cp", str(stage / "main.py"), ":main.py.new"]
+    for boot in sorted(stage.glob("lockboot.*")):
+        argv += ["+", "fs", "cp", str(boot), f":{boot.name}.new"]
     if config:
         argv += ["+", "fs", "cp", str(stage / "config.json"), ":config.json.new"]
     return argv + ["+", "exec", _VERIFY]
@@ -220,6 +226,8 @@ def deploy(port: str, folder: str | Path, *, config: bool = True, reset: str = "
         stage = Path(tmp)
         shutil.copytree(root / "lib", stage / "lib.new")
         shutil.copyfile(root / "main.py", stage / "main.py")
+        for boot in root.glob("lockboot.*"):
+            shutil.copyfile(boot, stage / boot.name)
         if config:
             shutil.copyfile(root / "config.json", stage / "config.json")
         proc = _mpremote(copy_argv(port, stage, config), step_timeout)

@@ -34,6 +34,7 @@ from . import topics as t
 from .codec import reason as rc
 from .commands import CommandSender, submit_command
 from .delivery import json_envelope, user_properties
+from .devicestate import PREFIX as DEVICES_PREFIX
 from .rights import message_of, reason_of
 from .sessions import NEVER, Session, SubRecord
 
@@ -93,20 +94,27 @@ class MqttConnection(asyncio.Protocol):
         self.client_id = ""
         self.session: Session | None = None
         self.subs: dict[str, Sub] = {}
+        #: subscriptions to lockmq/devices/... (lock states: no cluster)
+        self.state_subs: dict[str, SubRecord] = {}
         self.keepalive = 0
         self.last_seen = time.monotonic()
         self.will: c.Will | None = None
         self.recv_max = s.max_inflight   # what we may have unacked towards the client
         self.client_max_packet = 0       # the client's Maximum Packet Size (0: none)
         #: packet id -> the lease it carries (QoS 1 deliveries awaiting PUBACK)
-        self.inflight: dict[int, tuple[Joined, int, int]] = {}
+        self.inflight: dict[int, tuple[Joined, int, int] | None] = {}   # None: retained
+        #: QoS 2 deliveries PUBREC'd and PUBREL'd, waiting for their PUBCOMP
+        self._released: set[int] = set()
         self._next_pid = 1
         self._starved: set[Joined] = set()   # stopped for want of room, not of work
         self._paused = False
         self._timer: asyncio.TimerHandle | None = None
         #: publishes of this read, stored together: (record, qos, packet id)
-        self._pubs: list[tuple[NewRecord, int, int]] = []
+        self._pubs: list[tuple[NewRecord, int, int, str | None]] = []
         self._topics_ok: set[str] = set()
+        #: publishes handed to the store and not answered yet (flow control)
+        self._pending_in = 0
+        self._reading_paused = False
         self._producer_ok = False
         self._seq = 0
         self._qos2: set[int] = set()     # inbound QoS 2 packet ids stored, PUBREL awaited
@@ -119,6 +127,14 @@ class MqttConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.peer_ip = str(peer[0])
         self.peer = f"{peer[0]}:{peer[1]}"
+        if len(self.server.conns) >= self.server.settings.max_connections:
+            self.server.stats.inc("mqtt_connections_refused")
+            self.server.log.limited("mqtt_connection_limit", peer=self.peer,
+                                    cap=self.server.settings.max_connections,
+                                    level="warning")
+            transport.close()
+            self.closed = True
+            return
         try:
             self.server.rights.admit(self.peer_ip)
             self.admitted = True
@@ -154,9 +170,15 @@ class MqttConnection(asyncio.Protocol):
                 self._handle(p)
         except c.MqttError as exc:
             self.server.stats.inc("mqtt_protocol_errors")
-            self.server.log("mqtt_protocol_error", peer=self.peer, client=self.client_id,
-                            reason=f"0x{exc.reason:02x}", error=exc.message, level="warning")
+            self.server.log.limited("mqtt_protocol_error", peer=self.peer,
+                                    client=self.client_id, reason=f"0x{exc.reason:02x}",
+                                    error=exc.message, level="warning")
             self.disconnect(exc.reason, exc.message)
+        except Exception as exc:  # noqa: BLE001 -- a bug here costs this client only
+            self.server.stats.inc("mqtt_internal_errors")
+            self.server.log("mqtt_internal_error", peer=self.peer, client=self.client_id,
+                            error=repr(exc), level="error")
+            self.disconnect(rc.IMPLEMENTATION_SPECIFIC, "internal error")
         finally:
             self._submit_publishes()
 
@@ -264,8 +286,13 @@ class MqttConnection(asyncio.Protocol):
         elif pt == c.PUBREL:
             self._qos2.discard(p.packet_id)
             self.send(c.Ack(c.PUBCOMP, p.packet_id))
-        elif pt in (c.PUBREC, c.PUBCOMP):
-            raise c.ProtocolViolation("this server never sends QoS 2: no PUBREC/PUBCOMP due")
+        elif pt == c.PUBREC:
+            self._on_puback(p)           # the client has it: the lease is done
+            if p.reason < 0x80:
+                self._released.add(p.packet_id)
+                self.send(c.Ack(c.PUBREL, p.packet_id))
+        elif pt == c.PUBCOMP:
+            self._released.discard(p.packet_id)
         elif pt == c.CONNECT:
             raise c.ProtocolViolation("a second CONNECT")
         elif pt == c.AUTH:
@@ -321,8 +348,7 @@ class MqttConnection(asyncio.Protocol):
             self.client_max_packet = int(p.props.get("maximum_packet_size", 0))
         else:
             expiry = 0 if p.clean_start else NEVER
-        if expiry != NEVER or p.version == c.V311:
-            expiry = min(expiry, s.max_session_expiry_s)
+        expiry = min(expiry, s.max_session_expiry_s)   # (MQTT 5 "never" too: CONNACK says)
         self.keepalive = min(p.keepalive, s.max_keepalive_s) if p.keepalive else 0
         present = srv.open_session(self, owner, cid, p.clean_start, expiry)
         self.connected = True
@@ -334,7 +360,7 @@ class MqttConnection(asyncio.Protocol):
                                                                self._keepalive_check)
         props: dict[str, Any] = {}
         if p.version == c.V5:
-            props = {"retain_available": 0, "topic_alias_maximum": 0,
+            props = {"topic_alias_maximum": 0,
                      "receive_maximum": 0xFFFF, "maximum_packet_size": s.max_packet_bytes,
                      "wildcard_available": 1, "shared_available": 1,
                      "subscription_id_available": 1}
@@ -362,11 +388,21 @@ class MqttConnection(asyncio.Protocol):
             if not sid:
                 raise c.ProtocolViolation("Subscription Identifier 0")
         reasons = []
+        retained: list[SubRecord] = []
+        ordered = any(k == "ordered" and v.lower() in ("1", "true", "yes")
+                      for k, v in p.props.get("user_property", ()))
         for s in p.subscriptions:
-            rec = SubRecord(s.filter, min(s.qos, 1), sid)
-            reasons.append(self._subscribe(rec, resumed=False))
+            rec = SubRecord(s.filter, s.qos, sid, ordered=ordered)
+            existed = s.filter in self.subs
+            code = self._subscribe(rec, resumed=False)
+            reasons.append(code)
+            if code < 0x80 and not s.filter.startswith(t.SHARE_PREFIX) and \
+                    (s.retain_handling == 0 or (s.retain_handling == 1 and not existed)):
+                retained.append(rec)
         self.send(c.SubAck(p.packet_id, reasons))
         self.server.session_changed(self)
+        for rec in retained:
+            self._send_retained(rec)
 
     def _subscribe(self, rec: SubRecord, resumed: bool) -> int:
         """Join the clusters of one subscription; the SUBACK reason code."""
@@ -384,6 +420,27 @@ class MqttConnection(asyncio.Protocol):
             # command results go straight to the connection that sent the command
             # (never stored): the subscription is granted and joins nothing
             return 0
+        if group is None and flt.startswith(DEVICES_PREFIX):
+            # the locks' states (devicestate.py): the right to read the events topic
+            events = srv.device_states.topic
+            try:
+                srv.rights.check_consume(self.principal, events, t.private_cluster(
+                    owner_of(self.principal), self.client_id, flt, events))
+            except SecurityError as exc:
+                self._sub_refused(rec.filter, reason_of(exc), message_of(exc))
+                return reason_of(exc)
+            self.state_subs[flt] = rec
+            if self.session is not None:
+                self.session.subs[rec.filter] = rec
+            if not resumed:
+                self._send_states(rec, srv.device_states.matching(flt), retain=True)
+            return min(rec.qos, 1)
+        cap = srv.config.consumers.max_subscriptions_per_connection
+        if rec.filter not in self.subs and len(self.subs) + len(self.state_subs) >= cap:
+            self._sub_refused(rec.filter, rc.QUOTA_EXCEEDED,
+                              f"this connection already holds {cap} subscriptions "
+                              "(consumers.max_subscriptions_per_connection)")
+            return rc.QUOTA_EXCEEDED
         old = self.subs.pop(rec.filter, None)
         if old is not None:   # the same filter again: it replaces the old one
             self._leave(old, forget=False)
@@ -407,6 +464,40 @@ class MqttConnection(asyncio.Protocol):
         if self.session is not None:
             self.session.subs[rec.filter] = rec
         return code
+
+    def _send_states(self, rec: SubRecord, states: Any, retain: bool) -> None:
+        """Lock states to a ``lockmq/devices/...`` subscription (QoS 0: a state is
+        replaced by the next, never queued)."""
+        out = bytearray()
+        for name, payload in states:
+            out += c.Publish(name, payload, 0, retain).encode(self.version)
+        self.write(bytes(out))
+
+    def device_states_changed(self, changed: list[tuple[str, bytes]]) -> None:
+        """Locks' states changed: to the subscriptions that match them."""
+        for flt, rec in self.state_subs.items():
+            self._send_states(rec, [x for x in changed if t.matches(flt, x[0])], retain=False)
+
+    def _send_retained(self, rec: SubRecord) -> None:
+        """The retained messages a new subscription matches (those it may read)."""
+        srv = self.server
+        out = bytearray()
+        for name, payload, qos in srv.retained.matching(rec.filter):
+            topic = t.to_lockmq(name)
+            try:
+                srv.rights.check_consume(self.principal, topic, t.private_cluster(
+                    owner_of(self.principal), self.client_id, rec.filter, topic))
+            except SecurityError:
+                continue
+            q = min(qos, rec.qos)
+            pid = 0
+            if q:
+                pid = self._take_pid()
+                self.inflight[pid] = None
+            props = {"subscription_id": rec.sub_id} if rec.sub_id else {}
+            out += c.Publish(name, payload, q, True, False, pid, props).encode(self.version)
+            srv.stats.inc("mqtt_retained_sent")
+        self.write(bytes(out))
 
     def _exact_ok(self, flt: str) -> bool:
         try:
@@ -436,7 +527,8 @@ class MqttConnection(asyncio.Protocol):
         gets what is published after it). Returns (reason, message) if refused."""
         srv = self.server
         private = sub.group is None
-        name = t.private_cluster(owner_of(self.principal), self.client_id, topic) if private \
+        name = t.private_cluster(owner_of(self.principal), self.client_id, sub.filter, topic) \
+            if private \
             else t.shared_cluster(sub.group or "", sub.filter, topic)
         try:
             srv.rights.check_consume(self.principal, topic, name)
@@ -444,13 +536,15 @@ class MqttConnection(asyncio.Protocol):
             return reason_of(exc), message_of(exc)
         new = name not in srv.core.cluster_owners
         try:
-            cluster = srv.core.cluster(name, topic, srv.ordered, principal=self.principal)
+            cluster = srv.core.cluster(name, topic, srv.ordered or sub.rec.ordered,
+                                       principal=self.principal)
         except srv.cluster_error as exc:
             code = rc.NOT_AUTHORIZED if exc.code == "FORBIDDEN" else (
                 rc.QUOTA_EXCEEDED if exc.code == "LIMIT_EXCEEDED" else rc.IMPLEMENTATION_SPECIFIC)
             return code, exc.message
         if private and new and fresh and not cluster.members:
             cluster.reset_to(srv.core.queue_end(topic))
+            srv.core.spawn(srv.core.save_positions())   # now, not at the next flush
         cap = self.recv_max
         member = srv.new_member(len(sub.joined) + 1, f"mqtt:{self.client_id}"[:120], self.peer,
                                 self._wake, cap)
@@ -469,6 +563,11 @@ class MqttConnection(asyncio.Protocol):
         reasons = []
         for f in p.filters:
             sub = self.subs.pop(f, None)
+            if sub is None and self.state_subs.pop(f, None) is not None:
+                if self.session is not None:
+                    self.session.subs.pop(f, None)
+                reasons.append(0)
+                continue
             if sub is None:
                 reasons.append(0x11)   # no subscription existed
                 continue
@@ -481,8 +580,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _leave(self, sub: Sub, forget: bool) -> None:
         """Leave every cluster of ``sub``; ``forget``: delete its private clusters."""
-        for pid, (j, _w, _d) in list(self.inflight.items()):
-            if j.sub is sub:
+        for pid, got in list(self.inflight.items()):
+            if got is not None and got[0].sub is sub:
                 del self.inflight[pid]
         for j in sub.joined.values():
             self._starved.discard(j)
@@ -567,15 +666,17 @@ class MqttConnection(asyncio.Protocol):
 
     def _take_pid(self) -> int:
         pid = self._next_pid
-        while pid in self.inflight:
+        while pid in self.inflight or pid in self._released:
             pid = pid % _MAX_PID + 1
         self._next_pid = pid % _MAX_PID + 1
         return pid
 
     def _on_puback(self, p: c.Ack) -> None:
-        got = self.inflight.pop(p.packet_id, None)
-        if got is None:
+        if p.packet_id not in self.inflight:
             return   # a lease we gave up (expired, released): nothing to finish
+        got = self.inflight.pop(p.packet_id)
+        if got is None:
+            return   # a retained message: no lease
         j, wire, delivery = got
         try:
             if p.reason >= 0x80:
@@ -615,8 +716,6 @@ class MqttConnection(asyncio.Protocol):
         srv = self.server
         if "topic_alias" in p.props:
             raise c.MqttError(0x94, "topic aliases are not offered (Topic Alias Maximum 0)")
-        if p.retain and self.version == c.V5:
-            raise c.MqttError(0x9A, "retained messages are not offered (Retain Available 0)")
         if p.qos == 2 and p.packet_id in self._qos2:
             self.send(c.Ack(c.PUBREC, p.packet_id))   # a resend: stored already
             return
@@ -636,7 +735,7 @@ class MqttConnection(asyncio.Protocol):
         seq = self._seq
         self._seq = (seq + 1) & 0xFFFFFFFF
         rec = NewRecord(topic, self.producer_id, seq, int(time.time() * 1000), p.payload)
-        self._pubs.append((rec, p.qos, p.packet_id))
+        self._pubs.append((rec, p.qos, p.packet_id, p.topic if p.retain else None))
         if len(self._pubs) >= srv.max_publish_batch:
             self._submit_publishes()
 
@@ -661,17 +760,30 @@ class MqttConnection(asyncio.Protocol):
         if not pubs:
             return
         self._pubs = []
-        self.server.publisher.submit([r for r, _q, _p in pubs],
+        self._pending_in += len(pubs)
+        if self._pending_in > self.server.settings.max_inflight * 4 and not self._reading_paused \
+                and self.transport is not None:
+            self._reading_paused = True   # the store is behind: stop reading this client
+            self.transport.pause_reading()
+        self.server.publisher.submit([x[0] for x in pubs],
                                      lambda res, pubs=pubs: self._stored(pubs, res))
 
-    def _stored(self, pubs: list[tuple[NewRecord, int, int]], results: list[Any]) -> None:
+    def _stored(self, pubs: list[tuple[NewRecord, int, int, str | None]],
+                results: list[Any]) -> None:
         """The store's answer: PUBACK (PUBREC) what is durable; refuse what is not."""
         srv = self.server
+        self._pending_in -= len(pubs)
+        if self._reading_paused and self._pending_in <= srv.settings.max_inflight \
+                and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
         out = bytearray()
-        for (rec, qos, pid), res in zip(pubs, results):
+        for (rec, qos, pid, retain), res in zip(pubs, results):
             ok = not isinstance(res, Exception)
             if ok:
                 srv.stats.inc("mqtt_publish_stored")
+                if retain is not None and not srv.retained.put(retain, rec.payload, qos):
+                    srv.stats.inc("mqtt_retained_refused")
             if not qos:
                 continue
             if ok:

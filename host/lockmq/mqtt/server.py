@@ -22,6 +22,8 @@ from .codec import reason as rc
 from .bridge import Bridge
 from .connection import MqttConnection
 from .rights import Rights
+from .devicestate import DeviceStates
+from .retained import RetainedStore
 from .sessions import Session, SessionStore, session_key
 from .webhooks import WebhookSink
 
@@ -48,6 +50,8 @@ class MqttServer:
         self.ordered = config.consumers.ordered_default
         self.max_publish_batch = config.broker.max_publish_batch
         self.sessions = SessionStore(config.broker.data_dir)
+        self.retained = RetainedStore(config.broker.data_dir)
+        self.device_states = DeviceStates(core, config.devices.events_topic)
         self.conns: set[MqttConnection] = set()
         #: the connection of each live session, by session key
         self.live: dict[str, MqttConnection] = {}
@@ -79,11 +83,14 @@ class MqttServer:
         if not s.enabled:
             return
         self.sessions.load()
+        self.retained.load()
         now = int(time.time() * 1000)
         for sess in self.sessions.sessions.values():
             if not sess.disconnected_ms:   # connected when the broker stopped
                 sess.disconnected_ms = now
         self._known_topics = set(self.core.topics())
+        self.device_states.follow()
+        self.rights.on_revoked(self._revoked)
         host = s.host or self.config.broker.host
         loop = asyncio.get_running_loop()
         for port, tls in ((s.port, False), (s.tls_port, True)):
@@ -145,6 +152,18 @@ class MqttServer:
             self.sessions.save()
         self.log("mqtt_stopped")
 
+    def _revoked(self, matches: Callable[[Any], bool], why: str) -> int:
+        """Principals stopped standing: their MQTT connections end at once (MQTT 5:
+        DISCONNECT 0x87). Returns 0: no pending item was cancelled here."""
+        n = 0
+        for conn in list(self.conns):
+            if conn.principal is not None and not conn.closed and matches(conn.principal):
+                conn.disconnect(rc.NOT_AUTHORIZED, f"session ended: {why}")
+                n += 1
+        if n:
+            self.stats.inc("mqtt_sessions_revoked", n)
+        return 0
+
     def _arm(self) -> None:
         self._timer = asyncio.get_running_loop().call_later(
             self.settings.topic_scan_ms / 1000.0, self._tick)
@@ -163,6 +182,10 @@ class MqttServer:
                     for topic in new:
                         conn.join_new_topic(topic)
             self._expire_sessions()
+            changed = self.device_states.follow()
+            if changed:
+                for conn in list(self.live.values()):
+                    conn.device_states_changed(changed)
         except Exception as exc:  # noqa: BLE001 -- the timer must keep going
             self.log("mqtt_tick_failed", error=repr(exc), level="error")
         self._arm()
@@ -183,6 +206,8 @@ class MqttServer:
         if old is not None and old is not conn:
             self.stats.inc("mqtt_takeovers")
             old.disconnect(rc.SESSION_TAKEN_OVER, "another connection took this session")
+            if old.session is not None and not old.session.expiry_s:
+                self._end_session(old.session)   # it ended with its connection
         saved = self.sessions.get(owner, client_id)
         if saved is not None and (clean or saved.expired(time.time() * 1000)):
             self._end_session(saved)
@@ -208,8 +233,7 @@ class MqttServer:
         """An MQTT 5 DISCONNECT changed the session expiry."""
         s = conn.session
         if s is not None:
-            s.expiry_s = min(expiry_s, self.settings.max_session_expiry_s) \
-                if expiry_s != 0xFFFFFFFF else expiry_s
+            s.expiry_s = min(expiry_s, self.settings.max_session_expiry_s)
 
     def session_closed(self, conn: MqttConnection) -> None:
         """``conn`` closed: its session waits for it (persistent) or ends."""
@@ -238,7 +262,7 @@ class MqttServer:
             if group is not None:
                 continue
             for topic in rec.topics:
-                name = t.private_cluster(s.owner, s.client_id, topic)
+                name = t.private_cluster(s.owner, s.client_id, rec.filter, topic)
                 c = self.core.clusters.get(name)
                 if c is None or not c.members:
                     self.core.forget_cluster(name)

@@ -33,6 +33,9 @@ class SubRecord:
     #: topics this subscription already joined (a wildcard filter's clusters): a
     #: topic joined later, after a reconnect, starts from its first record
     topics: list[str] = field(default_factory=list)
+    #: per-lock ordering asked for (MQTT 5 user property ``ordered=true``) for the
+    #: clusters this subscription creates
+    ordered: bool = False
 
 
 @dataclass

@@ -112,9 +112,10 @@ def shared_cluster(group: str, flt: str, topic: str) -> str:
     return group if not has_wildcard(flt) else _short(f"{group}.{topic}", 100)
 
 
-def private_cluster(owner: str, client_id: str, topic: str) -> str:
-    """The private cluster of one session's plain subscription on ``topic``."""
-    h = hashlib.sha1(f"{owner}\0{client_id}".encode()).hexdigest()[:16]
+def private_cluster(owner: str, client_id: str, flt: str, topic: str) -> str:
+    """The private cluster of one session's plain subscription ``flt`` on ``topic``
+    (two overlapping filters of one session are two clusters: each gets every record)."""
+    h = hashlib.sha1(f"{owner}\0{client_id}\0{flt}".encode()).hexdigest()[:16]
     return _short(f"mqtt.{h}.{topic}", 100)
 
 

@@ -81,7 +81,8 @@ def summary(f: "Follower") -> str:
         f"{int(g['replication_primary_log_end_bytes'])}; lag "
         f"{int(g['replication_lag_bytes'])} bytes",
         "  primary reachable" if g["replication_primary_reachable"] else
-        f"  primary UNREACHABLE (last answer {g['replication_primary_last_answer_seconds']:.1f} s ago)",
+        f"  primary UNREACHABLE (last answer "
+        f"{g['replication_primary_last_answer_seconds']:.1f} s ago)",
         f"  in sync since start: {'yes' if f.was_in_sync else 'no'}; primary fence "
         f"{f.primary_fence_s:g} s",
         f"  promotes itself after {f.settings.promote_after_s:g} s" if

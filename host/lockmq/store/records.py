@@ -274,24 +274,28 @@ def next_valid(buf: Any, pos: int, end: int) -> int | None:
     the intact records after it. ``buf`` is a bytes-like object with ``find``
     (bytes, mmap).
 
-    Tries the bad record's own length first (a damaged payload leaves its framing
-    intact), then every position whose format byte is right, checked like
-    :func:`check_record` (a false match would need a CRC-32 collision)."""
+    Every position whose format byte is right is checked like :func:`check_record`
+    (a false match would need a CRC-32 collision), in order. The bad record's own
+    length, when it leads to a valid record, bounds the search (a damaged payload
+    leaves its framing intact); it is not taken on trust, since the length may be
+    the damaged field."""
+    limit = end
+    shortcut = None
     if end - pos >= HEADER_SIZE:
         length = HEADER.unpack_from(buf, pos)[0]
         nxt = pos + 4 + length
         if length >= HEADER_SIZE - 4 and nxt < end and check_record(buf, nxt, end) is None:
-            return nxt
+            shortcut = limit = nxt
     unpack = HEADER.unpack_from
     fmt_byte = bytes([FORMAT_VERSION])
     c = pos + 1
     while True:
-        f = buf.find(fmt_byte, c + 8, end)
-        if f < 0:
-            return None
+        f = buf.find(fmt_byte, c + 8, limit + 8)
+        if f < 0 or f - 8 >= limit:
+            return shortcut
         c = f - 8
         if end - c < HEADER_SIZE:
-            return None
+            return shortcut
         (length, crc, _fmt, _fl, tlen, slen, res, hlen, _s, plen, _l, _b) = unpack(buf, c)
         if (res == 0 and length >= HEADER_SIZE - 4 and c + 4 + length <= end
                 and HEADER_SIZE + tlen + slen + hlen + plen == 4 + length

@@ -416,8 +416,7 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
                 pos = hi
             rep.scanned_bytes += max(0, min(pos, limit) - start)
             if last:
-                log_end = base + (cut if cut is not None else max(size if mm is None else
-                                                                  limit, 0))
+                log_end = base + (cut if cut is not None else limit)
         if closed_end is not None and size < closed_end:
             # (bytes before ``start`` are trusted by the checkpoint: lost all the same)
             _lost(rec, j, base + size, base + closed_end, closed=True)
