@@ -141,10 +141,11 @@ def test_a_command_held_for_an_offline_lock_is_checked_when_it_is_sent(env):
 
 def test_disabling_or_rekeying_a_lock_ends_its_session_at_once(env):
     secure, broker = env
-    keys = secure.add_locks("LOCK-1003", "LOCK-1004")
+    keys = secure.add_locks("LOCK-1003", "LOCK-1004", "LOCK-1005")
     for sn, argv in (("LOCK-1003", ("devices", "disable", "LOCK-1003")),
                      ("LOCK-1004", ("devices", "rekey", "LOCK-1004", "--out",
-                                    str(secure.root / "LOCK-1004.json")))):
+                                    str(secure.root / "LOCK-1004.json"))),
+                     ("LOCK-1005", ("devices", "remove", "LOCK-1005"))):
         w = Peer(broker.port, sn)
         w.auth_lock(keys[sn])
         assert w.publish("lock.events", 1).status == 0

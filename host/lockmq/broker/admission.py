@@ -209,13 +209,20 @@ class Admission:
         if new_tokens:
             self._revoke(lambda p: getattr(p, "token_id", "") in new_tokens,
                          "token revoked or expired", sorted(new_tokens))
-        if not devices:
-            return
         # the live lock sessions by SN, once (a bulk import changes thousands of rows)
         online: dict[str, list[Any]] = {}
         for conn in self._sessions(lambda p: p.kind == "lock"):
             online.setdefault(conn.principal.name, []).append(conn)
+        existing = getattr(getattr(self.guard, "registry", None), "existing", None)
+        if online and existing is not None:
+            # a removed lock's row is gone (no change to see): its sessions end too
+            for sn in set(online) - existing(list(online)):
+                self._revoke(lambda p, sn=sn: p.kind == "lock" and p.name == sn,
+                             "lock removed", [sn])
         for sn, enabled, version in devices:
+            if sn not in online and enabled:
+                self.locks_out.pop(sn, None)
+                continue
             if not enabled:
                 fresh = sn not in self.locks_out
                 self.locks_out[sn] = "lock disabled"

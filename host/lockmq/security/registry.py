@@ -224,6 +224,15 @@ class DeviceRegistry:
         return [(r[0], bool(r[1]), int(r[2])) for r in self._db.execute(
             "SELECT sn, enabled, key_version FROM devices WHERE updated_at >= ?", (t,))]
 
+    def existing(self, sns: list[str]) -> set[str]:
+        """Which of ``sns`` are registered (in chunks: SQLite's parameter limit)."""
+        out: set[str] = set()
+        for i in range(0, len(sns), 500):
+            part = sns[i:i + 500]
+            out.update(r[0] for r in self._db.execute(
+                f"SELECT sn FROM devices WHERE sn IN ({','.join('?' * len(part))})", part))
+        return out
+
     def data_version(self) -> int:
         """SQLite's ``data_version``: changes when another connection (``lockmq
         devices``/``lockmq tokens``) commits to the file -- a cheap "look again"."""
