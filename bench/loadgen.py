@@ -34,7 +34,6 @@ from lockmq.rlimits import raise_nofile_limit
 from lockmq.protocol import (
     Ack,
     Auth,
-    auth_proof,
     AuthMethod,
     Challenge,
     ClientSession,
@@ -68,7 +67,6 @@ from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ i
 
 RECORD_BYTES = 24
 KEY = b"lockmq-bench-key-0000000000000000"
-#: the CONNECT body of a bench lock (its proof covers it: SPEC 2 "The session transcript")
 #: per-SN device keys (``--keys``: a broker with ``auth = "required"``); else KEY
 KEYS: dict[str, bytes] = {}
 #: ``--tls-ca``: the TLS context the publish scenario's locks connect with (else empty)

@@ -26,11 +26,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lockmq.store.records import FORMAT_VERSION as RECORD_FORMAT
-from lockmq.store.records import HEADER, HEADER_SIZE, trailing_zeros
+from lockmq.store.records import HEADER, HEADER_SIZE, next_valid, trailing_zeros
 
 from . import events
 from .arrays import at_every_byte, struct_dtype
-from .layout import MIN_LENGTH, record_ok
+from .layout import MIN_LENGTH
 
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -118,17 +118,11 @@ class DecodeStats:
 
 
 def _resync(buf: bytes, pos: int, end: int) -> int:
-    """Next position after ``pos`` where a valid record starts (or ``end``)."""
-    fmt = bytes([RECORD_FORMAT])
-    p = pos + 1
-    while True:
-        i = buf.find(fmt, p + 8, end)
-        if i < 0:
-            return end
-        cand = i - 8
-        if record_ok(buf, cand, end):
-            return cand
-        p = cand + 1
+    """Where reading continues after the bad record at ``pos``: the store's own rule
+    (``lockmq.store.records.next_valid``: the first whole, valid record after it),
+    ``end`` if there is none."""
+    nxt = next_valid(buf, pos, end)
+    return end if nxt is None else nxt
 
 
 def _walk(buf: bytes, pos: int, end: int, max_records: int) -> tuple[list[int], int]:
@@ -194,10 +188,7 @@ def scan(
                     # it runs into the newest segment's preallocated zeros: a record
                     # being written (its bytes are not all there yet), not damage
                     return positions, bad, p_bad, zeros_from - p_bad
-                if rec_end == end or record_ok(buf, rec_end, end):
-                    nxt = rec_end  # only this record's bytes are damaged
-                else:
-                    nxt = _resync(buf, p_bad, end)  # its length may be wrong too
+                nxt = _resync(buf, p_bad, end)  # as the broker's reads get past damage
                 bad.append((p_bad, nxt - p_bad, "crc mismatch"))
                 pos = nxt
                 continue

@@ -464,6 +464,8 @@ class BridgeSection:
             bridge has forwarded and the upstream acknowledged).
         remote_prefix: prepended to a record's MQTT topic name upstream
             (``building-7/`` + ``lock/events``).
+        per_lock_topics: append the record's SN as a last level upstream
+            (``building-7/lock/events/LOCK-0042``: per-device rules and filters).
         client_id: the bridge's MQTT client id upstream ("" = ``lockmq-bridge-<host>``).
         username: user name upstream ("" = none).
         password: password upstream ("" = none).
@@ -489,6 +491,7 @@ class BridgeSection:
     topics: list[str] = field(default_factory=list)
     cluster: str = "bridge"
     remote_prefix: str = ""
+    per_lock_topics: bool = False
     client_id: str = ""
     username: str = ""
     password: str = ""

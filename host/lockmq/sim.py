@@ -119,6 +119,9 @@ class SimStats:
     connect_latency_ms: list[float] = field(default_factory=list)
     first_ack_ms: list[float] = field(default_factory=list)
     keep_latencies: bool = True
+    #: why the last connect failed ("" when none did): what `lockmq sim` tells when
+    #: locks do not connect (a refused key, frame MACs required, no broker)
+    last_error: str = ""
 
     def summary(self) -> dict[str, float | int]:
         """Plain figures for printing."""
@@ -203,6 +206,7 @@ class SimLock:
                 except (LockmqError, OSError, asyncio.TimeoutError) as exc:
                     attempt += 1
                     self.stats.connect_failures += 1
+                    self.stats.last_error = f"{self.sn}: {exc or type(exc).__name__}"
                     delay = self.backoff.next_delay()
                     if isinstance(exc, BusyError) and exc.retry_after_ms:
                         delay = max(delay, exc.retry_after_ms / 1000 * self.rng.uniform(0.5, 1.0))

@@ -94,7 +94,7 @@ print(cfg["sn"], sorted(os.listdir("/flash")), sorted(os.listdir("/flash/lib/loc
 print(len(open("/flash/lib/lockapp/app.mpy", "rb").read()), open("/flash/queue.dat", "rb").read())
 """, tmp_path / "img", tmp_path, heap="2M")
     first, second = out2.splitlines()
-    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'main.py', 'queue.dat'] ['__init__.mpy', '_version.mpy', 'app.mpy']"
+    assert first == "LOCK0001 ['cards.bin', 'config.json', 'lib', 'lockboot.mpy', 'main.py', 'queue.dat'] ['__init__.mpy', '_version.mpy', 'app.mpy']"
     assert second == f"{(out / 'lib/lockapp/app.mpy').stat().st_size} b'written on the board'"
 
 

@@ -20,6 +20,7 @@ from lockmq.testing import BrokerProcess, wait_for  # noqa: E402
 MOSQUITTO_SUB = "/usr/bin/mosquitto_sub"
 MOSQUITTO_PUB = "/usr/bin/mosquitto_pub"
 MOSQUITTO_RR = "/usr/bin/mosquitto_rr"
+#: the listener on a free port (pass a copy, merge_tables(MQTT_ON), to whatever keeps it)
 MQTT_ON = {"mqtt": {"enabled": True, "port": -1}}
 
 

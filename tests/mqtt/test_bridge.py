@@ -62,20 +62,28 @@ class Mosquitto:
             self.proc.wait(15)
 
 
-def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_path):
+@pytest.mark.parametrize("version", [4, 5], ids=["v3.1.1", "v5"])
+def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_path, version):
     mosq = Mosquitto(tmp_path / "mosquitto")
     proxy = FaultProxy(("127.0.0.1", mosq.port)).start()
     upstream = Client(mosq.port, v5=False, client_id="cloud-sub", clean=False)
     got: list = []
     proc = None
     try:
-        assert upstream.subscribe("gw7/lock/events")[0] == 1
-        threading.Thread(target=lambda: [got.append(json.loads(upstream.inbox.get().payload))
-                                         for _ in iter(int, 1)], daemon=True).start()
+        assert upstream.subscribe("gw7/lock/events/+")[0] == 1
+        topics: list = []
+
+        def collect() -> None:
+            while True:
+                m = upstream.inbox.get()
+                r = json.loads(m.payload)
+                topics.append((m.topic, r))
+                got.append(r)
+        threading.Thread(target=collect, daemon=True).start()
         proc = BrokerProcess(str(tmp_path / "data"), {
             "broker": {"auth": "off"},
             "bridge": {"enabled": True, "upstream": "127.0.0.1:%d" % proxy.address[1],
-                       "topics": ["lock.events"], "remote_prefix": "gw7/", "version": 4,
+                       "topics": ["lock.events"], "remote_prefix": "gw7/", "version": version, "per_lock_topics": True,
                        "keepalive_s": 2, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}})
         prods = {sn: Producer(proc.address, producer_id=sn) for sn in LOCKS}
 
@@ -112,6 +120,7 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
                  "every record upstream", timeout=60)
         for p in prods.values():
             p.close()
+        assert all(topic == f"gw7/lock/events/{r['sn']}" for topic, r in topics)
         for sn in LOCKS:
             mine = [r["seq"] for r in got if r["sn"] == sn]
             first = list(dict.fromkeys(mine))   # QoS 1: a record may come twice, in order
@@ -127,22 +136,34 @@ def test_the_bridge_loses_nothing_across_an_upstream_outage_and_a_cut_link(tmp_p
         mosq.stop()
 
 
-def test_commands_from_the_upstream_go_through_the_command_path(tmp_path):
+@pytest.mark.parametrize("version", [4, 5], ids=["v3.1.1", "v5"])
+def test_commands_from_the_upstream_go_through_the_command_path(tmp_path, version):
     mosq = Mosquitto(tmp_path / "mosquitto")
     proc = BrokerProcess(str(tmp_path / "data"), {
         "broker": {"auth": "off"}, "commands": {"default_expiry_s": 1.0},
         "bridge": {"enabled": True, "upstream": f"127.0.0.1:{mosq.port}",
-                   "topics": ["lock.events"], "version": 4,
+                   "topics": ["lock.events"], "version": version,
                    "command_filter": "gw7/command/+/+", "command_token": "ops"}})
-    cloud = Client(mosq.port, v5=False, client_id="cloud-ops")
+    cloud = Client(mosq.port, v5=version == 5, client_id="cloud-ops")
     try:
         proc.wait_log(r"event=bridge_up")
-        assert cloud.subscribe("gw7/command/LOCK-X/unlock/result")[0] == 1
+        reply = "gw7/replies/ops" if version == 5 else "gw7/command/LOCK-X/unlock/result"
+        assert int(getattr(r := cloud.subscribe(reply)[0], "value", r)) == 1
         time.sleep(0.5)   # (the bridge's own SUBSCRIBE is in place)
-        cloud.c.publish("gw7/command/LOCK-X/unlock", b"2", qos=1)
-        res = json.loads(cloud.inbox.get(timeout=30).payload)
+        props = None
+        if version == 5:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+            props = Properties(PacketTypes.PUBLISH)
+            props.ResponseTopic = reply
+            props.CorrelationData = b"c-7"
+        cloud.c.publish("gw7/command/LOCK-X/unlock", b"2", qos=1, properties=props)
+        m = cloud.inbox.get(timeout=30)
+        res = json.loads(m.payload)
         # no lock LOCK-X is connected: the command path holds it until it expires
         assert res["sn"] == "LOCK-X" and res["kind"] == "unlock" and res["status"] == "OFFLINE"
+        if version == 5:
+            assert m.properties.CorrelationData == b"c-7"
         assert proc.metrics()["lockmq_bridge_commands_total"] == 1
     finally:
         cloud.close()

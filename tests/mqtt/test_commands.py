@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from lockmq.security import Permissions
-from lockmq.testing import Lock, SecureBroker, require_micropython, wait_for
+from lockmq.testing import Lock, SecureBroker, merge_tables, require_micropython, wait_for
 from lockmq.testing.lock import build_flash
 
 from .helpers import needs, MOSQUITTO_RR, MQTT_ON, Client, mqtt_port
@@ -24,7 +24,7 @@ SN = "LOCKMQTT1"
 def gateway(tmp_path_factory):
     require_micropython()
     root = tmp_path_factory.mktemp("cmd")
-    sb = SecureBroker(root, MQTT_ON, locks=[SN], tokens={
+    sb = SecureBroker(root, merge_tables(MQTT_ON), locks=[SN], tokens={
         "opener": Permissions(command=(f"unlock:{SN}",)), "viewer": Permissions()})
     proc = sb.start()
     sb.mqtt_port = mqtt_port(proc)

@@ -9,14 +9,14 @@ import subprocess
 import pytest
 
 from lockmq.security import Permissions
-from lockmq.testing import SecureBroker, wait_for
+from lockmq.testing import SecureBroker, merge_tables, wait_for
 
 from .helpers import needs, MOSQUITTO_PUB, MOSQUITTO_SUB, MQTT_ON, Client, mqtt_port
 
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
-    sb = SecureBroker(tmp_path_factory.mktemp("secure"), MQTT_ON, tokens={
+    sb = SecureBroker(tmp_path_factory.mktemp("secure"), merge_tables(MQTT_ON), tokens={
         "reader": Permissions(consume=("door.*",)),
         "writer": Permissions(publish=("door.*",)),
         "nobody": Permissions()})
@@ -113,5 +113,42 @@ def test_mqtt_over_tls_with_a_token(tmp_path):
         assert got == [0]
         c.disconnect()
         c.loop_stop()
+    finally:
+        sb.close()
+
+
+def test_the_listener_shows_in_metrics(secure):
+    bad = Client(secure.mqtt_port, v5=True, username="reader", password="wrong")
+    bad.wait_connack()
+    bad.close()
+    c = Client(secure.mqtt_port, v5=True, username="reader", password=secure.tok["reader"])
+    try:
+        info = c.c.publish("door/events", b"x", qos=1)
+        wait_for(lambda: c.pubacks.get(info.mid), "the refusal")
+        m = secure.broker.metrics()
+        assert m["lockmq_mqtt_connections"] >= 1 and "lockmq_mqtt_sessions" in m
+        assert m["lockmq_mqtt_connect_refused_total"] >= 1
+        assert m["lockmq_mqtt_publish_refused_total"] >= 1
+    finally:
+        c.close()
+
+
+def test_a_revoked_token_ends_its_mqtt_session_at_once(tmp_path):
+    sb = SecureBroker(tmp_path, merge_tables(MQTT_ON), tokens={"temp": Permissions(consume=("door.*",))})
+    proc = sb.start()
+    try:
+        port = mqtt_port(proc)
+        c = Client(port, v5=True, client_id="temp-1", username="temp",
+                   password=sb.tok["temp"])
+        assert int(getattr(r := c.wait_connack()[1], "value", r)) == 0
+        tid = sb.tok["temp"].split("_")[1]
+        assert sb.tokens.revoke(tid)
+        rc = c.disconnects.get(timeout=15)        # the broker ends it: 0x87
+        assert int(getattr(rc, "value", rc)) == 0x87
+        c.close()
+        again = Client(port, v5=True, client_id="temp-2", username="temp",
+                       password=sb.tok["temp"])
+        assert int(getattr(r := again.wait_connack()[1], "value", r)) == 0x86
+        again.close()
     finally:
         sb.close()

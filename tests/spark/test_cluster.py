@@ -48,7 +48,9 @@ def cluster_warehouse(landing, tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
     wh = str(work / "wh")
     with SparkCluster(str(work / "spark"), workers=2, cores=1, memory="512m") as cluster:
-        done = cluster.submit([ingest_job.__file__, landing[0], "--warehouse", wh, "--report"])
+        # (the submit's own time limit raised: on the shared 2-core machine, at load 15-20,
+        # the ingest plus six reports took more than the default 300 s)
+        done = cluster.submit([ingest_job.__file__, landing[0], "--warehouse", wh, "--report"], timeout=1200)
         apps = cluster.status().get("completedapps", []) + cluster.status().get("activeapps", [])
     return wh, done.stdout, apps
 

@@ -4,7 +4,8 @@ Random segments (encoded by the engine's own ``encode_record``) are damaged at
 random -- flipped bytes, overwritten lengths, zeroed runs, cut tails -- and read
 by both: every record the vectorised decoder returns is one the engine's
 ``check_record`` accepts and ``decode_record`` decodes to the same fields; every
-region it reports as corrupt starts where ``check_record`` refuses a record; and
+region it reports as corrupt starts where ``check_record`` refuses a record and
+ends where the engine's ``next_valid`` resumes reading; and
 the records plus the corrupt regions cover the segment with no gap.
 """
 
@@ -23,7 +24,7 @@ from lockmq.protocol._errors import BadBody
 from lockmq.spark import events
 from lockmq.spark.decoder import HDR_DTYPE, decode_buffer
 from lockmq.spark.logwriter import encode
-from lockmq.store.records import HEADER, check_record, decode_record
+from lockmq.store.records import HEADER, check_record, decode_record, next_valid
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
@@ -86,8 +87,10 @@ def test_vectorised_decoder_equals_the_engines_codec(seed):
     pos = 0
     for off, size, row in _regions(tab):
         assert off == pos, f"gap or overlap at {pos}"
-        if size is not None:  # a corrupt region: the engine refuses a record there too
+        if size is not None:  # a corrupt region: the engine refuses a record there too,
             assert check_record(buf, off, len(buf)) is not None
+            nxt = next_valid(buf, off, len(buf))  # and reads on from where the broker would
+            assert off + size == (len(buf) if nxt is None else nxt) or not buf[off + size:].strip(b"\0")
             pos = off + size
             continue
         assert check_record(buf, off, len(buf)) is None

@@ -152,3 +152,16 @@ def test_a_restarted_log_is_new_data(spark, tmp_path, fleet_records):
     generate.write_store(b, fleet_records[500:900], segment_bytes=1 << 20)
     assert ingest(spark, [a], wh, gateway_id="gw").new == 500
     assert ingest(spark, [b], wh, gateway_id="gw").new == 400
+
+
+def test_a_warehouse_without_key_index_is_indexed_from_events(spark, landing_src, tmp_path):
+    """A warehouse written before the key index: the stored ids are read from
+    ``events`` once, so another gateway's copies still count as duplicates."""
+    src, n = landing_src
+    wh = str(tmp_path / "wh")
+    assert ingest(spark, [src], wh).new == n
+    shutil.rmtree(os.path.join(wh, "_lockmq", "keys"))
+    other = ingest(spark, [src], wh, gateway_id="gw-relabelled")  # other identity: read again
+    assert (other.read, other.new, other.duplicates) == (n, 0, n)
+    assert warehouse.key_index(wh)  # rebuilt, and kept for the next run
+    assert _rows(wh) == n

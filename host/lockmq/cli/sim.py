@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
     ok = stats.acked == stats.sent and stats.errors == 0 and stats.connected >= cfg.locks
     if not ok and not args.json:
         print(f"sim: {cfg.locks - stats.connected} locks never connected, "
-              f"{stats.sent - stats.acked} records unacknowledged", file=sys.stderr)
+              f"{stats.sent - stats.acked} records unacknowledged"
+              + (f"; last connect error: {stats.last_error}" if stats.last_error else ""),
+              file=sys.stderr)
     return 0 if ok else 1
 
 
@@ -136,5 +138,8 @@ async def _run(cfg: SimConfig, endpoint: Endpoint, args: argparse.Namespace) -> 
         print(f"  t={now - t0:5.1f}s  connected {s.connected:5d}  sent {s.sent:7d}  "
               f"acked {s.acked:7d}  busy {s.busy:4d}  reconnects {s.reconnects:3d}  "
               f"commands {s.commands:3d}  {rate:7.0f} acks/s", file=sys.stderr, flush=True)
+        if s.connected < cfg.locks and s.last_error:   # why the others do not connect
+            print(f"  (not connected: {cfg.locks - s.connected}; last error: {s.last_error})",
+                  file=sys.stderr, flush=True)
 
     return await run_sim(cfg, endpoint, stop=stop, progress=progress)

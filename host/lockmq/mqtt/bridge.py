@@ -295,8 +295,11 @@ class Bridge:
                 payload = rec.payload
             if v == c.V5:
                 props["user_property"] = user_properties(rec, lease.deliveries)
-            out += c.Publish(self.s.remote_prefix + t.to_mqtt(rec.topic), payload, 1, False,
-                             lease.deliveries > 1, pid, props).encode(v)
+            name = self.s.remote_prefix + t.to_mqtt(rec.topic)
+            if self.s.per_lock_topics:
+                name = f"{name}/{rec.sn}"
+            out += c.Publish(name, payload, 1, False, lease.deliveries > 1, pid,
+                             props).encode(v)
         link.writer.write(bytes(out))
         self.stats.inc("bridge_sent", len(leases))
         asyncio.get_running_loop().call_soon(self._pump, link, cl, m)

@@ -170,9 +170,15 @@ class MqttConnection(asyncio.Protocol):
                 self._handle(p)
         except c.MqttError as exc:
             self.server.stats.inc("mqtt_protocol_errors")
-            self.server.log("mqtt_protocol_error", peer=self.peer, client=self.client_id,
-                            reason=f"0x{exc.reason:02x}", error=exc.message, level="warning")
+            self.server.log.limited("mqtt_protocol_error", peer=self.peer,
+                                    client=self.client_id, reason=f"0x{exc.reason:02x}",
+                                    error=exc.message, level="warning")
             self.disconnect(exc.reason, exc.message)
+        except Exception as exc:  # noqa: BLE001 -- a bug here costs this client only
+            self.server.stats.inc("mqtt_internal_errors")
+            self.server.log("mqtt_internal_error", peer=self.peer, client=self.client_id,
+                            error=repr(exc), level="error")
+            self.disconnect(rc.IMPLEMENTATION_SPECIFIC, "internal error")
         finally:
             self._submit_publishes()
 

@@ -3,8 +3,9 @@ broker's guard (``lockmq.security.BrokerGuard``), never a rule of its own.
 
 Every decision is the guard's -- the same tokens, the same per-topic, per-cluster
 and per-command-kind rights, the same limits -- so a token means the same on MQTT
-as on the lockmq protocol. When the broker grows one admission point
-(``broker/admission.py``), this module is what gets repointed.
+as on the lockmq protocol; publishes and commands go through the broker's one
+admission point (``broker/admission.py``), which also ends the MQTT sessions of a
+revoked token (:meth:`Rights.on_revoked`).
 """
 
 from __future__ import annotations
@@ -76,8 +77,19 @@ class Rights:
         self.guard.check_producer_id(principal, producer_id)
 
     def check_consume(self, principal: Any, topic: str, cluster: str) -> None:
-        """May ``principal`` join ``cluster`` on ``topic``?"""
+        """May ``principal`` join ``cluster`` on ``topic`` (and does it still stand,
+        by the registry now: a subscription is rare, the read is cheap)?"""
+        standing = getattr(self.admission, "check_standing", None)
+        if standing is not None:
+            standing(principal, "consume")
         self.guard.check_consume(principal, topic, cluster)
+
+    def on_revoked(self, end_sessions: Any) -> None:
+        """``end_sessions(matches, why)`` is called when principals stop standing (a
+        token revoked or expired): the listener ends their connections at once."""
+        register = getattr(self.admission, "on_revoked", None)
+        if register is not None:
+            register(end_sessions)
 
     def check_command(self, principal: Any, sn: str, kind: int, args: bytes) -> None:
         """May ``principal`` send a command of ``kind`` to lock ``sn``? (The command

@@ -90,6 +90,7 @@ class MqttServer:
                 sess.disconnected_ms = now
         self._known_topics = set(self.core.topics())
         self.device_states.follow()
+        self.rights.on_revoked(self._revoked)
         host = s.host or self.config.broker.host
         loop = asyncio.get_running_loop()
         for port, tls in ((s.port, False), (s.tls_port, True)):
@@ -150,6 +151,18 @@ class MqttServer:
         if self.sessions.sessions:
             self.sessions.save()
         self.log("mqtt_stopped")
+
+    def _revoked(self, matches: Callable[[Any], bool], why: str) -> int:
+        """Principals stopped standing: their MQTT connections end at once (MQTT 5:
+        DISCONNECT 0x87). Returns 0: no pending item was cancelled here."""
+        n = 0
+        for conn in list(self.conns):
+            if conn.principal is not None and not conn.closed and matches(conn.principal):
+                conn.disconnect(rc.NOT_AUTHORIZED, f"session ended: {why}")
+                n += 1
+        if n:
+            self.stats.inc("mqtt_sessions_revoked", n)
+        return 0
 
     def _arm(self) -> None:
         self._timer = asyncio.get_running_loop().call_later(

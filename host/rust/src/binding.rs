@@ -3,9 +3,11 @@
 //! are that code's. Anything a function does not take whole it leaves to the Python
 //! path (None, or the index where it stopped), so error behaviour stays Python's.
 //!
-//! `unsafe` is confined to three helpers below (a buffer's bytes, a tuple subclass
-//! filled in place, an object of a slots class allocated without its `__init__`),
-//! each with the checks that make it sound.
+//! `unsafe` is confined to a few helpers, each with the checks that make it sound: a
+//! buffer's bytes (`Bytes`), a tuple subclass filled in place (`tuple_of_type`), a slots
+//! class's instance made without its `__init__` (`record_layout`, `new_record`), the
+//! writer's fd borrowed for pwrite/fdatasync (`commit_write`); and the lane's system
+//! calls (lane.rs).
 
 use std::fs::File;
 use std::mem::ManuallyDrop;
@@ -1092,13 +1094,8 @@ fn read_run<'py>(
     out: &Bound<'py, PyList>,
 ) -> PyResult<isize> {
     let py = entries.py();
-    // SAFETY of tuple_of_type below: a tuple subtype; a StoredRecord has no dict
-    let is_tuple =
-        unsafe { ffi::PyType_IsSubtype(record_type.as_type_ptr(), std::ptr::addr_of_mut!(ffi::PyTuple_Type)) != 0 };
-    if !is_tuple {
-        return Err(PyTypeError::new_err("read_run: record_type must be a tuple type"));
-    }
-    check_tuple_type(record_type)?;
+    // (tuple_of_type below: a tuple subtype without a dict, as a StoredRecord is)
+    check_tuple_type(record_type).map_err(|_| PyTypeError::new_err("read_run: record_type must be a tuple type"))?;
     let (b, want) = (data.as_slice(), topic_bytes.as_slice());
     let j = j.min(entries.len() as isize);
     let mut m = i.max(0);
