@@ -202,3 +202,20 @@ def test_the_cli_tells_the_truth_and_salvages(store_dir, tmp_path):
     got = cli("store", "salvage", str(d), str(victim[0]), "--out", str(out))
     assert got.returncode == 0, got.stderr
     assert out.read_bytes()[:4] == (67 - 4).to_bytes(4, "little")
+
+
+def test_a_lost_oldest_segment_is_not_taken_for_retention(store_dir):
+    d, acked = store_dir
+    seg_dir = os.path.join(d, "message.log")
+    bases = list_segments(seg_dir)
+    os.unlink(os.path.join(seg_dir, segment_name(bases[0])))
+    s = Store.open(config(d, segment_bytes=SEG))
+    [dmg] = s.recovery.damage
+    assert (dmg.start, dmg.end) == (bases[0], bases[1]) and "retention left it" in dmg.reason
+    lost = [r for r in acked if r[0] < bases[1]]
+    assert dmg.records == len(lost)
+    for t in ("a", "b"):
+        want = [(q, o) for o, tt, q, _sn, _seq in acked if tt == t and o >= bases[1]]
+        assert [(r.queue_offset, r.offset) for r in s.read(t, 0, 10 * N)] == want
+        assert s.damage_at(t, 0) is dmg
+    s.close_sync()

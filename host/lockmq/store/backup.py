@@ -46,7 +46,8 @@ from dataclasses import asdict, dataclass, field
 from .config import StoreConfig
 from .engine import Store
 from .files import atomic_write, create_file, fsync_dir, make_dir
-from .names import (CHECKPOINT, CLOCK, DAMAGE, LOCK, POSITIONS_COPY, REINDEX, SEGMENT_DIR,
+from .names import (CHECKPOINT, CLOCK, DAMAGE, LOCK, LOG_START, POSITIONS_COPY, REINDEX,
+                    SEGMENT_DIR,
                     TMP_SUFFIX, index_topic, list_segments, positions_cluster, qstart_name,
                     segment_name)
 
@@ -61,7 +62,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _CHUNK = 1 << 20
 #: the store's small state files besides positions, checkpoint and indexes: copied
 #: with them (a backup of a damaged store keeps its quarantine list)
-_STATE_FILES = (POSITIONS_COPY, DAMAGE, REINDEX, CLOCK)
+_STATE_FILES = (POSITIONS_COPY, DAMAGE, REINDEX, CLOCK, LOG_START)
 
 
 class BackupError(Exception):

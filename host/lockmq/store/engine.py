@@ -37,12 +37,12 @@ from .index import TopicIndex
 from .files import atomic_write
 from .names import LOCK, REINDEX, SEGMENT_DIR, index_file_name, positions_files
 from .positions import PositionsFile, load_copy, save_copy
-from .recovery import RecoveryReport, recover
+from .recovery import RecoveryReport, recover, save_log_start
 from .records import (Appended, NewRecord, StoredRecord, encode_records, validate_cluster,
                       validate_topic)
 from .retention import RetentionReport
 from .segment import Segment, SegmentList
-from .topic import Topic
+from .topic import Topic, first_live
 from .writer import Answer, GroupCommit, Then
 
 log = logging.getLogger("lockmq.store")
@@ -145,9 +145,10 @@ class Store:
             self._count_damage()
             self._segments = segments
             self._end = rep.log_end
+            first_qs = segments.first.read_qstart() if segments.start > 0 else None
             for name, idx in sorted(indexes.items()):
                 t = Topic(name, idx)
-                t.start = idx.first_at_or_after(segments.start) if idx.count else idx.end
+                t.start = first_live(idx, name, segments.start, first_qs)
                 if t.start - idx.base > REBASE_DEAD_ENTRIES:
                     idx.rebase(t.start)
                 self._topics[name] = t
@@ -717,6 +718,8 @@ class Store:
         rep = retention.enforce(self.config, self._segments, self._topics, self._end,
                                 needed or {}, now)
         self.stats["skipped_records"] += sum(rep.skipped_records.values())
+        if rep.deleted_segments:
+            save_log_start(self.data_dir, self._segments.start)
         if rep.deleted_segments and self._damage:
             before = len(self._damage)
             self._damage.forget_before(self._segments.start)

@@ -10,6 +10,7 @@
     <data_dir>/consume-<cluster>.log     one positions file per consumer cluster
     <data_dir>/positions.copy            a second copy of every cluster's positions
     <data_dir>/reindex                   topics whose index a read found beyond repair
+    <data_dir>/log_start                 where retention left the log's start
     <data_dir>/message.log/<base:020d>.log     a commit-log segment
     <data_dir>/message.log/<base:020d>.qstart  its queue-start sidecar
     *.tmp                                half-written atomic replacements
@@ -30,6 +31,7 @@ CHECKPOINT = "checkpoint"
 DAMAGE = "damage"
 POSITIONS_COPY = "positions.copy"
 REINDEX = "reindex"
+LOG_START = "log_start"
 CLOCK = "clock"
 LOCK = "LOCK"
 TMP_SUFFIX = ".tmp"

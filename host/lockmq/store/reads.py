@@ -249,6 +249,7 @@ def read_topic_checked(t: Topic, segments: SegmentList, log_end: int, queue_offs
     q = queue_offset
     end = t.end
     scans: dict[int, _SegmentScan] = {}
+    bounds: dict[int, tuple[int, int]] = {}
     prev_end = 0
     if q > max(t.index.base, t.start):
         p_off, p_size, _s = t.index.entry(q - 1)
@@ -259,6 +260,16 @@ def read_topic_checked(t: Topic, segments: SegmentList, log_end: int, queue_offs
             break
         for off, size, _s in entries:
             d = damage.at(off)
+            if d is not None and t.name in d.topics:
+                # an entry into damage is damaged only if the damage had that queue
+                # offset: a wrong entry (the index is not checksummed) can point there
+                span = bounds.get(id(d))
+                if span is None:
+                    qs = d.topics[t.name]
+                    span = bounds[id(d)] = (min(qs), max(qs)) if qs else (1, 0)
+                if not span[0] <= q <= span[1]:
+                    d = None
+                    off = -1   # (read below: fails, and the log is asked)
             if d is not None:
                 on_damage(t.name, q, d.start, d.end, "", True)
                 prev_end = max(prev_end, d.end if off >= d.start else prev_end)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from . import checkpoint as ckpt
 from .dedup import DedupTable
-from .files import fsync_dir
+from .files import atomic_write, fsync_dir, read_file, seal, unseal
 from .index import ENTRY, IndexError_, TopicIndex
 from .damage import Damage, DamageMap
-from .names import REINDEX, SEGMENT_DIR, TMP_SUFFIX, index_file_name, index_files
+from .names import LOG_START, REINDEX, SEGMENT_DIR, TMP_SUFFIX, index_file_name, index_files
 from .records import (HEADER, HEADER_SIZE, InvalidRecord, check_record, next_valid,
                       trailing_zeros, validate_topic)
 from .segment import Segment, SegmentList
@@ -299,7 +299,8 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
     segs = SegmentList.open(os.path.join(data_dir, SEGMENT_DIR))
     bases = segs.bases
     damage = DamageMap.load(data_dir)
-    damage.forget_before(segs.start)
+    saved_start = load_log_start(data_dir)
+    damage.forget_before(segs.start if saved_start is None else min(saved_start, segs.start))
     known = len(damage)
 
     # open every index file (but those a read found wrong: rebuilt)
@@ -372,6 +373,14 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
                     int(time.time() * 1000), usable)
 
     i = max(0, segs.index_of(scan_from))
+    if saved_start is None:
+        save_log_start(data_dir, segs.start)
+    elif saved_start < segs.start:
+        # retention did not delete what is missing at the start: the oldest segments
+        # were lost (their records' index entries, if kept, say which)
+        rec.damaged(Segment(segs.seg_dir, saved_start), True, saved_start, segs.start,
+                    f"missing: the log starts at {segs.start}, but retention left it at "
+                    f"{saved_start}")
     # closed segments before the scan (trusted by the checkpoint): whole files?
     for j in range(i):
         _check_closed_size(rec, j)
@@ -471,6 +480,23 @@ def recover(data_dir: str, dedup: DedupTable) -> tuple[SegmentList, dict[str, To
     rep.log_end = log_end
     rep.seconds = time.monotonic() - t0
     return segs, indexes, rep, damage
+
+
+def load_log_start(data_dir: str) -> int | None:
+    """Where retention (or the first open) left the log's start; None if unknown."""
+    blob = read_file(os.path.join(data_dir, LOG_START))
+    data = None if blob is None else unseal(blob)
+    try:
+        return None if data is None else int(json.loads(data)["start"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def save_log_start(data_dir: str, start: int) -> None:
+    """Record the log's start (retention moved it): what is missing below the first
+    segment beyond it was lost, not deleted."""
+    atomic_write(os.path.join(data_dir, LOG_START), seal(json.dumps({"start": start})
+                                                         .encode()))
 
 
 def _load_reindex(data_dir: str) -> set[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .config import StoreConfig
 from .segment import SegmentList
-from .topic import Topic
+from .topic import Topic, first_live
 
 log = logging.getLogger("lockmq.store")
 
@@ -66,9 +66,10 @@ def enforce(config: StoreConfig, segments: SegmentList, topics: dict[str, Topic]
         for base, size in segments.delete_oldest(k):
             rep.deleted_segments.append(base)
             rep.deleted_bytes += size
+        qs = segments.first.read_qstart()
         for name, t in topics.items():
             old = t.start
-            t.start = t.index.first_at_or_after(new_start, lo=t.start)
+            t.start = max(t.start, first_live(t.index, name, new_start, qs, lo=t.start))
             q = needed.get(name)
             if q is not None and q < t.start:
                 rep.skipped_records[name] = t.start - max(q, old)

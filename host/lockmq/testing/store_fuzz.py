@@ -12,9 +12,9 @@ What must hold, case by case:
   that leaves no trace: the active segment cut at a record boundary past the last
   checkpoint (it reads like a crash before those writes).
 
-Damage: flipped bits, zeroed runs, truncation and deletion of segment files (not the
-oldest: losing it reads as retention), of indexes, the checkpoint, queue-start
-sidecars, positions files and their copy. Used by ``bench/fuzz_recovery.py``
+Damage: flipped bits, zeroed runs, truncation and deletion of segment files (any but
+the active one, whose loss only the checkpoint can show), of indexes, the checkpoint,
+queue-start sidecars, positions files and their copy. Used by ``bench/fuzz_recovery.py``
 (thousands of seeded cases) and ``tests/store/test_recovery_fuzz.py`` (a few).
 """
 
@@ -126,7 +126,7 @@ def _files(path: str) -> dict[str, list[str]]:
     names = sorted(os.listdir(path))   # (sorted: a seed means the same damage)
     return {
         "segment": segs,
-        "middle": segs[1:-1],
+        "middle": segs[:-1],
         "index": [os.path.join(path, n) for n in names if n.startswith("offset-")],
         "checkpoint": [os.path.join(path, "checkpoint")],
         "qstart": [os.path.join(seg_dir, qstart_name(b)) for b in bases[1:]],
