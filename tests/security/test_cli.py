@@ -36,6 +36,23 @@ def test_devices_lifecycle(tmp_path, capsys):
     assert run_cli("devices", "show", "L1", "--data-dir", data) == 1
 
 
+def test_devices_add_with_a_registered_sn_names_it_and_adds_nothing(tmp_path, capsys):
+    data, prov = str(tmp_path / "data"), tmp_path / "prov"
+    prov.mkdir()   # one provisioning file per lock in it
+    assert run_cli("devices", "add", "L2", "--out", str(prov), "--data-dir", data) == 0
+    capsys.readouterr()
+    assert run_cli("devices", "add", "L1", "L2", "L3", "--out", str(prov),
+                   "--data-dir", data) == 1
+    err = capsys.readouterr().err
+    assert "already registered: L2" in err and "nothing was added" in err
+    assert sorted(p.name for p in prov.iterdir()) == ["L2.json"]   # no half-written fleet
+    assert run_cli("devices", "add", "L1", "L3", "L1", "--out", str(prov),
+                   "--data-dir", data) == 1
+    assert "named more than once: L1" in capsys.readouterr().err
+    assert run_cli("devices", "add", "L1", "L3", "--out", str(prov), "--data-dir", data) == 0
+    assert sorted(p.name for p in prov.iterdir()) == ["L1.json", "L2.json", "L3.json"]
+
+
 def test_tokens_lifecycle(tmp_path, capsys):
     data = str(tmp_path / "data")
     assert run_cli("tokens", "create", "svc", "--data-dir", data) == 2      # no rights given

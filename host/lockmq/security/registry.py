@@ -130,6 +130,14 @@ class DeviceRegistry:
         """Refuse SNs that fold (case-insensitively) onto another registered SN, onto
         each other, or onto a producer id a service already published under: consumers
         and the duplicate table must never mix a lock up with a lookalike."""
+        taken = [sn for sn in sns
+                 if self._db.execute("SELECT 1 FROM devices WHERE sn = ?", (sn,)).fetchone()]
+        if taken:   # all or nothing: name every one, so the operator can drop them
+            raise DeviceExists(f"already registered: {', '.join(sorted(set(taken)))}; "
+                               "nothing was added (remove those SNs and run it again)")
+        if len(set(sns)) != len(sns):
+            twice = sorted({sn for sn in sns if sns.count(sn) > 1})
+            raise DeviceExists(f"named more than once: {', '.join(twice)}; nothing was added")
         seen: dict[str, str] = {}
         for sn in sns:
             f = fold(sn)
