@@ -17,14 +17,14 @@ def fast_link(folder, broker_ports, **kw):
 #: Script lines that fill the heap, then free every third 200-byte block: small
 #: allocations still find room, the link's 512-byte socket reads do not (a real
 #: MemoryError in the link's session, on either interpreter). Frees with ``ballast = None``.
-FILL_HEAP = """
-ballast = []
-try:
-    while True:
-        ballast.append(bytearray(200))
-except MemoryError:
-    pass
-for i in range(0, len(ballast), 3):
-    ballast[i] = None
-gc.collect()
+LINK_OOM = """
+# The link's session runs out of memory. Injected where a session starts: the link
+# sizes its frames to the heap it finds free (frame limit = free/24), so filling
+# the heap first no longer makes one of its allocations fail reliably, and which
+# one fails would depend on the heap's holes.
+from lockapp import link as _link
+async def _session_out_of_memory(self, host, port):
+    raise MemoryError("memory allocation failed (injected)")
+_link.Link._session = _session_out_of_memory
+ballast = None
 """

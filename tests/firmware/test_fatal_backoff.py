@@ -16,18 +16,18 @@ import pytest
 
 from lockmq.testing.lock import KEY, SN
 
-from .helpers import FILL_HEAP, fast_link
+from .helpers import LINK_OOM, fast_link
 from .minibroker import MiniBroker
 
 FATAL_REBOOTS = 3
 
-#: One boot that runs out of memory in the link's session (helpers.FILL_HEAP) and
+#: One boot that runs out of memory in the link's session (helpers.LINK_OOM) and
 #: reboots; each run is a new interpreter, a fresh heap, as a board's machine.reset().
 SCRIPT = """
 import gc, asyncio
 from lockapp.app import App
 app = App()
-""" + FILL_HEAP + """
+""" + LINK_OOM + """
 print("main returned", asyncio.run(app.main()))
 """
 

@@ -16,17 +16,17 @@ import pytest
 
 from lockmq.testing.lock import KEY, SN
 
-from .helpers import FILL_HEAP, fast_link
+from .helpers import LINK_OOM, fast_link
 from .minibroker import MiniBroker
 
-#: Boot a lock, queue one event, then fill the heap (helpers.FILL_HEAP: the link's
-#: socket reads cannot be allocated). Then run the app.
+#: Boot a lock, queue one event, then make the link's session run out of memory
+#: (helpers.LINK_OOM). Then run the app.
 SCRIPT = """
 import gc, asyncio
 from lockapp.app import App
 app = App()
 app.emit("tamper")
-""" + FILL_HEAP + """
+""" + LINK_OOM + """
 print("main returned", asyncio.run(app.main()))
 ballast = app = None
 asyncio.new_event_loop()
