@@ -31,6 +31,7 @@ from lockmq.protocol import ErrorCode
 from lockmq.security import BrokerGuard, PermissionDenied, Principal
 
 from .logs import EventLog, Stats
+from .periodic import stop_task
 
 #: seconds between two looks at the registry file's data_version
 POLL_S = 0.25
@@ -173,13 +174,8 @@ class Admission:
 
     async def stop(self) -> None:
         """Stop watching."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-            self._task = None
+        await stop_task(self._task, self.log)
+        self._task = None
 
     async def _watch(self) -> None:
         while True:

@@ -11,7 +11,11 @@ import asyncio
 import inspect
 from typing import Any, Awaitable, Callable
 
+from lockmq.background import stop_task
+
 from .logs import EventLog
+
+__all__ = ["start_periodic", "stop_task"]
 
 
 def start_periodic(name: str, interval_s: float, fn: Callable[[], Awaitable[Any] | None],
@@ -30,14 +34,3 @@ def start_periodic(name: str, interval_s: float, fn: Callable[[], Awaitable[Any]
                 if log is not None:
                     log("periodic_failed", task=name, error=repr(exc), level="error")
     return asyncio.get_running_loop().create_task(loop(), name=name)
-
-
-async def stop_task(task: asyncio.Task[None] | None) -> None:
-    """Cancel ``task`` (if any) and wait until it has stopped."""
-    if task is None:
-        return
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass

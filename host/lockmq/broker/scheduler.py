@@ -53,6 +53,7 @@ from .admission import Admission
 from .commands import Commands, DetachedSender
 from .core import MAX_SEQ, BrokerCore, SystemSeq
 from .logs import EventLog, Stats
+from .periodic import stop_task
 from .publish import PublishPath, PublishRefused
 
 if TYPE_CHECKING:   # (types only)
@@ -199,13 +200,8 @@ class Scheduler:
 
     async def stop(self) -> None:
         """Stop the timer (an item cut mid-write is settled at the next start)."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-            self._task = None
+        await stop_task(self._task, self.log)
+        self._task = None
 
     def _rebuild(self) -> None:
         store = self.core.store

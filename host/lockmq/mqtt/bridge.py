@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from lockmq.config import BridgeSection
 
+from lockmq.background import stop_task
 from lockmq.security import SecurityError
 
 from . import codec as c
@@ -102,12 +103,7 @@ class Bridge:
     async def stop(self) -> None:
         """Leave the clusters (leases go back) and close the link."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await stop_task(self._task, self.log)
         if self.link is not None:
             self._drop(self.link, "bridge stopping")
 

@@ -14,6 +14,8 @@ import json
 import os
 from typing import Iterator
 
+from lockmq.store.files import atomic_write, make_dir
+
 from . import topics as t
 
 
@@ -56,12 +58,7 @@ class RetainedStore:
                 yield name, payload, qos
 
     def _save(self) -> None:
-        os.makedirs(self.dir, exist_ok=True)
+        make_dir(self.dir)
         body = {"version": 1, "retained": {
             n: [base64.b64encode(p).decode("ascii"), q] for n, (p, q) in self.messages.items()}}
-        tmp = self.path + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(json.dumps(body, sort_keys=True).encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(body, sort_keys=True).encode())

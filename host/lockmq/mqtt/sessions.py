@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lockmq.store.files import atomic_write, make_dir
+
 #: MQTT 5's "never expires"
 NEVER = 0xFFFFFFFF
 
@@ -103,17 +105,7 @@ class SessionStore:
 
     def save(self) -> None:
         """Write every persistent session atomically and durably."""
-        os.makedirs(self.dir, exist_ok=True)
+        make_dir(self.dir)
         body: dict[str, Any] = {"version": 1, "saved_ms": int(time.time() * 1000),
                                 "sessions": [asdict(s) for s in self.sessions.values()]}
-        tmp = self.path + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(json.dumps(body, sort_keys=True).encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write(self.path, json.dumps(body, sort_keys=True).encode())

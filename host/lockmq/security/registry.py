@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from lockmq.protocol import IDENTITY_RULE, identity_problem
+from lockmq.store.files import atomic_write
 
 from . import db, keys
 from .identity import fold
@@ -408,12 +409,6 @@ def provisioning_config(sn: str, key: bytes, **extra: Any) -> dict[str, Any]:
 
 
 def write_provisioning(path: str, doc: dict[str, Any]) -> None:
-    """Write a provisioning document with mode 0600 (it holds the device secret)."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write a provisioning document with mode 0600 (it holds the device secret),
+    atomically and durably."""
+    atomic_write(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
