@@ -19,7 +19,8 @@ import lockmq.broker
 from lockmq.broker.admin import Admin
 from lockmq.broker.auth import OpenGuard
 from lockmq.broker.commands import Commands
-from lockmq.broker.connection import Connection, Services
+from lockmq.broker.connection import Connection
+from lockmq.broker.services import Services
 from lockmq.broker.devices import Devices
 from lockmq.broker.periodic import start_periodic, stop_task
 from lockmq.broker.publish import PublishPath
