@@ -346,3 +346,25 @@ def test_a_connection_takes_no_attribute_beyond_its_slots() -> None:
     conn = Connection.__new__(Connection)
     with pytest.raises(AttributeError):
         conn.txn_groups = set()   # what transactions.py used to add
+
+
+def test_extension_points_are_declared_when_the_broker_is_built(broker) -> None:
+    """Replication and the registry announcer get narrow collaborators, never the
+    broker, and nothing is patched onto a running one: the admin ops are declared
+    once each, the durability gate once and before the core opens."""
+    from lockmq.registry.announce import broker_announcer
+    from lockmq.replication.primary import primary_source
+
+    for hook in (primary_source, broker_announcer):
+        assert "broker" not in inspect.signature(hook).parameters, hook.__name__
+    for path in LOCKMQ_DIR.rglob("*.py"):
+        if path.name != "core.py":
+            src = path.read_text()
+            assert not re.search(r"\.after_durable\s*=[^=]", src), path
+            assert not re.search(r"admin\.ops\[[^]]+\]\s*=[^=]|admin\.ops\.update", src), path
+    b = broker.broker
+    assert {"replica.fetch", "replica.status", "scheduled.list", "txn.list"} <= set(b.admin.ops)
+    with pytest.raises(ValueError, match="declared twice"):
+        b.admin.declare({"ping": lambda args: {"ok": True}})
+    with pytest.raises(RuntimeError, match="declared once"):
+        b.core.gate_acks(lambda end, released: released(None))

@@ -28,11 +28,11 @@ from lockmq.config import Config, ConfigError
 from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
-from lockmq.registry.announce import Announcer, start_announcer
+from lockmq.registry.announce import Announcer, broker_announcer
 from lockmq.mqtt import MqttServer, start_mqtt
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import reload_on_sighup, stop_on_signals
-from lockmq.replication.primary import attach_primary
+from lockmq.replication.primary import primary_source
 from lockmq.replication.standby import follow_if_standby
 
 from .firmware_bundles import FirmwareBundles
@@ -130,13 +130,19 @@ class Broker:
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
-        self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
+        # replication's primary side: the replica.* ops, and in sync mode the core's gate
+        self.replication = primary_source(config, self.core, stats, log)
+        self.admin.declare(self.replication.ops())
+        if self.replication.durable_gate is not None:
+            self.core.gate_acks(self.replication.durable_gate)
         self.status.extra_gauges.append(self.replication.gauges)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
-        self.announcer: Announcer | None = None   # [registry]: registers this gateway
+        #: [registry]: registers this gateway once it listens (None: no registries)
+        self.announcer: Announcer | None = broker_announcer(
+            config, self.core.topics, lambda: (self.port, self.tls_port), log)
         self.mqtt: MqttServer | None = None        # [mqtt]: the MQTT listener (lockmq.mqtt)
         #: the TLS listeners' context (None without TLS); a reload loads a new
         #: certificate into it
@@ -205,7 +211,8 @@ class Broker:
         self.commands.start()
         self.admission.start()
         self.devices.broker_started()
-        self.announcer = start_announcer(self)
+        if self.announcer is not None:
+            self.announcer.start()
         self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
                                      self.guard, self.log, self.stats, Member, ClusterError)
         if self.mqtt is not None:
