@@ -8,15 +8,12 @@ Memory per connection is bounded by ``max_frame`` (decoder) and
 ``max_conn_buffer_bytes`` (unsent answers and publishes waiting for the store:
 above it the broker stops reading from this peer).
 
-The session (``lockmq.protocol.ServerSession``) says which frames each role may send
-when; the guard who a peer is. After the handshake (``login.py``) each frame goes to
-the handler its opcode has in the one table the features registered when the broker
-was built (``Services.handlers``): PUBLISH to ``intake.py`` (a part of this class:
-the hot path), SUBSCRIBE..NACK to ``consumers.py``, COMMAND to ``commands.py``,
-ADMIN_REQUEST to ``admin.py``, and so on. A handler sees the connection as a
-``peer.Peer``. Before authentication every violation is fatal and the socket is
-aborted rather than drained, so an unauthenticated peer can make the broker hold
-almost nothing.
+After the handshake (``login.py``) each frame goes to the handler of its opcode in
+the one table the features registered when the broker was built
+(``Services.handlers``): PUBLISH to ``intake.py`` (a base of this class: the hot
+path), SUBSCRIBE..NACK to ``consumers.py``, COMMAND to ``commands.py``, and so on;
+a handler sees the connection as a ``peer.Peer``. Before authentication every
+violation is fatal and the socket is aborted rather than drained.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from typing import Any
 
 from lockmq import accel
 from lockmq.protocol import (ESTABLISHED, ErrorCode, ErrorReply, Flag, FrameDecoder, Op,
-                             ProtocolError, Role, ServerSession, SessionError, UnknownOpcode,
-                             op_name)
+                             ProtocolError, Role, ServerSession, UnknownOpcode, op_name)
 from lockmq.protocol._fast import feed_publishes, take_frame, take_publishes, \
     take_sealed_publishes
 from lockmq.security import ConnectionRefused, Principal, SecurityError
@@ -291,25 +287,6 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
                 break
         return n
 
-    def _frame_failed(self, frame: Any, exc: Exception) -> bool:
-        """Answer what handling ``frame`` raised; False: stop reading this peer."""
-        if isinstance(exc, SessionError):
-            if exc.fatal:
-                self._session_violation(exc, frame)
-                return False
-            self.send_error(exc.code, exc.message, frame.opaque)
-        elif isinstance(exc, ProtocolError):
-            self._bad_input(exc)
-            return False
-        else:   # a broker bug or a store error
-            b = self.services
-            b.log("internal_error", conn=self.id, peer=self.peer,
-                  op=op_name(frame.opcode), error=repr(exc), level="error")
-            b.stats.inc("internal_errors")
-            self.send_error(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}",
-                            frame.opaque)
-        return True
-
     # -- output -----------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
@@ -379,13 +356,6 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
             self.fatal(exc.code, msg, retry_after_ms=exc.retry_after_ms, opaque=opaque)
         else:
             self.send_error(exc.code, msg, opaque, retry_after_ms=exc.retry_after_ms)
-
-    def _bad_input(self, exc: ProtocolError) -> None:
-        self.services.stats.inc("bad_frames")
-        self.services.guard.record_protocol_error(self.peer_ip, type(exc).__name__)
-        self.services.log("bad_frame", conn=self.id, peer=self.peer, sn=self.claimed_sn,
-                        code=exc.code, error=exc.message, level="warning")
-        self.fatal(exc.code, exc.message)
 
     # -- dispatch ---------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The handshake of a connection: CONNECT -> CHALLENGE, AUTH -> CONNECT_ACK (or the
 refusal), the deadline that ends one not finished in time, and what a break of the
-session's rules costs the peer.
+session's rules or a broken frame costs the peer.
 
 The rules themselves -- which frame each state and role may send -- are the
 protocol session's (``lockmq.protocol.ServerSession``); who a peer is, the guard's.
@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.protocol import NO_SEQ, ConnectAck, ErrorCode, Role, SessionError, op_name
+from lockmq.protocol import (NO_SEQ, ConnectAck, ErrorCode, ProtocolError, Role, SessionError,
+                             op_name)
 from lockmq.security import SecurityError
 
 if TYPE_CHECKING:   # (types only: the connection is built from this class)
@@ -43,6 +44,12 @@ class Handshake:
         decoder: Any
         out: list[bytes]
         transport: Any
+
+        def fatal(self, code: int, message: str, retry_after_ms: int = 0,
+                  opaque: int = 0) -> None: ...
+
+        def send_error(self, code: int, message: str, opaque: int, retry_after_ms: int = 0,
+                       response: bool = True) -> None: ...
 
     def _handshake_timeout(self) -> None:
         """Not authenticated in time: answer once and drop the socket at once, whatever
@@ -149,3 +156,28 @@ class Handshake:
             b.devices.online(self)
             b.commands.lock_online(self)
 
+    def _frame_failed(self, frame: Any, exc: Exception) -> bool:
+        """Answer what handling ``frame`` raised; False: stop reading this peer."""
+        if isinstance(exc, SessionError):
+            if exc.fatal:
+                self._session_violation(exc, frame)
+                return False
+            self.send_error(exc.code, exc.message, frame.opaque)
+        elif isinstance(exc, ProtocolError):
+            self._bad_input(exc)
+            return False
+        else:   # a broker bug or a store error
+            b = self.services
+            b.log("internal_error", conn=self.id, peer=self.peer,
+                  op=op_name(frame.opcode), error=repr(exc), level="error")
+            b.stats.inc("internal_errors")
+            self.send_error(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}",
+                            frame.opaque)
+        return True
+
+    def _bad_input(self, exc: ProtocolError) -> None:
+        self.services.stats.inc("bad_frames")
+        self.services.guard.record_protocol_error(self.peer_ip, type(exc).__name__)
+        self.services.log("bad_frame", conn=self.id, peer=self.peer, sn=self.claimed_sn,
+                        code=exc.code, error=exc.message, level="warning")
+        self.fatal(exc.code, exc.message)
