@@ -72,7 +72,7 @@ class Admin:
         self.core = core
         self.online_devices = devices
         self.pending_commands = commands
-        self.connections = connections
+        self.open_connections = connections
         self.admission = admission
         #: the protocol listeners' sockets (their accept queue, in ``stats``)
         self.listeners = listeners
@@ -169,7 +169,8 @@ class Admin:
         return {"ok": True, "broker": self.counters.snapshot(),
                 "store": dict(store.stats) if store else {},
                 "log_bytes": (store.log_end - store.log_start) if store else 0,
-                "connections": len(self.connections), "max_connections": self.connections.limit,
+                "connections": len(self.open_connections),
+                "max_connections": self.open_connections.limit,
                 "devices_online": len(self.online_devices.online_by_sn),
                 "accept_queue": self._accept_queue(),
                 "auth": self.guard.auth_mode,
@@ -215,8 +216,8 @@ class Admin:
 
     def connections(self, args: dict[str, Any]) -> dict[str, Any]:
         """``connections``: every open connection."""
-        conns = [c.info() for c in list(self.connections.by_id.values())[:MAX_LIST]]
-        return {"ok": True, "count": len(self.connections), "connections": conns}
+        conns = [c.info() for c in list(self.open_connections.by_id.values())[:MAX_LIST]]
+        return {"ok": True, "count": len(self.open_connections), "connections": conns}
 
     def commands(self, args: dict[str, Any]) -> dict[str, Any]:
         """``commands``: downlink commands waiting per lock."""
