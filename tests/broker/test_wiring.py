@@ -368,3 +368,22 @@ def test_extension_points_are_declared_when_the_broker_is_built(broker) -> None:
         b.admin.declare({"ping": lambda args: {"ok": True}})
     with pytest.raises(RuntimeError, match="declared once"):
         b.core.gate_acks(lambda end, released: released(None))
+
+
+def test_the_connection_is_a_peer() -> None:
+    """Every member the ``Peer`` interface declares, the connection has (an
+    attribute in its slots, or a method/property with the same parameters)."""
+    from lockmq.broker.peer import Peer
+
+    slots = {s for cls in Connection.__mro__ for s in getattr(cls, "__slots__", ())}
+    for name in Peer.__annotations__:
+        assert name in slots or hasattr(Connection, name), name
+    for name, want in vars(Peer).items():
+        if name.startswith("_") or not (callable(want) or isinstance(want, property)):
+            continue
+        got = getattr(Connection, name)
+        if isinstance(want, property):
+            assert isinstance(got, property), name
+            continue
+        assert [p.name for p in inspect.signature(got).parameters.values()] == \
+            [p.name for p in inspect.signature(want).parameters.values()], name

@@ -37,7 +37,7 @@ from lockmq.config import TransactionsSection
 from lockmq.protocol import ErrorCode, Flag, Op
 from lockmq.protocol import Command, CommandResult, ProtocolError, PublishAck
 from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
-from lockmq.security import BrokerGuard, SecurityError
+from lockmq.security import BrokerGuard, Principal, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
@@ -92,7 +92,6 @@ class Pending:
 
     def owner_principal(self) -> Any:
         """Who stored it, as far as the record knows (to match a revocation)."""
-        from lockmq.security import Principal
         return Principal(name=self.owner, kind="service", token_id=self.tok,
                          token_name=self.owner)
 
