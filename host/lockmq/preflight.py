@@ -14,7 +14,7 @@ import errno
 import os
 from typing import Any
 
-from lockmq.config import ANY_FREE_PORT, ConfigError
+from lockmq.config_base import ANY_FREE_PORT, ConfigError
 
 
 def check_ports(cfg: Any) -> None:

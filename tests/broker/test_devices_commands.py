@@ -177,3 +177,16 @@ def test_waiting_commands_are_capped_in_bytes_per_sender_and_per_lock(make_broke
         info = svc.admin("commands")
     op = cmd(svc, "LOCK-B3", 1000)
     assert svc.admin("commands")["queued"].get("LOCK-B3") == 1, op
+
+
+def test_the_connections_admin_op_lists_each_connection_with_its_subscriptions(broker):
+    """(The op's name was shadowed by the Admin attribute of the same name: every
+    call answered INTERNAL.)"""
+    watch = open_peer(broker.port)
+    watch.subscribe("$devices", "ops")
+    open_peer(broker.port, sn="LOCK-C", role=Role.LOCK)
+    got = watch.admin("connections")
+    assert got["ok"] and got["count"] == 2
+    by_name = {c["name"]: c for c in got["connections"]}
+    assert by_name["LOCK-C"]["kind"] == "lock" and by_name["LOCK-C"]["subscriptions"] == 0
+    assert [c["subscriptions"] for c in got["connections"] if c["name"] != "LOCK-C"] == [1]

@@ -62,12 +62,10 @@ def test_unknown_opcode_is_refused_but_connection_kept(broker):
 
 def test_a_handler_bug_is_answered_internal_and_the_frames_after_it_are_served(
         broker, monkeypatch):
-    from lockmq.broker import connection
-
     def broken(conn, frame):
         raise RuntimeError("injected handler bug")
 
-    monkeypatch.setitem(connection._HANDLERS, Op.HEARTBEAT, broken)
+    monkeypatch.setitem(broker.broker.handlers, Op.HEARTBEAT, broken)
     p = open_peer(broker.port, sn="LOCK-I", role=Role.LOCK)
     # one read: the broken frame between two publishes
     hb = Heartbeat(0, 5, 0, 0, 80, 1000).encode()

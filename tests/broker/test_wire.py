@@ -11,7 +11,7 @@ import json
 from hypothesis import given, strategies as st
 
 from lockmq.broker.clusters import Lease, Source
-from lockmq.broker.connection import encode_leases
+from lockmq.broker.consumers import encode_leases
 from lockmq.protocol import Message, Messages
 from lockmq.store import StoredRecord
 
@@ -51,9 +51,9 @@ _plain = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 0xFFFF),
 def test_the_compiled_encoder_writes_the_python_ones_bytes(items, odd):
     """``_core.encode_leases`` writes every batch without headers or retries as the
     Python loop does, and leaves every other one (None) to it."""
-    from lockmq.broker import connection
+    from lockmq.broker import consumers
 
-    if connection._encode_leases_c is None:
+    if consumers._encode_leases_c is None:
         return   # (not built, or LOCKMQ_PURE_PYTHON: the Python loop is all there is)
     leases = []
     for qo, d, sn, seq, lts, bts, t, p in items:
@@ -73,17 +73,17 @@ def test_the_compiled_encoder_writes_the_python_ones_bytes(items, odd):
             last.rec = last.rec._replace(sn="é" * 128)   # 256 bytes of UTF-8
         else:
             last.deliveries = 0x10000
-    got = connection._encode_leases_c(7, leases)
+    got = consumers._encode_leases_c(7, leases)
     if odd in ("", "empty headers") or not leases:
-        assert got == connection._encode_leases_py(7, leases)
+        assert got == consumers._encode_leases_py(7, leases)
     else:
         assert got is None
 
 
 def test_more_leases_than_a_messages_body_counts_are_the_python_ones():
-    from lockmq.broker import connection
+    from lockmq.broker import consumers
 
     rec = StoredRecord(0, 1, "t", "LK", 1, 0, 0, None, b"")
     leases = [Lease(Source("t", 0), 1, rec) for _ in range(0x10000)]
-    if connection._encode_leases_c is not None:
-        assert connection._encode_leases_c(7, leases) is None
+    if consumers._encode_leases_c is not None:
+        assert consumers._encode_leases_c(7, leases) is None

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from lockmq.broker import connection
+from lockmq.broker import connection, intake
 from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, _fast, \
     decode_body, encode_frame
 from lockmq.testing import FAST_TIMERS, BrokerThread, Peer, SecureBroker, merge_tables, open_peer
@@ -27,17 +27,17 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[BrokerThread]:
     if request.param != "pure":
         monkeypatch.setattr(connection, "_scan_publishes", SPEEDUPS.scan_publishes)
-        monkeypatch.setattr(connection, "_publish_acks", SPEEDUPS.publish_acks)
+        monkeypatch.setattr(intake, "_publish_acks", SPEEDUPS.publish_acks)
         monkeypatch.setattr(connection, "_scan_frame", SPEEDUPS.scan_frame)
         monkeypatch.setattr(connection, "SCAN_LIMIT", 3)   # a read takes several scans
         # the runs of scanned publishes queued in C, or by their pure twins
         pure_queue = request.param == "scanner+pure-queue"
-        monkeypatch.setattr(connection, "_queue_run",
+        monkeypatch.setattr(intake, "_queue_run",
                             _fast.queue_run if pure_queue else SPEEDUPS.queue_run)
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
         monkeypatch.setattr(connection, "_scan_frame", None)
-        monkeypatch.setattr(connection, "_publish_acks", _fast.publish_acks)
+        monkeypatch.setattr(intake, "_publish_acks", _fast.publish_acks)
     # small store batches: a read's publishes cross several of them
     b = BrokerThread(str(tmp_path / "data"),
                      **merge_tables(FAST_TIMERS, {"broker": {"max_publish_batch": 3}})).start()

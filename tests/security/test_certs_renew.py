@@ -11,7 +11,7 @@ import sys
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from lockmq.client.embedded import EmbeddedBroker
+from lockmq.broker.embedded import EmbeddedBroker
 from lockmq.client.session import Credentials, Endpoint, open_session
 from lockmq.protocol import Role
 from lockmq.security import DeviceRegistry, SecurityConfig

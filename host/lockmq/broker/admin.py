@@ -8,12 +8,14 @@ principal (the connection asks ``guard.check_admin`` first); locks get none.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Mapping
 
 from lockmq.config import Config
-from lockmq.security import BrokerGuard
+from lockmq.protocol import Flag, Op, decode_json, encode_json
+from lockmq.security import BrokerGuard, SecurityError
 from lockmq.store import NewRecord
 
 from .acceptq import accept_queue, tcp_ext_counters
@@ -22,9 +24,8 @@ from .commands import Commands
 from .core import BrokerCore
 from .devices import Devices
 from .logs import EventLog, Stats
+from .peer import Connections, Handler, Peer
 
-if TYPE_CHECKING:   # (types only: connections call this module, not the reverse)
-    from .connection import Connections
 
 MAX_LIST = 1000
 
@@ -57,8 +58,12 @@ class Admin:
 
     def __init__(self, config: Config, stats: Stats, log: EventLog, guard: BrokerGuard,
                  core: BrokerCore, devices: Devices, commands: Commands,
-                 connections: "Connections",
-                 listeners: Callable[[], list[socket.socket]] = list) -> None:
+                 connections: Connections,
+                 listeners: Callable[[], list[socket.socket]] = list,
+                 admission: Any = None) -> None:
+        """``admission``: the one rights decision (admission.py; None: the guard's
+        check alone). More ops are declared with :meth:`declare` while the broker is
+        built."""
         # (named apart from the ops of the same names below)
         self.cfg = config
         self.counters = stats
@@ -67,7 +72,8 @@ class Admin:
         self.core = core
         self.online_devices = devices
         self.pending_commands = commands
-        self.connections = connections
+        self.open_connections = connections
+        self.admission = admission
         #: the protocol listeners' sockets (their accept queue, in ``stats``)
         self.listeners = listeners
         self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -85,6 +91,42 @@ class Admin:
             "clusters.reset": self.clusters_reset,
             "clusters.delete": self.clusters_delete,
         }
+
+    def declare(self, ops: Mapping[str, Callable[[dict[str, Any]], Any]]) -> None:
+        """Add a feature's ops (``scheduled.*``, ``txn.*``, ``fw.*``, ``replica.*``)
+        while the broker is built; an op name declared twice is a wiring bug."""
+        taken = sorted(set(ops) & set(self.ops))
+        if taken:
+            raise ValueError(f"admin ops declared twice: {', '.join(taken)}")
+        self.ops.update(ops)
+
+    def handlers(self) -> dict[int, Handler]:
+        """This feature's part of the connection's dispatch table."""
+        return {Op.ADMIN_REQUEST: self.on_request}
+
+    def on_request(self, peer: Peer, frame: Any) -> None:
+        """An ADMIN_REQUEST frame: the rights checked, the op run, ADMIN_RESPONSE (once
+        the op's awaitable is done, for a write op)."""
+        req = decode_json(frame.body)
+        self.counters.c["admin_requests"] += 1
+        principal = peer.principal
+        try:
+            (self.admission or self.guard).check_admin(principal, str(req.get("op", "")))
+        except SecurityError as exc:
+            peer.send_frame(Op.ADMIN_RESPONSE, encode_json(
+                {"ok": False, "error": "FORBIDDEN",
+                 "message": exc.public_message or str(exc)}),
+                frame.opaque, Flag.RESPONSE)
+            return
+        reply = self.handle(principal, req)
+        if asyncio.isfuture(reply) or asyncio.iscoroutine(reply):
+            async def later() -> None:
+                out = await reply
+                peer.send_frame(Op.ADMIN_RESPONSE, encode_json(out), frame.opaque,
+                                Flag.RESPONSE)
+            asyncio.ensure_future(later())
+            return
+        peer.send_frame(Op.ADMIN_RESPONSE, encode_json(reply), frame.opaque, Flag.RESPONSE)
 
     def handle(self, principal: Any, req: dict[str, Any]) -> Any:
         """Answer one request (a dict, or an awaitable of one for write ops)."""
@@ -127,7 +169,8 @@ class Admin:
         return {"ok": True, "broker": self.counters.snapshot(),
                 "store": dict(store.stats) if store else {},
                 "log_bytes": (store.log_end - store.log_start) if store else 0,
-                "connections": len(self.connections), "max_connections": self.connections.limit,
+                "connections": len(self.open_connections),
+                "max_connections": self.open_connections.limit,
                 "devices_online": len(self.online_devices.online_by_sn),
                 "accept_queue": self._accept_queue(),
                 "auth": self.guard.auth_mode,
@@ -173,8 +216,8 @@ class Admin:
 
     def connections(self, args: dict[str, Any]) -> dict[str, Any]:
         """``connections``: every open connection."""
-        conns = [c.info() for c in list(self.connections.by_id.values())[:MAX_LIST]]
-        return {"ok": True, "count": len(self.connections), "connections": conns}
+        conns = [c.info() for c in list(self.open_connections.by_id.values())[:MAX_LIST]]
+        return {"ok": True, "count": len(self.open_connections), "connections": conns}
 
     def commands(self, args: dict[str, Any]) -> dict[str, Any]:
         """``commands``: downlink commands waiting per lock."""

@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 from lockmq.protocol import ErrorCode
-from lockmq.security import BrokerGuard, PermissionDenied, Principal
+from lockmq.security import BrokerGuard, PermissionDenied, Permissions, Principal
 
 from .logs import EventLog, Stats
 from .periodic import stop_task
@@ -147,7 +147,6 @@ class Admission:
         :meth:`check_command` with ``fresh=True``."""
         tokens = getattr(self.guard, "tokens", None)
         if tokens is None:      # auth off: the admin-or-service of then, as then
-            from lockmq.security import Permissions
             return Principal(name=name, kind="admin" if admin else "service",
                              permissions=Permissions(admin=admin), token_name=token_name)
         info = tokens.get(token_id) if token_id else None

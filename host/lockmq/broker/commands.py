@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from lockmq.config import CommandsSection
 from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Flag, Op
@@ -45,10 +45,9 @@ from lockmq.security.commands import command_frame_size
 
 from .admission import Admission
 from .logs import EventLog, Stats
+from .peer import Handler, Peer
 from .periodic import start_periodic, stop_task
 
-if TYPE_CHECKING:   # (types only: connections call this module, not the reverse)
-    from .connection import Connection
 
 
 #: SNs whose stated frame limit is remembered while they are offline (bounded: with
@@ -62,7 +61,7 @@ class Pending:
     __slots__ = ("sender", "opaque", "cmd", "broker_id", "sent_at", "received_ms", "lock_conn",
                  "owner", "cost", "attempts", "done", "deadline")
 
-    def __init__(self, sender: "Connection", opaque: int, cmd: Command, broker_id: int,
+    def __init__(self, sender: Peer, opaque: int, cmd: Command, broker_id: int,
                  owner: str = "", cost: int = 0) -> None:
         self.sender = sender
         self.opaque = opaque
@@ -73,7 +72,7 @@ class Pending:
         #: when it expires, on the monotonic clock: a step of the wall clock neither
         #: expires a waiting command early nor keeps it past its time
         self.deadline = time.monotonic() + (cmd.expires_ms - self.received_ms) / 1000
-        self.lock_conn: "Connection | None" = None
+        self.lock_conn: Peer | None = None
         self.owner = owner          # whose caps it counts against
         self.cost = cost            # bytes it counts for (its frame to the lock)
         self.attempts = 0           # times sent to the lock
@@ -124,7 +123,7 @@ class Commands:
     """Queues, forwards and matches downlink commands (see the module docstring)."""
 
     def __init__(self, cfg: CommandsSection, stats: Stats, log: EventLog, guard: BrokerGuard,
-                 online_lock: Callable[[str], "Connection | None"],
+                 online_lock: Callable[[str], Peer | None],
                  admission: Admission | None = None) -> None:
         self.cfg = cfg
         self.stats = stats
@@ -148,6 +147,18 @@ class Commands:
         self.lock_limits: dict[str, int] = {}            # SN -> max_frame it last stated
         self._task: asyncio.Task[Any] | None = None
 
+    def handlers(self) -> dict[int, Handler]:
+        """This feature's part of the connection's dispatch table."""
+        return {Op.COMMAND: self.on_command, Op.COMMAND_RESULT: self.on_result}
+
+    def on_command(self, peer: Peer, frame: Any) -> None:
+        """A service's COMMAND frame."""
+        self.submit(peer, frame.opaque, Command.decode(frame.body))
+
+    def on_result(self, peer: Peer, frame: Any) -> None:
+        """A lock's COMMAND_RESULT frame."""
+        self.result(peer, CommandResult.decode(frame.body))
+
     def start(self) -> None:
         """Start the expiry sweep."""
         self._task = start_periodic("lockmq-commands", 1.0, self.sweep, self.log)
@@ -156,7 +167,7 @@ class Commands:
         """Stop the sweep."""
         await stop_task(self._task)
 
-    def submit(self, sender: "Connection", opaque: int, cmd: Command) -> None:
+    def submit(self, sender: Peer, opaque: int, cmd: Command) -> None:
         """A service's COMMAND (or one the broker issues for someone: a scheduled or
         committed command, whose sender is a DetachedSender): check, queue, forward if
         the lock is online. The rights are those of the sender *now* (a detached
@@ -281,7 +292,7 @@ class Commands:
                 if e[0] <= 0:
                     del table[key]
 
-    def _refuse(self, sender: "Connection", opaque: int, reason: str, code: int, message: str,
+    def _refuse(self, sender: Peer, opaque: int, reason: str, code: int, message: str,
                 retry_after_ms: int = 0, **fields: Any) -> None:
         """Answer a refused command; count it and log it (one line per reason per
         second at most, with how many were not logged)."""
@@ -292,7 +303,7 @@ class Commands:
                          reason=reason, sender=getattr(sender.principal, "name", "?"),
                          message=message, level="warning", **fields)
 
-    def lock_online(self, lock: "Connection") -> None:
+    def lock_online(self, lock: Peer) -> None:
         """A lock connected: remember the frame limit it stated, send what waits for it."""
         sn = lock.principal.name
         n = lock.peer_max_frame
@@ -303,7 +314,7 @@ class Commands:
                 del self.lock_limits[next(iter(self.lock_limits))]
         self._forward_all(lock)
 
-    def _forward_all(self, lock: "Connection") -> None:
+    def _forward_all(self, lock: Peer) -> None:
         sn = lock.principal.name
         q = self.queued.pop(sn, None)
         if not q:
@@ -316,7 +327,7 @@ class Commands:
                 continue
             self._forward(lock, p)
 
-    def _forward(self, lock: "Connection", p: Pending) -> None:
+    def _forward(self, lock: Peer, p: Pending) -> None:
         sn = lock.principal.name
         c = p.cmd
         # The lock may have reconnected stating a smaller limit since the submit.
@@ -352,7 +363,7 @@ class Commands:
         lock.send_frame(Op.COMMAND, out.encode(), p.broker_id)
         self.stats.inc("commands_forwarded")
 
-    def result(self, lock: "Connection", res: CommandResult) -> None:
+    def result(self, lock: Peer, res: CommandResult) -> None:
         """A lock's COMMAND_RESULT: pass it to the sender."""
         sn = lock.principal.name
         p = self._take_forwarded(sn, res.cmd_id)
@@ -380,7 +391,7 @@ class Commands:
             p.cmd.target, p.cmd.cmd_id or p.broker_id, status, detail[:1000]).encode(), p.opaque,
             Flag.RESPONSE)
 
-    def connection_closed(self, conn: "Connection") -> None:
+    def connection_closed(self, conn: Peer) -> None:
         """A lock left before answering: the commands sent on that connection wait for
         the lock again (or go at once to its newer connection, if it reconnected)."""
         if not conn.principal or conn.principal.kind != "lock":

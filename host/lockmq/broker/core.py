@@ -128,14 +128,22 @@ class BrokerCore:
         #: system-record appends handed to the store and not answered yet
         self.system_pending = 0
         #: the one gate of both :meth:`append` and :meth:`append_then` between durable
-        #: and answered (sync replication installs "until the standby has it":
-        #: lockmq.replication.primary); None: answer once durable
+        #: and answered (sync replication declares "until the standby has it":
+        #: :meth:`gate_acks`); None: answer once durable
         self.after_durable: AfterDurable | None = None
         self._clock_path = ""
         self._clock_ticks = 0
         #: every cluster with a positions file (live or not) -> its owner ("" for
         #: files from before owners were saved: the next subscriber claims it)
         self.cluster_owners: dict[str, str] = {}
+
+    def gate_acks(self, gate: AfterDurable) -> None:
+        """Declare the gate between durable and acknowledged (sync replication's
+        ``ReplicaSource.after_durable``) while the broker is built: one gate, set
+        before the store opens -- never swapped under a running broker."""
+        if self.after_durable is not None or self.store is not None:
+            raise RuntimeError("the durability gate is declared once, before the core opens")
+        self.after_durable = gate
 
     # -- life cycle -----------------------------------------------------------------
 

@@ -30,18 +30,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .firmware_bundles import lock_firmware
 from lockmq.config import DevicesSection
-from lockmq.protocol import Disconnect, Op
+from lockmq.protocol import Disconnect, Flag, Heartbeat, Op
 from lockmq.security import BrokerGuard, SecurityError
 
 from .logs import EventLog, Stats
+from .peer import Connections, Handler, Peer
 from .periodic import start_periodic, stop_task
 
-if TYPE_CHECKING:   # (types only: connections call this module, not the reverse)
-    from .connection import Connection, Connections
 
 #: ``publish_system(topic, payload, lock_ts_ms=0)``: store a broker record
 #: (``BrokerCore.publish_system``)
@@ -74,7 +73,7 @@ class Devices:
     """The locks online now, keyed by SN (one connection per SN)."""
 
     def __init__(self, cfg: DevicesSection, stats: Stats, log: EventLog, guard: BrokerGuard,
-                 publish_system: PublishSystem, connections: "Connections") -> None:
+                 publish_system: PublishSystem, connections: Connections) -> None:
         self.cfg = cfg
         self.stats = stats
         self.log = log
@@ -82,7 +81,7 @@ class Devices:
         self.publish_system = publish_system
         #: every open connection (the silence sweep closes any of them)
         self.connections = connections
-        self.online_by_sn: dict[str, "Connection"] = {}
+        self.online_by_sn: dict[str, Peer] = {}
         #: locks that went offline since the broker started: SN -> (wall time, reason),
         #: the oldest first; at most MAX_GONE (an SN flood must not grow it forever)
         self.gone: dict[str, tuple[float, str]] = {}
@@ -95,6 +94,24 @@ class Devices:
         for name in ("heartbeats", "heartbeats_refused", "heartbeat_records",
                      "heartbeat_records_skipped"):
             stats.c.setdefault(name, 0)
+
+    def handlers(self) -> dict[int, Handler]:
+        """This feature's part of the connection's dispatch table."""
+        return {Op.HEARTBEAT: self.on_heartbeat}
+
+    def on_heartbeat(self, peer: Peer, frame: Any) -> None:
+        """A HEARTBEAT frame: counted inside the per-lock rate, recorded, answered."""
+        peer.heartbeat = hb = Heartbeat.decode(frame.body)
+        try:   # heartbeats count inside the per-lock rate (issue 10 item 8)
+            self.check_heartbeat(peer)
+        except SecurityError as exc:   # RateLimited: answer it, keep the link
+            if not frame.flags & Flag.ONEWAY:
+                peer.refused(exc, frame.opaque)
+            return
+        if peer.is_device and frame.body:
+            self.heartbeat(peer, hb)
+        if not frame.flags & Flag.ONEWAY:
+            peer.send_frame(Op.HEARTBEAT, b"", frame.opaque, Flag.RESPONSE)
 
     def start(self) -> None:
         """Start the silence sweep."""
@@ -116,7 +133,7 @@ class Devices:
                  online=len(self.online_by_sn),
                  level="info" if event in _ALWAYS_LOGGED else "debug")
 
-    def online(self, conn: "Connection") -> None:
+    def online(self, conn: Peer) -> None:
         """A lock authenticated: register it (closing an older connection of its SN)."""
         sn = conn.principal.name
         old = self.online_by_sn.get(sn)
@@ -138,7 +155,7 @@ class Devices:
         (after a crash no ``offline`` events were written)."""
         self._event("", "broker_start", "")
 
-    def offline(self, conn: "Connection", event: str = "offline", reason: str = "") -> None:
+    def offline(self, conn: Peer, event: str = "offline", reason: str = "") -> None:
         """A lock's connection ended (``event`` is ``offline`` or ``evicted``)."""
         if not conn.is_device:
             return
@@ -169,7 +186,7 @@ class Devices:
                     0, f"no heartbeat for {cfg.evict_after_s:g} s").encode())
                 conn.close("evicted")
 
-    def check_heartbeat(self, conn: "Connection") -> None:
+    def check_heartbeat(self, conn: Peer) -> None:
         """Count a HEARTBEAT inside its sender's per-lock rate, or raise the guard's
         RATE_LIMITED error (the caller answers it; the connection stays).
 
@@ -190,7 +207,7 @@ class Devices:
             raise
         conn.heartbeat_answered_at = now
 
-    def heartbeat(self, conn: "Connection", hb: Any) -> None:
+    def heartbeat(self, conn: Peer, hb: Any) -> None:
         """A lock's HEARTBEAT: publish it to the heartbeats topic (if set), at most one
         record per lock per ``heartbeat_record_gap_s``."""
         topic = self.cfg.heartbeats_topic
@@ -213,7 +230,7 @@ class Devices:
         self.publish_system(topic, json.dumps(body, separators=(",", ":")).encode(),
                                         lock_ts_ms=hb.ts_ms)
 
-    def online_lock(self, sn: str) -> "Connection | None":
+    def online_lock(self, sn: str) -> Peer | None:
         """The connection of lock ``sn`` if it is online now."""
         return self.online_by_sn.get(sn)
 

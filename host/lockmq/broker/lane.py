@@ -64,7 +64,8 @@ from .logs import Stats
 from .publish import PublishPath
 
 if TYPE_CHECKING:   # (connection.py imports this module)
-    from .connection import Connection, Connections
+    from .intake import PublishIntake as Connection   # (the part of it the lane calls)
+    from .peer import Connections
 
 #: the compiled lane (lockmq._core.Lane), or None (pure Python)
 LANE_TYPE: Any = accel.speedups.Lane if accel.COMPILED else None

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from lockmq.clock import steady_ms_of
 from lockmq.config import ScheduledSection
@@ -53,11 +53,10 @@ from .admission import Admission
 from .commands import Commands, DetachedSender
 from .core import MAX_SEQ, BrokerCore, SystemSeq
 from .logs import EventLog, Stats
+from .peer import Handler, Peer
 from .periodic import stop_task
 from .publish import PublishPath, PublishRefused
 
-if TYPE_CHECKING:   # (types only)
-    from .connection import Connection
 
 #: the internal topic of scheduled items and their op records
 TOPIC = "$scheduled"
@@ -267,9 +266,14 @@ class Scheduler:
             self.stats.inc("scheduled_dedup", len(found))
             self.log("scheduled_settled", written_before_crash=len(found), level="warning")
 
+    def handlers(self) -> dict[int, Handler]:
+        """This feature's part of the connection's dispatch table."""
+        return {Op.PUBLISH_AT: self.on_publish_at, Op.COMMAND_AT: self.on_command_at,
+                Op.SCHEDULE_CANCEL: self.on_cancel}
+
     # -- submit ---------------------------------------------------------------------
 
-    def on_publish_at(self, conn: "Connection", frame: Any) -> None:
+    def on_publish_at(self, conn: Peer, frame: Any) -> None:
         """A PUBLISH_AT: check rights, horizon and caps, store it, answer PUBLISH_ACK
         with the schedule id."""
         p = PublishAt.decode(frame.body)
@@ -281,9 +285,7 @@ class Scheduler:
             if p.topic.startswith("$"):
                 raise InvalidRecord("scheduled messages go to client topics, not $ topics")
             self.admission.check_publish(principal, p.topic, n=1)
-            if sn != conn._producer_ok:   # once per connection and id, as for PUBLISH
-                self.guard.check_producer_id(principal, sn)
-                conn._producer_ok = sn
+            conn.check_producer_id(sn)   # (once per connection and id, as for PUBLISH)
         except SecurityError as exc:
             self.stats.inc("scheduled_refused")
             if exc.close or not oneway:
@@ -319,7 +321,7 @@ class Scheduler:
 
         self.publisher.submit([rec], stored)
 
-    def on_command_at(self, conn: "Connection", frame: Any) -> None:
+    def on_command_at(self, conn: Peer, frame: Any) -> None:
         """A COMMAND_AT: check the command right now, store it, answer
         COMMAND_SCHEDULED; at its time it enters the command path."""
         c = CommandAt.decode(frame.body)
@@ -358,7 +360,7 @@ class Scheduler:
 
         self.publisher.submit([rec], stored)
 
-    def _admit(self, conn: "Connection", frame: Any, oneway: bool, owner: str, at_ms: int,
+    def _admit(self, conn: Peer, frame: Any, oneway: bool, owner: str, at_ms: int,
                size: int, principal: Any = None) -> bool:
         """Horizon and caps -- per principal, and of the broker-wide caps only what is
         not the admins' reserve for anyone else (``Admission.share``); on success the
@@ -399,7 +401,7 @@ class Scheduler:
         self._count_in(owner, size)
         return True
 
-    def _stored(self, conn: "Connection", frame: Any, oneway: bool, owner: str, size: int,
+    def _stored(self, conn: Peer, frame: Any, oneway: bool, owner: str, size: int,
                 a: Any, item: Item | None) -> None:
         """What the store did with a scheduled record: hold the item, or answer why not."""
         if item is None:
@@ -417,7 +419,7 @@ class Scheduler:
             if self._wake is not None and self._heap[0][1] == item.id:
                 self._wake.set()      # the new earliest: re-arm the timer
 
-    def _refuse(self, conn: "Connection", frame: Any, oneway: bool, code: int, message: str,
+    def _refuse(self, conn: Peer, frame: Any, oneway: bool, code: int, message: str,
                 retry_after_ms: int = 0) -> None:
         self.stats.inc("scheduled_refused")
         if not oneway:
@@ -442,7 +444,7 @@ class Scheduler:
 
     # -- cancel ---------------------------------------------------------------------
 
-    def on_cancel(self, conn: "Connection", frame: Any) -> None:
+    def on_cancel(self, conn: Peer, frame: Any) -> None:
         """SCHEDULE_CANCEL: the sender's own item (or any, for an admin) -> OK."""
         sid = ScheduleCancel.decode(frame.body).schedule_id
         p = conn.principal

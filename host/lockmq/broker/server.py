@@ -2,7 +2,8 @@
 
 :class:`Broker` is where the pieces are wired, explicitly and once: each gets the
 narrow collaborators it uses (settings, counters, log, the guard, a callback),
-never the broker itself; connections get one :class:`~.connection.Services`.
+never the broker itself; connections get one :class:`~.services.Services`, whose
+``handlers`` table each feature contributes its opcodes to, here and once.
 
 The counterpart of the paper's SmartDepBrokerServer (Netty boss/worker): the event
 loop (uvloop when installed) accepts connections and runs every connection's
@@ -27,11 +28,11 @@ from lockmq.config import Config, ConfigError
 from lockmq.protocol import Disconnect, ErrorCode, Op
 from lockmq.security import BrokerGuard
 from lockmq.store import StoreLocked
-from lockmq.registry.announce import Announcer, start_announcer
+from lockmq.registry.announce import Announcer, broker_announcer
 from lockmq.mqtt import MqttServer, start_mqtt
 from lockmq.rlimits import raise_nofile_limit
 from lockmq.signals import reload_on_sighup, stop_on_signals
-from lockmq.replication.primary import attach_primary
+from lockmq.replication.primary import primary_source
 from lockmq.replication.standby import follow_if_standby
 
 from .firmware_bundles import FirmwareBundles
@@ -40,14 +41,18 @@ from .admission import Admission
 from .auth import make_guard
 from .clusters import ClusterError, Member
 from .commands import Commands
-from .connection import Connection, Connections, Services
+from .connection import CONNECTION_HANDLERS, Connection
+from .consumers import Consumers
 from .core import BrokerCore
 from .devices import Devices
+from .intake import PUBLISH_HANDLERS
 from .lane import Lane
 from .logs import EventLog, EventLogHandler, Stats
+from .peer import Connections, handler_table
 from .publish import PublishPath
 from .reload import apply_live, plan
 from .scheduler import Scheduler
+from .services import Services
 from .status import StatusPage
 from .transactions import Transactions
 
@@ -91,40 +96,53 @@ class Broker:
         self.commands = Commands(config.commands, stats, log, self.guard,
                                  self.devices.online_lock, admission=self.admission)
         self.admin = Admin(config, stats, log, self.guard, self.core, self.devices,
-                           self.commands, self.connections, self.listening_sockets)
+                           self.commands, self.connections, self.listening_sockets,
+                           admission=self.admission)
         self.publisher = PublishPath(self.core, stats, log, config.broker.max_publish_batch)
         self.scheduler = Scheduler(config.scheduled, self.core, self.publisher, self.commands,
                                    self.guard, stats, log, lambda: self.connections.closing)
-        self.admin.ops.update({"scheduled.list": self.scheduler.list_op,
-                               "scheduled.result": self.scheduler.result_op,
-                               "scheduled.cancel": self.scheduler.cancel_op})
+        self.admin.declare({"scheduled.list": self.scheduler.list_op,
+                            "scheduled.result": self.scheduler.result_op,
+                            "scheduled.cancel": self.scheduler.cancel_op})
         self.transactions = Transactions(config.transactions, self.core, self.guard, stats, log,
                                          self.commands)
-        self.admin.ops.update({"txn.list": self.transactions.admin_list,
-                               "txn.resolve": self.transactions.admin_resolve})
+        self.admin.declare({"txn.list": self.transactions.admin_list,
+                            "txn.resolve": self.transactions.admin_resolve})
         #: steady publish reads below Python (lane.py); None without the compiled path
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
         #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
         self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
-        self.admin.ops.update(self.firmware.ops())
+        self.admin.declare(self.firmware.ops())
+        self.consumers = Consumers(config.consumers, stats, log, self.guard, self.core)
+        #: the one dispatch table: each opcode served after the handshake, and by whom
+        self.handlers = handler_table(
+            CONNECTION_HANDLERS, PUBLISH_HANDLERS, self.devices.handlers(),
+            self.consumers.handlers(), self.commands.handlers(), self.admin.handlers(),
+            self.scheduler.handlers(), self.transactions.handlers(),
+            {Op.FW_FETCH: self.firmware.on_fetch})
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
-                                 self.devices, self.commands, self.admin, self.connections,
-                                 scheduler=self.scheduler, transactions=self.transactions,
-                                 lane=self.lane, firmware=self.firmware,
-                                 admission=self.admission)
+                                 self.devices, self.commands, self.consumers,
+                                 self.connections, self.admission, self.handlers,
+                                 lane=self.lane)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices,
                                  authorize=self.guard.authorize_status)
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
-        self.replication = attach_primary(self)   # replica.* ops; sync acks (lockmq.replication)
+        # replication's primary side: the replica.* ops, and in sync mode the core's gate
+        self.replication = primary_source(config, self.core, stats, log)
+        self.admin.declare(self.replication.ops())
+        if self.replication.durable_gate is not None:
+            self.core.gate_acks(self.replication.durable_gate)
         self.status.extra_gauges.append(self.replication.gauges)
         self.tls_port = 0
         self.status_port = 0
         self._stopped = asyncio.Event()
         self._store_log: EventLogHandler | None = None
-        self.announcer: Announcer | None = None   # [registry]: registers this gateway
+        #: [registry]: registers this gateway once it listens (None: no registries)
+        self.announcer: Announcer | None = broker_announcer(
+            config, self.core.topics, lambda: (self.port, self.tls_port), log)
         self.mqtt: MqttServer | None = None        # [mqtt]: the MQTT listener (lockmq.mqtt)
         #: the TLS listeners' context (None without TLS); a reload loads a new
         #: certificate into it
@@ -193,7 +211,8 @@ class Broker:
         self.commands.start()
         self.admission.start()
         self.devices.broker_started()
-        self.announcer = start_announcer(self)
+        if self.announcer is not None:
+            self.announcer.start()
         self.mqtt = await start_mqtt(self.config, self.core, self.publisher, self.commands,
                                      self.guard, self.log, self.stats, Member, ClusterError)
         if self.mqtt is not None:

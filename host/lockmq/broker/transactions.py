@@ -19,8 +19,8 @@ then (``tok`` header): a commit of a principal revoked meanwhile is written as a
 rollback (``by = revoked``), and a revocation rolls back its pending transactions at
 once; ``txn.list`` shows them (``recent_revoked``).
 
-Connections call the four ``on_*`` handlers (see :data:`TXN_HANDLERS`); nothing here
-imports the connection module.
+The four ``on_*`` handlers are this feature's part of the connection's dispatch
+table (:meth:`Transactions.handlers`); they see a connection as a ``peer.Peer``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -36,7 +37,7 @@ from lockmq.config import TransactionsSection
 from lockmq.protocol import ErrorCode, Flag, Op
 from lockmq.protocol import Command, CommandResult, ProtocolError, PublishAck
 from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
-from lockmq.security import BrokerGuard, SecurityError
+from lockmq.security import BrokerGuard, Principal, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic
 
@@ -44,6 +45,7 @@ from .admission import Admission
 from .commands import DetachedSender
 from .core import BrokerCore, SystemSeq
 from .logs import EventLog, Stats
+from .peer import Handler, Peer
 from .periodic import start_periodic, stop_task
 
 #: half messages (broker-internal: the ``$sys.`` prefix keeps clients from writing it)
@@ -90,7 +92,6 @@ class Pending:
 
     def owner_principal(self) -> Any:
         """Who stored it, as far as the record knows (to match a revocation)."""
-        from lockmq.security import Principal
         return Principal(name=self.owner, kind="service", token_id=self.tok,
                          token_name=self.owner)
 
@@ -133,6 +134,8 @@ class Transactions:
         self._per_owner: Counter[str] = Counter()
         self._ended: OrderedDict[int, int] = OrderedDict()   # txn_id -> outcome
         self._groups: dict[str, set[Any]] = {}                # group -> connections
+        #: connection -> the groups it joined (held weakly: gone with the connection)
+        self._joined: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         self._task: asyncio.Task[None] | None = None
         self._seq = SystemSeq()   # of TXN_SN (resumed from the store at start)
         for name in TXN_COUNTERS:   # exported (/metrics, stats) from the start, at 0
@@ -196,13 +199,13 @@ class Transactions:
             self._ended.popitem(last=False)
 
 
-    def join(self, conn: Any, group: str) -> None:
+    def join(self, conn: Peer, group: str) -> None:
         """``conn`` answers check-backs of ``group`` (its own principal's only)."""
         if not group or len(group) > 128:
             raise TxnError(ErrorCode.INVALID_ARGUMENT, "group must be 1..128 characters")
-        joined = getattr(conn, "txn_groups", None)
+        joined = self._joined.get(conn)
         if joined is None:
-            joined = conn.txn_groups = set()
+            joined = self._joined[conn] = set()
         if group in joined:
             return
         if len(joined) >= MAX_GROUPS_PER_CONN:
@@ -211,9 +214,14 @@ class Transactions:
         joined.add(group)
         self._groups.setdefault(group, set()).add(conn)
 
+    def handlers(self) -> dict[int, Handler]:
+        """This feature's part of the dispatch table."""
+        return {Op.TXN_PUBLISH: self.on_publish, Op.TXN_END: self.on_end,
+                Op.TXN_CHECK_ANSWER: self.on_check_answer, Op.TXN_JOIN: self.on_join}
+
     # -- requests ---------------------------------------------------------------------
 
-    def on_publish(self, conn: Any, frame: Any) -> None:
+    def on_publish(self, conn: Peer, frame: Any) -> None:
         """TXN_PUBLISH: store the half message, answer TXN_PUBLISH_ACK(txn_id)."""
         body = TxnPublish.decode(frame.body)
         principal = conn.principal
@@ -225,7 +233,7 @@ class Transactions:
                 self.admission.check_command(principal, cmd.target, cmd.kind, cmd.args)
             else:
                 self.admission.check_publish(principal, body.topic, n=1)
-            self.guard.check_producer_id(principal, sn)
+            conn.check_producer_id(sn)
             self.join(conn, body.group)
         except (InvalidRecord, ProtocolError) as exc:   # a bad topic or command body
             conn.send_error(ErrorCode.INVALID_ARGUMENT, str(exc), frame.opaque)
@@ -262,7 +270,7 @@ class Transactions:
                          headers)
         self.core.spawn(self._store_half(conn, frame.opaque, half, body, sn))
 
-    async def _store_half(self, conn: Any, opaque: int, half: NewRecord, body: TxnPublish,
+    async def _store_half(self, conn: Peer, opaque: int, half: NewRecord, body: TxnPublish,
                           sn: str) -> None:
         try:
             res = await self.core.append([half])
@@ -279,7 +287,7 @@ class Transactions:
         conn.send_frame(Op.TXN_PUBLISH_ACK, PublishAck(PublishAck.STORED, p.txn_id).encode(),
                         opaque, _RESP)
 
-    def on_end(self, conn: Any, frame: Any) -> None:
+    def on_end(self, conn: Peer, frame: Any) -> None:
         """TXN_END: commit or roll back; OK once durable."""
         body = TxnEnd.decode(frame.body)
         if body.outcome == TxnOutcome.UNKNOWN:
@@ -288,7 +296,7 @@ class Transactions:
             return
         self._decide(conn, body.txn_id, body.outcome, "producer", frame.opaque)
 
-    def on_check_answer(self, conn: Any, frame: Any) -> None:
+    def on_check_answer(self, conn: Peer, frame: Any) -> None:
         """TXN_CHECK_ANSWER: as TXN_END (never answered); UNKNOWN waits for the next check."""
         body = TxnEnd.decode(frame.body)
         if body.outcome == TxnOutcome.UNKNOWN:
@@ -296,7 +304,7 @@ class Transactions:
             return
         self._decide(conn, body.txn_id, body.outcome, "check", None)
 
-    def on_join(self, conn: Any, frame: Any) -> None:
+    def on_join(self, conn: Peer, frame: Any) -> None:
         """TXN_JOIN: this connection answers the group's check-backs; OK."""
         try:
             self.join(conn, TxnJoin.decode(frame.body).group)
@@ -305,7 +313,7 @@ class Transactions:
             return
         conn.send_frame(Op.OK, b"", frame.opaque, _RESP)
 
-    def _decide(self, conn: Any, txn_id: int, outcome: int, by: str, opaque: int | None) -> None:
+    def _decide(self, conn: Peer, txn_id: int, outcome: int, by: str, opaque: int | None) -> None:
         try:
             p = self._owned(conn.principal, txn_id, outcome)
         except TxnError as exc:
@@ -527,13 +535,3 @@ class CommandSender(DetachedSender):
         self.stats.inc("txn_commands_refused")
         self.log("txn_command_refused", txn_id=self.txn_id, code=code, message=message,
                  level="warning")
-
-
-#: opcode -> handler(connection, frame), merged into the connection's dispatch table
-TXN_HANDLERS: dict[int, Callable[[Any, Any], None]] = {
-    Op.TXN_PUBLISH: lambda conn, frame: conn.services.transactions.on_publish(conn, frame),
-    Op.TXN_END: lambda conn, frame: conn.services.transactions.on_end(conn, frame),
-    Op.TXN_CHECK_ANSWER: lambda conn, frame: conn.services.transactions.on_check_answer(conn,
-                                                                                         frame),
-    Op.TXN_JOIN: lambda conn, frame: conn.services.transactions.on_join(conn, frame),
-}

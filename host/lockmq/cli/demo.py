@@ -27,7 +27,7 @@ from typing import Any
 
 from lockmq.client import AsyncConsumer, AsyncProducer, CommandError, LockmqError, Message
 from lockmq.client.cliargs import EVENT_NAMES
-from lockmq.client.embedded import EmbeddedBroker
+from lockmq.broker.embedded import EmbeddedBroker
 from lockmq.client.idempotency import SqliteIdempotency
 from lockmq.client.session import Endpoint
 from lockmq.client.sync import new_event_loop

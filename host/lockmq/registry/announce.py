@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from lockmq.client.admin import AsyncAdmin
 from lockmq.client.backoff import Backoff
@@ -131,23 +131,25 @@ def _client_id(name: str) -> str:
     return ("gw-" + safe)[:32]
 
 
-def start_announcer(broker: Any) -> Announcer | None:
-    """The broker's hook: announce ``broker`` when ``[registry] addresses`` is set."""
-    settings = broker.config.registry
+def broker_announcer(config: Any, topics: Callable[[], Iterable[str]],
+                     ports: Callable[[], tuple[int, int]], log: Any) -> Announcer | None:
+    """The announcer of a broker being built, declared there and started with it
+    (None when ``[registry] addresses`` is empty): ``topics()`` are the broker's
+    topics now, ``ports()`` its main and TLS ports once it listens."""
+    settings = config.registry
     if not settings.addresses:
         return None
-    cfg = broker.config.broker
-    address = advertised_address(cfg.host, broker.port, settings.advertise)
+    cfg = config.broker
 
     def info() -> dict[str, Any]:
-        topics = sorted(set(broker.core.topics()) | set(settings.topics))
+        port, tls_port = ports()
+        address = advertised_address(cfg.host, port, settings.advertise)
+        names = sorted(set(topics()) | set(settings.topics))
         return {"name": settings.name or address, "building": settings.building or "",
-                "addresses": [address], "tls_port": broker.tls_port or 0,
-                "topics": [t for t in topics if not t.startswith("$")][:settings.max_topics],
+                "addresses": [address], "tls_port": tls_port or 0,
+                "topics": [t for t in names if not t.startswith("$")][:settings.max_topics],
                 # announced only while this broker serves: a standby starts announcing
                 # once promoted, so the role is never "standby" (campus consumers skip those)
                 "role": "primary"}
 
-    announcer = Announcer(settings, info, broker.log)
-    announcer.start()
-    return announcer
+    return Announcer(settings, info, log)

@@ -63,10 +63,23 @@ class ReplicaSource:
         self._listening = False
         #: the broker is stopping: nothing waits for the standby any more
         self._stopping = False
-        #: serves ``replica.security`` (set by :func:`attach_primary`)
+        #: serves ``replica.security`` (set by :func:`primary_source`)
         self.registry: RegistrySource | None = None
         #: ``replication_fenced`` logged for this outage (again after in sync)
         self._fence_logged = False
+
+    def ops(self) -> dict[str, Any]:
+        """The admin ops a standby uses: ``replica.fetch``, ``replica.status``,
+        ``replica.security``."""
+        ops: dict[str, Any] = {"replica.fetch": self.fetch, "replica.status": self.status}
+        if self.registry is not None:
+            ops["replica.security"] = self.registry.serve
+        return ops
+
+    @property
+    def durable_gate(self) -> Any:
+        """The core's gate in sync mode (:meth:`after_durable`); None in async mode."""
+        return self.after_durable if self.settings.sync else None
 
     # -- the store side -------------------------------------------------------------
 
@@ -306,19 +319,15 @@ class ReplicaSource:
         return out
 
 
-def attach_primary(broker: Any) -> ReplicaSource:
-    """Wire replication into a broker being built (one call from ``Broker.__init__``):
-    the ``replica.*`` admin ops (the log, the security registry), and in sync mode
-    the core's one gate between durable and acknowledged (``core.after_durable``):
-    clients' publishes and the broker's own records (a transaction's end, a
-    scheduled delivery) wait for the standby alike."""
-    settings = ReplicationSettings.from_table(broker.config.replication)
-    src = ReplicaSource(broker.core, settings, broker.stats, broker.log)
-    broker.admin.ops["replica.fetch"] = src.fetch
-    broker.admin.ops["replica.status"] = src.status
-    sec = broker.config.security_config()
+def primary_source(config: Any, core: Any, stats: Any, log: Any) -> ReplicaSource:
+    """The primary's side of replication for a broker being built (one call from
+    ``Broker.__init__``, which declares what it offers: :meth:`ReplicaSource.ops` to
+    the admin ops, and in sync mode :attr:`ReplicaSource.durable_gate` as the core's
+    one gate between durable and acknowledged -- clients' publishes and the broker's
+    own records (a transaction's end, a scheduled delivery) wait for the standby
+    alike). Nothing here reaches into the broker."""
+    settings = ReplicationSettings.from_table(config.replication)
+    src = ReplicaSource(core, settings, stats, log)
+    sec = config.security_config()
     src.registry = RegistrySource(sec.registry_path, sec.master_key_path)
-    broker.admin.ops["replica.security"] = src.registry.serve
-    if settings.sync:
-        broker.core.after_durable = src.after_durable
     return src

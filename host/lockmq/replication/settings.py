@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lockmq.config import _apply
+from lockmq.config_base import _apply
 
 
 #: a self-promoting standby waits at least this much longer than the primary's fence

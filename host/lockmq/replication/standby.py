@@ -15,9 +15,8 @@ import asyncio
 import base64
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lockmq.config import Config
 from lockmq.signals import stop_on_signals
 from lockmq.store.files import create_file, fsync_dir
 
@@ -25,6 +24,9 @@ from .logcopy import LogCopy, LogMismatch
 from .registry_copy import MasterKeyMismatch, RegistryCopy
 from .refuser import open_refuser
 from .settings import FENCE_MARGIN_S, ReplicationSettings
+
+if TYPE_CHECKING:   # (types only: lockmq.config aggregates this package's table)
+    from lockmq.config import Config
 
 #: dropped into the data directory by ``lockmq standby promote``
 PROMOTE = "PROMOTE"

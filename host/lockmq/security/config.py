@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from lockmq.config import ANY_FREE_PORT
+from lockmq.config_base import ANY_FREE_PORT
 
 
 @dataclass

@@ -6,7 +6,7 @@ import asyncio
 import os
 from typing import Any, Callable
 
-from lockmq.client.embedded import EmbeddedBroker
+from lockmq.broker.embedded import EmbeddedBroker
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
 
@@ -24,7 +24,7 @@ def uvloop_wanted() -> bool:
 
 
 class BrokerThread(EmbeddedBroker):
-    """:class:`~lockmq.client.embedded.EmbeddedBroker` with test defaults: auth off,
+    """:class:`~lockmq.broker.embedded.EmbeddedBroker` with test defaults: auth off,
     logs at WARNING, the loop chosen by ``LOCKMQ_TEST_UVLOOP``; ``tables`` are config
     tables, e.g. ``BrokerThread(d, consumers={"time_scale": 0.01})``."""
 

@@ -1,9 +1,10 @@
 """A broker running inside this process, on its own event-loop thread.
 
-For ``lockmq demo`` and the end-to-end tests: start a real
-:class:`lockmq.broker.server.Broker` on a background thread (uvloop when
+For ``lockmq demo`` and the end-to-end tests (``lockmq.testing.BrokerThread``): start
+a real :class:`lockmq.broker.server.Broker` on a background thread (uvloop when
 installed), talk to it over real TCP on 127.0.0.1, stop it, start it again on the
-same port and data directory (a broker restart).
+same port and data directory (a broker restart). It lives with the broker, not in
+the client library: a client never needs the broker's code.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import asyncio
 import threading
 from typing import Any
 
+from lockmq.client.sync import new_event_loop
 from lockmq.clock import SYSTEM_CLOCK, Clock
+from lockmq.config import load_config
 
-from .sync import new_event_loop
+from .server import Broker
 
 
 class EmbeddedBroker:
@@ -47,8 +50,6 @@ class EmbeddedBroker:
 
     def config(self) -> Any:
         """The broker :class:`lockmq.config.Config` this instance runs with."""
-        from lockmq.config import load_config
-
         tables: dict[str, dict[str, Any]] = {
             "broker": {"host": "127.0.0.1", "port": self.port, "data_dir": self.data_dir,
                        "auth": self.auth, "status_port": 0, "log_level": self.log_level},
@@ -65,8 +66,6 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 30.0) -> "EmbeddedBroker":
         """Start the broker and return once it listens."""
-        from lockmq.broker.server import Broker
-
         cfg = self.config()
         loop = new_event_loop() if self.uvloop else asyncio.new_event_loop()
         self._loop = loop
