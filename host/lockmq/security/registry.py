@@ -70,6 +70,10 @@ class UnknownDevice(KeyError):
 _TOUCH_S = 3600.0
 
 
+#: :meth:`DeviceRegistry.lookup_policy`'s answer for an SN not registered
+_UNKNOWN: tuple[bytes | None, str, bool, bool, int] = (None, "unknown", False, False, 0)
+
+
 class DeviceRegistry:
     """Devices and their secrets in the security registry file.
 
@@ -82,6 +86,11 @@ class DeviceRegistry:
         self.path = path
         self._master = master_key
         self._db = db.connect(path)
+        #: the authentication snapshot (:meth:`lookup_policy`): SN -> its answer, every
+        #: device's key unwrapped once; None until the first lookup, or after a write
+        self._snapshot: dict[str, tuple[bytes | None, str, bool, bool, int]] | None = None
+        #: ``data_version`` when the snapshot was read (another process's write moves it)
+        self._snapshot_version = -1
 
     @classmethod
     def open(cls, cfg: Any) -> "DeviceRegistry":
@@ -117,6 +126,7 @@ class DeviceRegistry:
             rows.append((sn, keys.wrap_key(self._master, sn, key), note, now, now,
                          int(bool(mac)), int(bool(tls))))
         try:
+            self._snapshot = None   # (a device row changes: read them again)
             with self._tx():
                 self._check_free([r[0] for r in rows])
                 self._db.executemany(
@@ -158,6 +168,7 @@ class DeviceRegistry:
     def rekey(self, sn: str) -> bytes:
         """Give ``sn`` a new key (the old one stops working at once) and return it."""
         key = keys.new_device_key()
+        self._snapshot = None   # (a device row changes: read them again)
         with self._tx():
             cur = self._db.execute(
                 "UPDATE devices SET wrapped_key=?, key_version=key_version+1, updated_at=? "
@@ -176,6 +187,7 @@ class DeviceRegistry:
                 args.append(int(bool(value)))
         if not sets:
             return
+        self._snapshot = None   # (a device row changes: read them again)
         with self._tx():
             cur = self._db.execute(f"UPDATE devices SET {', '.join(sets)}, updated_at=? "
                                    "WHERE sn=?", (*args, time.time(), sn))
@@ -190,6 +202,7 @@ class DeviceRegistry:
 
     def set_enabled(self, sn: str, enabled: bool) -> None:
         """Enable or disable ``sn``; a disabled lock cannot authenticate."""
+        self._snapshot = None   # (a device row changes: read them again)
         with self._tx():
             cur = self._db.execute("UPDATE devices SET enabled=?, updated_at=? WHERE sn=?",
                                    (1 if enabled else 0, time.time(), sn))
@@ -198,6 +211,7 @@ class DeviceRegistry:
 
     def remove(self, sn: str) -> None:
         """Forget ``sn`` entirely."""
+        self._snapshot = None   # (a device row changes: read them again)
         with self._tx():
             cur = self._db.execute("DELETE FROM devices WHERE sn=?", (sn,))
         if cur.rowcount != 1:
@@ -214,11 +228,9 @@ class DeviceRegistry:
         return keys.unwrap_key(self._master, sn, row[0])
 
     def lookup(self, sn: str) -> tuple[bytes | None, str]:
-        """``(key, state)`` in one query, state ``enabled``/``disabled``/``unknown``.
-
-        Does the same decryption work in every case (a dummy one when there is no
-        usable key), so the time taken does not say whether ``sn`` exists.
-        """
+        """``(key, state)``, state ``enabled``/``disabled``/``unknown``, from the
+        snapshot of :meth:`lookup_policy` (one dict lookup whether ``sn`` exists or
+        not, so the time taken does not say which)."""
         return self.lookup_policy(sn)[:2]  # type: ignore[return-value]
 
     def standing(self, sn: str) -> tuple[bool, int]:
@@ -248,17 +260,33 @@ class DeviceRegistry:
 
     def lookup_policy(self, sn: str) -> tuple[bytes | None, str, bool, bool, int]:
         """:meth:`lookup` plus the device's ``need_mac``, ``need_tls`` and
-        ``key_version`` (one query)."""
-        row = self._db.execute("SELECT wrapped_key, enabled, need_mac, need_tls, key_version "
-                               "FROM devices WHERE sn=?", (sn,)).fetchone()
-        if row is not None and row[1]:
-            return (keys.unwrap_key(self._master, sn, row[0]), "enabled", bool(row[2]),
-                    bool(row[3]), int(row[4]))
-        try:
-            keys.unwrap_key(self._master, sn, self._dummy_blob())
-        except ValueError:
-            pass
-        return None, "unknown" if row is None else "disabled", False, False, 0
+        ``key_version``: ``(key, state, need_mac, need_tls, key_version)``.
+
+        Answered from a snapshot of every device row, each key unwrapped once: in a
+        reconnect storm a query and an unwrap per AUTH (and the GIL lent to the
+        store's writer during the query) were a third of the handshake's Python.
+        The snapshot is read again after any write of this registry to a device row
+        and whenever another process (``lockmq devices``) wrote the file
+        (``data_version``, checked on every lookup), so a disabled, removed or
+        re-keyed lock is refused at its next AUTH, as before. An SN not there costs
+        the same dict lookup as one that is (the guard's proof is computed with a
+        dummy key either way)."""
+        snap = self._snapshot
+        version = self.data_version()
+        if snap is None or version != self._snapshot_version:
+            snap = self._read_snapshot(version)
+        got = snap.get(sn)
+        return got if got is not None else _UNKNOWN
+
+    def _read_snapshot(self, version: int) -> dict[str, tuple[bytes | None, str, bool, bool, int]]:
+        snap: dict[str, tuple[bytes | None, str, bool, bool, int]] = {}
+        for sn, wrapped, enabled, need_mac, need_tls, key_version in self._db.execute(
+                "SELECT sn, wrapped_key, enabled, need_mac, need_tls, key_version FROM devices"):
+            snap[sn] = ((keys.unwrap_key(self._master, sn, wrapped), "enabled", bool(need_mac),
+                         bool(need_tls), int(key_version)) if enabled
+                        else (None, "disabled", False, False, 0))
+        self._snapshot, self._snapshot_version = snap, version
+        return snap
 
     def exists(self, sn: str) -> bool:
         """Whether ``sn`` is registered (enabled or not)."""
@@ -318,12 +346,6 @@ class DeviceRegistry:
             args = (owner,)
         return [{"id": r[0], "owner": r[1], "created_at": r[2], "last_used": r[3]}
                 for r in self._db.execute(sql + " ORDER BY last_used DESC", args)]
-
-    def _dummy_blob(self) -> bytes:
-        blob = getattr(self, "_dummy", None)
-        if blob is None:
-            blob = self._dummy = keys.wrap_key(self._master, "-", keys.new_device_key())
-        return blob
 
     def get(self, sn: str) -> DeviceInfo:
         """The row of ``sn``; ``UnknownDevice`` if absent."""
