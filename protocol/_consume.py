@@ -246,6 +246,8 @@ def _leases_at(body, pos, what):
     if len(body) != pos + count * 10:
         raise BadBody("%s body: %d leases need %d bytes, got %d" % (
             what, count, count * 10, len(body) - pos))
+    if count == 1:   # (a consumer acking one message at a time)
+        return [struct.unpack_from(">QH", body, pos)]
     if not count:
         return []
     fmt = _LEASE_FORMATS.get(count)
