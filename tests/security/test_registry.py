@@ -171,3 +171,38 @@ def test_the_auth_snapshot_follows_every_write_at_the_next_lookup(tmp_path, reg)
     assert reg.lookup("LOCK-S1") == (mine, "enabled")
     reg.remove("LOCK-S1")
     assert reg.lookup("LOCK-S1") == (None, "unknown")
+
+
+def test_the_snapshot_reads_only_what_changed_and_drops_what_was_removed(tmp_path, reg,
+                                                                         monkeypatch):
+    """Another process's commit is caught up row by row (the rows updated since the
+    last look, the removed ones), not by unwrapping every key again; a commit to the
+    file that is not a device row's (a token) changes no answer."""
+    from lockmq.security import registry as registry_module
+    # (no margin: rows stamped before the last look are not read again)
+    monkeypatch.setattr(registry_module, "SNAPSHOT_MARGIN_S", 0.0)
+    keys = reg.add_many([f"LOCK-{i:03d}" for i in range(20)], mac=False)
+    assert reg.load_snapshot() == 20
+    other = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    try:
+        other.set_enabled("LOCK-003", False)
+        other.remove("LOCK-004")
+        added = other.add("LOCK-NEW")
+    finally:
+        other.close()
+    unwrapped = []
+    real = reg._policy_row
+    reg._policy_row = lambda row: (unwrapped.append(row[0]), real(row))[1]   # type: ignore[method-assign]
+    assert reg.lookup("LOCK-003") == (None, "disabled")
+    assert reg.lookup("LOCK-004") == (None, "unknown")
+    assert reg.lookup("LOCK-NEW") == (added, "enabled")
+    assert reg.lookup("LOCK-005") == (keys["LOCK-005"], "enabled")
+    assert sorted(unwrapped) == ["LOCK-003", "LOCK-NEW"]
+    from lockmq.security import Permissions, TokenStore
+    store = TokenStore(SecurityConfig(data_dir=str(tmp_path)).registry_path)
+    try:
+        store.create("svc", Permissions())
+    finally:
+        store.close()
+    assert reg.lookup("LOCK-005") == (keys["LOCK-005"], "enabled")
+    assert len(unwrapped) == 2
