@@ -29,9 +29,6 @@ if sys.implementation.name != "micropython":
     # lockmq.protocol._consume explicitly to have them there).
     from ._consume import (Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Message,
                            Messages, Ack, Nack)
-    # ... and on the host their CPython fast path (same bytes; see _fast.py).
-    from . import _fast
-    _fast.install()
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
     from ._identity import check_identity, identity_problem, IDENTITY_RULE

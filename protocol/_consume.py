@@ -5,6 +5,7 @@ import struct
 
 from ._constants import Op
 from ._codec import Reader, pack8, pack16, pack32
+from ._errors import BadBody
 from ._bodies import _Body, BODY_TYPES
 
 
@@ -168,19 +169,64 @@ class Messages(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "MESSAGES")
-        sub_id, count = r.unpack(">IH", 6)
+        # every message a consumer gets in pure Python comes through here: one unpack
+        # of the fixed fields, the names from a cache, bounds checked as it goes
+        size = len(body)
+        if size < 6:
+            raise BadBody("MESSAGES body truncated at byte 0")
+        sub_id, count = struct.unpack_from(">IH", body, 0)
+        pos = 6
         out = []
         for _ in range(count):
-            qo, delivery, seq, lock_ts_ms, broker_ts_us = r.unpack(_MSG, _MSG_SIZE)
-            sn = r.str8()
-            topic = r.str8()
-            headers = r.bytes16()
-            payload = r.bytes32()
+            if pos + _MSG_SIZE > size:
+                raise _cut("MESSAGES", pos, size)
+            qo, delivery, seq, lock_ts_ms, broker_ts_us = struct.unpack_from(_MSG, body, pos)
+            sn, pos = _text8(body, pos + _MSG_SIZE, size)
+            topic, pos = _text8(body, pos, size)
+            if pos + 2 > size:
+                raise _cut("MESSAGES", pos, size)
+            end = pos + 2 + (body[pos] << 8 | body[pos + 1])
+            headers = bytes(body[pos + 2:end])
+            if end + 4 > size:
+                raise _cut("MESSAGES", min(end, size), size)
+            pos = end + 4 + struct.unpack_from(">I", body, end)[0]
+            if pos > size:
+                raise _cut("MESSAGES", size, size)
             out.append(Message(qo, delivery, sn, seq, lock_ts_ms, broker_ts_us, topic,
-                               payload, headers))
-        r.end()
+                               bytes(body[end + 4:pos]), headers))
+        if pos != size:
+            raise BadBody("MESSAGES body has %d trailing bytes" % (size - pos))
         return Messages(sub_id, out)
+
+
+#: str8 bytes -> text: the SNs and topics a consumer hears again and again (emptied
+#: at TEXT_CACHE_MAX entries); the client's compiled path shares it
+_texts = {}
+TEXT_CACHE_MAX = 100000
+
+
+def _cut(what, pos, size):
+    return BadBody("%s body truncated at byte %d" % (what, min(pos, size)))
+
+
+def _text8(body, pos, size):
+    """The str8 at ``pos``: (text, next pos); decoded names are cached."""
+    if pos >= size:
+        raise _cut("MESSAGES", pos, size)
+    end = pos + 1 + body[pos]
+    if end > size:
+        raise _cut("MESSAGES", pos, size)
+    raw = bytes(body[pos + 1:end])
+    text = _texts.get(raw)
+    if text is None:
+        try:
+            text = raw.decode()
+        except UnicodeError:
+            raise BadBody("MESSAGES body has a text field that is not UTF-8")
+        if len(_texts) >= TEXT_CACHE_MAX:
+            _texts.clear()
+        _texts[raw] = text
+    return text, end
 
 
 def _pack_leases(leases):
@@ -190,11 +236,31 @@ def _pack_leases(leases):
     return b"".join(parts)
 
 
-def _read_leases(r):
-    out = []
-    for _ in range(r.u16()):
-        out.append(r.unpack(">QH", 10))
-    return out
+def _leases_at(body, pos, what):
+    """The u16 count at ``pos`` and that many (queue_offset u64, delivery u16) leases
+    after it, which must end the body: one unpack for them all."""
+    if len(body) < pos + 2:
+        raise BadBody("%s body truncated" % what)
+    count = body[pos] << 8 | body[pos + 1]
+    pos += 2
+    if len(body) != pos + count * 10:
+        raise BadBody("%s body: %d leases need %d bytes, got %d" % (
+            what, count, count * 10, len(body) - pos))
+    if count == 1:   # (a consumer acking one message at a time)
+        return [struct.unpack_from(">QH", body, pos)]
+    if not count:
+        return []
+    fmt = _LEASE_FORMATS.get(count)
+    if fmt is None:
+        fmt = ">" + "QH" * count
+        if len(_LEASE_FORMATS) < 64:
+            _LEASE_FORMATS[count] = fmt
+    flat = iter(struct.unpack_from(fmt, body, pos))
+    return list(zip(flat, flat))
+
+
+#: lease count -> its unpack format (the common counts, made once)
+_LEASE_FORMATS = {}
 
 
 class Ack(_Body):
@@ -211,11 +277,12 @@ class Ack(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "ACK")
-        sub_id = r.u32()
-        leases = _read_leases(r)
-        r.end()
-        return Ack(sub_id, leases)
+        if len(body) < 4:
+            raise BadBody("ACK body truncated")
+        a = object.__new__(Ack)   # (the leases are tuples already: no __init__ pass)
+        a.sub_id = struct.unpack_from(">I", body, 0)[0]
+        a.leases = _leases_at(body, 4, "ACK")
+        return a
 
 
 class Nack(_Body):
@@ -236,12 +303,19 @@ class Nack(_Body):
 
     @staticmethod
     def decode(body):
-        r = Reader(body, "NACK")
-        sub_id, delay_ms = r.unpack(">II", 8)
-        reason = r.str16()
-        leases = _read_leases(r)
-        r.end()
-        return Nack(sub_id, leases, delay_ms, reason)
+        if len(body) < 10:
+            raise BadBody("NACK body truncated")
+        sub_id, delay_ms, rlen = struct.unpack_from(">IIH", body, 0)
+        if len(body) < 10 + rlen:
+            raise BadBody("NACK reason truncated")
+        try:
+            reason = bytes(body[10:10 + rlen]).decode()
+        except UnicodeError:
+            raise BadBody("NACK body has a text field that is not UTF-8")
+        n = object.__new__(Nack)
+        n.sub_id, n.delay_ms, n.reason = sub_id, delay_ms, reason
+        n.leases = _leases_at(body, 10 + rlen, "NACK")
+        return n
 
 
 for _cls in (Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Messages, Ack, Nack):

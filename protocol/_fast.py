@@ -1,14 +1,10 @@
-# The CPython fast path of the consumer bodies: the same bytes as _consume.py,
-# written with precompiled structs and cached SN/topic bytes, because a broker
-# encodes every delivered message and decodes every lease it gets back, and a
-# consumer decodes every message.
-#
-# One codec, two speeds: install() puts these functions on the _consume classes
-# (Ack.decode, Nack.decode, Messages.encode, Messages.decode), so every caller -- decode_body, the
-# broker, the clients -- uses them; vectors.json is checked with and without
-# (tests/protocol/test_vectors.py). lockmq.protocol installs it on CPython only:
-# MicroPython never imports this module (struct.Struct and iter_unpack are
-# CPython's), and a lock never consumes anyway.
+# The broker's and the load generator's batch functions in pure Python, with
+# precompiled structs and cached SN/topic bytes: each is the reference of a function of
+# the compiled core (lockmq._core: scan_publishes, scan_frame, publish_acks, queue_run,
+# the MESSAGES writer) and the path a process without the core runs; tests hold the two
+# equal (tests/protocol/test_accel*.py). Nothing here changes the protocol's classes:
+# the consumer bodies' one codec is _consume.py. CPython only (struct.Struct): the lock
+# never runs the broker's batch paths, and MicroPython never imports this module.
 import json
 import struct
 
@@ -16,15 +12,11 @@ from ._constants import VERSION, MIN_FRAME, Op, Flag
 from . import _crc
 from ._errors import BadBody, LocalProtocolError, ProtocolError
 from ._frame import Frame, FrameDecoder
-from ._consume import Ack, Nack, Messages, Message
 
 _MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
-_MSG_SIZE = _MSG.size
 _HEAD = struct.Struct(">IH")        # sub_id, count
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_LEASE = struct.Struct(">QH")
-_NACK = struct.Struct(">II")        # sub_id, delay_ms
 _NO_HEADERS = b"\x00\x00"
 _PUB = struct.Struct(">IQ")         # PUBLISH: seq, lock_ts_ms (after the topic)
 # A whole PUBLISH_ACK frame from the broker (empty SN, RESPONSE flag) but its CRC:
@@ -299,113 +291,3 @@ def encode_message(queue_offset, delivery, sn, seq, lock_ts_ms, broker_ts_us, to
 def json_headers(headers):
     """Record headers (a dict) as the compact JSON a MESSAGES body carries."""
     return json.dumps(headers, separators=(",", ":")).encode()
-
-
-def _messages_encode(self):
-    parts = [_HEAD.pack(self.sub_id, len(self.messages))]
-    for m in self.messages:
-        hdr = m.headers
-        parts.append(encode_message(m.queue_offset, m.delivery, m.sn, m.seq, m.lock_ts_ms,
-                                    m.broker_ts_us, m.topic, m.payload,
-                                    hdr.encode() if isinstance(hdr, str) else hdr))
-    return b"".join(parts)
-
-
-def _leases(body, pos, what):
-    if len(body) < pos + 2:
-        raise BadBody("%s body truncated" % what)
-    (count,) = _U16.unpack_from(body, pos)
-    pos += 2
-    if len(body) != pos + count * 10:
-        raise BadBody("%s body: %d leases need %d bytes, got %d" % (
-            what, count, count * 10, len(body) - pos))
-    return list(_LEASE.iter_unpack(body[pos:]))
-
-
-def _ack_decode(body):
-    if len(body) < 4:
-        raise BadBody("ACK body truncated")
-    a = Ack.__new__(Ack)
-    (a.sub_id,) = _U32.unpack_from(body, 0)
-    a.leases = _leases(body, 4, "ACK")
-    return a
-
-
-def _nack_decode(body):
-    if len(body) < 10:
-        raise BadBody("NACK body truncated")
-    n = Nack.__new__(Nack)
-    n.sub_id, n.delay_ms = _NACK.unpack_from(body, 0)
-    (rlen,) = _U16.unpack_from(body, 8)
-    if len(body) < 10 + rlen:
-        raise BadBody("NACK reason truncated")
-    try:
-        n.reason = bytes(body[10:10 + rlen]).decode()
-    except UnicodeError:
-        raise BadBody("NACK body has a text field that is not UTF-8") from None
-    n.leases = _leases(body, 10 + rlen, "NACK")
-    return n
-
-
-_texts = {}   # str8 bytes -> text: SNs and topics a consumer hears again and again
-
-
-def _text8(body, pos):
-    """The str8 at ``pos``: (text, next pos); decoded names are cached."""
-    end = pos + 1 + body[pos]
-    raw = body[pos + 1:end]
-    t = _texts.get(raw)
-    if t is None:
-        t = _new_text(_texts, raw, _CACHE_MAX, "MESSAGES body has a text field that")
-    return t, end
-
-
-def _messages_decode(body):
-    # every message a consumer gets goes through here: one precompiled unpack for
-    # the fixed fields, cached SN/topic text, no Reader calls per field
-    size = len(body)
-    if size < 6:
-        raise BadBody("MESSAGES body truncated at byte 0")
-    sub_id, count = _HEAD.unpack_from(body, 0)
-    pos = 6
-    out = []
-    unpack = _MSG.unpack_from
-    new = Message.__new__
-    u16 = _U16.unpack_from
-    u32 = _U32.unpack_from
-    try:
-        for _ in range(count):
-            m = new(Message)
-            m.queue_offset, m.delivery, m.seq, m.lock_ts_ms, m.broker_ts_us = unpack(body, pos)
-            m.sn, pos = _text8(body, pos + _MSG_SIZE)
-            m.topic, pos = _text8(body, pos)
-            (n,) = u16(body, pos)
-            m.headers = bytes(body[pos + 2:pos + 2 + n])
-            pos += 2 + n
-            (n,) = u32(body, pos)
-            pos += 4 + n
-            if pos > size:
-                raise IndexError
-            m.payload = bytes(body[pos - n:pos])
-            out.append(m)
-    except (struct.error, IndexError):
-        raise BadBody("MESSAGES body truncated at byte %d" % min(pos, size)) from None
-    if pos != size:
-        raise BadBody("MESSAGES body has %d trailing bytes" % (size - pos))
-    return Messages(sub_id, out)
-
-
-# The portable versions, kept so the fast path can be switched off (tests).
-_PORTABLE = ((Ack, "decode", Ack.decode), (Nack, "decode", Nack.decode),
-             (Messages, "encode", Messages.encode), (Messages, "decode", Messages.decode))
-_FAST = ((Ack, "decode", staticmethod(_ack_decode)),
-         (Nack, "decode", staticmethod(_nack_decode)),
-         (Messages, "encode", _messages_encode),
-         (Messages, "decode", staticmethod(_messages_decode)))
-
-
-def install(on=True):
-    """Use the fast path for ACK/NACK/MESSAGES decoding and MESSAGES encoding (``on``), or the
-    portable one of _consume.py (``on=False``); both give the same bytes."""
-    for cls, name, fn in (_FAST if on else _PORTABLE):
-        setattr(cls, name, fn if on or name != "decode" else staticmethod(fn))

@@ -141,3 +141,68 @@ def test_producer_ids_per_owner_are_bounded_least_recently_used_first(reg):
     assert reg.claim_producer_id("p-5", "token:a", 3, now=5001.0) == ""
     assert sorted(x["id"] for x in reg.producer_ids("token:a")) == ["p-2", "p-4", "p-5"]
     assert reg.claim_producer_id("p-0", "token:b", 3) == ""     # forgotten: free again
+
+
+def test_the_auth_snapshot_follows_every_write_at_the_next_lookup(tmp_path, reg):
+    """``lookup_policy`` answers from a snapshot of every row: this registry's own
+    writes and another process's (a second connection to the file, as ``lockmq
+    devices`` is) are seen at the very next lookup -- a disabled, re-keyed or removed
+    lock is refused at its next AUTH, a new one accepted."""
+    key = reg.add("LOCK-S1", mac=False)
+    assert reg.lookup_policy("LOCK-S1") == (key, "enabled", False, False, 1)
+    assert reg.lookup_policy("LOCK-S2") == (None, "unknown", False, False, 0)
+    other = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    try:
+        other.set_enabled("LOCK-S1", False)
+        assert reg.lookup_policy("LOCK-S1") == (None, "disabled", False, False, 0)
+        other.set_enabled("LOCK-S1", True)
+        new = other.rekey("LOCK-S1")
+        assert reg.lookup_policy("LOCK-S1") == (new, "enabled", False, False, 2)
+        added = other.add("LOCK-S2", tls=True)
+        assert reg.lookup_policy("LOCK-S2") == (added, "enabled", True, True, 1)
+        other.remove("LOCK-S2")
+        assert reg.lookup("LOCK-S2") == (None, "unknown")
+    finally:
+        other.close()
+    # ... and its own
+    reg.set_policy("LOCK-S1", mac=True)
+    assert reg.lookup_policy("LOCK-S1")[2] is True
+    mine = reg.rekey("LOCK-S1")
+    assert reg.lookup("LOCK-S1") == (mine, "enabled")
+    reg.remove("LOCK-S1")
+    assert reg.lookup("LOCK-S1") == (None, "unknown")
+
+
+def test_the_snapshot_reads_only_what_changed_and_drops_what_was_removed(tmp_path, reg,
+                                                                         monkeypatch):
+    """Another process's commit is caught up row by row (the rows updated since the
+    last look, the removed ones), not by unwrapping every key again; a commit to the
+    file that is not a device row's (a token) changes no answer."""
+    from lockmq.security import registry as registry_module
+    # (no margin: rows stamped before the last look are not read again)
+    monkeypatch.setattr(registry_module, "SNAPSHOT_MARGIN_S", 0.0)
+    keys = reg.add_many([f"LOCK-{i:03d}" for i in range(20)], mac=False)
+    assert reg.load_snapshot() == 20
+    other = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    try:
+        other.set_enabled("LOCK-003", False)
+        other.remove("LOCK-004")
+        added = other.add("LOCK-NEW")
+    finally:
+        other.close()
+    unwrapped = []
+    real = reg._policy_row
+    reg._policy_row = lambda row: (unwrapped.append(row[0]), real(row))[1]   # type: ignore[method-assign]
+    assert reg.lookup("LOCK-003") == (None, "disabled")
+    assert reg.lookup("LOCK-004") == (None, "unknown")
+    assert reg.lookup("LOCK-NEW") == (added, "enabled")
+    assert reg.lookup("LOCK-005") == (keys["LOCK-005"], "enabled")
+    assert sorted(unwrapped) == ["LOCK-003", "LOCK-NEW"]
+    from lockmq.security import Permissions, TokenStore
+    store = TokenStore(SecurityConfig(data_dir=str(tmp_path)).registry_path)
+    try:
+        store.create("svc", Permissions())
+    finally:
+        store.close()
+    assert reg.lookup("LOCK-005") == (keys["LOCK-005"], "enabled")
+    assert len(unwrapped) == 2

@@ -137,9 +137,11 @@ class Handshake:
         mac_required = not self.tls and (b.guard.lock_frames_need_mac or principal.need_mac)
         if is_lock and not self.tls and not self.session.mac_wanted and not mac_required \
                 and b.guard.auth_mode != "off":
-            b.log("lock_without_mac", conn=self.id, peer=self.peer, sn=principal.name,
-                  level="warning", note="registered without a MAC policy; frames on plain "
-                  "TCP are not integrity-protected (lockmq devices policy --mac)")
+            # (a line a second at most: in a reconnect storm of such locks a line per
+            # session was a fifth of the loop's time; ``suppressed`` counts the rest)
+            b.log.limited("lock_without_mac", level="warning", conn=self.id, peer=self.peer,
+                          sn=principal.name, note="registered without a MAC policy; frames "
+                          "on plain TCP are not integrity-protected (lockmq devices policy --mac)")
         try:
             answer = self.session.accept(role, principal.name, ack, frame.opaque,
                                          mac_key=principal.session_key, mac_required=mac_required)

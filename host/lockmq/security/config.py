@@ -82,7 +82,7 @@ class SecurityConfig:
         lock_frame_mac: frame MACs for locks on plain TCP (SPEC "Frame MACs"):
             ``"optional"`` (default) applies only to locks registered without a MAC
             policy (``lockmq devices add --no-mac``, or rows older than the policy),
-            each such session logged ``lock_without_mac``; a lock provisioned for MACs
+            each such session logged ``lock_without_mac`` (a line a second at most); a lock provisioned for MACs
             (the default) is refused without them whatever this says. ``"required"``:
             every lock on plain TCP must use them. Over TLS they are never required.
         broker_id: this broker's name, sent in CHALLENGE and covered by every lock's

@@ -262,6 +262,8 @@ class Guard:
     def from_broker_config(cls, config: Any, **kwargs: Any) -> "Guard":
         """A Guard from a whole ``lockmq.config.Config`` (``[broker]`` + ``[security]``)."""
         g = cls(SecurityConfig.from_broker_config(config), **kwargs)
+        # the devices' AUTH snapshot read now, not by the first lock of a storm
+        g.registry.load_snapshot()
         d = getattr(config, "devices", None)
         if d is not None:
             g.internal_topics = frozenset(t for t in (d.events_topic, d.heartbeats_topic) if t)
@@ -277,6 +279,7 @@ class Guard:
         restored or replaced on disk is the one read from now on."""
         old = (self.registry, self.tokens)
         self.registry = DeviceRegistry.open(self.cfg)
+        self.registry.load_snapshot()
         self.tokens = TokenStore(self.cfg.registry_path)
         for store in old:
             store.close()
