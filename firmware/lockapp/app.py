@@ -15,8 +15,7 @@ from lockapp.oqueue import OQueue
 from lockapp.events import Lock
 from lockapp.link import Link
 
-# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
-# does not import the constant classes (tests/protocol/test_lock_consts.py)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 _EV_DOOR_LEFT_OPEN = const(3)
 _EV_FAILED_ATTEMPT = const(2)
 _EV_LOW_BATTERY = const(5)
@@ -27,6 +26,7 @@ _M_NONE = const(0)
 _M_REMOTE = const(3)
 _NO_SEQ = const(0xFFFFFFFF)
 _R_DENIED_UNKNOWN = const(1)
+# -- end of generated protocol numbers --
 
 _TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
           "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
