@@ -29,7 +29,7 @@ _S_UNSUPPORTED = const(5)
 PATH = "cmd.dat"
 NAMES = {_K_UNLOCK: "unlock", _K_CARDS_SET: "cards",
          _K_CONFIG: "config", _K_REBOOT: "reboot",
-         _K_FW_UPDATE: "fw_update"}
+         _K_FW_UPDATE: "fw-update"}
 
 
 class Commands:

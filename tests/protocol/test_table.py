@@ -9,6 +9,7 @@ CONTRIBUTING.md ("Adding a command kind").
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 import sys
@@ -104,3 +105,30 @@ def test_a_const_that_names_nothing_of_the_table_is_refused(tmp_path: Path) -> N
     text = (ROOT / rel).read_text().replace(gen.END, "_K_NOSUCH = const(9)\n" + gen.END)
     with pytest.raises(SystemExit, match="_K_NOSUCH names nothing of protocol/table.py"):
         gen.render_lock_module(text, gen.load_table(), rel)
+
+
+# -- one vocabulary ------------------------------------------------------------------------
+def _dict_literal(rel: str, name: str) -> dict:
+    """The module-level dict literal ``name`` of a firmware module: {key node: value node}."""
+    for node in ast.parse((ROOT / rel).read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return dict(zip(node.value.keys, node.value.values))  # type: ignore[attr-defined]
+    raise AssertionError(f"{rel} has no {name}")
+
+
+def _code(table: ModuleType, node: ast.AST) -> int:
+    return int(gen.lock_value(table, node.id)[len("const("):-1], 0)  # type: ignore[attr-defined]
+
+
+def test_the_lock_logs_events_by_the_tables_names() -> None:
+    table = gen.load_table()
+    names = table.names(table.EVENT_TYPES)
+    lock = {k.value: _code(table, v) for k, v in _dict_literal("firmware/lockapp/events.py", "TYPES").items()}
+    assert lock and all(names[code] == word for word, code in lock.items()), lock
+
+
+def test_the_lock_logs_commands_by_the_tables_names() -> None:
+    table = gen.load_table()
+    names = table.names(table.COMMAND_KINDS)
+    lock = {_code(table, k): v.value for k, v in _dict_literal("firmware/lockapp/commands.py", "NAMES").items()}
+    assert lock == names
