@@ -134,7 +134,7 @@ def test_a_bundle_that_does_not_match_its_digest_is_refused(broker: BrokerProces
     assert "fetching 9.2.0-tampered" in said
     # the id the CLI prints is the one the lock logs
     cli_id = re.search(r"command (\d+) ok", said).group(1)
-    lock.expect(rf"I cmd fw_update id={cli_id} ok", timeout=10)
+    lock.expect(rf"I cmd fw-update id={cli_id} ok", timeout=10)
     lock.expect(r"E ota refused v=9\.2\.0-tampered why=digest", timeout=60)
     assert "I ota staged" not in lock.full_log()
     lock.power_cut()                                      # still the old app, and it says why

@@ -100,13 +100,13 @@ def test_network_cut_and_restored(broker: BrokerProcess, lock_factory: LockFacto
     lock.expect(r"I evt acked seq=\d+", timeout=30)
     # Silent loss: packets vanish, the lock notices by its I/O timeout.
     proxy.drop()
-    lock.events("failed", 50)
+    lock.events("failed_attempt", 50)
     lock.expect(r"W net down", timeout=30)
     proxy.restore()
     lock.wait_online(timeout=60)
     # Hard cut: connections reset, the broker unreachable for a while.
     proxy.cut()
-    lock.events("door_open", 50)
+    lock.events("door_left_open", 50)
     lock.expect(r"W net down", timeout=30)
     lock.expect(r"I net backoff ms=\d+", timeout=30)
     time.sleep(1.0)
@@ -159,9 +159,9 @@ def test_reflashed_board_never_reuses_sequence_numbers(broker: BrokerProcess, lo
     assert lock.source is not None
     lock.deploy(lock.source, fresh=True)
     lock.wait_ready()
-    lock.events("failed", 10)  # numbered provisionally: the board has no seq files
+    lock.events("failed_attempt", 10)  # numbered provisionally: the board has no seq files
     for _ in range(10):
-        lock.expect(r"I evt queued seq=\d+ type=failed", timeout=30)
+        lock.expect(r"I evt queued seq=\d+ type=failed_attempt", timeout=30)
     proxy.restore()
     lock.expect(r"W sys seq renumbered from=\d+ to=\d+ n=10", timeout=60)
     lock.wait_drained(timeout=60)
@@ -249,9 +249,9 @@ def test_firmware_update_deployed_and_back_online(broker: BrokerProcess, lock_fa
     lock.skip_pending()
     proxy.cut()  # events pile up in the offline queue while the update happens
     lock.expect(r"W net down", timeout=30)
-    lock.events("failed", 30)
+    lock.events("failed_attempt", 30)
     for _ in range(30):
-        lock.expect(r"I evt queued seq=\d+ type=failed", timeout=30)
+        lock.expect(r"I evt queued seq=\d+ type=failed_attempt", timeout=30)
     # The new build: same identity and settings, code copied through the raw REPL.
     update = make_flash(firmware_template, tmp_path / "update", SN, lock.key, [proxy.address],
                         queue_max=600, backoff_max_ms=2000, io_timeout_ms=3000, heartbeat_s=5,

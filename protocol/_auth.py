@@ -18,7 +18,9 @@ from ._hmac import hmac_sha256, compare_digest
 AUTH_DOMAIN = b"lockmq-auth-v2"
 TRANSCRIPT_DOMAIN = b"lockmq-transcript-v1"
 COMMAND_DOMAIN = b"lockmq-cmd-v1"
-_VERSION = const(1)    # protocol/_constants.py VERSION (test_lock_consts.py)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
+_VERSION = const(1)
+# -- end of generated protocol numbers --
 
 
 def _b(sn):

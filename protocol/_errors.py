@@ -9,14 +9,15 @@ import sys
 
 from ._const import const
 
-# ErrorCode values (protocol/_constants.py)
-_E_BAD_FRAME = const(1)
-_E_UNSUPPORTED_VERSION = const(2)
-_E_FRAME_TOO_LARGE = const(3)
-_E_BAD_CHECKSUM = const(4)
-_E_UNKNOWN_OPCODE = const(5)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 _E_BAD_BODY = const(6)
+_E_BAD_CHECKSUM = const(4)
+_E_BAD_FRAME = const(1)
+_E_FRAME_TOO_LARGE = const(3)
 _E_INVALID_ARGUMENT = const(8)
+_E_UNKNOWN_OPCODE = const(5)
+_E_UNSUPPORTED_VERSION = const(2)
+# -- end of generated protocol numbers --
 
 
 class ProtocolError(Exception):

@@ -8,11 +8,15 @@
 # open, battery percent, tamper sensor id.
 import struct
 
+from ._const import const
 from ._codec import pack8
 from ._errors import BadBody
 
+# the record's fixed fields (a struct format) and their size
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
+EVENT_HEADER_SIZE = const(13)
 _EVT = ">BBBHQ"
-EVENT_HEADER_SIZE = 13
+# -- end of generated protocol numbers --
 
 
 class LockEvent:

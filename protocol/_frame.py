@@ -13,8 +13,9 @@ from . import _crc
 from ._errors import (BadFrame, UnsupportedVersion, FrameTooLarge,
                       BadChecksum, UnknownOpcode, LocalProtocolError)
 
-# The format's numbers (protocol/_constants.py), as const(): a lock does not import
-# _constants, whose classes would take its heap (test_lock_consts.py holds them equal).
+# The format's numbers, and _LOCK_KNOWN: every opcode, a constant tuple (in flash on
+# a board): a lock does not import _constants, whose classes would take its heap.
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 VERSION = const(1)
 HEADER_SIZE = const(8)
 SUBHEADER_SIZE = const(5)
@@ -23,10 +24,10 @@ MIN_FRAME = const(15)
 MAX_SN = const(64)
 DEFAULT_MAX_FRAME = const(65536)
 HARD_MAX_FRAME = const(16777216)
-# Every opcode of _constants.Op: a constant tuple, which stays in flash on a board
 _LOCK_KNOWN = (0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x0E, 0x0F, 0x10, 0x11, 0x12, 0x13, 0x14,
                0x15, 0x16, 0x17, 0x18, 0x19, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27,
                0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x100, 0x101)
+# -- end of generated protocol numbers --
 
 # MicroPython (the lock) hashes the CRC through a memoryview; CPython (crc_hqx, the
 # broker's hot path) slices, which is faster there.

@@ -11,7 +11,9 @@ from ._const import const
 from ._codec import Reader, pack8, pack16, check_range
 from ._errors import LocalProtocolError
 
-_NONCE_SIZE = const(16)       # protocol/_constants.py NONCE_SIZE
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
+_NONCE_SIZE = const(16)
+# -- end of generated protocol numbers --
 PUBLISH_HEAD = ">IQ"          # PUBLISH: seq u32 | lock_ts_ms u64, after the topic
 
 

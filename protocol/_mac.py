@@ -7,14 +7,15 @@ from ._const import const
 from ._frame import op_name
 from ._hmac import hmac_sha256, compare_digest
 
-# protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
-_FLAG_MAC = const(4)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
+TAG_SIZE = const(16)
+TO_BROKER = const(0)
+TO_CLIENT = const(1)
 _E_BAD_MAC = const(17)
+_FLAG_MAC = const(4)
+# -- end of generated protocol numbers --
 
 SESSION_DOMAIN = b"lockmq-session-v2"
-TAG_SIZE = 16          # HMAC-SHA256 cut to 128 bits
-TO_BROKER = 0          # direction byte: client -> broker
-TO_CLIENT = 1          # broker -> client (a frame reflected back fails)
 
 
 def _b(sn):

@@ -21,27 +21,28 @@ if sys.implementation.name == "micropython":
 else:
     from ._bodies import ConnectAck as _Ack
 
-# protocol/_constants.py numbers, folded on a lock (test_lock_consts.py holds them equal)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 _AUTH_DEVICE_HMAC = const(1)
 _E_AUTH_FAILED = const(11)
-_E_UNEXPECTED_FRAME = const(7)
 _E_BAD_MAC = const(17)
-_FLAG_RESPONSE = const(2)
+_E_UNEXPECTED_FRAME = const(7)
 _FLAG_MAC = const(4)
-_OP_CONNECT = const(0x01)
-_OP_CHALLENGE = const(0x02)
+_FLAG_RESPONSE = const(2)
 _OP_AUTH = const(0x03)
+_OP_CHALLENGE = const(0x02)
+_OP_COMMAND = const(0x30)
+_OP_CONNECT = const(0x01)
 _OP_CONNECT_ACK = const(0x04)
-_OP_HEARTBEAT = const(0x05)
 _OP_DISCONNECT = const(0x06)
 _OP_ERROR = const(0x0F)
-_OP_TXN_CHECK = const(0x15)
+_OP_HEARTBEAT = const(0x05)
 _OP_NOTIFY = const(0x23)
-_OP_COMMAND = const(0x30)
+_OP_TXN_CHECK = const(0x15)
+_ROLE_ADMIN = const(3)
 _ROLE_LOCK = const(1)
 _ROLE_SERVICE = const(2)
-_ROLE_ADMIN = const(3)
 _VERSION = const(1)
+# -- end of generated protocol numbers --
 
 CONNECTING = 0    # before CONNECT (broker) / CONNECT sent (client)
 CHALLENGED = 1    # CHALLENGE sent, waiting for AUTH / AUTH sent, waiting for CONNECT_ACK

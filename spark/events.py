@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-from lockmq.protocol import EventType, Method, Result
+from lockmq.protocol import table as protocol_table
 from lockmq.protocol._event import _EVT, EVENT_HEADER_SIZE
 
 from .arrays import at_every_byte, struct_dtype
@@ -24,15 +24,11 @@ from .arrays import at_every_byte, struct_dtype
 UTC_US = pa.timestamp("us", tz="UTC")
 
 
-def _code_names(codes: type) -> dict[int, str]:
-    """``{code: lower-case name}`` of a protocol constants class (EventType ...)."""
-    return {v: k.lower() for k, v in vars(codes).items() if k.isupper() and type(v) is int}
-
-
-# Names of the protocol's EventType / Method / Result codes: "unlock", "card", "ok" ...
-EVENT_TYPES = _code_names(EventType)
-METHODS = _code_names(Method)
-RESULTS = _code_names(Result)
+# The one names of the event type / method / result codes (protocol/table.py, the
+# names the lock logs and the client's enums say): "unlock", "card", "ok" ...
+EVENT_TYPES = protocol_table.names(protocol_table.EVENT_TYPES)
+METHODS = protocol_table.names(protocol_table.METHODS)
+RESULTS = protocol_table.names(protocol_table.RESULTS)
 #: Event types that count as alarms in the daily report.
 ALARM_TYPES = ("door_left_open", "tamper", "low_battery")
 

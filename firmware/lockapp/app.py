@@ -12,25 +12,16 @@ from lockapp import VERSION, log, config, atomic, hw as hwmod, backoff
 from lockapp.clock import Clock
 from lockapp.seqno import SeqNo, CEILING
 from lockapp.oqueue import OQueue
-from lockapp.events import Lock
+from lockapp.events import Lock, TYPES
 from lockapp.link import Link
 
-# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
-# does not import the constant classes (tests/protocol/test_lock_consts.py)
-_EV_DOOR_LEFT_OPEN = const(3)
-_EV_FAILED_ATTEMPT = const(2)
-_EV_LOW_BATTERY = const(5)
-_EV_TAMPER = const(4)
-_EV_UNLOCK = const(1)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 _M_CARD = const(1)
 _M_NONE = const(0)
 _M_REMOTE = const(3)
 _NO_SEQ = const(0xFFFFFFFF)
 _R_DENIED_UNKNOWN = const(1)
-
-_TYPES = {"unlock": _EV_UNLOCK, "failed": _EV_FAILED_ATTEMPT,
-          "door_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
-          "battery": _EV_LOW_BATTERY}
+# -- end of generated protocol numbers --
 
 
 class App:
@@ -76,11 +67,11 @@ class App:
     # -- events --------------------------------------------------------------------------
     def emit(self, name, credential=b"", value=0, result=0, remote=False):
         # Queue one event durably (flash) before anyone may send it.
-        if name == "failed":
+        if name == "failed_attempt":
             result = _R_DENIED_UNKNOWN
         method = _M_REMOTE if remote else (_M_CARD if credential else _M_NONE)
         ts = self.clock.now_ms()
-        payload = LockEvent(_TYPES[name], ts, method, result, value, credential).encode()
+        payload = LockEvent(TYPES[name], ts, method, result, value, credential).encode()
         try:
             seq = self.seq.take()
             dropped = self.q.append(seq, payload)

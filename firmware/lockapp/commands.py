@@ -13,8 +13,7 @@ from lockmq.protocol._hmac import compare_digest
 from lockmq.protocol._errors import ProtocolError
 from lockapp import atomic, log, cards
 
-# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
-# does not import the constant classes (tests/protocol/test_lock_consts.py)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 _K_CARDS_SET = const(2)
 _K_CONFIG = const(3)
 _K_FW_UPDATE = const(5)
@@ -25,11 +24,12 @@ _S_FAILED = const(1)
 _S_OK = const(0)
 _S_REFUSED = const(2)
 _S_UNSUPPORTED = const(5)
+# -- end of generated protocol numbers --
 
 PATH = "cmd.dat"
 NAMES = {_K_UNLOCK: "unlock", _K_CARDS_SET: "cards",
          _K_CONFIG: "config", _K_REBOOT: "reboot",
-         _K_FW_UPDATE: "fw_update"}
+         _K_FW_UPDATE: "fw-update"}
 
 
 class Commands:

@@ -1,9 +1,22 @@
 # The lock's own logic: turns inputs (card, door, tamper, battery, injected events)
 # into actions (relay, LEDs) and events for the offline queue.
 import asyncio
+from micropython import const
 from lockapp import log, cards
 
-TYPES = ("unlock", "failed", "door_open", "tamper", "battery")
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
+_EV_DOOR_LEFT_OPEN = const(3)
+_EV_FAILED_ATTEMPT = const(2)
+_EV_LOW_BATTERY = const(5)
+_EV_TAMPER = const(4)
+_EV_UNLOCK = const(1)
+# -- end of generated protocol numbers --
+
+# The events this lock emits, by their one name (protocol/table.py: the name the
+# client, the CLI and Spark use too; tests/protocol/test_table.py holds them to it).
+TYPES = {"unlock": _EV_UNLOCK, "failed_attempt": _EV_FAILED_ATTEMPT,
+         "door_left_open": _EV_DOOR_LEFT_OPEN, "tamper": _EV_TAMPER,
+         "low_battery": _EV_LOW_BATTERY}
 
 
 class Lock:
@@ -77,7 +90,7 @@ class Lock:
     def _deny(self, card):
         self.hw.led("red")
         self.hw.buzzer(200)
-        self.app.emit("failed", _cred(card))
+        self.app.emit("failed_attempt", _cred(card))
 
     def door(self, is_open):
         if is_open == self.door_open:
@@ -89,7 +102,7 @@ class Lock:
     def battery_level(self, pct):
         low = self.cfg["battery_low_pct"]
         if pct < low <= self.battery:
-            self.app.emit("battery", value=pct)
+            self.app.emit("low_battery", value=pct)
         self.battery = pct
 
     # -- actions ---------------------------------------------------------------------
@@ -121,7 +134,7 @@ class Lock:
                 if self.app.clock.now_ms() - self._door_since >= self.cfg["door_open_alarm_s"] * 1000:
                     self._door_alarmed = True
                     self.hw.buzzer(1000)
-                    self.app.emit("door_open", value=self.cfg["door_open_alarm_s"])
+                    self.app.emit("door_left_open", value=self.cfg["door_open_alarm_s"])
 
 
 def _cred(card):

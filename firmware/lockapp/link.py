@@ -24,8 +24,7 @@ from lockmq.protocol._session import ClientSession, SessionError
 from lockapp import log
 from lockapp.backoff import Backoff
 
-# protocol numbers (lockmq.protocol._constants), folded by MicroPython: the lock
-# does not import the constant classes (tests/protocol/test_lock_consts.py)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 _AUTH_DEVICE_HMAC = const(1)
 _E_AUTH_FAILED = const(11)
 _E_BAD_MAC = const(17)
@@ -46,6 +45,7 @@ _OP_HEARTBEAT = const(0x05)
 _OP_PUBLISH = const(0x10)
 _OP_PUBLISH_ACK = const(0x11)
 _ROLE_LOCK = const(1)
+# -- end of generated protocol numbers --
 
 _TIMEOUT_ERRNOS = (errno.EAGAIN, errno.ETIMEDOUT, 11, 110, 116)
 # Broker errors that mean "later", not "never": the message is sent again.

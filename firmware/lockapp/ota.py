@@ -21,9 +21,11 @@ from micropython import const
 from lockmq.protocol._firmware import fetch_body, chunk_fields
 from lockapp import atomic, log, VERSION
 
-# protocol numbers (lockmq.protocol._constants), folded by MicroPython
-_OP_FW_FETCH = const(0x34)
+# -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
+VERSION = const(1)
 _E_INVALID_ARGUMENT = const(8)
+_OP_FW_FETCH = const(0x34)
+# -- end of generated protocol numbers --
 
 STATE = "ota.dat"
 BIN = "ota.bin"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lockmq.cli import main as lockmq_main
+from lockmq.client import decode_event
 from lockmq.protocol import CommandKind, EventType, LockEvent
 from lockmq.testing import BrokerProcess, Lock, free_port
 
@@ -76,6 +77,9 @@ def test_publish_and_remote_unlock_through_lockmq_broker(board_template, build_a
     assert [m.seq for m in mine] == [1, 2, 3, 4, 5]
     kinds = [LockEvent.decode(m.payload).event_type for m in mine]
     assert kinds == [EventType.UNLOCK] * 3 + [EventType.FAILED_ATTEMPT] * 2
+    # one vocabulary: the consumer's enum says the name the lock logged for each event
+    logged = {int(m.group(1)): m.group(2) for m in lk.grep(r"^I evt queued seq=(\d+) type=(\w+)$")}
+    assert [str(decode_event(m.payload).event_type) for m in mine] == [logged[m.seq] for m in mine]
 
     # the lock seals its frames (mac=1), and after two answered publish reads its
     # steady publishes are the compiled lane's: the command must reach it tagged with
@@ -85,7 +89,7 @@ def test_publish_and_remote_unlock_through_lockmq_broker(board_template, build_a
         outcome = p.command(SN, CommandKind.UNLOCK, struct.pack(">H", 2), expires_in_s=30, timeout_s=30)
     assert outcome.ok and outcome.target == SN and outcome.detail == "unlocked 2s", outcome
     lk.expect(r"^I hw relay on$")
-    lk.expect(r"^I cmd unlock id=\d+ ok$")
+    lk.expect(rf"^I cmd unlock id={outcome.cmd_id} ok$")   # the id the client got is the lock's
     assert lk.grep(r"net down") == [], lk.log()   # (a bad tag: BAD_MAC, a reconnect)
 
 

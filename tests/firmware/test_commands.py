@@ -92,7 +92,7 @@ def test_card_list_update_then_card_opens(lock, broker):
     lock.send("card 01020304050607")
     lock.expect(r"^I evt queued seq=2 type=unlock$")
     lock.send("card 0A1B2C3D")                    # no longer on the list
-    lock.expect(r"^I evt queued seq=3 type=failed$")
+    lock.expect(r"^I evt queued seq=3 type=failed_attempt$")
     assert (lock.folder / "cards.bin").read_bytes() == args[2:]
 
 

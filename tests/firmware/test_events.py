@@ -31,16 +31,16 @@ def test_card_door_tamper_battery(online):
     lk.expect(r"^I hw relay off$", timeout=5)      # after unlock_s
     lk.send("card 99887766")
     lk.expect(r"^I hw led red$")
-    lk.expect(r"^I evt queued seq=2 type=failed$")
+    lk.expect(r"^I evt queued seq=2 type=failed_attempt$")
     lk.send("door open")
-    lk.expect(r"^I evt queued seq=3 type=door_open$", timeout=5)   # open > door_open_alarm_s
+    lk.expect(r"^I evt queued seq=3 type=door_left_open$", timeout=5)   # open > door_open_alarm_s
     lk.send("door close")
     lk.send("tamper")
     lk.expect(r"^I evt queued seq=4 type=tamper$")
     for pct in (50, 15, 10, 30, 12):              # two crossings below 20 %: two events
         lk.send(f"battery {pct}")
-    lk.expect(r"^I evt queued seq=5 type=battery$")
-    lk.expect(r"^I evt queued seq=6 type=battery$")
+    lk.expect(r"^I evt queued seq=5 type=low_battery$")
+    lk.expect(r"^I evt queued seq=6 type=low_battery$")
     lk.send("bogus words")
     lk.expect(r"^W hw input err=unknown_command line=bogus_words$")
     lk.expect(r"^I evt acked seq=6$")

@@ -94,7 +94,7 @@ def test_power_cut_mid_stream_exactly_once(flash, broker, lock_factory):
     fast_link(flash, [broker.port])
     lk = lock_factory(flash)
     lk.expect(r"^I net connected")
-    lk.send("event failed 150")
+    lk.send("event failed_attempt 150")
     lk.expect(r"^I evt acked seq=30$")
     lk.kill()                                  # mid-stream: acks in flight are lost, records not
     queued = [int(m.group(1)) for m in lk.grep(r"^I evt queued seq=(\d+) ")]
@@ -137,7 +137,7 @@ def test_failover_to_the_next_broker(flash, broker, lock_factory):
     lk = lock_factory(flash)
     lk.expect(rf"^W net down err=refused broker=127.0.0.1:{dead_port}$")
     lk.expect(rf"^I net connected broker=127.0.0.1:{broker.port}$")
-    lk.send("event battery")
+    lk.send("event low_battery")
     lk.expect(r"^I evt acked seq=1$")
 
 

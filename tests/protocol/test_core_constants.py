@@ -2,7 +2,8 @@
 
 The core carries the wire's and the commit log's numbers as Rust constants and
 exports them as ``lockmq._core.CONSTANTS``; each is held here to the Python module it
-was copied from, so a change there that the core does not follow fails here (the C
+is generated from (scripts/gen_protocol.py writes consts.rs), so a build older than
+its source fails here (the C
 extension's ``#define``s had no such check).
 """
 from __future__ import annotations
@@ -41,6 +42,11 @@ PYTHON = {
     "records.MAX_SN_LEN": records.MAX_SN_LEN,
     "records.MAX_SEQ": records.MAX_SEQ,
 }
+# ... and every opcode, flag and error code (consts.rs is generated from protocol/table.py)
+for _cls in (_constants.Op, _constants.Flag, _constants.ErrorCode):
+    for _name, _value in vars(_cls).items():
+        if not _name.startswith("_"):
+            PYTHON[f"{_cls.__name__}.{_name}"] = _value
 
 
 @pytest.mark.skipif(SPEEDUPS is None, reason=NOT_BUILT.kwargs["reason"])

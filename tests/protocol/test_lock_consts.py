@@ -1,5 +1,9 @@
 """The lock's copies of the protocol numbers equal protocol/_constants.py.
 
+Both are generated from protocol/table.py (scripts/gen_protocol.py; test_table.py
+holds every generated file to the table); this checks the result from the other side:
+the values a lock folds are the ones the host uses.
+
 On a lock the protocol modules and the app declare the numbers they use as
 ``_NAME = const(value)`` (MicroPython folds them: no heap) instead of importing the
 constant classes, whose dicts took ~2.5 KiB of a 32-bit lock's heap. This holds every
@@ -10,12 +14,13 @@ whose name says nothing about which constant it copies.
 from __future__ import annotations
 
 import ast
+import struct
 from pathlib import Path
 
 import pytest
 
 from lockmq.protocol import _constants as C
-from lockmq.protocol import _frame
+from lockmq.protocol import _event, _frame
 from lockmq.testing.micropython import PROTOCOL
 
 FIRMWARE = Path(__file__).resolve().parents[2] / "firmware" / "lockapp"
@@ -43,6 +48,8 @@ def expected(name: str) -> int:
     for prefix, cls in PREFIXES.items():
         if name.startswith(prefix):
             return getattr(cls, name[len(prefix):])
+    if name == "EVENT_HEADER_SIZE":       # the lock event's fixed part (protocol/table.py)
+        return struct.calcsize(_event._EVT)
     return getattr(C, name.lstrip("_"))   # module-level numbers: VERSION, NO_SEQ, ...
 
 

@@ -36,6 +36,7 @@ from .errors import (
     LockmqError,
     TlsError,
 )
+from .events import CommandKind, CommandStatus, Event, EventType, Method, Result, decode_event
 from .idempotency import (
     IdempotencyStore,
     PostgresIdempotency,
@@ -55,6 +56,8 @@ __all__ = [
     "LockmqError", "ConnectionLost", "ClientClosed", "BrokerError", "BusyError", "AuthError",
     "ForbiddenError", "CommandError", "AdminError", "InsecureTransportError", "InvalidIdentityError",
     "TlsError",
+    # lock events and command kinds by their one names (events.py)
+    "EventType", "Method", "Result", "CommandKind", "CommandStatus", "Event", "decode_event",
     # transactional messages (transaction.py)
     "TransactionProducer", "TxnMessage", "TxnResult", "idempotent_transaction",
 ]

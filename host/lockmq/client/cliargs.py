@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from typing import TYPE_CHECKING
 
-from lockmq.protocol import CommandKind, EventType, LockEvent, Method, Result
+from lockmq.protocol import LockEvent
+from lockmq.protocol import table
 
 if TYPE_CHECKING:
     from lockmq.client.session import Endpoint
@@ -106,14 +107,12 @@ def endpoint_from_args(args: argparse.Namespace) -> "Endpoint | list[Endpoint]":
     return endpoints[0] if len(endpoints) == 1 else endpoints
 
 
-def _names(cls: type) -> dict[int, str]:
-    return {v: k.lower() for k, v in vars(cls).items() if not k.startswith("_")}
-
-
-EVENT_NAMES = _names(EventType)
-METHOD_NAMES = _names(Method)
-RESULT_NAMES = _names(Result)
-COMMAND_KINDS = {k.lower(): v for k, v in vars(CommandKind).items() if not k.startswith("_")}
+# The one text name of each code (protocol/table.py): what the lock logs, Spark and
+# the CLI say.
+EVENT_NAMES = table.names(table.EVENT_TYPES)
+METHOD_NAMES = table.names(table.METHODS)
+RESULT_NAMES = table.names(table.RESULTS)
+COMMAND_KINDS = {name: code for code, name in table.names(table.COMMAND_KINDS).items()}
 
 
 def describe_event(payload: bytes) -> str | None:

@@ -39,6 +39,7 @@ from lockmq.protocol import (
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection
 from .scheduled import cancel_body, command_at_body, due_ms, publish_at_body, scheduled_id_of
+from .events import CommandStatus as Status
 from .errors import BrokerError, BusyError, ClientClosed, CommandError, LockmqError
 from .session import Credentials, Endpoint, error_from_body
 
@@ -80,7 +81,8 @@ class CommandOutcome:
 
     target: str
     cmd_id: int
-    status: int
+    #: by its one name as text (``str(outcome.status)`` is ``"ok"``, ``"refused"`` ...)
+    status: Status
     detail: str
 
     @property
@@ -239,7 +241,7 @@ class AsyncProducer(SessionClient):
             err = error_from_body(frame.body)
             raise CommandError(err.name.lower(), err.detail)
         res = CommandResult.decode(frame.body)
-        outcome = CommandOutcome(res.target, res.cmd_id, res.status, res.detail)
+        outcome = CommandOutcome(res.target, res.cmd_id, Status(res.status), res.detail)
         if res.status != CommandStatus.OK:
             raise CommandError(_STATUS_REASON.get(res.status, str(res.status)), res.detail)
         return outcome

@@ -24,6 +24,7 @@ HOST_ONLY = frozenset({
     "_schedule",        # scheduled delivery bodies (services)
     "_bodies",          # body classes; the lock builds and reads bodies with _lockbodies
     "_constants",       # the constant classes; lock modules fold them as const() copies
+    "table",            # the protocol table: scripts/gen_protocol.py's and the host's source
 })
 
 

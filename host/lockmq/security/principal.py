@@ -14,6 +14,8 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
 
+from lockmq.protocol import table as _protocol_table
+
 from .errors import IdentityMismatch, PermissionDenied
 from .identity import RESERVED_PREFIX, is_internal_topic, system_topic_refusal
 
@@ -23,9 +25,10 @@ ADMIN = "admin"
 
 # -- command rights per kind ----------------------------------------------------------
 #: Command kinds a token may be granted (``--command KINDS:SN_GLOB``), by name -> the
-#: protocol's ``CommandKind`` value.
-COMMAND_KINDS = {"unlock": 1, "cards": 2, "config": 3, "reboot": 4, "fw-update": 5}
-KIND_NAMES = {v: k for k, v in COMMAND_KINDS.items()}
+#: protocol's ``CommandKind`` value: the rows of the protocol table (the right a kind
+#: needs is its one name).
+KIND_NAMES = _protocol_table.names(_protocol_table.COMMAND_KINDS)
+COMMAND_KINDS = {name: code for code, name in KIND_NAMES.items()}
 #: The right to change where a lock connects to (a CONFIG of its broker list or TLS
 #: settings). Implies ``config``; never implied by ``*``: it must be named.
 NETWORK_RIGHT = "config.network"
