@@ -290,9 +290,6 @@ def _package(module: str) -> str:
 #: (from, to): the debt, named so that it only shrinks -- a new circle fails the
 #: test below, and so does an entry that no longer exists (take it off).
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
-    # the campus client finds brokers through the registry's client, which is built
-    # on lockmq.client: that client belongs in lockmq.client
-    ("lockmq.client", "lockmq.registry"),
     # the registry server writes the broker's structured log (broker/logs.py): a log
     # module below both
     ("lockmq.registry", "lockmq.broker"),
