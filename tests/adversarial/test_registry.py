@@ -19,7 +19,7 @@ import pytest
 
 from lockmq.client.campus import AsyncCampusConsumer
 from lockmq.client.errors import AdminError, AuthError
-from lockmq.registry.client import registry_request
+from lockmq.client.registry import registry_request
 from lockmq.registry.server import RegistryServer
 from lockmq.security import Permissions
 from lockmq.testing import Peer, SecureBroker, run_cli

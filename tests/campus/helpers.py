@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lockmq.registry.client import registry_request
+from lockmq.client.registry import registry_request
 from lockmq.testing import BrokerProcess
 
 TOKEN = "campus.s3cret-registry-token"

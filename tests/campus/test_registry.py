@@ -11,7 +11,7 @@ import pytest
 
 from lockmq.client import AdminError, AuthError, Producer
 from lockmq.clock import ManualClock
-from lockmq.registry.client import registry_request
+from lockmq.client.registry import registry_request
 from lockmq.registry.server import RegistryServer
 from lockmq.protocol import FrameDecoder, Op
 from lockmq.testing import raises, read_until_closed, wait_for, wait_for_async

@@ -9,8 +9,9 @@ retries, dead letters), ``consumers``, ``devices``, ``commands``, ``scheduler``,
 ``transactions``, ``admin`` (each the handlers of its opcodes), ``admission`` (the
 one rights decision), ``status`` (HTTP status page), ``auth`` (the security hook),
 ``logs`` (structured logs and counters), ``embedded`` (a broker on a thread).
+
+The broker itself is :class:`lockmq.broker.server.Broker` (``run``, ``serve``). This
+file imports nothing: importing one broker module (``logs``, ``admin``) must not
+build the whole broker, nor close a circle through what the server wires in
+(replication, the registry announcer).
 """
-
-from .server import Broker, run, serve
-
-__all__ = ["Broker", "run", "serve"]

@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lockmq broker: bad configuration: {exc}", file=sys.stderr)
         return 2
-    from lockmq.broker import run
+    from lockmq.broker.server import run
 
     overrides = overrides_from_args(args)
     return run(config, reload=lambda: load_config(args.config, overrides, check_files=True))

@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def show(args: argparse.Namespace) -> int:
     """``registry list`` / ``registry lookup``."""
-    from lockmq.registry.client import registry_request
+    from lockmq.client.registry import registry_request
 
     q = {}
     if args.registry_op == "lookup":

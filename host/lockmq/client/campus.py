@@ -27,6 +27,7 @@ from typing import Any
 
 from .consumer import AsyncConsumer, Handler
 from .errors import LockmqError
+from .registry import lookup
 from .session import Endpoint
 from .sync import Consumer
 
@@ -128,8 +129,6 @@ class AsyncCampusConsumer:
 
     async def refresh(self, raise_errors: bool = False) -> None:
         """One lookup: join new gateways, leave the ones no longer listed."""
-        from lockmq.registry.client import lookup
-
         try:
             found = await lookup(self.registry, topic=self.topic, building=self.building,
                                  token=self.registry_token,

@@ -3,7 +3,8 @@
 * :mod:`.table` -- the gateways, their topics and eviction (no I/O);
 * :mod:`.server` -- the registry process (``lockmq registry``);
 * :mod:`.announce` -- a broker registering and heartbeating (``[registry]``);
-* :mod:`.client` -- lookups, for :mod:`lockmq.client.campus` and the CLI.
+* lookups (the client side) are :mod:`lockmq.client.registry`, for
+  :mod:`lockmq.client.campus` and the CLI.
 """
 
 from .table import Gateway, GatewayTable, RegistryError

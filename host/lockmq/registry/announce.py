@@ -18,7 +18,7 @@ from lockmq.client.admin import AsyncAdmin
 from lockmq.client.backoff import Backoff
 from lockmq.client.errors import AdminError, AuthError, LockmqError
 
-from .client import registry_addresses, registry_endpoint
+from lockmq.client.registry import registry_addresses, registry_endpoint
 
 #: how long a stopping gateway gives each registry to take its deregistration
 DEREGISTER_TIMEOUT_S = 2.0

@@ -15,7 +15,9 @@ import base64
 import time
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:   # (the broker imports this module)
+from lockmq.broker.admin import AdminError
+
+if TYPE_CHECKING:   # (types only)
     from lockmq.broker.core import Released
 
 from .registry_source import RegistrySource
@@ -214,8 +216,6 @@ class ReplicaSource:
 
     async def fetch(self, args: dict[str, Any]) -> dict[str, Any]:
         """``replica.fetch`` {from, max_bytes?, wait_ms?}: log bytes from ``from``."""
-        from lockmq.broker.admin import AdminError  # (the broker imports this module)
-
         start = args.get("from")
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise AdminError("INVALID_ARGUMENT", "from must be a commit-log offset")

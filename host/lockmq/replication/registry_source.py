@@ -20,6 +20,7 @@ import os
 import sqlite3
 from typing import Any
 
+from lockmq.broker.admin import AdminError
 from lockmq.security import db, keys
 
 #: most snapshot bytes one answer carries (base64 of it stays under a 1 MiB frame)
@@ -82,8 +83,6 @@ class RegistrySource:
     async def serve(self, args: dict[str, Any]) -> dict[str, Any]:
         """``replica.security`` {have?, offset?}: the registry snapshot from ``offset``
         unless the standby already has version ``have``."""
-        from lockmq.broker.admin import AdminError  # (the broker imports this module)
-
         have = args.get("have", "")
         offset = args.get("offset", 0)
         if not isinstance(have, str) or not isinstance(offset, int) \

@@ -17,6 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from lockmq.broker.logs import EventLog
 from lockmq.signals import stop_on_signals
 from lockmq.store.files import create_file, fsync_dir
 
@@ -232,8 +233,6 @@ async def follow_if_standby(config: Config) -> bool:
     settings = ReplicationSettings.from_table(config.replication)
     if settings.role != "standby":
         return True
-    from lockmq.broker.logs import EventLog   # (the broker imports this module)
-
     b = config.broker
     log = EventLog(b.log_level, b.log_format, log_file=b.log_file)
     try:

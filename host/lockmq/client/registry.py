@@ -1,12 +1,15 @@
-"""Talking to registries: one request, tried on each registry address in turn."""
+"""Talking to registries: one request, tried on each registry address in turn.
+
+The client side of discovery (``lockmq.registry`` is the registry server and a
+broker's announcer): lookups for :mod:`lockmq.client.campus` and the CLI."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lockmq.client.admin import AsyncAdmin
-from lockmq.client.errors import AdminError, LockmqError
-from lockmq.client.session import Endpoint
+from .admin import AsyncAdmin
+from .errors import AdminError, LockmqError
+from .session import Endpoint
 
 #: a registry that does not answer is skipped quickly (there may be another)
 CONNECT_TIMEOUT_S = 5.0
