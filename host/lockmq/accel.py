@@ -29,7 +29,7 @@ API = 1
 REQUIRED = ("scan_publishes", "scan_sealed_publishes", "scan_frame", "encode_records",
             "publish_acks", "sealed_publish_acks", "queue_run", "plan_run", "plan_calls",
             "dedup_run", "commit_write", "mac_pads", "frame_tag", "encode_leases",
-            "read_run", "messages_fields", "crc16", "crc32", "Lane")
+            "read_run", "messages_fields", "crc16", "crc32", "hmac_sha256", "Lane")
 
 
 def _load() -> tuple[ModuleType | None, str]:

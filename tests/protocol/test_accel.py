@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import binascii
 import gc
+import hashlib
+import hmac
 import json
 import struct
 import zlib
@@ -84,6 +86,17 @@ def test_crc_vectors(impl: SimpleNamespace) -> None:
 def test_c_checksums_are_the_standard_librarys(data: bytes, c16: int, c32: int) -> None:
     assert SPEEDUPS.crc16(data, c16) == binascii.crc_hqx(data, c16)
     assert SPEEDUPS.crc32(data, c32) == zlib.crc32(data, c32)
+
+
+@settings(max_examples=200 * FUZZ, deadline=None)
+@given(st.binary(max_size=200), st.binary(max_size=300))
+@NOT_BUILT
+def test_c_hmac_is_the_standard_librarys(key: bytes, msg: bytes) -> None:
+    from lockmq.security import keys
+
+    assert SPEEDUPS.hmac_sha256(key, msg) == keys.py_hmac_sha256(key, msg) \
+        == hmac.new(key, msg, hashlib.sha256).digest()
+    assert keys.hmac_sha256 is SPEEDUPS.hmac_sha256   # (the process's one choice)
 
 
 # -- scan_publishes ----------------------------------------------------------------------

@@ -229,6 +229,13 @@ fn frame_tag<'py>(
     Ok(PyBytes::new(py, &pads.0.tag(&head, body.as_slice())))
 }
 
+/// hmac_sha256(key, msg) -> 32 bytes: lockmq/security/keys.py hmac_sha256 (a lock's
+/// AUTH proof and its session key: two a handshake)
+#[pyfunction]
+fn hmac_sha256<'py>(py: Python<'py>, key: Bytes<'_>, msg: Bytes<'_>) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, &mac::hmac_sha256(key.as_slice(), msg.as_slice()))
+}
+
 // ----------------------------------------------------------- PUBLISH scans
 
 /// The leading run of PUBLISH frames of buf[pos:] this core takes, at most `limit`:
@@ -1186,6 +1193,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(mac_pads, m)?)?;
     m.add_function(wrap_pyfunction!(frame_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(hmac_sha256, m)?)?;
     m.add_function(wrap_pyfunction!(scan_publishes, m)?)?;
     m.add_function(wrap_pyfunction!(scan_sealed_publishes, m)?)?;
     m.add_function(wrap_pyfunction!(scan_frame, m)?)?;

@@ -59,6 +59,14 @@ impl MacKey {
     }
 }
 
+/// HMAC-SHA256 of `msg` under `key`, whole (the device proof and the session key:
+/// lockmq/security/keys.py hmac_sha256, the standard library's, is the reference).
+pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    m.update(msg);
+    m.finalize().into_bytes().into()
+}
+
 /// Which SHA-256 compression `sha2` runs on this CPU (for `lockmq --version`).
 pub fn sha256_impl() -> &'static str {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
@@ -89,6 +97,19 @@ mod tests {
         m.update(b"what do ya want for nothing?");
         let full = m.finalize().into_bytes();
         assert_eq!(hex(&full[..16]), "5bdcc146bf60754e6a042426089575c7");
+    }
+
+    #[test]
+    fn rfc4231_cases_2_and_6_whole() {
+        assert_eq!(
+            hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        // a key longer than the block: hashed first
+        assert_eq!(
+            hex(&hmac_sha256(&[0xaa; 131], b"Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
     }
 
     fn hex(b: &[u8]) -> String {
