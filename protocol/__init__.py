@@ -19,7 +19,8 @@ if sys.implementation.name != "micropython":
     from ._bodies import (Connect, Challenge, Auth, ConnectAck, Heartbeat, Disconnect, ErrorReply,
                           Publish, PublishAck, Command, CommandResult, encode_json, decode_json,
                           decode_body, BODY_TYPES)
-    from ._event import LockEvent
+    from ._event import LockEvent, EVENT_HEADER_SIZE
+    from ._event import _EVT as EVENT_FORMAT        # the record's fixed part, a struct format
     from ._auth import (auth_proof, command_mac, verify_auth_proof, verify_command,
                         transcript_hash)
     from ._session import (ClientSession, SessionError, BROKER_PUSHES, CONNECTING, CHALLENGED,
@@ -29,6 +30,11 @@ if sys.implementation.name != "micropython":
     # lockmq.protocol._consume explicitly to have them there).
     from ._consume import (Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Message,
                            Messages, Ack, Nack)
+    # Services' bodies: transactional messages, scheduled delivery; firmware bundles.
+    from ._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
+    from ._schedule import (DELAY_LEVELS_S, CommandAt, CommandScheduled, PublishAt,
+                            ScheduleCancel, level_delay_ms)
+    from ._firmware import DIGEST_SIZE, chunk_body, chunk_fields, fetch_body, fetch_fields
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
     from ._identity import check_identity, identity_problem, IDENTITY_RULE
@@ -49,7 +55,10 @@ if sys.implementation.name != "micropython":
         "Connect", "Challenge", "Auth", "ConnectAck", "Heartbeat", "Disconnect", "ErrorReply",
         "Publish", "PublishAck", "Subscribe", "SubscribeAck", "Unsubscribe", "Notify", "Pull",
         "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
-        "decode_json", "decode_body", "BODY_TYPES", "LockEvent",
+        "decode_json", "decode_body", "BODY_TYPES", "LockEvent", "EVENT_HEADER_SIZE", "EVENT_FORMAT",
+        "OUTCOME_NAMES", "TxnCheck", "TxnEnd", "TxnJoin", "TxnOutcome", "TxnPublish",
+        "DELAY_LEVELS_S", "CommandAt", "CommandScheduled", "PublishAt", "ScheduleCancel",
+        "level_delay_ms", "DIGEST_SIZE", "chunk_body", "chunk_fields", "fetch_body", "fetch_fields",
         "auth_proof", "command_mac", "verify_auth_proof", "verify_command", "session_key",
         "transcript_hash",
         "frame_tag", "TAG_SIZE",

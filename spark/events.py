@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from lockmq.protocol import table as protocol_table
-from lockmq.protocol._event import _EVT, EVENT_HEADER_SIZE
+from lockmq.protocol import EVENT_FORMAT as _EVT, EVENT_HEADER_SIZE
 
 from .arrays import at_every_byte, struct_dtype
 

@@ -44,3 +44,13 @@ def test_a_code_from_a_newer_lock_is_named_not_refused() -> None:
     assert ev.event_type == 42 and str(ev.event_type) == "code:42"
     with pytest.raises(BadBody):
         decode_event(b"\x01\x02")
+
+
+def test_a_consumers_message_decodes_to_named_codes() -> None:
+    from lockmq.client import Message
+
+    msg = Message("lock.events", "LOCK-1", 7, LockEvent(2, 9, 1, 1, 0, b"\x01").encode())
+    ev = msg.event()
+    assert (ev.event_type, ev.method, ev.result) == (EventType.FAILED_ATTEMPT, Method.CARD,
+                                                     Result.DENIED_UNKNOWN)
+    assert ev.to_dict()["event_type"] == "failed_attempt"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lockmq.protocol import ErrorCode, Flag, Op
-from lockmq.protocol._firmware import chunk_body, fetch_fields
+from lockmq.protocol import chunk_body, fetch_fields
 
 #: Largest piece sent whatever the lock asks (its frame limit bounds it first).
 MAX_CHUNK = 16 * 1024

@@ -15,7 +15,7 @@ permissions and an expiry (default 90 days)::
 
 Patterns are shell globs. ``--consume TOPIC:CLUSTER`` (a bare TOPIC means any cluster).
 ``--command KINDS:SN_GLOB``: kinds ``unlock``, ``cards``, ``config``, ``reboot``,
-``fw-update`` (``*`` = all of these), and ``config.network`` -- changing a lock's
+``fw-update`` (the command kinds of protocol/table.py; ``*`` = all of these), and ``config.network`` -- changing a lock's
 broker list or TLS settings, never implied by ``*`` or ``config``. A bare SN_GLOB
 means ``unlock,cards`` (what command tokens were for before rights per kind).
 ``$`` system topics are written only with ``--system`` (never through ``--publish``
@@ -34,7 +34,7 @@ from fnmatch import fnmatchcase
 
 from lockmq.client.cliargs import add_group
 from lockmq.security import Permissions, TokenStore
-from lockmq.security.principal import NETWORK_RIGHT
+from lockmq.security.principal import COMMAND_KINDS, NETWORK_RIGHT
 from lockmq.security.tokens import parse_duration
 
 from ._security_common import add_registry_options, print_rows, security_config, when
@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--publish", action="append", default=[], metavar="TOPIC_GLOB")
     c.add_argument("--consume", action="append", default=[], metavar="TOPIC_GLOB[:CLUSTER_GLOB]")
     c.add_argument("--command", action="append", default=[], metavar="KINDS:SN_GLOB",
-                   help="downlink commands it may send: kinds (unlock, cards, config, reboot, "
-                        "fw-update, * = those five, config.network = repoint a lock) and the "
+                   help=f"downlink commands it may send: kinds ({', '.join(COMMAND_KINDS)}, "
+                        f"* = those {len(COMMAND_KINDS)}, config.network = repoint a lock) and the "
                         "locks, e.g. 'unlock,cards:LOCK-*'")
     c.add_argument("--admin", action="store_true",
                    help="every right, admin operations too (not --system)")

@@ -60,10 +60,12 @@ class Message:
         return self.delivery > 1
 
     def event(self) -> Any:
-        """Decode the payload as a protocol ``LockEvent``."""
-        from lockmq.protocol import LockEvent
+        """Decode the payload as a lock event: an :class:`~lockmq.client.Event`, its
+        codes as enums named by the protocol table (``str(ev.event_type)`` is
+        ``"door_left_open"``; they compare equal to the wire's ints too)."""
+        from .events import decode_event
 
-        return LockEvent.decode(self.payload)
+        return decode_event(self.payload)
 
     @staticmethod
     def from_wire(m: Any, sub_id: int, generation: int) -> "Message":

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from lockmq.protocol import Auth, identity_problem
+from lockmq.protocol import Auth, CommandKind, identity_problem
 
 from . import audit, keys
 from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
@@ -42,7 +42,7 @@ from .tokens import TokenError, TokenStore
 METHOD_DEVICE = "device"
 METHOD_TOKEN = "token"
 _DUMMY_KEY = b"\x00" * keys.KEY_BYTES
-_CONFIG = 3   # lockmq.protocol.CommandKind.CONFIG
+_CONFIG = CommandKind.CONFIG
 
 
 @runtime_checkable
