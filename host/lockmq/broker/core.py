@@ -23,7 +23,7 @@ from lockmq.store.names import CLOCK
 from lockmq.store.records import validate_cluster, validate_topic
 from lockmq.store.writer import Then
 
-from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError, ClusterSettings
+from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError
 from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 from .readcache import ReadCache
@@ -106,14 +106,9 @@ class BrokerCore:
         self.store: Store | None = None
         self.clusters: dict[str, Cluster] = {}
         self.by_topic: dict[str, list[Cluster]] = {}
-        c = config.consumers
-        self.settings = ClusterSettings(
-            visibility_timeout_ms=c.visibility_timeout_ms,
-            max_inflight_per_member=c.max_inflight_per_member,
-            max_inflight_per_cluster=c.max_inflight_per_cluster,
-            max_pull=c.max_pull, max_retries=c.max_retries,
-            retry_levels_s=list(c.retry_levels_s), time_scale=c.time_scale,
-            max_retry_held=c.max_retry_held, max_window=c.max_window)
+        #: the clusters' settings: the [consumers] section itself (a reload changes it
+        #: in place, and every cluster sees the change)
+        self.settings = config.consumers
         self.read_cache = ReadCache()
         self._seq = SystemSeq()
         self._tasks: set[asyncio.Task[Any]] = set()
