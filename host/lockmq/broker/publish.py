@@ -120,7 +120,7 @@ class PublishPath:
         # (one connection's read, the usual flush at one record per read: its list)
         records = groups[0][0] if len(groups) == 1 else \
             [r for recs, _ in groups for r in recs]
-        self.stats.c["store_batches"] += 1
+        self.stats.c["publish_batches"] += 1
         # the store calls back on the loop as soon as the group commit is durable:
         # no task, no future hop (one loop iteration from fsync to the acks' write)
         try:
