@@ -727,11 +727,17 @@ class Guard:
         message as for an SN outside the token's scope (no enumeration; the log says
         which). Bad CONFIG arguments: :class:`InvalidCommand` (INVALID_ARGUMENT).
         An authorised network change is logged at warning level with the principal.
+        With auth off only the principal's own rule applies (a lock sends no command).
         """
+        if self.open:   # auth off: no registry (any SN), no rights to read from CONFIG
+            try:
+                principal.require_command(sn, kind)
+            except SecurityError as exc:
+                self._refuse(exc, principal, target=sn, command_kind=kind)
+                raise
+            return
         # Look the lock up first, whatever the answer will be: the same work each time.
-        # (auth off: no registry, any SN is a lock)
-        state = "enabled" if self.open else \
-            self.registry.lookup(sn)[1] if valid_sn(sn) else "unknown"
+        state = self.registry.lookup(sn)[1] if valid_sn(sn) else "unknown"
         network: tuple[str, ...] = ()
         try:
             principal.require_command(sn)                      # scope, before any detail
