@@ -32,8 +32,7 @@ if sys.implementation.name != "micropython":
                            Messages, Ack, Nack)
     # Services' bodies: transactional messages, scheduled delivery; firmware bundles.
     from ._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
-    from ._schedule import (DELAY_LEVELS_S, CommandAt, CommandScheduled, PublishAt,
-                            ScheduleCancel, level_delay_ms)
+    from ._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
     from ._firmware import DIGEST_SIZE, chunk_body, chunk_fields, fetch_body, fetch_fields
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame

@@ -50,20 +50,18 @@ def seal(sess, opcode, sn, body, opaque, flags):
 
 def open_frame(sess, frame):
     """Check and strip a received frame's tag; a SessionError (BAD_MAC, fatal) when
-    it is missing or wrong: the frame was altered, injected, replayed or reordered."""
-    from ._session import fatal_error, CLOSING
+    it is missing or wrong: the frame was altered, injected, replayed or reordered.
+    An action of the session's, not a transition: the session's _process ends it."""
+    from ._session import fatal_error
     body = frame.body
     if sess.mac_key is None:
-        sess.state = CLOSING
         raise fatal_error("a MAC flag on a session without frame MACs", _E_BAD_MAC)
     if not frame.flags & _FLAG_MAC or len(body) < TAG_SIZE:
-        sess.state = CLOSING
         raise fatal_error("%s without a frame tag" % op_name(frame.opcode), _E_BAD_MAC)
     body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
     want = frame_tag(sess.mac_key, 1 - sess._OUT, sess.rx, frame.opcode, frame.sn,
                      frame.flags, frame.opaque, body)
     if not compare_digest(want, tag):
-        sess.state = CLOSING
         raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
                           "reordered)" % op_name(frame.opcode), _E_BAD_MAC)
     sess.rx += 1

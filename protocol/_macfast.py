@@ -18,7 +18,7 @@ from ._constants import ErrorCode, Op, Flag
 from ._fast import ack_run
 from ._frame import encode_frame, op_name
 from ._mac import TAG_SIZE
-from ._session import _Session, fatal_error, CLOSING
+from ._session import _Session, fatal_error
 
 _FLAG_MAC = Flag.MAC
 _E_BAD_MAC = ErrorCode.BAD_MAC
@@ -72,22 +72,19 @@ def seal(self, opcode, sn, body, opaque=0, flags=0):
 
 def open_frame(self, frame):
     """_Session._open: check and strip a received frame's tag (_mac.open_frame's rules
-    and errors)."""
+    and errors; an action, not a transition: the session's _process ends it)."""
     flags = frame.flags
     if self.mac_key is None:
         if not flags & _FLAG_MAC:
             return
-        self.state = CLOSING
         raise fatal_error("a MAC flag on a session without frame MACs", _E_BAD_MAC)
     body = frame.body
     if not flags & _FLAG_MAC or len(body) < TAG_SIZE:
-        self.state = CLOSING
         raise fatal_error("%s without a frame tag" % op_name(frame.opcode), _E_BAD_MAC)
     body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
     want = frame_tag(self, 1 - self._OUT, self.rx, frame.opcode, frame.sn, flags,
                      frame.opaque, body)
     if not hmac.compare_digest(want, tag):
-        self.state = CLOSING
         raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
                           "reordered)" % op_name(frame.opcode), _E_BAD_MAC)
     self.rx += 1

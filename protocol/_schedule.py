@@ -116,17 +116,5 @@ class CommandScheduled(_Body):
         return CommandScheduled(target, cmd_id, schedule_id)
 
 
-# RocketMQ's delay levels (1-based), a client-side shorthand: level n -> seconds.
-DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
-                  1200, 1800, 3600, 7200)
-
-
-def level_delay_ms(level):
-    """The delay of RocketMQ delay level ``level`` (1..18) in ms."""
-    if not 1 <= level <= len(DELAY_LEVELS_S):
-        raise ValueError("delay level must be 1..%d" % len(DELAY_LEVELS_S))
-    return DELAY_LEVELS_S[level - 1] * 1000
-
-
 for _cls in (PublishAt, ScheduleCancel, CommandAt, CommandScheduled):
     BODY_TYPES[_cls.OPCODE] = _cls

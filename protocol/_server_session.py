@@ -11,16 +11,8 @@ from ._frame import encode_frame
 from ._bodies import Connect, Auth, ErrorReply
 from ._lockbodies import check_nonce, challenge_body
 from ._auth import transcript_hash
-from ._session import (_Session, SessionError, CONNECTING, CHALLENGED, ESTABLISHED, CLOSING,
-                       fatal_error)
+from ._session import _Session, SessionError, SERVER_TABLE, CONNECTING, ESTABLISHED, fatal_error
 from ._identity import check_identity
-
-# What a client may send before it is authenticated, by state (anything else is
-# fatal: an unauthenticated peer gets one answer and the connection closes).
-CLIENT_HANDSHAKE = {
-    CONNECTING: (Op.CONNECT, Op.DISCONNECT),
-    CHALLENGED: (Op.AUTH, Op.DISCONNECT),
-}
 
 # What an authenticated client may send, by its role (decided by the broker from
 # the credentials, not by what the client claimed).
@@ -118,6 +110,7 @@ class ServerSession(_Session):
     """
 
     _OUT = TO_CLIENT
+    _TABLE = SERVER_TABLE
 
     def __init__(self):
         _Session.__init__(self)
@@ -125,6 +118,11 @@ class ServerSession(_Session):
         self.auth = None       # the decoded AUTH body, until accepted or refused
         self._allowed = ()     # the requests the granted role may send (set by accept)
         self.mac_wanted = False
+
+    def _failed(self, exc):
+        # an action raised ``exc``: a fatal one ends the session
+        if exc.fatal:
+            self._process(None)
 
     def state_name(self):
         """The state's name, for logs."""
@@ -137,87 +135,75 @@ class ServerSession(_Session):
         whose tag cannot be checked is a session violation: BAD_MAC, no tagged answer);
         otherwise the frame is just refused."""
         if self.state != ESTABLISHED:
-            self.state = CLOSING
-            return fatal_error("%s before authentication" % exc.message, ErrorCode.NOT_AUTHENTICATED)
-        if self.mac_key is not None:
-            self.state = CLOSING
-            return fatal_error("%s in a session with frame MACs: its tag cannot be checked"
-                               % exc.message, ErrorCode.BAD_MAC)
-        return SessionError(exc.message, exc.code, False)
+            err = fatal_error("%s before authentication" % exc.message, ErrorCode.NOT_AUTHENTICATED)
+        elif self.mac_key is not None:
+            err = fatal_error("%s in a session with frame MACs: its tag cannot be checked"
+                              % exc.message, ErrorCode.BAD_MAC)
+        else:
+            return SessionError(exc.message, exc.code, False)
+        self._failed(err)
+        return err
 
     def receive(self, frame):
         op = frame.opcode
         state = self.state
-        if state == ESTABLISHED:
-            self._open(frame)       # frame MACs: fatal BAD_MAC before anything else
-            if op not in self._allowed:
-                # another role's request is a matter of rights; anything else is no
-                # request at all
-                admin_only = op in CLIENT_REQUESTS[Role.ADMIN]
-                raise SessionError("%s is not a request a %s may send%s" % (
-                    op_name(op), ROLE_NAMES.get(self.role, "client"),
-                    " (it needs a token with the admin right)" if admin_only else ""),
-                    ErrorCode.FORBIDDEN if admin_only else ErrorCode.UNEXPECTED_FRAME, False)
-            sn = frame.sn
-            if sn and sn != self.name and not (op == Op.PUBLISH and self.role == Role.ADMIN):
-                self.state = CLOSING
+        try:
+            self._process(op)       # SERVER_TABLE: the next state, or the refusal
+            if state == ESTABLISHED:
+                self._established(frame)
+            elif op == Op.CONNECT:
+                self._on_connect(frame)
+            elif op == Op.AUTH:
+                self._on_auth(frame)
+        except ProtocolError as e:
+            self._failed(e)
+            raise
+        return frame
+
+    def _established(self, frame):
+        # the rules of the granted role for one request
+        self._open(frame)       # frame MACs: fatal BAD_MAC before anything else
+        op = frame.opcode
+        if op not in self._allowed:
+            # another role's request is a matter of rights; anything else is no
+            # request at all
+            admin_only = op in CLIENT_REQUESTS[Role.ADMIN]
+            raise SessionError("%s is not a request a %s may send%s" % (
+                op_name(op), ROLE_NAMES.get(self.role, "client"),
+                " (it needs a token with the admin right)" if admin_only else ""),
+                ErrorCode.FORBIDDEN if admin_only else ErrorCode.UNEXPECTED_FRAME, False)
+        sn = frame.sn
+        if sn and sn != self.name:
+            if not (op == Op.PUBLISH and self.role == Role.ADMIN):
                 raise fatal_error("%s %s sent a frame claiming %r" % (
                     ROLE_NAMES.get(self.role, "client"), self.name, sn), ErrorCode.SN_MISMATCH)
-            if sn and op == Op.PUBLISH and sn != self.name:
-                try:     # an admin's producer id: still an id (never "$broker")
-                    check_identity(sn, "producer id")
-                except SessionError as e:
-                    e.fatal = False
-                    raise
-            if op == Op.DISCONNECT:
-                self.state = CLOSING
-            return frame
-        if state == CLOSING:
-            raise fatal_error("the session is closing", ErrorCode.UNEXPECTED_FRAME)
-        if op not in CLIENT_HANDSHAKE[state]:
-            self.state = CLOSING
-            raise fatal_error("expected %s, got %s" % (
-                "CONNECT" if state == CONNECTING else "AUTH", op_name(op)), ErrorCode.NOT_AUTHENTICATED)
-        if op == Op.DISCONNECT:
-            self.state = CLOSING
-            return frame
-        if op == Op.CONNECT:
-            try:
-                c = decode_connect(frame.body)
-            except ProtocolError:
-                self.state = CLOSING
+            try:     # an admin's producer id: still an id (never "$broker")
+                check_identity(sn, "producer id")
+            except SessionError as e:
+                e.fatal = False
                 raise
-            if c.role not in CLIENT_REQUESTS:
-                self.state = CLOSING
-                raise fatal_error("unknown role %d" % c.role, ErrorCode.INVALID_ARGUMENT)
-            sn = frame.sn
-            if sn or c.role == Role.LOCK:
-                try:
-                    check_identity(sn, "lock SN" if c.role == Role.LOCK else "client id")
-                except SessionError:
-                    self.state = CLOSING
-                    raise
-            self.connect = c
-            self.role = c.role
-            self.name = sn
-            self.mac_wanted = bool(frame.flags & Flag.MAC)
-            self._cflags = frame.flags      # the transcript covers them as received
-            self._cbody = bytes(frame.body)
-            self.state = CHALLENGED
-            return frame
+
+    def _on_connect(self, frame):
+        c = decode_connect(frame.body)
+        if c.role not in CLIENT_REQUESTS:
+            raise fatal_error("unknown role %d" % c.role, ErrorCode.INVALID_ARGUMENT)
+        sn = frame.sn
+        if sn or c.role == Role.LOCK:
+            check_identity(sn, "lock SN" if c.role == Role.LOCK else "client id")
+        self.connect = c
+        self.role = c.role
+        self.name = sn
+        self.mac_wanted = bool(frame.flags & Flag.MAC)
+        self._cflags = frame.flags      # the transcript covers them as received
+        self._cbody = bytes(frame.body)
+
+    def _on_auth(self, frame):
         if self.auth is not None or not self.nonce:
-            self.state = CLOSING
             raise fatal_error("AUTH before CHALLENGE or twice", ErrorCode.UNEXPECTED_FRAME)
-        try:
-            self.auth = decode_auth(frame.body)
-        except ProtocolError:
-            self.state = CLOSING
-            raise
+        self.auth = decode_auth(frame.body)
         self.cnonce = self.auth.cnonce
         if self.mac_wanted and self.auth.method != AuthMethod.DEVICE_HMAC:
-            self.state = CLOSING
             raise fatal_error("frame MACs need a device key (AUTH method 1)", ErrorCode.INVALID_ARGUMENT)
-        return frame
 
     def challenge(self, nonce, server_time_ms, opaque, methods=3, broker_id=""):
         """The CHALLENGE answering the CONNECT just received (``nonce``: fresh, random;
@@ -241,18 +227,21 @@ class ServerSession(_Session):
         tagged frame, which also proves to the lock that the broker knows its key.
         ``mac_required`` (the broker's policy on plain TCP): a lock that did not ask
         for frame MACs is refused (fatal BAD_MAC)."""
-        if mac_required and role == Role.LOCK and not self.mac_wanted:
-            self.state = CLOSING
-            raise fatal_error("this broker requires frame MACs from locks on plain TCP: set "
-                              "the MAC flag on CONNECT, or use TLS", ErrorCode.BAD_MAC)
+        try:
+            if mac_required and role == Role.LOCK and not self.mac_wanted:
+                raise fatal_error("this broker requires frame MACs from locks on plain TCP: "
+                                  "set the MAC flag on CONNECT, or use TLS", ErrorCode.BAD_MAC)
+            if self.mac_wanted and not mac_key:
+                raise ProtocolError("frame MACs asked for but no session key given")
+            self._process(-Op.CONNECT_ACK)     # SERVER_TABLE: CHALLENGED -> ESTABLISHED
+        except ProtocolError as e:
+            self._failed(e)
+            raise
         self.role = role
         self._allowed = _ALLOWED[role]   # (shared, read only)
         self.name = name
         self.auth = None
-        self.state = ESTABLISHED
         if self.mac_wanted:
-            if not mac_key:
-                raise ProtocolError("frame MACs asked for but no session key given")
             self.mac_key = bytes(mac_key)
         if self.mac_key is not None:
             return self.seal(Op.CONNECT_ACK, "", ack.encode(), opaque, Flag.RESPONSE)
@@ -262,7 +251,7 @@ class ServerSession(_Session):
 
     def refuse(self, code, message, opaque, retry_after_ms=0):
         """Authentication failed: the ERROR to send before closing."""
-        self.state = CLOSING
+        self._process(None)
         return error_frame(code, message, opaque, retry_after_ms)
 
 

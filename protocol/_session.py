@@ -25,6 +25,7 @@ else:
 _AUTH_DEVICE_HMAC = const(1)
 _E_AUTH_FAILED = const(11)
 _E_BAD_MAC = const(17)
+_E_NOT_AUTHENTICATED = const(10)
 _E_UNEXPECTED_FRAME = const(7)
 _FLAG_MAC = const(4)
 _FLAG_RESPONSE = const(2)
@@ -38,9 +39,6 @@ _OP_ERROR = const(0x0F)
 _OP_HEARTBEAT = const(0x05)
 _OP_NOTIFY = const(0x23)
 _OP_TXN_CHECK = const(0x15)
-_ROLE_ADMIN = const(3)
-_ROLE_LOCK = const(1)
-_ROLE_SERVICE = const(2)
 _VERSION = const(1)
 # -- end of generated protocol numbers --
 
@@ -49,13 +47,54 @@ CHALLENGED = 1    # CHALLENGE sent, waiting for AUTH / AUTH sent, waiting for CO
 ESTABLISHED = 2   # authenticated: requests and answers
 CLOSING = 3       # an error or DISCONNECT ended it: nothing more is accepted
 
+# The transitions, as h11's _state.py keeps them: for each side, one row per state
+# (indexed by the state's number), each row
+#
+#     ((event, next state), ...), what a frame received with no move here gets
+#
+# An event is the opcode of a frame received, or minus the opcode of a frame this side
+# sends. A frame with no move in its state keeps the state when the row says None
+# (ESTABLISHED: the role's rules below decide) and is otherwise refused with the row's
+# (ErrorCode, message), fatally. A fatal error and the end of the connection move every
+# state to CLOSING. _Session._process is the only code that writes ``state``.
+# (Numbers, not names, for the next states: the tables are then constants, frozen
+# into a lock's flash with its code, and take none of its heap.)
+#: The client's side (a lock, a service, an admin tool): the broker's frames.
+CLIENT_TABLE = (
+    # 0 CONNECTING (our CONNECT sent): the CHALLENGE, or the broker's refusal
+    (((-_OP_CONNECT, 0), (_OP_CHALLENGE, 1), (_OP_ERROR, 3), (_OP_DISCONNECT, 3)),
+     (_E_UNEXPECTED_FRAME, "expected CHALLENGE, got %s")),
+    # 1 CHALLENGED (our AUTH sent): the CONNECT_ACK, or the broker's refusal
+    (((_OP_CONNECT_ACK, 2), (_OP_ERROR, 3), (_OP_DISCONNECT, 3)),
+     (_E_UNEXPECTED_FRAME, "expected CONNECT_ACK, got %s")),
+    # 2 ESTABLISHED: answers and the role's BROKER_PUSHES; an ERROR answers a request
+    (((_OP_DISCONNECT, 3),), None),
+    # 3 CLOSING: the broker's last word, if any
+    (((_OP_ERROR, 3), (_OP_DISCONNECT, 3)), (_E_UNEXPECTED_FRAME, "the session is closed: %s")),
+)
+#: The broker's side: the client's frames (what a role may request once established is
+#: _server_session.CLIENT_REQUESTS).
+SERVER_TABLE = (
+    # 0 CONNECTING: the CONNECT (unauthenticated: anything else is one answer, then close)
+    (((_OP_CONNECT, 1), (_OP_DISCONNECT, 3)),
+     (_E_NOT_AUTHENTICATED, "expected CONNECT, got %s")),
+    # 1 CHALLENGED (our CHALLENGE sent): the AUTH; our CONNECT_ACK (accept) establishes it
+    (((_OP_AUTH, 1), (-_OP_CONNECT_ACK, 2), (_OP_DISCONNECT, 3)),
+     (_E_NOT_AUTHENTICATED, "expected AUTH, got %s")),
+    # 2 ESTABLISHED: the requests of the role granted
+    (((_OP_DISCONNECT, 3),), None),
+    # 3 CLOSING
+    ((), (_E_UNEXPECTED_FRAME, "the session is closing: %s")),
+)
+
 # What the broker may send without being asked (frames without the RESPONSE flag),
-# by the client's role; every other broker frame must answer a request.
-BROKER_PUSHES = {
-    _ROLE_LOCK: (_OP_COMMAND, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT),
-    _ROLE_SERVICE: (_OP_NOTIFY, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT, _OP_TXN_CHECK),
-    _ROLE_ADMIN: (_OP_NOTIFY, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT, _OP_TXN_CHECK),
-}
+# by the client's role (indexed by it); every other broker frame must answer a request.
+BROKER_PUSHES = (
+    (),
+    (_OP_COMMAND, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT),                    # lock
+    (_OP_NOTIFY, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT, _OP_TXN_CHECK),      # service
+    (_OP_NOTIFY, _OP_DISCONNECT, _OP_ERROR, _OP_HEARTBEAT, _OP_TXN_CHECK),      # admin
+)
 
 
 class SessionError(ProtocolError):
@@ -78,6 +117,7 @@ def fatal_error(message, code):
 
 class _Session:
     _OUT = 0               # direction byte of the frames this side seals (_mac.TO_BROKER)
+    _TABLE = CLIENT_TABLE  # this side's transitions
 
     def __init__(self):
         self.state = CONNECTING
@@ -92,9 +132,31 @@ class _Session:
         self.tx = 0            # frames sealed / opened so far: the tags' counters
         self.rx = 0
 
+    def _process(self, event):
+        """The one writer of ``state``: the move ``event`` makes by this side's table.
+
+        ``event``: the opcode of a frame received, minus the opcode of one this side
+        sends, or None: the session ends (a fatal error, or the connection closed),
+        which moves every state to CLOSING. A frame received with no move in this state
+        keeps an ESTABLISHED session as it is and is refused anywhere else: a fatal
+        SessionError, raised before anything changes (the caller's ``except`` then
+        ends the session: ``_process(None)``)."""
+        if event is None:
+            self.state = CLOSING
+            return
+        moves, refusal = self._TABLE[self.state]
+        for ev, nxt in moves:
+            if ev == event:
+                self.state = nxt
+                return
+        if event < 0:
+            raise ProtocolError("cannot send %s in state %d" % (op_name(-event), self.state))
+        if refusal is not None:
+            raise fatal_error(refusal[1] % op_name(event), refusal[0])
+
     def close(self):
         """The connection is ending: accept nothing more."""
-        self.state = CLOSING
+        self._process(None)
 
     def seal(self, opcode, sn, body, opaque=0, flags=0):
         """Encode a frame to send: with frame MACs on, flag MAC and append its tag."""
@@ -104,7 +166,8 @@ class _Session:
         return seal(self, opcode, sn, body, opaque, flags)
 
     def _open(self, frame):
-        # frame MACs (loaded only when in use): check and strip the tag, or fail
+        # frame MACs (loaded only when in use): check and strip the tag, or raise
+        # (BAD_MAC, fatal: the caller then ends the session)
         if self.mac_key is not None or frame.flags & _FLAG_MAC:
             from ._mac import open_frame
             open_frame(self, frame)
@@ -151,7 +214,7 @@ class ClientSession(_Session):
 
     def connect_frame(self, opaque=1):
         """The CONNECT that starts the session."""
-        self.state = CONNECTING
+        self._process(-_OP_CONNECT)
         self._cflags = _FLAG_MAC if self.mac else 0
         self._cbody = connect_body(self.role, self.keepalive_s, self.client, _VERSION,
                                    self.max_frame)
@@ -164,56 +227,52 @@ class ClientSession(_Session):
         """
         op = frame.opcode
         state = self.state
-        if op == _OP_ERROR and state != ESTABLISHED:
-            self.state = CLOSING
-            code, message, retry_after_ms = error_fields(frame.body)
-            raise SessionError(message or "refused", code, True, retry_after_ms)
-        if op == _OP_DISCONNECT:
-            self.state = CLOSING
-            return None
-        if state == CONNECTING:
-            if op != _OP_CHALLENGE:
-                self.state = CLOSING
-                raise fatal_error("expected CHALLENGE, got %s" % op_name(op), _E_UNEXPECTED_FRAME)
-            fields = challenge_fields(frame.body)
-            nonce = fields[0]
-            if cnonce is None:
-                raise ProtocolError("a client nonce is needed to answer a CHALLENGE")
-            if self.broker_id and fields[3] != self.broker_id:
-                self.state = CLOSING
-                raise fatal_error("the broker says it is %r, not %r: no proof sent" % (
-                    fields[3], self.broker_id), _E_AUTH_FAILED)
-            self.nonce = nonce
-            self.cnonce = bytes(cnonce)
-            self.transcript = th = transcript_hash(self.name, self._cflags, self._cbody,
-                                                   frame.body)
-            if self.method == _AUTH_DEVICE_HMAC:
-                proof = auth_proof(self.secret, nonce, self.cnonce, self.name, th)
-            else:
-                proof = self.secret
-            self.state = CHALLENGED
-            if self.mac:
-                # the key is known now: requests pipelined behind the AUTH are sealed
-                from ._mac import session_key
-                self.mac_key = session_key(self.secret, nonce, self.cnonce, self.name, th)
-            return encode_frame(_OP_AUTH, self.name, auth_body(self.method, self.cnonce, proof),
-                                opaque)
-        if state == CHALLENGED:
-            if op != _OP_CONNECT_ACK:
-                self.state = CLOSING
-                raise fatal_error("expected CONNECT_ACK, got %s" % op_name(op), _E_UNEXPECTED_FRAME)
-            if self.mac:
-                if not frame.flags & _FLAG_MAC:
-                    self.state = CLOSING
-                    raise fatal_error("the broker did not confirm frame MACs", _E_BAD_MAC)
+        try:
+            self._process(op)        # CLIENT_TABLE: the next state, or the refusal
+            if op == _OP_ERROR and state != ESTABLISHED:
+                code, message, retry_after_ms = error_fields(frame.body)
+                raise SessionError(message or "refused", code, True, retry_after_ms)
+            if op == _OP_DISCONNECT:
+                return None
+            if state == ESTABLISHED:
+                self._open(frame)
+                if not frame.flags & _FLAG_RESPONSE and op not in BROKER_PUSHES[self.role]:
+                    raise SessionError("the broker sent an unasked %s" % op_name(op),
+                                       _E_UNEXPECTED_FRAME, False)
+                return None
+            if state == CONNECTING:
+                return self._answer_challenge(frame, cnonce, opaque)
+            # CHALLENGED: the CONNECT_ACK
+            if self.mac and not frame.flags & _FLAG_MAC:
+                raise fatal_error("the broker did not confirm frame MACs", _E_BAD_MAC)
             self._open(frame)
             self.ack = _Ack(*connect_ack_fields(frame.body))
-            self.state = ESTABLISHED
             return None
-        if state == CLOSING:
-            raise fatal_error("the session is closed", _E_UNEXPECTED_FRAME)
-        self._open(frame)
-        if not frame.flags & _FLAG_RESPONSE and op not in BROKER_PUSHES[self.role]:
-            raise SessionError("the broker sent an unasked %s" % op_name(op),
-                               _E_UNEXPECTED_FRAME, False)
-        return None
+        except ProtocolError as e:
+            if e.fatal:          # a fatal error ends the session
+                self._process(None)
+            raise
+
+    def _answer_challenge(self, frame, cnonce, opaque):
+        # the AUTH answering the CHALLENGE ``frame``
+        fields = challenge_fields(frame.body)
+        nonce = fields[0]
+        if cnonce is None:
+            raise ProtocolError("a client nonce is needed to answer a CHALLENGE")
+        if self.broker_id and fields[3] != self.broker_id:
+            raise fatal_error("the broker says it is %r, not %r: no proof sent" % (
+                fields[3], self.broker_id), _E_AUTH_FAILED)
+        self.nonce = nonce
+        self.cnonce = bytes(cnonce)
+        self.transcript = th = transcript_hash(self.name, self._cflags, self._cbody,
+                                               frame.body)
+        if self.method == _AUTH_DEVICE_HMAC:
+            proof = auth_proof(self.secret, nonce, self.cnonce, self.name, th)
+        else:
+            proof = self.secret
+        if self.mac:
+            # the key is known now: requests pipelined behind the AUTH are sealed
+            from ._mac import session_key
+            self.mac_key = session_key(self.secret, nonce, self.cnonce, self.name, th)
+        return encode_frame(_OP_AUTH, self.name, auth_body(self.method, self.cnonce, proof),
+                            opaque)

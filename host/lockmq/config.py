@@ -34,9 +34,15 @@ from lockmq.config_base import (ANY_FREE_PORT, AUTH_MODES, ConfigError, _apply, 
                                 check_auth_mode)
 
 #: RocketMQ's delay levels, in seconds: 1s 5s 10s 30s 1m 2m 3m ... 10m 20m 30m 1h 2h.
+#: The one copy: the default of ``[consumers] retry_levels_s`` (a nack's backoff) and
+#: the client's delay-level shorthand (``lockmq.client.scheduled``, level n = entry n-1).
 ROCKETMQ_LEVELS_S: tuple[float, ...] = (
     1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
 )
+
+#: ``field(metadata=RESTART)``: a setting a reload cannot apply to the running broker
+#: (``lockmq.broker.reload`` lists it under ``needs_restart``).
+RESTART = {"restart": True}
 
 #: ``[security]`` keys that used to exist and must not be accepted silently.
 _REMOVED_SECURITY_KEYS = {
@@ -163,6 +169,11 @@ class ConsumersSection:
             (each keeps a position file on disk); one more is refused with
             LIMIT_EXCEEDED until an admin deletes one (``clusters.delete``). Admins
             are not limited.
+
+    The broker's consumer clusters read this very object (``lockmq.broker.clusters``
+    takes it), so a reload that changes a field here changes them at once; a field
+    marked ``RESTART`` is read once at start (``lockmq.broker.reload`` derives its
+    list of live settings from these fields).
     """
 
     visibility_timeout_ms: int = 30_000
@@ -176,9 +187,29 @@ class ConsumersSection:
     start: str = "earliest"
     max_retry_held: int = 100_000
     max_window: int = 100_000
-    lease_sweep_ms: int = 100
+    lease_sweep_ms: int = field(default=100, metadata=RESTART)   # (the sweep timer's period)
     max_subscriptions_per_connection: int = 64
     max_clusters_per_owner: int = 32
+
+    def retry_level(self, retries: int) -> int:
+        """Level (index into ``retry_levels_s``) of retry number ``retries`` (1-based);
+        the last level repeats."""
+        return min(max(retries, 1), len(self.retry_levels_s)) - 1
+
+    def level_delay_ms(self, level: int) -> float:
+        """Delay of a level, scaled by ``time_scale``."""
+        return self.retry_levels_s[level] * 1000.0 * self.time_scale
+
+    def level_for_delay(self, delay_ms: float) -> int:
+        """The first level at least ``delay_ms`` long (the last if none is)."""
+        for i in range(len(self.retry_levels_s)):
+            if self.level_delay_ms(i) >= delay_ms:
+                return i
+        return len(self.retry_levels_s) - 1
+
+    def retry_delay_ms(self, retries: int) -> float:
+        """Backoff before retry number ``retries`` (1-based); the last level repeats."""
+        return self.level_delay_ms(self.retry_level(retries))
 
 
 @dataclass

@@ -99,7 +99,9 @@ def test_both_paths_refuse_the_same_frames(fault: str) -> None:
             for frame in frames:
                 opener(broker, frame)
         assert err.value.code == p.ErrorCode.BAD_MAC and err.value.fatal
-        assert broker.state == p.CLOSING
+        # the tag check is an action, not a transition: ServerSession.receive ends the
+        # session on its fatal error (test_session.py), the opener writes no state
+        assert broker.state == p.ESTABLISHED
 
 
 def _recrc(frame: bytes) -> bytes:

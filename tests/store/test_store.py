@@ -172,6 +172,33 @@ def test_bad_record_refuses_the_whole_call(data_dir):
     run(main())
 
 
+def test_append_then_answers_per_record_and_stores_the_valid_ones_together(data_dir):
+    # append (awaited) refuses a call with a bad record whole (above); append_then, the
+    # publish path's, answers each record: the bad ones their own error, the others
+    # stored in the call's one group commit
+    async def main():
+        s = Store.open(config(data_dir))
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        batches = s.stats["batches"]
+        s.append_then([rec("t", "A", 1), NewRecord("t", "A", -1), rec("t", "B", 1),
+                       NewRecord("bad topic", "A", 2)],
+                      lambda res, exc: done.set_result((res, exc)))
+        res, exc = await done
+        assert exc is None and len(res) == 4
+        assert isinstance(res[1], InvalidRecord) and isinstance(res[3], InvalidRecord)
+        assert [res[0].queue_offset, res[2].queue_offset] == [0, 1]
+        assert s.stats["batches"] == batches + 1
+        assert [r.sn for r in s.read("t", 0, 10)] == ["A", "B"]
+        # no valid record at all: answered at once, nothing stored
+        got = []
+        s.append_then([NewRecord("t", "A", -1)], lambda res, exc: got.append((res, exc)))
+        assert len(got) == 1 and isinstance(got[0][0][0], InvalidRecord) and got[0][1] is None
+        assert s.queue_end("t") == 2
+        await s.close()
+    run(main())
+
+
 def test_async_mode_acks_after_write_and_survives_close(data_dir):
     async def main():
         s = Store.open(config(data_dir, flush="async", flush_interval_ms=20))

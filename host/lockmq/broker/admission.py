@@ -38,9 +38,6 @@ POLL_S = 0.25
 #: a full look at least this often, file changed or not (a token's expiry is a time,
 #: not a write)
 RESCAN_S = 30.0
-#: the counters of this module (``stats`` op and ``/metrics``)
-ADMISSION_COUNTERS = ("admission_refused_revoked", "sessions_closed_revoked",
-                      "pending_cancelled_revoked")
 
 
 class Revoked(PermissionDenied):
@@ -69,8 +66,6 @@ class Admission:
         self._version = -1
         self._scanned_at = 0.0
         self._task: asyncio.Task[Any] | None = None
-        for name in ADMISSION_COUNTERS:
-            stats.c.setdefault(name, 0)
 
     # -- the decision ---------------------------------------------------------------
 

@@ -20,7 +20,7 @@ queue (and to the dead-letter topic after ``max_retries + 1`` deliveries); when 
 member leaves, its leases are released at once.
 
 Retries (RocketMQ's design: one queue per delay level): a nack writes the message to
-``$retry.<cluster>.<level>`` (level = index in ``retry_levels_s``) with its due time
+``$retry.<cluster>.<level>`` (level = index in ``[consumers] retry_levels_s``) with its due time
 and retry count in the record headers, then finishes the original. Within one level
 due times grow in append order, so the cluster reads each level topic in order as a
 :class:`Source`, releasing the head record when it is due and peeking no further:
@@ -41,9 +41,9 @@ import heapq
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
+from lockmq.config import ConsumersSection
 from lockmq.store.records import NewRecord, StoredRecord
 
 RETRY_PREFIX = "$retry."
@@ -97,41 +97,6 @@ class ClusterHost(Protocol):
     def damage_at(self, topic: str, queue_offset: int) -> Any:
         """The store's quarantined damage holding that record (None: not damaged):
         a queue offset :meth:`read` passed over was damaged, not deleted."""
-
-
-@dataclass
-class ClusterSettings:
-    """The ``[consumers]`` settings a cluster uses (see lockmq.config)."""
-
-    visibility_timeout_ms: int = 30_000
-    max_inflight_per_member: int = 1024
-    max_inflight_per_cluster: int = 16_384
-    max_pull: int = 512
-    max_retries: int = 16
-    retry_levels_s: list[float] = field(default_factory=lambda: [1.0])
-    time_scale: float = 1.0
-    max_retry_held: int = 100_000
-    max_window: int = 100_000
-
-    def retry_level(self, retries: int) -> int:
-        """Level (index into ``retry_levels_s``) of retry number ``retries`` (1-based);
-        the last level repeats."""
-        return min(max(retries, 1), len(self.retry_levels_s)) - 1
-
-    def level_delay_ms(self, level: int) -> float:
-        """Delay of a level, scaled by ``time_scale``."""
-        return self.retry_levels_s[level] * 1000.0 * self.time_scale
-
-    def level_for_delay(self, delay_ms: float) -> int:
-        """The first level at least ``delay_ms`` long (the last if none is)."""
-        for i in range(len(self.retry_levels_s)):
-            if self.level_delay_ms(i) >= delay_ms:
-                return i
-        return len(self.retry_levels_s) - 1
-
-    def retry_delay_ms(self, retries: int) -> float:
-        """Backoff before retry number ``retries`` (1-based); the last level repeats."""
-        return self.level_delay_ms(self.retry_level(retries))
 
 
 class Source:
@@ -283,7 +248,7 @@ class Member:
 class Cluster:
     """A consumer cluster on one topic (see the module docstring)."""
 
-    def __init__(self, name: str, topic: str, ordered: bool, settings: ClusterSettings,
+    def __init__(self, name: str, topic: str, ordered: bool, settings: ConsumersSection,
                  host: ClusterHost, positions: dict[str, int], start_latest: bool) -> None:
         self.name = name
         self.topic = topic

@@ -17,13 +17,12 @@ from typing import Any, Awaitable, Callable
 from lockmq.clock import SYSTEM_CLOCK, Clock, SystemClock, steady_ms_of
 from lockmq.config import Config
 from lockmq.security.identity import owner_of
-from lockmq.store import (Appended, InvalidRecord, NewRecord, Store, StoreClosed, StoredRecord,
-                          StoreFull)
+from lockmq.store import Appended, NewRecord, Store, StoreClosed, StoredRecord, StoreFull
 from lockmq.store.names import CLOCK
 from lockmq.store.records import validate_cluster, validate_topic
 from lockmq.store.writer import Then
 
-from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError, ClusterSettings
+from .clusters import DLQ_PREFIX, RETRY_PREFIX, Cluster, ClusterError
 from .logs import EventLog, Stats
 from .periodic import start_periodic, stop_task
 from .readcache import ReadCache
@@ -106,14 +105,9 @@ class BrokerCore:
         self.store: Store | None = None
         self.clusters: dict[str, Cluster] = {}
         self.by_topic: dict[str, list[Cluster]] = {}
-        c = config.consumers
-        self.settings = ClusterSettings(
-            visibility_timeout_ms=c.visibility_timeout_ms,
-            max_inflight_per_member=c.max_inflight_per_member,
-            max_inflight_per_cluster=c.max_inflight_per_cluster,
-            max_pull=c.max_pull, max_retries=c.max_retries,
-            retry_levels_s=list(c.retry_levels_s), time_scale=c.time_scale,
-            max_retry_held=c.max_retry_held, max_window=c.max_window)
+        #: the clusters' settings: the [consumers] section itself (a reload changes it
+        #: in place, and every cluster sees the change)
+        self.settings = config.consumers
         self.read_cache = ReadCache()
         self._seq = SystemSeq()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -423,8 +417,10 @@ class BrokerCore:
 
     def _append_with_system(self, store: Store, records: list[NewRecord], then: Then) -> None:
         """The waiting system records handed to the store ahead of a client append, in
-        the same call (one submit, one group commit, one answer split in two); if the
-        store refuses the call, each part goes on its own as without this."""
+        the same call (one submit, one group commit, one answer split in two; the store
+        answers per record, so a bad record is its part's alone); if the store refuses
+        the call before queuing it (busy, closed), each part goes on its own as
+        without this."""
         batch = self._sys_batch
         self._sys_batch = []
         self._as_broker(batch)
@@ -438,25 +434,17 @@ class BrokerCore:
         try:
             store.append_then(batch + records, answer)
             return
-        except Exception:  # noqa: BLE001 -- a bad record (which part's?), busy, closed
+        except Exception:  # noqa: BLE001 -- busy, closed
             self.system_pending -= 1
         self._store_numbered(batch)
         store.append_then(records, then)   # (raises to the caller as it would have)
 
     def _store_numbered(self, batch: list[NewRecord]) -> None:
-        """Hand numbered system records to the store; a bad one alone is logged."""
+        """Hand numbered system records to the store (which answers per record: a bad
+        one alone is refused, and logged by :meth:`_system_stored`)."""
         try:
             self._append_system_then(batch)
-        except InvalidRecord as exc:
-            if len(batch) == 1:
-                self._system_failed(batch, repr(exc))
-                return
-            for r in batch:   # one bad record must not cost the others
-                try:
-                    self._append_system_then([r])
-                except Exception as exc:  # noqa: BLE001
-                    self._system_failed([r], repr(exc))
-        except Exception as exc:  # noqa: BLE001 -- the store is closed or failed
+        except Exception as exc:  # noqa: BLE001 -- the store is busy, closed or failed
             self._system_failed(batch, repr(exc))
 
     def _append_system_then(self, records: list[NewRecord]) -> None:
@@ -472,11 +460,20 @@ class BrokerCore:
 
     def _system_stored(self, records: list[NewRecord], res: list[Appended] | None,
                        exc: BaseException | None) -> None:
-        """The store's answer for system records: failures are logged."""
+        """The store's answer for system records: failures are logged (a record the
+        store refused alone, with its own error)."""
         self.system_pending -= 1
         if exc is not None:
             self._system_failed(records, repr(exc))
-        elif res is not None and not self._check_system_results(res):
+            return
+        if res is None:
+            return
+        bad = [(r, a) for r, a in zip(records, res) if isinstance(a, Exception)]
+        if bad:
+            for r, a in bad:
+                self._system_failed([r], repr(a))
+            res = [a for a in res if not isinstance(a, Exception)]
+        if not self._check_system_results(res):
             self._system_failed(records, "system record taken as a duplicate: not stored")
 
     def _system_failed(self, records: list[NewRecord], error: str) -> None:

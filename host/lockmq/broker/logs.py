@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from .counters import COUNTERS
 from .latency import Latencies
 
 _LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
@@ -202,29 +203,16 @@ def _without_reprs(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
 class Stats:
     """The broker's counters (monotonic) and gauges (set by the broker)."""
 
-    COUNTERS = (
-        "connections_accepted", "connections_closed", "connections_refused",
-        "handshakes_ok", "handshakes_failed", "frames_in", "frames_out", "bytes_in",
-        "bytes_out", "bad_frames", "publish_received", "publish_stored",
-        "publish_duplicates", "publish_busy", "publish_refused", "publish_oneway",
-        "publish_oneway_refused",
-        "store_batches", "acks", "nacks", "unknown_leases", "pulls", "messages_delivered",
-        "notifies", "devices_online_events", "devices_offline_events", "devices_evicted",
-        "commands_received", "commands_forwarded", "commands_results", "commands_expired",
-        "commands_refused", "admin_requests", "reads_paused", "errors_sent",
-        "system_records", "lane_joins", "lane_bails", "lane_writer_reads",
-        "lane_writer_stalls", "fw_bundles_released", "fw_chunks_sent", "fw_bytes_sent",
-        "fw_fetch_refused",
-    )
-
     def __init__(self) -> None:
-        self.c: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
+        #: every counter of the one registry (lockmq.broker.counters, which /metrics
+        #: reads too), at 0 from the start
+        self.c: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.started = time.time()
         #: the latency histograms (publish->ack, publish->deliver, command round trip)
         self.latency = Latencies()
 
     def inc(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to counter ``name``."""
+        """Add ``n`` to counter ``name`` (one of lockmq.broker.counters.COUNTERS)."""
         self.c[name] = self.c.get(name, 0) + n
 
     def snapshot(self) -> dict[str, Any]:

@@ -25,84 +25,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from .counters import COUNTERS
 from .latency import Latencies
 
 PREFIX = "lockmq_"
-
-#: Broker-wide counters (``stats`` op, ``broker``): name -> help. A counter not
-#: listed here (a new one) is still exported, with a generic help text.
-COUNTER_HELP: dict[str, str] = {
-    "connections_accepted": "Protocol connections accepted",
-    "connections_closed": "Protocol connections closed",
-    "connections_refused": "Connections refused (over max_connections or a security limit)",
-    "handshakes_ok": "CONNECT/AUTH handshakes completed",
-    "handshakes_failed": "CONNECT/AUTH handshakes refused or timed out",
-    "frames_in": "Frames received",
-    "frames_out": "Frames sent",
-    "bytes_in": "Bytes received on protocol connections",
-    "bytes_out": "Bytes sent on protocol connections",
-    "bad_frames": "Malformed frames received",
-    "publish_received": "PUBLISH frames received",
-    "publish_stored": "Records stored durably and acknowledged to their producer",
-    "publish_duplicates": "Publishes dropped as producer duplicates (acknowledged again)",
-    "publish_busy": "Publishes answered BUSY or STORAGE_FULL (store back-pressure)",
-    "publish_refused": "Publishes refused (rights, bad topic)",
-    "publish_oneway": "One-way publishes received",
-    "publish_oneway_refused": "One-way publishes dropped",
-    "publish_batches": "Publish batches handed to the store",
-    "acks": "Leases acknowledged by consumers",
-    "nacks": "Leases negatively acknowledged by consumers",
-    "unknown_leases": "ACK/NACK of a lease the broker does not hold",
-    "pulls": "PULL requests served",
-    "messages_delivered": "Messages delivered to consumers",
-    "notifies": "NOTIFY frames sent to idle consumers",
-    "devices_online_events": "Locks that came online",
-    "devices_offline_events": "Locks that went offline",
-    "devices_evicted": "Locks closed after staying silent for evict_after_s",
-    "commands_received": "Downlink commands received",
-    "commands_forwarded": "Downlink commands sent to a lock",
-    "commands_results": "Command results received from locks",
-    "commands_expired": "Downlink commands expired before a result",
-    "commands_refused": "Downlink commands refused",
-    "commands_refused_too_large": "Downlink commands refused as larger than the lock accepts",
-    "commands_refused_cap": "Downlink commands refused over the pending caps",
-    "commands_undeliverable": "Downlink commands that could not be delivered",
-    "admin_requests": "Admin requests served",
-    "reads_paused": "Times the broker stopped reading a connection whose peer does not drain",
-    "lane_joins": "Times a lock's connection joined the compiled lane (steady publishes in C)",
-    "lane_bails": "Times the lane gave a connection back to the Python path (another frame, EOF)",
-    "lane_writer_reads": "Lane reads made by the store's writer thread before a group commit "
-                         "(what arrived during the previous one), not by the event loop",
-    "lane_writer_stalls": "Times the store's writer had not read the lane for 0.2 s (a slow "
-                          "disk) and the event loop read it again",
-    "errors_sent": "ERROR frames sent",
-    "system_records": "Records the broker wrote itself ($devices, retries, dead letters)",
-    "system_records_duplicate": "System records dropped as duplicates",
-    "heartbeats": "HEARTBEAT frames received",
-    "heartbeats_refused": "HEARTBEAT frames refused by the rate limit",
-    "heartbeat_records": "Heartbeat records written to the heartbeats topic",
-    "heartbeat_records_skipped": "Heartbeats not stored (one record per lock per gap)",
-    "clusters_refused_owner": "Subscriptions refused: cluster owned by another principal",
-    "clusters_refused_topic": "Subscriptions refused: cluster bound to another topic",
-    "clusters_refused_cap": "Subscriptions refused: max_clusters_per_owner reached",
-    "subscriptions_refused": "Subscriptions refused (max_subscriptions_per_connection)",
-    "producer_ids_refused": "Producer ids refused (reserved or another principal's)",
-    "frame_mac_refused": "Frames refused for a bad frame MAC",
-    "session_violations": "Connections closed for breaking the session rules",
-    "internal_errors": "Requests that failed inside the broker",
-    "status_requests": "Status-page requests answered",
-    "status_timeouts": "Status-page requests over status_request_timeout_s (408)",
-    "status_refused": "Status-page connections over status_max_connections (503)",
-    "status_bad_requests": "Status-page requests that could not be parsed (400)",
-    "retention_skipped": "Messages clusters skipped because retention deleted them unread",
-    "clusters_expired": "Clusters expired after [clusters] offsets_retention_ms unused",
-    "clock_steps": "Steps of the wall clock the broker saw (durations it judges are on "
-                   "steady time and do not move)",
-}
-
-#: Broker counters exported under another name: ``store_batches`` would collide with
-#: the store's own ``batches`` counter (``lockmq_store_batches_total``).
-COUNTER_RENAMES = {"store_batches": "publish_batches"}
 
 #: The store's counters (``stats`` op, ``store``), exported as ``lockmq_store_<name>``.
 STORE_COUNTER_HELP: dict[str, str] = {
@@ -175,7 +101,7 @@ class BrokerCollector(Collector):
         yield from _broker_gauges(stats, extra)
         if self.latency is not None:
             yield from _histograms(self.latency)
-        yield from _counters("", stats["broker"], COUNTER_HELP, COUNTER_RENAMES)
+        yield from _counters("", stats["broker"], COUNTERS, {})
         yield from _counters("store_", stats.get("store", {}), STORE_COUNTER_HELP,
                              {"store_full": "full"})
         yield from _cluster_families(clusters)
@@ -217,9 +143,6 @@ def _broker_gauges(stats: dict[str, Any],
 def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
               renames: dict[str, str]) -> Iterator[Metric]:
     named = {renames.get(key, key): value for key, value in values.items()}
-    for name in [n for n in named if n.endswith("_ms")]:
-        # Prometheus counts time in seconds (promtool refuses abbreviated units)
-        named[name[:-3] + "_seconds"] = named.pop(name) / 1000.0
     for name in helps:
         # every known counter from the first scrape, at 0 until it counts: an alert on
         # increase(...) must see the first event, and a series that appears only with
@@ -229,6 +152,9 @@ def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
         if name == "uptime_s" or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         help_text = helps.get(name, f"lockmq counter {prefix}{name}")
+        if name.endswith("_ms"):
+            # Prometheus counts time in seconds (promtool refuses abbreviated units)
+            name, value = name[:-3] + "_seconds", value / 1000.0
         yield CounterMetricFamily(PREFIX + prefix + name, help_text, value=value)
 
 

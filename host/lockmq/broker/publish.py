@@ -7,9 +7,10 @@ and a callback; the first submit of a loop iteration schedules
 :meth:`PublishPath._flush` with ``call_soon``, so it runs after every connection
 readable in this iteration was read. The callback gets one result per record: the
 store's :class:`~lockmq.store.Appended`, an :class:`~lockmq.store.InvalidRecord`
-(refused alone: the batch is then stored record by record so the others still
-succeed), or a :class:`PublishRefused` when nothing of the batch was stored (BUSY,
-STORAGE_FULL, SHUTTING_DOWN, a store failure). This module never sees a frame.
+(refused alone: the store answers per record, and the others of the batch are
+stored in the same group commit), or a :class:`PublishRefused` when nothing of the
+batch was stored (BUSY, STORAGE_FULL, SHUTTING_DOWN, a store failure). This module
+never sees a frame.
 
 The store answers through a callback (``append_then``), run on the loop in the same
 iteration the writer thread reports the group commit durable: no task and no
@@ -25,7 +26,7 @@ from functools import partial
 from typing import Callable, Protocol
 
 from lockmq.protocol import ErrorCode
-from lockmq.store import Appended, InvalidRecord, NewRecord, StoreBusy, StoreClosed, StoreFull
+from lockmq.store import Appended, NewRecord, StoreBusy, StoreClosed, StoreFull
 
 from .logs import EventLog, Stats
 
@@ -38,13 +39,11 @@ Done = Callable[[Results], None]
 class RecordSink(Protocol):
     """Where the publish path stores records (``BrokerCore.append``)."""
 
-    async def append(self, records: list[NewRecord]) -> list[Appended]:
-        """Store ``records`` durably (one group commit); raises the store's errors."""
-
     def append_then(self, records: list[NewRecord],
                     then: Callable[[list[Appended] | None, BaseException | None], None]) -> None:
         """Queue ``records`` for one group commit; ``then(results, error)`` on the loop
-        once durable. Raises what is refused before queuing (InvalidRecord, busy)."""
+        once durable, a result per record (an invalid one's is its InvalidRecord).
+        Raises what is refused before queuing (busy, closed)."""
 
     def append_known_then(self, records: list[NewRecord],
                           then: Callable[[list[Appended] | None, BaseException | None],
@@ -120,15 +119,12 @@ class PublishPath:
         # (one connection's read, the usual flush at one record per read: its list)
         records = groups[0][0] if len(groups) == 1 else \
             [r for recs, _ in groups for r in recs]
-        self.stats.c["store_batches"] += 1
+        self.stats.c["publish_batches"] += 1
         # the store calls back on the loop as soon as the group commit is durable:
         # no task, no future hop (one loop iteration from fsync to the acks' write)
         try:
             self.sink.append_then(records, partial(self._durable, time.monotonic(), groups,
                                                    records))
-        except InvalidRecord:
-            # one bad record refuses the whole call: store them one by one
-            asyncio.ensure_future(self._one_by_one(groups, records))
         except Exception as exc:  # noqa: BLE001 -- refused before queuing (busy, closed)
             self._answer(groups, records, None, exc)
 
@@ -172,22 +168,6 @@ class PublishPath:
             self.log("publish_failed", error=repr(exc), records=n, level="error")
             refusal = PublishRefused(int(ErrorCode.INTERNAL), "storage error", 1000)
         return [refusal] * n
-
-    async def _one_by_one(self, groups: list[tuple[list[NewRecord], Done]],
-                          records: list[NewRecord]) -> None:
-        """A batch with an invalid record: each record stored alone, so the others
-        still succeed and the bad one gets its own :class:`InvalidRecord`."""
-        res: Results = []
-        try:
-            for r in records:
-                try:
-                    res.extend(await self.sink.append([r]))
-                except InvalidRecord as exc:
-                    res.append(exc)
-        except Exception as exc:  # noqa: BLE001 -- as in _flush: the batch is refused
-            self._answer(groups, records, None, exc)
-            return
-        self._answer(groups, records, res, None)
 
     def _log_busy(self, full: bool, exc: Exception) -> None:
         """Log store back-pressure at most once a second."""

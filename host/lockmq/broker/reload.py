@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from lockmq.config import Config
+from lockmq.config import Config, ConsumersSection
 
 if TYPE_CHECKING:   # the broker imports this module
     from .server import Broker
@@ -31,11 +31,9 @@ LIVE: dict[str, frozenset[str]] = {
         "log_level", "log_format", "log_file"}),
     "devices": frozenset({"heartbeat_s", "evict_after_s", "heartbeats_topic",
                           "heartbeat_record_gap_s"}),
-    "consumers": frozenset({
-        "visibility_timeout_ms", "max_inflight_per_member", "max_inflight_per_cluster",
-        "max_pull", "max_retries", "retry_levels_s", "time_scale", "max_retry_held",
-        "max_window", "ordered_default", "start", "max_subscriptions_per_connection",
-        "max_clusters_per_owner"}),
+    # every [consumers] field but those marked RESTART: the clusters read the section
+    "consumers": frozenset(f.name for f in dataclasses.fields(ConsumersSection)
+                           if not f.metadata.get("restart")),
     "clusters": frozenset({"offsets_retention_ms"}),
     "commands": frozenset({
         "default_expiry_s", "max_expiry_s", "max_pending_per_lock",
@@ -49,12 +47,6 @@ LIVE: dict[str, frozenset[str]] = {
                                "max_pending_total"}),
     "security": frozenset({"tls_cert", "tls_key"}),
 }
-
-#: The ``[consumers]`` settings the clusters share through one ClusterSettings.
-_CLUSTER_SETTINGS = ("visibility_timeout_ms", "max_inflight_per_member",
-                     "max_inflight_per_cluster", "max_pull", "max_retries", "retry_levels_s",
-                     "time_scale", "max_retry_held", "max_window")
-
 
 @dataclasses.dataclass
 class ReloadPlan:
@@ -103,10 +95,6 @@ def apply_live(broker: "Broker", new: Config, changes: ReloadPlan) -> None:
             cfg.security[key] = new.security.get(key)
         else:
             setattr(getattr(cfg, table), key, getattr(getattr(new, table), key))
-    c = cfg.consumers
-    for key in _CLUSTER_SETTINGS:
-        value = getattr(c, key)
-        setattr(broker.core.settings, key, list(value) if isinstance(value, list) else value)
     d = cfg.devices
     broker.devices.record_gap_s = d.heartbeat_record_gap_s or d.heartbeat_s
     b = cfg.broker

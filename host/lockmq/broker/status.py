@@ -80,9 +80,6 @@ class StatusPage:
         self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
         self.history = dashboard.History()
         self._sampler: asyncio.Task[None] | None = None
-        for name in ("status_requests", "status_timeouts", "status_refused",
-                     "status_bad_requests", "status_unauthorized"):
-            stats.c.setdefault(name, 0)
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port."""

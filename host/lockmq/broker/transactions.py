@@ -64,11 +64,6 @@ RECENT_ENDED = 10_000
 #: groups one connection may join (TXN_JOIN / TXN_PUBLISH)
 MAX_GROUPS_PER_CONN = 16
 _RESP = Flag.RESPONSE
-#: the broker counters of this module (``stats`` op and ``/metrics``)
-TXN_COUNTERS = ("txn_half_stored", "txn_committed", "txn_rolled_back", "txn_checks_sent",
-                "txn_check_no_producer", "txn_check_unknown", "txn_check_limit", "txn_refused",
-                "txn_limit_exceeded", "txn_commands_issued", "txn_commands_refused",
-                "txn_command_results")
 
 
 @dataclass
@@ -138,8 +133,6 @@ class Transactions:
         self._joined: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         self._task: asyncio.Task[None] | None = None
         self._seq = SystemSeq()   # of TXN_SN (resumed from the store at start)
-        for name in TXN_COUNTERS:   # exported (/metrics, stats) from the start, at 0
-            stats.c.setdefault(name, 0)
 
     # -- life cycle -------------------------------------------------------------------
 

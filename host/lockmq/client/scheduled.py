@@ -12,12 +12,23 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+from lockmq.config import ROCKETMQ_LEVELS_S
 from lockmq.protocol import Op
-from lockmq.protocol import (DELAY_LEVELS_S, CommandAt, CommandScheduled, PublishAt,
-                             ScheduleCancel, level_delay_ms)
+from lockmq.protocol import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
 
 __all__ = ["DELAY_LEVELS_S", "due_ms", "publish_at_body", "command_at_body",
            "cancel_body", "scheduled_id_of", "level_delay_ms"]
+
+#: RocketMQ's delay levels (level n is entry n-1): the one table, ``lockmq.config``'s,
+#: which is also the default of a consumer's retry backoff.
+DELAY_LEVELS_S = ROCKETMQ_LEVELS_S
+
+
+def level_delay_ms(level: int) -> int:
+    """The delay of RocketMQ delay level ``level`` (1..18) in ms."""
+    if not 1 <= level <= len(DELAY_LEVELS_S):
+        raise ValueError("delay level must be 1..%d" % len(DELAY_LEVELS_S))
+    return int(DELAY_LEVELS_S[level - 1] * 1000)
 
 
 def due_ms(deliver_at: float | datetime | None = None, delay: float | None = None,

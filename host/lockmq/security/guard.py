@@ -16,6 +16,12 @@ One Guard per broker. The broker calls, in order:
 
 Every refusal raises a :class:`~lockmq.security.errors.SecurityError` with the
 wire code, and is logged and counted (:attr:`Guard.metrics`).
+
+``[broker] auth = "off"`` (tests, development) is the same Guard with the trusting
+policy (:meth:`Guard.open`): the claimed identity is accepted, no registry file is
+opened, no connection or message limit applies, commands go out unsigned. Every
+other rule (SN binding, ``$`` system topics, the producer-id charset, what a lock may
+not do) is the one code path of both.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from lockmq.protocol import Auth, CommandKind, identity_problem
+from lockmq.protocol import HARD_MAX_FRAME, Auth, AuthMethod, CommandKind, identity_problem
 
 from . import audit, keys
 from .commands import SignedCommand, check_network_marked, command_mac, config_network_keys
@@ -35,7 +41,7 @@ from .identity import system_topic_refusal
 from .limits import (LRU, ConnectionLimiter, FailureLimiter, MessageRateLimiter, SourcePolicy,
                      check_buffered, check_frame_size)
 from .nonces import NonceBook
-from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Principal
+from .principal import ADMIN, COMMAND_DENIED_MESSAGE, LOCK, SERVICE, Permissions, Principal
 from .registry import DeviceRegistry, valid_sn
 from .tokens import TokenError, TokenStore
 
@@ -47,9 +53,9 @@ _CONFIG = CommandKind.CONFIG
 
 @runtime_checkable
 class BrokerGuard(Protocol):
-    """Everything the broker asks of security: what :class:`Guard` (``auth =
-    "required"``) and ``lockmq.broker.auth.OpenGuard`` (``auth = "off"``) both
-    implement, so the broker calls one typed interface and never probes.
+    """Everything the broker asks of security: what :class:`Guard` implements (with
+    ``auth = "required"`` or, :meth:`Guard.open`, ``"off"``), so the broker calls one
+    typed interface and never probes.
 
     Every ``check_*`` raises a :class:`~lockmq.security.errors.SecurityError`
     (carrying the wire code, the public message and whether to close) or returns.
@@ -219,16 +225,25 @@ class Guard:
             security event is also written there. Python logging always gets it.
         clock: monotonic clock for rates and timeouts (tests inject one).
         wall: Unix clock for token and command expiry.
+        auth: ``"required"``, or ``"off"``: the trusting policy (use :meth:`open`).
     """
 
     def __init__(self, cfg: SecurityConfig, *, registry: DeviceRegistry | None = None,
                  tokens: TokenStore | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 log: Callable[..., None] | None = None) -> None:
+                 log: Callable[..., None] | None = None, auth: str = "required") -> None:
         cfg.validate()
         self.cfg = cfg
-        self.registry = registry or DeviceRegistry.open(cfg)
-        self.tokens = tokens or TokenStore(cfg.registry_path)
+        #: What the broker logs at start as ``auth=`` (the truth, whatever a file said).
+        self.auth_mode = auth
+        #: ``auth = "off"``: trust the claim; no registry, tokens, limits or keys
+        self.open = auth == "off"
+        self.registry: DeviceRegistry = None if self.open else (  # type: ignore[assignment]
+            registry or DeviceRegistry.open(cfg))
+        self.tokens: TokenStore = None if self.open else (  # type: ignore[assignment]
+            tokens or TokenStore(cfg.registry_path))
+        #: auth = "off": the last command id given per lock (no registry keeps them)
+        self._cmd_ids: dict[str, int] = {}
         self.clock = clock
         self.wall = wall
         self.metrics = audit.Metrics()
@@ -259,6 +274,16 @@ class Guard:
         self.internal_topics: frozenset[str] = frozenset()
 
     @classmethod
+    def open(cls, log: Callable[..., None] | None = None, **kwargs: Any) -> "Guard":
+        """The guard of ``auth = "off"``: any claimed identity is accepted -- a peer
+        answering with the device method is a lock named by its frame SN, any other
+        is an admin -- with no registry file, no connection, auth-failure or message
+        limit (every address exempt, no lock rate) and no command key."""
+        cfg = SecurityConfig(limit_exempt_addresses=["0.0.0.0/0", "::/0"],
+                             lock_message_rate=0.0)
+        return cls(cfg, log=log, auth="off", **kwargs)
+
+    @classmethod
     def from_broker_config(cls, config: Any, **kwargs: Any) -> "Guard":
         """A Guard from a whole ``lockmq.config.Config`` (``[broker]`` + ``[security]``)."""
         g = cls(SecurityConfig.from_broker_config(config), **kwargs)
@@ -271,12 +296,16 @@ class Guard:
 
     def close(self) -> None:
         """Close the registry files."""
+        if self.open:
+            return
         self.registry.close()
         self.tokens.close()
 
     def reopen_registries(self) -> None:
         """Open the device and token registries again (a broker reload): a file
         restored or replaced on disk is the one read from now on."""
+        if self.open:
+            return
         old = (self.registry, self.tokens)
         self.registry = DeviceRegistry.open(self.cfg)
         self.registry.load_snapshot()
@@ -292,7 +321,7 @@ class Guard:
         as ``Authorization: Bearer <token>``. A loopback bind is not access control."""
         need = self.cfg.metrics_token_required if view == "metrics" \
             else self.cfg.status_token_required
-        if not need:
+        if not need or self.open:   # (auth off: the status page is open)
             return ""
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -313,6 +342,8 @@ class Guard:
         """Why ``principal`` may no longer act ("" if it still may), from the registry
         as it is now: a deferred item (scheduled, transactional, held command) takes
         effect only for a principal that still stands."""
+        if self.open:
+            return ""   # nobody is ever revoked with auth off
         if principal.kind == LOCK:
             enabled, version = self.registry.standing(principal.name)
             if not enabled:
@@ -330,16 +361,15 @@ class Guard:
 
     def security_version(self) -> int:
         """The registry file's ``data_version`` (moves on every outside commit)."""
-        return self.registry.data_version()
+        return 0 if self.open else self.registry.data_version()
 
     def revocations(self, since: float) -> tuple[set[str], list[tuple[str, bool, int]]]:
         """Tokens not active now, and the devices written at or after ``since``."""
+        if self.open:
+            return set(), []
         return self.tokens.not_active(self.wall()), self.registry.changed_since(since)
 
     # -- settings the broker enforces ---------------------------------------------
-
-    #: What ``[broker] auth`` is, as the broker logs it: a Guard always authenticates.
-    auth_mode = "required"
 
     @property
     def auth_timeout_s(self) -> float:
@@ -355,6 +385,8 @@ class Guard:
     def preauth_max_frame(self) -> int:
         """Largest frame before authentication (give it to a new connection's decoder,
         then raise the decoder's limit to :attr:`max_frame_bytes` after AUTH)."""
+        if self.open:
+            return HARD_MAX_FRAME   # no smaller limit before authentication than after
         return min(self.cfg.preauth_max_frame_bytes, self.cfg.max_frame_bytes)
 
     @property
@@ -422,7 +454,12 @@ class Guard:
         Raises :class:`AuthFailed` — the same public error for an unknown SN, a wrong
         key, a disabled device, a replayed nonce or a bad token — or
         :class:`AuthRateLimited` after too many failures.
+
+        With ``auth = "off"`` every claim is accepted: the device method is the lock
+        ``claimed_sn``, anything else an admin.
         """
+        if self.open:
+            return self._trust(claimed_sn, auth_body, nonce, peer_ip, tls)
         sn = _as_sn(claimed_sn)
         src = self.sources.key(peer_ip)
         exempt = self.sources.exempt(peer_ip)
@@ -447,6 +484,20 @@ class Guard:
         audit.record(self.metrics, "auth_ok", principal.kind, name=principal.name,
                      addr=peer_ip, tls=tls, transport="tls" if tls else "PLAIN-TCP")
         return principal
+
+    def _trust(self, claimed_sn: Any, auth_body: Any, nonce: bytes, peer_ip: str,
+               tls: bool) -> Principal:
+        """auth = "off": the principal a peer claims to be."""
+        if nonce:
+            self.nonces.discard(nonce)
+        if getattr(auth_body, "method", None) == AuthMethod.DEVICE_HMAC and claimed_sn:
+            p = Principal(name=claimed_sn, kind=LOCK, lock_topics=("*",), peer_ip=peer_ip,
+                          session_nonce=nonce)
+        else:
+            p = Principal(name=claimed_sn or "anonymous", kind=ADMIN,
+                          permissions=Permissions(admin=True), peer_ip=peer_ip)
+        p.tls = tls
+        return p
 
     def _failed(self, exc: AuthFailed, sn: str, src: str, exempt: bool, peer_ip: str,
                 method: str, tls: bool) -> AuthFailed:
@@ -572,13 +623,15 @@ class Guard:
     def check_publish(self, principal: Principal, topic: str, sn: Any = None, n: int = 1) -> None:
         """SN binding, topic permission and (for locks) the message rate of a publish.
         The broker binds a frame's SN in the session and passes none: no second check
-        per record on the publish path."""
+        per record on the publish path. With auth off only ``$`` system topics are
+        refused (nobody has the system right), whatever the principal."""
         if sn is not None:
             self.check_frame_sn(principal, sn)
         try:
             if topic in self.internal_topics:
                 raise system_topic_refusal(principal, topic, internal=True)
-            principal.require_publish(topic)
+            if not self.open or topic[:1] == "$":   # (auth off: rights guard `$` only)
+                principal.require_publish(topic)
             if principal.is_lock:
                 self.message_rate.check(principal.name, n)
         except SecurityError as exc:
@@ -593,7 +646,8 @@ class Guard:
         budget. Refuses and audits nothing: the caller passes the records over the
         quota to :meth:`check_publish` one by one, which refuses (and audits) each
         exactly as before."""
-        if topic in self.internal_topics or not principal.may_publish(topic):
+        if topic in self.internal_topics or not (
+                principal.may_publish(topic) or self.open and topic[:1] != "$"):
             return 0
         if principal.is_lock:
             return self.message_rate.take_up_to(principal.name, n)
@@ -638,6 +692,12 @@ class Guard:
         :class:`PermissionDenied` (FORBIDDEN). Call once per connection and id."""
         pid = _as_sn(producer_id)
         max_ids = self.cfg.max_producer_ids_per_principal
+        if self.open:   # no registry, so no ownership: the charset and `$` only
+            try:
+                return _check_producer_id(principal, pid)
+            except SecurityError as exc:
+                self._refuse(exc, principal, producer_id=pid)
+                raise
 
         def taken(p: str, owner: str) -> bool:
             why = self.registry.claim_producer_id(p, owner, max_ids, now=self.wall())
@@ -670,7 +730,15 @@ class Guard:
         message as for an SN outside the token's scope (no enumeration; the log says
         which). Bad CONFIG arguments: :class:`InvalidCommand` (INVALID_ARGUMENT).
         An authorised network change is logged at warning level with the principal.
+        With auth off only the principal's own rule applies (a lock sends no command).
         """
+        if self.open:   # auth off: no registry (any SN), no rights to read from CONFIG
+            try:
+                principal.require_command(sn, kind)
+            except SecurityError as exc:
+                self._refuse(exc, principal, target=sn, command_kind=kind)
+                raise
+            return
         # Look the lock up first, whatever the answer will be: the same work each time.
         state = self.registry.lookup(sn)[1] if valid_sn(sn) else "unknown"
         network: tuple[str, ...] = ()
@@ -699,9 +767,14 @@ class Guard:
                      command_kind=kind)
 
     def check_admin(self, principal: Principal, op: str = "") -> None:
-        """Admin operations need an admin principal (``replica.*``: or ``replicate``)."""
+        """Admin operations need an admin principal (``replica.*``: or ``replicate``;
+        with auth off every admin may run every op, ``replica.security`` too: there is
+        nothing secret to copy)."""
         try:
-            principal.require_admin_op(op)
+            if self.open:
+                principal.require_admin()
+            else:
+                principal.require_admin_op(op)
         except SecurityError as exc:
             self._refuse(exc, principal, op=op)
             raise
@@ -723,13 +796,21 @@ class Guard:
             raise
 
     def record_protocol_error(self, peer_ip: str, reason: str) -> None:
-        """Count a malformed frame (the broker calls this when its decoder refuses one)."""
+        """Count a malformed frame (the broker calls this when its decoder refuses one;
+        with auth off the broker's own bad_frames counter is all)."""
+        if self.open:
+            return
         audit.record(self.metrics, "bad_frame", reason, addr=peer_ip)
 
     # -- downlink commands --------------------------------------------------------------
 
     def next_command_id(self, sn: str) -> int:
-        """The next command id of lock ``sn``: persisted, strictly increasing."""
+        """The next command id of lock ``sn``: persisted, strictly increasing (auth
+        off: increasing per lock, and with wall time across restarts)."""
+        if self.open:
+            nid = max(self._cmd_ids.get(sn, 0) + 1, int((self.wall() - 1_700_000_000) * 10))
+            self._cmd_ids[sn] = nid = nid & 0xFFFFFFFF
+            return nid
         return self.registry.next_command_id(sn)
 
     def sign_command(self, sn: str, cmd_id: int, expires_ms: int, kind: int, args: bytes,
@@ -740,8 +821,11 @@ class Guard:
         id above every id used before for this lock: the registry remembers the
         highest signed id so that :meth:`next_command_id` never goes back).
         ``principal`` is the lock's session (unused by the MAC; logged).
-        Raises :class:`AuthFailed` for an unknown or disabled lock.
+        Raises :class:`AuthFailed` for an unknown or disabled lock. With auth off there
+        is no key: b"" (commands go out unsigned; the lock must run with auth off too).
         """
+        if self.open:
+            return b""
         key = self.registry.key_for(sn)
         if key is None:
             raise AuthFailed(f"command to unknown or disabled lock {sn}", reason="unknown_sn")
@@ -775,7 +859,10 @@ class Guard:
         return server_context_from_config(self.cfg)
 
     def log_listener(self, port: int, tls: bool) -> None:
-        """Log a listener; a plain-TCP one is marked clearly as unencrypted."""
+        """Log a listener; a plain-TCP one is marked clearly as unencrypted (auth off:
+        the broker's start-up line, ``auth=off``, says it all)."""
+        if self.open:
+            return
         if tls:
             audit.record(self.metrics, "listener", "tls", port=port, transport="TLS")
         else:
@@ -787,7 +874,9 @@ class Guard:
     # -- introspection --------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """Counters and gauges for the broker's metrics endpoint."""
+        """Counters and gauges for the broker's metrics endpoint (none with auth off)."""
+        if self.open:
+            return {}
         out: dict[str, Any] = dict(self.metrics.snapshot())
         out["security_connections_open"] = self.connections.total
         out["security_challenges_outstanding"] = len(self.nonces)

@@ -30,16 +30,16 @@ from . import reads, retention
 from .config import StoreConfig
 from .damage import Damage, DamageMap
 from .dedup import DedupTable
-from .errors import (CorruptRecord, StoreClosed, StoreFailed, StoreFull, StoreLocked,
-                     TopicNotOpen)
+from .errors import (CorruptRecord, InvalidRecord, StoreClosed, StoreFailed, StoreFull,
+                     StoreLocked, TopicNotOpen)
 from .files import DIR_MODE, FILE_MODE, create_file, secure_data_dir
 from .index import TopicIndex
 from .files import atomic_write
 from .names import LOCK, REINDEX, SEGMENT_DIR, index_file_name, positions_files
 from .positions import PositionsFile, load_copy, save_copy
 from .recovery import RecoveryReport, recover, save_log_start
-from .records import (Appended, NewRecord, StoredRecord, encode_records, validate_cluster,
-                      validate_topic)
+from .records import (Appended, NewRecord, StoredRecord, encode_record, encode_records,
+                      validate_cluster, validate_topic)
 from .retention import RetentionReport
 from .segment import Segment, SegmentList
 from .topic import Topic, first_live
@@ -378,15 +378,49 @@ class Store:
         """:meth:`append` without a coroutine: ``then(results, error)`` is called on
         the loop as soon as the writer has answered (durable in ``sync``), with the
         results or the error (StoreFull, StoreClosed, StoreFailed). Errors found
-        before queuing (InvalidRecord, StoreBusy, StoreClosed) are raised here and
-        ``then`` is not called. The broker's publish path: a task and a future's
-        ``call_soon`` hop less per group commit.
+        before queuing (StoreBusy, StoreClosed) are raised here and ``then`` is not
+        called. The broker's publish path: a task and a future's ``call_soon`` hop
+        less per group commit.
+
+        Answered per record: a record that breaks a rule costs the others nothing --
+        its result is its :class:`InvalidRecord` (then called at once if no record
+        is valid), every other record is stored in the same group commit.
 
         With ``known_topics`` it may be called from the writer's own thread (the
         source, :meth:`read_before_commit`): a topic without an index raises
         :class:`TopicNotOpen` instead of being created (that is the loop's)."""
-        if self._submit(records, Answer(then), known_topics) is None:
+        try:
+            answer = self._submit(records, Answer(then), known_topics)
+        except InvalidRecord:
+            self._append_valid_then(records, then, known_topics)
+            return
+        if answer is None:
             then([], None)
+
+    def _append_valid_then(self, records: list[NewRecord], then: Then,
+                           known_topics: bool) -> None:
+        """:meth:`append_then` of a call with an invalid record: the valid ones in one
+        submit, each invalid one answered with its own error, in the call's order."""
+        errors: dict[int, InvalidRecord] = {}
+        valid = []
+        for i, r in enumerate(records):
+            try:
+                encode_record(r, 0, self._max_record)   # (the rules _submit applies)
+            except InvalidRecord as exc:
+                errors[i] = exc
+            else:
+                valid.append(r)
+
+        def merged(res: list[Appended] | None, exc: BaseException | None) -> None:
+            if res is None:   # the valid part failed whole (full, closed, failed)
+                then(None, exc)
+                return
+            stored = iter(res)
+            then([errors[i] if i in errors else next(stored)  # type: ignore[misc]
+                  for i in range(len(records))], None)
+
+        if self._submit(valid, Answer(merged), known_topics) is None:
+            merged([], None)
 
     def read_before_commit(self, source: "Callable[[], None] | None") -> None:
         """Have the writer thread call ``source()`` (holding the GIL) each time it
