@@ -91,10 +91,12 @@ def broken_bundle(out: Path, version: str) -> Path:
 
 
 def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, heap) -> None:
-    """FLEET locks, each with events queued, updated by one rollout: every lock boots
-    the new version, confirms it, and delivers its events exactly once."""
+    """FLEET locks, each with events queued, updated by one rollout of the locks that
+    carry a tag: every lock boots the new version, confirms it, and delivers its events
+    exactly once; ``firmware status`` and ``/metrics`` count them updated."""
     sns = [f"OTA{i:04d}" for i in range(FLEET)]
-    keys = broker.provision(sns)
+    keys = broker.provision(sns + ["OTAUNTAG"])
+    broker._cli("devices", "tag", *sns, "--add", "ota-fleet", "--data-dir", str(broker.data_dir))
     locks = [lock_factory(sn, keys[sn], [broker.address], heapsize=heap, ota_trial_s=TRIAL_S)
              for sn in sns]
     for lock in locks:
@@ -103,15 +105,21 @@ def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, heap) -> No
         lock.events("tamper", 2)
     bundle = release(broker, "9.1.0-fleet")
     p = _cli("firmware", "rollout", *_admin(broker), "--version", bundle[0], "--wave", str(FLEET),
-             "--deadline", "240", *[a for sn in sns for a in ("--sn", sn)], timeout=400)
+             "--deadline", "240", "--tag", "ota-fleet", timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"done: updated {FLEET}" in p.stdout, p.stdout
+    assert f"done: updated {FLEET}" in p.stdout and "OTAUNTAG" not in p.stdout, p.stdout
     for lock in locks:
         lock.expect(r"I ota staged v=9\.1\.0-fleet", timeout=60)
         lock.expect(r"I sys boot fw=9\.1\.0-fleet ", timeout=60)
         lock.expect(r"I ota confirmed v=9\.1\.0-fleet", timeout=60)
     online = devices(broker)
     assert all(online[sn]["fw"] == "9.1.0-fleet" for sn in sns), online
+    st = _cli("firmware", "status", *_admin(broker), "--version", "9.1.0-fleet", "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert {r["sn"]: r["state"] for r in json.loads(st.stdout)} == {sn: "updated" for sn in sns}
+    metrics = broker.metrics()
+    assert metrics.get('lockmq_firmware_rollout_locks{state="updated",version="9.1.0-fleet"}') \
+        == FLEET, {k: v for k, v in metrics.items() if "firmware" in k}
     for lock in locks:
         lock.wait_drained(timeout=60)
     broker.stop()

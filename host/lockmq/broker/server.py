@@ -106,7 +106,8 @@ class Broker:
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
         #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
-        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
+        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log, self.devices.info,
+                                        lambda: getattr(self.guard, "registry", None))
         self.admin.ops.update(self.firmware.ops())
         self.services = Services(config, stats, log, self.guard, self.core, self.publisher,
                                  self.devices, self.commands, self.admin, self.connections,
@@ -115,6 +116,7 @@ class Broker:
                                  admission=self.admission)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices,
                                  authorize=self.guard.authorize_status)
+        self.status.firmware = self.firmware.gauges
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0
