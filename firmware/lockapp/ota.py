@@ -4,10 +4,10 @@
 # their own. The lock fetches the bundle over its own link (FW_FETCH / FW_CHUNK, each
 # piece within its frame limit) into ota.bin, resuming from what it holds after a
 # power cut; verifies the whole file; unpacks it into lib.new/ beside the running app
-# (lib/); marks it "staged" and resets. main.py (never updated) switches at boot:
+# (lib/); marks it "staged" and resets. lockboot (never updated) switches at boot:
 # lib -> lib.old, lib.new -> lib, state "trial". The new app must connect and hold a
 # session for a heartbeat within ota_trial_s, or reboot at most MAX_BOOTS times, or
-# main.py puts lib.old back ("revert") and the lock reports why at its next CONNECT.
+# lockboot puts lib.old back ("revert") and the lock reports why at its next CONNECT.
 # State, ota.dat (JSON, atomic): st = fetch | staged | trial | revert | ok | failed,
 # v (version), size, sha, id (command id), why, boots.
 import os
@@ -20,6 +20,7 @@ import binascii
 from micropython import const
 from lockmq.protocol._firmware import fetch_body, chunk_fields
 from lockapp import atomic, log, VERSION
+from lockboot import rm         # the boot half's (beside main.py, never updated): one copy
 
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython
 _OP_FW_FETCH = const(0x34)
@@ -56,19 +57,6 @@ def note(s):
     if s.get("v"):
         out += ";target=" + s["v"]
     return out
-
-
-def rm(p):
-    try:
-        m = os.stat(p)[0]
-    except OSError:
-        return
-    if m & 0x4000:
-        for n in os.listdir(p):
-            rm(p + "/" + n)
-        os.rmdir(p)
-    else:
-        os.remove(p)
 
 
 def _mkdirs(path):
