@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 
 from lockmq.hil.broker import BrokerProcess, lockmq_cli
-from lockmq.hil.scenario import assert_exactly_once_in_order, stored_seqs
+from lockmq.hil.scenario import OTA_STAGES, assert_exactly_once_in_order, stored_seqs
 
 from .test_scenarios import online_lock
 
 #: Locks updated together in the fleet scenario (the issue's proof: 20 at once).
 FLEET = 20
-#: How long each stage lasts here (virtual board, ~48 KB bundle): the cut's window.
-STAGE_S = {"fetch": 0.15, "verify": 0.04, "switch": 0.1, "trial": 0.03}
 #: A short trial for the scenarios (a lock's default is 300 s): heartbeat 5 s + room.
 TRIAL_S = 30
 
@@ -181,7 +179,7 @@ def test_an_app_that_crashes_at_boot_is_rolled_back_and_the_rollout_halts(
         assert "I ota fetch" not in other.full_log()
 
 
-@pytest.mark.parametrize("stage", ["fetch", "verify", "switch", "trial"])
+@pytest.mark.parametrize("stage", list(OTA_STAGES))
 def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory, hil_target,
                                             stage: str, heap) -> None:
     """A power cut at a random instant (seed printed) of one stage of an update: the
@@ -197,10 +195,9 @@ def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory,
     lock.events("unlock", 5)
     bundle = release(broker, f"9.4.0-{stage}")
     send_update(broker, sn, bundle)
-    marker = {"fetch": r"I ota fetch v=", "verify": r"I ota verified v=",
-              "switch": r"I sys reboot reason=ota", "trial": r"I ota trial v="}[stage]
+    marker, window_s = OTA_STAGES[stage]
     lock.expect(marker, timeout=60)
-    time.sleep(rnd.uniform(0.0, STAGE_S[stage]))         # somewhere in the stage
+    time.sleep(rnd.uniform(0.0, window_s))               # somewhere in the stage
     lock.power_cut(off_s=rnd.uniform(0.0, 0.1))
     lock.expect(r"I sys boot fw=", timeout=30)            # an app boots, whichever
     end = time.monotonic() + 120                         # and the update completes
