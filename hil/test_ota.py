@@ -143,6 +143,10 @@ def test_a_bundle_that_does_not_match_its_digest_is_refused(broker: BrokerProces
     lock.expect(rf"I cmd fw_update id={cli_id} ok", timeout=10)
     lock.expect(r"E ota refused v=9\.2\.0-tampered why=digest", timeout=60)
     assert "I ota staged" not in lock.full_log()
+    lock.expect(r"W net down err=ota_refused", timeout=10)   # a new CONNECT says it at once
+    lock.wait_online(timeout=60)
+    dev = devices(broker)["OTABAD01"]
+    assert dev["fw"] == old and dev["ota"] == "failed:digest", dev
     lock.power_cut()                                      # still the old app, and it says why
     lock.expect(rf"I sys boot fw={re.escape(old)} ", timeout=30)
     lock.wait_online(timeout=60)

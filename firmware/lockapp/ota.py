@@ -20,7 +20,6 @@ import binascii
 from micropython import const
 from lockmq.protocol._firmware import fetch_body, chunk_fields
 from lockapp import atomic, log, VERSION
-from lockboot import rm         # the boot half's (beside main.py, never updated): one copy
 
 # protocol numbers (lockmq.protocol._constants), folded by MicroPython
 _OP_FW_FETCH = const(0x34)
@@ -57,6 +56,17 @@ def note(s):
     if s.get("v"):
         out += ";target=" + s["v"]
     return out
+
+
+def rm(p):
+    # lockboot's (beside main.py, never updated: the one copy), loaded for the call:
+    # kept, its bytecode would hold ~1 KB of a frozen board's heap through an update
+    import sys
+    had = "lockboot" in sys.modules     # (on trial it runs the app: it stays)
+    import lockboot
+    lockboot.rm(p)
+    if not had:
+        sys.modules.pop("lockboot", None)
 
 
 def _mkdirs(path):
@@ -115,6 +125,7 @@ class Ota:
         self.opaque = 0          # a fetch in flight (its answer not in yet)
         self.sent = 0
         self.retry_at = None
+        self.refused = False     # refused in this session: the link reconnects to say so
 
     def save(self):
         atomic.write(STATE, json.dumps(self.s).encode())
@@ -253,6 +264,7 @@ class Ota:
         self.s["st"] = "failed"
         self.s["why"] = why
         self.save()
+        self.refused = True
         log.error("ota refused v=%s why=%s" % (self.s.get("v"), why))
 
     def _unpack(self):

@@ -72,8 +72,8 @@ def update_state(dev: dict[str, Any]) -> tuple[str, str, str] | None:
     in -- the broker's answer to it is what makes the lock confirm it and drop the
     old app); ``failed`` (it refused the bundle or booted the old app again: ``why``);
     ``running`` (no update recorded: it runs ``fw``, heartbeat in). A lock reports
-    its update at CONNECT: an outcome reached within a session (a digest refused)
-    shows at its next one."""
+    its update at CONNECT; one that refuses a bundle within a session reconnects to
+    say so (``lockapp/ota.py``)."""
     if dev.get("fetching"):
         return dev["fetching"], "fetch", ""
     fw, target = dev.get("fw", ""), dev.get("ota_target", "")
