@@ -5,6 +5,8 @@
 #   lib.old/  the app before the update, kept until the new one has proved itself
 #   ota.dat   the update's state (JSON; lockapp/ota.py writes it, boot() moves it on)
 # Every step is a rename or is repeated after a power cut until its state is saved.
+# It imports nothing from lib/ (it must run when lib/ is damaged or half-swapped), so
+# the file helpers both halves need live here, once: lockapp/ota.py imports rm().
 import os
 import json
 
@@ -17,14 +19,15 @@ def _has(p):
         return False
 
 
-def _rm(p):
+def rm(p):
+    # a file, or a folder and all below it; nothing when absent
     try:
         m = os.stat(p)[0]
     except OSError:
         return
     if m & 0x4000:
         for n in os.listdir(p):
-            _rm(p + "/" + n)
+            rm(p + "/" + n)
         os.rmdir(p)
     else:
         os.remove(p)
@@ -49,14 +52,14 @@ def boot():
     if st == "staged":              # switch to the update (fw-update verified lib.new)
         if _has("lib.new"):
             if _has("lib"):         # (no lib: cut after this rename; lib.old is the app)
-                _rm("lib.old")      # a leftover of an earlier update
+                rm("lib.old")       # a leftover of an earlier update
                 os.rename("lib", "lib.old")
             os.rename("lib.new", "lib")
         s["st"] = st = "trial"
         s["boots"] = 0
         _save(s)                    # (the app counts the trial's boots: lockapp/ota.py)
     if st == "revert":              # back to the app that ran before the update
-        _rm("lib")                  # (a frozen board had no lib/: its image's app again)
+        rm("lib")                   # (a frozen board had no lib/: its image's app again)
         if _has("lib.old"):
             os.rename("lib.old", "lib")
         s["st"] = st = "failed"

@@ -11,6 +11,12 @@ from .lock import Lock
 
 TOPIC = "lock.events"
 
+#: The stages of an update over the air, each by the log line that starts it and how
+#: long it lasts on a virtual board (~48 KB bundle): where a seeded power cut falls
+#: (hil/test_ota.py, a few; bench/firmware_ota_heap.py --cuts, many).
+OTA_STAGES = {"fetch": (r"I ota fetch v=", 0.15), "verify": (r"I ota verified v=", 0.04),
+              "switch": (r"I sys reboot reason=ota", 0.1), "trial": (r"I ota trial v=", 0.03)}
+
 
 def stored_seqs(broker: BrokerProcess, sn: str, topic: str = TOPIC) -> list[int]:
     """The sequence numbers of ``sn``'s records in the broker's log, in log order

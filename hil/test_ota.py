@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 
 from lockmq.hil.broker import BrokerProcess, lockmq_cli
-from lockmq.hil.scenario import assert_exactly_once_in_order, stored_seqs
+from lockmq.hil.scenario import OTA_STAGES, assert_exactly_once_in_order, stored_seqs
 
 from .test_scenarios import online_lock
 
 #: Locks updated together in the fleet scenario (the issue's proof: 20 at once).
 FLEET = 20
-#: How long each stage lasts here (virtual board, ~48 KB bundle): the cut's window.
-STAGE_S = {"fetch": 0.15, "verify": 0.04, "switch": 0.1, "trial": 0.03}
 #: A short trial for the scenarios (a lock's default is 300 s): heartbeat 5 s + room.
 TRIAL_S = 30
 
@@ -91,10 +89,12 @@ def broken_bundle(out: Path, version: str) -> Path:
 
 
 def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, heap) -> None:
-    """FLEET locks, each with events queued, updated by one rollout: every lock boots
-    the new version, confirms it, and delivers its events exactly once."""
+    """FLEET locks, each with events queued, updated by one rollout of the locks that
+    carry a tag: every lock boots the new version, confirms it, and delivers its events
+    exactly once; ``firmware status`` and ``/metrics`` count them updated."""
     sns = [f"OTA{i:04d}" for i in range(FLEET)]
-    keys = broker.provision(sns)
+    keys = broker.provision(sns + ["OTAUNTAG"])
+    broker._cli("devices", "tag", *sns, "--add", "ota-fleet", "--data-dir", str(broker.data_dir))
     locks = [lock_factory(sn, keys[sn], [broker.address], heapsize=heap, ota_trial_s=TRIAL_S)
              for sn in sns]
     for lock in locks:
@@ -103,15 +103,21 @@ def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, heap) -> No
         lock.events("tamper", 2)
     bundle = release(broker, "9.1.0-fleet")
     p = _cli("firmware", "rollout", *_admin(broker), "--version", bundle[0], "--wave", str(FLEET),
-             "--deadline", "240", *[a for sn in sns for a in ("--sn", sn)], timeout=400)
+             "--deadline", "240", "--tag", "ota-fleet", timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"done: updated {FLEET}" in p.stdout, p.stdout
+    assert f"done: updated {FLEET}" in p.stdout and "OTAUNTAG" not in p.stdout, p.stdout
     for lock in locks:
         lock.expect(r"I ota staged v=9\.1\.0-fleet", timeout=60)
         lock.expect(r"I sys boot fw=9\.1\.0-fleet ", timeout=60)
         lock.expect(r"I ota confirmed v=9\.1\.0-fleet", timeout=60)
     online = devices(broker)
     assert all(online[sn]["fw"] == "9.1.0-fleet" for sn in sns), online
+    st = _cli("firmware", "status", *_admin(broker), "--version", "9.1.0-fleet", "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert {r["sn"]: r["state"] for r in json.loads(st.stdout)} == {sn: "updated" for sn in sns}
+    metrics = broker.metrics()
+    assert metrics.get('lockmq_firmware_rollout_locks{state="updated",version="9.1.0-fleet"}') \
+        == FLEET, {k: v for k, v in metrics.items() if "firmware" in k}
     for lock in locks:
         lock.wait_drained(timeout=60)
     broker.stop()
@@ -137,6 +143,10 @@ def test_a_bundle_that_does_not_match_its_digest_is_refused(broker: BrokerProces
     lock.expect(rf"I cmd fw-update id={cli_id} ok", timeout=10)
     lock.expect(r"E ota refused v=9\.2\.0-tampered why=digest", timeout=60)
     assert "I ota staged" not in lock.full_log()
+    lock.expect(r"W net down err=ota_refused", timeout=10)   # a new CONNECT says it at once
+    lock.wait_online(timeout=60)
+    dev = devices(broker)["OTABAD01"]
+    assert dev["fw"] == old and dev["ota"] == "failed:digest", dev
     lock.power_cut()                                      # still the old app, and it says why
     lock.expect(rf"I sys boot fw={re.escape(old)} ", timeout=30)
     lock.wait_online(timeout=60)
@@ -173,7 +183,7 @@ def test_an_app_that_crashes_at_boot_is_rolled_back_and_the_rollout_halts(
         assert "I ota fetch" not in other.full_log()
 
 
-@pytest.mark.parametrize("stage", ["fetch", "verify", "switch", "trial"])
+@pytest.mark.parametrize("stage", list(OTA_STAGES))
 def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory, hil_target,
                                             stage: str, heap) -> None:
     """A power cut at a random instant (seed printed) of one stage of an update: the
@@ -189,10 +199,9 @@ def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory,
     lock.events("unlock", 5)
     bundle = release(broker, f"9.4.0-{stage}")
     send_update(broker, sn, bundle)
-    marker = {"fetch": r"I ota fetch v=", "verify": r"I ota verified v=",
-              "switch": r"I sys reboot reason=ota", "trial": r"I ota trial v="}[stage]
+    marker, window_s = OTA_STAGES[stage]
     lock.expect(marker, timeout=60)
-    time.sleep(rnd.uniform(0.0, STAGE_S[stage]))         # somewhere in the stage
+    time.sleep(rnd.uniform(0.0, window_s))               # somewhere in the stage
     lock.power_cut(off_s=rnd.uniform(0.0, 0.1))
     lock.expect(r"I sys boot fw=", timeout=30)            # an app boots, whichever
     end = time.monotonic() + 120                         # and the update completes

@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--tcp", metavar="PORT", type=int, help="listen on 127.0.0.1:PORT (0: any)")
     where.add_argument("--rfc2217", metavar="PORT", type=int, help="RFC 2217 on 127.0.0.1:PORT (0: any)")
     ap.add_argument("--heapsize", default="128K")
+    ap.add_argument("--micropython", metavar="EXE",
+                    help="the interpreter (default: the unix port on PATH; e.g. the 32-bit "
+                         "frozen one of `lockmq firmware interpreter`)")
     args = ap.parse_args(argv)
 
     port: _PtyPort | _TcpPort
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         port = _Rfc2217Port(args.rfc2217)
     else:
         port = _TcpPort(args.tcp)
-    board = VirtualBoard(args.flash_dir, heapsize=args.heapsize)
+    board = VirtualBoard(args.flash_dir, heapsize=args.heapsize, micropython=args.micropython)
     stop = threading.Event()
 
     def _stop(*_: object) -> None:

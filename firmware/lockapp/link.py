@@ -306,6 +306,10 @@ class Link:
                     pause = await self._on_frame(f, inflight)
                     if pause:
                         pause_until = time.ticks_add(now, pause)
+                ota = app.ota
+                if ota is not None and ota.refused:
+                    ota.refused = False     # a new session's CONNECT says why (rollouts)
+                    raise LinkError("ota_refused")
                 if app.reboot_pending:
                     if app.reboot_pending == "ota":
                         app.reset("ota")        # main.py switches to the staged update

@@ -4,10 +4,10 @@
 # their own. The lock fetches the bundle over its own link (FW_FETCH / FW_CHUNK, each
 # piece within its frame limit) into ota.bin, resuming from what it holds after a
 # power cut; verifies the whole file; unpacks it into lib.new/ beside the running app
-# (lib/); marks it "staged" and resets. main.py (never updated) switches at boot:
+# (lib/); marks it "staged" and resets. lockboot (never updated) switches at boot:
 # lib -> lib.old, lib.new -> lib, state "trial". The new app must connect and hold a
 # session for a heartbeat within ota_trial_s, or reboot at most MAX_BOOTS times, or
-# main.py puts lib.old back ("revert") and the lock reports why at its next CONNECT.
+# lockboot puts lib.old back ("revert") and the lock reports why at its next CONNECT.
 # State, ota.dat (JSON, atomic): st = fetch | staged | trial | revert | ok | failed,
 # v (version), size, sha, id (command id), why, boots.
 import os
@@ -61,16 +61,14 @@ def note(s):
 
 
 def rm(p):
-    try:
-        m = os.stat(p)[0]
-    except OSError:
-        return
-    if m & 0x4000:
-        for n in os.listdir(p):
-            rm(p + "/" + n)
-        os.rmdir(p)
-    else:
-        os.remove(p)
+    # lockboot's (beside main.py, never updated: the one copy), loaded for the call:
+    # kept, its bytecode would hold ~1 KB of a frozen board's heap through an update
+    import sys
+    had = "lockboot" in sys.modules     # (on trial it runs the app: it stays)
+    import lockboot
+    lockboot.rm(p)
+    if not had:
+        sys.modules.pop("lockboot", None)
 
 
 def _mkdirs(path):
@@ -129,6 +127,7 @@ class Ota:
         self.opaque = 0          # a fetch in flight (its answer not in yet)
         self.sent = 0
         self.retry_at = None
+        self.refused = False     # refused in this session: the link reconnects to say so
 
     def save(self):
         atomic.write(STATE, json.dumps(self.s).encode())
@@ -267,6 +266,7 @@ class Ota:
         self.s["st"] = "failed"
         self.s["why"] = why
         self.save()
+        self.refused = True
         log.error("ota refused v=%s why=%s" % (self.s.get("v"), why))
 
     def _unpack(self):

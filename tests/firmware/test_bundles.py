@@ -16,6 +16,7 @@ from lockmq.cli.command import fw_update_args
 from lockmq.firmware_tools.build import BuildError
 from lockmq.firmware_tools.bundle import from_lib, info, pack, unpack
 from lockmq.firmware_tools.fleet import pick
+from lockmq.protocol._firmware import fetch_body
 
 
 class _Log:
@@ -79,3 +80,64 @@ def test_a_rollout_share_is_stable_and_grows():
     ten, twenty = pick(sns, 10), pick(sns, 20)
     assert len(ten) == 20 and len(twenty) == 40 and set(ten) <= set(twenty)
     assert pick(list(reversed(sns)), 10) == ten and pick(sns, 0) == []
+
+
+def test_each_lock_s_update_state_comes_from_what_it_reported():
+    from lockmq.broker.firmware_bundles import update_state
+
+    hb = {"uptime_s": 5}
+    assert update_state({"fw": "1.0"}) is None                       # no heartbeat yet
+    assert update_state({"fw": "1.0", **hb}) == ("1.0", "running", "")
+    assert update_state({"fw": "1.0", "fetching": "2.0"}) == ("2.0", "fetch", "")
+    assert update_state({"fw": "2.0", "ota": "trial", "ota_target": "2.0"}) == ("2.0", "trial", "")
+    assert update_state({"fw": "2.0", "ota": "trial", "ota_target": "2.0", **hb}) == (
+        "2.0", "updated", "")
+    assert update_state({"fw": "2.0", "ota": "ok", "ota_target": "2.0"}) == ("2.0", "updated", "")
+    assert update_state({"fw": "1.0", "ota": "failed:crash_RuntimeError", "ota_target": "2.0",
+                         **hb}) == ("2.0", "failed", "crash_RuntimeError")
+
+
+def test_fw_status_by_tag_and_version_and_the_metrics(tmp_path):
+    from lockmq.broker.metrics import BrokerCollector
+    from lockmq.security import DeviceRegistry, SecurityConfig
+
+    reg = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    reg.add_many(["A1", "A2", "A3"])
+    reg.set_tags("A1", ["pilot"])
+    reg.set_tags("A3", ["pilot"])
+    online = [{"sn": "A1", "fw": "2.0", "ota": "ok", "ota_target": "2.0", "uptime_s": 1},
+              {"sn": "A2", "fw": "1.0", "ota": "failed:digest", "ota_target": "2.0"}]
+
+    class Conn:
+        closed = False
+        principal = type("P", (), {"name": "A2"})()
+
+    store = FirmwareBundles(tmp_path, Stats(), _Log(), lambda: [dict(d) for d in online], lambda: reg)
+    data = pack("3.0", {"lockapp/app.mpy": b"x" * 100})
+    meta = info(data)
+    assert store.put_op({"sha256": meta.sha256, "size": meta.size, "version": "3.0", "offset": 0,
+                         "data": base64.b64encode(data).decode()})["released"]
+    conn = Conn()
+    conn.peer_max_frame, conn.sent = 0, []
+    conn.send_frame = lambda *a: conn.sent.append(a)
+    frame = type("F", (), {"opaque": 7, "body": fetch_body(bytes.fromhex(meta.sha256), 0, 64)})()
+    store.on_fetch(conn, frame)                                   # A2 now fetches 3.0
+    try:
+        rows = {r["sn"]: r for r in store.status_op({"tag": "pilot"})["locks"]}
+        assert rows["A1"]["state"] == "updated" and rows["A3"]["state"] == "offline"
+        assert set(rows) == {"A1", "A3"}
+        assert [r["sn"] for r in store.status_op({"version": "3.0"})["locks"]] == ["A2"]
+        assert store.status_op({"tag": "bad tag"})["ok"] is False
+        stats = {"broker": {"uptime_s": 1.0}, "connections": 0, "max_connections": 1,
+                 "devices_online": 2, "log_bytes": 0, "firmware": store.gauges()}
+        fams = {f.name: f for f in BrokerCollector(lambda: (stats, [], {})).collect()}
+        got = {(s.labels["version"], s.labels["state"]): s.value
+               for s in fams["lockmq_firmware_rollout_locks"].samples}
+        assert got[("2.0", "updated")] == 1 and got[("3.0", "fetch")] == 1
+        assert got[("2.0", "failed")] == 0 and got[("3.0", "updated")] == 0   # listed from 0
+        assert {s.labels["version"]: s.value for s in fams["lockmq_firmware_locks"].samples} == {
+            "1.0": 1, "2.0": 1}
+        conn.closed = True                                         # its session ended
+        assert store.status_op({"version": "3.0"})["locks"] == []
+    finally:
+        reg.close()

@@ -4,6 +4,8 @@ imports under MicroPython is one that ships (lockmq.firmware_tools.targets)."""
 
 from __future__ import annotations
 
+import ast
+import shutil
 from pathlib import Path
 
 from lockmq.firmware_tools.build import firmware_src, protocol_src
@@ -50,6 +52,20 @@ def test_the_app_imports_exactly_what_ships(run_app, tmp_path: Path):
               + "import lockmq.protocol._mac\n"
               + "print('MODS', ' '.join(sorted(k[len('lockmq.protocol.'):] for k in sys.modules "
                 "if k.startswith('lockmq.protocol.'))))\n")
+    shutil.copy(firmware_src() / "lockboot.py", tmp_path)   # beside main.py on a board
     out = run_app(script, tmp_path)
     line = next(ln for ln in out.splitlines() if ln.startswith("MODS"))
     assert set(line.split()[1:]) | {"__init__"} == _shipped()
+
+
+def test_the_boot_half_imports_nothing_from_the_app():
+    """lockboot runs before lib/ is known to be whole (it finishes or undoes a swap, puts
+    the old app back): at module level it imports only what the interpreter has. The
+    app's update code takes its file helpers from it (one copy), never the reverse."""
+    tree = ast.parse((firmware_src() / "lockboot.py").read_text())
+    top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    assert top == {"os", "json"}
+    ota = ast.parse((firmware_src() / "lockapp" / "ota.py").read_text())
+    assert any(isinstance(n, ast.Import) and n.names[0].name == "lockboot" for n in ast.walk(ota))
+    assert not any(isinstance(n, ast.FunctionDef) and n.name in ("_rm", "_has") for n in ota.body)

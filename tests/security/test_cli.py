@@ -98,3 +98,20 @@ def test_tokens_warn_when_publish_covers_lock_topics(tmp_path, capsys):
     assert "covers the locks' own topics" in capsys.readouterr().err
     assert run_cli("tokens", "create", "billing", "--publish", "billing.*", "--data-dir", data) == 0
     assert "covers" not in capsys.readouterr().err
+
+
+def test_devices_tag(tmp_path, capsys):
+    data = str(tmp_path / "data")
+    assert run_cli("devices", "add", "L1", "L2", "--out", str(tmp_path / "p"), "--data-dir", data) == 0
+    assert run_cli("devices", "tag", "L1", "L2", "--add", "pilot", "--data-dir", data) == 0
+    assert run_cli("devices", "tag", "L2", "--remove", "pilot", "--add", "b7", "--data-dir", data) == 0
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        "L1: tags pilot", "L2: tags pilot", "L2: tags b7"]
+    assert run_cli("devices", "list", "--tag", "pilot", "--json", "--data-dir", data) == 0
+    assert [json.loads(line)["sn"] for line in capsys.readouterr().out.splitlines()] == ["L1"]
+    assert run_cli("devices", "tag", "L1", "NOPE", "--add", "x", "--data-dir", data) == 1
+    assert "no device NOPE; no tag changed" in capsys.readouterr().err
+    assert run_cli("devices", "tag", "L1", "--add", "a b", "--data-dir", data) == 1
+    assert run_cli("devices", "tag", "L1", "--data-dir", data) == 2
+    assert run_cli("devices", "list", "--data-dir", data) == 0
+    assert "pilot" in capsys.readouterr().out

@@ -206,3 +206,39 @@ def test_the_snapshot_reads_only_what_changed_and_drops_what_was_removed(tmp_pat
         store.close()
     assert reg.lookup("LOCK-005") == (keys["LOCK-005"], "enabled")
     assert len(unwrapped) == 2
+def test_tags_choose_locks_and_survive_reopen(tmp_path, reg):
+    reg.add_many(["T1", "T2", "T3"])
+    assert reg.set_tags("T1", ["floor-2", "pilot"]) == ("floor-2", "pilot")
+    assert reg.set_tags("T2", ["pilot"]) == ("pilot",)
+    assert reg.set_tags("T1", remove=["floor-2"]) == ("pilot",)
+    assert reg.tagged("pilot") == ["T1", "T2"] and reg.tagged("pilo") == []   # whole tags only
+    assert [d.sn for d in reg.list(tag="pilot")] == ["T1", "T2"]
+    assert reg.get("T3").tags == ()
+    with pytest.raises(ValueError, match="invalid tag"):
+        reg.set_tags("T3", ["two words"])
+    with pytest.raises(UnknownDevice):
+        reg.set_tags("NOPE", ["pilot"])
+    reg.close()
+    again = DeviceRegistry.open(SecurityConfig(data_dir=str(tmp_path)))
+    try:
+        assert again.get("T1").tags == ("pilot",) and again.get("T1").to_dict()["tags"] == ("pilot",)
+    finally:
+        again.close()
+
+
+def test_a_registry_without_tags_gets_the_column(tmp_path):
+    path = str(tmp_path / "old.db")
+    conn = sqlite3.connect(path)       # the devices table as released before tags
+    conn.execute("CREATE TABLE devices (sn TEXT PRIMARY KEY, wrapped_key BLOB NOT NULL, "
+                 "key_version INTEGER NOT NULL DEFAULT 1, enabled INTEGER NOT NULL DEFAULT 1, "
+                 "note TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL, "
+                 "updated_at REAL NOT NULL, last_command_id INTEGER NOT NULL DEFAULT 0)")
+    conn.execute("INSERT INTO devices(sn, wrapped_key, created_at, updated_at) "
+                 "VALUES ('OLD1', x'00', 1, 1)")
+    conn.commit()
+    conn.close()
+    r = DeviceRegistry(path, b"\0" * 32)
+    try:
+        assert r.get("OLD1").tags == () and r.set_tags("OLD1", ["x"]) == ("x",)
+    finally:
+        r.close()

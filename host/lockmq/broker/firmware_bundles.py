@@ -9,7 +9,10 @@ than the frame limit it stated at CONNECT. The bytes need no trust here: the loc
 checks them against the digest in the signed command.
 
 Also what ``devices`` shows of a lock's firmware: the version and the last update's
-state that it reports in CONNECT's client name (``lockapp/<ver>;ota=<st>[:<why>]``).
+state that it reports in CONNECT's client name (``lockapp/<ver>;ota=<st>[:<why>]``),
+and from it each lock's place in an update (:func:`update_state`): the admin op
+``fw.status`` (per lock; what ``lockmq firmware rollout`` watches and
+``lockmq firmware status`` prints) and the ``lockmq_firmware_*`` gauges on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from lockmq.protocol import ErrorCode, Flag, Op
 from lockmq.protocol import chunk_body, fetch_fields
@@ -57,19 +60,113 @@ def lock_firmware(client: str) -> dict[str, Any]:
     return out
 
 
-class FirmwareBundles:
-    """The bundle store and the FW_FETCH handler."""
+#: A lock's place in an update of its firmware to a version (:func:`update_state`).
+UPDATE_STATES = ("fetch", "staged", "trial", "updated", "failed", "running")
 
-    def __init__(self, data_dir: str | os.PathLike[str], stats: Any, log: Any) -> None:
+
+def update_state(dev: dict[str, Any]) -> tuple[str, str, str] | None:
+    """``(version, state, why)`` of a lock from its ``devices`` entry (and
+    ``fetching``: the version the broker is sending it pieces of in this session), or
+    None (nothing known yet). States: ``fetch``, ``staged``, ``trial`` (the update
+    under way); ``updated`` (it runs the new version, confirmed, or with a heartbeat
+    in -- the broker's answer to it is what makes the lock confirm it and drop the
+    old app); ``failed`` (it refused the bundle or booted the old app again: ``why``);
+    ``running`` (no update recorded: it runs ``fw``, heartbeat in). A lock reports
+    its update at CONNECT; one that refuses a bundle within a session reconnects to
+    say so (``lockapp/ota.py``)."""
+    if dev.get("fetching"):
+        return dev["fetching"], "fetch", ""
+    fw, target = dev.get("fw", ""), dev.get("ota_target", "")
+    st, _, why = str(dev.get("ota", "")).partition(":")
+    alive = "uptime_s" in dev
+    if target and st in ("failed", "revert"):
+        return target, "failed", why
+    if target and fw == target and (st == "ok" or alive):
+        return target, "updated", ""
+    if target and st in ("fetch", "staged", "trial"):
+        return target, st, ""
+    if fw and alive:
+        return fw, "running", ""
+    return None
+
+
+class FirmwareBundles:
+    """The bundle store, the FW_FETCH handler, and what the fleet's locks report of
+    their updates.
+
+    ``devices``: the broker's online locks (``Devices.info``); ``registry``: the
+    device registry now (tags), None without one (``auth = off``)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], stats: Any, log: Any,
+                 devices: Callable[[], list[dict[str, Any]]] = list,
+                 registry: Callable[[], Any] = lambda: None) -> None:
         self.root = Path(data_dir) / "firmware"
         self.stats = stats
         self.log = log
+        self.devices = devices
+        self.registry = registry
         self._open: dict[str, bytes] = {}    # digest -> bytes, read once (a fleet fetches one)
+        self._open_version = ""
+        #: SN -> (its connection, the version it is fetching): until that session ends
+        self._fetching: dict[str, tuple[Any, str]] = {}
 
     # -- admin -------------------------------------------------------------------------
     def ops(self) -> dict[str, Any]:
         """The admin ops, by name."""
-        return {"fw.put": self.put_op, "fw.list": self.list_op}
+        return {"fw.put": self.put_op, "fw.list": self.list_op, "fw.status": self.status_op}
+
+    def lock_states(self) -> list[dict[str, Any]]:
+        """Every online lock's firmware and :func:`update_state`, by SN."""
+        out = []
+        for dev in self.devices():
+            sn = dev["sn"]
+            held = self._fetching.get(sn)
+            if held is not None:
+                if getattr(held[0], "closed", True):
+                    del self._fetching[sn]      # that session ended: its CONNECT says more
+                else:
+                    dev = dict(dev, fetching=held[1])
+            st = update_state(dev)
+            out.append({"sn": sn, "fw": dev.get("fw", ""), "version": st[0] if st else "",
+                        "state": st[1] if st else "", "why": st[2] if st else ""})
+        return out
+
+    def status_op(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``fw.status`` [version] [tag]: per lock, its firmware and its last update
+        (``version``, ``state``, ``why``); with ``version`` only the locks whose update
+        (or running version) is that one; with ``tag`` every registered lock that
+        carries it, ``state`` ``offline`` for those not connected."""
+        rows = self.lock_states()
+        tag = args.get("tag")
+        if tag is not None:
+            reg = self.registry()
+            if reg is None:
+                return {"ok": False, "error": "INVALID_ARGUMENT",
+                        "message": "no device registry (auth = off): no tags"}
+            try:
+                tagged = reg.tagged(str(tag))
+            except ValueError as e:
+                return {"ok": False, "error": "INVALID_ARGUMENT", "message": str(e)}
+            by_sn = {r["sn"]: r for r in rows}
+            rows = [by_sn.get(sn) or {"sn": sn, "fw": "", "version": "", "state": "offline",
+                                      "why": ""} for sn in tagged]
+        version = args.get("version")
+        if version is not None:
+            rows = [r for r in rows if version in (r["version"], r["fw"])]
+        return {"ok": True, "locks": rows}
+
+    def gauges(self) -> dict[str, Any]:
+        """What ``/metrics`` shows (``lockmq_firmware_*``): online locks by the version
+        they run, and by the version and state of their last update."""
+        running: dict[str, int] = {}
+        updates: dict[tuple[str, str], int] = {}
+        for r in self.lock_states():
+            if r["fw"]:
+                running[r["fw"]] = running.get(r["fw"], 0) + 1
+            if r["state"]:
+                key = (r["version"], r["state"])
+                updates[key] = updates.get(key, 0) + 1
+        return {"running": running, "updates": updates}
 
     def put_op(self, args: dict[str, Any]) -> dict[str, Any]:
         """``fw.put`` {sha256, size, version, offset, data (base64)}: append a piece;
@@ -155,6 +252,10 @@ class FirmwareBundles:
                                 frame.opaque)
                 return
             self._open = {sha: blob}          # the bundle a rollout is sending
+            self._open_version = (self._meta(sha) or {}).get("version", "")
+        principal = getattr(conn, "principal", None)
+        if principal is not None:
+            self._fetching[principal.name] = (conn, self._open_version)
         if offset > len(blob):
             conn.send_error(ErrorCode.INVALID_ARGUMENT, "offset beyond the bundle", frame.opaque)
             return

@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from .counters import COUNTERS
+from .firmware_bundles import UPDATE_STATES
 from .latency import Latencies
 
 PREFIX = "lockmq_"
@@ -106,6 +107,7 @@ class BrokerCollector(Collector):
                              {"store_full": "full"})
         yield from _cluster_families(clusters)
         yield from _guard_families(stats.get("security") or {})
+        yield from _firmware_families(stats.get("firmware"))
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
@@ -195,6 +197,27 @@ def _cluster_families(clusters: list[dict[str, Any]]) -> Iterator[Metric]:
             if name in c.get("stats", {}):
                 fam.add_metric([c["name"], c["topic"]], c["stats"][name])
         yield fam
+
+
+def _firmware_families(fw: dict[str, Any] | None) -> Iterator[Metric]:
+    """``lockmq_firmware_locks{version}`` and ``lockmq_firmware_rollout_locks{version,
+    state}`` (FirmwareBundles.gauges), every state of a version listed from 0."""
+    if fw is None:
+        return
+    fam = GaugeMetricFamily(PREFIX + "firmware_locks", "Online locks by the firmware "
+                            "version they run", labels=["version"])
+    for version, n in sorted(fw["running"].items()):
+        fam.add_metric([version], n)
+    yield fam
+    fam = GaugeMetricFamily(PREFIX + "firmware_rollout_locks", "Online locks by the version "
+                            "of their last update and its state (fetch, staged, trial, "
+                            "updated, failed; running: no update recorded)",
+                            labels=["version", "state"])
+    versions = sorted({v for v, _ in fw["updates"]})
+    for version in versions:
+        for state in UPDATE_STATES:
+            fam.add_metric([version, state], fw["updates"].get((version, state), 0))
+    yield fam
 
 
 def _guard_families(status: dict[str, Any]) -> Iterator[Metric]:

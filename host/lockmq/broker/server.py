@@ -112,7 +112,8 @@ class Broker:
         self.lane = Lane(self.publisher, self.connections, stats, config.broker.max_frame) \
             if Lane.available() else None
         #: firmware bundles for over-the-air updates (fw.put / fw.list, FW_FETCH)
-        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log)
+        self.firmware = FirmwareBundles(config.broker.data_dir, stats, log, self.devices.info,
+                                        lambda: getattr(self.guard, "registry", None))
         self.admin.declare(self.firmware.ops())
         self.consumers = Consumers(config.consumers, stats, log, self.guard, self.core)
         #: the one dispatch table: each opcode served after the handshake, and by whom
@@ -127,6 +128,7 @@ class Broker:
                                  lane=self.lane)
         self.status = StatusPage(config.broker, stats, log, self.admin, self.devices,
                                  authorize=self.guard.authorize_status)
+        self.status.firmware = self.firmware.gauges
         self.server: asyncio.base_events.Server | None = None
         self.servers: list[asyncio.base_events.Server] = []
         self.port = 0

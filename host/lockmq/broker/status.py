@@ -75,6 +75,8 @@ class StatusPage:
         #: more ``/metrics`` gauges, ``() -> {name: (help, value)}`` (replication, the
         #: MQTT bridge)
         self.extra_gauges: list[Callable[[], dict[str, tuple[str, float]]]] = []
+        #: the fleet's firmware for ``/metrics`` (FirmwareBundles.gauges), if any
+        self.firmware: Callable[[], dict[str, Any]] | None = None
         self._refused_logged = 0.0
         self._refused_since_log = 0
         self.metrics = MetricsEndpoint(self._metric_views, stats.latency)
@@ -236,6 +238,8 @@ class StatusPage:
                                            self._disk_free())}
         for more in self.extra_gauges:
             extra.update(more())
+        if self.firmware is not None:
+            stats = dict(stats, firmware=self.firmware())
         return stats, clusters, extra
 
     def _online(self) -> set[str]:

@@ -61,8 +61,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_registry_options(pol)
     pol.set_defaults(func=cmd_policy)
 
+    tg = dsub.add_parser("tag", help="add or remove a lock's tags (rollouts select by tag)")
+    tg.add_argument("sn", nargs="+", help="lock serial number(s)")
+    tg.add_argument("--add", action="append", default=[], metavar="TAG",
+                    help="tag to add (repeat)")
+    tg.add_argument("--remove", action="append", default=[], metavar="TAG",
+                    help="tag to remove (repeat)")
+    add_registry_options(tg)
+    tg.set_defaults(func=cmd_tag)
+
     ls = dsub.add_parser("list", help="list registered locks")
     ls.add_argument("--pattern", help="only SNs matching this glob")
+    ls.add_argument("--tag", help="only locks that carry this tag")
     ls.add_argument("--json", action="store_true", help="JSON lines output")
     add_registry_options(ls)
     ls.set_defaults(func=cmd_list)
@@ -200,17 +210,43 @@ def cmd_list(args: argparse.Namespace) -> int:
     """Print the registry."""
     reg = _registry(args)
     try:
-        rows = reg.list(args.pattern)
+        rows = reg.list(args.pattern, args.tag)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         reg.close()
     return print_rows(
         rows, args.json,
         f"{'SN':<24} {'STATE':<9} {'KEY':>4} {'NEEDS':<5} {'LAST CMD':>8}  "
-        f"{'UPDATED (UTC)':<16}  NOTE",
+        f"{'UPDATED (UTC)':<16}  {'TAGS':<16}  NOTE",
         lambda d: (f"{d.sn:<24} {'enabled' if d.enabled else 'DISABLED':<9} "
                    f"v{d.key_version:<3} {_policy(d):<5} {d.last_command_id:>8}  "
-                   f"{when(d.updated_at):<16}  {d.note}"),
+                   f"{when(d.updated_at):<16}  {','.join(d.tags) or '-':<16}  {d.note}"),
         "device")
+
+
+def cmd_tag(args: argparse.Namespace) -> int:
+    """Add and remove tags; print each lock's tags. All SNs are checked first: an
+    unknown one changes nothing."""
+    if not args.add and not args.remove:
+        print("error: give --add TAG or --remove TAG", file=sys.stderr)
+        return 2
+    reg = _registry(args)
+    try:
+        missing = [sn for sn in args.sn if not reg.exists(sn)]
+        if missing:
+            print(f"error: no device {', '.join(missing)}; no tag changed", file=sys.stderr)
+            return 1
+        for sn in args.sn:
+            tags = reg.set_tags(sn, args.add, args.remove)
+            print(f"{sn}: tags {','.join(tags) or '-'}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        reg.close()
+    return 0
 
 
 def _simple(args: argparse.Namespace, op: str) -> int:

@@ -136,10 +136,13 @@ def _register_fleet(fw: argparse._SubParsersAction) -> None:
     o = fw.add_parser("rollout", help="update a share of the fleet to a released bundle")
     add_connection_args(o)
     o.add_argument("--version", required=True, help="a released bundle's version (fw.list)")
-    who = o.add_mutually_exclusive_group(required=True)
+    who = o.add_mutually_exclusive_group()
     who.add_argument("--sn", action="append", help="a lock to update (repeat)")
-    who.add_argument("--percent", type=float, help="this share of the locks online now "
-                                                   "(the same locks for the same share)")
+    who.add_argument("--tag", help="the registered locks that carry this tag "
+                                   "(lockmq devices tag), online or not")
+    o.add_argument("--percent", type=float, help="this share of the tagged locks, or "
+                                                 "without --tag of the locks online now "
+                                                 "(the same locks for the same share)")
     o.add_argument("--halt-after", type=int, default=1,
                    help="stop sending when this many locks failed (default 1)")
     o.add_argument("--wave", type=int, default=10, help="locks updated at once (default 10)")
@@ -148,6 +151,14 @@ def _register_fleet(fw: argparse._SubParsersAction) -> None:
     o.add_argument("--expires", type=float, default=300.0,
                    help="the command's expiry for a lock that is offline (default 300)")
     o.set_defaults(func=_rollout)
+
+    st = fw.add_parser("status", help="each online lock's firmware and its last update "
+                                      "(as rollouts and /metrics see it)")
+    add_connection_args(st)
+    st.add_argument("--version", help="only the locks updating to or running this version")
+    st.add_argument("--tag", help="every registered lock that carries this tag")
+    st.add_argument("--json", action="store_true", help="print the broker's JSON answer")
+    st.set_defaults(func=_status)
 
 
 def _fail(e: Exception) -> int:
@@ -349,6 +360,11 @@ def _rollout(a: argparse.Namespace) -> int:
     from lockmq.firmware_tools.bundle import BundleInfo
     from lockmq.firmware_tools.fleet import pick, rollout
 
+    wrong = _rollout_who(a)
+    if wrong:
+        print(f"lockmq firmware rollout: {wrong}", file=sys.stderr)
+        return 2
+
     async def run() -> int:
         async with AsyncAdmin(endpoint_from_args(a), token=a.token) as admin:
             found = (await admin.request("fw.list", version=a.version)).get("bundles", [])
@@ -361,8 +377,12 @@ def _rollout(a: argparse.Namespace) -> int:
             if a.sn:
                 sns = sorted(set(a.sn))
             else:
-                online = [d["sn"] for d in (await admin.request("devices")).get("devices", [])]
-                sns = pick(online, a.percent)
+                if a.tag is not None:
+                    resp = await admin.request("fw.status", tag=a.tag)
+                    sns = [r["sn"] for r in resp.get("locks", [])]
+                else:
+                    sns = [d["sn"] for d in (await admin.request("devices")).get("devices", [])]
+                sns = pick(sns, 100.0 if a.percent is None else a.percent)
             print(f"rollout {meta.version} ({meta.sha256[:12]}) to {len(sns)} lock(s), "
                   f"halt after {a.halt_after} failure(s)")
             producer = AsyncProducer(endpoint_from_args(a), token=a.token, name="cli-rollout")
@@ -389,6 +409,37 @@ def _rollout(a: argparse.Namespace) -> int:
         return 1
     finally:
         loop.close()
+
+
+def _rollout_who(a: argparse.Namespace) -> str | None:
+    """What is wrong with the rollout's choice of locks, or None."""
+    if not (a.sn or a.tag is not None or a.percent is not None):
+        return "give --sn, --tag or --percent"
+    if a.sn and a.percent is not None:
+        return "--percent is a share of the tagged or online locks, not of --sn"
+    return None
+
+
+def _status(a: argparse.Namespace) -> int:
+    from lockmq.cli._admin import admin_op
+
+    args = {k: v for k, v in (("version", a.version), ("tag", a.tag)) if v is not None}
+
+    def show(resp: dict) -> int:
+        rows = resp.get("locks", [])
+        if a.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        print(f"{'SN':<24} {'RUNS':<14} {'UPDATE':<14} {'STATE':<9} WHY")
+        counts: dict[str, int] = {}
+        for r in rows:
+            print(f"{r['sn']:<24} {r['fw'] or '-':<14} {r['version'] or '-':<14} "
+                  f"{r['state'] or '-':<9} {r['why']}")
+            counts[r["state"] or "-"] = counts.get(r["state"] or "-", 0) + 1
+        print(", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no locks")
+        return 0
+
+    return admin_op(a, "fw.status", show, **args)
 
 
 def _image(a: argparse.Namespace) -> int:

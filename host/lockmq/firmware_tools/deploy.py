@@ -10,8 +10,8 @@ Three mpremote runs over the board's raw REPL, then the app is started:
 2. **swap**: ``lockboot`` and ``main.py.new`` over their old files (atomic renames on
    LittleFS; ``lockboot`` first: the new ``main.py`` imports it), then
    ``lib`` -> ``lib.old``, ``lib.new`` -> ``lib``, then ``lib.old`` removed. A power
-   cut between the two ``lib`` renames leaves ``lib.old`` and no ``lib``: the boot file
-   (``firmware/main.py``) renames it back and boots the old app;
+   cut between the two ``lib`` renames leaves ``lib.old`` and no ``lib``: the boot
+   module (``firmware/lockboot.py``) renames it back and boots the old app;
 3. **start**: ``hard`` runs ``machine.reset()``; ``soft`` (and a board that is still at
    its REPL after the reset, like the unix port, which has no ``machine.reset``) leaves
    the raw REPL (Ctrl-B) and soft-reboots at the friendly REPL (Ctrl-D), which runs
@@ -24,6 +24,7 @@ or touched: queued events survive an update.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -35,37 +36,29 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .build import BuildError
+from .build import BuildError, firmware_src
 
 #: Files the app writes at run time: never overwritten by a deploy.
 STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.bin", "fatal.dat")
 
 RESETS = ("hard", "soft", "none")
 
-_HELPERS = (
-    "import os\n"
-    "def _has(p):\n"
-    " try:\n"
-    "  os.stat(p)\n"
-    "  return True\n"
-    " except OSError:\n"
-    "  return False\n"
-    "def _rm(p):\n"
-    " try:\n"
-    "  m=os.stat(p)[0]\n"
-    " except OSError:\n"
-    "  return\n"
-    " if m&0x4000:\n"
-    "  for n in os.listdir(p):\n"
-    "   _rm(p+'/'+n)\n"
-    "  os.rmdir(p)\n"
-    " else:\n"
-    "  os.remove(p)\n"
-)
+def _boot_helpers() -> str:
+    """``_has`` and ``rm`` of the board's boot module (``firmware/lockboot.py``), as
+    source for the scripts below: one copy of the file helpers for the boot, the update
+    over the air (``lockapp/ota.py`` imports them) and this deploy, which runs them over
+    the raw REPL before the board's own ``lockboot`` is known to be whole."""
+    src = (firmware_src() / "lockboot.py").read_text()
+    funcs = [ast.get_source_segment(src, n) for n in ast.parse(src).body
+             if isinstance(n, ast.FunctionDef) and n.name in ("_has", "rm")]
+    return "import os\n" + "".join(f + "\n" for f in funcs if f)
+
+
+_HELPERS = _boot_helpers()
 
 # A copy left by an earlier, interrupted deploy is removed first.
 _CLEAN = _HELPERS + ("for p in ('lib.new','main.py.new','config.json.new','lockboot.mpy.new',"
-                      "'lockboot.py.new'):\n _rm(p)\n")
+                      "'lockboot.py.new'):\n rm(p)\nprint('CLEAN')\n")
 
 # Prints one line: DIGESTS {relative path: sha256 hex} of what the board received.
 _VERIFY = _HELPERS + (
@@ -99,15 +92,15 @@ _VERIFY = _HELPERS + (
 # app it would install is replaced by this one.
 _SWAP = _HELPERS + (
     "for p in ('ota.dat','ota.bin'):\n"
-    " _rm(p)\n"
-    "_rm('lib.old')\n"
+    " rm(p)\n"
+    "rm('lib.old')\n"
     "for p in ('lockboot.mpy','lockboot.py','main.py','config.json'):\n"
     " if _has(p+'.new'):\n"
     "  os.rename(p+'.new',p)\n"
     "if _has('lib'):\n"
     " os.rename('lib','lib.old')\n"
     "os.rename('lib.new','lib')\n"
-    "_rm('lib.old')\n"
+    "rm('lib.old')\n"
     "print('SWAPPED')\n"
 )
 
@@ -240,7 +233,10 @@ def deploy(port: str, folder: str | Path, *, config: bool = True, reset: str = "
         else:
             bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
             why = f"{len(bad)} file(s) differ on the board: {', '.join(bad[:5])}"
-        _mpremote([sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN], 60)
+        clean = _mpremote([sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN], 60)
+        if clean.returncode != 0 or "CLEAN" not in clean.stdout:
+            why += ("; the partial copy was not removed (the next deploy removes it: "
+                    f"{(clean.stderr or clean.stdout).strip()[-200:]})")
         try:
             fw = start_app(port, "soft", boot_timeout)
             state = f"the old app runs again (fw={fw})"

@@ -3,7 +3,7 @@
 ``release`` uploads a bundle (:mod:`.bundle`) with the admin op ``fw.put`` in
 pieces (resumed from what the broker already holds). ``rollout`` sends the signed
 FW_UPDATE command to the chosen locks in waves and watches what they report back at
-CONNECT (``devices``: the running version and the last update's state):
+CONNECT (the broker's ``fw.status``: the running version and the last update's state):
 
 * ``updated``: the lock runs the new version and has sent a heartbeat with it (the
   moment the lock itself confirms the update and drops the old app);
@@ -71,15 +71,16 @@ class Rollout:
         return sum(1 for s in self.status.values() if s.startswith(("failed", "refused", "timeout")))
 
 
-def lock_state(dev: dict[str, Any] | None, info: BundleInfo) -> str | None:
-    """What a lock's ``devices`` entry says of this update, or None (not decided yet)."""
-    if dev is None:
+def outcome(row: dict[str, Any] | None) -> str | None:
+    """A rollout's verdict on a lock from its ``fw.status`` row (the broker's
+    ``update_state``: one rule for the rollout, ``lockmq firmware status`` and
+    ``/metrics``), or None (not decided yet)."""
+    if row is None:
         return None
-    ota = str(dev.get("ota", ""))
-    if dev.get("fw") == info.version and "uptime_s" in dev:
+    if row["state"] in ("updated", "running"):
         return "updated"
-    if dev.get("ota_target") == info.version and ota.startswith("failed"):
-        return ota     # failed:<why>
+    if row["state"] == "failed":
+        return "failed:" + (row.get("why") or "unknown")
     return None
 
 
@@ -111,9 +112,10 @@ async def rollout(producer: Any, admin: Any, info: BundleInfo, sns: list[str], *
         waiting = {sn for sn in batch if r.status[sn] == "sent"}
         end = time.monotonic() + deadline_s
         while waiting and time.monotonic() < end:
-            devs = {d["sn"]: d for d in (await admin.request("devices")).get("devices", [])}
+            rows = (await admin.request("fw.status", version=info.version)).get("locks", [])
+            by_sn = {r["sn"]: r for r in rows if r["version"] == info.version}
             for sn in sorted(waiting):
-                st = lock_state(devs.get(sn), info)
+                st = outcome(by_sn.get(sn))
                 if st is not None:
                     r.status[sn] = st
                     waiting.discard(sn)

@@ -33,7 +33,9 @@ CREATE TABLE IF NOT EXISTS devices (
     -- accepted without it on plain TCP (frame MACs) / at all (TLS). 0 for rows
     -- written before the policy existed (lock_frame_mac = "optional" applies to them).
     need_mac        INTEGER NOT NULL DEFAULT 0,
-    need_tls        INTEGER NOT NULL DEFAULT 0
+    need_tls        INTEGER NOT NULL DEFAULT 0,
+    -- the operator's labels for choosing locks (rollouts): sorted, space-separated
+    tags            TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS tokens (
     id          TEXT PRIMARY KEY,
@@ -85,7 +87,8 @@ def connect(path: str) -> sqlite3.Connection:
 
 #: columns added after a table was first released: (table, column, declaration)
 _ADDED_COLUMNS = (("devices", "need_mac", "INTEGER NOT NULL DEFAULT 0"),
-                  ("devices", "need_tls", "INTEGER NOT NULL DEFAULT 0"))
+                  ("devices", "need_tls", "INTEGER NOT NULL DEFAULT 0"),
+                  ("devices", "tags", "TEXT NOT NULL DEFAULT ''"))
 
 
 def _add_columns(conn: sqlite3.Connection) -> None:

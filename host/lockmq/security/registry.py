@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -21,6 +22,21 @@ def valid_sn(sn: Any) -> bool:
     """Whether ``sn`` can be a lock SN: the protocol's one identity rule
     (:func:`lockmq.protocol.identity_problem`), the one its session checks at CONNECT."""
     return isinstance(sn, str) and identity_problem(sn) is None
+
+
+#: A device tag: what ``lockmq devices tag`` takes and a rollout selects by.
+TAG_RULE = "1-32 characters of A-Z a-z 0-9 . _ : -, starting with a letter or digit"
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,31}")
+#: Tags one device carries at most.
+MAX_TAGS = 16
+
+
+def check_tag(tag: str) -> str:
+    """Return ``tag`` if it is a valid device tag (:data:`TAG_RULE`), else raise
+    ``ValueError``."""
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise ValueError(f"invalid tag {tag!r}: {TAG_RULE}")
+    return tag
 
 
 def check_sn(sn: str) -> str:
@@ -48,6 +64,8 @@ class DeviceInfo:
     need_mac: bool = False
     #: provisioned for TLS: refused on plain TCP
     need_tls: bool = False
+    #: the operator's labels (``lockmq devices tag``), sorted
+    tags: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``lockmq devices list --json``."""
@@ -201,6 +219,29 @@ class DeviceRegistry:
                                    "WHERE sn=?", (*args, time.time(), sn))
         if cur.rowcount != 1:
             raise UnknownDevice(sn)
+
+    def set_tags(self, sn: str, add: Iterable[str] = (),
+                 remove: Iterable[str] = ()) -> tuple[str, ...]:
+        """Add and remove tags of ``sn``; returns its tags. Tags only choose locks
+        (rollouts), so the row's ``updated_at`` (what the revocation watcher reads)
+        stays."""
+        add, remove = [check_tag(t) for t in add], [check_tag(t) for t in remove]
+        with self._tx():
+            row = self._db.execute("SELECT tags FROM devices WHERE sn=?", (sn,)).fetchone()
+            if row is None:
+                raise UnknownDevice(sn)
+            tags = (set(row[0].split()) | set(add)) - set(remove)
+            if len(tags) > MAX_TAGS:
+                raise ValueError(f"{sn}: at most {MAX_TAGS} tags")
+            self._db.execute("UPDATE devices SET tags=? WHERE sn=?", (" ".join(sorted(tags)), sn))
+        return tuple(sorted(tags))
+
+    def tagged(self, tag: str) -> list[str]:
+        """The SNs that carry ``tag``, sorted."""
+        check_tag(tag)
+        return [r[0] for r in self._db.execute(
+            "SELECT sn FROM devices WHERE instr(' ' || tags || ' ', ?) > 0 ORDER BY sn",
+            (f" {tag} ",))]
 
     def policy(self, sn: str) -> tuple[bool, bool]:
         """``(need_mac, need_tls)`` of ``sn`` ((False, False) when unknown)."""
@@ -395,19 +436,23 @@ class DeviceRegistry:
         """The row of ``sn``; ``UnknownDevice`` if absent."""
         row = self._db.execute(
             "SELECT sn, enabled, key_version, note, created_at, updated_at, last_command_id, "
-            "need_mac, need_tls FROM devices WHERE sn=?", (sn,)).fetchone()
+            "need_mac, need_tls, tags FROM devices WHERE sn=?", (sn,)).fetchone()
         if row is None:
             raise UnknownDevice(sn)
         return _info(row)
 
-    def list(self, pattern: str | None = None) -> list[DeviceInfo]:
-        """All devices (optionally those whose SN matches a SQL GLOB), by SN."""
+    def list(self, pattern: str | None = None, tag: str | None = None) -> list[DeviceInfo]:
+        """All devices (optionally those whose SN matches a SQL GLOB, and those that
+        carry ``tag``), by SN."""
         sql = ("SELECT sn, enabled, key_version, note, created_at, updated_at, "
-               "last_command_id, need_mac, need_tls FROM devices")
-        args: tuple[Any, ...] = ()
+               "last_command_id, need_mac, need_tls, tags FROM devices WHERE 1")
+        args: list[Any] = []
         if pattern:
-            sql += " WHERE sn GLOB ?"
-            args = (pattern,)
+            sql += " AND sn GLOB ?"
+            args.append(pattern)
+        if tag:
+            sql += " AND instr(' ' || tags || ' ', ?) > 0"
+            args.append(f" {check_tag(tag)} ")
         return [_info(r) for r in self._db.execute(sql + " ORDER BY sn", args)]
 
     def count(self) -> int:
@@ -460,7 +505,8 @@ class _Tx:
 def _info(row: tuple[Any, ...]) -> DeviceInfo:
     return DeviceInfo(sn=row[0], enabled=bool(row[1]), key_version=int(row[2]), note=row[3],
                       created_at=float(row[4]), updated_at=float(row[5]),
-                      last_command_id=int(row[6]), need_mac=bool(row[7]), need_tls=bool(row[8]))
+                      last_command_id=int(row[6]), need_mac=bool(row[7]), need_tls=bool(row[8]),
+                      tags=tuple(row[9].split()))
 
 
 def provisioning_config(sn: str, key: bytes, **extra: Any) -> dict[str, Any]:
