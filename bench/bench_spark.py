@@ -13,6 +13,8 @@ ingest reads in production), then measures, alternating, each ``--runs`` times:
 - ingest job: :func:`lockmq.spark.ingest.ingest` in a warm local[cores] session;
 - CLI ingest: ``lockmq spark ingest LANDING --master local[cores]`` as a new
   process, its own job time (summary line) and the wall time (JVM start included);
+- start-up: a new process that only starts the same session and runs
+  ``spark.range(1).count()`` (what bounds the CLI's wall time on small inputs);
 - floor: plain single-threaded Python + numpy decoding the same segment files
   (``lockmq.spark.decoder``, the decoder the data source runs, no Spark);
 - source->parquet: ``spark.read.format("lockmq").load(dir).write.parquet(...)`` on local[cores];
@@ -117,6 +119,19 @@ def cli_ingest(landing: str, wh: str, cores: int) -> tuple[float, float, int]:
     return float(m[2]), wall, int(m[1])
 
 
+def startup(cores: int) -> float:
+    """Wall seconds of a new process that only starts the CLI's Spark session and runs
+    ``spark.range(1).count()``: the part of ``lockmq spark ingest`` no ingest can remove."""
+    import subprocess
+
+    code = ("from lockmq.spark.session import get_session\n"
+            f"s = get_session('startup', master='local[{cores}]', datasource=False, short_job=True)\n"
+            "s.range(1).count()\ns.stop()\n")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
+    return time.perf_counter() - t
+
+
 def cluster_runs(args: argparse.Namespace, src: str, work: str, res: dict[str, list[float]]) -> None:
     """spark-submit the ingest job ``args.runs`` times to a fresh standalone cluster."""
     import re
@@ -198,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
 
         res: dict[str, list[float]] = {"baseline (plain pyarrow)": [], "ingest job": [],
                                        "CLI ingest (job)": [], "CLI ingest (wall)": []}
+        starts: list[float] = []
         if not args.quick:
             res.update({"floor (1 thread numpy)": [], "source->parquet": [], "reports": []})
         ratios: list[float] = []
@@ -226,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             res["CLI ingest (job)"].append(args.records / job)
             res["CLI ingest (wall)"].append(args.records / wall)
             shutil.rmtree(cwh, ignore_errors=True)
+            starts.append(startup(args.cores))
 
             if not args.quick:
                 t = time.perf_counter()
@@ -255,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in res.items():
         med = statistics.median(v)
         print(f"{k:26s} {min(v):10.0f} {med:10.0f} {max(v):10.0f} {med / base:7.2f}")
+    print(f"\nSpark start-up alone (new process: session + spark.range(1).count()), s: min {min(starts):.1f}, "
+          f"median {statistics.median(starts):.1f}, max {max(starts):.1f}; baseline median "
+          f"{args.records / base:.1f} s: the CLI's wall time is at most "
+          f"{(args.records / base) / statistics.median(starts):.2f}x the baseline's at this size")
     ratio = statistics.median(ratios)
     print(f"\ningest job / baseline, per round: {', '.join(f'{r:.2f}' for r in ratios)}")
     print(f"target: ingest job on local[{args.cores}] >= 0.5x the baseline: "

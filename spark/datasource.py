@@ -214,5 +214,16 @@ class LockmqDataSource(DataSource):
 
 
 def register(spark) -> None:
-    """Register the ``lockmq`` format with a SparkSession (idempotent)."""
+    """Register the ``lockmq`` format with a SparkSession (idempotent).
+
+    Needed only where Spark did not find it by itself: a session whose Python has
+    lockmq installed finds the top-level ``pyspark_lockmq`` module and registers
+    the source on its first lookup (then this does nothing, instead of replacing
+    it with a warning).
+    """
+    try:
+        if spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(NAME):
+            return
+    except Exception:  # noqa: BLE001 -- a Spark without the internal call: just register
+        pass
     spark.dataSource.register(LockmqDataSource)

@@ -11,17 +11,22 @@
 
 A run takes the warehouse's lock, plans on the driver which bytes of which
 segments are new (progress is kept per segment identity, so a moved landing is
-not read again), then runs one Spark job over the planned partitions, two when some ids repeat:
+not read again), then runs two Spark jobs of Python tasks, three when some ids repeat:
 
 1. each task decodes its pieces once and writes every good row to Parquet itself
    (pyarrow, dictionary-encoded, one file per date) -- no row crosses to the JVM --
-   returning the 64-bit message keys it wrote with their counts; Spark groups the
-   keys and joins them with the keys already in ``events``: the *flagged* keys
-   (more than one copy, or already stored) are usually none or few;
-2. only if there are some: each task takes the flagged rows out of its files and
+   and saves the 64-bit message keys it wrote as a sorted file;
+2. one task per slice of the key space reads that slice of every key file and of
+   the warehouse's key index and returns the *flagged* keys (more than one copy,
+   or already stored): usually none or few;
+3. only if there are some: each task takes the flagged rows out of its files and
    hands them to Spark, which keeps the earliest copy of each id (broker time,
    then gateway, offset) not yet in ``events`` and writes the others to
    ``duplicates``.
+
+Jobs 1 and 2 are RDD jobs (:func:`_each`): no SQL plan, code generation or Arrow
+stream for rows that do not exist -- on a fresh session the first such SQL job cost
+~4 s of JVM CPU against ~1 s for the RDD job.
 
 Everything goes to the run's staging folder; the commit moves it into the tables
 with the new progress (a crash leaves either nothing or a commit the next run
@@ -201,44 +206,49 @@ def _index_events(spark, events_path: str, stage: str) -> str:
     return path
 
 
+def _each(sc, n: int, fn):
+    """``fn`` over the task numbers ``0..n-1``, one Spark task each (an RDD job: no SQL
+    plan, no code generation, no rows through the JVM), its results collected."""
+    return sc.parallelize(range(n), n).mapPartitions(fn).collect()
+
+
 def _run(spark, work: list[SegmentWork], warehouse: str, run_id: str, max_partition_bytes: int,
          res: IngestResult) -> None:
     sc = spark.sparkContext
     t0 = time.monotonic()
     items = [planner.Piece(w.log.directory, w.log.gateway_id, w.seg.path, w.seg.base, w.done, w.end) for w in work]
     parts = planner.pack(items, max_partition_bytes, sc.defaultParallelism)
-    # one row per planned task, made by the JVM (no Python stage to build it); the
-    # plan itself travels with the task function
-    desc = spark.range(0, len(parts), 1, len(parts))
-    old_shuffle = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(_shuffle_partitions(spark, sum(p.size for p in items))))
+    ranges = _shuffle_partitions(spark, sum(p.size for p in items))
     stage = staging_dir(warehouse, run_id)
     events_path = os.path.join(warehouse, "events")
+    # one decode: every good row written by the tasks, their message keys saved
+    _each(sc, len(parts), functools.partial(tasks.write_task, plan=parts, stage=stage, run_id=run_id))
+    t1 = time.monotonic()
+    res.steps["decode+write"] = t1 - t0
+    known = _has_table(events_path)
+    index = key_index(warehouse)
+    old_shuffle = None
     try:
-        # one decode: every good row written by the tasks, their message keys saved
-        desc.mapInArrow(functools.partial(tasks.write_task, plan=parts, stage=stage, run_id=run_id),
-                        tasks.WRITE_DDL).collect()
-        t1 = time.monotonic()
-        res.steps["decode+write"] = t1 - t0
-        known = _has_table(events_path)
-        index = key_index(warehouse)
         if known and not index:
+            old_shuffle = _set_shuffle(spark, ranges)
             index = [_index_events(spark, events_path, stage)]  # a warehouse from before the index
         keys_dir = os.path.join(stage, tasks.KEYS)
-        ranges = _shuffle_partitions(spark, sum(p.size for p in items))
-        flag = spark.range(0, ranges, 1, ranges).mapInArrow(functools.partial(
+        flagged_parts = _each(sc, ranges, functools.partial(
             tasks.flag_task, run_files=[os.path.join(keys_dir, f"part-{t:05d}.npy") for t in range(len(parts))],
             rep_files=[os.path.join(keys_dir, f"part-{t:05d}.rep.npy") for t in range(len(parts))],
-            index_files=index, ranges=ranges), "key BIGINT")
-        flagged = np.unique(flag.toArrow().column("key").to_numpy().astype(np.int64))
+            index_files=index, ranges=ranges))
+        flagged = np.unique(np.concatenate(flagged_parts)) if flagged_parts else np.zeros(0, np.int64)
         t2 = time.monotonic()
         res.steps["keys"] = t2 - t1
         if len(flagged):
             # the few rows needing a decision leave the written files for Spark to rank
+            if old_shuffle is None:
+                old_shuffle = _set_shuffle(spark, ranges)
             unsorted = os.path.join(stage, "unsorted")
             os.replace(os.path.join(stage, "events"), unsorted)
             bc = sc.broadcast(flagged)
             try:
+                desc = spark.range(0, len(parts), 1, len(parts))
                 special = desc.mapInArrow(functools.partial(tasks.split_task, plan=parts, unsorted=unsorted,
                                                             stage=stage, flagged=bc), tasks.EVENT_DDL).localCheckpoint(eager=True)
                 t3 = time.monotonic()
@@ -248,11 +258,20 @@ def _run(spark, work: list[SegmentWork], warehouse: str, run_id: str, max_partit
             finally:
                 bc.unpersist()
     finally:
-        spark.conf.set("spark.sql.shuffle.partitions", old_shuffle)
+        if old_shuffle is not None:
+            spark.conf.set("spark.sql.shuffle.partitions", old_shuffle)
     res.new = staged_rows(stage, "events")
     res.duplicates = staged_rows(stage, "duplicates")
     res.corrupt = staged_rows(stage, "corrupt")
     res.read = res.new + res.duplicates
+
+
+def _set_shuffle(spark, partitions: int) -> str:
+    """Set the session's shuffle partitions for the ingest's own queries; returns the old value.
+    (Only when a query runs: the first touch of the SQL conf builds the session state.)"""
+    old = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    return old
 
 
 def _decide(spark, special, events_path: str | None, stage: str, run_id: str) -> None:

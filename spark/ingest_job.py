@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from lockmq.spark.warehouse import WarehouseBusy
 
     existed = session_exists()
-    spark = get_session("lockmq-ingest")
+    spark = get_session("lockmq-ingest", datasource=False, short_job=not args.report)
     if not existed:
         spark.sparkContext.setLogLevel(args.log_level)
     try:

@@ -1,7 +1,11 @@
-"""What the ingest's Spark tasks run (in the executors' Python workers, via ``mapInArrow``).
+"""What the ingest's Spark tasks run (in the executors' Python workers).
 
-Each task gets one row naming its segment pieces (planned on the driver) and
-decodes them itself, once:
+Each task gets the number of its segment pieces in the plan (made on the driver,
+shipped with the function) and decodes them itself, once. The writing and the key
+exchange are RDD tasks (``sc.parallelize(range(n), n).mapPartitions``): they hand
+the JVM no rows, so no SQL plan, code generation or Arrow stream is set up for
+them -- on a fresh session that was ~3 s of JVM CPU per job, more than the
+decode of 1M records costs the Python workers.
 
 - :func:`write_task` decodes every column and writes the good rows straight to
   Parquet with pyarrow (dictionary-encoded, one file per date) into the run's
@@ -31,8 +35,6 @@ from .keys import message_keys
 from .plan import Piece
 
 KEY_DDL = "key BIGINT, n BIGINT"
-#: What a writing task returns to the JVM: just how many rows and keys it wrote.
-WRITE_DDL = "task INT, keys BIGINT"
 #: Key files: the run's (``stage/keys``) and the warehouse's index of stored ids.
 KEYS = "keys"
 #: ``events`` as written (the source's columns without ``error``; ``date`` is the folder).
@@ -139,11 +141,12 @@ def _save_keys(stage: str, task: int, parts: list[np.ndarray]) -> int:
     return len(keys)
 
 
-def write_task(batches: Iterator[pa.RecordBatch], plan: list[list[Piece]], stage: str, run_id: str,
-               batch_records: int = 131072) -> Iterator[pa.RecordBatch]:
+def write_task(task_ids: Iterator[int], plan: list[list[Piece]], stage: str, run_id: str,
+               batch_records: int = 131072) -> Iterator[tuple[int, int]]:
     """The one decode: every good row to ``stage/events`` (a file per date), error rows
     to ``stage/corrupt``, the message keys to ``stage/keys``; yields ``(task, keys)``."""
-    for task, pieces in _tasks(batches, plan):
+    for task in task_ids:
+        pieces = plan[task]
         events = _DateFiles(os.path.join(stage, "events"), task, EVENT_SCHEMA)
         corrupt = _DateFiles(os.path.join(stage, "corrupt"), task, CORRUPT_SCHEMA)
         keys: list[np.ndarray] = []
@@ -165,9 +168,7 @@ def write_task(batches: Iterator[pa.RecordBatch], plan: list[list[Piece]], stage
         finally:
             events.close(ok)
             corrupt.close(ok)
-        n = _save_keys(stage, task, keys)
-        yield pa.RecordBatch.from_arrays([pa.array([task], pa.int32()), pa.array([n], pa.int64())],
-                                         names=["task", "keys"])
+        yield task, _save_keys(stage, task, keys)
 
 
 def key_range(k: int, ranges: int) -> tuple[int, int]:
@@ -184,26 +185,24 @@ def _slice(path: str, lo: int, hi: int) -> np.ndarray:
     return np.asarray(keys[i:j])
 
 
-def flag_task(batches: Iterator[pa.RecordBatch], run_files: list[str], rep_files: list[str],
-              index_files: list[str], ranges: int) -> Iterator[pa.RecordBatch]:
+def flag_task(slices: Iterator[int], run_files: list[str], rep_files: list[str],
+              index_files: list[str], ranges: int) -> Iterator[np.ndarray]:
     """The keys of one slice of the key space that need a decision: met more than once
     in this run (in one task or in two), or already in the warehouse's key index.
 
     The exchange goes through the shared staging folder, not the JVM: each task
     reads its slice of every sorted key file (a binary search, then one read).
     """
-    for b in batches:
-        for k in b.column("id").to_pylist():
-            lo, hi = key_range(k, ranges)
-            run = [_slice(f, lo, hi) for f in run_files]
-            keys, counts = np.unique(np.concatenate(run) if run else np.zeros(0, np.int64), return_counts=True)
-            flagged = [keys[counts > 1]] + [_slice(f, lo, hi) for f in rep_files]
-            for f in index_files:
-                known = _slice(f, lo, hi)
-                if len(known) and len(keys):
-                    flagged.append(keys[_in_sorted(keys, known)])
-            out = np.unique(np.concatenate(flagged))
-            yield pa.RecordBatch.from_arrays([pa.array(out, pa.int64())], names=["key"])
+    for k in slices:
+        lo, hi = key_range(k, ranges)
+        run = [_slice(f, lo, hi) for f in run_files]
+        keys, counts = np.unique(np.concatenate(run) if run else np.zeros(0, np.int64), return_counts=True)
+        flagged = [keys[counts > 1]] + [_slice(f, lo, hi) for f in rep_files]
+        for f in index_files:
+            known = _slice(f, lo, hi)
+            if len(known) and len(keys):
+                flagged.append(keys[_in_sorted(keys, known)])
+        yield np.unique(np.concatenate(flagged)).astype(np.int64)
 
 
 def unflagged_files(folder: str, task: int) -> list[str]:

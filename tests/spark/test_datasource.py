@@ -42,6 +42,24 @@ def test_batch_read_matches_generated_records(spark, store_log, fleet_records):
     assert sorted(r.message_id for r in ids.collect()) == sorted(r.message_id for r in rows)
 
 
+def test_registered_by_spark_itself(spark, store_log):
+    """A session nobody called register() on (a new session has none of the parent's
+    registrations) finds the source through the top-level ``pyspark_lockmq`` module."""
+    from pyspark.sql.datasource import DataSource
+
+    class Probe(DataSource):
+        @classmethod
+        def name(cls):
+            return "lockmq_probe"
+
+    spark.dataSource.register(Probe)
+    fresh = spark.newSession()
+    with pytest.raises(Exception, match="lockmq_probe"):  # the parent's registrations are not there
+        fresh.read.format("lockmq_probe").load()
+    assert fresh.read.format("lockmq").load(store_log).filter("error IS NULL").count() == \
+        spark.read.format("lockmq").load(store_log).filter("error IS NULL").count() > 0
+
+
 def test_schema_and_sql(spark, store_log):
     df = spark.read.format("lockmq").load(store_log)
     assert df.schema["lock_ts"].dataType.typeName() == "timestamp"

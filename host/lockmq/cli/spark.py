@@ -88,7 +88,7 @@ def run_ingest(args: argparse.Namespace) -> int:
         print(f"lockmq spark ingest: {exc}", file=sys.stderr)
         return 2
     existed = session_exists()
-    spark = get_session("lockmq-ingest", master=args.master, conf=conf)
+    spark = get_session("lockmq-ingest", master=args.master, conf=conf, datasource=False, short_job=True)
     try:
         res = ingest(spark, args.sources, args.warehouse, gateway_id=args.gateway_id, wait=args.wait)
     except (FileNotFoundError, ValueError, WarehouseBusy) as exc:
