@@ -30,15 +30,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from lockmq.config_base import (ANY_FREE_PORT, AUTH_MODES, ConfigError, _apply, _toml_value,
-                                check_auth_mode)
-
-#: RocketMQ's delay levels, in seconds: 1s 5s 10s 30s 1m 2m 3m ... 10m 20m 30m 1h 2h.
-#: The one copy: the default of ``[consumers] retry_levels_s`` (a nack's backoff) and
-#: the client's delay-level shorthand (``lockmq.client.scheduled``, level n = entry n-1).
-ROCKETMQ_LEVELS_S: tuple[float, ...] = (
-    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
-)
+from lockmq.config_base import (ANY_FREE_PORT, AUTH_MODES, ROCKETMQ_LEVELS_S, ConfigError,
+                                _apply, _toml_value, check_auth_mode)
 
 #: ``field(metadata=RESTART)``: a setting a reload cannot apply to the running broker
 #: (``lockmq.broker.reload`` lists it under ``needs_restart``).

@@ -12,6 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+#: RocketMQ's delay levels, in seconds: 1s 5s 10s 30s 1m 2m 3m ... 10m 20m 30m 1h 2h.
+#: The one copy: the default of ``[consumers] retry_levels_s`` (a nack's backoff) and
+#: the client's delay-level shorthand (``lockmq.client.scheduled``, level n = entry n-1).
+ROCKETMQ_LEVELS_S: tuple[float, ...] = (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+
 #: ``status_port`` / ``[security] tls_port`` value for "any free port": the broker binds
 #: port 0 and logs the port it got in ``broker_started`` (tests run many brokers at
 #: once). 0 keeps its old meaning there (no status page; TLS on the main port).

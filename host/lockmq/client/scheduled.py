@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from lockmq.config import ROCKETMQ_LEVELS_S
+from lockmq.config_base import ROCKETMQ_LEVELS_S   # (below config: no import circle)
 from lockmq.protocol import Op
 from lockmq.protocol import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
 
