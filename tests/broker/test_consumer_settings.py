@@ -24,7 +24,7 @@ def test_one_default_for_the_retry_levels() -> None:
     # no other copy of the table in the code (its tail, 20m 30m 1h 2h, is distinctive)
     copies = [str(p.relative_to(HOST.parent)) for p in sorted(HOST.parent.rglob("*.py"))
               if "1200, 1800, 3600, 7200" in p.read_text()]
-    assert copies == ["lockmq/config.py"]
+    assert copies == ["lockmq/config_base.py"]
 
 
 def test_the_clusters_read_the_consumers_section_itself() -> None:
