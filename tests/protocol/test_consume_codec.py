@@ -67,6 +67,17 @@ def test_messages_round_trip_whole_and_are_bad_body_cut_or_with_trailing_bytes(
             p.Messages.decode(bad)
 
 
+@given(st.sampled_from([p.Ack, p.Nack, p.Messages]), st.binary(max_size=200))
+def test_any_bytes_are_a_body_that_encodes_back_to_them_or_bad_body(cls, data: bytes) -> None:
+    """The broker decodes every ACK and NACK from the network with these (with or
+    without the core): hostile bytes raise BadBody and nothing else."""
+    try:
+        body = cls.decode(data)
+    except p.BadBody:
+        return
+    assert body.encode() == data
+
+
 def test_messages_decode_refuses_a_name_that_is_not_utf8() -> None:
     body = bytearray(p.Messages(1, [p.Message(1, 1, "AB", 1, 0, 0, "t", b"x")]).encode())
     body[6 + 30 + 1] = 0xFF   # the SN's first byte (after the fixed fields)
