@@ -13,8 +13,8 @@ import time
 from datetime import datetime
 
 from lockmq.protocol import Op
-from lockmq.protocol import (DELAY_LEVELS_S, CommandAt, CommandScheduled, PublishAt,
-                             ScheduleCancel, level_delay_ms)
+from lockmq.protocol._schedule import (DELAY_LEVELS_S, CommandAt, CommandScheduled,
+                                       PublishAt, ScheduleCancel, level_delay_ms)
 
 __all__ = ["DELAY_LEVELS_S", "due_ms", "publish_at_body", "command_at_body",
            "cancel_body", "scheduled_id_of", "level_delay_ms"]
