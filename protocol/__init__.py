@@ -30,9 +30,7 @@ if sys.implementation.name != "micropython":
     # lockmq.protocol._consume explicitly to have them there).
     from ._consume import (Subscribe, SubscribeAck, Unsubscribe, Notify, Pull, Message,
                            Messages, Ack, Nack)
-    # Services' bodies: transactional messages, scheduled delivery; firmware bundles.
-    from ._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
-    from ._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
+    # Firmware bundles over the lock's link (the broker's half).
     from ._firmware import DIGEST_SIZE, chunk_body, chunk_fields, fetch_body, fetch_fields
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
@@ -55,9 +53,7 @@ if sys.implementation.name != "micropython":
         "Publish", "PublishAck", "Subscribe", "SubscribeAck", "Unsubscribe", "Notify", "Pull",
         "Message", "Messages", "Ack", "Nack", "Command", "CommandResult", "encode_json",
         "decode_json", "decode_body", "BODY_TYPES", "LockEvent", "EVENT_HEADER_SIZE", "EVENT_FORMAT",
-        "OUTCOME_NAMES", "TxnCheck", "TxnEnd", "TxnJoin", "TxnOutcome", "TxnPublish",
-        "DELAY_LEVELS_S", "CommandAt", "CommandScheduled", "PublishAt", "ScheduleCancel",
-        "level_delay_ms", "DIGEST_SIZE", "chunk_body", "chunk_fields", "fetch_body", "fetch_fields",
+        "DIGEST_SIZE", "chunk_body", "chunk_fields", "fetch_body", "fetch_fields",
         "auth_proof", "command_mac", "verify_auth_proof", "verify_command", "session_key",
         "transcript_hash",
         "frame_tag", "TAG_SIZE",
