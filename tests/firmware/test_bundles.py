@@ -106,10 +106,11 @@ def test_fw_status_by_tag_and_version_and_the_metrics(tmp_path):
     reg.set_tags("A1", ["pilot"])
     reg.set_tags("A3", ["pilot"])
     online = [{"sn": "A1", "fw": "2.0", "ota": "ok", "ota_target": "2.0", "uptime_s": 1},
-              {"sn": "A2", "fw": "1.0", "ota": "failed:digest", "ota_target": "2.0"}]
+              {"sn": "A2", "fw": "1.0", "ota": "failed:digest", "ota_target": "2.0",
+               "since_ms": 1000}]
 
     class Conn:
-        closed = False
+        connected_at = 1.0
         principal = type("P", (), {"name": "A2"})()
 
     store = FirmwareBundles(tmp_path, Stats(), _Log(), lambda: [dict(d) for d in online], lambda: reg)
@@ -137,7 +138,7 @@ def test_fw_status_by_tag_and_version_and_the_metrics(tmp_path):
         assert got[("2.0", "failed")] == 0 and got[("3.0", "updated")] == 0   # listed from 0
         assert {s.labels["version"]: s.value for s in fams["lockmq_firmware_locks"].samples} == {
             "1.0": 1, "2.0": 1}
-        conn.closed = True                                         # its session ended
+        online[1]["since_ms"] = 5000                               # its session ended
         assert store.status_op({"version": "3.0"})["locks"] == []
     finally:
         reg.close()

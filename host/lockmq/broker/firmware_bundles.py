@@ -107,8 +107,9 @@ class FirmwareBundles:
         self.registry = registry
         self._open: dict[str, bytes] = {}    # digest -> bytes, read once (a fleet fetches one)
         self._open_version = ""
-        #: SN -> (its connection, the version it is fetching): until that session ends
-        self._fetching: dict[str, tuple[Any, str]] = {}
+        #: SN -> (when its session began, ms: ``devices``' since_ms, the version it is
+        #: fetching), for that session only; no reference to the connection is kept
+        self._fetching: dict[str, tuple[int, str]] = {}
 
     # -- admin -------------------------------------------------------------------------
     def ops(self) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class FirmwareBundles:
             sn = dev["sn"]
             held = self._fetching.get(sn)
             if held is not None:
-                if getattr(held[0], "closed", True):
+                if held[0] != dev.get("since_ms"):
                     del self._fetching[sn]      # that session ended: its CONNECT says more
                 else:
                     dev = dict(dev, fetching=held[1])
@@ -255,7 +256,7 @@ class FirmwareBundles:
             self._open_version = (self._meta(sha) or {}).get("version", "")
         principal = getattr(conn, "principal", None)
         if principal is not None:
-            self._fetching[principal.name] = (conn, self._open_version)
+            self._fetching[principal.name] = (int(conn.connected_at * 1000), self._open_version)
         if offset > len(blob):
             conn.send_error(ErrorCode.INVALID_ARGUMENT, "offset beyond the bundle", frame.opaque)
             return
