@@ -13,6 +13,8 @@ ingest reads in production), then measures, alternating, each ``--runs`` times:
 - ingest job: :func:`lockmq.spark.ingest.ingest` in a warm local[cores] session;
 - CLI ingest: ``lockmq spark ingest LANDING --master local[cores]`` as a new
   process, its own job time (summary line) and the wall time (JVM start included);
+- spark-submit: docs/spark.md's ``spark-submit ... spark/ingest_job.py`` recipe on
+  ``local[cores]``, wall time, and its ratio to the CLI's (target <= 1.2);
 - start-up: a new process that only starts the same session and runs
   ``spark.range(1).count()`` (what bounds the CLI's wall time on small inputs);
 - floor: plain single-threaded Python + numpy decoding the same segment files
@@ -119,6 +121,27 @@ def cli_ingest(landing: str, wh: str, cores: int) -> tuple[float, float, int]:
     return float(m[2]), wall, int(m[1])
 
 
+def submit_ingest(landing: str, wh: str, cores: int) -> tuple[float, float, int]:
+    """docs/spark.md's ``spark-submit`` recipe on ``local[cores]``: (job s, wall s, new rows)."""
+    import re
+    import subprocess
+
+    from lockmq.spark import ingest_job
+    from lockmq.spark.session import SHORT_JOB_JAVA_OPTIONS
+    from lockmq.testing.spark_cluster import spark_home
+
+    t = time.perf_counter()
+    done = subprocess.run([os.path.join(spark_home(), "bin", "spark-submit"), "--master", f"local[{cores}]",
+                           f"--driver-java-options={SHORT_JOB_JAVA_OPTIONS}",
+                           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
+                           ingest_job.__file__, landing, "--warehouse", wh],
+                          capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t
+    m = re.search(r"(\d+) new.*, ([\d.]+) s$", done.stdout.strip().splitlines()[-1])
+    assert m, done.stdout + done.stderr
+    return float(m[2]), wall, int(m[1])
+
+
 def startup(cores: int) -> float:
     """Wall seconds of a new process that only starts the CLI's Spark session and runs
     ``spark.range(1).count()``: the part of ``lockmq spark ingest`` no ingest can remove."""
@@ -137,6 +160,7 @@ def cluster_runs(args: argparse.Namespace, src: str, work: str, res: dict[str, l
     import re
 
     from lockmq.spark import ingest_job
+    from lockmq.spark.session import SHORT_JOB_JAVA_OPTIONS
     from lockmq.testing.spark_cluster import SparkCluster
 
     res["cluster ingest (job)"], res["cluster spark-submit"] = [], []
@@ -145,7 +169,8 @@ def cluster_runs(args: argparse.Namespace, src: str, work: str, res: dict[str, l
         for run in range(args.runs):
             wh = os.path.join(work, f"cwh{run}")
             t = time.perf_counter()
-            done = cluster.submit([ingest_job.__file__, src, "--warehouse", wh])
+            done = cluster.submit([ingest_job.__file__, src, "--warehouse", wh],
+                                  conf={"spark.driver.extraJavaOptions": SHORT_JOB_JAVA_OPTIONS})
             total = time.perf_counter() - t
             m = re.search(r"read (\d+) records, (\d+) new.*, ([\d.]+) s$", done.stdout.strip().splitlines()[-1])
             assert m and int(m[2]) == args.records, done.stdout
@@ -212,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         spark.read.format("lockmq").load(tiny).count()
 
         res: dict[str, list[float]] = {"baseline (plain pyarrow)": [], "ingest job": [],
-                                       "CLI ingest (job)": [], "CLI ingest (wall)": []}
+                                       "CLI ingest (job)": [], "CLI ingest (wall)": [],
+                                       "spark-submit (wall)": []}
         starts: list[float] = []
+        submit_vs_cli: list[float] = []
         if not args.quick:
             res.update({"floor (1 thread numpy)": [], "source->parquet": [], "reports": []})
         ratios: list[float] = []
@@ -243,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
             res["CLI ingest (wall)"].append(args.records / wall)
             shutil.rmtree(cwh, ignore_errors=True)
             starts.append(startup(args.cores))
+            _, swall, new = submit_ingest(landing, cwh, args.cores)
+            assert new == args.records
+            res["spark-submit (wall)"].append(args.records / swall)
+            submit_vs_cli.append(swall / wall)
+            shutil.rmtree(cwh, ignore_errors=True)
 
             if not args.quick:
                 t = time.perf_counter()
@@ -276,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
           f"median {statistics.median(starts):.1f}, max {max(starts):.1f}; baseline median "
           f"{args.records / base:.1f} s: the CLI's wall time is at most "
           f"{(args.records / base) / statistics.median(starts):.2f}x the baseline's at this size")
+    print(f"spark-submit recipe wall / lockmq spark ingest wall, per round: "
+          f"{', '.join(f'{r:.2f}' for r in submit_vs_cli)} (target <= 1.2)")
     ratio = statistics.median(ratios)
     print(f"\ningest job / baseline, per round: {', '.join(f'{r:.2f}' for r in ratios)}")
     print(f"target: ingest job on local[{args.cores}] >= 0.5x the baseline: "

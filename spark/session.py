@@ -55,21 +55,9 @@ def get_session(app_name: str = "lockmq", master: str | None = None, conf: dict[
 
     builder = SparkSession.builder.appName(app_name)
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ or SparkSession.getActiveSession() is not None
-    settings: dict[str, str] = {"spark.sql.session.timeZone": "UTC",
-                                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-    if master is None and not under_submit:
-        master = "local[*]"
-    if master is not None and master.startswith("local"):
+    settings = session_settings(master, conf, short_job, under_submit)
+    if settings.get("spark.master", "").startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        inner = master[6:-1] if master.startswith("local[") else "1"
-        cores = os.cpu_count() or 2 if inner == "*" else int(inner.split(",")[0])
-        settings.update(local_conf(cores))
-        settings["spark.master"] = master
-    elif master is not None:
-        settings["spark.master"] = master
-    if short_job and not under_submit:
-        settings["spark.driver.extraJavaOptions"] = SHORT_JOB_JAVA_OPTIONS
-    settings.update(conf or {})
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -82,6 +70,26 @@ def stop_if_created(spark, existed: bool) -> None:
     """Stop ``spark`` unless it was already running before the caller asked for it."""
     if not existed:
         spark.stop()
+
+
+def session_settings(master: str | None, conf: dict[str, str] | None, short_job: bool,
+                     under_submit: bool) -> dict[str, str]:
+    """The settings :func:`get_session` gives its builder (``conf`` wins over every default)."""
+    settings: dict[str, str] = {"spark.sql.session.timeZone": "UTC",
+                                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+    if master is None and not under_submit:
+        master = "local[*]"
+    if master is not None and master.startswith("local"):
+        inner = master[6:-1] if master.startswith("local[") else "1"
+        cores = os.cpu_count() or 2 if inner == "*" else int(inner.split(",")[0])
+        settings.update(local_conf(cores))
+        settings["spark.master"] = master
+    elif master is not None:
+        settings["spark.master"] = master
+    if short_job and not under_submit:
+        settings["spark.driver.extraJavaOptions"] = SHORT_JOB_JAVA_OPTIONS
+    settings.update(conf or {})
+    return settings
 
 
 def session_exists() -> bool:

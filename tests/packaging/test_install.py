@@ -104,14 +104,16 @@ def test_wheel_holds_the_package_and_the_firmware_app_but_no_tests(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if Path(n).name.startswith("test_") or Path(n).name == "conftest.py"]
     assert {"lockmq/__init__.py", "lockmq/protocol/_codec.py", "lockmq/hil/plugin.py",
+            "pyspark_lockmq/__init__.py",  # Spark's own registration of the data source
             "lockmq/spark/ingest.py", "lockmq/firmware_tools/app/main.py",
             "lockmq/firmware_tools/app/lockapp/app.py", "lockmq/systemd/lockmq.service",
             "lockmq/systemd/lockmq.sysusers", "lockmq/systemd/lockmq.toml",
             # the monitoring files of dist/ (docs/operators.md)
             "lockmq/systemd/prometheus/lockmq.rules.yml",
             "lockmq/systemd/grafana/lockmq-dashboard.json"} <= set(names)
-    # One top-level package, and the one version (lockmq.__version__) in the metadata.
-    assert {n.split("/")[0] for n in names} == {"lockmq", f"lockmq-{lockmq.__version__}.dist-info"}
+    # One top-level package (besides pyspark_lockmq, the one-line module PySpark's data
+    # source lookup needs at top level), and the one version (lockmq.__version__) in the metadata.
+    assert {n.split("/")[0] for n in names} == {"lockmq", "pyspark_lockmq", f"lockmq-{lockmq.__version__}.dist-info"}
 
 
 def test_cli_help_and_version_from_the_wheel(installed):

@@ -22,3 +22,13 @@ def test_a_bad_conf_is_refused_before_spark_starts(tmp_path, capsys):
                  "--conf", "no-equals-sign"]) == 2
     assert "--conf wants KEY=VALUE" in capsys.readouterr().err
     assert main(["spark", "report", "--warehouse", str(tmp_path / "wh"), "--conf", "=x"]) == 2
+
+
+def test_short_job_driver_options_unless_given_or_under_submit():
+    from lockmq.spark.session import SHORT_JOB_JAVA_OPTIONS, session_settings
+
+    key = "spark.driver.extraJavaOptions"
+    assert session_settings("local[2]", None, True, False)[key] == SHORT_JOB_JAVA_OPTIONS
+    assert session_settings("local[2]", {key: "-Xss4m"}, True, False)[key] == "-Xss4m"
+    assert key not in session_settings(None, None, True, True)      # spark-submit's JVM already runs
+    assert key not in session_settings("local[2]", None, False, False)

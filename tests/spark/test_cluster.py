@@ -23,7 +23,10 @@ ALARMS = {EventType.DOOR_LEFT_OPEN, EventType.TAMPER, EventType.LOW_BATTERY}
 # which locks each gateway hears: LK00004..07 sit between buildings and reach two
 GATEWAYS = {"gw-1": range(0, 8), "gw-2": range(4, 12), "gw-3": range(10, 12)}
 
-pytestmark = pytest.mark.skipif(java_missing() is not None, reason=str(java_missing()))
+# The module's fixture spark-submits the whole job; pytest-timeout's 300 s (pyproject)
+# counts it too, so the submit's own limit below could never take effect at high load.
+pytestmark = [pytest.mark.skipif(java_missing() is not None, reason=str(java_missing())),
+              pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")

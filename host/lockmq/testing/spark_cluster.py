@@ -150,12 +150,8 @@ class SparkCluster:
     def submit_command(self, args: list[str], executor_memory: str | None = None,
                        conf: dict[str, str] | None = None) -> list[str]:
         """The ``spark-submit`` command line running ``args`` (a .py file and its arguments)
-        on this cluster: one executor per worker, all cores, 127.0.0.1, UI off, the
-        driver on the client compiler as docs/spark.md's recipe starts it."""
-        from lockmq.spark.session import SHORT_JOB_JAVA_OPTIONS
-
-        settings = {"spark.driver.extraJavaOptions": SHORT_JOB_JAVA_OPTIONS,
-                    "spark.executor.memory": executor_memory or self.memory,
+        on this cluster: one executor per worker, all cores, 127.0.0.1, UI off."""
+        settings = {"spark.executor.memory": executor_memory or self.memory,
                     "spark.executor.cores": str(self.cores),
                     "spark.cores.max": str(self.cores * self.n_workers),
                     "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
