@@ -296,8 +296,6 @@ KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
     # replication's ops raise the broker's AdminError, the standby writes its log and
     # build_info metric (imports in functions); the server wires replication in
     ("lockmq.replication", "lockmq.broker"),
-    # MQTT's command topics parse arguments with the CLI's parser (cli/command.py)
-    ("lockmq.mqtt", "lockmq.cli"),
     # `lockmq firmware` runs the MicroPython of the test harness (issue 39's)
     ("lockmq.cli", "lockmq.testing"),
 }

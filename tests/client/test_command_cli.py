@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from lockmq.cli import main
-from lockmq.cli.command import command_args
+from lockmq.client.command_text import command_args
 from lockmq.client.session import Endpoint
 from lockmq.protocol import CommandKind
 from lockmq.sim import SimConfig, SimStats, run_sim
@@ -170,12 +170,12 @@ def test_every_kind_of_the_protocol_table_has_its_cli_form_and_right():
     """Adding a command kind: its row in protocol/table.py gives the CLI's choice, the
     token right and the name the lock logs; the CLI's args builder is the one thing
     written for it here (CONTRIBUTING.md, "Adding a command kind")."""
-    from lockmq.cli.command import ARGS, KINDS
+    from lockmq.client.command_text import ARGS, KINDS
     from lockmq.protocol import table
     from lockmq.security.principal import COMMAND_KINDS
 
     names = {row[2]: row[1] for row in table.COMMAND_KINDS}
     assert COMMAND_KINDS == names and KINDS == tuple(names)
-    assert set(ARGS) == set(names), "a kind of protocol/table.py has no args builder in cli/command.py"
+    assert set(ARGS) == set(names), "a kind of protocol/table.py has no args builder in client/command_text.py"
     assert [command_args(k, [], 5)[0] for k in ("unlock", "reboot")] == [CommandKind.UNLOCK,
                                                                           CommandKind.REBOOT]

@@ -12,7 +12,7 @@ import pytest
 
 from lockmq.broker.firmware_bundles import FirmwareBundles, lock_firmware
 from lockmq.broker.logs import Stats
-from lockmq.cli.command import fw_update_args
+from lockmq.client.command_text import fw_update_args
 from lockmq.firmware_tools.build import BuildError
 from lockmq.firmware_tools.bundle import from_lib, info, pack, unpack
 from lockmq.firmware_tools.fleet import pick

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from lockmq.cli.command import command_args as cli_args   # the one text form of a command
+from lockmq.client.command_text import command_args as cli_args   # the one text form
 from lockmq.protocol import Command, CommandResult, CommandStatus, ErrorCode, Op
 from lockmq.security import SecurityError
 from lockmq.security.principal import COMMAND_KINDS, KIND_NAMES
