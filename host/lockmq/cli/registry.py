@@ -14,7 +14,7 @@ import asyncio
 import os
 import sys
 
-from lockmq.broker.logs import EventLog
+from lockmq.eventlog import EventLog
 from lockmq.client.cliargs import fail, print_json, print_table
 from lockmq.client.errors import LockmqError
 from lockmq.signals import stop_on_signals

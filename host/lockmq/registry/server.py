@@ -32,7 +32,7 @@ import os
 import time
 from typing import Any
 
-from lockmq.broker.logs import EventLog
+from lockmq.eventlog import EventLog
 from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.protocol import (NO_SEQ, NONCE_SIZE, AuthMethod, ConnectAck, ErrorCode, Flag,
                              FrameDecoder, Op, ProtocolError, Role, ServerSession,

@@ -17,7 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.broker.logs import EventLog
+from lockmq.eventlog import EventLog
 from lockmq.signals import stop_on_signals
 from lockmq.store.files import create_file, fsync_dir
 
