@@ -293,8 +293,6 @@ KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
     # replication's ops raise the broker's AdminError, the standby writes its log and
     # build_info metric (imports in functions); the server wires replication in
     ("lockmq.replication", "lockmq.broker"),
-    # `lockmq firmware` runs the MicroPython of the test harness (issue 39's)
-    ("lockmq.cli", "lockmq.testing"),
 }
 
 

@@ -17,7 +17,6 @@ from lockmq.client.sync import new_event_loop
 from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.config import load_config
 
-from .server import Broker
 
 
 class EmbeddedBroker:
@@ -66,6 +65,11 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 30.0) -> "EmbeddedBroker":
         """Start the broker and return once it listens."""
+        # (imported here, not at the top: the test harness -- and lockmq.hil through
+        # it -- must import where the broker's own dependency, prometheus_client, is
+        # not installed; tests/packaging installs the bare wheel to hold that)
+        from .server import Broker
+
         cfg = self.config()
         loop = new_event_loop() if self.uvloop else asyncio.new_event_loop()
         self._loop = loop

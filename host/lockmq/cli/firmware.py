@@ -287,7 +287,7 @@ def _monitor(a: argparse.Namespace) -> int:
 def _interpreter(a: argparse.Namespace) -> int:
     """Print the interpreter's path (building the 32-bit one if it is not cached)."""
     if a.bits == 64:
-        from lockmq.testing.micropython import micropython_binary
+        from lockmq.firmware_tools.unix64 import micropython_binary
 
         if a.micropython_src or a.manifest_dir:
             return _fail(BuildError("--micropython-src and --manifest-dir are for --bits 32"))

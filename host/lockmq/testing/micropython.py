@@ -6,21 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import lockmq.protocol
+from lockmq.firmware_tools.unix64 import BIN, micropython_binary
 
-BIN = Path(sys.executable).parent
 #: The protocol package's sources, as a board gets them.
 PROTOCOL = Path(lockmq.protocol.__file__).resolve().parent
-
-
-def micropython_binary() -> str | None:
-    """The ``micropython`` command of this environment, else the one on PATH."""
-    found = BIN / "micropython"
-    return str(found) if found.exists() else shutil.which("micropython")
 
 
 def require_micropython() -> str:
