@@ -184,9 +184,10 @@ def test_the_connections_admin_op_lists_each_connection_with_its_subscriptions(b
     call answered INTERNAL.)"""
     watch = open_peer(broker.port)
     watch.subscribe("$devices", "ops")
-    open_peer(broker.port, sn="LOCK-C", role=Role.LOCK)
+    lock = open_peer(broker.port, sn="LOCK-C", role=Role.LOCK)   # (held: a dropped peer closes)
     got = watch.admin("connections")
     assert got["ok"] and got["count"] == 2
     by_name = {c["name"]: c for c in got["connections"]}
     assert by_name["LOCK-C"]["kind"] == "lock" and by_name["LOCK-C"]["subscriptions"] == 0
     assert [c["subscriptions"] for c in got["connections"] if c["name"] != "LOCK-C"] == [1]
+    lock.close()
