@@ -126,7 +126,7 @@ def test_network_cut_and_restored(broker: BrokerProcess, lock_factory: LockFacto
     proxy.reset()
     lock.expect(r"W net down", timeout=30)
     lock.wait_online(timeout=60)
-    lock.events("battery", 10)
+    lock.events("low_battery", 10)
     lock.wait_drained(timeout=60)
     broker.stop()
     assert_exactly_once_in_order(lock, stored_seqs(broker, SN), expect_count=230)

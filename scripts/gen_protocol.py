@@ -171,6 +171,14 @@ def render_lock_module(text: str, table: ModuleType, where: str) -> str:
                              "number)" % (where, name, ", ".join(PREFIXES)))
         if not name.startswith("_") or name in used:
             kept.append(name)
+    # a name the module imports must not get a line too: the line would win (ota.py
+    # once logged the protocol's version 1 instead of the app's VERSION it imports)
+    imported = {a.asname or a.name for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    clash = sorted(n for n in kept if n in imported)
+    if clash:
+        raise SystemExit("%s: %s imported and in the generated block too: remove the "
+                         "block's line" % (where, ", ".join(clash)))
     # a private name the module uses and does not define gets its line; a public one
     # (``VERSION`` in _frame.py, for its importers) is there because it was put there
     names = set(kept) | {n for n in used - defined

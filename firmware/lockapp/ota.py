@@ -22,7 +22,6 @@ from lockmq.protocol._firmware import fetch_body, chunk_fields
 from lockapp import atomic, log, VERSION
 
 # -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
-VERSION = const(1)
 _E_INVALID_ARGUMENT = const(8)
 _OP_FW_FETCH = const(0x34)
 # -- end of generated protocol numbers --
