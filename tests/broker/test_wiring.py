@@ -17,7 +17,6 @@ import pytest
 
 import lockmq.broker
 from lockmq.broker.admin import Admin
-from lockmq.broker.auth import OpenGuard
 from lockmq.broker.commands import Commands
 from lockmq.broker.connection import Connection
 from lockmq.broker.services import Services
@@ -38,7 +37,7 @@ def _protocol_members() -> list[str]:
 @pytest.fixture(params=["open", "required"])
 def guard(request, tmp_path):
     if request.param == "open":
-        yield OpenGuard()
+        yield Guard.open()
         return
     g = Guard(SecurityConfig(data_dir=str(tmp_path)))
     yield g

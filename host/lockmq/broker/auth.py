@@ -15,10 +15,6 @@ from typing import Any
 
 from lockmq.security import BrokerGuard, Guard
 
-#: The guard of ``auth = "off"`` (kept by name for callers that build one directly).
-OpenGuard = Guard.open
-
-
 def make_guard(config: Any, log: Any) -> BrokerGuard:
     """The guard for ``config`` (a :class:`lockmq.config.Config`).
 
