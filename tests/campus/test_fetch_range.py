@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Coroutine
 
-from lockmq.broker.admin import AdminError
+from lockmq.admin_error import AdminError
 from lockmq.store import NewRecord
 from lockmq.testing import BrokerThread
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from lockmq.broker.admin import AdminError
+from lockmq.admin_error import AdminError
 from lockmq.replication.registry_source import RegistrySource
 from lockmq.security import keys
 

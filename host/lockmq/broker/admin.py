@@ -13,6 +13,7 @@ import socket
 import time
 from typing import Any, Callable, Mapping
 
+from lockmq.admin_error import AdminError
 from lockmq.config import Config
 from lockmq.protocol import Flag, Op, decode_json, encode_json
 from lockmq.security import BrokerGuard, SecurityError
@@ -28,15 +29,6 @@ from .peer import Connections, Handler, Peer
 
 
 MAX_LIST = 1000
-
-
-class AdminError(Exception):
-    """A refused admin request."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _int(args: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = 1 << 62) -> int:

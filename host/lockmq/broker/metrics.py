@@ -25,6 +25,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from lockmq.build_info import build_info_family
+
 from .counters import COUNTERS
 from .firmware_bundles import UPDATE_STATES
 from .latency import Latencies
@@ -98,7 +100,7 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Every family, each name once (prometheus_client calls this per scrape)."""
         stats, clusters, extra = self.views()
-        yield _build_info()
+        yield build_info_family()
         yield from _broker_gauges(stats, extra)
         if self.latency is not None:
             yield from _histograms(self.latency)
@@ -158,21 +160,6 @@ def _counters(prefix: str, values: dict[str, Any], helps: dict[str, str],
             # Prometheus counts time in seconds (promtool refuses abbreviated units)
             name, value = name[:-3] + "_seconds", value / 1000.0
         yield CounterMetricFamily(PREFIX + prefix + name, help_text, value=value)
-
-
-def _build_info() -> Metric:
-    """``lockmq_build_info{version, python, hot_path} 1`` (Prometheus' build_info habit)."""
-    import platform
-
-    from lockmq import __version__
-    from lockmq.accel import COMPILED
-
-    fam = GaugeMetricFamily(PREFIX + "build_info", "lockmq build: version, Python, and "
-                            "whether the compiled hot path runs (value is 1)",
-                            labels=["version", "python", "hot_path"])
-    fam.add_metric([__version__, platform.python_version(),
-                    "compiled" if COMPILED else "python"], 1)
-    return fam
 
 
 def _histograms(latency: Latencies) -> Iterator[Metric]:

@@ -15,7 +15,7 @@ import base64
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.broker.admin import AdminError
+from lockmq.admin_error import AdminError
 
 if TYPE_CHECKING:   # (types only)
     from lockmq.broker.core import Released

@@ -20,7 +20,7 @@ import os
 import sqlite3
 from typing import Any
 
-from lockmq.broker.admin import AdminError
+from lockmq.admin_error import AdminError
 from lockmq.security import db, keys
 
 #: most snapshot bytes one answer carries (base64 of it stays under a 1 MiB frame)

@@ -20,6 +20,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from lockmq.build_info import build_info_family
+
 if TYPE_CHECKING:
     from .standby import Follower
 
@@ -32,9 +34,7 @@ class _StandbyCollector(Collector):
         self.follower = follower
 
     def collect(self) -> Iterator[Metric]:
-        from lockmq.broker.metrics import _build_info   # (one build_info family)
-
-        yield _build_info()
+        yield build_info_family()
         for name, (help_text, value) in gauges(self.follower).items():
             yield GaugeMetricFamily("lockmq_" + name, help_text, value=value)
 
