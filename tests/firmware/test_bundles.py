@@ -15,7 +15,7 @@ from lockmq.broker.logs import Stats
 from lockmq.client.command_text import fw_update_args
 from lockmq.firmware_tools.build import BuildError
 from lockmq.firmware_tools.bundle import from_lib, info, pack, unpack
-from lockmq.firmware_tools.fleet import pick
+from lockmq.firmware_tools.fleet import halt_threshold, pick
 from lockmq.protocol._firmware import fetch_body
 
 
@@ -80,6 +80,24 @@ def test_a_rollout_share_is_stable_and_grows():
     ten, twenty = pick(sns, 10), pick(sns, 20)
     assert len(ten) == 20 and len(twenty) == 40 and set(ten) <= set(twenty)
     assert pick(list(reversed(sns)), 10) == ten and pick(sns, 0) == []
+
+
+def test_a_rollout_halts_after_a_count_or_a_share_of_its_locks():
+    assert halt_threshold("3", 1000) == 3
+    assert halt_threshold("2%", 1000) == 20 and halt_threshold("2.5%", 1000) == 25
+    assert halt_threshold("5%", 30) == 2              # 1.5 locks: rounded up
+    assert halt_threshold("5%", 20) == 1 and halt_threshold("1%", 3) == 1   # at least one
+    for bad in ("0", "-1", "0%", "101%", "x", "%", "2.5"):
+        with pytest.raises(ValueError):
+            halt_threshold(bad, 100)
+
+
+def test_the_cli_refuses_a_bad_halt_after_before_it_connects(capsys):
+    from lockmq.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["firmware", "rollout", "--version", "0.2.0", "--halt-after", "lots"])
+    assert e.value.code == 2 and "neither a count (2) nor a share (5%)" in capsys.readouterr().err
 
 
 def test_each_lock_s_update_state_comes_from_what_it_reported():

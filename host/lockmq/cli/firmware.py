@@ -20,6 +20,17 @@ def _int(text: str) -> int:
     return int(text, 0)
 
 
+def _halt_spec(text: str) -> str:
+    """``--halt-after``: a count or a share, checked when the command is read."""
+    from lockmq.firmware_tools.fleet import halt_threshold
+
+    try:
+        halt_threshold(text, 1)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("firmware", help="build, flash, deploy and monitor the lock firmware")
     fw = p.add_subparsers(dest="fw_command", metavar="ACTION")
@@ -143,8 +154,9 @@ def _register_fleet(fw: argparse._SubParsersAction) -> None:
     o.add_argument("--percent", type=float, help="this share of the tagged locks, or "
                                                  "without --tag of the locks online now "
                                                  "(the same locks for the same share)")
-    o.add_argument("--halt-after", type=int, default=1,
-                   help="stop sending when this many locks failed (default 1)")
+    o.add_argument("--halt-after", default="1", metavar="N|P%", type=_halt_spec,
+                   help="stop sending when this many locks failed, or this share of the "
+                        "rollout's locks (5%%, rounded up); default 1")
     o.add_argument("--wave", type=int, default=10, help="locks updated at once (default 10)")
     o.add_argument("--deadline", type=float, default=600.0,
                    help="seconds a lock has to report the update's outcome (default 600)")
@@ -358,7 +370,7 @@ def _rollout(a: argparse.Namespace) -> int:
     from lockmq.client.cliargs import endpoint_from_args
     from lockmq.client.sync import new_event_loop
     from lockmq.firmware_tools.bundle import BundleInfo
-    from lockmq.firmware_tools.fleet import pick, rollout
+    from lockmq.firmware_tools.fleet import halt_threshold, pick, rollout
 
     wrong = _rollout_who(a)
     if wrong:
@@ -383,12 +395,13 @@ def _rollout(a: argparse.Namespace) -> int:
                 else:
                     sns = [d["sn"] for d in (await admin.request("devices")).get("devices", [])]
                 sns = pick(sns, 100.0 if a.percent is None else a.percent)
+            halt_after = halt_threshold(a.halt_after, len(sns))
             print(f"rollout {meta.version} ({meta.sha256[:12]}) to {len(sns)} lock(s), "
-                  f"halt after {a.halt_after} failure(s)")
+                  f"halt after {halt_after} failure(s)")
             producer = AsyncProducer(endpoint_from_args(a), token=a.token, name="cli-rollout")
             await producer.connect()
             try:
-                r = await rollout(producer, admin, meta, sns, halt_after=a.halt_after,
+                r = await rollout(producer, admin, meta, sns, halt_after=halt_after,
                                   wave=a.wave, deadline_s=a.deadline, expires_s=a.expires)
             finally:
                 await producer.close()

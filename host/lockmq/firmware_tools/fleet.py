@@ -12,7 +12,8 @@ CONNECT (the broker's ``fw.status``: the running version and the last update's s
 * ``refused:<why>``: the command itself was refused or not answered in time;
 * ``timeout``: none of these within ``deadline_s``.
 
-When the failures reach ``halt_after`` the rollout stops: locks not yet sent the
+When the failures reach ``halt_after`` (a count; :func:`halt_threshold` turns an
+operator's ``N`` or ``P%`` into one) the rollout stops: locks not yet sent the
 command stay ``not_started``. Locks already updating carry on (an update on its way is
 safe to finish or to fail: the lock keeps a running app either way).
 """
@@ -56,6 +57,24 @@ def pick(sns: list[str], percent: float) -> list[str]:
     ranked = sorted(sns, key=lambda sn: hashlib.sha256(sn.encode()).digest())
     n = max(1, round(len(ranked) * percent / 100)) if ranked and percent > 0 else 0
     return sorted(ranked[:n])
+
+
+def halt_threshold(spec: str, total: int) -> int:
+    """The failures that halt a rollout of ``total`` locks: ``"N"`` is N locks, ``"P%"``
+    that share of the rollout rounded up (at least 1: a canary of 20 locks at 5 % halts
+    at its first failure). ValueError names what is wrong with ``spec``."""
+    text = spec.strip()
+    try:
+        number = float(text[:-1]) if text.endswith("%") else int(text)
+    except ValueError:
+        raise ValueError(f"{spec!r} is neither a count (2) nor a share (5%)") from None
+    if text.endswith("%"):
+        if not 0 < number <= 100:
+            raise ValueError(f"a share must be in (0, 100] %, not {spec!r}")
+        return max(1, -(-round(total * number * 100) // 10000))
+    if number < 1:
+        raise ValueError(f"a count must be 1 or more, not {spec!r}")
+    return int(number)
 
 
 @dataclass
