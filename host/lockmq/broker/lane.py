@@ -28,8 +28,9 @@ bail. The loop watches the lane's fd while the store has none of its records; a 
 that finds records hands them to the store at once and stops watching (what arrives
 during the group commit stays in the kernel, and the loop is not woken by it). When the
 commit's answer comes, the loop polls again before it sends that commit's acks: what
-arrived during the fsync goes into the next commit in one poll, which the writer starts
-while the loop writes the acks. A poll that finds nothing, or a refusal (busy, closing),
+arrived during the fsync goes into the next commit in one poll, and the loop yields the
+core (``os.sched_yield``, the GIL free) so that the writer starts that commit while the
+loop writes the acks. A poll that finds nothing, or a refusal (busy, closing),
 has the loop watch the fd again; so does a commit that has not answered after
 ``COMMIT_WAIT_S`` (a stalled disk, held writes), so heartbeats are still answered and a
 full queue still answers BUSY. One reader: a lock's records reach the store in the
@@ -45,6 +46,7 @@ extension there is no lane and every read takes the Python path.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -230,6 +232,11 @@ class Lane:
             self._held = False
             self.stats.c["lane_commit_reads"] += 1
             bails = self._read_now()
+            if self._held:
+                # the writer has the next commit's records: on a shared core it would
+                # wait for the loop to sleep (SCHED_BATCH), so its fdatasync would not
+                # overlap the acks below; a yield, the GIL free, lets it start now
+                os.sched_yield()
         stored, dup, frames, nbytes, leftovers = self._lane.answer(plan, results)
         c = self.stats.c
         c["publish_stored"] += stored
