@@ -8,7 +8,6 @@ always served; anything else is left to the session (the core answers nothing)."
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings

@@ -146,13 +146,14 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  (uvloop: not a subclass)
         b = self.services
         conns = b.connections
-        peer = transport.get_extra_info("peername")
+        ingest = self._ingest
+        # (from the ingest: its address as admitted, so that the release matches)
+        peer = transport.get_extra_info("peername") if ingest is None else None
         if isinstance(peer, tuple):
             self.peer_ip = str(peer[0])
             self.peer = f"{peer[0]}:{peer[1]}"
         conns.by_id[self.id] = self
         transport.set_write_buffer_limits(high=b.config.broker.max_conn_buffer_bytes)
-        ingest = self._ingest
         if ingest is None:
             b.stats.inc("connections_accepted")
             refusal = admission_refusal(b, self.peer_ip, len(conns))

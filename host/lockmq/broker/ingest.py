@@ -52,6 +52,11 @@ INGEST_TYPE: Any = getattr(accel.speedups, "Ingest", None) if accel.COMPILED els
 ACCEPT_MAX = 512
 
 
+def _factory(conn: Connection) -> Callable[[], Connection]:
+    """The protocol factory of one handed-back socket: ``conn`` itself."""
+    return lambda: conn
+
+
 class IngestServer:
     """A plain listener served by the compiled ingest; the part of ``asyncio.Server``
     the broker uses (``sockets``, ``close``, ``wait_closed``)."""
@@ -119,7 +124,10 @@ class IngestServer:
             stats = b.stats
             for fd, ip, port in accepted:
                 stats.inc("connections_accepted")
-                refusal = self._admission(b, ip, len(conns) + len(self._held) + 1)
+                # (counted with it: the connections, those the ingest holds, and those
+                # handed back whose transport is not made yet)
+                refusal = self._admission(b, ip, len(conns) + len(self._held)
+                                          + len(self._attaching) + 1)
                 if refusal is not None:
                     core.take(fd)
                     self._attach(fd, self._refused(ip, port, refusal))
@@ -178,7 +186,7 @@ class IngestServer:
 
     async def _connect(self, sock: socket.socket, conn: Connection) -> None:
         try:
-            await self._loop.connect_accepted_socket(partial_same(conn), sock)
+            await self._loop.connect_accepted_socket(_factory(conn), sock)
         except (OSError, RuntimeError) as exc:   # (the peer reset it; the loop closing)
             sock.close()
             conn.connection_lost(exc)
@@ -208,8 +216,3 @@ class IngestServer:
         """Closed at once (the hand-backs under way finish first)."""
         if self._attaching:
             await asyncio.gather(*self._attaching, return_exceptions=True)
-
-
-def partial_same(conn: Connection) -> Any:
-    """The protocol factory of one accepted socket: ``conn`` itself."""
-    return lambda: conn
