@@ -11,9 +11,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::bytes::be32;
-use crate::checksum::crc16;
 use crate::consts::*;
-use crate::frame::{check_header, view_frame, Check};
+use crate::frame::{self, check_header, view_frame, Check};
 
 /// protocol/_auth.py TRANSCRIPT_DOMAIN
 pub const TRANSCRIPT_DOMAIN: &[u8] = b"lockmq-transcript-v1";
@@ -95,22 +94,6 @@ pub fn challenge_body(nonce: &[u8; NONCE_SIZE], server_time_ms: u64, broker_id: 
     out
 }
 
-/// One broker frame (empty SN) around `body`: encode_frame(op, "", body, opaque, flags).
-pub fn broker_frame(op: u16, body: &[u8], opaque: u32, flags: u8) -> Vec<u8> {
-    let len = MIN_FRAME + body.len();
-    let mut f = Vec::with_capacity(len);
-    f.push(VERSION);
-    f.extend_from_slice(&(len as u32).to_be_bytes());
-    f.extend_from_slice(&op.to_be_bytes());
-    f.push(0);
-    f.push(flags);
-    f.extend_from_slice(&opaque.to_be_bytes());
-    f.extend_from_slice(body);
-    let crc = crc16(&f, 0xFFFF);
-    f.extend_from_slice(&crc.to_be_bytes());
-    f
-}
-
 /// The session transcript (protocol/_auth.py transcript_hash).
 pub fn transcript(sn: &[u8], connect_flags: u8, connect_body: &[u8], challenge_body: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -127,7 +110,7 @@ pub fn transcript(sn: &[u8], connect_flags: u8, connect_body: &[u8], challenge_b
 /// The CHALLENGE frame answering `c`, and the body it carries.
 pub fn challenge_frame(c: &LockConnect<'_>, nonce: &[u8; NONCE_SIZE], server_time_ms: u64, broker_id: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let body = challenge_body(nonce, server_time_ms, broker_id);
-    (broker_frame(OP_CHALLENGE, &body, c.opaque, FLAG_RESPONSE), body)
+    (frame::encode(OP_CHALLENGE, b"", FLAG_RESPONSE, c.opaque, &body), body)
 }
 
 /// (a broker_id longer than a str8 cannot be sent: the ingest refuses it at start)
@@ -140,18 +123,7 @@ mod tests {
     use super::*;
 
     fn connect(sn: &[u8], flags: u8, body: &[u8], opaque: u32) -> Vec<u8> {
-        let len = MIN_FRAME + sn.len() + body.len();
-        let mut f = vec![VERSION];
-        f.extend_from_slice(&(len as u32).to_be_bytes());
-        f.extend_from_slice(&OP_CONNECT.to_be_bytes());
-        f.push(sn.len() as u8);
-        f.extend_from_slice(sn);
-        f.push(flags);
-        f.extend_from_slice(&opaque.to_be_bytes());
-        f.extend_from_slice(body);
-        let crc = crc16(&f, 0xFFFF);
-        f.extend_from_slice(&crc.to_be_bytes());
-        f
+        frame::encode(OP_CONNECT, sn, flags, opaque, body)
     }
 
     const BODY: &[u8] = &[1, 0, 30, 1, 2, b'f', b'w', 0, 0, 16, 0];
