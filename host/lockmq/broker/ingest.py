@@ -133,7 +133,14 @@ class IngestServer:
                     self._attach(fd, self._refused(ip, port, refusal))
                     continue
                 nonce = b.guard.challenge()
-                core.admit(fd, nonce, now + b.config.broker.handshake_timeout_s)
+                try:
+                    core.admit(fd, nonce, now + b.config.broker.handshake_timeout_s)
+                except OSError:   # (epoll refused it: the socket is dropped, as at a reset)
+                    socket.socket(fileno=core.take(fd)).close()
+                    b.guard.forget_challenge(nonce)
+                    b.guard.release(ip)
+                    stats.inc("connections_closed")
+                    continue
                 self._held[fd] = (ip, port, now, nonce)
         for fd, data, session, unsent, expired in back:
             self._hand_back(fd, data, session, unsent, expired, now)
