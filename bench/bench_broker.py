@@ -219,7 +219,7 @@ class Server:
 
     def __init__(self, kind: str, core: str, base_dir: str, flush: str,
                  baseline: str | None = None, lock_sns: list[str] | None = None,
-                 tls: bool = False, ingest: bool = False) -> None:
+                 tls: bool = False) -> None:
         self.kind = kind
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix=f"{kind}-", dir=base_dir)
@@ -241,11 +241,6 @@ class Server:
                                 "--flush", flush, "--log-level", "WARNING"]
             if tls:
                 cmd += ["--config", self._tls_config()]
-            elif ingest and kind == "broker":   # ([broker] ingest: this tree's broker only)
-                path = os.path.join(self.dir, "ingest.toml")
-                with open(path, "w") as fh:
-                    fh.write("[broker]\ningest = true\n")
-                cmd += ["--config", path]
             if kind == "before":   # the same broker from another tree (``--baseline``)
                 env = dict(os.environ, PYTHONPATH=os.path.join(str(baseline), "host"))
             elif kind == "pure":   # this broker without its compiled hot path
@@ -470,9 +465,6 @@ def main() -> int:
                     help="floors run beside lockmq in the publish and storm scenarios "
                          "(default: all but c-fsync-2w and c-delay; `--floors ack fsync`: no compiled "
                          "floor, none built; `--floors` alone: no floor)")
-    ap.add_argument("--ingest", action="store_true",
-                    help="this tree's broker with [broker] ingest = true (the compiled ingest "
-                         "serves the plain listener's handshakes up to the AUTH)")
     ap.add_argument("--pure", action="store_true",
                     help="also run this broker with LOCKMQ_PURE_PYTHON=1 (no compiled hot "
                          "path), alternating with it: the compiled/pure ratio")
@@ -495,8 +487,7 @@ def main() -> int:
     print("lockmq broker benchmark")
     print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()))
     print(f"server on core {a.server_core}, load generator on core {a.client_core} (taskset); "
-          f"{a.runs} runs per figure; records of 24 bytes; broker flush={a.flush}, auth=off"
-          + (", [broker] ingest = true" if a.ingest else ""))
+          f"{a.runs} runs per figure; records of 24 bytes; broker flush={a.flush}, auth=off")
     print(f"data under {base}\n", flush=True)
     peers = available_peers(a.peers)
     wants_c = any(f in C_FLOORS for f in a.floors)
@@ -513,7 +504,7 @@ def main() -> int:
                 args = sc["args"] + (["--peer", kind] if kind in PEERS else [])
                 sns = sc.get("lock_sns") if kind in LOCKMQ_KINDS else None
                 srv = Server(kind, a.server_core, base, a.flush, a.baseline, sns,
-                             tls=bool(sc.get("tls")), ingest=a.ingest)
+                             tls=bool(sc.get("tls")))
                 if srv.keys_path:
                     args = args + ["--keys", srv.keys_path]
                 if srv.tls_ca:

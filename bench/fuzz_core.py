@@ -32,8 +32,6 @@ TARGETS = [
     ("messages_fields", "tests/protocol/test_accel_messages.py::test_the_scan_reads_what_the_decoder_reads", 300),
     ("messages_fields (any bytes)", "tests/protocol/test_accel_messages.py::test_the_scan_survives_any_bytes", 300),
     ("read_run", "tests/store/test_accel_read.py::test_the_compiled_read_decodes_as_decode_record", 300),
-    ("serve_connect (Ingest)", "tests/protocol/test_handshake_core.py::"
-     "test_random_and_damaged_connects_agree", 400),
     ("Lane.poll", "tests/broker/test_lane.py::test_the_lane_takes_what_the_python_paths_scanner_takes", 300),
     ("Lane.poll (sealed)", "tests/broker/test_lane.py::test_a_sealed_slot_takes_what_the_sealed_scanner_takes", 200),
 ]

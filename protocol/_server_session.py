@@ -217,15 +217,6 @@ class ServerSession(_Session):
         return _with_crc(_CHALLENGE_FRAME(VERSION, _CHALLENGE_LEN, Op.CHALLENGE, 0, Flag.RESPONSE,
                                           opaque, nonce, server_time_ms, methods))
 
-    def challenged(self, frame, nonce, challenge_body):
-        """The session of a handshake served up to its CHALLENGE elsewhere (the broker's
-        compiled ingest): ``frame`` the CONNECT received, ``nonce`` and ``challenge_body``
-        what the CHALLENGE sent carried. The same state as :meth:`receive` of ``frame``
-        then :meth:`challenge` (its rules checked here again); nothing to send."""
-        self.receive(frame)
-        self.nonce = check_nonce(nonce, "nonce")
-        self.transcript = transcript_hash(self.name, self._cflags, self._cbody, challenge_body)
-
     def accept(self, role, name, ack, opaque, mac_key=None, mac_required=False):
         """Authentication succeeded as ``role`` / ``name`` (the broker's decision, which
         may differ from the claim): return the CONNECT_ACK ``ack`` to send.

@@ -199,13 +199,11 @@ def lock_modules(root: Path) -> list[Path]:
 
 
 # -- host/rust/src/consts.rs ---------------------------------------------------------------
-_RUST_TYPES = {"Op": "u16", "Flag": "u8", "ErrorCode": "u16", "Role": "u8", "AuthMethod": "u8"}
-_RUST_PREFIX = {"Op": "OP_", "Flag": "FLAG_", "ErrorCode": "ERR_", "Role": "ROLE_",
-                "AuthMethod": "AUTH_"}
+_RUST_TYPES = {"Op": "u16", "Flag": "u8", "ErrorCode": "u16"}
+_RUST_PREFIX = {"Op": "OP_", "Flag": "FLAG_", "ErrorCode": "ERR_"}
 _RUST_NUMBERS = {"VERSION": "u8", "HEADER_SIZE": "usize", "SUBHEADER_SIZE": "usize",
                  "CRC_SIZE": "usize", "MIN_FRAME": "usize", "MAX_SN": "usize",
-                 "TAG_SIZE": "usize", "TO_BROKER": "u8", "TO_CLIENT": "u8",
-                 "NONCE_SIZE": "usize"}
+                 "TAG_SIZE": "usize", "TO_BROKER": "u8", "TO_CLIENT": "u8"}
 
 
 def _outside_the_table() -> list[tuple[str, str, str, int, str]]:

@@ -67,9 +67,6 @@ class BrokerSection:
         max_connections: connections held at once; 0 = as many as the open-file
             limit allows (minus a reserve for log files).
         handshake_timeout_s: time a new connection has to finish CONNECT/AUTH.
-        ingest: the compiled ingest serves the plain listener's new sockets up to a
-            lock's AUTH (broker/ingest.py); off by default: until an established lock
-            stays below Python it costs a storm more than it saves (docs/performance.md).
         auth: ``"required"`` (default; every connection authenticates through
             lockmq.security) or ``"off"`` (tests and development: any claimed
             identity is accepted, every principal may do everything). The one
@@ -100,7 +97,6 @@ class BrokerSection:
     max_conn_buffer_bytes: int = 4 * 1024 * 1024
     max_connections: int = 0
     handshake_timeout_s: float = 10.0
-    ingest: bool = False
     auth: str = "required"
     max_publish_batch: int = 4096
     position_flush_ms: int = 200

@@ -25,7 +25,6 @@ PYTHON = {
     "CRC_SIZE": _constants.CRC_SIZE,
     "MIN_FRAME": _constants.MIN_FRAME,
     "MAX_SN": _constants.MAX_SN,
-    "NONCE_SIZE": _constants.NONCE_SIZE,
     "Op.PUBLISH": _constants.Op.PUBLISH,
     "Op.PUBLISH_ACK": _constants.Op.PUBLISH_ACK,
     "Flag.ONEWAY": _constants.Flag.ONEWAY,
@@ -43,9 +42,8 @@ PYTHON = {
     "records.MAX_SN_LEN": records.MAX_SN_LEN,
     "records.MAX_SEQ": records.MAX_SEQ,
 }
-# ... and every opcode, flag, error code, role and auth method (consts.rs is generated from protocol/table.py)
-for _cls in (_constants.Op, _constants.Flag, _constants.ErrorCode, _constants.Role,
-             _constants.AuthMethod):
+# ... and every opcode, flag and error code (consts.rs is generated from protocol/table.py)
+for _cls in (_constants.Op, _constants.Flag, _constants.ErrorCode):
     for _name, _value in vars(_cls).items():
         if not _name.startswith("_"):
             PYTHON[f"{_cls.__name__}.{_name}"] = _value

@@ -22,13 +22,10 @@ from lockmq.testing import Peer, SecureBroker, refusal, run_cli, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["uvloop", "ingest"])
-def env(tmp_path_factory, request):
-    # every check twice: the plain listener served by uvloop, and by the compiled
-    # ingest up to the AUTH (broker/ingest.py): the same answers, logs and counters
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
     env = SecureBroker(tmp_path_factory.mktemp("secure"),
-                       {"broker": {"handshake_timeout_s": 2.0, "max_frame": 65536,
-                                   "ingest": request.param}})
+                       {"broker": {"handshake_timeout_s": 2.0, "max_frame": 65536}})
     keys = env.add_locks("LOCK-A", "LOCK-B", "LOCK-C", "LOCK-D", "LOCK-E", "LOCK-F")
     tok = {
         "reader": env.token("reader", Permissions(consume=("lock.*:billing",))),

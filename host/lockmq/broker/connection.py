@@ -51,22 +51,6 @@ _DEBUG = 10   # logging.DEBUG: the level of the per-connection disconnect line
 CLOSE_LINGER_S = 2.0
 
 
-def admission_refusal(services: Services, peer_ip: str, count: int) -> SecurityError | None:
-    """The one admission check of a new connection, ``count`` with it: None when it is
-    admitted (counted in by the guard: release it once at close), else the refusal to
-    answer -- the broker's connection cap, or the guard's per-source limits."""
-    limit = services.connections.limit
-    try:
-        if limit and count > limit:
-            exc = ConnectionRefused("max_connections", f"the broker holds {limit} connections")
-            exc.public_message = f"the broker holds {limit} connections (max_connections)"
-            raise exc
-        services.guard.admit(peer_ip)
-    except SecurityError as exc:
-        return exc
-    return None
-
-
 class Connection(PublishIntake, Handshake, asyncio.Protocol):
     """A peer's connection: lock, service (producer/consumer/commander) or admin.
 
@@ -82,7 +66,7 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
                  "claimed_sn", "nonce", "principal", "decoder", "out", "out_scheduled",
                  "last_seen", "connected_at", "_paused_for_write", "_admitted", "is_device",
                  "heartbeat", "heartbeat_answered_at", "close_reason", "tls",
-                 "peer_max_frame", "_ingest", "__weakref__")
+                 "peer_max_frame", "__weakref__")
 
     def __init__(self, services: Services, tls: bool = False) -> None:
         """``tls``: accepted on a TLS listener (the server knows; no transport probe)."""
@@ -112,27 +96,7 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
         self.close_reason = ""
         self.tls = tls
         self.peer_max_frame = 0      # largest frame the peer can receive (CONNECT); 0 = unstated
-        #: what the compiled ingest handed over with the socket (ingest.py), until
-        #: connection_made takes it
-        self._ingest: tuple | None = None
         self._start_intake()
-
-    def from_ingest(self, ip: str, port: int, admitted: bool,
-                    refusal: SecurityError | None = None,
-                    session: tuple[bytes, bytes, bytes] | None = None, data: bytes = b"",
-                    unsent: bytes = b"", expired: bool = False, deadline_s: float = 0.0) -> None:
-        """This connection takes a socket the compiled ingest held (ingest.py), before
-        its transport exists: ``admitted`` by the ingest's admission (or ``refusal``),
-        with ``session`` (the CONNECT frame, nonce and CHALLENGE body it answered, or
-        None), ``data`` (bytes read and not yet handled), ``unsent`` (the end of the
-        CHALLENGE the socket did not take), ``expired`` (the handshake deadline passed)
-        and ``deadline_s`` left of it."""
-        self.peer_ip = ip
-        self.peer = f"{ip}:{port}"
-        self._admitted = admitted
-        if session is not None:
-            self.nonce = session[0]   # (forgotten at close if it never authenticates)
-        self._ingest = (refusal, session, data, unsent, expired, deadline_s)
 
     @property
     def established(self) -> bool:
@@ -146,46 +110,30 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  (uvloop: not a subclass)
         b = self.services
         conns = b.connections
-        ingest = self._ingest
-        # (from the ingest: its address as admitted, so that the release matches)
-        peer = transport.get_extra_info("peername") if ingest is None else None
+        peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer_ip = str(peer[0])
             self.peer = f"{peer[0]}:{peer[1]}"
+        b.stats.inc("connections_accepted")
         conns.by_id[self.id] = self
         transport.set_write_buffer_limits(high=b.config.broker.max_conn_buffer_bytes)
-        if ingest is None:
-            b.stats.inc("connections_accepted")
-            refusal = admission_refusal(b, self.peer_ip, len(conns))
-            self._admitted = refusal is None
-        else:   # (the ingest admitted it, or not, when it accepted)
-            self._ingest = None
-            refusal = ingest[0]
-        if refusal is not None:
+        limit = conns.limit
+        try:
+            if limit and len(conns) > limit:
+                exc = ConnectionRefused("max_connections",
+                                        f"the broker holds {limit} connections")
+                exc.public_message = f"the broker holds {limit} connections (max_connections)"
+                raise exc
+            b.guard.admit(self.peer_ip)
+            self._admitted = True
+        except SecurityError as exc:
             b.stats.inc("connections_refused")
-            b.log("connection_refused", conn=self.id, peer=self.peer, reason=refusal.reason,
+            b.log("connection_refused", conn=self.id, peer=self.peer, reason=exc.reason,
                   level="warning")
-            self.fatal(refusal.code, refusal.public_message,
-                       retry_after_ms=refusal.retry_after_ms or 1000)
+            self.fatal(exc.code, exc.public_message, retry_after_ms=exc.retry_after_ms or 1000)
             return
         # (one loop-wide timer for every handshake, not a timer per connection)
-        conns.handshakes.add(self, b.config.broker.handshake_timeout_s if ingest is None
-                             else ingest[5])
-        if ingest is not None:
-            self._from_ingest(*ingest[1:5])
-
-    def _from_ingest(self, session: tuple[bytes, bytes, bytes] | None, data: bytes,
-                     unsent: bytes, expired: bool) -> None:
-        """Go on from where the compiled ingest handed the socket over (from_ingest)."""
-        if unsent:
-            self.services.stats.c["bytes_out"] += len(unsent)
-            self.transport.write(unsent)   # type: ignore[union-attr]
-        if session is not None and not self._resume_challenged(*session):
-            return
-        if expired:
-            self._handshake_timeout()
-        elif data:
-            self.data_received(data)
+        conns.handshakes.add(self, b.config.broker.handshake_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Release leases, report the device offline, give back the admission."""

@@ -42,8 +42,6 @@ COUNTERS: dict[str, str] = {
     "system_records": "Records the broker wrote itself ($devices, retries, dead letters)",
     "system_records_duplicate": "System records dropped as duplicates",
     # the compiled lane
-    "ingest_challenges": "CHALLENGEs the compiled ingest sent (a lock's CONNECT served below Python)",
-    "ingest_handbacks": "Sockets the compiled ingest handed to the Python path (AUTH, anything else)",
     "lane_joins": "Times a lock's connection joined the compiled lane (steady publishes in C)",
     "lane_bails": "Times the lane gave a connection back to the Python path (another frame, EOF)",
     "lane_writer_reads": "Lane reads made by the store's writer thread before a group commit "

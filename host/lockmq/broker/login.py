@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockmq.protocol import (MIN_FRAME, NO_SEQ, ConnectAck, ErrorCode, ProtocolError, Role,
-                             SessionError, op_name)
+from lockmq.protocol import (NO_SEQ, ConnectAck, ErrorCode, ProtocolError, Role, SessionError,
+                             op_name)
 from lockmq.security import SecurityError
 
 if TYPE_CHECKING:   # (types only: the connection is built from this class)
@@ -88,39 +88,13 @@ class Handshake:
     # -- handshake --------------------------------------------------------------------
 
     def _on_connect(self, frame: Any) -> None:
-        self._connected(frame)
+        self.claimed_sn = frame.sn
+        # the command path never sends this peer a frame larger than it stated
+        self.peer_max_frame = self.session.connect.max_frame
         self.nonce = nonce = self.services.guard.challenge()
         self._answer_handshake(self.session.challenge(nonce, int(time.time() * 1000),
                                                       frame.opaque,
                                                       broker_id=self.services.guard.broker_id))
-
-    def _connected(self, frame: Any) -> None:
-        """The session took ``frame``, the peer's CONNECT."""
-        self.claimed_sn = frame.sn
-        # the command path never sends this peer a frame larger than it stated
-        self.peer_max_frame = self.session.connect.max_frame
-
-    def _resume_challenged(self, nonce: bytes, connect: bytes, challenge_body: bytes) -> bool:
-        """The compiled ingest (ingest.py) answered this peer's CONNECT frame
-        ``connect`` with a CHALLENGE carrying the guard's ``nonce`` and
-        ``challenge_body``: the session and the connection as :meth:`_on_connect` leaves
-        them, counted as it counts them. False: the session refused the frame after all
-        (answered as any refusal; the socket is closing)."""
-        c = self.services.stats.c
-        c["bytes_in"] += len(connect)
-        c["frames_in"] += 1
-        c["frames_out"] += 1
-        c["bytes_out"] += MIN_FRAME + len(challenge_body)
-        dec = self.decoder
-        dec.feed(connect)
-        frame = dec.next_frame()
-        try:
-            self.session.challenged(frame, nonce, challenge_body)
-        except ProtocolError as exc:
-            return self._frame_failed(frame, exc) and False
-        self._connected(frame)
-        self.nonce = nonce
-        return True
 
     def _answer_handshake(self, data: bytes) -> None:
         """Queue a CHALLENGE or CONNECT_ACK: written with whatever else this read

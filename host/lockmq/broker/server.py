@@ -21,7 +21,7 @@ import sqlite3
 import ssl
 import sys
 from functools import partial
-from typing import Any, Callable
+from typing import Callable
 
 from lockmq.clock import SYSTEM_CLOCK, Clock
 from lockmq.config import Config, ConfigError
@@ -41,12 +41,11 @@ from .admission import Admission
 from .auth import make_guard
 from .clusters import ClusterError, Member
 from .commands import Commands
-from .connection import CONNECTION_HANDLERS, Connection, admission_refusal
+from .connection import CONNECTION_HANDLERS, Connection
 from .consumers import Consumers
 from .core import BrokerCore
 from .devices import Devices
 from .intake import PUBLISH_HANDLERS
-from .ingest import IngestServer
 from .lane import Lane
 from .logs import EventLog, EventLogHandler, Stats
 from .peer import Connections, handler_table
@@ -189,16 +188,10 @@ class Broker:
         services = self.services
         for lst in self.guard.listeners(cfg.port):
             tls = bool(lst["tls"]) and ctx is not None
-            srv: Any
-            if cfg.ingest and not tls and cfg.host and IngestServer.available():
-                # a plain listener's handshakes below Python (ingest.py)
-                srv = IngestServer.listen(services, partial(Connection, services), admission_refusal,
-                                         cfg.host, lst["port"], cfg.backlog)
-            else:
-                srv = await loop.create_server(
-                    partial(Connection, services, tls), cfg.host, lst["port"],
-                    backlog=cfg.backlog, reuse_address=True, ssl=ctx if tls else None,
-                    ssl_handshake_timeout=cfg.handshake_timeout_s if tls else None)
+            srv = await loop.create_server(
+                partial(Connection, services, tls), cfg.host, lst["port"], backlog=cfg.backlog,
+                reuse_address=True, ssl=ctx if tls else None,
+                ssl_handshake_timeout=cfg.handshake_timeout_s if tls else None)
             port = srv.sockets[0].getsockname()[1]
             for s in srv.sockets:
                 try:

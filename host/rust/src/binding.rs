@@ -1189,8 +1189,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MacPads>()?;
     m.add_class::<crate::lane::Lane>()?;
     m.add_class::<crate::lane::LanePlan>()?;
-    m.add_class::<crate::ingest::Ingest>()?;
-    m.add_function(wrap_pyfunction!(crate::ingest::serve_connect, m)?)?;
     m.add_function(wrap_pyfunction!(crc16, m)?)?;
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(mac_pads, m)?)?;

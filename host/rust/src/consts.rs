@@ -17,8 +17,6 @@ pub const CRC_SIZE: usize = 2;
 pub const MIN_FRAME: usize = 15;
 /// the longest SN a frame carries
 pub const MAX_SN: usize = 64;
-/// CHALLENGE nonce and AUTH cnonce
-pub const NONCE_SIZE: usize = 16;
 /// a frame MAC: HMAC-SHA256 cut to 128 bits
 pub const TAG_SIZE: usize = 16;
 /// frame-MAC direction byte: client -> broker
@@ -99,15 +97,6 @@ pub const ERR_COMMAND_FAILED: u16 = 0x2A;
 pub const ERR_INTERNAL: u16 = 0x32;
 pub const ERR_SHUTTING_DOWN: u16 = 0x33;
 
-// protocol/table.py Role
-pub const ROLE_LOCK: u8 = 0x01;
-pub const ROLE_SERVICE: u8 = 0x02;
-pub const ROLE_ADMIN: u8 = 0x03;
-
-// protocol/table.py AuthMethod
-pub const AUTH_DEVICE_HMAC: u8 = 0x01;
-pub const AUTH_TOKEN: u8 = 0x02;
-
 // protocol/_bodies.py PublishAck
 pub const ACK_STORED: u8 = 0;
 pub const ACK_DUPLICATE: u8 = 1;
@@ -135,7 +124,6 @@ pub const ALL: &[(&str, u64)] = &[
     ("CRC_SIZE", CRC_SIZE as u64),
     ("MIN_FRAME", MIN_FRAME as u64),
     ("MAX_SN", MAX_SN as u64),
-    ("NONCE_SIZE", NONCE_SIZE as u64),
     ("TAG_SIZE", TAG_SIZE as u64),
     ("TO_BROKER", TO_BROKER as u64),
     ("TO_CLIENT", TO_CLIENT as u64),
@@ -206,11 +194,6 @@ pub const ALL: &[(&str, u64)] = &[
     ("ErrorCode.COMMAND_FAILED", ERR_COMMAND_FAILED as u64),
     ("ErrorCode.INTERNAL", ERR_INTERNAL as u64),
     ("ErrorCode.SHUTTING_DOWN", ERR_SHUTTING_DOWN as u64),
-    ("Role.LOCK", ROLE_LOCK as u64),
-    ("Role.SERVICE", ROLE_SERVICE as u64),
-    ("Role.ADMIN", ROLE_ADMIN as u64),
-    ("AuthMethod.DEVICE_HMAC", AUTH_DEVICE_HMAC as u64),
-    ("AuthMethod.TOKEN", AUTH_TOKEN as u64),
     ("PublishAck.STORED", ACK_STORED as u64),
     ("PublishAck.DUPLICATE", ACK_DUPLICATE as u64),
     ("MSG_FIXED", MSG_FIXED as u64),

@@ -160,29 +160,24 @@ pub fn put_publish_ack(f: &mut [u8], opaque: u32, dup: bool, offset: i64, seal: 
     f[size - CRC_SIZE..size].copy_from_slice(&c.to_be_bytes());
 }
 
-/// One frame's bytes: protocol/_frame.py encode_frame(opcode, sn, body, opaque, flags)
-/// (`sn` at most MAX_SN bytes, the whole at most u32::MAX: the caller's to keep).
-pub fn encode(opcode: u16, sn: &[u8], flags: u8, opaque: u32, body: &[u8]) -> Vec<u8> {
-    let len = MIN_FRAME + sn.len() + body.len();
-    let mut f = Vec::with_capacity(len);
-    f.push(VERSION);
-    f.extend_from_slice(&(len as u32).to_be_bytes());
-    f.extend_from_slice(&opcode.to_be_bytes());
-    f.push(sn.len() as u8);
-    f.extend_from_slice(sn);
-    f.push(flags);
-    f.extend_from_slice(&opaque.to_be_bytes());
-    f.extend_from_slice(body);
-    let c = crc16(&f, 0xFFFF);
-    f.extend_from_slice(&c.to_be_bytes());
-    f
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use super::encode as frame;
+    fn frame(opcode: u16, sn: &[u8], flags: u8, opaque: u32, body: &[u8]) -> Vec<u8> {
+        let len = MIN_FRAME + sn.len() + body.len();
+        let mut f = vec![VERSION];
+        f.extend_from_slice(&(len as u32).to_be_bytes());
+        f.extend_from_slice(&opcode.to_be_bytes());
+        f.push(sn.len() as u8);
+        f.extend_from_slice(sn);
+        f.push(flags);
+        f.extend_from_slice(&opaque.to_be_bytes());
+        f.extend_from_slice(body);
+        let c = crc16(&f, 0xFFFF);
+        f.extend_from_slice(&c.to_be_bytes());
+        f
+    }
 
     fn publish_body(topic: &[u8], seq: u32, ts: u64, payload: &[u8]) -> Vec<u8> {
         let mut b = vec![topic.len() as u8];

@@ -12,7 +12,6 @@ pub mod bytes;
 pub mod checksum;
 pub mod consts;
 pub mod frame;
-pub mod handshake;
 pub mod mac;
 pub mod messages;
 pub mod records;
@@ -21,8 +20,6 @@ pub mod records;
 mod binding;
 #[cfg(feature = "python")]
 mod lane;
-#[cfg(feature = "python")]
-mod ingest;
 
 /// The interface version `lockmq.accel` checks: bumped whenever a function's
 /// signature or meaning changes, so a stale build is never half used.
