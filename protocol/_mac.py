@@ -1,10 +1,15 @@
 # Frame MACs (SPEC 2, "Frame MACs"): on plain TCP a lock's session seals every frame
 # after AUTH with a 16-byte tag under a key derived from the handshake. Loaded only
 # by a session that has MACs on, so a lock on TLS does not carry it in RAM.
+#
+# One implementation, what a lock runs: frame_tag over _hmac.hmac_sha256. A host
+# process that chose its compiled core (lockmq.accel, once, at import) hands this
+# module the core's tags with use(); sessions then seal and open through those, the
+# same bytes (tests/protocol/test_frame_macs.py holds the two equal).
 import struct
 
 from ._const import const
-from ._frame import op_name
+from ._frame import encode_frame, op_name
 from ._hmac import hmac_sha256, compare_digest
 
 # -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
@@ -39,11 +44,46 @@ def frame_tag(skey, direction, counter, opcode, sn, flags, opaque, body):
     return hmac_sha256(skey, head + snb + bytes(body))[:TAG_SIZE]
 
 
+# The compiled tags (use()): _keyed(key) -> the key's HMAC state (its pads hashed
+# once per session), _tag(state, direction, counter, opcode, flags, opaque, sn bytes,
+# body) -> the frame's tag. None: frame_tag.
+_keyed = None
+_tag = None
+
+
+def use(keyed, tag):
+    """Seal and open every frame from now on with ``tag(keyed(session key), direction,
+    counter, opcode, flags, opaque, sn, body)``: :func:`frame_tag`'s bytes, computed
+    faster (the host's compiled core: lockmq.accel calls this once, at import).
+    ``use(None, None)``: :func:`frame_tag` again."""
+    global _keyed, _tag
+    _keyed = keyed
+    _tag = tag
+
+
+def session_pads(sess):
+    """``sess``'s key as the compiled tags' HMAC state, made on first use and kept on
+    the session (made again for a new key); None where use() gave no compiled tags."""
+    if _keyed is None:
+        return None
+    key = sess.mac_key
+    held = getattr(sess, "_mac_pads", None)
+    if held is None or held[0] is not key:
+        held = sess._mac_pads = (key, _keyed(key))
+    return held[1]
+
+
+def _session_tag(sess, direction, counter, opcode, sn, flags, opaque, body):
+    # a frame's tag under sess's key: the compiled one where the host chose it
+    if _tag is None:
+        return frame_tag(sess.mac_key, direction, counter, opcode, sn, flags, opaque, body)
+    return _tag(session_pads(sess), direction, counter, opcode, flags, opaque, _b(sn), body)
+
+
 def seal(sess, opcode, sn, body, opaque, flags):
     """``sess.seal`` with MACs on: the frame flagged MAC, its tag appended."""
-    from ._frame import encode_frame
     flags |= _FLAG_MAC
-    tag = frame_tag(sess.mac_key, sess._OUT, sess.tx, opcode, sn, flags, opaque, body)
+    tag = _session_tag(sess, sess._OUT, sess.tx, opcode, sn, flags, opaque, body)
     sess.tx += 1
     return encode_frame(opcode, sn, bytes(body) + tag, opaque, flags)
 
@@ -52,17 +92,22 @@ def open_frame(sess, frame):
     """Check and strip a received frame's tag; a SessionError (BAD_MAC, fatal) when
     it is missing or wrong: the frame was altered, injected, replayed or reordered.
     An action of the session's, not a transition: the session's _process ends it."""
-    from ._session import fatal_error
     body = frame.body
     if sess.mac_key is None:
-        raise fatal_error("a MAC flag on a session without frame MACs", _E_BAD_MAC)
+        raise _refused("a MAC flag on a session without frame MACs")
     if not frame.flags & _FLAG_MAC or len(body) < TAG_SIZE:
-        raise fatal_error("%s without a frame tag" % op_name(frame.opcode), _E_BAD_MAC)
+        raise _refused("%s without a frame tag" % op_name(frame.opcode))
     body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
-    want = frame_tag(sess.mac_key, 1 - sess._OUT, sess.rx, frame.opcode, frame.sn,
-                     frame.flags, frame.opaque, body)
+    want = _session_tag(sess, 1 - sess._OUT, sess.rx, frame.opcode, frame.sn,
+                        frame.flags, frame.opaque, body)
     if not compare_digest(want, tag):
-        raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
-                          "reordered)" % op_name(frame.opcode), _E_BAD_MAC)
+        raise _refused("%s with a bad frame tag (altered, injected, replayed or "
+                       "reordered)" % op_name(frame.opcode))
     sess.rx += 1
     frame.body = bytes(body)
+
+
+def _refused(message):
+    # (imported here: _session loads this module, and a good frame never needs it)
+    from ._session import fatal_error
+    return fatal_error(message, _E_BAD_MAC)

@@ -54,9 +54,10 @@ COMPILED = speedups is not None
 
 if speedups is not None:
     # every frame's CRC-16 through the compiled one (slice-by-16 tables, where
-    # binascii.crc_hqx takes a byte a step: ~6x on a consumer's 10 KiB MESSAGES frame)
-    from lockmq.protocol import _crc
+    # binascii.crc_hqx takes a byte a step: ~6x on a consumer's 10 KiB MESSAGES frame),
+    # and every session's frame tags (the key's pads hashed once per session)
+    from lockmq.protocol import compiled
 
-    _crc.use(speedups.crc16)
+    compiled.use(speedups.crc16, speedups.mac_pads, speedups.frame_tag)
 
 __all__ = ["API", "COMPILED", "DESCRIPTION", "PURE_ENV", "REQUIRED", "speedups"]

@@ -333,6 +333,36 @@ def test_the_client_library_does_not_import_the_broker() -> None:
             assert not [t for t, _fn, _l in EDGES[m] if t.startswith("lockmq.broker")], m
 
 
+def _protocol_imports(name: str) -> list[tuple[str, int]]:
+    """``(lockmq.protocol name, line)`` for every protocol module or name that host
+    module ``name`` imports, anywhere in it (functions and type-checking blocks too)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:   # (lockmq/protocol is a link into the package: ..protocol)
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([mod] if mod else []))
+            out += [(f"{mod}.{a.name}", node.lineno) for a in node.names]
+    return [(t, line) for t, line in out if t.startswith("lockmq.protocol.")]
+
+
+def test_no_host_module_imports_a_private_protocol_module() -> None:
+    """The host uses the protocol's public names (``lockmq.protocol``, its public
+    modules ``batch``, ``compiled``, ``txn``, ``schedule``, ``table``), never a
+    ``_private`` module or name: what a lock runs may change inside the package."""
+    assert "lockmq.broker.intake" in MODULES and not any(
+        m.startswith("lockmq.protocol") for m in MODULES)   # (the link is not walked)
+    private = [f"{m}:{line} imports {t}" for m in sorted(MODULES)
+               for t, line in _protocol_imports(m)
+               if any(part.startswith("_") for part in t.split(".")[2:])]
+    assert private == []
+
+
 def test_every_opcode_served_after_the_handshake_has_one_handler(broker) -> None:
     """The one dispatch table holds a handler for every opcode a session in
     ESTABLISHED may send (a feature that forgets to register fails here)."""
