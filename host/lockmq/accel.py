@@ -25,11 +25,12 @@ from types import ModuleType
 PURE_ENV = "LOCKMQ_PURE_PYTHON"
 #: the core's interface version this tree calls (``API`` in host/rust/src/lib.rs)
 API = 1
-#: every function of the core some caller uses
+#: every function of the core the host calls, no more (tests/broker/test_wiring.py holds
+#: it: a build without one of them runs pure Python, and one it lacks only for tests does not)
 REQUIRED = ("scan_publishes", "scan_sealed_publishes", "scan_frame", "encode_records",
             "publish_acks", "sealed_publish_acks", "queue_run", "plan_run", "plan_calls",
             "dedup_run", "commit_write", "mac_pads", "frame_tag", "encode_leases",
-            "read_run", "messages_fields", "crc16", "crc32", "hmac_sha256", "Lane")
+            "read_run", "messages_fields", "crc16", "hmac_sha256", "Lane")
 
 
 def _load() -> tuple[ModuleType | None, str]:

@@ -363,6 +363,39 @@ def test_no_host_module_imports_a_private_protocol_module() -> None:
     assert private == []
 
 
+def _core_uses(name: str) -> list[tuple[str, bool, int]]:
+    """``(function, inside a function?, line)`` for every ``accel.speedups.<function>``
+    host module ``name`` reads (``speedups.<function>`` in lockmq.accel itself)."""
+    tree = ast.parse(MODULES[name].read_text())
+    in_function = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                   for n in ast.walk(node) if n is not node}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            v = node.value
+            if (isinstance(v, ast.Attribute) and v.attr == "speedups"
+                    and isinstance(v.value, ast.Name) and v.value.id == "accel") or \
+                    (name == "lockmq.accel" and isinstance(v, ast.Name) and v.id == "speedups"):
+                out.append((node.attr, id(node) in in_function, node.lineno))
+    return out
+
+
+def test_the_core_is_chosen_once_and_required_whole() -> None:
+    """Each host module takes what it calls of the compiled core at import, from the
+    process's one choice (``lockmq.accel``), never per call; and ``accel.REQUIRED`` --
+    what a build must carry to be used at all -- is exactly what the host calls."""
+    from lockmq import accel
+
+    uses = {m: _core_uses(m) for m in MODULES}
+    per_call = [f"{m}:{line} reads speedups.{f} in a function"
+                for m, got in uses.items() for f, fn, line in got if fn]
+    assert per_call == []
+    called = {f for got in uses.values() for f, _fn, _l in got}
+    assert called == set(accel.REQUIRED), (sorted(called - set(accel.REQUIRED)),
+                                           sorted(set(accel.REQUIRED) - called))
+
+
 def test_every_opcode_served_after_the_handshake_has_one_handler(broker) -> None:
     """The one dispatch table holds a handler for every opcode a session in
     ESTABLISHED may send (a feature that forgets to register fails here)."""
