@@ -3,7 +3,9 @@
 ``lockmq._core`` (the Rust crate in ``host/rust/``, bound with PyO3) does the per-batch
 work of a read, a group commit and a consumer fetch in a few calls: scan a read's
 PUBLISH frames, encode the records, plan and write the commit, pack the acks, decode
-a read's records and a MESSAGES body. ``pip install`` builds it when a Rust toolchain
+a read's records and a MESSAGES body; per frame, the CRC-16 and the frame MACs' tags,
+which this module hands the protocol here (``lockmq.protocol.compiled.use``: the
+protocol's own code stays its reference). ``pip install`` builds it when a Rust toolchain
 is present and skips it when not (``setup.py``: optional); the pure-Python code it
 mirrors is the fallback and the reference (the tests run both and hold them equal).
 
@@ -25,8 +27,8 @@ from types import ModuleType
 PURE_ENV = "LOCKMQ_PURE_PYTHON"
 #: the core's interface version this tree calls (``API`` in host/rust/src/lib.rs)
 API = 1
-#: every function of the core the host calls, no more (tests/broker/test_wiring.py holds
-#: it: a build without one of them runs pure Python, and one it lacks only for tests does not)
+#: every function of the core the host calls, no more and no fewer (tests/broker/
+#: test_wiring.py holds it): a build without one of them runs pure Python
 REQUIRED = ("scan_publishes", "scan_sealed_publishes", "scan_frame", "encode_records",
             "publish_acks", "sealed_publish_acks", "queue_run", "plan_run", "plan_calls",
             "dedup_run", "commit_write", "mac_pads", "frame_tag", "encode_leases",
