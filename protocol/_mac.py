@@ -2,15 +2,16 @@
 # after AUTH with a 16-byte tag under a key derived from the handshake. Loaded only
 # by a session that has MACs on, so a lock on TLS does not carry it in RAM.
 #
-# One implementation, what a lock runs: frame_tag over _hmac.hmac_sha256. A host
-# process that chose its compiled core (lockmq.accel, once, at import) hands this
-# module the core's tags with use(); sessions then seal and open through those, the
-# same bytes (tests/protocol/test_frame_macs.py holds the two equal).
+# One implementation, what a lock runs: frame_tag over _hmac's HMAC, a session's key
+# padded once and its pads kept on the session (session_pads). A host process that
+# chose its compiled core (lockmq.accel, once, at import) hands this module the core's
+# tags with use(); sessions then seal and open through those, the same bytes
+# (tests/protocol/test_frame_macs.py holds the two equal).
 import struct
 
 from ._const import const
 from ._frame import encode_frame, op_name
-from ._hmac import hmac_sha256, compare_digest
+from ._hmac import hmac_sha256, hmac_pads, hmac_padded, compare_digest
 
 # -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 TAG_SIZE = const(16)
@@ -39,44 +40,45 @@ def frame_tag(skey, direction, counter, opcode, sn, flags, opaque, body):
     """A frame's tag: HMAC(session key, direction u8 | counter u32 | opcode u16 | flags u8 |
     opaque u32 | sn_len u8 | sn | body)[:16]. ``counter`` counts the frames already sealed
     in that direction, so a replayed, dropped or reordered frame fails."""
-    snb = _b(sn)
+    return _padded_tag(hmac_pads(skey), direction, counter, opcode, flags, opaque, _b(sn),
+                       body)
+
+
+def _padded_tag(pads, direction, counter, opcode, flags, opaque, snb, body):
+    # frame_tag from the key's hmac_pads (a session makes them once)
     head = struct.pack(">BIHBIB", direction, counter & 0xFFFFFFFF, opcode, flags, opaque, len(snb))
-    return hmac_sha256(skey, head + snb + bytes(body))[:TAG_SIZE]
+    return hmac_padded(pads, head + snb + bytes(body))[:TAG_SIZE]
 
 
-# The compiled tags (use()): _keyed(key) -> the key's HMAC state (its pads hashed
-# once per session), _tag(state, direction, counter, opcode, flags, opaque, sn bytes,
-# body) -> the frame's tag. None: frame_tag.
-_keyed = None
-_tag = None
+# The tags sessions seal and open with: _keyed(key) -> the key's HMAC state, made once
+# a session; _tag(state, direction, counter, opcode, flags, opaque, sn bytes, body) ->
+# the frame's tag. This module's own, or the compiled core's (use()).
+_keyed = hmac_pads
+_tag = _padded_tag
 
 
 def use(keyed, tag):
     """Seal and open every frame from now on with ``tag(keyed(session key), direction,
     counter, opcode, flags, opaque, sn, body)``: :func:`frame_tag`'s bytes, computed
     faster (the host's compiled core: lockmq.accel calls this once, at import).
-    ``use(None, None)``: :func:`frame_tag` again."""
+    ``use(None, None)``: this module's own again."""
     global _keyed, _tag
-    _keyed = keyed
-    _tag = tag
+    _keyed = keyed or hmac_pads
+    _tag = tag or _padded_tag
 
 
 def session_pads(sess):
-    """``sess``'s key as the compiled tags' HMAC state, made on first use and kept on
-    the session (made again for a new key); None where use() gave no compiled tags."""
-    if _keyed is None:
-        return None
+    """``sess``'s key as the HMAC state of the tags in use (:func:`use`), made on first
+    use and kept on the session (made again for a new key, or other tags)."""
     key = sess.mac_key
     held = getattr(sess, "_mac_pads", None)
-    if held is None or held[0] is not key:
-        held = sess._mac_pads = (key, _keyed(key))
-    return held[1]
+    if held is None or held[0] is not key or held[1] is not _keyed:
+        held = sess._mac_pads = (key, _keyed, _keyed(key))
+    return held[2]
 
 
 def _session_tag(sess, direction, counter, opcode, sn, flags, opaque, body):
-    # a frame's tag under sess's key: the compiled one where the host chose it
-    if _tag is None:
-        return frame_tag(sess.mac_key, direction, counter, opcode, sn, flags, opaque, body)
+    # a frame's tag under sess's key, from the state it keeps
     return _tag(session_pads(sess), direction, counter, opcode, flags, opaque, _b(sn), body)
 
 
