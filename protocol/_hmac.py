@@ -1,9 +1,7 @@
 # HMAC-SHA256 (RFC 2104) over hashlib.sha256: MicroPython has sha256 but no hmac
 # module, so both sides use this one, and the shared vectors check it against
-# RFC 4231. The tag compare is CPython's own where it runs (as _crc takes binascii's
-# CRC there).
+# RFC 4231.
 import hashlib
-import sys
 
 _BLOCK = 64
 
@@ -40,19 +38,11 @@ def hmac_sha256(key, msg, *more):
     return hmac_padded(hmac_pads(key), msg, *more)
 
 
-def compare_digest_loop(a, b):
-    """Constant-time equality of two byte strings (the lock's code)."""
+def compare_digest(a, b):
+    """Constant-time equality of two byte strings."""
     if len(a) != len(b):
         return False
     diff = 0
     for i in range(len(a)):
         diff |= a[i] ^ b[i]
     return diff == 0
-
-
-compare_digest = compare_digest_loop
-
-if sys.implementation.name != "micropython":
-    # CPython's, in C (~20x: a broker compares the tag of every frame it opens); the
-    # same answer, in constant time too (tests/protocol/test_vectors.py holds them equal)
-    from hmac import compare_digest

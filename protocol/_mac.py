@@ -4,14 +4,15 @@
 #
 # One implementation, what a lock runs: frame_tag over _hmac's HMAC, a session's key
 # padded once and its pads kept on the session (session_pads). A host process that
-# chose its compiled core (lockmq.accel, once, at import) hands this module the core's
-# tags with use(); sessions then seal and open through those, the same bytes
-# (tests/protocol/test_frame_macs.py holds the two equal).
+# chose its compiled core (lockmq.accel, once, at import) puts the core's tags in
+# their place (protocol/compiled.py); sessions then seal and open through those, the
+# same bytes (tests/protocol/test_frame_macs.py holds the two equal).
 import struct
 
 from ._const import const
 from ._frame import encode_frame, op_name
 from ._hmac import hmac_sha256, hmac_pads, hmac_padded, compare_digest
+from ._session import fatal_error   # (_session loads this module only when a session uses it)
 
 # -- protocol numbers: generated from protocol/table.py (python scripts/gen_protocol.py) --
 TAG_SIZE = const(16)
@@ -50,42 +51,30 @@ def _padded_tag(pads, direction, counter, opcode, flags, opaque, snb, body):
     return hmac_padded(pads, head + snb + bytes(body))[:TAG_SIZE]
 
 
-# The tags sessions seal and open with: _keyed(key) -> the key's HMAC state, made once
-# a session; _tag(state, direction, counter, opcode, flags, opaque, sn bytes, body) ->
-# the frame's tag. This module's own, or the compiled core's (use()).
+# What sessions seal and open with: _keyed(key) -> the key's HMAC state, made once a
+# session; _tag(state, direction, counter, opcode, flags, opaque, sn bytes, body) -> a
+# frame's tag; _equal, the tag compare. This module's own, or a host's compiled core's
+# (protocol/compiled.py sets all three once, at import; a lock never does).
 _keyed = hmac_pads
 _tag = _padded_tag
-
-
-def use(keyed, tag):
-    """Seal and open every frame from now on with ``tag(keyed(session key), direction,
-    counter, opcode, flags, opaque, sn, body)``: :func:`frame_tag`'s bytes, computed
-    faster (the host's compiled core: lockmq.accel calls this once, at import).
-    ``use(None, None)``: this module's own again."""
-    global _keyed, _tag
-    _keyed = keyed or hmac_pads
-    _tag = tag or _padded_tag
+_equal = compare_digest
 
 
 def session_pads(sess):
-    """``sess``'s key as the HMAC state of the tags in use (:func:`use`), made on first
-    use and kept on the session (made again for a new key, or other tags)."""
+    """``sess``'s key as the HMAC state of the tags in use, made on first use and kept
+    on the session (made again for a new key)."""
     key = sess.mac_key
     held = getattr(sess, "_mac_pads", None)
-    if held is None or held[0] is not key or held[1] is not _keyed:
-        held = sess._mac_pads = (key, _keyed, _keyed(key))
-    return held[2]
-
-
-def _session_tag(sess, direction, counter, opcode, sn, flags, opaque, body):
-    # a frame's tag under sess's key, from the state it keeps
-    return _tag(session_pads(sess), direction, counter, opcode, flags, opaque, _b(sn), body)
+    if held is None or held[0] is not key:
+        held = sess._mac_pads = (key, _keyed(key))
+    return held[1]
 
 
 def seal(sess, opcode, sn, body, opaque, flags):
     """``sess.seal`` with MACs on: the frame flagged MAC, its tag appended."""
     flags |= _FLAG_MAC
-    tag = _session_tag(sess, sess._OUT, sess.tx, opcode, sn, flags, opaque, body)
+    snb = _b(sn)
+    tag = _tag(session_pads(sess), sess._OUT, sess.tx, opcode, flags, opaque, snb, body)
     sess.tx += 1
     return encode_frame(opcode, sn, bytes(body) + tag, opaque, flags)
 
@@ -96,20 +85,14 @@ def open_frame(sess, frame):
     An action of the session's, not a transition: the session's _process ends it."""
     body = frame.body
     if sess.mac_key is None:
-        raise _refused("a MAC flag on a session without frame MACs")
+        raise fatal_error("a MAC flag on a session without frame MACs", _E_BAD_MAC)
     if not frame.flags & _FLAG_MAC or len(body) < TAG_SIZE:
-        raise _refused("%s without a frame tag" % op_name(frame.opcode))
+        raise fatal_error("%s without a frame tag" % op_name(frame.opcode), _E_BAD_MAC)
     body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
-    want = _session_tag(sess, 1 - sess._OUT, sess.rx, frame.opcode, frame.sn,
-                        frame.flags, frame.opaque, body)
-    if not compare_digest(want, tag):
-        raise _refused("%s with a bad frame tag (altered, injected, replayed or "
-                       "reordered)" % op_name(frame.opcode))
+    want = _tag(session_pads(sess), 1 - sess._OUT, sess.rx, frame.opcode, frame.flags,
+                frame.opaque, _b(frame.sn), body)
+    if not _equal(want, tag):
+        raise fatal_error("%s with a bad frame tag (altered, injected, replayed or "
+                          "reordered)" % op_name(frame.opcode), _E_BAD_MAC)
     sess.rx += 1
     frame.body = bytes(body)
-
-
-def _refused(message):
-    # (imported here: _session loads this module, and a good frame never needs it)
-    from ._session import fatal_error
-    return fatal_error(message, _E_BAD_MAC)

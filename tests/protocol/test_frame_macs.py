@@ -7,6 +7,7 @@ frames get the same tags, both refuse the same damaged, replayed and reordered f
 and the core's batch calls answer as the reference's (protocol/batch.py)."""
 from __future__ import annotations
 
+import hmac as std_hmac
 import os
 import subprocess
 import sys
@@ -28,22 +29,25 @@ from lockmq.testing.micropython import PROTOCOL
 
 compiled = NOT_BUILT   # skips where lockmq._core is not built
 
-#: the implementations a session can seal with: (name, keyed, tag) as _mac.use takes
-#: them -- the reference always, the core's where it is built (whatever this process
-#: chose: the tests hold both equal either way)
-IMPLS = [("reference", None, None)] + (
-    [("compiled", SPEEDUPS.mac_pads, SPEEDUPS.frame_tag)] if SPEEDUPS is not None else [])
+#: what sessions seal and open with, (name, keyed, tag, compare) as _mac holds them:
+#: the reference always, the core's where it is built (whatever this process chose:
+#: the tests hold both equal either way)
+REFERENCE = ("reference", _hmac.hmac_pads, _mac._padded_tag, _hmac.compare_digest)
+IMPLS = [REFERENCE] + ([("compiled", SPEEDUPS.mac_pads, SPEEDUPS.frame_tag,
+                         std_hmac.compare_digest)] if SPEEDUPS is not None else [])
 
 
 @contextmanager
 def tags(impl: tuple) -> Iterator[None]:
-    """Sessions seal and open with ``impl`` inside; the process's own choice after."""
-    chosen = (_mac._keyed, _mac._tag)
-    _mac.use(impl[1], impl[2])
+    """Sessions made inside seal and open with ``impl``; the process's own choice
+    after (a session keeps its key's state: one made under one does not go on to the
+    other)."""
+    chosen = (_mac._keyed, _mac._tag, _mac._equal)
+    _mac._keyed, _mac._tag, _mac._equal = impl[1:]
     try:
         yield
     finally:
-        _mac.use(*chosen)
+        _mac._keyed, _mac._tag, _mac._equal = chosen
 
 
 def session(key: bytes | None, out: int) -> _Session:
@@ -56,10 +60,8 @@ def session(key: bytes | None, out: int) -> _Session:
 
 
 def test_sessions_take_the_tags_the_process_chose() -> None:
-    if accel.COMPILED:
-        assert (_mac._keyed, _mac._tag) == (accel.speedups.mac_pads, accel.speedups.frame_tag)
-    else:
-        assert (_mac._keyed, _mac._tag) == (_hmac.hmac_pads, _mac._padded_tag)
+    chosen = (_mac._keyed, _mac._tag, _mac._equal)
+    assert chosen == (IMPLS[1] if accel.COMPILED else REFERENCE)[1:]
 
 
 _CHOICE = ("from lockmq.protocol import _crc, _mac\n"
@@ -198,8 +200,8 @@ def test_a_sessions_pads_are_made_once_and_again_for_a_new_key(impl: tuple) -> N
     assert one != two
     assert two[-18:-2] == _mac.frame_tag(b"j" * 32, 0, 0, p.Op.PUBLISH, "A", p.Flag.MAC, 1,
                                          b"x")
-    with tags(IMPLS[0]):   # (the reference's state: the key's padded blocks)
-        assert compiled_api.session_pads(s) == _hmac.hmac_pads(b"j" * 32)
+    if impl is REFERENCE:   # (the reference's state: the key's padded blocks)
+        assert pads == _hmac.hmac_pads(b"k" * 32)
 
 
 answers = st.lists(st.tuples(st.integers(0, 2**32 - 1), st.booleans(),
