@@ -394,6 +394,13 @@ def test_the_core_is_chosen_once_and_required_whole() -> None:
     called = {f for got in uses.values() for f, _fn, _l in got}
     assert called == set(accel.REQUIRED), (sorted(called - set(accel.REQUIRED)),
                                            sorted(set(accel.REQUIRED) - called))
+    # ... and only lockmq.accel loads the core (no module makes a choice of its own)
+    loads = [m for m in MODULES if m != "lockmq.accel"
+             for node in ast.walk(ast.parse(MODULES[m].read_text()))
+             if isinstance(node, ast.ImportFrom) and node.module == "lockmq"
+             and any(a.name == "_core" for a in node.names)
+             or isinstance(node, ast.Import) and any(a.name == "lockmq._core" for a in node.names)]
+    assert loads == []
 
 
 def test_every_opcode_served_after_the_handshake_has_one_handler(broker) -> None:
