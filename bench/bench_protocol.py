@@ -5,7 +5,10 @@
 Host: 24-byte-payload PUBLISH frames fed to one FrameDecoder in 64 KiB chunks;
 the floor is a bare ``struct.unpack_from`` loop stepping through the same bytes
 (the least any decoder must do). Each run measures floor and decoder back to
-back, so the ratio holds on a noisy machine. MicroPython: the shipped .mpy
+back, so the ratio holds on a noisy machine. Frame MACs: the broker's side of a
+sealed PUBLISH and its ack (the PUBLISH's tag checked, the ack sealed), through the
+session's own seal and open -- the core's tags or the reference's, whichever this
+process chose (``LOCKMQ_PURE_PYTHON=1``: the reference). MicroPython: the shipped .mpy
 protocol decoding the same frames, with heap use per frame.
 """
 from __future__ import annotations
@@ -22,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info, spread  # noqa: E402
 
-from lockmq import protocol as p  # noqa: E402
-from lockmq.protocol._crc import crc16  # noqa: E402
+from lockmq import accel, protocol as p  # noqa: E402
+from lockmq.protocol import crc16  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK = 64 * 1024
@@ -73,6 +76,28 @@ def encode_rate(n: int) -> float:
     return n / (time.perf_counter() - t)
 
 
+def sealed_pair_us(n: int) -> float:
+    """µs per sealed PUBLISH opened and its PUBLISH_ACK sealed, the broker's side."""
+    from lockmq.protocol._session import _Session   # (a bare session: no handshake)
+
+    def session(out: int) -> _Session:
+        s = _Session()
+        s._OUT, s.mac_key, s.state = out, bytes(range(32)), p.ESTABLISHED
+        return s
+
+    lock, broker = session(0), session(1)
+    body = p.Publish("lock.events", 1, 1763800000123, bytes(24)).encode()
+    dec = p.FrameDecoder()
+    dec.feed(b"".join(lock.seal(p.Op.PUBLISH, "LK-0A1B2C3D", body, i) for i in range(n)))
+    frames = list(dec.frames())
+    ack = p.PublishAck(0, 12345).encode()
+    t = time.perf_counter()
+    for f in frames:
+        broker._open(f)
+        broker.seal(p.Op.PUBLISH_ACK, "", ack, f.opaque, p.Flag.RESPONSE)
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def micropython_figures(frames: int) -> str:
     exe = Path(sys.executable).parent / "micropython"
     if not exe.exists():
@@ -107,7 +132,7 @@ def main() -> None:
     print(machine_info())
     print(f"{args.frames:,} PUBLISH frames of {size} bytes (24-byte payload), {CHUNK // 1024} KiB "
           f"chunks, {args.runs} runs; figures are min / median / max")
-    floors, decodes, encodes, crcs, ratios = [], [], [], [], []
+    floors, decodes, encodes, crcs, ratios, sealed = [], [], [], [], [], []
     for _ in range(args.runs):
         f = floor_rate(stream)
         d = decode_rate(stream)
@@ -116,11 +141,14 @@ def main() -> None:
         ratios.append(d / f)
         crcs.append(crc_rate(stream, size))
         encodes.append(encode_rate(args.frames))
+        sealed.append(sealed_pair_us(args.frames // 10))
     print(f"floor (bare struct.unpack_from loop): {spread(floors)} frames/s")
     print(f"decode (FrameDecoder, CRC checked):   {spread(decodes)} frames/s")
     print(f"  ratio decode/floor:                 {spread(ratios)}")
     print(f"  CRC-16 alone (crc_hqx, per frame):   {spread(crcs)} frames/s")
     print(f"encode (encode_frame):                {spread(encodes)} frames/s")
+    print(f"sealed PUBLISH opened + ack sealed:   {spread(sealed)} µs a pair "
+          f"({accel.DESCRIPTION})")
     print(micropython_figures(args.mpy_frames))
 
 

@@ -32,7 +32,7 @@ from lockmq.protocol import (
     ProtocolError,
     encode_frame,
 )
-from lockmq.protocol._fast import publish_ack_frame, publish_fields
+from lockmq.protocol.batch import publish_ack_frame, publish_fields
 
 _RESP = Flag.RESPONSE
 

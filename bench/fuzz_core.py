@@ -27,7 +27,7 @@ TARGETS = [
     ("scan_frame", "tests/protocol/test_accel.py::test_c_frame_reader_answers_as_the_pure_one", 400),
     ("scan_frame (any bytes)", "tests/protocol/test_accel.py::test_c_frame_reader_survives_any_bytes", 300),
     ("scan + decoder errors", "tests/protocol/test_accel.py::test_bad_input_raises_the_same_errors_with_the_scanners", 300),
-    ("scan_sealed_publishes", "tests/protocol/test_mac_fast_path.py::"
+    ("scan_sealed_publishes", "tests/protocol/test_frame_macs.py::"
      "test_compiled_scan_takes_what_the_session_opens_and_stops_where_it_would_not", 100),
     ("messages_fields", "tests/protocol/test_accel_messages.py::test_the_scan_reads_what_the_decoder_reads", 300),
     ("messages_fields (any bytes)", "tests/protocol/test_accel_messages.py::test_the_scan_survives_any_bytes", 300),

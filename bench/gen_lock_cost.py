@@ -26,7 +26,7 @@ import peers  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 from lockmq.protocol import PublishAck  # noqa: E402
-from lockmq.protocol._fast import publish_ack_frame  # noqa: E402
+from lockmq.protocol.batch import publish_ack_frame  # noqa: E402
 
 
 class NullTransport:

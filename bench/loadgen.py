@@ -60,7 +60,7 @@ from lockmq.protocol import (
 )
 from lockmq.security.keys import device_proof
 from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
-from lockmq.protocol._fast import publish_ack_frame, scan_frame as _py_scan_frame
+from lockmq.protocol.batch import publish_ack_frame, scan_frame as _py_scan_frame
 
 from machine import CpuWindow, tcp_ext_counters  # noqa: E402
 from peers import CLIENTS, PEERS, Windowed, redis_drain  # noqa: E402  (bench/ is on sys.path: run as a script)

@@ -26,6 +26,7 @@ EVENTS_EACH = 5
 HEAP_KB = int(HEAP.rstrip("K"))
 
 
+@pytest.mark.slow  # 100 boards; the scenarios run one lock each by default
 def test_hundred_locks_against_one_broker(broker: BrokerProcess, lock_factory: LockFactory) -> None:
     sns = [f"FLEET{i:04d}" for i in range(LOCKS)]
     keys = broker.provision(sns)

@@ -88,6 +88,7 @@ def broken_bundle(out: Path, version: str) -> Path:
     return out
 
 
+@pytest.mark.slow  # 20 locks at once; each OTA path runs in the default tier on one lock
 def test_ota_of_a_fleet_at_once(broker: BrokerProcess, lock_factory, heap) -> None:
     """FLEET locks, each with events queued, updated by one rollout of the locks that
     carry a tag: every lock boots the new version, confirms it, and delivers its events
@@ -183,7 +184,10 @@ def test_an_app_that_crashes_at_boot_is_rolled_back_and_the_rollout_halts(
         assert "I ota fetch" not in other.full_log()
 
 
-@pytest.mark.parametrize("stage", list(OTA_STAGES))
+# the switch (the one stage that replaces the running app) in the default tier, every
+# stage in the slow one
+@pytest.mark.parametrize("stage", [s if s == "switch" else pytest.param(s, marks=pytest.mark.slow)
+                                   for s in OTA_STAGES])
 def test_power_cut_during_each_update_stage(broker: BrokerProcess, lock_factory, hil_target,
                                             stage: str, heap) -> None:
     """A power cut at a random instant (seed printed) of one stage of an update: the

@@ -58,6 +58,7 @@ def test_thousand_events_each_stored_once_in_order(broker: BrokerProcess, lock_f
     assert_exactly_once_in_order(lock, stored, expect_count=1000)
 
 
+@pytest.mark.slow  # 150 events at 30/s; tests/firmware/test_link holds the order under push-back by default
 def test_order_kept_when_the_broker_rate_limits(tmp_path, lock_factory: LockFactory,
                                                 hil_target) -> None:
     from lockmq.hil.broker import broker_available
@@ -94,6 +95,7 @@ def test_broker_restarted_mid_stream(broker: BrokerProcess, lock_factory: LockFa
     assert_exactly_once_in_order(lock, stored_seqs(broker, SN), expect_count=500)
 
 
+@pytest.mark.slow  # drop, cut, slow and stall in turn; the default tier cuts a lock's links in test_deploy, tests/firmware/test_link
 def test_network_cut_and_restored(broker: BrokerProcess, lock_factory: LockFactory,
                                   fault_proxy_factory) -> None:
     proxy = fault_proxy_factory(broker.address)
@@ -171,6 +173,7 @@ def test_reflashed_board_never_reuses_sequence_numbers(broker: BrokerProcess, lo
     assert_exactly_once_in_order(lock, stored_seqs(broker, SN), expect_count=30)
 
 
+@pytest.mark.slow  # many cuts; the default tier cuts power in test_ota's switch stage and test_broker_restarted_mid_stream crashes the broker
 def test_power_cut_at_random_instants(broker: BrokerProcess, lock_factory: LockFactory,
                                       hil_target) -> None:
     if not hil_target.can_power_cut:
@@ -212,6 +215,7 @@ def test_remote_unlock_executed_and_reported(broker: BrokerProcess, lock_factory
     lock.expect(r"I hw relay off", timeout=15)  # after the 2 s asked for
 
 
+@pytest.mark.slow  # an offline wait; test_remote_unlock_executed_and_reported runs by default
 def test_remote_unlock_waits_for_an_offline_lock(broker: BrokerProcess, lock_factory: LockFactory,
                                                  fault_proxy_factory) -> None:
     import concurrent.futures

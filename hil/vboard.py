@@ -83,6 +83,10 @@ class _TcpPort:
                 conn, _ = self.server.accept()
             except OSError:
                 break
+            # A UART sends each byte as it comes: without this, Nagle holds the board's
+            # second small write for the client's delayed ACK (~40 ms a raw-REPL round
+            # trip: mpremote's copy of an app took ~25 s instead of ~2).
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.client = conn
             while True:
                 try:

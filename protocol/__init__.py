@@ -35,11 +35,8 @@ if sys.implementation.name != "micropython":
     # Likewise the broker's side of the session and the identity rules.
     from ._server_session import ServerSession, CLIENT_REQUESTS, error_frame
     from ._identity import check_identity, identity_problem, IDENTITY_RULE
-    # Frame MACs: a lock loads _mac only when its session turns them on; the host
-    # seals and opens them through its CPython fast path (same tags; see _macfast.py).
+    # Frame MACs: a lock loads _mac only when its session turns them on.
     from ._mac import session_key, frame_tag, TAG_SIZE
-    from . import _macfast
-    _macfast.install()
 
     __all__ = [
         "VERSION", "MIN_FRAME", "MAX_SN", "DEFAULT_MAX_FRAME", "HARD_MAX_FRAME", "NONCE_SIZE",

@@ -162,15 +162,30 @@ class _Session:
         """Encode a frame to send: with frame MACs on, flag MAC and append its tag."""
         if self.mac_key is None:
             return encode_frame(opcode, sn, body, opaque, flags)
-        from ._mac import seal
-        return seal(self, opcode, sn, body, opaque, flags)
+        if _seal is None:
+            _load_macs()
+        return _seal(self, opcode, sn, body, opaque, flags)
 
     def _open(self, frame):
-        # frame MACs (loaded only when in use): check and strip the tag, or raise
-        # (BAD_MAC, fatal: the caller then ends the session)
+        # frame MACs: check and strip the tag, or raise (BAD_MAC, fatal: the caller
+        # then ends the session)
         if self.mac_key is not None or frame.flags & _FLAG_MAC:
-            from ._mac import open_frame
-            open_frame(self, frame)
+            if _open_frame is None:
+                _load_macs()
+            _open_frame(self, frame)
+
+
+# _mac.py's seal and open_frame, loaded when a session first uses frame MACs (a lock
+# on TLS never has it in RAM), then called without an import statement each frame
+_seal = None
+_open_frame = None
+
+
+def _load_macs():
+    global _seal, _open_frame
+    from ._mac import seal, open_frame
+    _seal = seal
+    _open_frame = open_frame
 
 
 class ClientSession(_Session):

@@ -3,7 +3,9 @@
 ``lockmq._core`` (the Rust crate in ``host/rust/``, bound with PyO3) does the per-batch
 work of a read, a group commit and a consumer fetch in a few calls: scan a read's
 PUBLISH frames, encode the records, plan and write the commit, pack the acks, decode
-a read's records and a MESSAGES body. ``pip install`` builds it when a Rust toolchain
+a read's records and a MESSAGES body; per frame, the CRC-16 and the frame MACs' tags,
+which this module hands the protocol here (``lockmq.protocol.compiled.use``: the
+protocol's own code stays its reference). ``pip install`` builds it when a Rust toolchain
 is present and skips it when not (``setup.py``: optional); the pure-Python code it
 mirrors is the fallback and the reference (the tests run both and hold them equal).
 
@@ -25,11 +27,12 @@ from types import ModuleType
 PURE_ENV = "LOCKMQ_PURE_PYTHON"
 #: the core's interface version this tree calls (``API`` in host/rust/src/lib.rs)
 API = 1
-#: every function of the core some caller uses
+#: every function of the core the host calls, no more and no fewer (tests/broker/
+#: test_wiring.py holds it): a build without one of them runs pure Python
 REQUIRED = ("scan_publishes", "scan_sealed_publishes", "scan_frame", "encode_records",
             "publish_acks", "sealed_publish_acks", "queue_run", "plan_run", "plan_calls",
             "dedup_run", "commit_write", "mac_pads", "frame_tag", "encode_leases",
-            "read_run", "messages_fields", "crc16", "crc32", "hmac_sha256", "Lane")
+            "read_run", "messages_fields", "crc16", "hmac_sha256", "Lane")
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -54,9 +57,10 @@ COMPILED = speedups is not None
 
 if speedups is not None:
     # every frame's CRC-16 through the compiled one (slice-by-16 tables, where
-    # binascii.crc_hqx takes a byte a step: ~6x on a consumer's 10 KiB MESSAGES frame)
-    from lockmq.protocol import _crc
+    # binascii.crc_hqx takes a byte a step: ~6x on a consumer's 10 KiB MESSAGES frame),
+    # and every session's frame tags (the key's pads hashed once per session)
+    from lockmq.protocol import compiled
 
-    _crc.use(speedups.crc16)
+    compiled.use(speedups.crc16, speedups.mac_pads, speedups.frame_tag)
 
 __all__ = ["API", "COMPILED", "DESCRIPTION", "PURE_ENV", "REQUIRED", "speedups"]

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from lockmq.protocol import Command, CommandKind, ErrorCode, ErrorReply, Op
-from lockmq.protocol._schedule import CommandAt, CommandScheduled
+from lockmq.protocol.schedule import CommandAt, CommandScheduled
 from lockmq.security import Permissions
 from lockmq.security.tokens import parse_token
 from lockmq.testing import Lock, Peer, SecureBroker, require_micropython, run_cli, wait_for

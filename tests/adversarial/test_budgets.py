@@ -13,8 +13,8 @@ import time
 import pytest
 
 from lockmq.protocol import CommandKind, ErrorCode, Op, PublishAck
-from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt
-from lockmq.protocol._txn import TxnPublish
+from lockmq.protocol.schedule import CommandAt, CommandScheduled, PublishAt
+from lockmq.protocol.txn import TxnPublish
 from lockmq.security import Permissions
 from lockmq.testing import Peer, Refused, SecureBroker
 

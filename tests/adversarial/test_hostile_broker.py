@@ -136,7 +136,7 @@ class HostileBroker:
         self.srv.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])  # seed 2: the slow tier
 def test_a_hostile_broker_never_silences_the_lock_beyond_its_own_backoff(tmp_path, seed):
     require_micropython()
     hostile = HostileBroker(seed)

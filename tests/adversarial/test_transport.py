@@ -125,7 +125,8 @@ def test_cli_uses_tls_and_never_sends_a_token_in_clear(tls_broker):
         assert "AUDIT connect" not in r.stderr, r.stderr
     # --insecure is the explicit opt-out: the client then tries to connect (our audit
     # hook blocks the connect, so nothing leaves the machine).
-    r = cli("topics", "--broker", "192.0.2.1:6800", "--token", token, "--insecure")
+    # (--connect-retry 0: one attempt is the proof; the default retries for 30 s)
+    r = cli("topics", "--broker", "192.0.2.1:6800", "--token", token, "--insecure", "--connect-retry", "0")
     assert r.returncode != 0 and "AUDIT connect 192.0.2.1" in r.stderr, r.stderr
     assert _metric(broker, "lockmq_security_auth") == before
 

@@ -51,15 +51,19 @@ def _drain(port: int, cluster: str) -> list[str]:
     return ids
 
 
+#: records of the eight-days test: ~36 KB, two closed 16 KB segments retention could delete
+N_RECORDS = 600
+
+
 def test_eight_days_forward_deletes_and_expires_nothing(tmp_path, faketime):
     b = BrokerProcess(str(tmp_path / "data"), {
         "broker": {"auth": "off", "retention_interval_s": 0.2},
         "store": {"segment_bytes": 16384}})
     try:
         with open_peer(b.port, sn="LOCK-1") as p:
-            for seq in range(1500):
+            for seq in range(N_RECORDS):
                 p.publish(TOPIC, seq, b"r" * 24)
-        acked = [f"LOCK-1:{s}" for s in range(1500)]
+        acked = [f"LOCK-1:{s}" for s in range(N_RECORDS)]
         with open_peer(b.port) as cons:           # an offline cluster, 10 acked
             sub = cons.subscribe(TOPIC, "offline").sub_id
             got = cons.pull(sub, 10, wait_ms=1000).messages
@@ -73,8 +77,8 @@ def test_eight_days_forward_deletes_and_expires_nothing(tmp_path, faketime):
                     or "event=cluster_expired" in x]
         assert _drain(b.port, "fresh") == acked
         off = _drain(b.port, "offline")
-        assert off == acked[len(off) and 1500 - len(off):]
-        assert len(off) == 1500 - 10
+        assert off == acked[len(off) and N_RECORDS - len(off):]
+        assert len(off) == N_RECORDS - 10
         assert b.metrics().get("lockmq_clock_steps_total", 0) >= 1
         assert b.stop() == 0
         # a restart on the same boot continues steady time: still nothing is old

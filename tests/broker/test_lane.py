@@ -13,11 +13,11 @@ from hypothesis import given, settings, strategies as st
 from lockmq import accel
 from lockmq.broker.lane import LANE_TYPE
 from lockmq.broker.publish import PublishRefused
-from lockmq.protocol import Flag, FrameDecoder, Op, Publish, PublishAck, _fast
+from lockmq.protocol import Flag, FrameDecoder, Op, Publish, PublishAck
+from lockmq.protocol import batch as py_batch
 from lockmq.protocol import ESTABLISHED
 from lockmq.protocol._crc import crc16
 from lockmq.protocol._frame import encode_frame
-from lockmq.protocol import _macfast
 from lockmq.protocol._mac import TO_BROKER, TO_CLIENT
 from lockmq.protocol._session import _Session
 from lockmq.store import Appended, NewRecord
@@ -317,7 +317,7 @@ def test_the_lane_takes_what_the_python_paths_scanner_takes(
         if buf:
             buf[at % len(buf)] = byte
     data = bytes(buf)
-    tuples, stop = _fast.scan_publishes(data, 0, MAX_FRAME, SN, len(data) + 1)
+    tuples, stop = py_batch.scan_publishes(data, 0, MAX_FRAME, SN, len(data) + 1)
     for k, (opaque, flags, sn, topic, *_rest) in enumerate(tuples):
         if flags & Flag.ONEWAY or topic not in _ALLOWED:
             stop = _frame_start(data, k)
@@ -460,7 +460,7 @@ def test_sealed_acks_the_socket_does_not_take_whole_go_back_with_the_counters() 
         rest = b""
         for k_, c_, batch, results in later:
             assert (k_, c_) == (1, p.conn)
-            rest += _macfast.sealed_publish_acks(broker, batch, results, 0)[0]
+            rest += py_batch.sealed_publish_acks(broker, batch, results, 0)[0]
         dec = FrameDecoder(MAX_FRAME)
         dec.feed(sent + unsent + rest)
         assert [f.opaque for f in p.opened(list(dec.frames()))] == list(range(1, n + 1))

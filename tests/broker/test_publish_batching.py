@@ -223,10 +223,10 @@ def test_a_stale_compiled_core_runs_the_whole_process_in_pure_python(stale: str)
         "sys.modules['lockmq._core'] = lockmq._core = older\n"
         "from lockmq import accel\n"
         "from lockmq.broker import connection, intake, lane\n"
-        "from lockmq.protocol import _fast\n"
+        "from lockmq.protocol import batch\n"
         "from lockmq.store import reads, writer\n"
         "assert not accel.COMPILED and 'stale build' in accel.DESCRIPTION, accel.DESCRIPTION\n"
-        "assert connection._scan_publishes is None and intake._queue_run is _fast.queue_run\n"
+        "assert connection._scan_publishes is None and intake._queue_run is batch.queue_run\n"
         "assert writer._plan_run is None and reads._read_run is None and lane.LANE_TYPE is None\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

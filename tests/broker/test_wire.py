@@ -1,8 +1,8 @@
 """The broker's MESSAGES encoder (leases -> bytes) equals the protocol's codec.
 
 The broker has no codec of its own: it walks its leases and packs each message with
-the protocol's fast path (``lockmq.protocol._fast``); ACK and NACK are decoded by
-the protocol's classes (tests/protocol/test_fast_path.py)."""
+the protocol's batch API (``lockmq.protocol.batch``); ACK and NACK are decoded by
+the protocol's classes (tests/protocol/test_consume_codec.py)."""
 
 from __future__ import annotations
 

@@ -329,6 +329,76 @@ def test_the_client_library_does_not_import_the_broker() -> None:
             assert not [t for t, _fn, _l in EDGES[m] if t.startswith("lockmq.broker")], m
 
 
+def _protocol_imports(name: str) -> list[tuple[str, int]]:
+    """``(lockmq.protocol name, line)`` for every protocol module or name that host
+    module ``name`` imports, anywhere in it (functions and type-checking blocks too)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:   # (lockmq/protocol is a link into the package: ..protocol)
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([mod] if mod else []))
+            out += [(f"{mod}.{a.name}", node.lineno) for a in node.names]
+    return [(t, line) for t, line in out if t.startswith("lockmq.protocol.")]
+
+
+def test_no_host_module_imports_a_private_protocol_module() -> None:
+    """The host uses the protocol's public names (``lockmq.protocol``, its public
+    modules ``batch``, ``compiled``, ``txn``, ``schedule``, ``table``), never a
+    ``_private`` module or name: what a lock runs may change inside the package."""
+    assert "lockmq.broker.intake" in MODULES and not any(
+        m.startswith("lockmq.protocol") for m in MODULES)   # (the link is not walked)
+    private = [f"{m}:{line} imports {t}" for m in sorted(MODULES)
+               for t, line in _protocol_imports(m)
+               if any(part.startswith("_") for part in t.split(".")[2:])]
+    assert private == []
+
+
+def _core_uses(name: str) -> list[tuple[str, bool, int]]:
+    """``(function, inside a function?, line)`` for every ``accel.speedups.<function>``
+    host module ``name`` reads (``speedups.<function>`` in lockmq.accel itself)."""
+    tree = ast.parse(MODULES[name].read_text())
+    in_function = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                   for n in ast.walk(node) if n is not node}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            v = node.value
+            if (isinstance(v, ast.Attribute) and v.attr == "speedups"
+                    and isinstance(v.value, ast.Name) and v.value.id == "accel") or \
+                    (name == "lockmq.accel" and isinstance(v, ast.Name) and v.id == "speedups"):
+                out.append((node.attr, id(node) in in_function, node.lineno))
+    return out
+
+
+def test_the_core_is_chosen_once_and_required_whole() -> None:
+    """Each host module takes what it calls of the compiled core at import, from the
+    process's one choice (``lockmq.accel``), never per call; and ``accel.REQUIRED`` --
+    what a build must carry to be used at all -- is exactly what the host calls."""
+    from lockmq import accel
+
+    uses = {m: _core_uses(m) for m in MODULES}
+    per_call = [f"{m}:{line} reads speedups.{f} in a function"
+                for m, got in uses.items() for f, fn, line in got if fn]
+    assert per_call == []
+    called = {f for got in uses.values() for f, _fn, _l in got}
+    assert called == set(accel.REQUIRED), (sorted(called - set(accel.REQUIRED)),
+                                           sorted(set(accel.REQUIRED) - called))
+    # ... and only lockmq.accel loads the core (no module makes a choice of its own)
+    loads = [m for m in MODULES if m != "lockmq.accel"
+             for node in ast.walk(ast.parse(MODULES[m].read_text()))
+             if isinstance(node, ast.ImportFrom) and node.module == "lockmq"
+             and any(a.name == "_core" for a in node.names)
+             or isinstance(node, ast.Import) and any(a.name == "lockmq._core" for a in node.names)]
+    assert loads == []
+
+
 def test_every_opcode_served_after_the_handshake_has_one_handler(broker) -> None:
     """The one dispatch table holds a handler for every opcode a session in
     ESTABLISHED may send (a feature that forgets to register fails here)."""

@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator
 
 from lockmq.protocol import Op
-from lockmq.protocol._schedule import PublishAt
-from lockmq.protocol._txn import TxnEnd, TxnOutcome, TxnPublish
+from lockmq.protocol.schedule import PublishAt
+from lockmq.protocol.txn import TxnEnd, TxnOutcome, TxnPublish
 from lockmq.testing import BrokerProcess, drain, free_port, open_peer, run_cli, wait_for
 
 

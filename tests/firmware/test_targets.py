@@ -13,7 +13,7 @@ from lockmq.firmware_tools.frozen import write_manifest
 from lockmq.firmware_tools.targets import HOST_ONLY, lock_modules
 
 #: Named by the issue (#39) as host-only; the lock must never carry them.
-NEVER_ON_A_LOCK = {"_fast", "_server_session", "_consume", "_txn", "_schedule", "_macfast"}
+NEVER_ON_A_LOCK = {"batch", "compiled", "_server_session", "_consume", "txn", "schedule"}
 
 
 def _shipped() -> set[str]:

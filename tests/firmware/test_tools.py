@@ -217,6 +217,7 @@ def test_deploy_whose_copy_does_not_verify_leaves_the_old_app_running(built, tmp
     assert rc == 0, out
 
 
+@pytest.mark.slow  # hil/test_deploy.py cuts a deploy mid-copy by default, on both interpreters
 def test_deploy_cut_mid_copy_leaves_the_old_app(built, tmp_path):
     """The serial link is lost in the middle of the copy (a cable pulled): the board's
     app is untouched and boots at the next power-up; the next deploy cleans up."""

@@ -19,7 +19,7 @@ import pytest
 from lockmq.protocol import (BadChecksum, Challenge, ConnectAck, ErrorCode, Flag, FrameDecoder,
                              NO_SEQ, Op, Publish, PublishAck, encode_frame, error_frame)
 from lockmq import accel
-from lockmq.protocol._fast import publish_ack_frame, scan_frame as py_scan_frame
+from lockmq.protocol.batch import publish_ack_frame, scan_frame as py_scan_frame
 from lockmq.testing import BrokerThread, SecureBroker, wait_for_async
 
 from . import helpers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import socket
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,7 @@ def sessions(draw):
     return version, [first, *pkts]
 
 
+@pytest.mark.slow  # 60 random sessions (~15 s); tests/mqtt's other files run real peers by default
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(sessions())

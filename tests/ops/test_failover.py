@@ -11,6 +11,8 @@ import signal
 import threading
 import urllib.request
 
+import pytest
+
 from lockmq.protocol import Op, Publish, Role, encode_frame
 from lockmq.testing import BrokerProcess, free_port, open_peer, wait_for
 from tests.campus.test_standby import _drain, _producer, _status
@@ -84,6 +86,7 @@ def test_the_standby_is_watched_and_promotes_itself_when_the_primary_is_killed(t
         standby.stop()
 
 
+@pytest.mark.slow  # the default tier's failover: the standby promotes itself when the primary is killed
 def test_a_stopped_primary_that_comes_back_is_fenced_and_acks_nothing(tmp_path):
     primary, standby = _pair(tmp_path)
     try:
@@ -120,6 +123,7 @@ def test_a_stopped_primary_that_comes_back_is_fenced_and_acks_nothing(tmp_path):
         standby.stop()
 
 
+@pytest.mark.slow  # as above
 def test_a_network_cut_between_the_pair_fences_the_primary_before_the_standby_serves(tmp_path):
     """The split-brain case: the locks still reach the primary, the standby does not.
     The standby promotes itself; the primary, cut off from it, was fenced first: it

@@ -199,7 +199,8 @@ def test_editable_install_is_a_plain_path_entry_that_a_lockmq_folder_cannot_shad
     # pip would build in the new venv, which has no setuptools: build the editable
     # wheel here with the same backend hook pip calls, then install it there.
     hook = "import sys; from setuptools import build_meta as b; print(b.build_editable(sys.argv[1]))"
-    name = _run(sys.executable, "-c", hook, tmp_path, cwd=source).stdout.split()[-1]
+    # (_CARGO_ENV: the in-place core is built from the checkout's compiled crates, not from scratch)
+    name = _run(sys.executable, "-c", hook, tmp_path, cwd=source, env=_CARGO_ENV).stdout.split()[-1]
     venv = tmp_path / "venv"
     _pip("--python", _venv(venv), "install", "--no-deps", "--no-index", tmp_path / name)
     (site,) = (venv / "lib").glob("python3*/site-packages")

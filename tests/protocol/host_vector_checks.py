@@ -5,8 +5,8 @@
 # heap-sized run. MicroPython subset only.
 import json
 
-import lockmq.protocol._schedule  # noqa: F401  (registers the scheduled-delivery bodies)
-import lockmq.protocol._txn  # noqa: F401  (registers the TXN_* bodies)
+import lockmq.protocol.schedule  # noqa: F401  (registers the scheduled-delivery bodies)
+import lockmq.protocol.txn  # noqa: F401  (registers the TXN_* bodies)
 
 from vector_checks import check_frame, check_invalid_body, check_stream, checker
 

@@ -11,8 +11,8 @@ import struct
 from pathlib import Path
 
 from lockmq import protocol as p
-from lockmq.protocol import _schedule as sched
-from lockmq.protocol import _txn as t
+from lockmq.protocol import schedule as sched
+from lockmq.protocol import txn as t
 
 OUT = Path(__file__).resolve().parents[2] / "protocol" / "vectors.json"
 SN = "LK-0A1B2C3D"
@@ -101,8 +101,8 @@ def main() -> None:
     # bodies a lock never loads (transactional and scheduled messages): checked apart
     # (host_vector_checks.py), not in the lock-sized heap of the frames above
     host_frames = [
-        # scheduled delivery (SPEC "Scheduled delivery"; protocol/_schedule.py), then
-        # transactional messages (SPEC "Transactional messages"; protocol/_txn.py)
+        # scheduled delivery (SPEC "Scheduled delivery"; protocol/schedule.py), then
+        # transactional messages (SPEC "Transactional messages"; protocol/txn.py)
         frame_vector("publish_at", p.Op.PUBLISH_AT,
                      sched.PublishAt("door.reminders", 44, TS, TS + 300_000, b"still open?"), 40,
                      0, "svc-billing-1"),

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lockmq import protocol as p
-from lockmq.protocol import _fast
+from lockmq.protocol import batch as py_batch
 from lockmq.protocol._constants import OP_NAMES
 from lockmq.store import records
 from lockmq.store.errors import InvalidRecord
@@ -34,8 +34,8 @@ SN = "LK-0001"
 MAX = p.DEFAULT_MAX_FRAME
 
 
-PURE = SimpleNamespace(scan_publishes=_fast.scan_publishes, scan_frame=_fast.scan_frame,
-                       publish_acks=_fast.publish_acks, queue_run=_fast.queue_run,
+PURE = SimpleNamespace(scan_publishes=py_batch.scan_publishes, scan_frame=py_batch.scan_frame,
+                       publish_acks=py_batch.publish_acks, queue_run=py_batch.queue_run,
                        encode_records=records._encode_records_py,
                        crc16=lambda d, c=0xFFFF: binascii.crc_hqx(d, c), crc32=zlib.crc32)
 
@@ -160,7 +160,7 @@ def test_c_scanner_answers_as_the_pure_one(frames: list[bytes], damage: list[tup
     for start in (0, min(3, len(buf))):
         for data in (buf, bytearray(buf)):
             assert SPEEDUPS.scan_publishes(data, start, max_frame, SN, limit) == \
-                _fast.scan_publishes(data, start, max_frame, SN, limit)
+                py_batch.scan_publishes(data, start, max_frame, SN, limit)
 
 
 @settings(max_examples=300 * FUZZ, deadline=None)
@@ -170,7 +170,7 @@ def test_c_scanner_survives_any_bytes(data: bytes, pos: int, max_frame: int) -> 
     got, end = SPEEDUPS.scan_publishes(data, pos, max_frame, SN, 50)
     assert pos <= end <= max(pos, len(data))
     if p.MIN_FRAME <= max_frame <= p.HARD_MAX_FRAME:   # (the decoder's legal limits)
-        assert (got, end) == _fast.scan_publishes(data, pos, max_frame, SN, 50)
+        assert (got, end) == py_batch.scan_publishes(data, pos, max_frame, SN, 50)
 
 
 def _read_all(dec: p.FrameDecoder, scan, frame_scan=None) -> list:
@@ -180,8 +180,8 @@ def _read_all(dec: p.FrameDecoder, scan, frame_scan=None) -> list:
     out: list = []
     while True:
         if scan is not None:
-            out.extend(("pub",) + t[3:] for t in _fast.take_publishes(dec, SN, 4, scan))
-        f = _fast.take_frame(dec, frame_scan) if frame_scan is not None else None
+            out.extend(("pub",) + t[3:] for t in py_batch.take_publishes(dec, SN, 4, scan))
+        f = py_batch.take_frame(dec, frame_scan) if frame_scan is not None else None
         if f is None:
             try:
                 f = dec.next_frame()
@@ -194,7 +194,7 @@ def _read_all(dec: p.FrameDecoder, scan, frame_scan=None) -> list:
                 return out
         if f.opcode == p.Op.PUBLISH and not f.flags & p.Flag.MAC and f.sn in ("", SN):
             try:
-                out.append(("pub",) + _fast.publish_fields(f.body))
+                out.append(("pub",) + py_batch.publish_fields(f.body))
             except p.ProtocolError as exc:
                 out.append((type(exc).__name__, exc.code, exc.message))
                 return out
@@ -215,8 +215,8 @@ def test_bad_input_raises_the_same_errors_with_the_scanners(frames: list[bytes],
     # compiled pair (frames the publish scanner leaves go to the frame reader)
     # and the broker's read of a lock: publishes scanned straight from the read's
     # bytes when the decoder holds nothing (feed_publishes), then the same pair
-    readers = [(None, None, False), (_fast.scan_publishes, None, False),
-               (None, _fast.scan_frame, False), (_fast.scan_publishes, _fast.scan_frame, True)]
+    readers = [(None, None, False), (py_batch.scan_publishes, None, False),
+               (None, py_batch.scan_frame, False), (py_batch.scan_publishes, py_batch.scan_frame, True)]
     if SPEEDUPS:
         readers += [(SPEEDUPS.scan_publishes, None, False), (None, SPEEDUPS.scan_frame, False),
                     (SPEEDUPS.scan_publishes, SPEEDUPS.scan_frame, False),
@@ -227,7 +227,7 @@ def test_bad_input_raises_the_same_errors_with_the_scanners(frames: list[bytes],
         got: list = []
         for i in range(0, len(buf), chunk):
             data = bytes(buf[i:i + chunk])
-            fed = _fast.feed_publishes(dec, data, SN, 4, scan) if feed_scan else None
+            fed = py_batch.feed_publishes(dec, data, SN, 4, scan) if feed_scan else None
             if fed is not None:
                 got.extend(("pub",) + t[3:] for t in fed[0])
                 assert dec.buffered() == len(data) - fed[1]
@@ -310,7 +310,7 @@ def test_c_frame_reader_answers_as_the_pure_one(frames: list[bytes],
             buf[at % len(buf)] = byte
     buf = bytes(buf[:max(0, len(buf) - cut)])
     for data in (buf, bytearray(buf)):
-        want = _fast.scan_frame(data, start, max_frame, known)
+        want = py_batch.scan_frame(data, start, max_frame, known)
         assert SPEEDUPS.scan_frame(data, start, max_frame, known) == want
         assert want == _decoded(buf[start:], max_frame, known) if want is None else \
             want[:5] == _decoded(buf[start:], max_frame, known)[:5]
@@ -323,7 +323,7 @@ def test_c_frame_reader_survives_any_bytes(data: bytes, pos: int, max_frame: int
     got = SPEEDUPS.scan_frame(data, pos, max_frame, OP_NAMES)
     assert got is None or pos < got[5] <= len(data)
     if p.MIN_FRAME <= max_frame <= p.HARD_MAX_FRAME:   # (the decoder's legal limits)
-        assert got == _fast.scan_frame(data, pos, max_frame, OP_NAMES)
+        assert got == py_batch.scan_frame(data, pos, max_frame, OP_NAMES)
 
 
 # -- publish_acks ----------------------------------------------------------------------
@@ -354,7 +354,7 @@ def test_c_acks_match_the_pure_ones(rows: list) -> None:
                for _, _, off, dup in rows]
     for start in range(len(rows) + 1):
         assert SPEEDUPS.publish_acks(batch, results, start) == \
-            _fast.publish_acks(batch, results, start)
+            py_batch.publish_acks(batch, results, start)
 
 
 # -- queue_run -----------------------------------------------------------------------------

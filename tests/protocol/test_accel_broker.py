@@ -13,8 +13,9 @@ from typing import Any, Iterator
 import pytest
 
 from lockmq.broker import connection, intake
-from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, _fast, \
+from lockmq.protocol import ErrorCode, Flag, Op, Publish, PublishAck, Role, \
     decode_body, encode_frame
+from lockmq.protocol import batch as py_batch
 from lockmq.testing import FAST_TIMERS, BrokerThread, Peer, SecureBroker, merge_tables, open_peer
 
 from .helpers import NOT_BUILT, SPEEDUPS
@@ -33,11 +34,11 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path,
         # the runs of scanned publishes queued in C, or by their pure twins
         pure_queue = request.param == "scanner+pure-queue"
         monkeypatch.setattr(intake, "_queue_run",
-                            _fast.queue_run if pure_queue else SPEEDUPS.queue_run)
+                            py_batch.queue_run if pure_queue else SPEEDUPS.queue_run)
     else:   # the broker's own pure path: no scanner, the Python ack packer
         monkeypatch.setattr(connection, "_scan_publishes", None)
         monkeypatch.setattr(connection, "_scan_frame", None)
-        monkeypatch.setattr(intake, "_publish_acks", _fast.publish_acks)
+        monkeypatch.setattr(intake, "_publish_acks", py_batch.publish_acks)
     # small store batches: a read's publishes cross several of them
     b = BrokerThread(str(tmp_path / "data"),
                      **merge_tables(FAST_TIMERS, {"broker": {"max_publish_batch": 3}})).start()

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from lockmq import protocol as p
 from lockmq.client import message as client_message
 from lockmq.client.message import Message, messages_from_body
-from lockmq.protocol import _fast
+from lockmq.protocol import batch as py_batch
 
 from .helpers import FUZZ, NOT_BUILT, SPEEDUPS
 
@@ -34,7 +34,7 @@ def decoded_fields(body: bytes) -> tuple | None:
                          m.broker_ts_us, m.headers, m.queue_offset) for m in got.messages]
 
 
-def scanned(body: bytes, cap: int = _fast._CACHE_MAX) -> tuple | None:
+def scanned(body: bytes, cap: int = py_batch._CACHE_MAX) -> tuple | None:
     got = SPEEDUPS.messages_fields(body, {}, cap)
     return None if got is None else (got[0], got[1])
 

@@ -2,7 +2,7 @@
 (issue #38: the CPython-only tier that patched its classes at import is gone): the
 shared vectors pass, random bodies round-trip, every cut or padded body is BadBody,
 MicroPython decodes the same bodies to the same fields, and it never loads the host's
-batch functions (``_fast.py``) or the frame MACs' CPython path (``_macfast.py``)."""
+batch functions (``batch.py``)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from lockmq import protocol as p
-from lockmq.protocol import _consume, _fast
+from lockmq.protocol import _consume
+from lockmq.protocol import batch as py_batch
 from lockmq.protocol._crc import crc16_table
 
 from . import vector_checks
@@ -22,7 +23,7 @@ from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
 def test_the_consumer_bodies_are_not_patched() -> None:
     assert p.Ack.decode is _consume.Ack.decode
     assert p.Messages.encode is _consume.Messages.encode
-    assert not hasattr(_fast, "install")
+    assert not hasattr(py_batch, "install")
 
 
 def test_vectors_pass() -> None:
@@ -130,8 +131,8 @@ def test_micropython_decodes_the_consumer_bodies_alike(tmp_path: Path) -> None:
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == want
 
 
-def test_micropython_does_not_load_the_fast_paths(tmp_path: Path) -> None:
-    # (neither _fast.py nor the frame MACs' _macfast.py: both are CPython's)
+def test_micropython_loads_neither_the_batch_api_nor_compiled_tags(tmp_path: Path) -> None:
+    # (batch.py is CPython's: struct.Struct; a lock's frame tags are _mac.py's own)
     lib = build_mpy_lib(tmp_path, compile_mpy=False)
     script = tmp_path / "probe.py"
     script.write_text(
@@ -139,8 +140,8 @@ def test_micropython_does_not_load_the_fast_paths(tmp_path: Path) -> None:
         "from lockmq import protocol\n"
         "import lockmq.protocol._consume\n"
         "from lockmq.protocol import _session, _mac\n"
-        "print('fast' if 'lockmq.protocol._fast' in sys.modules\n"
-        "      or 'lockmq.protocol._macfast' in sys.modules else 'portable')\n")
+        "print('fast' if 'lockmq.protocol.batch' in sys.modules\n"
+        "      or _mac._tag is not _mac._padded_tag else 'portable')\n")
     proc = run_micropython(script, [], tmp_path, [lib, tmp_path], "512K")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "portable"
@@ -151,7 +152,7 @@ def test_publish_ack_frame_is_the_generic_encoding(status: int, offset: int,
                                                    opaque: int) -> None:
     generic = p.encode_frame(p.Op.PUBLISH_ACK, "", p.PublishAck(status, offset).encode(),
                              opaque, p.Flag.RESPONSE)
-    assert _fast.publish_ack_frame(status, offset, opaque) == generic
+    assert py_batch.publish_ack_frame(status, offset, opaque) == generic
 
 
 @given(st.text(max_size=40), st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1),
@@ -162,15 +163,15 @@ def test_publish_fields_match_publish_decode(topic: str, seq: int, ts: int,
         return
     body = p.Publish(topic, seq, ts, payload).encode()
     d = p.Publish.decode(body)
-    assert _fast.publish_fields(body) == (d.topic, d.seq, d.lock_ts_ms, d.payload)
+    assert py_batch.publish_fields(body) == (d.topic, d.seq, d.lock_ts_ms, d.payload)
     for bad in (body[:12 + len(topic.encode())], b""):
         with pytest.raises(p.BadBody):
             p.Publish.decode(bad)
         with pytest.raises(p.BadBody):
-            _fast.publish_fields(bad)
+            py_batch.publish_fields(bad)
 
 
 def test_publish_fields_refuse_a_topic_that_is_not_utf8() -> None:
     body = b"\x02\xff\xfe" + bytes(12)
     with pytest.raises(p.BadBody, match="UTF-8"):
-        _fast.publish_fields(body)
+        py_batch.publish_fields(body)

@@ -12,6 +12,7 @@ import pytest
 CRATE = Path(__file__).resolve().parents[2] / "host" / "rust"
 
 
+@pytest.mark.slow  # cargo test of the crate; the Python/Rust parity tests run by default
 @pytest.mark.skipif(shutil.which("cargo") is None, reason="no Rust toolchain (cargo) here")
 def test_cargo_test_passes() -> None:
     out = subprocess.run(["cargo", "test", "--release", "--quiet"], cwd=CRATE, capture_output=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lockmq import protocol as p
-from lockmq.protocol import _txn as t
+from lockmq.protocol import txn as t
 from lockmq.testing.micropython import PROTOCOL, build_mpy_lib, run_micropython
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +41,7 @@ def test_host_vectors_pass_under_micropython(tmp_path: Path) -> None:
 def test_the_firmware_does_not_load_the_host_only_bodies() -> None:
     # each byte of the frozen protocol costs lock RAM: only the host imports these
     init = (PROTOCOL / "__init__.py").read_text()
-    assert "_txn" not in init and "_schedule" not in init
+    assert "txn" not in init and "schedule" not in init
 
 
 def test_an_outcome_not_allowed_is_refused_on_both_sides() -> None:

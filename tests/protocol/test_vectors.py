@@ -73,6 +73,15 @@ def test_hmac_matches_the_standard_library() -> None:
             assert p.hmac_sha256(key, msg) == std_hmac.new(key, msg, hashlib.sha256).digest()
 
 
+def test_the_locks_tag_compare_answers_as_the_standard_librarys() -> None:
+    # (a process that chose the compiled core compares tags with CPython's: compiled.py)
+    from lockmq.protocol._hmac import compare_digest
+
+    tag = bytes(range(16))
+    for other in (tag, tag[:15], tag + b"\0", b"", bytes(16), tag[:-1] + b"\x0e"):
+        assert compare_digest(tag, other) == std_hmac.compare_digest(tag, other)
+
+
 def test_vectors_file_is_what_the_generator_makes(tmp_path: Path) -> None:
     # Guards against editing vectors.json by hand or changing the codec silently.
     from . import make_vectors

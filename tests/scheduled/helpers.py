@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from lockmq.protocol import Op, PublishAck
-from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
+from lockmq.protocol.schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
 from lockmq.testing import Peer, drain
 
 

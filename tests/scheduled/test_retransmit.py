@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lockmq.clock import ManualClock
 from lockmq.protocol import Op, PublishAck
-from lockmq.protocol._schedule import PublishAt
+from lockmq.protocol.schedule import PublishAt
 from lockmq.testing import BrokerThread, open_peer, wait_for
 
 from .helpers import consume, publish_at

@@ -138,6 +138,7 @@ def test_live_broker_survives_hostile_frames(live, data: bytes) -> None:
     assert broker.proc.poll() is None
 
 
+@pytest.mark.slow  # a long fuzz run; test_live_broker_survives_hostile_frames runs by default
 @pytest.mark.timeout(120)
 def test_live_broker_still_serves_and_memory_is_bounded(live):
     """After the hostile run (and a few more rounds), a real lock still works and the

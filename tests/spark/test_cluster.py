@@ -26,7 +26,10 @@ GATEWAYS = {"gw-1": range(0, 8), "gw-2": range(4, 12), "gw-3": range(10, 12)}
 # The module's fixture spark-submits the whole job; pytest-timeout's 300 s (pyproject)
 # counts it too, so the submit's own limit below could never take effect at high load.
 pytestmark = [pytest.mark.skipif(java_missing() is not None, reason=str(java_missing())),
-              pytest.mark.timeout(1200)]
+              pytest.mark.timeout(1200),
+              # a master, two workers and a spark-submit (~2.5 min): the slow tier; the
+              # default tier runs the same job on the local session (test_ingest, test_reports)
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

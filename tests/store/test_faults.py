@@ -161,9 +161,11 @@ def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch, path)
     real = os.fdatasync
     gate = threading.Event()
     entered = threading.Event()
+    armed = threading.Event()   # from the second append on (the first one must not stick:
+    #                             it held the test 10 s, and set `entered` too early)
 
     def slow_sync(real_commit, writes, fd, parts, pos, sync):
-        if sync and not gate.is_set():   # written; stuck before the sync ends
+        if sync and armed.is_set() and not gate.is_set():   # written; stuck before the sync ends
             real_commit(writes, fd, parts, pos, False)
             entered.set()
             gate.wait(10)
@@ -181,6 +183,7 @@ def test_reads_and_the_loop_never_wait_for_an_fsync(data_dir, monkeypatch, path)
         seen = []
         s.on_durable(lambda topic, end: seen.append(end))
         monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+        armed.set()
         pending = asyncio.ensure_future(s.append([rec("t", "A", i) for i in range(5, 9)]))
         while not entered.is_set():  # the loop keeps running while the thread waits
             await asyncio.sleep(0.005)

@@ -11,7 +11,7 @@ import textwrap
 from typing import Any
 
 from lockmq.protocol import Op
-from lockmq.protocol._txn import TxnEnd, TxnJoin, TxnOutcome, TxnPublish
+from lockmq.protocol.txn import TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 from lockmq.testing import Peer, drain
 
 #: quick check-backs for tests (the defaults are RocketMQ's 6 s / 60 s / 15); many of

@@ -8,7 +8,7 @@ import pytest
 from lockmq.protocol import (Command, CommandKind, CommandResult, CommandStatus, ErrorCode, Op,
                              Role)
 from lockmq.protocol import PublishAck
-from lockmq.protocol._txn import TxnCheck, TxnEnd, TxnOutcome, TxnPublish
+from lockmq.protocol.txn import TxnCheck, TxnEnd, TxnOutcome, TxnPublish
 from lockmq.testing import BrokerThread, open_peer, refusal, run_cli, wait_for
 
 from .helpers import FAST_CHECKS, FEW_CHECKS, backlog, end, half, join, pending, read_topic

@@ -11,7 +11,7 @@ import pytest
 from lockmq.client import TransactionProducer
 from lockmq.client.transaction import COMMIT
 from lockmq.protocol import Op
-from lockmq.protocol._txn import TxnCheck, TxnEnd, TxnOutcome
+from lockmq.protocol.txn import TxnCheck, TxnEnd, TxnOutcome
 from lockmq.testing import BrokerProcess, open_peer, wait_for
 
 from .helpers import (FAST_CHECKS, backlog, end, half, join, pending,

@@ -25,7 +25,7 @@ from typing import Any
 from lockmq import accel
 from lockmq.protocol import (ESTABLISHED, ErrorCode, ErrorReply, Flag, FrameDecoder, Op,
                              ProtocolError, Role, ServerSession, UnknownOpcode, op_name)
-from lockmq.protocol._fast import feed_publishes, take_frame, take_publishes, \
+from lockmq.protocol.batch import feed_publishes, take_frame, take_publishes, \
     take_sealed_publishes
 from lockmq.security import ConnectionRefused, Principal, SecurityError
 

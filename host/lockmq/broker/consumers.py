@@ -18,7 +18,7 @@ from lockmq import accel
 from lockmq.config import ConsumersSection
 from lockmq.protocol import (Ack, ErrorCode, Flag, Nack, Notify, Op, Pull, Subscribe,
                              SubscribeAck, Unsubscribe)
-from lockmq.protocol._fast import SHAPES, encode_message, json_headers, message_shape, \
+from lockmq.protocol.batch import SHAPES, encode_message, json_headers, message_shape, \
     messages_head
 from lockmq.security import BrokerGuard, SecurityError
 
@@ -236,7 +236,7 @@ class Consumers:
 def encode_leases(sub_id: int, leases: list[Lease]) -> bytes:
     """MESSAGES body straight from cluster leases: the delivery hot path.
 
-    The bytes are the protocol's (``lockmq.protocol._fast``); this only walks the
+    The bytes are the protocol's (``lockmq.protocol.batch``); this only walks the
     leases. A message without headers (the common case) costs one cache lookup and
     one ``pack``; a retried one gets ``{"retries": n}`` added to its headers.
     Compiled, a batch without headers or retries is one C call (the same bytes)."""

@@ -16,12 +16,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lockmq import accel
-from lockmq.protocol import ESTABLISHED, ErrorCode, Flag, Op
-from lockmq.protocol._fast import publish_acks as _py_publish_acks
-from lockmq.protocol._fast import publish_fields
-from lockmq.protocol._fast import queue_run as _py_queue_run
-from lockmq.protocol._frame import Frame
-from lockmq.protocol._macfast import sealed_publish_acks
+from lockmq.protocol import ESTABLISHED, ErrorCode, Flag, Frame, Op
+from lockmq.protocol.batch import publish_acks as _py_publish_acks
+from lockmq.protocol.batch import publish_fields
+from lockmq.protocol.batch import queue_run as _py_queue_run
+from lockmq.protocol.batch import sealed_publish_acks as _py_sealed_acks
+from lockmq.protocol.compiled import session_pads
 from lockmq.security import SecurityError
 from lockmq.store import Appended, InvalidRecord, NewRecord, validate_topic
 
@@ -37,8 +37,7 @@ _ONEWAY = Flag.ONEWAY
 # pure-Python twins otherwise
 _queue_run = accel.speedups.queue_run if accel.COMPILED else _py_queue_run
 _publish_acks = accel.speedups.publish_acks if accel.COMPILED else _py_publish_acks
-# ... and a sealed session's acks (None: protocol/_macfast.py seals them)
-_mac_pads = accel.speedups.mac_pads if accel.COMPILED else None
+# ... and a sealed session's acks (None: the session seals each: protocol/batch.py)
 _sealed_acks = accel.speedups.sealed_publish_acks if accel.COMPILED else None
 #: a connection joins the lane after this many publish answers of its Python path
 #: (a storm's lock, one publish and gone, never does: joining costs syscalls)
@@ -62,7 +61,7 @@ class PublishIntake:
 
     __slots__ = ("_pub", "_pub_recs", "_pub_size", "_pub_bytes", "_topics_ok",
                  "_producer_ok", "_limits_logged", "_paused_for_pub", "_lane_fd",
-                 "_lane_topics", "_answered_reads", "_pads")
+                 "_lane_topics", "_answered_reads")
 
     if TYPE_CHECKING:   # (the connection's: declared there)
         services: Services
@@ -84,7 +83,6 @@ class PublishIntake:
         self._lane_fd = -1           # the socket's fd while it is in the lane (lane.py)
         self._lane_topics: set[str] = _NO_TOPICS   # topics the lane may take (allowed here)
         self._answered_reads = 0     # publish answers written by the Python path (lane.py)
-        self._pads = b""             # the frame-MAC key's pads for the C scan (mac_pads)
 
     def check_producer_id(self, sn: str) -> None:
         """May this session publish under producer id ``sn`` (reserved ids,
@@ -255,7 +253,7 @@ class PublishIntake:
         :class:`InvalidRecord` alone, a :class:`PublishRefused` for the batch)."""
         c = self.services.stats.c
         # The acks of a run of stored records are packed in one call (lockmq._core,
-        # or protocol/_fast.py; with frame MACs on, sealed by protocol/_macfast.py).
+        # or protocol/batch.py; with frame MACs on, each sealed by the session there).
         # Answers keep the order of the requests.
         data, frames, stored, dup, i = self._ack_run(batch, results, 0)
         if frames:
@@ -285,16 +283,15 @@ class PublishIntake:
         if session.mac_key is None:
             return _publish_acks(batch, results, i)
         if _sealed_acks is None:
-            return sealed_publish_acks(session, batch, results, i)
+            return _py_sealed_acks(session, batch, results, i)
         got = _sealed_acks(batch, results, i, self._seal_pads(), session.tx)
         session.tx += got[1]   # (one counter per ack, as sealing each would take)
         return got
 
-    def _seal_pads(self) -> bytes:
-        """The session key's HMAC pads for the compiled tags (``mac_pads``), made once."""
-        if not self._pads:
-            self._pads = _mac_pads(self.session.mac_key)
-        return self._pads
+    def _seal_pads(self) -> Any:
+        """The session key's HMAC pads for the compiled tags: the session's own, which
+        its seal and open use too (made once per session)."""
+        return session_pads(self.session)
 
     def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
                           results: list[Appended | Exception], i: int) -> tuple[int, int]:

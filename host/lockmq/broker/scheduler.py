@@ -44,7 +44,7 @@ from typing import Any, Callable
 from lockmq.clock import steady_ms_of
 from lockmq.config import ScheduledSection
 from lockmq.protocol import Command, CommandResult, ErrorCode, Flag, Op, PublishAck
-from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
+from lockmq.protocol.schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
 from lockmq.security import BrokerGuard, Principal, SecurityError
 from lockmq.security.principal import ADMIN, SERVICE
 from lockmq.store import InvalidRecord, NewRecord, StoreBusy, validate_topic

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from lockmq.config import TransactionsSection
 from lockmq.protocol import ErrorCode, Flag, Op
 from lockmq.protocol import Command, CommandResult, ProtocolError, PublishAck
-from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
+from lockmq.protocol.txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 from lockmq.security import BrokerGuard, Principal, SecurityError
 from lockmq.security.identity import owner_of
 from lockmq.store import InvalidRecord, NewRecord, validate_topic

@@ -9,7 +9,7 @@ from typing import Any
 from lockmq import accel
 from lockmq.protocol import Messages
 # the protocol's name cache: an SN or topic is decoded once, on either path
-from lockmq.protocol._consume import TEXT_CACHE_MAX as _CACHE_MAX, _texts
+from lockmq.protocol.batch import TEXT_CACHE_MAX as _CACHE_MAX, TEXTS as _texts
 
 #: compiled: a MESSAGES body's messages as field tuples (None without the extension)
 _FIELDS = accel.speedups.messages_fields if accel.COMPILED else None

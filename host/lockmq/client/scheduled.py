@@ -14,7 +14,7 @@ from datetime import datetime
 
 from lockmq.config_base import ROCKETMQ_LEVELS_S   # (below config: no import circle)
 from lockmq.protocol import Op
-from lockmq.protocol._schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
+from lockmq.protocol.schedule import CommandAt, CommandScheduled, PublishAt, ScheduleCancel
 
 __all__ = ["DELAY_LEVELS_S", "due_ms", "publish_at_body", "command_at_body",
            "cancel_body", "scheduled_id_of", "level_delay_ms"]

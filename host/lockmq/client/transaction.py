@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
 from lockmq.protocol import Command, ConnectAck, Flag, Op, PublishAck, Role
-from lockmq.protocol._txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
+from lockmq.protocol.txn import OUTCOME_NAMES, TxnCheck, TxnEnd, TxnJoin, TxnOutcome, TxnPublish
 
 from ._base import SessionClient, default_client_id
 from ._conn import FrameConnection

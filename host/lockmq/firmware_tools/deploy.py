@@ -106,6 +106,27 @@ _SWAP = _HELPERS + (
 
 _BOOT_LINE = re.compile(rb"I sys boot fw=(\S+)")
 
+# mpremote with TCP_NODELAY on a ``socket://`` port (ser2net, an ESP-Link, the rig's
+# virtual board): a UART sends each byte as it comes, while Nagle holds every small
+# write of the raw REPL's request/answer exchange for the peer's delayed ACK (an app's
+# copy took ~2.5 times as long). pyserial sets it for rfc2217:// only.
+_RUN_MPREMOTE = (
+    "import socket, sys\n"
+    "_connect = socket.create_connection\n"
+    "def _nodelay(*a, **k):\n"
+    "    s = _connect(*a, **k)\n"
+    "    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+    "    return s\n"
+    "socket.create_connection = _nodelay\n"
+    "from mpremote.main import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def mpremote_argv(port: str, *args: str) -> list[str]:
+    """``mpremote connect PORT ARGS...`` run by this interpreter (see ``_RUN_MPREMOTE``)."""
+    return [sys.executable, "-c", _RUN_MPREMOTE, "connect", port, *args]
+
 
 class DeployError(Exception):
     """The deploy failed; the message says at which step and what the board runs."""
@@ -142,9 +163,9 @@ def check_folder(folder: str | Path, reset: str = "hard") -> Path:
 
 def copy_argv(port: str, stage: Path, config: bool) -> list[str]:
     """Step 1's mpremote run: clean, copy beside the running app, print the digests."""
-    argv = [sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN,
-            "+", "fs", "cp", "-r", str(stage / "lib.new"), ":lib.new",
-            "+", "fs", "cp", str(stage / "main.py"), ":main.py.new"]
+    argv = mpremote_argv(port, "exec", _CLEAN,
+                         "+", "fs", "cp", "-r", str(stage / "lib.new"), ":lib.new",
+                         "+", "fs", "cp", str(stage / "main.py"), ":main.py.new")
     for boot in sorted(stage.glob("lockboot.*")):
         argv += ["+", "fs", "cp", str(boot), f":{boot.name}.new"]
     if config:
@@ -233,7 +254,7 @@ def deploy(port: str, folder: str | Path, *, config: bool = True, reset: str = "
         else:
             bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
             why = f"{len(bad)} file(s) differ on the board: {', '.join(bad[:5])}"
-        clean = _mpremote([sys.executable, "-m", "mpremote", "connect", port, "exec", _CLEAN], 60)
+        clean = _mpremote(mpremote_argv(port, "exec", _CLEAN), 60)
         if clean.returncode != 0 or "CLEAN" not in clean.stdout:
             why += ("; the partial copy was not removed (the next deploy removes it: "
                     f"{(clean.stderr or clean.stdout).strip()[-200:]})")
@@ -244,7 +265,7 @@ def deploy(port: str, folder: str | Path, *, config: bool = True, reset: str = "
             state = f"the old app is in place but was not restarted ({e})"
         raise DeployError(f"copy failed, nothing swapped: {why}; {state}")
     say(f"copied and verified {len(want)} files")
-    proc = _mpremote([sys.executable, "-m", "mpremote", "connect", port, "exec", _SWAP], 120)
+    proc = _mpremote(mpremote_argv(port, "exec", _SWAP), 120)
     if proc.returncode != 0 or "SWAPPED" not in proc.stdout:
         raise DeployError(f"the swap did not finish ({(proc.stderr or proc.stdout).strip()[-300:]}); "
                           "at its next boot the board runs the old app or the new one, whole")

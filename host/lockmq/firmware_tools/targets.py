@@ -15,13 +15,13 @@ from pathlib import Path
 
 #: Protocol modules only the host imports (never shipped to a lock).
 HOST_ONLY = frozenset({
-    "_fast",            # CPython fast path of the frame codec (host)
-    "_macfast",         # CPython fast path of the frame MACs (host)
+    "batch",            # the batch API: the core's pure-Python twins (host)
     "_server_session",  # the broker's side of the session
     "_identity",        # the broker's identity rules
     "_consume",         # consumer opcodes' bodies: a lock never consumes
-    "_txn",             # transactional publish bodies (services)
-    "_schedule",        # scheduled delivery bodies (services)
+    "txn",              # transactional publish bodies (services)
+    "schedule",         # scheduled delivery bodies (services)
+    "compiled",         # where a host's compiled core plugs in (lockmq.accel)
     "_bodies",          # body classes; the lock builds and reads bodies with _lockbodies
     "_constants",       # the constant classes; lock modules fold them as const() copies
     "table",            # the protocol table: scripts/gen_protocol.py's and the host's source

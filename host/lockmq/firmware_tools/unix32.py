@@ -128,6 +128,8 @@ def build_unix32(manifest_dir: str | os.PathLike[str], mpy_src: str | os.PathLik
     key = hashlib.sha256((manifest_digest(manifest_dir) + _recipe_digest(tree)).encode()).hexdigest()[:16]
     root = Path(cache) if cache is not None else cache_root()
     exe = root / key / "micropython"
+    if exe.exists():   # (put in place by os.replace: whole) -- no wait for another key's build
+        return exe
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lockfile:
         fcntl.flock(lockfile, fcntl.LOCK_EX)  # two test sessions build it once

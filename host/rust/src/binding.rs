@@ -289,7 +289,7 @@ fn scan_loop<'py>(
 
 /// scan_publishes(buf, pos, max_frame, sn, limit) -> (list, pos): a read's leading
 /// run of valid PUBLISH frames under the session's SN as (opaque, flags, sn, topic,
-/// seq, lock_ts_ms, payload) tuples (protocol/_fast.py scan_publishes)
+/// seq, lock_ts_ms, payload) tuples (protocol/batch.py scan_publishes)
 #[pyfunction]
 fn scan_publishes<'py>(
     py: Python<'py>,
@@ -303,7 +303,8 @@ fn scan_publishes<'py>(
 }
 
 /// scan_sealed_publishes(buf, pos, max_frame, sn, limit, pads, rx) -> (list, pos, rx):
-/// scan_publishes for a session with frame MACs (protocol/_macfast.py)
+/// scan_publishes for a session with frame MACs (the reference: the decoder, then the
+/// session's tag check, protocol/_mac.py open_frame)
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn scan_sealed_publishes<'py>(
@@ -511,7 +512,7 @@ fn acks_run<'py>(
 }
 
 /// publish_acks(batch, results, start) -> (bytes, frames, stored, duplicates, next):
-/// protocol/_fast.py publish_acks
+/// protocol/batch.py publish_acks
 #[pyfunction]
 fn publish_acks<'py>(
     py: Python<'py>,
@@ -523,7 +524,7 @@ fn publish_acks<'py>(
 }
 
 /// sealed_publish_acks(batch, results, start, pads, tx) -> as publish_acks, the i-th
-/// ack sealed with the counter tx + i (protocol/_macfast.py sealed_publish_acks)
+/// ack sealed with the counter tx + i (protocol/batch.py sealed_publish_acks)
 #[pyfunction]
 fn sealed_publish_acks<'py>(
     py: Python<'py>,
@@ -637,7 +638,7 @@ pub fn new_record<'py>(
 }
 
 /// queue_run(pubs, start, limit, record_type, queue, records) -> (stop, size):
-/// protocol/_fast.py queue_run -- the run of scan tuples from pubs[start] on to one
+/// protocol/batch.py queue_run -- the run of scan tuples from pubs[start] on to one
 /// topic that want an answer, at most `limit`, queued as Connection._publish does
 #[pyfunction]
 fn queue_run<'py>(

@@ -1,10 +1,13 @@
-# The broker's and the load generator's batch functions in pure Python, with
-# precompiled structs and cached SN/topic bytes: each is the reference of a function of
-# the compiled core (lockmq._core: scan_publishes, scan_frame, publish_acks, queue_run,
-# the MESSAGES writer) and the path a process without the core runs; tests hold the two
-# equal (tests/protocol/test_accel*.py). Nothing here changes the protocol's classes:
-# the consumer bodies' one codec is _consume.py. CPython only (struct.Struct): the lock
-# never runs the broker's batch paths, and MicroPython never imports this module.
+# The protocol's batch API: the broker's, the consumer side's and the load generator's
+# per-batch functions in pure Python, with precompiled structs and cached SN/topic
+# bytes. Each is the reference of a function of the compiled core (lockmq._core:
+# scan_publishes, scan_sealed_publishes, scan_frame, publish_acks,
+# sealed_publish_acks, queue_run, the MESSAGES writer) and the path a process without
+# the core runs; tests hold the two equal (tests/protocol/test_accel*.py,
+# test_frame_macs.py). Nothing here changes the protocol's classes. Public: host code
+# imports these names (never a private protocol module). CPython only
+# (struct.Struct): the lock never runs the broker's batch paths, and MicroPython never
+# imports this module.
 import json
 import struct
 
@@ -12,6 +15,9 @@ from ._constants import VERSION, MIN_FRAME, Op, Flag
 from . import _crc
 from ._errors import BadBody, LocalProtocolError, ProtocolError
 from ._frame import Frame, FrameDecoder
+# the consumer side's name cache (an SN or topic decoded once; the core's
+# messages_fields fills the same dict) and its bound
+from ._consume import TEXT_CACHE_MAX, _texts as TEXTS
 
 _MSG = struct.Struct(">QHIQQ")      # queue_offset, delivery, seq, lock_ts_ms, broker_ts_us
 _HEAD = struct.Struct(">IH")        # sub_id, count
@@ -23,6 +29,7 @@ _PUB = struct.Struct(">IQ")         # PUBLISH: seq, lock_ts_ms (after the topic)
 # version, length, opcode, sn_len, flags, opaque | status, offset
 _ACK_FRAME = struct.Struct(">BIHBBIBQ")
 _ACK_FRAME_LEN = MIN_FRAME + 9
+_ACK_BODY = struct.Struct(">BQ")    # a PUBLISH_ACK's body: status, offset
 _topics = {}
 _CACHE_MAX = 100000
 _str8 = {}
@@ -94,7 +101,7 @@ def publish_acks(batch, results, start):
 
 def ack_run(batch, results, start, ack_frame):
     """:func:`publish_acks` with each ack made by ``ack_frame(status, offset, opaque)``
-    (a sealed session's makes them with frame MACs: _macfast.py)."""
+    (a sealed session's makes them with frame MACs: :func:`sealed_publish_acks`)."""
     acks = []
     stored = dup = 0
     n = min(len(batch), len(results))
@@ -112,6 +119,18 @@ def ack_run(batch, results, start, ack_frame):
         if not oneway:
             acks.append(ack_frame(1 if a[3] else 0, a[0] if a[0] > 0 else 0, opaque))
     return b"".join(acks), len(acks), stored, dup, i
+
+
+def sealed_publish_acks(sess, batch, results, start):
+    """:func:`publish_acks` for a session with frame MACs: each ack sealed as
+    ``sess.seal(Op.PUBLISH_ACK, "", PublishAck(status, offset).encode(), opaque,
+    Flag.RESPONSE)`` seals it (the session's counter advanced once per ack). The
+    reference of ``lockmq._core.sealed_publish_acks``."""
+    def sealed_ack(status, offset, opaque):
+        return sess.seal(Op.PUBLISH_ACK, "", _ACK_BODY.pack(status, offset), opaque,
+                         Flag.RESPONSE)
+
+    return ack_run(batch, results, start, sealed_ack)
 
 
 def queue_run(pubs, start, limit, record_type, queue, records):
@@ -140,7 +159,7 @@ def queue_run(pubs, start, limit, record_type, queue, records):
             queue.append((opaque, False, rec))
             size += len(payload) + 64
             i += 1
-    except BaseException:   # nothing of a failed call stays queued (as in C)
+    except BaseException:   # nothing of a failed call stays queued (as in the core)
         del queue[n_queue:]
         del records[n_records:]
         raise
@@ -175,7 +194,7 @@ def scan_publishes(buf, pos, max_frame, sn, limit):
 
 
 def take_publishes(decoder, sn, limit, scan):
-    """Run ``scan`` (:func:`scan_publishes` or its C twin) over what ``decoder`` holds
+    """Run ``scan`` (:func:`scan_publishes` or its compiled twin) over what ``decoder`` holds
     and consume the PUBLISH frames it took; returns their tuples. The broker's
     compiled read path: one call for a read's publishes instead of a frame object,
     a generator step and a body decode each."""
@@ -188,8 +207,8 @@ def take_publishes(decoder, sn, limit, scan):
 
 def take_sealed_publishes(decoder, sess, limit, scan, pads):
     """:func:`take_publishes` for a session with frame MACs: ``scan`` is
-    ``lockmq._core.scan_sealed_publishes`` (the tags checked in C from ``pads``, its
-    ``mac_pads`` of the session key), and the session counts the frames it took as
+    ``lockmq._core.scan_sealed_publishes`` (the tags checked in the core from
+    ``pads``, the session's :func:`~lockmq.protocol.session_pads`), and the session counts the frames it took as
     opened (``rx``). What it stops at -- another request, a bad tag, a partial frame --
     is left to the session's own path, which refuses a bad tag with BAD_MAC."""
     if decoder._error is not None:
