@@ -180,43 +180,6 @@ def test_eof_gives_the_socket_back_with_the_partial_frame_it_held(pair: Pair) ->
     assert records == [] and bails == [(pair.conn, frame[:10], -1, 0, 0)]
 
 
-@pytest.mark.parametrize("how", ["take_bails", "release"])
-def test_a_deferred_bail_keeps_the_socket_until_the_loop_takes_it(pair: Pair, how: str) -> None:
-    # (the store's writer thread polls with defer: the socket it gives up must stay
-    # the lane's, its unread bytes held, until the loop takes it back)
-    fd = pair.mine.fileno()
-    beat = encode_frame(Op.HEARTBEAT, SN, b"", 9)
-    pair.peer.sendall(publish(1, 1) + beat + publish(2, 2))
-    records, plan, bails, nbytes, frames = pair.lane.poll(4096, True)
-    assert [r.seq for r in records] == [1] and bails == [] and frames == 1
-    assert pair.lane.bailed() == 1 and pair.lane.adopted() == 1
-    pair.peer.sendall(publish(3, 3))   # (more bytes: not read, the socket is out of the set)
-    assert pair.lane.poll(4096, True)[0] == []
-    # its records are still answered by the lane: Python has not taken the socket yet
-    stored, _, _, nb, left = pair.lane.answer(plan, [appended(1)])
-    assert (stored, nb, left) == (1, 24, [])
-    assert pair.lane.poll(4096, True)[0] == []   # (an answer does not put it back)
-    if how == "take_bails":
-        back = pair.lane.take_bails()
-        assert back == [(pair.conn, beat + publish(2, 2), -1, 0, 0)]
-    else:
-        assert pair.lane.release(fd) == (pair.conn, beat + publish(2, 2), -1, 0, 0)
-        assert pair.lane.take_bails() == []
-    assert pair.lane.bailed() == 0 and pair.lane.adopted() == 0
-    assert pair.mine.recv(4096) == publish(3, 3)   # (still on the socket, for Python)
-
-
-def test_a_deferred_eof_hands_back_the_partial_frame_it_held(pair: Pair) -> None:
-    frame = publish(1, 1)
-    pair.peer.sendall(frame[:10])
-    assert pair.lane.poll(4096, True)[0] == []
-    pair.peer.shutdown(socket.SHUT_WR)
-    records, _, bails, _, _ = pair.lane.poll(4096, True)
-    assert records == [] and bails == [] and pair.lane.bailed() == 1
-    assert pair.lane.take_bails() == [(pair.conn, frame[:10], -1, 0, 0)]
-    assert pair.lane.take_bails() == [] and pair.lane.adopted() == 0
-
-
 def test_release_hands_back_the_partial_frame_and_the_credit_left() -> None:
     p = Pair(credit=5)
     try:

@@ -121,13 +121,13 @@ def _writer_waits(broker: BrokerThread) -> None:
              "the store's writer to wait for work")
 
 
-def test_what_arrives_during_a_commit_is_read_by_the_writer_before_the_next(
+def test_what_arrives_during_a_commit_is_read_as_its_answer_comes(
         broker: BrokerThread) -> None:
     lock = _steady_lock(broker)
     started, release = _hold_next_commit(broker)
     # the first write is read by the loop and starts a commit; the next ones come
-    # while it runs and go to the store's writer, which reads them before the next
-    # commit -- the heartbeat among them too: the loop takes the socket back then
+    # while it runs and stay unread until its answer, when the loop reads them before
+    # it sends its acks -- the heartbeat among them too: the socket goes back to Python
     beat = encode_frame(Op.HEARTBEAT, SN, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80,
                                                     1000).encode(), 7)
     lock.raw(_publish_frame(4, 4))
@@ -139,27 +139,26 @@ def test_what_arrives_during_a_commit_is_read_by_the_writer_before_the_next(
     assert [(f.opcode, f.opaque) for f in frames if f.opcode == Op.PUBLISH_ACK] == \
         [(Op.PUBLISH_ACK, seq) for seq in range(4, 9)]
     assert [f.opaque for f in frames if f.opcode == Op.HEARTBEAT] == [7]
-    assert _stat(broker, "lane_writer_reads") >= 1
+    assert _stat(broker, "lane_commit_reads") >= 1
     assert _stat(broker, "lane_bails") == 1
     assert _stored_seqs(broker, 8) == list(range(1, 9))
 
 
-def test_a_stalled_writer_gives_the_lane_back_to_the_loop(broker: BrokerThread) -> None:
+def test_a_stalled_commit_has_the_loop_watch_the_lane_again(broker: BrokerThread) -> None:
     lock = _steady_lock(broker)
     _writer_waits(broker)   # (so it takes the next batch before the hold stops it)
     with broker.broker.core.store.writes_held():   # (a disk that hangs)
-        # read by the loop, which leaves the next read to the writer; the writer had
-        # taken this batch already and commits it, then hangs before reading again
-        lock.raw(_publish_frame(4, 4))
+        lock.raw(_publish_frame(4, 4))   # (taken by the writer before the hold)
         assert lock.read().opaque == 4
-        hb = lock.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80,
-                                                  1000).encode())
-        # answered while the writer still cannot write: the loop read it
-        assert isinstance(hb, Heartbeat)
-        assert _stat(broker, "lane_writer_stalls") == 1
+        # read by the loop, which waits for the commit's answer to read the lane again
         lock.raw(_publish_frame(5, 5))
         with pytest.raises(TimeoutError):
             lock.read(timeout=0.3)   # (held: not acked yet)
+        hb = lock.request(Op.HEARTBEAT, Heartbeat(int(time.time() * 1000), 5, 0, 0, 80,
+                                                  1000).encode())
+        # answered while the writer still cannot write: the loop watched the lane again
+        assert isinstance(hb, Heartbeat)
+        assert _stat(broker, "lane_commit_stalls") == 1
     ack = lock.read()
     assert ack.opaque == 5 and PublishAck.decode(ack.body).status == PublishAck.STORED
     assert _stored_seqs(broker, 5) == [1, 2, 3, 4, 5]
@@ -189,29 +188,8 @@ def test_a_lock_hanging_up_in_the_lane_goes_offline(broker: BrokerThread) -> Non
     assert _stored_seqs(broker, 3) == [1, 2, 3]
 
 
-def _slow_writer_appends(broker: BrokerThread, seconds: float) -> None:
-    """Each append the store's writer thread makes from its lane read waits ``seconds``
-    first: a writer preempted between its read and its append, as on a busy machine."""
-    def patch() -> None:
-        core = broker.broker.core
-        append = core.append_known_then
-
-        def slow(*args: Any, **kw: Any) -> None:
-            if threading.current_thread().name == "lockmq-store-writer":
-                time.sleep(seconds)
-            append(*args, **kw)
-        core.append_known_then = slow
-    broker.call(patch)
-
-
-@pytest.mark.parametrize("writer", ["as_is", "slow_appends"])
-def test_a_lock_that_does_not_read_its_acks_gets_every_one_later(broker: BrokerThread,
-                                                                 writer: str) -> None:
+def test_a_lock_that_does_not_read_its_acks_gets_every_one_later(broker: BrokerThread) -> None:
     lock = _steady_lock(broker)
-    if writer == "slow_appends":
-        # (the loop gives the full socket back to Python while the writer holds
-        # records it read from it: the Python path must not queue later ones first)
-        _slow_writer_appends(broker, 0.05)
     lock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
     def small_send_buffer() -> None:   # (the broker's end: so that it fills soon)
@@ -269,12 +247,14 @@ def test_a_lock_in_the_lane_keeps_to_its_message_rate(tmp_path: Any) -> None:
         lock = Peer(broker.port, SN)
         lock.auth_lock(secure.keys[SN])   # (device key, no frame MACs)
         topic = "lock.events"   # (a lock's own topics: security.lock_topics)
+        # (the budget refills from its first use on, the wait for the join included:
+        # on a loaded machine that wait alone is worth a record or two)
+        t0 = time.monotonic()
         for seq in range(1, 4):
             assert lock.publish(topic, seq).status == PublishAck.STORED
         wait_for(lambda: broker.metrics()["lockmq_lane_joins_total"] >= 1,
                  "the lock to join the lane")
         n = 200
-        t0 = time.monotonic()
         lock.raw(b"".join(_publish_frame(seq, seq, topic) for seq in range(4, 4 + n)))
         stored = limited = 0
         for _ in range(n):

@@ -251,14 +251,6 @@ class BrokerCore:
             return
         store.append_then(records, then)
 
-    def append_known_then(self, records: list[NewRecord], then: Then) -> None:
-        """:meth:`append_then` from the store's writer thread (the lane's reads before
-        each commit, :meth:`read_before_commit`): the same gate, but no waiting system
-        record rides along (they are the loop's) and a topic without an index raises
-        :class:`~lockmq.store.TopicNotOpen` instead of being created."""
-        store, then = self._gate(then)
-        store.append_then(records, then, known_topics=True)
-
     def _gate(self, then: Then) -> tuple[Store, Then]:
         """The open store, and ``then`` behind the :attr:`after_durable` gate if
         there is one (sync replication: answered once the standby has it too)."""
@@ -269,19 +261,6 @@ class BrokerCore:
         if gate is not None:
             then = _gated(store, gate, then)
         return store, then
-
-    def read_before_commit(self, source: Callable[[], None] | None) -> bool:
-        """Run ``source()`` on the store's writer thread before each group commit
-        (None: stop); False if there is no store to run it."""
-        if self.store is None:
-            return False
-        self.store.read_before_commit(source)
-        return True
-
-    def source_ready(self) -> None:
-        """The :meth:`read_before_commit` source has something to read."""
-        if self.store is not None:
-            self.store.source_ready()
 
     def last_seq(self, sn: str) -> int | None:
         """The last sequence number stored for producer ``sn`` (None: never)."""

@@ -44,10 +44,10 @@ COUNTERS: dict[str, str] = {
     # the compiled lane
     "lane_joins": "Times a lock's connection joined the compiled lane (steady publishes in C)",
     "lane_bails": "Times the lane gave a connection back to the Python path (another frame, EOF)",
-    "lane_writer_reads": "Lane reads made by the store's writer thread before a group commit "
-                         "(what arrived during the previous one), not by the event loop",
-    "lane_writer_stalls": "Times the store's writer had not read the lane for 0.2 s (a slow "
-                          "disk) and the event loop read it again",
+    "lane_commit_reads": "Lane reads the event loop made as a group commit of the lane's "
+                         "records was answered (what arrived during it), before its acks",
+    "lane_commit_stalls": "Times a group commit of the lane's records had no answer after "
+                          "0.2 s (a slow disk) and the event loop watched the lane again",
     # consuming
     "acks": "Leases acknowledged by consumers",
     "nacks": "Leases negatively acknowledged by consumers",

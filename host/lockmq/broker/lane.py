@@ -22,26 +22,20 @@ at the first bytes it does not take -- another opcode, a bad or ONEWAY frame, a 
 a topic not allowed yet, the lock's rate credit used up, EOF -- handing over the
 unread bytes, which the Python path then reads as it always did (errors included).
 
-Who reads the lane: the loop, when the store is idle -- its callback polls and hands
-the records to the store at once. From then on, the store's writer thread reads it,
-each time it is about to take the next group commit (``read_before_commit``): what
-arrived during a commit goes into the next one in one poll, and the loop is not woken
-by the reads at all (it still sends the acks, while the writer fsyncs). When a poll
-there finds nothing, the loop watches the lane again. A poll on the writer thread
-does not hand sockets back itself: a socket it gives up stays in the lane, unread,
-until the loop takes it (``take_bails``, or ``release`` when Python needs it first),
-so a connection is never between the two. What the store refuses to queue from the
-writer thread (busy, closing, a topic with no index yet) goes to the loop's publish
-path, which answers it, and the loop reads the lane again. A writer that has not read
-for ``WRITER_STALL_S`` (a stalled disk, held writes) gives the lane back to the loop
-too, so heartbeats are still answered and a full queue still answers BUSY.
-
-One lock, the turn, keeps a lock's records in the order of its byte stream. The writer
-holds it from its poll to its append (the check of who reads included); the loop holds
-it whenever it takes a socket out of the lane (``answer`` when the socket does not take
-its acks whole, ``release``, ``take_bails``). Without it, the loop could take back a
-socket whose earlier records the writer has read and not yet queued, and the Python
-path would queue the later ones first: their acks would overtake.
+Who reads the lane: the event loop alone, so a socket has one owner besides its
+connection at a time, uvloop's transport or the lane, handed over by join, leave and
+bail. The loop watches the lane's fd while the store has none of its records; a poll
+that finds records hands them to the store at once and stops watching (what arrives
+during the group commit stays in the kernel, and the loop is not woken by it). When the
+commit's answer comes, the loop polls again before it sends that commit's acks: what
+arrived during the fsync goes into the next commit in one poll, and the loop yields the
+core (``os.sched_yield``, the GIL free) so that the writer starts that commit while the
+loop writes the acks. A poll that finds nothing, or a refusal (busy, closing),
+has the loop watch the fd again; so does a commit that has not answered after
+``COMMIT_WAIT_S`` (a stalled disk, held writes), so heartbeats are still answered and a
+full queue still answers BUSY. One reader: a lock's records reach the store in the
+order of its byte stream, and a socket taken out of the lane has nothing of it in
+flight between readers.
 
 A lock's message rate: on joining, the connection takes a credit of records from
 the lock's budget (``Guard.publish_quota``); the lane spends it, bails when it is
@@ -52,7 +46,7 @@ extension there is no lane and every read takes the Python path.
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -71,8 +65,8 @@ if TYPE_CHECKING:   # (connection.py imports this module)
 LANE_TYPE: Any = accel.speedups.Lane if accel.COMPILED else None
 #: records the lane reads in one poll at most (the rest stay ready for the next)
 POLL_RECORDS = 4096
-#: a store writer that has not read the lane for this long gives it back to the loop
-WRITER_STALL_S = 0.2
+#: a commit of the lane's records not answered after this long: the loop watches again
+COMMIT_WAIT_S = 0.2
 
 
 class Lane:
@@ -85,23 +79,19 @@ class Lane:
         self.stats = stats
         self._lane = LANE_TYPE(NewRecord, max_frame)
         self._loop: asyncio.AbstractEventLoop | None = None
-        # records read, by the thread that reads them, and answered (each counter is
-        # written by one thread only)
-        self._read_on_loop = 0
-        self._read_on_writer = 0
+        #: records read and answered
+        self._read = 0
         self._answered = 0
         #: the loop watches the lane's fd
         self._watching = False
-        #: the store's writer reads the lane before each commit (the loop does not)
-        self._writer_reads = False
-        #: the store runs _read_before_commit on its writer thread
-        self._writer_source = False
-        #: held by the thread whose turn it is to read or take a socket back (see the
-        #: module docstring; re-entrant: a refused submit answers on the spot)
-        self._turn = threading.RLock()
-        #: when the writer last read (monotonic), and the loop's check of it
-        self._writer_read_at = 0.0
+        #: a poll's records are in the store: the loop reads the lane when their answer
+        #: comes (or after COMMIT_WAIT_S), not when its fd is readable
+        self._held = False
+        self._held_at = 0.0
         self._stall_check: asyncio.TimerHandle | None = None
+        #: a submit runs now (an answer during it is a refusal made on the spot)
+        self._submitting = False
+        self._answered_now = False
 
     @staticmethod
     def available() -> bool:
@@ -111,22 +101,17 @@ class Lane:
     @property
     def in_flight(self) -> int:
         """Records read by the lane and not answered yet (the broker's shutdown waits)."""
-        return self._read_on_loop + self._read_on_writer - self._answered
+        return self._read - self._answered
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Watch the lane's epoll fd on ``loop``; the store's writer reads it too."""
+        """Watch the lane's epoll fd on ``loop``."""
         self._loop = loop
-        self._writer_source = self.publisher.sink.read_before_commit(self._read_before_commit)
         self._watch()
 
     def stop(self) -> None:
         """Give every socket back to its connection and stop watching."""
         self.leave_all()
-        if self._writer_source:
-            self.publisher.sink.read_before_commit(None)
-            self._writer_source = False
-        with self._turn:   # (after a read the writer may be making now)
-            self._writer_reads = False
+        self._held = False
         if self._stall_check is not None:
             self._stall_check.cancel()
             self._stall_check = None
@@ -136,8 +121,8 @@ class Lane:
         self._loop = None
 
     def _watch(self) -> None:
-        """The loop reads the lane (from the writer thread: the lane went quiet)."""
-        if self._loop is not None and not self._watching and not self._writer_reads:
+        """The loop reads the lane when its fd is readable."""
+        if self._loop is not None and not self._watching:
             self._loop.add_reader(self._lane.fileno(), self._ready)
             self._watching = True
 
@@ -163,8 +148,7 @@ class Lane:
     def leave(self, fd: int) -> tuple[bytes, int, tuple[int, int]] | None:
         """Take ``fd`` out of the lane: (its held partial frame, its credit left, a
         sealed session's (rx, tx) counters now), or None if it was not in the lane."""
-        with self._turn:
-            back = self._lane.release(fd)
+        back = self._lane.release(fd)
         return None if back is None else (back[1], back[2], (back[3], back[4]))
 
     def leave_all(self) -> None:
@@ -174,91 +158,60 @@ class Lane:
                 conn._lane_leave()
 
     def _ready(self) -> None:
-        """The loop's callback: every ready socket read, its records stored; the
-        store's writer reads the lane from then on."""
-        with self._turn:
-            if self._writer_reads:   # (a callback already queued when the writer took over)
-                return
-            records, plan, bails, nbytes, frames = self._lane.poll(POLL_RECORDS)
-            if records:
-                self._count_read(nbytes, frames)
-                self._read_on_loop += len(records)
-                self.publisher.submit_now(records, partial(self._answer, plan))
-                if self._writer_source:   # (False only once the lane has stopped)
-                    self._to_writer()
-        self._give_back(bails)
+        """The loop's callback (the lane's fd is readable): every ready socket read."""
+        self._give_back(self._read_now())
 
-    def _to_writer(self) -> None:
-        """The store's writer reads the lane from now on (the loop holds the turn)."""
-        loop = self._loop
-        assert loop is not None
-        self._writer_reads = True
-        self._writer_read_at = time.monotonic()
-        loop.remove_reader(self._lane.fileno())
-        self._watching = False
-        if self._stall_check is None:
-            self._stall_check = loop.call_later(WRITER_STALL_S, self._check_writer)
-        # (if the store took nothing, the writer waits for work: it reads now)
-        self.publisher.sink.source_ready()
-
-    def _check_writer(self) -> None:
-        """While the writer reads the lane: give it back to the loop if it stalled."""
-        self._stall_check = None
-        loop = self._loop
-        if loop is None or not self._writer_reads:
-            return
-        if time.monotonic() - self._writer_read_at < WRITER_STALL_S:
-            self._stall_check = loop.call_later(WRITER_STALL_S, self._check_writer)
-            return
-        with self._turn:
-            if not self._writer_reads:
-                return
-            self._writer_reads = False
-        self.stats.c["lane_writer_stalls"] += 1
-        self._watch()
-
-    def _count_read(self, nbytes: int, frames: int) -> None:
+    def _read_now(self) -> list:
+        """One poll: its records to the store, and the lane held until they are
+        answered (or watched again); returns the poll's bails, for the caller to give
+        back once it is done with this poll's answers."""
+        records, plan, bails, nbytes, frames = self._lane.poll(POLL_RECORDS)
+        if not records:
+            self._held = False
+            self._watch()
+            return bails
         c = self.stats.c
         c["bytes_in"] += nbytes
         c["frames_in"] += frames
         c["publish_received"] += frames
+        self._read += len(records)
+        self._submitting, self._answered_now = True, False
+        try:
+            self.publisher.submit_now(records, partial(self._answer, plan))
+        finally:
+            self._submitting = False
+        if self._answered_now:   # refused on the spot: the next readable fd reads again
+            self._held = False
+            self._watch()
+        else:
+            self._hold()
+        return bails
 
-    def _read_before_commit(self) -> None:
-        """On the store's writer thread, before it takes its next group commit: every
-        ready socket read, its records appended (see the module docstring)."""
-        if not self._writer_reads:
-            return
+    def _hold(self) -> None:
+        """Stop watching until the store answers this poll's records."""
         loop = self._loop
         assert loop is not None
-        with self._turn:
-            if not self._writer_reads:
-                return
-            self._writer_read_at = time.monotonic()
-            records, plan, _, nbytes, frames = self._lane.poll(POLL_RECORDS, True)
-            bailed = self._lane.bailed() > 0
-            if not records:   # quiet: the loop watches again
-                self._writer_reads = False
-                loop.call_soon_threadsafe(self._watch)
-            else:
-                self._read_on_writer += len(records)
-                try:
-                    self.publisher.sink.append_known_then(
-                        records, partial(self._answer_read, plan, nbytes, frames,
-                                         self._writer_read_at))
-                except Exception:  # noqa: BLE001 -- busy, closing, a new topic: the loop's
-                    self._read_on_writer -= len(records)
-                    self._writer_reads = False
-                    loop.call_soon_threadsafe(self._hand_back, records, plan, nbytes, frames)
-            # (after what it read is queued, or handed back: a socket given up is read
-            # by its Python path from then on, so its next records come after these)
-            if bailed:
-                loop.call_soon_threadsafe(self._take_bails)
+        self._held = True
+        self._held_at = time.monotonic()
+        if self._watching:
+            loop.remove_reader(self._lane.fileno())
+            self._watching = False
+        if self._stall_check is None:
+            self._stall_check = loop.call_later(COMMIT_WAIT_S, self._check_stall)
 
-    def _take_bails(self) -> None:
-        """The sockets a poll on the writer thread gave up, back to their connections."""
-        with self._turn:
-            bails = self._lane.take_bails()
-        self._give_back(bails)
+    def _check_stall(self) -> None:
+        """While the lane is held: watch it again if the commit has not answered."""
+        self._stall_check = None
+        loop = self._loop
+        if loop is None or not self._held:
+            return
+        wait = COMMIT_WAIT_S - (time.monotonic() - self._held_at)
+        if wait > 0:
+            self._stall_check = loop.call_later(wait, self._check_stall)
+            return
+        self._held = False
+        self.stats.c["lane_commit_stalls"] += 1
+        self._watch()
 
     def _give_back(self, bails: list) -> None:
         """Each socket the lane gave up, to its connection's Python path with the
@@ -268,29 +221,23 @@ class Lane:
             c["lane_bails"] += 1
             conn._lane_left(data, credit, counters=(rx, tx))
 
-    def _hand_back(self, records: list, plan: Any, nbytes: int, frames: int) -> None:
-        """What the writer read and the store would not queue there: the publish
-        path answers it (refusals included), and the loop reads the lane again."""
-        self._count_read(nbytes, frames)
-        self._read_on_loop += len(records)
-        self.publisher.submit_now(records, partial(self._answer, plan))
-        self._watch()
-
-    def _answer_read(self, plan: Any, nbytes: int, frames: int, t0: float,
-                     results: list | None, exc: BaseException | None) -> None:
-        """The store's answer to a poll of the writer thread at ``t0`` (on the loop)."""
-        self.stats.c["lane_writer_reads"] += 1
-        if results is not None:
-            self.stats.latency.publish_ack.observe(time.monotonic() - t0, len(results))
-        self._count_read(nbytes, frames)
-        self._answer(plan, results if results is not None
-                     else self.publisher.refusals(exc, len(plan)))
-
     def _answer(self, plan: Any, results: list) -> None:
-        """The store's results for one poll: acks sent, the rest to the connections."""
+        """The store's results for one poll: acks sent, the rest to the connections.
+        The answer the held lane waits for reads it first (see the module docstring)."""
         self._answered += len(results)
-        with self._turn:   # (it may give a socket back: see the module docstring)
-            stored, dup, frames, nbytes, leftovers = self._lane.answer(plan, results)
+        bails: list = []
+        if self._submitting:
+            self._answered_now = True
+        elif self._held:
+            self._held = False
+            self.stats.c["lane_commit_reads"] += 1
+            bails = self._read_now()
+            if self._held:
+                # the writer has the next commit's records: on a shared core it would
+                # wait for the loop to sleep (SCHED_BATCH), so its fdatasync would not
+                # overlap the acks below; a yield, the GIL free, lets it start now
+                os.sched_yield()
+        stored, dup, frames, nbytes, leftovers = self._lane.answer(plan, results)
         c = self.stats.c
         c["publish_stored"] += stored
         c["publish_duplicates"] += dup
@@ -305,3 +252,4 @@ class Lane:
             else:                # the socket did not take them whole: it is Python's
                 c["lane_bails"] += 1
                 conn._lane_left(left[3], left[4], unsent=left[2], counters=(left[5], left[6]))
+        self._give_back(bails)

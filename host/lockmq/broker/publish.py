@@ -45,18 +45,6 @@ class RecordSink(Protocol):
         once durable, a result per record (an invalid one's is its InvalidRecord).
         Raises what is refused before queuing (busy, closed)."""
 
-    def append_known_then(self, records: list[NewRecord],
-                          then: Callable[[list[Appended] | None, BaseException | None],
-                                         None]) -> None:
-        """:meth:`append_then` from the store's writer thread, for topics the store
-        has (raises TopicNotOpen for one it has not)."""
-
-    def read_before_commit(self, source: Callable[[], None] | None) -> bool:
-        """Run ``source()`` on the store's writer thread before each group commit."""
-
-    def source_ready(self) -> None:
-        """The source has something: wake the writer if it waits for work."""
-
 
 class PublishRefused(Exception):
     """Nothing of the batch was stored: the wire code, message and retry hint."""

@@ -17,7 +17,7 @@ Typical use from the broker's event loop::
 from .config import StoreConfig
 from .engine import Store, open_store
 from .errors import (CorruptRecord, InvalidRecord, StoreBusy, StoreClosed, StoreError,
-                     StoreFailed, StoreFull, StoreLocked, TopicNotOpen)
+                     StoreFailed, StoreFull, StoreLocked)
 from .recovery import RecoveryReport
 from .retention import RetentionReport
 from .records import Appended, NewRecord, StoredRecord, validate_topic
@@ -26,5 +26,5 @@ __all__ = [
     "Store", "StoreConfig", "NewRecord", "Appended", "StoredRecord", "RecoveryReport",
     "RetentionReport", "open_store", "validate_topic",
     "StoreError", "StoreBusy", "StoreFull", "StoreClosed", "StoreFailed", "StoreLocked",
-    "InvalidRecord", "CorruptRecord", "TopicNotOpen",
+    "InvalidRecord", "CorruptRecord",
 ]

@@ -31,7 +31,7 @@ from .config import StoreConfig
 from .damage import Damage, DamageMap
 from .dedup import DedupTable
 from .errors import (CorruptRecord, InvalidRecord, StoreClosed, StoreFailed, StoreFull,
-                     StoreLocked, TopicNotOpen)
+                     StoreLocked)
 from .files import DIR_MODE, FILE_MODE, create_file, secure_data_dir
 from .index import TopicIndex
 from .files import atomic_write
@@ -373,8 +373,7 @@ class Store:
         fut = self._submit(records, None)
         return [] if fut is None else await fut  # type: ignore[misc]
 
-    def append_then(self, records: list[NewRecord], then: Then,
-                    known_topics: bool = False) -> None:
+    def append_then(self, records: list[NewRecord], then: Then) -> None:
         """:meth:`append` without a coroutine: ``then(results, error)`` is called on
         the loop as soon as the writer has answered (durable in ``sync``), with the
         results or the error (StoreFull, StoreClosed, StoreFailed). Errors found
@@ -384,21 +383,16 @@ class Store:
 
         Answered per record: a record that breaks a rule costs the others nothing --
         its result is its :class:`InvalidRecord` (then called at once if no record
-        is valid), every other record is stored in the same group commit.
-
-        With ``known_topics`` it may be called from the writer's own thread (the
-        source, :meth:`read_before_commit`): a topic without an index raises
-        :class:`TopicNotOpen` instead of being created (that is the loop's)."""
+        is valid), every other record is stored in the same group commit."""
         try:
-            answer = self._submit(records, Answer(then), known_topics)
+            answer = self._submit(records, Answer(then))
         except InvalidRecord:
-            self._append_valid_then(records, then, known_topics)
+            self._append_valid_then(records, then)
             return
         if answer is None:
             then([], None)
 
-    def _append_valid_then(self, records: list[NewRecord], then: Then,
-                           known_topics: bool) -> None:
+    def _append_valid_then(self, records: list[NewRecord], then: Then) -> None:
         """:meth:`append_then` of a call with an invalid record: the valid ones in one
         submit, each invalid one answered with its own error, in the call's order."""
         errors: dict[int, InvalidRecord] = {}
@@ -419,26 +413,11 @@ class Store:
             then([errors[i] if i in errors else next(stored)  # type: ignore[misc]
                   for i in range(len(records))], None)
 
-        if self._submit(valid, Answer(merged), known_topics) is None:
+        if self._submit(valid, Answer(merged)) is None:
             merged([], None)
 
-    def read_before_commit(self, source: "Callable[[], None] | None") -> None:
-        """Have the writer thread call ``source()`` (holding the GIL) each time it
-        is about to take the next group commit, or stop (None). The broker's lane
-        reads its sockets there, so what arrived during a commit goes into the next
-        one in one read, without waking the loop (broker/lane.py). ``source`` may
-        only append with ``known_topics``."""
-        assert self._writer is not None
-        self._writer.source = source
-
-    def source_ready(self) -> None:
-        """The source of :meth:`read_before_commit` has something: the writer, if it
-        waits for work, runs (and calls it) now."""
-        if self._writer is not None and self._writer.started:
-            self._writer.wake()
-
-    def _submit(self, records: list[NewRecord], answer: Answer | None,
-                known_topics: bool = False) -> "asyncio.Future | Answer | None":
+    def _submit(self, records: list[NewRecord],
+                answer: Answer | None) -> "asyncio.Future | Answer | None":
         """Check, encode and queue ``records`` (None: there were none)."""
         w = self._writer
         assert w is not None
@@ -450,8 +429,6 @@ class Store:
             return None
         ts = int(self.clock.wall_ms() * 1000)
         enc, n, new_topics = encode_records(records, ts, self._max_record, self._topics)
-        if new_topics and known_topics:
-            raise TopicNotOpen(f"no index for topic {min(new_topics)!r} yet")
         for topic in new_topics:
             self._new_topic(topic)
         return w.submit(records, enc, n, ts // 1_000_000, answer)

@@ -32,11 +32,6 @@ class StoreFull(StoreBusy):
     log was cut back to where it was before the batch."""
 
 
-class TopicNotOpen(StoreError):
-    """:meth:`Store.append_then` with ``known_topics``: a record's topic has no index
-    yet (only the loop's appends create one). Nothing of the call was stored."""
-
-
 class StoreClosed(StoreError):
     """The store was closed (or never started) and takes no more calls."""
 

@@ -154,10 +154,6 @@ class GroupCommit:
         self._dedup = dedup
         self.stats = stats
         self._on_visible = on_visible
-        #: called on this thread before each take (``Store.read_before_commit``)
-        self.source: Callable[[], None] | None = None
-        #: wake() was called: the idle writer goes round once (and calls the source)
-        self._poked = False
         self._sync = config.flush == "sync"
         self._max_pending = config.max_pending_bytes
         self._active = segments.active  # the writer's active segment (may run ahead)
@@ -223,14 +219,6 @@ class GroupCommit:
                 self._cond.notify()
         return fut
 
-    def wake(self) -> None:
-        """Wake the writer if it waits for work: its source may have some."""
-        with self._lock:
-            self._poked = True
-            if self._w_idle:
-                self._w_idle = False
-                self._cond.notify()
-
     def roll_due(self, now_ms: float | None = None) -> bool:
         """True if the active segment holds records and is older than ``segment_ms``."""
         first = self._active_first_ms
@@ -287,11 +275,8 @@ class GroupCommit:
         try:
             while True:
                 self.may_write.wait()
-                source = self.source   # (once: the loop may set it to None meanwhile)
-                if source is not None and not self.closing:
-                    self._read_source(source)
                 with cond:
-                    while not self._pending and not self.closing and not self._poked:
+                    while not self._pending and not self.closing:
                         # idle: wake up for the async flush and for a due checkpoint
                         now = time.monotonic()
                         due = []
@@ -310,7 +295,6 @@ class GroupCommit:
                         self._w_idle = True
                         cond.wait(timeout)
                         self._w_idle = False
-                    self._poked = False
                     batch = self._take_batch()
                 if batch:
                     self._process(batch)
@@ -350,14 +334,6 @@ class GroupCommit:
         finally:
             ckpt_exec.shutdown(wait=True)
             loop.call_soon_threadsafe(self._writer_done)
-
-    @staticmethod
-    def _read_source(source: Callable[[], None]) -> None:
-        """The source's turn: what it appends now is in the batch taken next."""
-        try:
-            source()
-        except Exception:  # noqa: BLE001 -- a reader's bug must not stop the writer
-            log.exception("store: the writer's source failed")
 
     def _writer_done(self) -> None:
         if self._done is not None and not self._done.done():

@@ -20,12 +20,12 @@
 //! generation so that an answer for a socket released (and its fd number reused) is
 //! never written to the new one.
 //!
-//! Two threads call the lane (the loop, and the store's writer through poll): each
-//! call holds the lane's mutex for its whole run, waiting for it without the GIL.
+//! Only the event loop's thread calls the lane (broker/lane.py): the mutex is the
+//! frozen class's state, taken for each call's whole run.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -51,9 +51,6 @@ struct Slot {
     limit: i64,
     gen: u64,
     paused: bool,
-    /// poll(defer) gave it up: out of the set, its unread bytes in tail, until
-    /// take_bails() or release() hands it back
-    bailed: bool,
     tail: Vec<u8>,
     /// a session with frame MACs: its key, and the frames opened from / sealed to the
     /// lock so far (the lane keeps the counters while it holds the socket)
@@ -68,7 +65,6 @@ struct State {
     next_gen: u64,
     max_frame: usize,
     rbuf: Vec<u8>,
-    bailed: usize,
     record_type: RecordClass,
 }
 
@@ -117,9 +113,6 @@ impl State {
     /// (`extra`: unread bytes of this poll, after the held tail).
     fn detach<'py>(&mut self, py: Python<'py>, fd: i32, extra: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
         let s = self.slots.remove(&fd).expect("detach of a slot in the lane");
-        if s.bailed {
-            self.bailed -= 1;
-        }
         if !s.paused {
             // (a paused socket is out of the set already; this fails only if fd was closed)
             let _ = epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, 0);
@@ -131,20 +124,6 @@ impl State {
 
     fn slot_of(&mut self, fd: i32, gen: u64) -> Option<&mut Slot> {
         self.slots.get_mut(&fd).filter(|s| gen == 0 || s.gen == gen)
-    }
-
-    /// Keep a socket the lane gives up (poll with defer) until the loop takes it back.
-    fn defer_bail(&mut self, fd: i32, extra: &[u8]) -> PyResult<()> {
-        let epfd = self.epfd.as_raw_fd();
-        let s = self.slots.get_mut(&fd).unwrap();
-        s.tail.extend_from_slice(extra);
-        if !s.paused {
-            epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0)?;
-        }
-        s.paused = true;
-        s.bailed = true;
-        self.bailed += 1;
-        Ok(())
     }
 }
 
@@ -227,17 +206,9 @@ fn take<'py>(
 }
 
 impl Lane {
-    /// The lane's state; while another thread holds it, waited for without the GIL
-    /// (that thread may need the GIL to finish its call).
-    fn state(&self, py: Python<'_>) -> MutexGuard<'_, State> {
-        loop {
-            match self.0.try_lock() {
-                Ok(g) => return g,
-                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
-                // wait for it to be free, then take it with the GIL held again
-                Err(TryLockError::WouldBlock) => py.allow_threads(|| drop(self.0.lock())),
-            }
-        }
+    /// The lane's state (one thread calls the lane: never contended).
+    fn state(&self, _py: Python<'_>) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -262,7 +233,6 @@ impl Lane {
             next_gen: 1,
             max_frame: max_frame as usize,
             rbuf: vec![0u8; max_frame as usize + LANE_READ],
-            bailed: 0,
             record_type,
         })))
     }
@@ -317,7 +287,6 @@ impl Lane {
                 limit,
                 gen,
                 paused: false,
-                bailed: false,
                 tail: Vec::new(),
                 rx: if seal.is_some() { rx as u32 } else { 0 },
                 tx: if seal.is_some() { tx as u32 } else { 0 },
@@ -337,21 +306,16 @@ impl Lane {
         Ok(Some(st.detach(py, fd, &[])?))
     }
 
-    /// poll(max_records, defer=False) -> (records, plan, bails, bytes_in, frames_in)
+    /// poll(max_records) -> (records, plan, bails, bytes_in, frames_in)
     ///
     /// Reads each ready socket once. `records`: NewRecords for the store, in order;
     /// `plan`: whose ack each is (for answer()); `bails`: (conn, bytes, credit, rx, tx)
     /// of each socket the lane gave back this poll (bytes: what Python must read now,
-    /// empty at EOF or on an error: the transport, reading again, sees it). With
-    /// `defer` (a thread other than the loop's polls), a socket given up stays in the
-    /// lane, unread and holding those bytes, until the loop takes it back with
-    /// take_bails() or release(): the loop never sees a socket in neither place.
-    #[pyo3(signature = (max_records, defer = false))]
+    /// empty at EOF or on an error: the transport, reading again, sees it).
     fn poll<'py>(
         &self,
         py: Python<'py>,
         max_records: isize,
-        defer: bool,
     ) -> PyResult<(Bound<'py, PyList>, LanePlan, Bound<'py, PyList>, usize, usize)> {
         let mut guard = self.state(py);
         let st = &mut *guard;
@@ -392,11 +356,7 @@ impl Lane {
                 if r <= 0 {
                     // EOF or a socket error: the transport reads it again (its tail
                     // still holds the partial frame, if any)
-                    if defer {
-                        st.defer_bail(fd, &[])?;
-                    } else {
-                        bails.append(st.detach(py, fd, &[])?)?;
-                    }
+                    bails.append(st.detach(py, fd, &[])?)?;
                     continue;
                 }
                 let n = held + r as usize;
@@ -413,11 +373,7 @@ impl Lane {
                     continue;
                 }
                 bytes_in -= n - pos; // (Python counts what it reads)
-                if defer {
-                    st.defer_bail(fd, &rbuf[pos..n])?;
-                } else {
-                    bails.append(st.detach(py, fd, &rbuf[pos..n])?)?;
-                }
+                bails.append(st.detach(py, fd, &rbuf[pos..n])?)?;
             }
             Ok(())
         })();
@@ -468,7 +424,7 @@ impl Lane {
             let in_lane = match st.slot_of(e.fd, e.gen) {
                 Some(s) => {
                     s.pending -= size;
-                    if s.paused && !s.bailed && s.pending <= s.limit / 2 {
+                    if s.paused && s.pending <= s.limit / 2 {
                         epoll_ctl(epfd, libc::EPOLL_CTL_ADD, e.fd, libc::EPOLLIN as u32)?;
                         s.paused = false;
                     }
@@ -545,26 +501,6 @@ impl Lane {
         Ok((stored, dup, frames_out, bytes_out, leftovers))
     }
 
-    /// take_bails() -> [(conn, bytes, credit, rx, tx)]: the sockets poll(defer=True)
-    /// gave up, out of the lane now (bytes: what Python must read first).
-    fn take_bails<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let mut st = self.state(py);
-        let bails = PyList::empty(py);
-        if st.bailed > 0 {
-            let mut fds: Vec<i32> = st.slots.iter().filter(|(_, s)| s.bailed).map(|(fd, _)| *fd).collect();
-            fds.sort_unstable();
-            for fd in fds {
-                bails.append(st.detach(py, fd, &[])?)?;
-            }
-        }
-        Ok(bails)
-    }
-
-    /// How many sockets poll(defer=True) gave up and take_bails() has not taken.
-    fn bailed(&self, py: Python<'_>) -> usize {
-        self.state(py).bailed
-    }
-
     /// How many sockets are in the lane.
     fn adopted(&self, py: Python<'_>) -> usize {
         self.state(py).slots.len()
@@ -579,7 +515,6 @@ impl Lane {
                 let _ = epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, 0);
             }
         }
-        st.bailed = 0;
     }
 }
 
