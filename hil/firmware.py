@@ -15,10 +15,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from lockmq.firmware_tools.deploy import STATE_FILES
+
 from .broker import lockmq_cli
 
 #: Files the app creates at run time (firmware/README.md); a fresh board has none.
-STATE_FILES = ("queue.dat", "seq.dat", "seq.dat.bak", "cmd.dat", "cards.bin")
 TEMPLATE_SN = "TEMPLATE"
 TEMPLATE_KEY = "00" * 32
 
@@ -59,7 +60,9 @@ def make_flash(template: Path, dest: Path, sn: str, key: str, brokers: list[tupl
     """A fresh board's flash folder: the template's code plus this lock's config.json."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(template, dest, ignore=shutil.ignore_patterns(*STATE_FILES[:4]))
+    # the app's state stays behind; the cards the build wrote are the board's own
+    shutil.copytree(template, dest,
+                    ignore=shutil.ignore_patterns(*(f for f in STATE_FILES if f != "cards.bin")))
     write_config(dest, sn=sn, key=key, brokers=[list(b) for b in brokers], **settings)
     return dest
 
@@ -70,12 +73,3 @@ def write_config(flash: Path, **changes: Any) -> None:
     cfg = json.loads(p.read_text())
     cfg.update(changes)
     p.write_text(json.dumps(cfg, indent=1))
-
-
-def code_files(flash: Path) -> list[Path]:
-    """What a deploy copies to a board: lockboot, main.py, lib/**, config.json (no state files)."""
-    files = sorted(flash.glob("lockboot.*")) + [flash / "main.py", flash / "config.json"]
-    files += sorted(p for p in (flash / "lib").rglob("*") if p.is_file())
-    if (flash / "cards.bin").exists():
-        files.append(flash / "cards.bin")
-    return files

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import rawrepl
 from .dut import Dut
 from .errors import DutError
-from .firmware import STATE_FILES, code_files
+from lockmq.firmware_tools.deploy import STATE_FILES
 
 STATUS = re.compile(rb"I sys status q=(\d+) next_seq=(\d+) dropped=(\d+) link=(\w+)")
 QUEUED = re.compile(r"I evt queued seq=(\d+) type=(\w+)")
@@ -114,20 +115,54 @@ class Lock:
         raise self.fail(f"{self.sn}: queue not drained within {timeout:g} s (last status {st})")
 
     def deploy(self, flash: Path, fresh: bool = False) -> None:
-        """Copy a flash folder's code and config to the board through the raw REPL
-        (what ``mpremote cp`` / ``lockmq firmware deploy`` do), then reset it.
-        ``fresh`` also deletes the app's state files (a new board)."""
-        files = {str(p.relative_to(flash)): p.read_bytes() for p in code_files(flash)}
-        gone = list(STATE_FILES) if fresh else []
-        self.dut.exec(
-            "import os\n"
-            "def _rm(d):\n"
-            " for n in os.listdir(d):\n"
-            "  p=d+'/'+n\n"
-            "  try:\n   os.remove(p)\n  except OSError:\n   _rm(p)\n   os.rmdir(p)\n"
-            "try:\n _rm('lib')\nexcept OSError:\n pass\n"
-            f"for f in {gone!r}:\n try:\n  os.remove(f)\n except OSError:\n  pass\n",
-            timeout=30,
-        )
-        self.dut.put_files(files, timeout=30)
+        """Install a flash folder's code and config on the board the way ``lockmq
+        firmware deploy`` does (:func:`lockmq.firmware_tools.deploy.deploy_over`: copied
+        beside the running app, verified, swapped), through this board's DUT; then
+        reset it. ``fresh`` first deletes the app's state files (a new board)."""
+        from lockmq.firmware_tools.deploy import deploy_over
+
+        if fresh:   # a new board: no state, and the cards its image holds (a deploy keeps both)
+            self.dut.exec(f"import os\nfor f in {list(STATE_FILES)!r}:\n try:\n  os.remove(f)\n"
+                          " except OSError:\n  pass\n", timeout=30)
+            if (flash / "cards.bin").exists():
+                self.dut.put_file(flash / "cards.bin", "cards.bin", timeout=30)
+        deploy_over(DutLink(self.dut), flash, reset="none", say=lambda _: None)
         self.dut.reset()
+
+
+class DutLink:
+    """A deploy's raw-REPL sessions over a :class:`Dut` (its board's own transport:
+    a virtual board's pty, a serial port, QEMU): the rig's
+    :class:`lockmq.firmware_tools.deploy.Link`."""
+
+    def __init__(self, dut: Dut, timeout: float = 30.0) -> None:
+        self.dut = dut
+        self.timeout = timeout
+
+    def session(self, steps: list[tuple], timeout: float) -> tuple[int, str, str]:
+        out: list[str] = []
+        rawrepl.enter_raw(self.dut)
+        try:
+            for step in steps:
+                if step[0] == "exec":
+                    out.append(rawrepl.exec_raw(self.dut, step[1], self.timeout))
+                    continue
+                if step[0] == "mkdir":
+                    rawrepl.exec_raw(self.dut, f"import os\nos.mkdir({step[1]!r})", self.timeout)
+                    continue
+                local, remote = Path(step[1]), step[2]
+                files = [(p, f"{remote}/{p.relative_to(local).as_posix()}")
+                         for p in sorted(local.rglob("*")) if p.is_file()] if local.is_dir() \
+                    else [(local, remote)]
+                for path, board_path in files:
+                    rawrepl.put_file(self.dut, path.read_bytes(), board_path, self.timeout)
+        except DutError as exc:
+            return 1, "".join(out), str(exc)
+        finally:
+            rawrepl.exit_raw(self.dut)
+        return 0, "".join(out), ""
+
+    def start(self, reset: str, boot_timeout: float) -> str | None:
+        """A reset of the board (the caller reads its boot line)."""
+        self.dut.reset()
+        return None

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from lockmq.hil.broker import BrokerProcess, lockmq_cli
 from lockmq.hil.firmware import build, make_flash
 from lockmq.hil.plugin import TEST_SETTINGS
 from lockmq.hil.scenario import stored_seqs
+from lockmq.testing.deploycut import cut_mid_copy
 
 SN = "DEPLOY01"
 
@@ -49,11 +49,6 @@ def test_a_cut_deploy_leaves_the_old_app_running_and_a_good_one_starts_the_new(
     if hil_interpreter is None:
         pytest.skip("the virtual target's board is served as a serial port here")
     pytest.importorskip("serial")
-    if hil_interpreter.frozen:
-        # An open bug, not a pass: on the frozen 32-bit board the second (good) deploy's
-        # mpremote failed once in CI with "could not enter raw repl" right after the
-        # monitor session; the cause is not found yet. The 64-bit board runs this.
-        pytest.skip("frozen board: raw-REPL entry after a monitor session fails at times")
     key = broker.provision([SN])[SN]
     token = broker.service_token("deploy-admin", "--admin")
     settings = {**TEST_SETTINGS, "heartbeat_s": 2}
@@ -73,18 +68,9 @@ def test_a_cut_deploy_leaves_the_old_app_running_and_a_good_one_starts_the_new(
         _online(broker, token)
         before = _tree(board / "lib") if (board / "lib").exists() else {}
 
-        def cut_when_half_copied() -> None:      # by progress on the board, not by time
-            while vb.poll() is None:
-                if len(list((board / "lib.new").rglob("*.mpy"))) >= 8:
-                    # the link reset under the copy, back at once (a cable blip): the
-                    # deploy's clean-up and restart then reach the board, whatever
-                    # the moment they connect
-                    proxy.reset()
-                    return
-                time.sleep(0.01)
-
-        watcher = threading.Thread(target=cut_when_half_copied, daemon=True)
-        watcher.start()
+        # the link reset under the copy, back at once (a cable blip): the deploy's
+        # clean-up and restart then reach the board, whatever the moment they connect
+        watcher = cut_mid_copy(board, proxy.reset, lambda: vb.poll() is None)
         p = _cli("firmware", "deploy", "--port", url, "--dir", str(new), "--boot-timeout", "20")
         watcher.join(5)
         assert p.returncode == 1, p.stdout + p.stderr

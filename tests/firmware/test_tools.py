@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from lockmq.cli import main as lockmq_main
 from lockmq.firmware_tools.build import BuildError
 from lockmq.firmware_tools.lfsimage import make_image
 from lockmq.testing import set_config
+from lockmq.testing.deploycut import cut_mid_copy
 from lockmq.testing.micropython import run_mpy
 
 from .esp_rom import EspRom
@@ -239,18 +239,7 @@ def test_deploy_cut_mid_copy_leaves_the_old_app(built, tmp_path):
             assert rc == 0, out
             new = tmp_path / "new"
             shutil.copytree(built, new)
-
-            def cut_when_half_copied() -> None:        # by progress on the board, not by time
-                while proc.poll() is None:
-                    if len(list((board / "lib.new").rglob("*.mpy"))) >= 8:
-                        proxy.cut()
-                        return
-                    time.sleep(0.01)
-
-            import threading
-
-            watcher = threading.Thread(target=cut_when_half_copied, daemon=True)
-            watcher.start()
+            watcher = cut_mid_copy(board, proxy.cut, lambda: proc.poll() is None)   # a cable pulled
             p = subprocess.run([sys.executable, "-c", "from lockmq.cli import main; raise SystemExit(main())",
                                 "firmware", "deploy", "--port", url,
                                 "--dir", str(new), "--boot-timeout", "3"],

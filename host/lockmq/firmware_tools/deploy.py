@@ -1,7 +1,9 @@
 """Install a flash folder on a board already running MicroPython, so that no instant
 of the copy can leave it without a working app.
 
-Three mpremote runs over the board's raw REPL, then the app is started:
+Three sessions at the board's raw REPL, then the app is started. A :class:`Link`
+carries them: mpremote runs (:class:`MpremoteLink`, ``lockmq firmware deploy``) or the
+HIL rig's DUT (``lockmq.hil.lock.DutLink``, ``Lock.deploy``): one deploy for both.
 
 1. **copy** the new code beside the running one (``lib.new/``, ``main.py.new``,
    ``config.json.new``) and **verify** it: the board hashes every file it received
@@ -34,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from .build import BuildError, firmware_src
 
@@ -136,7 +138,7 @@ def local_digests(folder: str | Path, config: bool = True) -> dict[str, str]:
     """What the board must hold after the copy: ``{board path: sha256 hex}``."""
     root = Path(folder)
     out = {}
-    for p in sorted((root / "lib").rglob("*")):
+    for p in sorted((root / "lib").rglob("*")) if (root / "lib").is_dir() else []:
         if p.is_file():
             out["lib.new/" + p.relative_to(root / "lib").as_posix()] = _sha(p)
     out["main.py.new"] = _sha(root / "main.py")
@@ -154,23 +156,76 @@ def _sha(p: Path) -> str:
 def check_folder(folder: str | Path, reset: str = "hard") -> Path:
     """The flash folder, or :class:`BuildError` saying why it cannot be deployed."""
     root = Path(folder)
-    if not (root / "main.py").is_file() or not (root / "lib").is_dir():
-        raise BuildError(f"{root} is not a flash folder (no main.py / lib/): run `lockmq firmware build`")
+    # (no lib/: a --frozen build, whose app is the image's; the board gets an empty lib/)
+    if not (root / "main.py").is_file():
+        raise BuildError(f"{root} is not a flash folder (no main.py): run `lockmq firmware build`")
     if reset not in RESETS:
         raise BuildError("--reset must be hard, soft or none")
     return root
 
 
-def copy_argv(port: str, stage: Path, config: bool) -> list[str]:
-    """Step 1's mpremote run: clean, copy beside the running app, print the digests."""
-    argv = mpremote_argv(port, "exec", _CLEAN,
-                         "+", "fs", "cp", "-r", str(stage / "lib.new"), ":lib.new",
-                         "+", "fs", "cp", str(stage / "main.py"), ":main.py.new")
-    for boot in sorted(stage.glob("lockboot.*")):
-        argv += ["+", "fs", "cp", str(boot), f":{boot.name}.new"]
+#: One step of a raw-REPL session: ``("exec", script)``, ``("mkdir", board path)`` or
+#: ``("cp", local, board path)`` (a local folder is copied with everything below it).
+Step = tuple
+
+
+class Link(Protocol):
+    """How a deploy reaches the board's raw REPL: :class:`MpremoteLink` (``lockmq
+    firmware deploy``, any port mpremote opens) or the HIL rig's DUT
+    (``lockmq.hil.lock.DutLink``): one deploy, whatever carries its bytes."""
+
+    def session(self, steps: list[Step], timeout: float) -> tuple[int, str, str]:
+        """Run ``steps`` in one raw-REPL session, in order, stopping at the first that
+        fails: ``(status, output, error text)``, status 0 when all ran."""
+        ...
+
+    def start(self, reset: str, boot_timeout: float) -> str | None:
+        """Start the app (:data:`RESETS`; module docstring, step 3); the version of its
+        boot line, None when the link does not read it. Raises :class:`DeployError`."""
+        ...
+
+
+class MpremoteLink:
+    """A board on ``port`` (a serial device, ``socket://``, ``rfc2217://``), through
+    mpremote: each session is one ``mpremote connect PORT step + step ...`` run."""
+
+    def __init__(self, port: str, baud: int = 115200) -> None:
+        self.port = port
+        self.baud = baud
+
+    def argv(self, steps: list[Step]) -> list[str]:
+        """The mpremote command line of a session."""
+        args: list[str] = []
+        for step in steps:
+            if args:
+                args.append("+")
+            if step[0] == "exec":
+                args += ["exec", step[1]]
+            elif step[0] == "mkdir":
+                args += ["fs", "mkdir", ":" + step[1]]
+            else:
+                local, remote = Path(step[1]), step[2]
+                args += ["fs", "cp", *(["-r"] if local.is_dir() else []), str(local), ":" + remote]
+        return mpremote_argv(self.port, *args)
+
+    def session(self, steps: list[Step], timeout: float) -> tuple[int, str, str]:
+        proc = _mpremote(self.argv(steps), timeout)
+        return proc.returncode, proc.stdout, (proc.stderr or proc.stdout).strip()
+
+    def start(self, reset: str, boot_timeout: float) -> str | None:
+        return start_app(self.port, reset, boot_timeout, self.baud)
+
+
+def copy_steps(stage: Path, config: bool) -> list[Step]:
+    """Step 1's session: clean, copy beside the running app, print the digests."""
+    # an empty lib.new/ (a --frozen build) is made, not copied: `fs cp -r` skips it
+    lib = ("cp", stage / "lib.new", "lib.new") if any((stage / "lib.new").iterdir()) \
+        else ("mkdir", "lib.new")
+    steps: list[Step] = [("exec", _CLEAN), lib, ("cp", stage / "main.py", "main.py.new")]
+    steps += [("cp", boot, f"{boot.name}.new") for boot in sorted(stage.glob("lockboot.*"))]
     if config:
-        argv += ["+", "fs", "cp", str(stage / "config.json"), ":config.json.new"]
-    return argv + ["+", "exec", _VERIFY]
+        steps.append(("cp", stage / "config.json", "config.json.new"))
+    return steps + [("exec", _VERIFY)]
 
 
 def board_digests(output: str) -> dict[str, str] | None:
@@ -230,49 +285,62 @@ def start_app(port: str, reset: str, boot_timeout: float, baud: int = 115200) ->
 def deploy(port: str, folder: str | Path, *, config: bool = True, reset: str = "hard",
            boot_timeout: float = 30.0, step_timeout: float = 300.0,
            say: Callable[[str], None] = print) -> str | None:
-    """Install ``folder`` on the board at ``port`` (module docstring). Returns the
-    version the board booted (None with ``reset="none"``: not started). Raises
-    :class:`DeployError`; after a failed copy the old app has been restarted."""
+    """Install ``folder`` on the board at ``port`` (module docstring) with mpremote:
+    :func:`deploy_over` an :class:`MpremoteLink`."""
+    return deploy_over(MpremoteLink(port), folder, config=config, reset=reset,
+                       boot_timeout=boot_timeout, step_timeout=step_timeout, say=say)
+
+
+def deploy_over(link: Link, folder: str | Path, *, config: bool = True, reset: str = "hard",
+                boot_timeout: float = 30.0, step_timeout: float = 300.0,
+                say: Callable[[str], None] = print) -> str | None:
+    """Install ``folder`` on the board that ``link`` reaches (module docstring).
+    Returns the version the board booted (None with ``reset="none"``: not started,
+    or when the link does not read it). Raises :class:`DeployError`; after a failed
+    copy the old app has been restarted."""
     root = check_folder(folder, reset)
     config = config and (root / "config.json").is_file()
     want = local_digests(root, config)
     with tempfile.TemporaryDirectory(prefix="lockmq-deploy-") as tmp:
         stage = Path(tmp)
-        shutil.copytree(root / "lib", stage / "lib.new")
+        if (root / "lib").is_dir():
+            shutil.copytree(root / "lib", stage / "lib.new")
+        else:
+            (stage / "lib.new").mkdir()
         shutil.copyfile(root / "main.py", stage / "main.py")
         for boot in root.glob("lockboot.*"):
             shutil.copyfile(boot, stage / boot.name)
         if config:
             shutil.copyfile(root / "config.json", stage / "config.json")
-        proc = _mpremote(copy_argv(port, stage, config), step_timeout)
-    got = board_digests(proc.stdout)
-    if proc.returncode != 0 or got != want:
-        if proc.returncode != 0:
-            why = f"mpremote exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"
+        status, out, err = link.session(copy_steps(stage, config), step_timeout)
+    got = board_digests(out)
+    if status != 0 or got != want:
+        if status != 0:
+            why = f"the copy exited {status}: {err[-300:]}"
         elif got is None:
             why = "the board printed no digests"
         else:
             bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
             why = f"{len(bad)} file(s) differ on the board: {', '.join(bad[:5])}"
-        clean = _mpremote(mpremote_argv(port, "exec", _CLEAN), 60)
-        if clean.returncode != 0 or "CLEAN" not in clean.stdout:
+        status, out, err = link.session([("exec", _CLEAN)], 60)
+        if status != 0 or "CLEAN" not in out:
             why += ("; the partial copy was not removed (the next deploy removes it: "
-                    f"{(clean.stderr or clean.stdout).strip()[-200:]})")
+                    f"{err[-200:]})")
         try:
-            fw = start_app(port, "soft", boot_timeout)
-            state = f"the old app runs again (fw={fw})"
+            fw = link.start("soft", boot_timeout)
+            state = "the old app runs again" + (f" (fw={fw})" if fw else "")
         except Exception as e:  # noqa: BLE001 -- the board may be unreachable
             state = f"the old app is in place but was not restarted ({e})"
         raise DeployError(f"copy failed, nothing swapped: {why}; {state}")
     say(f"copied and verified {len(want)} files")
-    proc = _mpremote(mpremote_argv(port, "exec", _SWAP), 120)
-    if proc.returncode != 0 or "SWAPPED" not in proc.stdout:
-        raise DeployError(f"the swap did not finish ({(proc.stderr or proc.stdout).strip()[-300:]}); "
+    status, out, err = link.session([("exec", _SWAP)], 120)
+    if status != 0 or "SWAPPED" not in out:
+        raise DeployError(f"the swap did not finish ({err[-300:]}); "
                           "at its next boot the board runs the old app or the new one, whole")
     say("swapped")
     if reset == "none":
         say("not started (--reset none): the board is at its REPL; Ctrl-D there runs main.py")
         return None
-    fw = start_app(port, reset, boot_timeout)
-    say(f"app started: fw={fw}")
+    fw = link.start(reset, boot_timeout)
+    say("app started" + (f": fw={fw}" if fw else ""))
     return fw
