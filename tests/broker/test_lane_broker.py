@@ -359,3 +359,45 @@ def test_a_lock_with_frame_macs_is_read_and_acked_in_the_lane(tmp_path: Any) -> 
         lock.close()
     finally:
         secure.close()
+
+
+def test_a_sealed_lock_that_leaves_the_lane_during_a_commit_gets_that_commit_s_acks_sealed_right(
+        tmp_path: Any) -> None:
+    """The commit's answer reads the lane first: a sealed lock's heartbeat among what
+    arrived takes the socket back to Python, and the acks of the commit that was
+    running are then Python's to seal -- with the counters the lane hands back, which
+    must be the session's before those acks are sealed (a tag with a stale counter
+    would make the lock drop its session)."""
+    secure = SecureBroker(tmp_path, locks=[SN])   # (its registry; the broker in-process)
+    try:
+        broker = BrokerThread(str(secure.data), auth="required").start()
+        lock = Peer(broker.port, SN)
+        lock.auth_lock(secure.keys[SN], mac=True)
+        topic = "lock.events"
+        opaques: list[int] = []
+
+        def sealed_publish(seq: int) -> bytes:
+            opaques.append(lock.next_opaque())
+            return lock.session.seal(Op.PUBLISH, lock.sn, Publish(topic, seq, 0, b"x" * 24)
+                                     .encode(), opaques[-1])
+
+        for seq in range(1, 4):   # one by one: the Python path answers, then it joins
+            lock.raw(sealed_publish(seq))
+            _opened(lock, 1)
+        wait_for(lambda: _stat(broker, "lane_joins") == 1, "the sealed lock to join the lane")
+        _writer_waits(broker)
+        started, release = _hold_next_commit(broker)
+        lock.raw(sealed_publish(4))   # read by the loop: its commit is held
+        assert started.wait(10)
+        lock.raw(sealed_publish(5) + _sealed(lock, Op.HEARTBEAT, Heartbeat(0, 5).encode())
+                 + sealed_publish(6))
+        time.sleep(0.05)   # (in the kernel before the commit answers)
+        release.set()
+        frames = _opened(lock, 4)   # each tag checked against the lock's own counter
+        assert sorted(f.opcode for f in frames) == sorted([Op.PUBLISH_ACK] * 3 + [Op.HEARTBEAT])
+        assert [f.opaque for f in frames if f.opcode == Op.PUBLISH_ACK] == opaques[3:]
+        assert _stat(broker, "lane_bails") == 1
+        lock.close()
+        broker.stop()
+    finally:
+        secure.close()

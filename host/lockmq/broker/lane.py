@@ -89,9 +89,10 @@ class Lane:
         self._held = False
         self._held_at = 0.0
         self._stall_check: asyncio.TimerHandle | None = None
-        #: a submit runs now (an answer during it is a refusal made on the spot)
+        #: a submit runs now (an answer during it is a refusal made on the spot, kept
+        #: here as (plan, results) until the poll's sockets are given back)
         self._submitting = False
-        self._answered_now = False
+        self._refused_now: tuple[Any, list] | None = None
 
     @staticmethod
     def available() -> bool:
@@ -159,33 +160,41 @@ class Lane:
 
     def _ready(self) -> None:
         """The loop's callback (the lane's fd is readable): every ready socket read."""
-        self._give_back(self._read_now())
+        refused = self._read_now()
+        if refused is not None:
+            self._send(*refused)
 
-    def _read_now(self) -> list:
+    def _read_now(self) -> tuple[Any, list] | None:
         """One poll: its records to the store, and the lane held until they are
-        answered (or watched again); returns the poll's bails, for the caller to give
-        back once it is done with this poll's answers."""
+        answered (or watched again). The sockets the poll gave up go back to their
+        connections once its records are queued (their next records come after these)
+        and before any answer is sealed for them (a sealed session's counters come back
+        with the socket). Returns a refusal the store made on the spot, as (plan,
+        results), for the caller to send after the answers it is sending itself."""
         records, plan, bails, nbytes, frames = self._lane.poll(POLL_RECORDS)
         if not records:
             self._held = False
             self._watch()
-            return bails
+            self._give_back(bails)
+            return None
         c = self.stats.c
         c["bytes_in"] += nbytes
         c["frames_in"] += frames
         c["publish_received"] += frames
         self._read += len(records)
-        self._submitting, self._answered_now = True, False
+        self._submitting, self._refused_now = True, None
         try:
             self.publisher.submit_now(records, partial(self._answer, plan))
         finally:
             self._submitting = False
-        if self._answered_now:   # refused on the spot: the next readable fd reads again
+        refused, self._refused_now = self._refused_now, None
+        if refused is not None:   # the next readable fd reads again
             self._held = False
             self._watch()
         else:
             self._hold()
-        return bails
+        self._give_back(bails)
+        return refused
 
     def _hold(self) -> None:
         """Stop watching until the store answers this poll's records."""
@@ -222,21 +231,28 @@ class Lane:
             conn._lane_left(data, credit, counters=(rx, tx))
 
     def _answer(self, plan: Any, results: list) -> None:
-        """The store's results for one poll: acks sent, the rest to the connections.
-        The answer the held lane waits for reads it first (see the module docstring)."""
-        self._answered += len(results)
-        bails: list = []
-        if self._submitting:
-            self._answered_now = True
-        elif self._held:
+        """The store's results for one poll. The answer the held lane waits for reads
+        it first (see the module docstring), then its acks go out."""
+        if self._submitting:   # refused on the spot: _read_now's caller sends it
+            self._refused_now = (plan, results)
+            return
+        refused = None
+        if self._held:
             self._held = False
             self.stats.c["lane_commit_reads"] += 1
-            bails = self._read_now()
+            refused = self._read_now()
             if self._held:
                 # the writer has the next commit's records: on a shared core it would
                 # wait for the loop to sleep (SCHED_BATCH), so its fdatasync would not
                 # overlap the acks below; a yield, the GIL free, lets it start now
                 os.sched_yield()
+        self._send(plan, results)
+        if refused is not None:   # (after this commit's acks: a lock's answers in order)
+            self._send(*refused)
+
+    def _send(self, plan: Any, results: list) -> None:
+        """One poll's results: acks sent, the rest to the connections."""
+        self._answered += len(results)
         stored, dup, frames, nbytes, leftovers = self._lane.answer(plan, results)
         c = self.stats.c
         c["publish_stored"] += stored
@@ -252,4 +268,3 @@ class Lane:
             else:                # the socket did not take them whole: it is Python's
                 c["lane_bails"] += 1
                 conn._lane_left(left[3], left[4], unsent=left[2], counters=(left[5], left[6]))
-        self._give_back(bails)
