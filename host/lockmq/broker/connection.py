@@ -25,6 +25,7 @@ from typing import Any
 from lockmq import accel
 from lockmq.protocol import (ESTABLISHED, ErrorCode, ErrorReply, Flag, FrameDecoder, Op,
                              ProtocolError, Role, ServerSession, UnknownOpcode, op_name)
+from lockmq.protocol.compiled import session_pads
 from lockmq.protocol.batch import feed_publishes, take_frame, take_publishes, \
     take_sealed_publishes
 from lockmq.security import ConnectionRefused, Principal, SecurityError
@@ -240,7 +241,7 @@ class Connection(PublishIntake, Handshake, asyncio.Protocol):
                         take_publishes(dec, session.name, SCAN_LIMIT, _scan_publishes)
                 else:
                     pubs = None if _scan_sealed is None else take_sealed_publishes(
-                        dec, session, SCAN_LIMIT, _scan_sealed, self._seal_pads())
+                        dec, session, SCAN_LIMIT, _scan_sealed, session_pads(session))
                 if pubs:
                     n += len(pubs)
                     self._on_publishes(pubs)

@@ -284,14 +284,9 @@ class PublishIntake:
             return _publish_acks(batch, results, i)
         if _sealed_acks is None:
             return _py_sealed_acks(session, batch, results, i)
-        got = _sealed_acks(batch, results, i, self._seal_pads(), session.tx)
+        got = _sealed_acks(batch, results, i, session_pads(session), session.tx)
         session.tx += got[1]   # (one counter per ack, as sealing each would take)
         return got
-
-    def _seal_pads(self) -> Any:
-        """The session key's HMAC pads for the compiled tags: the session's own, which
-        its seal and open use too (made once per session)."""
-        return session_pads(self.session)
 
     def _answer_publishes(self, batch: list[tuple[int, bool, NewRecord]],
                           results: list[Appended | Exception], i: int) -> tuple[int, int]:
@@ -367,7 +362,8 @@ class PublishIntake:
         if credit == 0:
             return
         session = self.session
-        sealed = None if session.mac_key is None else (self._seal_pads(), session.rx, session.tx)
+        sealed = None if session.mac_key is None else \
+            (session_pads(session), session.rx, session.tx)
         if b.lane.join(self, sock.fileno(), session.name, self._lane_topics, credit,
                        b.config.broker.max_conn_buffer_bytes, sealed):
             self._lane_fd = sock.fileno()
