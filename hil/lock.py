@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lockmq.firmware_tools.deploy import STATE_FILES, deploy_over
+
 from . import rawrepl
 from .dut import Dut
 from .errors import DutError
-from lockmq.firmware_tools.deploy import STATE_FILES
 
 STATUS = re.compile(rb"I sys status q=(\d+) next_seq=(\d+) dropped=(\d+) link=(\w+)")
 QUEUED = re.compile(r"I evt queued seq=(\d+) type=(\w+)")
@@ -119,8 +120,6 @@ class Lock:
         firmware deploy`` does (:func:`lockmq.firmware_tools.deploy.deploy_over`: copied
         beside the running app, verified, swapped), through this board's DUT; then
         reset it. ``fresh`` first deletes the app's state files (a new board)."""
-        from lockmq.firmware_tools.deploy import deploy_over
-
         if fresh:   # a new board: no state, and the cards its image holds (a deploy keeps both)
             self.dut.exec(f"import os\nfor f in {list(STATE_FILES)!r}:\n try:\n  os.remove(f)\n"
                           " except OSError:\n  pass\n", timeout=30)
@@ -135,27 +134,28 @@ class DutLink:
     a virtual board's pty, a serial port, QEMU): the rig's
     :class:`lockmq.firmware_tools.deploy.Link`."""
 
-    def __init__(self, dut: Dut, timeout: float = 30.0) -> None:
+    def __init__(self, dut: Dut) -> None:
         self.dut = dut
-        self.timeout = timeout
 
     def session(self, steps: list[tuple], timeout: float) -> tuple[int, str, str]:
+        """Run ``steps`` at the raw REPL (the Link's contract); ``timeout`` bounds each
+        exchange with the board."""
         out: list[str] = []
         rawrepl.enter_raw(self.dut)
         try:
             for step in steps:
                 if step[0] == "exec":
-                    out.append(rawrepl.exec_raw(self.dut, step[1], self.timeout))
+                    out.append(rawrepl.exec_raw(self.dut, step[1], timeout))
                     continue
                 if step[0] == "mkdir":
-                    rawrepl.exec_raw(self.dut, f"import os\nos.mkdir({step[1]!r})", self.timeout)
+                    rawrepl.exec_raw(self.dut, f"import os\nos.mkdir({step[1]!r})", timeout)
                     continue
                 local, remote = Path(step[1]), step[2]
                 files = [(p, f"{remote}/{p.relative_to(local).as_posix()}")
                          for p in sorted(local.rglob("*")) if p.is_file()] if local.is_dir() \
                     else [(local, remote)]
                 for path, board_path in files:
-                    rawrepl.put_file(self.dut, path.read_bytes(), board_path, self.timeout)
+                    rawrepl.put_file(self.dut, path.read_bytes(), board_path, timeout)
         except DutError as exc:
             return 1, "".join(out), str(exc)
         finally:

@@ -138,7 +138,8 @@ def local_digests(folder: str | Path, config: bool = True) -> dict[str, str]:
     """What the board must hold after the copy: ``{board path: sha256 hex}``."""
     root = Path(folder)
     out = {}
-    for p in sorted((root / "lib").rglob("*")) if (root / "lib").is_dir() else []:
+    lib = root / "lib"   # (none in a --frozen build: its app is the image's)
+    for p in sorted(lib.rglob("*")) if lib.is_dir() else []:
         if p.is_file():
             out["lib.new/" + p.relative_to(root / "lib").as_posix()] = _sha(p)
     out["main.py.new"] = _sha(root / "main.py")
