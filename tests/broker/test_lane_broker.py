@@ -5,6 +5,7 @@ as the Python path answers it, nothing lost and nothing stored twice."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -391,7 +392,9 @@ def test_a_sealed_lock_that_leaves_the_lane_during_a_commit_gets_that_commit_s_a
         assert started.wait(10)
         lock.raw(sealed_publish(5) + _sealed(lock, Op.HEARTBEAT, Heartbeat(0, 5).encode())
                  + sealed_publish(6))
-        time.sleep(0.05)   # (in the kernel before the commit answers)
+        # (in the lane's sockets before the commit answers: its epoll fd is readable)
+        lane_fd = broker.broker.lane._lane.fileno()
+        wait_for(lambda: select.select([lane_fd], [], [], 0)[0], "the lock's bytes to arrive")
         release.set()
         frames = _opened(lock, 4)   # each tag checked against the lock's own counter
         assert sorted(f.opcode for f in frames) == sorted([Op.PUBLISH_ACK] * 3 + [Op.HEARTBEAT])
