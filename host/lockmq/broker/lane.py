@@ -30,7 +30,10 @@ during the group commit stays in the kernel, and the loop is not woken by it). W
 commit's answer comes, the loop polls again before it sends that commit's acks: what
 arrived during the fsync goes into the next commit in one poll, and the loop yields the
 core (``os.sched_yield``, the GIL free) so that the writer starts that commit while the
-loop writes the acks. A poll that finds nothing, or a refusal (busy, closing),
+loop writes the acks. The sockets that poll gave up go back to their connections
+before those acks are sent (a sealed session's counters come back with its socket, and
+the acks of a socket that left are its connection's to seal); a refusal the store makes
+on the spot goes out after them. A poll that finds nothing, or a refusal (busy, closing),
 has the loop watch the fd again; so does a commit that has not answered after
 ``COMMIT_WAIT_S`` (a stalled disk, held writes), so heartbeats are still answered and a
 full queue still answers BUSY. One reader: a lock's records reach the store in the
