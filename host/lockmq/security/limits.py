@@ -132,7 +132,9 @@ class SourcePolicy:
         self._exempt_ips = frozenset(e for e in exempt if "/" not in e)
         self._exempt_nets = tuple(ipaddress.ip_network(e, strict=False)
                                   for e in exempt if "/" in e)
-        self._cache: LRU[str, str] = LRU(4096)   # peer ip -> key: parsing is not free
+        # peer ip -> (its source key, exempt?): parsing an address with ``ipaddress``
+        # is ~10 µs, paid once per address and not on every connection of a storm
+        self._cache: LRU[str, tuple[str, bool]] = LRU(4096)
 
     @staticmethod
     def _parse(peer_ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -144,31 +146,31 @@ class SourcePolicy:
             return ip.ipv4_mapped
         return ip
 
-    def key(self, peer_ip: str) -> str:
-        """The source ``peer_ip`` belongs to (``"10.0.0.7"``, ``"2001:db8:1:2::/64"``)."""
+    def _classify(self, peer_ip: str) -> tuple[str, bool]:
+        """``(key, exempt)`` of ``peer_ip``, computed once per address (see key/exempt)."""
         cached = self._cache.get(peer_ip)
         if cached is not None:
             return cached
         ip = self._parse(peer_ip)
         if ip is None:
-            k = peer_ip
+            got = (peer_ip, peer_ip in self._exempt_ips)
         else:
             bits = self.ipv4_prefix if ip.version == 4 else self.ipv6_prefix
             k = str(ip) if bits == ip.max_prefixlen else \
                 str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
-        self._cache.put(peer_ip, k)
-        return k
+            exempt = peer_ip in self._exempt_ips or str(ip) in self._exempt_ips or \
+                any(ip.version == n.version and ip in n for n in self._exempt_nets)
+            got = (k, exempt)
+        self._cache.put(peer_ip, got)
+        return got
+
+    def key(self, peer_ip: str) -> str:
+        """The source ``peer_ip`` belongs to (``"10.0.0.7"``, ``"2001:db8:1:2::/64"``)."""
+        return self._classify(peer_ip)[0]
 
     def exempt(self, peer_ip: str) -> bool:
         """Whether ``peer_ip`` is in ``limit_exempt_addresses`` (an address or a network)."""
-        if peer_ip in self._exempt_ips:
-            return True
-        ip = self._parse(peer_ip)
-        if ip is None:
-            return False
-        if str(ip) in self._exempt_ips:
-            return True
-        return any(ip.version == n.version and ip in n for n in self._exempt_nets)
+        return self._classify(peer_ip)[1]
 
 
 class ConnectionLimiter:
