@@ -7,7 +7,7 @@ the floor is a bare ``struct.unpack_from`` loop stepping through the same bytes
 (the least any decoder must do). Each run measures floor and decoder back to
 back, so the ratio holds on a noisy machine. Frame MACs: the broker's side of a
 sealed PUBLISH and its ack (the PUBLISH's tag checked, the ack sealed), through the
-session's own seal and open -- the core's tags or the reference's, whichever this
+session's own ``receive`` and ``seal`` -- the core's tags or the reference's, whichever this
 process chose (``LOCKMQ_PURE_PYTHON=1``: the reference). MicroPython: the shipped .mpy
 protocol decoding the same frames, with heap use per frame.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info, spread  # noqa: E402
+from sessions import established_pair  # noqa: E402
 
 from lockmq import accel, protocol as p  # noqa: E402
 from lockmq.protocol import crc16  # noqa: E402
@@ -77,23 +78,18 @@ def encode_rate(n: int) -> float:
 
 
 def sealed_pair_us(n: int) -> float:
-    """µs per sealed PUBLISH opened and its PUBLISH_ACK sealed, the broker's side."""
-    from lockmq.protocol._session import _Session   # (a bare session: no handshake)
-
-    def session(out: int) -> _Session:
-        s = _Session()
-        s._OUT, s.mac_key, s.state = out, bytes(range(32)), p.ESTABLISHED
-        return s
-
-    lock, broker = session(0), session(1)
+    """µs per sealed PUBLISH received and its PUBLISH_ACK sealed, the broker's side: its
+    session's ``receive`` (the rules, then the tag checked) and ``seal``, as
+    ``broker.connection`` calls them, on a session pair made by the public handshake."""
+    lock, broker = established_pair(sealed=True)
     body = p.Publish("lock.events", 1, 1763800000123, bytes(24)).encode()
     dec = p.FrameDecoder()
-    dec.feed(b"".join(lock.seal(p.Op.PUBLISH, "LK-0A1B2C3D", body, i) for i in range(n)))
+    dec.feed(b"".join(lock.seal(p.Op.PUBLISH, lock.name, body, i) for i in range(n)))
     frames = list(dec.frames())
     ack = p.PublishAck(0, 12345).encode()
     t = time.perf_counter()
     for f in frames:
-        broker._open(f)
+        broker.receive(f)
         broker.seal(p.Op.PUBLISH_ACK, "", ack, f.opaque, p.Flag.RESPONSE)
     return (time.perf_counter() - t) / n * 1e6
 
@@ -147,7 +143,7 @@ def main() -> None:
     print(f"  ratio decode/floor:                 {spread(ratios)}")
     print(f"  CRC-16 alone (crc_hqx, per frame):   {spread(crcs)} frames/s")
     print(f"encode (encode_frame):                {spread(encodes)} frames/s")
-    print(f"sealed PUBLISH opened + ack sealed:   {spread(sealed)} µs a pair "
+    print(f"sealed PUBLISH received + ack sealed: {spread(sealed)} µs a pair "
           f"({accel.DESCRIPTION})")
     print(micropython_figures(args.mpy_frames))
 

@@ -32,17 +32,13 @@ def best_us_per_record(sealed: bool, records: int, rounds: int) -> float:
     """The best of ``rounds`` poll + answer calls over ``records`` frames, µs a record."""
     from lockmq import accel
     from lockmq.broker.lane import LANE_TYPE
-    from lockmq.protocol import ESTABLISHED, Op, Publish
-    from lockmq.protocol._mac import TO_BROKER
-    from lockmq.protocol._session import _Session
+    from lockmq.protocol import Op, Publish
     from lockmq.store import Appended, NewRecord
+    from sessions import established_pair
 
     if LANE_TYPE is None:
         raise SystemExit(f"no compiled lane here: {accel.DESCRIPTION}")
-    lock = _Session()
-    lock._OUT = TO_BROKER
-    lock.mac_key = KEY if sealed else None
-    lock.state = ESTABLISHED
+    lock, broker = established_pair(sealed, SN, KEY)   # (the lane takes over the broker's)
     results = [Appended(i, TOPIC, i, False) for i in range(records)]
 
     class Conn:   # (the lane sets last_seen on the connection it names)
@@ -55,7 +51,8 @@ def best_us_per_record(sealed: bool, records: int, rounds: int) -> float:
         lane = LANE_TYPE(NewRecord, 1 << 20)
         mine, peer = socket.socketpair()
         mine.setblocking(False)
-        sealing = (accel.speedups.mac_pads(KEY), lock.tx - records, 0) if sealed else ()
+        sealing = ((accel.speedups.mac_pads(lock.mac_key), lock.tx - records, broker.tx)
+                   if sealed else ())
         lane.adopt(mine.fileno(), Conn(), SN, {TOPIC}, -1, 1 << 30, *sealing)
         peer.sendall(frames)
         t0 = time.perf_counter()

@@ -59,7 +59,7 @@ from lockmq.protocol import (
     VERSION,
 )
 from lockmq.security.keys import device_proof
-from lockmq.protocol._constants import HEADER_SIZE, OP_NAMES, SUBHEADER_SIZE
+from lockmq.protocol import table as protocol_table
 from lockmq.protocol.batch import publish_ack_frame, scan_frame as _py_scan_frame
 
 from machine import CpuWindow, tcp_ext_counters  # noqa: E402
@@ -170,6 +170,9 @@ async def close_politely(transports: list, timeout: float = 5.0,
 #: first 9 bytes -- version, length, opcode, an empty SN, the RESPONSE flag -- are the
 #: same in every such ack (then opaque u32, status u8, offset u64, CRC-16)
 _STORED_ACK = publish_ack_frame(PublishAck.STORED, 0, 0)
+_NUMBERS = {name: value for name, value, _ in protocol_table.NUMBERS}
+#: version u8 | length u32 | opcode u16 | sn_len u8, then (after the SN) flags u8 | opaque u32
+HEADER_SIZE, SUBHEADER_SIZE = _NUMBERS["HEADER_SIZE"], _NUMBERS["SUBHEADER_SIZE"]
 ACK_HEAD = _STORED_ACK[:HEADER_SIZE + 1]
 ACK_SIZE = len(_STORED_ACK)
 #: where an ack's status byte is, the body's first (0: stored; 1, a duplicate, is not
@@ -539,13 +542,15 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
 
 #: the protocol's one-frame reader: compiled when ``lockmq._core`` is in use (``lockmq.accel``)
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else _py_scan_frame
+#: the opcodes it reads (the protocol table's); any other goes to the ``FrameDecoder``
+KNOWN_OPCODES = frozenset(row[1] for row in protocol_table.OPCODES)
 
 
 def whole_frame(data: bytes) -> tuple[int, int, bytes] | None:
     """``(opcode, opaque, body)`` when ``data`` is exactly one intact frame without an
     SN (as a broker answers), else None (a split, a pair, a damaged frame: the caller
     hands it to the ``FrameDecoder``). Read by the protocol's ``scan_frame``."""
-    got = _scan_frame(data, 0, 1 << 16, OP_NAMES)
+    got = _scan_frame(data, 0, 1 << 16, KNOWN_OPCODES)
     if got is None or got[5] != len(data) or got[1]:
         return None
     return got[0], got[3], got[4]

@@ -329,10 +329,11 @@ def test_the_client_library_does_not_import_the_broker() -> None:
             assert not [t for t, _fn, _l in EDGES[m] if t.startswith("lockmq.broker")], m
 
 
-def _protocol_imports(name: str) -> list[tuple[str, int]]:
-    """``(lockmq.protocol name, line)`` for every protocol module or name that host
-    module ``name`` imports, anywhere in it (functions and type-checking blocks too)."""
-    path = MODULES[name]
+def _protocol_imports(name: str, path: Path | None = None) -> list[tuple[str, int]]:
+    """``(lockmq.protocol name, line)`` for every protocol module or name that module
+    ``name`` (host module, or a script at ``path``) imports, anywhere in it (functions
+    and type-checking blocks too)."""
+    path = MODULES[name] if path is None else path
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -347,6 +348,11 @@ def _protocol_imports(name: str) -> list[tuple[str, int]]:
     return [(t, line) for t, line in out if t.startswith("lockmq.protocol.")]
 
 
+def _private(imports: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The imports of a ``_private`` protocol module or name."""
+    return [(t, line) for t, line in imports if any(p.startswith("_") for p in t.split(".")[2:])]
+
+
 def test_no_host_module_imports_a_private_protocol_module() -> None:
     """The host uses the protocol's public names (``lockmq.protocol``, its public
     modules ``batch``, ``compiled``, ``txn``, ``schedule``, ``table``), never a
@@ -354,8 +360,20 @@ def test_no_host_module_imports_a_private_protocol_module() -> None:
     assert "lockmq.broker.intake" in MODULES and not any(
         m.startswith("lockmq.protocol") for m in MODULES)   # (the link is not walked)
     private = [f"{m}:{line} imports {t}" for m in sorted(MODULES)
-               for t, line in _protocol_imports(m)
-               if any(part.startswith("_") for part in t.split(".")[2:])]
+               for t, line in _private(_protocol_imports(m))]
+    assert private == []
+
+
+BENCH_DIR = LOCKMQ_DIR.parents[1] / "bench"
+
+
+def test_no_bench_script_imports_a_private_protocol_module() -> None:
+    """bench/ measures what the host and the lock run through the same public names:
+    a benchmark that reaches inside the package breaks when a lock's module changes."""
+    scripts = sorted(BENCH_DIR.glob("*.py"))
+    assert BENCH_DIR / "loadgen.py" in scripts
+    private = [f"bench/{s.name}:{line} imports {t}" for s in scripts
+               for t, line in _private(_protocol_imports(s.stem, s))]
     assert private == []
 
 
