@@ -74,7 +74,13 @@ with tempfile.TemporaryDirectory(prefix="ota-heap-") as tmp:
                     before = int(lock.expect(r"I mem peak=(\d+)").group(1))
                     proxy.slow(delay_s=0.0, rate_bps=2000)
                     update(broker, token, "H0", bundle)
-                    lock.expect(r"I ota staged", timeout=300)
+                    # the sampler's running peak is logged at `mem` and at heartbeats (30 s
+                    # apart, maybe none during the fetch): ask for it every second
+                    deadline = time.monotonic() + 300
+                    while "I ota staged" not in lock.full_log():
+                        assert time.monotonic() < deadline, "no I ota staged within 300 s"
+                        lock.command("mem")
+                        time.sleep(1)
                     peak = max(int(m) for m in __import__("re").findall(r"I mem peak=(\d+)", lock.full_log()))
                     print(f"32-bit frozen, 64K heap: live heap peak {before} B online before the update, "
                           f"{peak} B through fetch, verify and unpack (+{peak - before} B)", flush=True)
