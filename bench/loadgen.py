@@ -542,8 +542,9 @@ async def scenario_publish(ep: Endpoint, locks: int, window: int, duration: floa
 
 #: the protocol's one-frame reader: compiled when ``lockmq._core`` is in use (``lockmq.accel``)
 _scan_frame = accel.speedups.scan_frame if accel.COMPILED else _py_scan_frame
-#: the opcodes it reads (the protocol table's); any other goes to the ``FrameDecoder``
-KNOWN_OPCODES = frozenset(row[1] for row in protocol_table.OPCODES)
+#: the opcodes it reads (the protocol table's, code -> name); any other goes to the
+#: ``FrameDecoder``
+KNOWN_OPCODES = protocol_table.names(protocol_table.OPCODES)
 
 
 def whole_frame(data: bytes) -> tuple[int, int, bytes] | None:
