@@ -14,7 +14,7 @@ from typing import Callable
 from lockmq.broker.lane import LANE_TYPE
 from lockmq.protocol import Op, Publish, Role, encode_frame
 from lockmq.security import Permissions
-from lockmq.testing import BrokerProcess, Peer, SecureBroker, open_peer
+from lockmq.testing import BrokerProcess, Peer, SecureBroker, open_peer, signal_until_exit
 
 LOCKMQ = os.path.join(os.path.dirname(sys.executable), "lockmq")
 #: the sealed locks' topic (a lock's own topics: security.lock_topics)
@@ -142,6 +142,18 @@ def test_sigterm_is_graceful_and_status_page_answers(tmp_path):
         assert {t["topic"]: t["queue_end"] for t in c.admin("topics")["topics"]}["t"] == 10
     finally:
         proc.stop(20)
+
+
+def test_more_sigterms_during_shutdown_still_exit_cleanly(tmp_path):
+    """systemd, an orchestrator or an impatient operator may signal again while the
+    broker shuts down: that must not turn a clean exit (0) into a death by SIGTERM,
+    not even in the last moments after the event loop has closed."""
+    proc = _start(str(tmp_path / "data"))
+    p = open_peer(proc.port, sn="LOCK-1", role=Role.LOCK)
+    p.publish("t", 0)
+    assert proc.proc is not None
+    assert signal_until_exit(proc.proc) == 0, proc.log_tail()
+    p.close()
 
 
 def test_second_broker_on_the_same_data_dir_fails_clearly(tmp_path):

@@ -14,7 +14,7 @@ from lockmq.clock import ManualClock
 from lockmq.client.registry import registry_request
 from lockmq.registry.server import RegistryServer
 from lockmq.protocol import FrameDecoder, Op
-from lockmq.testing import raises, read_until_closed, wait_for, wait_for_async
+from lockmq.testing import raises, read_until_closed, signal_until_exit, wait_for, wait_for_async
 
 from .helpers import TOKEN, RegistryProcess, gateway, names, request
 
@@ -186,3 +186,13 @@ def test_an_unknown_op_gets_the_same_answer_from_the_registry_and_a_broker(tmp_p
     assert ("unknown op 'registry.nope'; ops: registry.deregister, registry.heartbeat, "
             "registry.list") in str(registry)
     assert "unknown op 'nope'; ops: " in str(gateway_)
+
+
+def test_more_sigterms_while_the_registry_stops_still_exit_cleanly(tmp_path) -> None:
+    """As for the broker: signals during the shutdown do not change the exit status."""
+    reg = RegistryProcess(tmp_path / "reg")
+    try:
+        assert reg.proc is not None
+        assert signal_until_exit(reg.proc) == 0, reg.log_tail()
+    finally:
+        reg.stop()

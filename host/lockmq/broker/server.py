@@ -31,7 +31,7 @@ from lockmq.store import StoreLocked
 from lockmq.registry.announce import Announcer, broker_announcer
 from lockmq.mqtt import MqttServer, start_mqtt
 from lockmq.rlimits import raise_nofile_limit
-from lockmq.signals import reload_on_sighup, stop_on_signals
+from lockmq.signals import ignore_stop_signals, reload_on_sighup, stop_on_signals
 from lockmq.replication.primary import primary_source
 from lockmq.replication.standby import follow_if_standby
 
@@ -357,6 +357,15 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
     once the broker has started."""
     # SIGHUP's default is to end the process: handled before anything else.
     reloads = reload_on_sighup()
+    try:
+        await _serve_until_stopped(config, reloads, ready, tune_gc, reload)
+    finally:
+        ignore_stop_signals()
+
+
+async def _serve_until_stopped(config: Config, reloads: asyncio.Event,
+                               ready: Callable[[Broker], None] | None, tune_gc: bool,
+                               reload: Callable[[], Config] | None) -> None:
     if not await follow_if_standby(config):   # a standby follows until promoted
         return
     # Handlers first: systemd may send SIGTERM as soon as the port accepts connections.

@@ -17,7 +17,7 @@ import sys
 from lockmq.eventlog import EventLog
 from lockmq.client.cliargs import fail, print_json, print_table
 from lockmq.client.errors import LockmqError
-from lockmq.signals import stop_on_signals
+from lockmq.signals import ignore_stop_signals, stop_on_signals
 
 COLUMNS = ["name", "building", "role", "addresses", "topics", "silent_s"]
 
@@ -98,9 +98,13 @@ def serve(args: argparse.Namespace) -> int:
                                 state_file=args.state, evict_after_s=args.evict_after,
                                 sweep_s=args.sweep, max_gateways=args.max_gateways,
                                 max_topics=args.max_topics, log=log)
+        stop = stop_on_signals()   # before the port opens: systemd may signal at once
         await server.start()
-        await stop_on_signals().wait()
-        await server.stop()
+        await stop.wait()
+        try:
+            await server.stop()
+        finally:
+            ignore_stop_signals()
 
     try:
         asyncio.run(main())

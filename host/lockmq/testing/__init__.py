@@ -27,7 +27,7 @@ from .cli import run_cli
 from .lock import Lock, set_config
 from .micropython import require_micropython
 from .ports import free_port
-from .process import LOCKMQ_COMMAND, BrokerProcess, proc_status_kib
+from .process import LOCKMQ_COMMAND, BrokerProcess, proc_status_kib, signal_until_exit
 from .secure import SecureBroker
 from .spark_cluster import SparkCluster
 from .tables import merge_tables, to_toml
@@ -38,6 +38,7 @@ from .wire import Peer, Refused, drain, open_peer, read_until_closed, refusal
 __all__ = [
     "AsyncPeer", "open_async_peer", "BrokerProcess", "LOCKMQ_COMMAND", "BrokerThread", "FAST_TIMERS", "Lock", "Peer", "Refused", "SecureBroker", "SparkCluster",
     "drain", "free_port", "merge_tables", "open_peer", "proc_status_kib", "raises", "read_until_closed",
-    "refusal", "require_micropython", "run_cli", "set_config", "to_toml", "uvloop_wanted",
+    "refusal", "require_micropython", "run_cli", "set_config", "signal_until_exit", "to_toml",
+    "uvloop_wanted",
     "wait_for", "wait_for_async",
 ]

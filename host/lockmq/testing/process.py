@@ -78,6 +78,18 @@ def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 30.0) -> i
     return int(proc.returncode or 0)
 
 
+def signal_until_exit(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM,
+                      every_s: float = 0.002, timeout: float = 30.0) -> int:
+    """Send ``sig`` to ``proc`` every ``every_s`` until it exits (SIGKILL after
+    ``timeout``): a service must exit with its own status however often it is
+    signalled while it shuts down. Returns the exit status."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(sig)
+        time.sleep(every_s)
+    return stop_process(proc, timeout)
+
+
 class BrokerProcess:
     """One ``lockmq broker`` process, its log lines collected.
 
