@@ -15,7 +15,8 @@ this package, so there is one way to do each:
 - :class:`SparkCluster` -- a Spark standalone master and workers (separate JVMs from
   PySpark's ``spark-class``) and ``spark-submit`` to them (:mod:`.spark_cluster`);
 - :func:`free_port`, :func:`wait_for` (:func:`wait_for_async` in a coroutine) -- ports
-  and bounded waits.
+  and bounded waits; :func:`signal_until_exit` -- a service signalled again and again
+  while it shuts down.
 
 Shipped in the wheel so a deployment can test itself; nothing here imports pytest at
 import time or imports the test suite. Submodules that need an extra (the firmware
