@@ -358,34 +358,28 @@ async def serve(config: Config, ready: Callable[[Broker], None] | None = None,
     # SIGHUP's default is to end the process: handled before anything else.
     reloads = reload_on_sighup()
     try:
-        await _serve_until_stopped(config, reloads, ready, tune_gc, reload)
-    finally:
+        if not await follow_if_standby(config):   # a standby follows until promoted
+            return
+        # Handlers first: systemd may send SIGTERM as soon as the port accepts connections.
+        stop = stop_on_signals()
+        broker = Broker(config)
+        try:
+            await broker.start()
+        except BaseException:
+            if broker.core.store is not None:   # started half-way: release the data dir
+                await broker.core.close()
+            raise
+        if ready is not None:
+            ready(broker)
+        if tune_gc:
+            _tune_gc()
+        reloader = asyncio.ensure_future(_reload_on_request(broker, reloads, reload))
+        await stop.wait()
+        reloader.cancel()
+        broker.log("signal", action="shutdown")
+        await broker.stop()
+    finally:   # stopped (or failed): a signal from here to the exit changes nothing
         ignore_stop_signals()
-
-
-async def _serve_until_stopped(config: Config, reloads: asyncio.Event,
-                               ready: Callable[[Broker], None] | None, tune_gc: bool,
-                               reload: Callable[[], Config] | None) -> None:
-    if not await follow_if_standby(config):   # a standby follows until promoted
-        return
-    # Handlers first: systemd may send SIGTERM as soon as the port accepts connections.
-    stop = stop_on_signals()
-    broker = Broker(config)
-    try:
-        await broker.start()
-    except BaseException:
-        if broker.core.store is not None:   # started half-way: release the data dir
-            await broker.core.close()
-        raise
-    if ready is not None:
-        ready(broker)
-    if tune_gc:
-        _tune_gc()
-    reloader = asyncio.ensure_future(_reload_on_request(broker, reloads, reload))
-    await stop.wait()
-    reloader.cancel()
-    broker.log("signal", action="shutdown")
-    await broker.stop()
 
 
 async def _reload_on_request(broker: Broker, requested: asyncio.Event,

@@ -99,11 +99,11 @@ def serve(args: argparse.Namespace) -> int:
                                 sweep_s=args.sweep, max_gateways=args.max_gateways,
                                 max_topics=args.max_topics, log=log)
         stop = stop_on_signals()   # before the port opens: systemd may signal at once
-        await server.start()
-        await stop.wait()
         try:
+            await server.start()
+            await stop.wait()
             await server.stop()
-        finally:
+        finally:   # stopped (or failed): a signal from here to the exit changes nothing
             ignore_stop_signals()
 
     try:
